@@ -1,0 +1,692 @@
+//! Client endpoints: the fabric as a KV-node thread sees it (one endpoint per thread, like an RDMA queue pair).
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::counters::{self, Tally};
+use crate::error::{FabricError, RpcError, VerbError};
+use crate::faults::{Fault, FaultHooks, spin_for};
+use crate::node::MemoryNode;
+use crate::verbs::{Batch, RegionInfo, RemoteAddr, VerbKind};
+use crate::wire::{
+    self, FLAG_LAST, HandshakeReply, REQ_HEADER, RESP_HEADER, ReqHeader, RespHeader, op, status,
+};
+
+/// Settings of a client endpoint.
+#[derive(Debug, Clone)]
+pub struct EndpointConfig {
+    /// Secret presented in the handshake. Default: empty.
+    pub cluster_token: String,
+    /// Busy-wait added to every round trip, to emulate a microsecond-scale fabric on one host. Default 0.
+    pub injected_latency_ns: u64,
+    /// How long a round trip may take before the endpoint gives up on the connection. Default 5 s.
+    pub timeout: Duration,
+    /// How long connecting and the handshake may take. Default 2 s.
+    pub connect_timeout: Duration,
+}
+
+impl Default for EndpointConfig {
+    fn default() -> Self {
+        EndpointConfig {
+            cluster_token: String::new(),
+            injected_latency_ns: 0,
+            timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Where the memory node is.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// In this process: verbs become direct atomic and copy operations on the mapped pool.
+    InProcess(Arc<MemoryNode>),
+    /// A `dinomo dpm` server.
+    Tcp(SocketAddr),
+}
+
+/// Makes endpoints to one memory node.
+#[derive(Debug, Clone)]
+pub struct Connector {
+    /// Where.
+    pub target: Target,
+    /// How.
+    pub config: EndpointConfig,
+}
+
+impl Connector {
+    /// A connector with default settings.
+    pub fn new(target: Target) -> Connector {
+        Connector {
+            target,
+            config: EndpointConfig::default(),
+        }
+    }
+
+    /// Opens a new endpoint (a new connection for TCP).
+    pub fn connect(&self) -> Result<Endpoint, FabricError> {
+        match &self.target {
+            Target::InProcess(node) => {
+                if !node.token_matches(self.config.cluster_token.as_bytes()) {
+                    return Err(FabricError::Handshake("wrong cluster token".into()));
+                }
+                Ok(Endpoint {
+                    transport: Transport::InProcess(node.clone()),
+                    regions: node.regions().to_vec(),
+                    pool_id: node.pool().superblock().pool_id,
+                    max_message_len: node.config().max_message_len,
+                    hooks: Arc::new(FaultHooks::default()),
+                    latency_ns: self.config.injected_latency_ns,
+                    broken: None,
+                })
+            }
+            Target::Tcp(addr) => {
+                let (conn, reply) = TcpConn::connect(*addr, &self.config)?;
+                Ok(Endpoint {
+                    transport: Transport::Tcp(Box::new(conn)),
+                    regions: reply.regions,
+                    pool_id: reply.pool_id,
+                    max_message_len: reply.max_message_len,
+                    hooks: Arc::new(FaultHooks::default()),
+                    latency_ns: self.config.injected_latency_ns,
+                    broken: None,
+                })
+            }
+        }
+    }
+}
+
+enum Transport {
+    InProcess(Arc<MemoryNode>),
+    Tcp(Box<TcpConn>),
+}
+
+/// One connection to a memory node. Not shared between threads: each thread opens its own.
+pub struct Endpoint {
+    transport: Transport,
+    regions: Vec<RegionInfo>,
+    pool_id: u64,
+    max_message_len: u32,
+    hooks: Arc<FaultHooks>,
+    latency_ns: u64,
+    broken: Option<String>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("transport", &self.transport_name())
+            .field("regions", &self.regions)
+            .finish()
+    }
+}
+
+impl Endpoint {
+    /// "in-process" or "tcp".
+    pub fn transport_name(&self) -> &'static str {
+        match self.transport {
+            Transport::InProcess(_) => "in-process",
+            Transport::Tcp(_) => "tcp",
+        }
+    }
+
+    /// Regions of the memory node, with their keys.
+    pub fn regions(&self) -> &[RegionInfo] {
+        &self.regions
+    }
+
+    /// The region called `name`.
+    pub fn region(&self, name: &str) -> Option<&RegionInfo> {
+        self.regions.iter().find(|r| r.name == name)
+    }
+
+    /// Identity of the pool behind this endpoint.
+    pub fn pool_id(&self) -> u64 {
+        self.pool_id
+    }
+
+    /// Largest payload of one verb or call.
+    pub fn max_message_len(&self) -> u32 {
+        self.max_message_len
+    }
+
+    /// Fault hooks of this endpoint (tests).
+    pub fn hooks(&self) -> &Arc<FaultHooks> {
+        &self.hooks
+    }
+
+    /// Changes the injected per-round-trip latency.
+    pub fn set_injected_latency(&mut self, ns: u64) {
+        self.latency_ns = ns;
+    }
+
+    /// Starts a round trip: refuses on a broken endpoint, applies faults and injected latency.
+    #[inline]
+    fn begin(&mut self) -> Result<(), FabricError> {
+        if let Some(why) = &self.broken {
+            return Err(FabricError::Disconnected(why.clone()));
+        }
+        match self.hooks.before_round_trip() {
+            Fault::None => {}
+            Fault::Drop => {
+                self.broken = Some("an earlier round trip timed out".into());
+                return Err(FabricError::Timeout);
+            }
+            Fault::Cut => {
+                if let Transport::Tcp(c) = &self.transport {
+                    let _ = c.stream.shutdown(Shutdown::Both);
+                }
+                self.broken = Some("connection cut".into());
+                return Err(FabricError::Disconnected("connection cut".into()));
+            }
+        }
+        if self.latency_ns > 0 {
+            spin_for(self.latency_ns);
+        }
+        Ok(())
+    }
+
+    /// Records a transport failure so that later calls fail fast.
+    fn fail(&mut self, e: FabricError) -> FabricError {
+        if e.is_connection_lost() && self.broken.is_none() {
+            self.broken = Some(e.to_string());
+        }
+        e
+    }
+
+    fn check_len(&self, len: usize) -> Result<u32, FabricError> {
+        if len > self.max_message_len as usize {
+            return Err(FabricError::Verb {
+                index: 0,
+                kind: VerbKind::Read,
+                error: VerbError::TooLarge,
+            });
+        }
+        Ok(len as u32)
+    }
+
+    /// One-sided READ of `buf.len()` bytes at `addr`.
+    #[inline]
+    pub fn read(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
+        self.begin()?;
+        let len = self.check_len(buf.len())?;
+        let (o, i) = wire::verb_bytes(VerbKind::Read, len as u64);
+        let r = match &mut self.transport {
+            Transport::InProcess(node) => node
+                .exec_read(addr.region, addr.rkey, addr.offset, buf)
+                .map_err(|e| verb_err(VerbKind::Read, e)),
+            Transport::Tcp(c) => c
+                .single(VerbKind::Read, addr, len, 0, 0, &[], Some(buf))
+                .map(|_| ()),
+        };
+        counters::record_round_trip(&Tally::single(VerbKind::Read, o, i));
+        r.map_err(|e| self.fail(e))
+    }
+
+    /// One-sided WRITE of `data` at `addr`; returns once the write is complete (and persisted, when the node's
+    /// durability mode flushes).
+    #[inline]
+    pub fn write(&mut self, addr: RemoteAddr, data: &[u8]) -> Result<(), FabricError> {
+        self.begin()?;
+        let len = self.check_len(data.len())?;
+        let (o, i) = wire::verb_bytes(VerbKind::Write, len as u64);
+        let r = match &mut self.transport {
+            Transport::InProcess(node) => node
+                .exec_write(addr.region, addr.rkey, addr.offset, data)
+                .map_err(|e| verb_err(VerbKind::Write, e)),
+            Transport::Tcp(c) => c
+                .single(VerbKind::Write, addr, len, 0, 0, data, None)
+                .map(|_| ()),
+        };
+        counters::record_round_trip(&Tally::single(VerbKind::Write, o, i));
+        r.map_err(|e| self.fail(e))
+    }
+
+    /// 8-byte compare-and-swap; returns the previous value (the swap happened iff it equals `expected`).
+    #[inline]
+    pub fn cas(&mut self, addr: RemoteAddr, expected: u64, new: u64) -> Result<u64, FabricError> {
+        self.begin()?;
+        let (o, i) = wire::verb_bytes(VerbKind::Cas, 8);
+        let r = match &mut self.transport {
+            Transport::InProcess(node) => node
+                .exec_cas(addr.region, addr.rkey, addr.offset, expected, new)
+                .map_err(|e| verb_err(VerbKind::Cas, e)),
+            Transport::Tcp(c) => c.single(VerbKind::Cas, addr, 8, expected, new, &[], None),
+        };
+        counters::record_round_trip(&Tally::single(VerbKind::Cas, o, i));
+        r.map_err(|e| self.fail(e))
+    }
+
+    /// 8-byte fetch-and-add (wrapping); returns the previous value.
+    #[inline]
+    pub fn faa(&mut self, addr: RemoteAddr, add: u64) -> Result<u64, FabricError> {
+        self.begin()?;
+        let (o, i) = wire::verb_bytes(VerbKind::Faa, 8);
+        let r = match &mut self.transport {
+            Transport::InProcess(node) => node
+                .exec_faa(addr.region, addr.rkey, addr.offset, add)
+                .map_err(|e| verb_err(VerbKind::Faa, e)),
+            Transport::Tcp(c) => c.single(VerbKind::Faa, addr, 8, add, 0, &[], None),
+        };
+        counters::record_round_trip(&Tally::single(VerbKind::Faa, o, i));
+        r.map_err(|e| self.fail(e))
+    }
+
+    /// Posts every verb of `batch` in one round trip and waits for all completions. Verbs execute in order; the
+    /// first refused verb is returned as the error and the verbs after it are skipped.
+    pub fn post(&mut self, batch: &mut Batch) -> Result<(), FabricError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.begin()?;
+        batch.reset_results();
+        let mut tally = Tally::default();
+        for op in &batch.ops {
+            let (o, i) = wire::verb_bytes(op.kind, op.len as u64);
+            tally.verb(op.kind, o, i);
+        }
+        let max = self.max_message_len;
+        let r = match &mut self.transport {
+            Transport::InProcess(node) => {
+                exec_batch_in_process(node, batch, max);
+                Ok(())
+            }
+            Transport::Tcp(c) => c.batch(batch),
+        };
+        counters::record_round_trip(&tally);
+        r.map_err(|e| self.fail(e))?;
+        match batch.first_error() {
+            Some((index, kind, error)) => Err(FabricError::Verb { index, kind, error }),
+            None => Ok(()),
+        }
+    }
+
+    /// Two-sided call to the memory node's processor: `method` with `request`; the reply replaces `response`.
+    pub fn rpc(
+        &mut self,
+        method: u16,
+        request: &[u8],
+        response: &mut Vec<u8>,
+    ) -> Result<(), FabricError> {
+        self.begin()?;
+        self.check_len(request.len())?;
+        let tally = Tally {
+            rpcs: 1,
+            bytes_out: (REQ_HEADER + request.len()) as u64,
+            ..Tally::default()
+        };
+        let r = match &mut self.transport {
+            Transport::InProcess(node) => match node.call(method, request.to_vec()) {
+                Ok(v) => {
+                    *response = v;
+                    Ok(())
+                }
+                Err(e) => Err(FabricError::Rpc(e)),
+            },
+            Transport::Tcp(c) => c.rpc(method, request, response),
+        };
+        counters::record_round_trip(&Tally {
+            bytes_in: (RESP_HEADER + response.len()) as u64,
+            ..tally
+        });
+        r.map_err(|e| self.fail(e))
+    }
+
+    /// Typed two-sided call: postcard-encodes `request` and decodes the reply.
+    pub fn call<Req: Serialize, Resp: DeserializeOwned>(
+        &mut self,
+        method: u16,
+        request: &Req,
+    ) -> Result<Resp, FabricError> {
+        let body = postcard::to_stdvec(request).map_err(|e| RpcError::Codec(e.to_string()))?;
+        let mut reply = Vec::new();
+        self.rpc(method, &body, &mut reply)?;
+        Ok(postcard::from_bytes(&reply).map_err(|e| RpcError::Codec(e.to_string()))?)
+    }
+}
+
+#[inline]
+fn verb_err(kind: VerbKind, error: VerbError) -> FabricError {
+    FabricError::Verb {
+        index: 0,
+        kind,
+        error,
+    }
+}
+
+fn exec_batch_in_process(node: &MemoryNode, batch: &mut Batch, max: u32) {
+    let Batch { ops, out, data_in } = batch;
+    let mut failed = false;
+    for op in ops.iter_mut() {
+        if failed {
+            op.status = Some(VerbError::Skipped);
+            continue;
+        }
+        let a = op.addr;
+        let r = if op.len > max {
+            Err(VerbError::TooLarge)
+        } else {
+            match op.kind {
+                VerbKind::Read => node.exec_read(
+                    a.region,
+                    a.rkey,
+                    a.offset,
+                    &mut data_in[op.data..op.data + op.len as usize],
+                ),
+                VerbKind::Write => node.exec_write(
+                    a.region,
+                    a.rkey,
+                    a.offset,
+                    &out[op.data..op.data + op.len as usize],
+                ),
+                VerbKind::Cas => node
+                    .exec_cas(a.region, a.rkey, a.offset, op.arg0, op.arg1)
+                    .map(|v| op.result = v),
+                VerbKind::Faa => node
+                    .exec_faa(a.region, a.rkey, a.offset, op.arg0)
+                    .map(|v| op.result = v),
+            }
+        };
+        if let Err(e) = r {
+            op.status = Some(e);
+            failed = true;
+        }
+    }
+}
+
+/// Client side of a TCP connection to a memory node.
+struct TcpConn {
+    stream: TcpStream,
+    out: Vec<u8>,
+    rbuf: Vec<u8>,
+    rpos: usize,
+    rlen: usize,
+    next_id: u32,
+    max_message_len: u32,
+}
+
+const MIN_RBUF: usize = 64 << 10;
+
+impl TcpConn {
+    fn connect(
+        addr: SocketAddr,
+        cfg: &EndpointConfig,
+    ) -> Result<(TcpConn, HandshakeReply), FabricError> {
+        let stream = TcpStream::connect_timeout(&addr, cfg.connect_timeout)?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(cfg.connect_timeout))?;
+        stream.set_write_timeout(Some(cfg.connect_timeout))?;
+        let token = cfg.cluster_token.as_bytes();
+        if token.len() > wire::MAX_TOKEN_LEN {
+            return Err(FabricError::Invalid(
+                "cluster token longer than 1024 bytes".into(),
+            ));
+        }
+        let mut hello = Vec::with_capacity(8 + token.len());
+        hello.extend_from_slice(&wire::HANDSHAKE_MAGIC);
+        hello.extend_from_slice(&wire::PROTOCOL_VERSION.to_le_bytes());
+        hello.extend_from_slice(&(token.len() as u16).to_le_bytes());
+        hello.extend_from_slice(token);
+        let mut s = &stream;
+        s.write_all(&hello)?;
+        let mut head = [0u8; 5];
+        s.read_exact(&mut head).map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset => {
+                FabricError::Handshake("the memory node closed the connection".into())
+            }
+            _ => FabricError::Io(e),
+        })?;
+        let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
+        if len > 1 << 20 {
+            return Err(FabricError::Protocol(format!(
+                "handshake reply of {len} bytes"
+            )));
+        }
+        let mut body = vec![0u8; len];
+        s.read_exact(&mut body)?;
+        if head[0] != status::OK {
+            return Err(FabricError::Handshake(
+                String::from_utf8_lossy(&body).into_owned(),
+            ));
+        }
+        let reply: HandshakeReply = postcard::from_bytes(&body)
+            .map_err(|e| FabricError::Protocol(format!("bad handshake reply: {e}")))?;
+        stream.set_read_timeout(Some(cfg.timeout))?;
+        stream.set_write_timeout(Some(cfg.timeout))?;
+        Ok((
+            TcpConn {
+                stream,
+                out: Vec::with_capacity(4096),
+                rbuf: vec![0; MIN_RBUF],
+                rpos: 0,
+                rlen: 0,
+                next_id: 1,
+                max_message_len: reply.max_message_len,
+            },
+            reply,
+        ))
+    }
+
+    #[inline]
+    fn header(
+        &mut self,
+        kind_op: u8,
+        addr: RemoteAddr,
+        len: u32,
+        arg0: u64,
+        arg1: u64,
+        flags: u8,
+    ) -> u32 {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1);
+        ReqHeader {
+            op: kind_op,
+            flags,
+            target: addr.region,
+            rkey: addr.rkey,
+            offset: addr.offset,
+            len,
+            id,
+            arg0,
+            arg1,
+        }
+        .encode(&mut self.out);
+        id
+    }
+
+    fn send(&mut self) -> Result<(), FabricError> {
+        let r = self.stream.write_all(&self.out);
+        self.out.clear();
+        r.map_err(io_to_fabric)
+    }
+
+    /// Makes at least `n` unread bytes available in `rbuf[rpos..]`.
+    fn fill(&mut self, n: usize) -> Result<(), FabricError> {
+        if self.rlen - self.rpos >= n {
+            return Ok(());
+        }
+        if self.rpos > 0 {
+            self.rbuf.copy_within(self.rpos..self.rlen, 0);
+            self.rlen -= self.rpos;
+            self.rpos = 0;
+        }
+        if self.rbuf.len() < n {
+            self.rbuf.resize(n.max(MIN_RBUF), 0);
+        }
+        while self.rlen < n {
+            match self.stream.read(&mut self.rbuf[self.rlen..]) {
+                Ok(0) => {
+                    return Err(FabricError::Disconnected(
+                        "the memory node closed the connection".into(),
+                    ));
+                }
+                Ok(k) => self.rlen += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_to_fabric(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads one response header, checking its id, and makes its payload available.
+    fn response(&mut self, id: u32) -> Result<(RespHeader, usize), FabricError> {
+        self.fill(RESP_HEADER)?;
+        let h = RespHeader::decode(
+            self.rbuf[self.rpos..self.rpos + RESP_HEADER]
+                .try_into()
+                .expect("24 bytes"),
+        );
+        self.rpos += RESP_HEADER;
+        if h.id != id {
+            return Err(FabricError::Protocol(format!(
+                "response id {} for request {id}",
+                h.id
+            )));
+        }
+        if h.len > self.max_message_len.saturating_add(4096) {
+            return Err(FabricError::Protocol(format!(
+                "response payload of {} bytes",
+                h.len
+            )));
+        }
+        let len = h.len as usize;
+        self.fill(len)?;
+        let at = self.rpos;
+        self.rpos += len;
+        Ok((h, at))
+    }
+
+    fn status_to_error(&self, kind: VerbKind, h: &RespHeader) -> FabricError {
+        match VerbError::from_code(h.status) {
+            Some(e) => verb_err(kind, e),
+            None => FabricError::Protocol(format!("unknown status {}", h.status)),
+        }
+    }
+
+    /// One verb, one round trip. For READ, the data lands in `into`.
+    #[allow(clippy::too_many_arguments)]
+    fn single(
+        &mut self,
+        kind: VerbKind,
+        addr: RemoteAddr,
+        len: u32,
+        arg0: u64,
+        arg1: u64,
+        payload: &[u8],
+        into: Option<&mut [u8]>,
+    ) -> Result<u64, FabricError> {
+        let id = self.header(wire::opcode(kind), addr, len, arg0, arg1, FLAG_LAST);
+        self.out.extend_from_slice(payload);
+        self.send()?;
+        let (h, at) = self.response(id)?;
+        if h.status != status::OK {
+            return Err(self.status_to_error(kind, &h));
+        }
+        if let Some(buf) = into {
+            if h.len as usize != buf.len() {
+                return Err(FabricError::Protocol(format!(
+                    "READ returned {} bytes, asked {}",
+                    h.len,
+                    buf.len()
+                )));
+            }
+            buf.copy_from_slice(&self.rbuf[at..at + buf.len()]);
+        }
+        Ok(h.value)
+    }
+
+    fn batch(&mut self, batch: &mut Batch) -> Result<(), FabricError> {
+        let first_id = self.next_id;
+        let n = batch.ops.len();
+        for (i, op) in batch.ops.iter().enumerate() {
+            let flags = if i + 1 == n { FLAG_LAST } else { 0 };
+            self.header(
+                wire::opcode(op.kind),
+                op.addr,
+                op.len,
+                op.arg0,
+                op.arg1,
+                flags,
+            );
+            if op.kind == VerbKind::Write {
+                self.out
+                    .extend_from_slice(&batch.out[op.data..op.data + op.len as usize]);
+            }
+        }
+        self.send()?;
+        for (i, op) in batch.ops.iter_mut().enumerate() {
+            let (h, at) = self.response(first_id.wrapping_add(i as u32))?;
+            if h.status != status::OK {
+                op.status = Some(VerbError::from_code(h.status).ok_or_else(|| {
+                    FabricError::Protocol(format!("unknown status {}", h.status))
+                })?);
+                continue;
+            }
+            op.result = h.value;
+            if op.kind == VerbKind::Read {
+                if h.len != op.len {
+                    return Err(FabricError::Protocol(format!(
+                        "READ returned {} bytes, asked {}",
+                        h.len, op.len
+                    )));
+                }
+                batch.data_in[op.data..op.data + op.len as usize]
+                    .copy_from_slice(&self.rbuf[at..at + op.len as usize]);
+            }
+        }
+        Ok(())
+    }
+
+    fn rpc(
+        &mut self,
+        method: u16,
+        request: &[u8],
+        response: &mut Vec<u8>,
+    ) -> Result<(), FabricError> {
+        let addr = RemoteAddr {
+            region: method as u32,
+            rkey: 0,
+            offset: 0,
+        };
+        let id = self.header(op::RPC, addr, request.len() as u32, 0, 0, FLAG_LAST);
+        self.out.extend_from_slice(request);
+        self.send()?;
+        let (h, at) = self.response(id)?;
+        let body = &self.rbuf[at..at + h.len as usize];
+        match h.status {
+            status::OK => {
+                response.clear();
+                response.extend_from_slice(body);
+                Ok(())
+            }
+            status::RPC_UNKNOWN => Err(RpcError::UnknownMethod(method).into()),
+            status::RPC_FAILED => {
+                Err(RpcError::Failed(String::from_utf8_lossy(body).into_owned()).into())
+            }
+            status::RPC_CODEC => {
+                Err(RpcError::Codec(String::from_utf8_lossy(body).into_owned()).into())
+            }
+            status::RPC_DOWN => Err(RpcError::ProcessorDown.into()),
+            other => Err(match VerbError::from_code(other) {
+                Some(VerbError::TooLarge) => verb_err(VerbKind::Write, VerbError::TooLarge),
+                _ => FabricError::Protocol(format!("unknown RPC status {other}")),
+            }),
+        }
+    }
+}
+
+fn io_to_fabric(e: std::io::Error) -> FabricError {
+    use std::io::ErrorKind::*;
+    match e.kind() {
+        WouldBlock | TimedOut => FabricError::Timeout,
+        ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof | NotConnected => {
+            FabricError::Disconnected(e.to_string())
+        }
+        _ => FabricError::Io(e),
+    }
+}

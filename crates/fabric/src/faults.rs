@@ -1,0 +1,77 @@
+//! Test hooks on a client endpoint: lose requests, delay round trips, cut the connection.
+//!
+//! A [`FaultHooks`] is shared (`Arc`) so a test can change it from another thread while the endpoint is in use.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Faults to inject on the round trips of one endpoint.
+#[derive(Debug, Default)]
+pub struct FaultHooks {
+    drop_next: AtomicU32,
+    delay_ns: AtomicU64,
+    cut: AtomicBool,
+}
+
+/// What the endpoint must do with the next round trip.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fault {
+    None,
+    /// The request is lost: nothing executes and the caller sees a timeout.
+    Drop,
+    /// The connection is gone.
+    Cut,
+}
+
+impl FaultHooks {
+    /// Loses the next `n` round trips (they are not executed; the caller gets [`crate::FabricError::Timeout`]).
+    pub fn drop_next(&self, n: u32) {
+        self.drop_next.store(n, Ordering::Release);
+    }
+
+    /// Adds `delay` to every round trip until set back to zero.
+    pub fn set_delay(&self, delay: Duration) {
+        self.delay_ns
+            .store(delay.as_nanos() as u64, Ordering::Release);
+    }
+
+    /// Cuts the connection: every later round trip fails with [`crate::FabricError::Disconnected`].
+    pub fn cut(&self) {
+        self.cut.store(true, Ordering::Release);
+    }
+
+    /// True once [`FaultHooks::cut`] was called.
+    pub fn is_cut(&self) -> bool {
+        self.cut.load(Ordering::Acquire)
+    }
+
+    /// Applies delay and decides the fate of one round trip.
+    #[inline]
+    pub(crate) fn before_round_trip(&self) -> Fault {
+        if self.cut.load(Ordering::Relaxed) {
+            return Fault::Cut;
+        }
+        let delay = self.delay_ns.load(Ordering::Relaxed);
+        if delay > 0 {
+            spin_for(delay);
+        }
+        if self.drop_next.load(Ordering::Relaxed) > 0 {
+            let prev = self
+                .drop_next
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+            if prev.is_ok() {
+                return Fault::Drop;
+            }
+        }
+        Fault::None
+    }
+}
+
+/// Busy-waits `ns` nanoseconds: sleeping is far too coarse to emulate a microsecond fabric.
+#[inline]
+pub fn spin_for(ns: u64) {
+    let until = Instant::now() + Duration::from_nanos(ns);
+    while Instant::now() < until {
+        std::hint::spin_loop();
+    }
+}

@@ -1,0 +1,354 @@
+//! The memory node's side of the fabric: registered regions over a pool, verb execution (the "NIC"), and the
+//! processor threads that serve two-sided calls.
+//!
+//! Both transports execute verbs through [`MemoryNode`], so they agree on every result and every refusal.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use dinomo_pool::Pool;
+
+use crate::error::{RpcError, VerbError};
+use crate::verbs::{Access, RegionInfo, VerbKind};
+
+/// Name of the region covering the pool's data segments.
+pub const DATA_REGION: &str = "data";
+/// Name of the read-only region covering the pool's root slots.
+pub const ROOTS_REGION: &str = "roots";
+
+/// Settings of a memory node's fabric side.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// Shared secret every connection must present. Default: empty (accepted only on loopback listeners).
+    pub cluster_token: String,
+    /// Largest payload of one verb or RPC body, in bytes. Default 64 MiB.
+    pub max_message_len: u32,
+    /// Threads serving two-sided calls (the memory node's processor). Default 2.
+    pub rpc_threads: usize,
+    /// Bound on queued two-sided calls before callers wait. Default 1024.
+    pub rpc_queue: usize,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            cluster_token: String::new(),
+            max_message_len: 64 << 20,
+            rpc_threads: 2,
+            rpc_queue: 1024,
+        }
+    }
+}
+
+/// Serves two-sided calls on the memory node's processor threads.
+pub trait RpcHandler: Send + Sync + 'static {
+    /// Handles `method` with `request`, appending the reply to `response`.
+    fn handle(&self, method: u16, request: &[u8], response: &mut Vec<u8>) -> Result<(), RpcError>;
+}
+
+struct RpcJob {
+    method: u16,
+    request: Vec<u8>,
+    reply: crossbeam_channel::Sender<Result<Vec<u8>, RpcError>>,
+}
+
+/// A memory node: a pool, its registered regions and its processor.
+pub struct MemoryNode {
+    pool: Arc<Pool>,
+    base: *mut u8,
+    regions: Vec<RegionInfo>,
+    config: NodeConfig,
+    handler: Arc<RwLock<Option<Arc<dyn RpcHandler>>>>,
+    rpc_tx: crossbeam_channel::Sender<RpcJob>,
+    rpc_threads: Vec<std::thread::JoinHandle<()>>,
+    flush_on_write: bool,
+}
+
+// SAFETY: `base` points into the pool's mapping, which `pool` keeps alive; all access through it is bounds-checked
+// and shared mutation is either atomic (CAS/FAA) or a DMA-like copy whose tearing the protocols above tolerate.
+unsafe impl Send for MemoryNode {}
+// SAFETY: as above.
+unsafe impl Sync for MemoryNode {}
+
+impl std::fmt::Debug for MemoryNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryNode")
+            .field("regions", &self.regions)
+            .finish()
+    }
+}
+
+fn random_key() -> u64 {
+    // Zero is never a valid key, so an all-zero frame can never pass the check.
+    loop {
+        let k: u64 = rand::random();
+        if k != 0 {
+            return k;
+        }
+    }
+}
+
+impl MemoryNode {
+    /// Registers the pool's data area (read, write, atomics) and root slots (read only) with fresh random keys,
+    /// and starts the processor threads.
+    pub fn new(pool: Arc<Pool>, config: NodeConfig) -> Arc<MemoryNode> {
+        let layout = *pool.layout();
+        let regions = vec![
+            RegionInfo {
+                id: 0,
+                name: DATA_REGION.to_string(),
+                rkey: random_key(),
+                start: layout.data_offset,
+                len: layout.segment_count * layout.segment_size,
+                access: Access::ALL,
+            },
+            RegionInfo {
+                id: 1,
+                name: ROOTS_REGION.to_string(),
+                rkey: random_key(),
+                start: layout.roots_offset,
+                len: dinomo_pool::ROOT_SLOTS as u64 * 8,
+                access: Access::READ,
+            },
+        ];
+        let handler: Arc<RwLock<Option<Arc<dyn RpcHandler>>>> = Arc::new(RwLock::new(None));
+        let (rpc_tx, rpc_rx) = crossbeam_channel::bounded::<RpcJob>(config.rpc_queue.max(1));
+        let rpc_threads = (0..config.rpc_threads.max(1))
+            .map(|i| {
+                let rx = rpc_rx.clone();
+                let handler = handler.clone();
+                std::thread::Builder::new()
+                    .name(format!("dpm-proc-{i}"))
+                    .spawn(move || processor_loop(rx, handler))
+                    .expect("spawning a processor thread")
+            })
+            .collect();
+        Arc::new(MemoryNode {
+            base: pool.as_ptr(),
+            flush_on_write: pool.persist_mode().flushes_on_persist(),
+            pool,
+            regions,
+            config,
+            handler,
+            rpc_tx,
+            rpc_threads,
+        })
+    }
+
+    /// Installs the handler for two-sided calls (the memory node's processor logic).
+    pub fn set_rpc_handler(&self, handler: Arc<dyn RpcHandler>) {
+        *self.handler.write().unwrap_or_else(|e| e.into_inner()) = Some(handler);
+    }
+
+    /// The pool served.
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// Registered regions.
+    pub fn regions(&self) -> &[RegionInfo] {
+        &self.regions
+    }
+
+    /// Settings in force.
+    pub fn config(&self) -> &NodeConfig {
+        &self.config
+    }
+
+    pub(crate) fn token_matches(&self, presented: &[u8]) -> bool {
+        // Constant-time comparison: the token is a secret.
+        let expected = self.config.cluster_token.as_bytes();
+        if presented.len() != expected.len() {
+            return false;
+        }
+        presented
+            .iter()
+            .zip(expected)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+    }
+
+    /// Validates a verb's target and returns a pointer to it.
+    #[inline]
+    fn check(
+        &self,
+        kind: VerbKind,
+        region: u32,
+        rkey: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<*mut u8, VerbError> {
+        let r = self
+            .regions
+            .get(region as usize)
+            .ok_or(VerbError::NoSuchRegion)?;
+        if r.rkey != rkey {
+            return Err(VerbError::BadKey);
+        }
+        if !r.access.allows(Access::for_verb(kind)) {
+            return Err(VerbError::AccessDenied);
+        }
+        if len > self.config.max_message_len as u64 {
+            return Err(VerbError::TooLarge);
+        }
+        match offset.checked_add(len) {
+            Some(end) if offset >= r.start && end <= r.start + r.len => {}
+            _ => return Err(VerbError::OutOfBounds),
+        }
+        if matches!(kind, VerbKind::Cas | VerbKind::Faa) && offset % 8 != 0 {
+            return Err(VerbError::Misaligned);
+        }
+        // SAFETY: offset + len lies within the region, which lies within the pool mapping.
+        Ok(unsafe { self.base.add(offset as usize) })
+    }
+
+    #[inline]
+    fn persist(&self, offset: u64, len: u64) {
+        if self.flush_on_write {
+            self.pool.persist(offset, len);
+        }
+    }
+
+    /// READ into `dst`.
+    #[inline]
+    pub(crate) fn exec_read(
+        &self,
+        region: u32,
+        rkey: u64,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), VerbError> {
+        let src = self.check(VerbKind::Read, region, rkey, offset, dst.len() as u64)?;
+        // SAFETY: `src` is valid for dst.len() bytes (checked); `dst` is a distinct buffer.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// WRITE from `src`, persisted before return when the pool's mode asks for it.
+    #[inline]
+    pub(crate) fn exec_write(
+        &self,
+        region: u32,
+        rkey: u64,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<(), VerbError> {
+        let dst = self.check(VerbKind::Write, region, rkey, offset, src.len() as u64)?;
+        // SAFETY: `dst` is valid for src.len() bytes (checked); `src` is a distinct buffer.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+        self.persist(offset, src.len() as u64);
+        Ok(())
+    }
+
+    #[inline]
+    fn word(
+        &self,
+        kind: VerbKind,
+        region: u32,
+        rkey: u64,
+        offset: u64,
+    ) -> Result<&AtomicU64, VerbError> {
+        let p = self.check(kind, region, rkey, offset, 8)?;
+        // SAFETY: 8 bytes in bounds and 8-byte aligned (pool offsets of aligned words are aligned in memory because
+        // the mapping is page aligned); all concurrent mutation of such words is atomic.
+        Ok(unsafe { AtomicU64::from_ptr(p.cast::<u64>()) })
+    }
+
+    /// CAS; returns the previous value (the swap happened iff it equals `expected`).
+    #[inline]
+    pub(crate) fn exec_cas(
+        &self,
+        region: u32,
+        rkey: u64,
+        offset: u64,
+        expected: u64,
+        new: u64,
+    ) -> Result<u64, VerbError> {
+        let w = self.word(VerbKind::Cas, region, rkey, offset)?;
+        let prev = match w.compare_exchange(expected, new, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(v) | Err(v) => v,
+        };
+        if prev == expected {
+            self.persist(offset, 8);
+        }
+        Ok(prev)
+    }
+
+    /// FAA; returns the previous value.
+    #[inline]
+    pub(crate) fn exec_faa(
+        &self,
+        region: u32,
+        rkey: u64,
+        offset: u64,
+        add: u64,
+    ) -> Result<u64, VerbError> {
+        let w = self.word(VerbKind::Faa, region, rkey, offset)?;
+        let prev = w.fetch_add(add, Ordering::AcqRel);
+        self.persist(offset, 8);
+        Ok(prev)
+    }
+
+    /// Runs a two-sided call on a processor thread and waits for its reply.
+    pub(crate) fn call(&self, method: u16, request: Vec<u8>) -> Result<Vec<u8>, RpcError> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.rpc_tx
+            .send(RpcJob {
+                method,
+                request,
+                reply: tx,
+            })
+            .map_err(|_| RpcError::ProcessorDown)?;
+        rx.recv().map_err(|_| RpcError::ProcessorDown)?
+    }
+}
+
+fn processor_loop(
+    rx: crossbeam_channel::Receiver<RpcJob>,
+    handler: Arc<RwLock<Option<Arc<dyn RpcHandler>>>>,
+) {
+    let mut response = Vec::new();
+    while let Ok(job) = rx.recv() {
+        let h = handler.read().unwrap_or_else(|e| e.into_inner()).clone();
+        response.clear();
+        let result = match h {
+            None => Err(RpcError::UnknownMethod(job.method)),
+            Some(h) => {
+                // A handler bug must not take the memory node down.
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    h.handle(job.method, &job.request, &mut response)
+                })) {
+                    Ok(r) => r.map(|()| std::mem::take(&mut response)),
+                    Err(_) => Err(RpcError::Failed(format!(
+                        "handler panicked on method {}",
+                        job.method
+                    ))),
+                }
+            }
+        };
+        let _ = job.reply.send(result);
+    }
+}
+
+impl Drop for MemoryNode {
+    fn drop(&mut self) {
+        // Closing the channel ends the processor threads.
+        let (dead_tx, _) = crossbeam_channel::bounded(1);
+        drop(std::mem::replace(&mut self.rpc_tx, dead_tx));
+        for h in self.rpc_threads.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Encodes a typed RPC body (postcard).
+pub fn encode<T: serde::Serialize>(value: &T, out: &mut Vec<u8>) -> Result<(), RpcError> {
+    let bytes = postcard::to_stdvec(value).map_err(|e| RpcError::Codec(e.to_string()))?;
+    out.extend_from_slice(&bytes);
+    Ok(())
+}
+
+/// Decodes a typed RPC body (postcard).
+pub fn decode<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, RpcError> {
+    postcard::from_bytes(bytes).map_err(|e| RpcError::Codec(e.to_string()))
+}
