@@ -53,13 +53,16 @@ pub enum ServerError {
     },
 }
 
+/// A served connection: a handle to close its socket and its NIC thread.
+type Connection = (TcpStream, Option<JoinHandle<()>>);
+
 struct Shared {
     node: Arc<MemoryNode>,
     config: ServerConfig,
     stop: AtomicBool,
     active: AtomicUsize,
     next_conn: AtomicU64,
-    conns: Mutex<HashMap<u64, (TcpStream, Option<JoinHandle<()>>)>>,
+    conns: Mutex<HashMap<u64, Connection>>,
 }
 
 /// A running memory-node server. Dropping it stops it.

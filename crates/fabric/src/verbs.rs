@@ -104,7 +104,7 @@ pub struct RemoteAddr {
 impl RemoteAddr {
     /// The address `by` bytes further.
     #[inline]
-    pub fn add(self, by: u64) -> RemoteAddr {
+    pub fn offset_by(self, by: u64) -> RemoteAddr {
         RemoteAddr {
             offset: self.offset.wrapping_add(by),
             ..self
