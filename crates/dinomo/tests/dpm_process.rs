@@ -1,0 +1,229 @@
+//! `dinomo dpm` as a real process on loopback: SIGKILL and restart on the same pool file keeps every acknowledged
+//! write; SIGTERM stops cleanly; bad pool files are refused untouched.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use dinomo_fabric::{Connector, DATA_REGION, Endpoint, Target};
+
+const TOKEN: &str = "integration-token";
+
+struct Dpm {
+    child: Child,
+    addr: SocketAddr,
+    banner: String,
+    stdout: BufReader<std::process::ChildStdout>,
+}
+
+fn start_dpm(pool: &Path) -> anyhow::Result<Dpm> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dinomo"))
+        .args([
+            "dpm",
+            "--listen",
+            "127.0.0.1:0",
+            "--size",
+            "64MiB",
+            "--segment-size",
+            "1MiB",
+            "--pool",
+        ])
+        .arg(pool)
+        .env("DINOMO_CLUSTER_TOKEN", TOKEN)
+        .env("DINOMO_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
+    let mut banner = String::new();
+    stdout.read_line(&mut banner)?;
+    let Some(addr) = banner.split_whitespace().nth(4) else {
+        let mut err = String::new();
+        use std::io::Read;
+        child
+            .stderr
+            .take()
+            .expect("piped")
+            .read_to_string(&mut err)?;
+        let status = child.wait()?;
+        anyhow::bail!("dpm did not start ({status}): {err}");
+    };
+    Ok(Dpm {
+        addr: addr.parse()?,
+        banner,
+        child,
+        stdout,
+    })
+}
+
+fn connect(addr: SocketAddr) -> Endpoint {
+    let mut c = Connector::new(Target::Tcp(addr));
+    c.config.cluster_token = TOKEN.into();
+    c.connect().expect("connect to dpm")
+}
+
+fn pattern(i: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|k| (i.wrapping_mul(31).wrapping_add(k as u64 * 7) % 251) as u8)
+        .collect()
+}
+
+const BLOCK: usize = 512;
+
+#[test]
+fn every_acknowledged_write_survives_sigkill_and_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = dir.path().join("dpm.pool");
+    let mut next = 0u64; // Next block index to write; blocks 0..acked are acknowledged.
+    for round in 0..4 {
+        let mut dpm = start_dpm(&pool).unwrap();
+        if round > 0 {
+            assert!(
+                dpm.banner.contains("unclean"),
+                "a SIGKILLed pool must be reported unclean: {}",
+                dpm.banner
+            );
+        }
+        let mut ep = connect(dpm.addr);
+        let r = ep.region(DATA_REGION).unwrap().clone();
+        let capacity = r.len / BLOCK as u64 - 1;
+        // The counter at the region start counts blocks whose FAA landed. The FAA in flight at the kill may have
+        // executed without being acknowledged, so the counter is the acknowledged count or one more; either way
+        // each block it counts was written (and acknowledged) before its FAA was sent.
+        let mut word = [0u8; 8];
+        ep.read(r.at(r.start), &mut word).unwrap();
+        let counted = u64::from_le_bytes(word);
+        assert!(
+            counted == next || counted == next + 1,
+            "round {round}: counter {counted}, acknowledged {next}"
+        );
+        next = counted;
+        let mut buf = vec![0u8; BLOCK];
+        for i in 0..next {
+            ep.read(r.at(r.start + 8 + i * BLOCK as u64), &mut buf)
+                .unwrap();
+            assert_eq!(
+                buf,
+                pattern(i, BLOCK),
+                "block {i} lost after restart {round}"
+            );
+        }
+
+        // Write at full speed from another thread; kill the process underneath it.
+        let acked = Arc::new(AtomicU64::new(next));
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (acked, stop, addr) = (acked.clone(), stop.clone(), dpm.addr);
+            std::thread::spawn(move || {
+                let mut ep = connect(addr);
+                let r = ep.region(DATA_REGION).unwrap().clone();
+                let mut i = acked.load(Ordering::SeqCst);
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while !stop.load(Ordering::SeqCst) && i < capacity && Instant::now() < deadline {
+                    if ep
+                        .write(r.at(r.start + 8 + i * BLOCK as u64), &pattern(i, BLOCK))
+                        .is_err()
+                    {
+                        return;
+                    }
+                    // The counter at the region start counts acknowledged blocks.
+                    if ep.faa(r.at(r.start), 1).is_err() {
+                        return;
+                    }
+                    i += 1;
+                    acked.store(i, Ordering::SeqCst);
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(30 + round * 20));
+        dpm.child.kill().unwrap(); // SIGKILL
+        dpm.child.wait().unwrap();
+        stop.store(true, Ordering::SeqCst);
+        writer.join().unwrap();
+        let now = acked.load(Ordering::SeqCst);
+        assert!(now > next, "round {round}: the writer made no progress");
+        next = now;
+    }
+    let dpm = start_dpm(&pool).unwrap();
+    let mut ep = connect(dpm.addr);
+    let r = ep.region(DATA_REGION).unwrap().clone();
+    let mut word = [0u8; 8];
+    ep.read(r.at(r.start), &mut word).unwrap();
+    let counted = u64::from_le_bytes(word);
+    assert!(
+        counted == next || counted == next + 1,
+        "counter {counted}, acknowledged {next}"
+    );
+    stop_with_sigterm(dpm);
+}
+
+fn stop_with_sigterm(mut dpm: Dpm) -> String {
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(dpm.child.id() as i32, libc::SIGTERM) };
+    let status = dpm.child.wait().unwrap();
+    assert!(status.success(), "dpm exited with {status} on SIGTERM");
+    let mut rest = String::new();
+    let mut line = String::new();
+    while dpm.stdout.read_line(&mut line).unwrap_or(0) > 0 {
+        rest.push_str(&line);
+        line.clear();
+    }
+    rest
+}
+
+#[test]
+fn sigterm_stops_cleanly_and_the_restart_sees_a_clean_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = dir.path().join("clean.pool");
+    let dpm = start_dpm(&pool).unwrap();
+    let mut ep = connect(dpm.addr);
+    let r = ep.region(DATA_REGION).unwrap().clone();
+    ep.write(r.at(r.start + 4096), b"kept across a clean restart")
+        .unwrap();
+    drop(ep);
+    let tail = stop_with_sigterm(dpm);
+    assert!(tail.contains("stopped cleanly"), "{tail}");
+    let dpm = start_dpm(&pool).unwrap();
+    assert!(dpm.banner.contains("opened clean"), "{}", dpm.banner);
+    let mut ep = connect(dpm.addr);
+    let r = ep.region(DATA_REGION).unwrap().clone();
+    let mut buf = vec![0u8; 27];
+    ep.read(r.at(r.start + 4096), &mut buf).unwrap();
+    assert_eq!(&buf, b"kept across a clean restart");
+    stop_with_sigterm(dpm);
+}
+
+#[test]
+fn a_corrupt_or_foreign_pool_is_refused_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = dir.path().join("bad.pool");
+    std::fs::write(&pool, vec![0x42u8; 1 << 20]).unwrap();
+    let before = std::fs::read(&pool).unwrap();
+    let err = start_dpm(&pool).err().expect("must refuse");
+    assert!(err.to_string().contains("not a dinomo pool"), "{err}");
+    assert_eq!(std::fs::read(&pool).unwrap(), before);
+
+    // A real pool with one flipped superblock bit.
+    let good = dir.path().join("good.pool");
+    stop_with_sigterm(start_dpm(&good).unwrap());
+    let mut bytes = std::fs::read(&good).unwrap();
+    bytes[20] ^= 4;
+    std::fs::write(&good, &bytes).unwrap();
+    let err = start_dpm(&good).err().expect("must refuse");
+    assert!(err.to_string().contains("corrupt superblock"), "{err}");
+    assert_eq!(std::fs::read(&good).unwrap(), bytes);
+}
+
+#[test]
+fn two_memory_nodes_cannot_share_a_pool_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = dir.path().join("shared.pool");
+    let first = start_dpm(&pool).unwrap();
+    let err = start_dpm(&pool).err().expect("second must refuse");
+    assert!(err.to_string().contains("locked"), "{err}");
+    stop_with_sigterm(first);
+}
