@@ -1,5 +1,6 @@
 //! The `dinomo` command: memory node, benchmarks, and (as the project grows) KV nodes and whole clusters.
 
+mod bench;
 mod dpm;
 mod size;
 
@@ -17,6 +18,8 @@ struct Cli {
 enum Command {
     /// Run a memory node: serve a persistent pool over the fabric.
     Dpm(dpm::DpmArgs),
+    /// Run a benchmark.
+    Bench(bench::BenchArgs),
 }
 
 fn main() {
@@ -30,6 +33,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Dpm(args) => dpm::run(args),
+        Command::Bench(args) => bench::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
