@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use crate::counters::{self, Tally};
 use crate::error::{FabricError, RpcError, VerbError};
 use crate::faults::{Fault, FaultHooks, spin_for};
-use crate::node::MemoryNode;
+use crate::node::{MemoryNode, Nic};
 use crate::verbs::{Batch, RegionInfo, RemoteAddr, VerbKind};
 use crate::wire::{
     self, FLAG_LAST, HandshakeReply, REQ_HEADER, RESP_HEADER, ReqHeader, RespHeader, op, status,
@@ -76,7 +76,7 @@ impl Connector {
                     return Err(FabricError::Handshake("wrong cluster token".into()));
                 }
                 Ok(Endpoint {
-                    transport: Transport::InProcess(node.clone()),
+                    transport: Transport::InProcess(node.clone(), node.nic().clone()),
                     regions: node.regions().to_vec(),
                     pool_id: node.pool().superblock().pool_id,
                     max_message_len: node.config().max_message_len,
@@ -102,7 +102,8 @@ impl Connector {
 }
 
 enum Transport {
-    InProcess(Arc<MemoryNode>),
+    /// The node is kept alive by the endpoint; verbs go straight to the executor.
+    InProcess(Arc<MemoryNode>, Nic),
     Tcp(Box<TcpConn>),
 }
 
@@ -130,7 +131,7 @@ impl Endpoint {
     /// "in-process" or "tcp".
     pub fn transport_name(&self) -> &'static str {
         match self.transport {
-            Transport::InProcess(_) => "in-process",
+            Transport::InProcess(..) => "in-process",
             Transport::Tcp(_) => "tcp",
         }
     }
@@ -163,6 +164,12 @@ impl Endpoint {
     /// Changes the injected per-round-trip latency.
     pub fn set_injected_latency(&mut self, ns: u64) {
         self.latency_ns = ns;
+    }
+
+    /// True when a round trip needs no fault, latency or broken-connection handling.
+    #[inline(always)]
+    fn ready(&self) -> bool {
+        self.broken.is_none() && self.latency_ns == 0 && !self.hooks.is_armed()
     }
 
     /// Starts a round trip: refuses on a broken endpoint, applies faults and injected latency.
@@ -213,18 +220,30 @@ impl Endpoint {
     /// One-sided READ of `buf.len()` bytes at `addr`.
     #[inline]
     pub fn read(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
+        if let (true, Transport::InProcess(_, nic)) = (self.ready(), &self.transport) {
+            let (o, i) = wire::verb_bytes(VerbKind::Read, buf.len() as u64);
+            counters::record_single(VerbKind::Read, o, i);
+            return nic
+                .read(addr.region, addr.rkey, addr.offset, buf)
+                .map_err(|e| verb_err(VerbKind::Read, e));
+        }
+        self.read_general(addr, buf)
+    }
+
+    #[inline(never)]
+    fn read_general(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
         self.begin()?;
         let len = self.check_len(buf.len())?;
         let (o, i) = wire::verb_bytes(VerbKind::Read, len as u64);
         let r = match &mut self.transport {
-            Transport::InProcess(node) => node
-                .exec_read(addr.region, addr.rkey, addr.offset, buf)
+            Transport::InProcess(_, nic) => nic
+                .read(addr.region, addr.rkey, addr.offset, buf)
                 .map_err(|e| verb_err(VerbKind::Read, e)),
             Transport::Tcp(c) => c
                 .single(VerbKind::Read, addr, len, 0, 0, &[], Some(buf))
                 .map(|_| ()),
         };
-        counters::record_round_trip(&Tally::single(VerbKind::Read, o, i));
+        counters::record_single(VerbKind::Read, o, i);
         r.map_err(|e| self.fail(e))
     }
 
@@ -232,48 +251,89 @@ impl Endpoint {
     /// durability mode flushes).
     #[inline]
     pub fn write(&mut self, addr: RemoteAddr, data: &[u8]) -> Result<(), FabricError> {
+        if let (true, Transport::InProcess(_, nic)) = (self.ready(), &self.transport) {
+            let (o, i) = wire::verb_bytes(VerbKind::Write, data.len() as u64);
+            counters::record_single(VerbKind::Write, o, i);
+            return nic
+                .write(addr.region, addr.rkey, addr.offset, data)
+                .map_err(|e| verb_err(VerbKind::Write, e));
+        }
+        self.write_general(addr, data)
+    }
+
+    #[inline(never)]
+    fn write_general(&mut self, addr: RemoteAddr, data: &[u8]) -> Result<(), FabricError> {
         self.begin()?;
         let len = self.check_len(data.len())?;
         let (o, i) = wire::verb_bytes(VerbKind::Write, len as u64);
         let r = match &mut self.transport {
-            Transport::InProcess(node) => node
-                .exec_write(addr.region, addr.rkey, addr.offset, data)
+            Transport::InProcess(_, nic) => nic
+                .write(addr.region, addr.rkey, addr.offset, data)
                 .map_err(|e| verb_err(VerbKind::Write, e)),
             Transport::Tcp(c) => c
                 .single(VerbKind::Write, addr, len, 0, 0, data, None)
                 .map(|_| ()),
         };
-        counters::record_round_trip(&Tally::single(VerbKind::Write, o, i));
+        counters::record_single(VerbKind::Write, o, i);
         r.map_err(|e| self.fail(e))
     }
 
     /// 8-byte compare-and-swap; returns the previous value (the swap happened iff it equals `expected`).
     #[inline]
     pub fn cas(&mut self, addr: RemoteAddr, expected: u64, new: u64) -> Result<u64, FabricError> {
+        if let (true, Transport::InProcess(_, nic)) = (self.ready(), &self.transport) {
+            let (o, i) = wire::verb_bytes(VerbKind::Cas, 8);
+            counters::record_single(VerbKind::Cas, o, i);
+            return nic
+                .cas(addr.region, addr.rkey, addr.offset, expected, new)
+                .map_err(|e| verb_err(VerbKind::Cas, e));
+        }
+        self.cas_general(addr, expected, new)
+    }
+
+    #[inline(never)]
+    fn cas_general(
+        &mut self,
+        addr: RemoteAddr,
+        expected: u64,
+        new: u64,
+    ) -> Result<u64, FabricError> {
         self.begin()?;
         let (o, i) = wire::verb_bytes(VerbKind::Cas, 8);
         let r = match &mut self.transport {
-            Transport::InProcess(node) => node
-                .exec_cas(addr.region, addr.rkey, addr.offset, expected, new)
+            Transport::InProcess(_, nic) => nic
+                .cas(addr.region, addr.rkey, addr.offset, expected, new)
                 .map_err(|e| verb_err(VerbKind::Cas, e)),
             Transport::Tcp(c) => c.single(VerbKind::Cas, addr, 8, expected, new, &[], None),
         };
-        counters::record_round_trip(&Tally::single(VerbKind::Cas, o, i));
+        counters::record_single(VerbKind::Cas, o, i);
         r.map_err(|e| self.fail(e))
     }
 
     /// 8-byte fetch-and-add (wrapping); returns the previous value.
     #[inline]
     pub fn faa(&mut self, addr: RemoteAddr, add: u64) -> Result<u64, FabricError> {
+        if let (true, Transport::InProcess(_, nic)) = (self.ready(), &self.transport) {
+            let (o, i) = wire::verb_bytes(VerbKind::Faa, 8);
+            counters::record_single(VerbKind::Faa, o, i);
+            return nic
+                .faa(addr.region, addr.rkey, addr.offset, add)
+                .map_err(|e| verb_err(VerbKind::Faa, e));
+        }
+        self.faa_general(addr, add)
+    }
+
+    #[inline(never)]
+    fn faa_general(&mut self, addr: RemoteAddr, add: u64) -> Result<u64, FabricError> {
         self.begin()?;
         let (o, i) = wire::verb_bytes(VerbKind::Faa, 8);
         let r = match &mut self.transport {
-            Transport::InProcess(node) => node
-                .exec_faa(addr.region, addr.rkey, addr.offset, add)
+            Transport::InProcess(_, nic) => nic
+                .faa(addr.region, addr.rkey, addr.offset, add)
                 .map_err(|e| verb_err(VerbKind::Faa, e)),
             Transport::Tcp(c) => c.single(VerbKind::Faa, addr, 8, add, 0, &[], None),
         };
-        counters::record_round_trip(&Tally::single(VerbKind::Faa, o, i));
+        counters::record_single(VerbKind::Faa, o, i);
         r.map_err(|e| self.fail(e))
     }
 
@@ -292,8 +352,8 @@ impl Endpoint {
         }
         let max = self.max_message_len;
         let r = match &mut self.transport {
-            Transport::InProcess(node) => {
-                exec_batch_in_process(node, batch, max);
+            Transport::InProcess(_, nic) => {
+                exec_batch_in_process(nic, batch, max);
                 Ok(())
             }
             Transport::Tcp(c) => c.batch(batch),
@@ -321,7 +381,7 @@ impl Endpoint {
             ..Tally::default()
         };
         let r = match &mut self.transport {
-            Transport::InProcess(node) => match node.call(method, request.to_vec()) {
+            Transport::InProcess(node, _) => match node.call(method, request.to_vec()) {
                 Ok(v) => {
                     *response = v;
                     Ok(())
@@ -359,7 +419,7 @@ fn verb_err(kind: VerbKind, error: VerbError) -> FabricError {
     }
 }
 
-fn exec_batch_in_process(node: &MemoryNode, batch: &mut Batch, max: u32) {
+fn exec_batch_in_process(nic: &Nic, batch: &mut Batch, max: u32) {
     let Batch { ops, out, data_in } = batch;
     let mut failed = false;
     for op in ops.iter_mut() {
@@ -372,23 +432,23 @@ fn exec_batch_in_process(node: &MemoryNode, batch: &mut Batch, max: u32) {
             Err(VerbError::TooLarge)
         } else {
             match op.kind {
-                VerbKind::Read => node.exec_read(
+                VerbKind::Read => nic.read(
                     a.region,
                     a.rkey,
                     a.offset,
                     &mut data_in[op.data..op.data + op.len as usize],
                 ),
-                VerbKind::Write => node.exec_write(
+                VerbKind::Write => nic.write(
                     a.region,
                     a.rkey,
                     a.offset,
                     &out[op.data..op.data + op.len as usize],
                 ),
-                VerbKind::Cas => node
-                    .exec_cas(a.region, a.rkey, a.offset, op.arg0, op.arg1)
+                VerbKind::Cas => nic
+                    .cas(a.region, a.rkey, a.offset, op.arg0, op.arg1)
                     .map(|v| op.result = v),
-                VerbKind::Faa => node
-                    .exec_faa(a.region, a.rkey, a.offset, op.arg0)
+                VerbKind::Faa => nic
+                    .faa(a.region, a.rkey, a.offset, op.arg0)
                     .map(|v| op.result = v),
             }
         };

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 /// Faults to inject on the round trips of one endpoint.
 #[derive(Debug, Default)]
 pub struct FaultHooks {
+    /// Set once any hook was used, so that an endpoint without faults pays one load per round trip.
+    armed: AtomicBool,
     drop_next: AtomicU32,
     delay_ns: AtomicU64,
     cut: AtomicBool,
@@ -27,6 +29,7 @@ impl FaultHooks {
     /// Loses the next `n` round trips (they are not executed; the caller gets [`crate::FabricError::Timeout`]).
     pub fn drop_next(&self, n: u32) {
         self.drop_next.store(n, Ordering::Release);
+        self.armed.store(true, Ordering::Release);
     }
 
     /// Adds `delay` to every round trip until set back to zero.
@@ -38,6 +41,13 @@ impl FaultHooks {
     /// Cuts the connection: every later round trip fails with [`crate::FabricError::Disconnected`].
     pub fn cut(&self) {
         self.cut.store(true, Ordering::Release);
+        self.armed.store(true, Ordering::Release);
+    }
+
+    /// True once any hook was used.
+    #[inline(always)]
+    pub(crate) fn is_armed(&self) -> bool {
+        self.armed.load(Ordering::Relaxed)
     }
 
     /// True once [`FaultHooks::cut`] was called.
@@ -48,6 +58,9 @@ impl FaultHooks {
     /// Applies delay and decides the fate of one round trip.
     #[inline]
     pub(crate) fn before_round_trip(&self) -> Fault {
+        if !self.armed.load(Ordering::Relaxed) {
+            return Fault::None;
+        }
         if self.cut.load(Ordering::Relaxed) {
             return Fault::Cut;
         }

@@ -55,20 +55,13 @@ struct RpcJob {
 /// A memory node: a pool, its registered regions and its processor.
 pub struct MemoryNode {
     pool: Arc<Pool>,
-    base: *mut u8,
+    nic: Nic,
     regions: Vec<RegionInfo>,
     config: NodeConfig,
     handler: Arc<RwLock<Option<Arc<dyn RpcHandler>>>>,
     rpc_tx: crossbeam_channel::Sender<RpcJob>,
     rpc_threads: Vec<std::thread::JoinHandle<()>>,
-    flush_on_write: bool,
 }
-
-// SAFETY: `base` points into the pool's mapping, which `pool` keeps alive; all access through it is bounds-checked
-// and shared mutation is either atomic (CAS/FAA) or a DMA-like copy whose tearing the protocols above tolerate.
-unsafe impl Send for MemoryNode {}
-// SAFETY: as above.
-unsafe impl Sync for MemoryNode {}
 
 impl std::fmt::Debug for MemoryNode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -123,9 +116,25 @@ impl MemoryNode {
                     .expect("spawning a processor thread")
             })
             .collect();
-        Arc::new(MemoryNode {
+        let nic = Nic {
             base: pool.as_ptr(),
-            flush_on_write: pool.persist_mode().flushes_on_persist(),
+            bounds: regions
+                .iter()
+                .map(|r| RegionBounds {
+                    rkey: r.rkey,
+                    start: r.start,
+                    end: r.start + r.len,
+                    access: r.access,
+                })
+                .collect(),
+            max_len: config.max_message_len as u64,
+            flush: pool
+                .persist_mode()
+                .flushes_on_persist()
+                .then(|| pool.clone()),
+        };
+        Arc::new(MemoryNode {
+            nic,
             pool,
             regions,
             config,
@@ -150,6 +159,11 @@ impl MemoryNode {
         &self.regions
     }
 
+    /// The verb executor (shared by the TCP server's NIC threads and in-process endpoints).
+    pub(crate) fn nic(&self) -> &Nic {
+        &self.nic
+    }
+
     /// Settings in force.
     pub fn config(&self) -> &NodeConfig {
         &self.config
@@ -166,127 +180,6 @@ impl MemoryNode {
             .zip(expected)
             .fold(0u8, |acc, (a, b)| acc | (a ^ b))
             == 0
-    }
-
-    /// Validates a verb's target and returns a pointer to it.
-    #[inline]
-    fn check(
-        &self,
-        kind: VerbKind,
-        region: u32,
-        rkey: u64,
-        offset: u64,
-        len: u64,
-    ) -> Result<*mut u8, VerbError> {
-        let r = self
-            .regions
-            .get(region as usize)
-            .ok_or(VerbError::NoSuchRegion)?;
-        if r.rkey != rkey {
-            return Err(VerbError::BadKey);
-        }
-        if !r.access.allows(Access::for_verb(kind)) {
-            return Err(VerbError::AccessDenied);
-        }
-        if len > self.config.max_message_len as u64 {
-            return Err(VerbError::TooLarge);
-        }
-        match offset.checked_add(len) {
-            Some(end) if offset >= r.start && end <= r.start + r.len => {}
-            _ => return Err(VerbError::OutOfBounds),
-        }
-        if matches!(kind, VerbKind::Cas | VerbKind::Faa) && offset % 8 != 0 {
-            return Err(VerbError::Misaligned);
-        }
-        // SAFETY: offset + len lies within the region, which lies within the pool mapping.
-        Ok(unsafe { self.base.add(offset as usize) })
-    }
-
-    #[inline]
-    fn persist(&self, offset: u64, len: u64) {
-        if self.flush_on_write {
-            self.pool.persist(offset, len);
-        }
-    }
-
-    /// READ into `dst`.
-    #[inline]
-    pub(crate) fn exec_read(
-        &self,
-        region: u32,
-        rkey: u64,
-        offset: u64,
-        dst: &mut [u8],
-    ) -> Result<(), VerbError> {
-        let src = self.check(VerbKind::Read, region, rkey, offset, dst.len() as u64)?;
-        // SAFETY: `src` is valid for dst.len() bytes (checked); `dst` is a distinct buffer.
-        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
-        Ok(())
-    }
-
-    /// WRITE from `src`, persisted before return when the pool's mode asks for it.
-    #[inline]
-    pub(crate) fn exec_write(
-        &self,
-        region: u32,
-        rkey: u64,
-        offset: u64,
-        src: &[u8],
-    ) -> Result<(), VerbError> {
-        let dst = self.check(VerbKind::Write, region, rkey, offset, src.len() as u64)?;
-        // SAFETY: `dst` is valid for src.len() bytes (checked); `src` is a distinct buffer.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
-        self.persist(offset, src.len() as u64);
-        Ok(())
-    }
-
-    #[inline]
-    fn word(
-        &self,
-        kind: VerbKind,
-        region: u32,
-        rkey: u64,
-        offset: u64,
-    ) -> Result<&AtomicU64, VerbError> {
-        let p = self.check(kind, region, rkey, offset, 8)?;
-        // SAFETY: 8 bytes in bounds and 8-byte aligned (pool offsets of aligned words are aligned in memory because
-        // the mapping is page aligned); all concurrent mutation of such words is atomic.
-        Ok(unsafe { AtomicU64::from_ptr(p.cast::<u64>()) })
-    }
-
-    /// CAS; returns the previous value (the swap happened iff it equals `expected`).
-    #[inline]
-    pub(crate) fn exec_cas(
-        &self,
-        region: u32,
-        rkey: u64,
-        offset: u64,
-        expected: u64,
-        new: u64,
-    ) -> Result<u64, VerbError> {
-        let w = self.word(VerbKind::Cas, region, rkey, offset)?;
-        let prev = match w.compare_exchange(expected, new, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(v) | Err(v) => v,
-        };
-        if prev == expected {
-            self.persist(offset, 8);
-        }
-        Ok(prev)
-    }
-
-    /// FAA; returns the previous value.
-    #[inline]
-    pub(crate) fn exec_faa(
-        &self,
-        region: u32,
-        rkey: u64,
-        offset: u64,
-        add: u64,
-    ) -> Result<u64, VerbError> {
-        let w = self.word(VerbKind::Faa, region, rkey, offset)?;
-        let prev = w.fetch_add(add, Ordering::AcqRel);
-        self.persist(offset, 8);
-        Ok(prev)
     }
 
     /// Runs a two-sided call on a processor thread and waits for its reply.
@@ -351,4 +244,162 @@ pub fn encode<T: serde::Serialize>(value: &T, out: &mut Vec<u8>) -> Result<(), R
 /// Decodes a typed RPC body (postcard).
 pub fn decode<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, RpcError> {
     postcard::from_bytes(bytes).map_err(|e| RpcError::Codec(e.to_string()))
+}
+
+/// Bounds and key of one region, packed for the per-verb check.
+#[derive(Debug, Clone, Copy)]
+struct RegionBounds {
+    rkey: u64,
+    start: u64,
+    end: u64,
+    access: Access,
+}
+
+/// Executes one-sided verbs on the mapped pool: what a NIC does on a real memory node. Cloned into every
+/// in-process endpoint so that the hot path never goes through the node, and used by the TCP server's threads.
+#[derive(Clone)]
+pub(crate) struct Nic {
+    base: *mut u8,
+    bounds: Arc<[RegionBounds]>,
+    max_len: u64,
+    /// The pool, when its durability mode needs a flush before a write is acknowledged.
+    flush: Option<Arc<Pool>>,
+}
+
+// SAFETY: `base` points into the pool's mapping, which the owning `MemoryNode` (held by every holder of a `Nic`) keeps
+// alive; all access through it is bounds-checked and shared mutation is either atomic (CAS/FAA) or a DMA-like copy
+// whose tearing the protocols above tolerate (they validate what they read).
+unsafe impl Send for Nic {}
+// SAFETY: as above.
+unsafe impl Sync for Nic {}
+
+impl std::fmt::Debug for Nic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Nic")
+            .field("regions", &self.bounds)
+            .finish()
+    }
+}
+
+impl Nic {
+    /// Validates a verb's target and returns a pointer to it.
+    #[inline(always)]
+    fn check(
+        &self,
+        kind: VerbKind,
+        region: u32,
+        rkey: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<*mut u8, VerbError> {
+        let r = self
+            .bounds
+            .get(region as usize)
+            .ok_or(VerbError::NoSuchRegion)?;
+        if r.rkey != rkey {
+            return Err(VerbError::BadKey);
+        }
+        if !r.access.allows(Access::for_verb(kind)) {
+            return Err(VerbError::AccessDenied);
+        }
+        if len > self.max_len {
+            return Err(VerbError::TooLarge);
+        }
+        match offset.checked_add(len) {
+            Some(end) if offset >= r.start && end <= r.end => {}
+            _ => return Err(VerbError::OutOfBounds),
+        }
+        if matches!(kind, VerbKind::Cas | VerbKind::Faa) && offset % 8 != 0 {
+            return Err(VerbError::Misaligned);
+        }
+        // SAFETY: offset + len lies within the region, which lies within the pool mapping.
+        Ok(unsafe { self.base.add(offset as usize) })
+    }
+
+    #[inline(always)]
+    fn persist(&self, offset: u64, len: u64) {
+        if let Some(pool) = &self.flush {
+            pool.persist(offset, len);
+        }
+    }
+
+    /// READ into `dst`.
+    #[inline(always)]
+    pub(crate) fn read(
+        &self,
+        region: u32,
+        rkey: u64,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), VerbError> {
+        let src = self.check(VerbKind::Read, region, rkey, offset, dst.len() as u64)?;
+        // SAFETY: `src` is valid for dst.len() bytes (checked); `dst` is a distinct buffer.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// WRITE from `src`, persisted before return when the pool's mode asks for it.
+    #[inline(always)]
+    pub(crate) fn write(
+        &self,
+        region: u32,
+        rkey: u64,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<(), VerbError> {
+        let dst = self.check(VerbKind::Write, region, rkey, offset, src.len() as u64)?;
+        // SAFETY: `dst` is valid for src.len() bytes (checked); `src` is a distinct buffer.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+        self.persist(offset, src.len() as u64);
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn word(
+        &self,
+        kind: VerbKind,
+        region: u32,
+        rkey: u64,
+        offset: u64,
+    ) -> Result<&AtomicU64, VerbError> {
+        let p = self.check(kind, region, rkey, offset, 8)?;
+        // SAFETY: 8 bytes in bounds and 8-byte aligned (pool offsets of aligned words are aligned in memory because
+        // the mapping is page aligned); all concurrent mutation of such words is atomic.
+        Ok(unsafe { AtomicU64::from_ptr(p.cast::<u64>()) })
+    }
+
+    /// CAS; returns the previous value (the swap happened iff it equals `expected`).
+    #[inline(always)]
+    pub(crate) fn cas(
+        &self,
+        region: u32,
+        rkey: u64,
+        offset: u64,
+        expected: u64,
+        new: u64,
+    ) -> Result<u64, VerbError> {
+        let w = self.word(VerbKind::Cas, region, rkey, offset)?;
+        let prev = match w.compare_exchange(expected, new, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(v) | Err(v) => v,
+        };
+        if prev == expected {
+            self.persist(offset, 8);
+        }
+        Ok(prev)
+    }
+
+    /// FAA; returns the previous value.
+    #[inline(always)]
+    pub(crate) fn faa(
+        &self,
+        region: u32,
+        rkey: u64,
+        offset: u64,
+        add: u64,
+    ) -> Result<u64, VerbError> {
+        let w = self.word(VerbKind::Faa, region, rkey, offset)?;
+        let prev = w.fetch_add(add, Ordering::AcqRel);
+        self.persist(offset, 8);
+        Ok(prev)
+    }
 }

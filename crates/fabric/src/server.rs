@@ -400,7 +400,7 @@ fn execute(
                     }
                     .encode(out);
                     out.resize(at + wire::RESP_HEADER + h.len as usize, 0);
-                    match node.exec_read(
+                    match node.nic().read(
                         h.target,
                         h.rkey,
                         h.offset,
@@ -420,10 +420,11 @@ fn execute(
                 }
             }
             op::WRITE => node
-                .exec_write(h.target, h.rkey, h.offset, body)
+                .nic()
+                .write(h.target, h.rkey, h.offset, body)
                 .map(|()| 0),
-            op::CAS => node.exec_cas(h.target, h.rkey, h.offset, h.arg0, h.arg1),
-            _ => node.exec_faa(h.target, h.rkey, h.offset, h.arg0),
+            op::CAS => node.nic().cas(h.target, h.rkey, h.offset, h.arg0, h.arg1),
+            _ => node.nic().faa(h.target, h.rkey, h.offset, h.arg0),
         }
     };
     match result {
