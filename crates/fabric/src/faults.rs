@@ -36,6 +36,7 @@ impl FaultHooks {
     pub fn set_delay(&self, delay: Duration) {
         self.delay_ns
             .store(delay.as_nanos() as u64, Ordering::Release);
+        self.armed.store(true, Ordering::Release);
     }
 
     /// Cuts the connection: every later round trip fails with [`crate::FabricError::Disconnected`].
