@@ -29,7 +29,8 @@ pub enum VerbError {
 }
 
 impl VerbError {
-    pub(crate) fn code(self) -> u8 {
+    /// The status byte of this refusal on the TCP wire.
+    pub fn code(self) -> u8 {
         match self {
             VerbError::OutOfBounds => 1,
             VerbError::BadKey => 2,
@@ -41,7 +42,8 @@ impl VerbError {
         }
     }
 
-    pub(crate) fn from_code(code: u8) -> Option<VerbError> {
+    /// The refusal a wire status byte stands for.
+    pub fn from_code(code: u8) -> Option<VerbError> {
         Some(match code {
             1 => VerbError::OutOfBounds,
             2 => VerbError::BadKey,
