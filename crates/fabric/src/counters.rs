@@ -37,6 +37,31 @@ pub struct CounterSnapshot {
 }
 
 impl CounterSnapshot {
+    /// All counters at zero.
+    pub const ZERO: CounterSnapshot = CounterSnapshot {
+        round_trips: 0,
+        reads: 0,
+        writes: 0,
+        cas: 0,
+        faa: 0,
+        rpcs: 0,
+        bytes_out: 0,
+        bytes_in: 0,
+    };
+
+    /// Adds one verb of `kind` moving `bytes_out` and `bytes_in` wire bytes (no round trip).
+    #[inline]
+    pub(crate) fn add_verb(&mut self, kind: VerbKind, bytes_out: u64, bytes_in: u64) {
+        match kind {
+            VerbKind::Read => self.reads += 1,
+            VerbKind::Write => self.writes += 1,
+            VerbKind::Cas => self.cas += 1,
+            VerbKind::Faa => self.faa += 1,
+        }
+        self.bytes_out += bytes_out;
+        self.bytes_in += bytes_in;
+    }
+
     /// One-sided verbs of all kinds.
     pub fn verbs(&self) -> u64 {
         self.reads + self.writes + self.cas + self.faa
@@ -108,16 +133,7 @@ struct Registry {
 
 static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     live: Vec::new(),
-    retired: CounterSnapshot {
-        round_trips: 0,
-        reads: 0,
-        writes: 0,
-        cas: 0,
-        faa: 0,
-        rpcs: 0,
-        bytes_out: 0,
-        bytes_in: 0,
-    },
+    retired: CounterSnapshot::ZERO,
 });
 
 /// The thread's cells; folds them into the retired total when the thread exits.
@@ -145,9 +161,9 @@ thread_local! {
     static LOCAL: Local = Local::register();
 }
 
-/// Records one round trip carrying `verbs` one-sided verbs (by kind) and `rpcs` calls.
+/// Records one round trip that did what `tally` says (its `round_trips` field is ignored: it is one).
 #[inline]
-pub(crate) fn record_round_trip(tally: &Tally) {
+pub(crate) fn record_round_trip(tally: &CounterSnapshot) {
     let _ = LOCAL.try_with(|l| {
         let c = &l.0;
         bump(&c.round_trips, 1);
@@ -189,32 +205,6 @@ pub(crate) fn record_single(kind: VerbKind, bytes_out: u64, bytes_in: u64) {
         bump(&c.bytes_out, bytes_out);
         bump(&c.bytes_in, bytes_in);
     });
-}
-
-/// What one round trip did, accumulated before it is recorded.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Tally {
-    pub reads: u64,
-    pub writes: u64,
-    pub cas: u64,
-    pub faa: u64,
-    pub rpcs: u64,
-    pub bytes_out: u64,
-    pub bytes_in: u64,
-}
-
-impl Tally {
-    #[inline]
-    pub(crate) fn verb(&mut self, kind: VerbKind, out: u64, inb: u64) {
-        match kind {
-            VerbKind::Read => self.reads += 1,
-            VerbKind::Write => self.writes += 1,
-            VerbKind::Cas => self.cas += 1,
-            VerbKind::Faa => self.faa += 1,
-        }
-        self.bytes_out += out;
-        self.bytes_in += inb;
-    }
 }
 
 /// The calling thread's counters.

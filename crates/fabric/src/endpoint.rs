@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::counters::{self, Tally};
+use crate::counters::{self, CounterSnapshot};
 use crate::error::{FabricError, RpcError, VerbError};
 use crate::faults::{Fault, FaultHooks, spin_for};
 use crate::node::{MemoryNode, Nic};
@@ -206,11 +206,12 @@ impl Endpoint {
         e
     }
 
-    fn check_len(&self, len: usize) -> Result<u32, FabricError> {
+    /// Refuses a payload larger than the node accepts, before anything is sent.
+    fn check_len(&self, kind: VerbKind, len: usize) -> Result<u32, FabricError> {
         if len > self.max_message_len as usize {
             return Err(FabricError::Verb {
                 index: 0,
-                kind: VerbKind::Read,
+                kind,
                 error: VerbError::TooLarge,
             });
         }
@@ -233,7 +234,7 @@ impl Endpoint {
     #[inline(never)]
     fn read_general(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
         self.begin()?;
-        let len = self.check_len(buf.len())?;
+        let len = self.check_len(VerbKind::Read, buf.len())?;
         let (o, i) = wire::verb_bytes(VerbKind::Read, len as u64);
         let r = match &mut self.transport {
             Transport::InProcess(_, nic) => nic
@@ -264,7 +265,7 @@ impl Endpoint {
     #[inline(never)]
     fn write_general(&mut self, addr: RemoteAddr, data: &[u8]) -> Result<(), FabricError> {
         self.begin()?;
-        let len = self.check_len(data.len())?;
+        let len = self.check_len(VerbKind::Write, data.len())?;
         let (o, i) = wire::verb_bytes(VerbKind::Write, len as u64);
         let r = match &mut self.transport {
             Transport::InProcess(_, nic) => nic
@@ -345,10 +346,10 @@ impl Endpoint {
         }
         self.begin()?;
         batch.reset_results();
-        let mut tally = Tally::default();
+        let mut tally = CounterSnapshot::ZERO;
         for op in &batch.ops {
             let (o, i) = wire::verb_bytes(op.kind, op.len as u64);
-            tally.verb(op.kind, o, i);
+            tally.add_verb(op.kind, o, i);
         }
         let max = self.max_message_len;
         let r = match &mut self.transport {
@@ -374,12 +375,8 @@ impl Endpoint {
         response: &mut Vec<u8>,
     ) -> Result<(), FabricError> {
         self.begin()?;
-        self.check_len(request.len())?;
-        let tally = Tally {
-            rpcs: 1,
-            bytes_out: (REQ_HEADER + request.len()) as u64,
-            ..Tally::default()
-        };
+        // The request goes out as a payload, like a WRITE's.
+        self.check_len(VerbKind::Write, request.len())?;
         let r = match &mut self.transport {
             Transport::InProcess(node, _) => match node.call(method, request.to_vec()) {
                 Ok(v) => {
@@ -390,9 +387,12 @@ impl Endpoint {
             },
             Transport::Tcp(c) => c.rpc(method, request, response),
         };
-        counters::record_round_trip(&Tally {
-            bytes_in: (RESP_HEADER + response.len()) as u64,
-            ..tally
+        let reply_len = if r.is_ok() { response.len() } else { 0 };
+        counters::record_round_trip(&CounterSnapshot {
+            rpcs: 1,
+            bytes_out: (REQ_HEADER + request.len()) as u64,
+            bytes_in: (RESP_HEADER + reply_len) as u64,
+            ..CounterSnapshot::ZERO
         });
         r.map_err(|e| self.fail(e))
     }

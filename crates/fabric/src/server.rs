@@ -383,52 +383,26 @@ fn execute(
         }
         return;
     }
+    // Ok(Some(v)): reply with value v; Ok(None): the reply (READ data) is already in `out`.
     let result = if *batch_failed {
         Err(VerbError::Skipped)
     } else {
         match h.op {
-            op::READ => {
-                if h.len as usize > node.config().max_message_len as usize {
-                    Err(VerbError::TooLarge)
-                } else {
-                    let at = out.len();
-                    RespHeader {
-                        id: h.id,
-                        status: status::OK,
-                        len: h.len,
-                        value: 0,
-                    }
-                    .encode(out);
-                    out.resize(at + wire::RESP_HEADER + h.len as usize, 0);
-                    match node.nic().read(
-                        h.target,
-                        h.rkey,
-                        h.offset,
-                        &mut out[at + wire::RESP_HEADER..],
-                    ) {
-                        Ok(()) => {
-                            if last {
-                                *batch_failed = false;
-                            }
-                            return;
-                        }
-                        Err(e) => {
-                            out.truncate(at);
-                            Err(e)
-                        }
-                    }
-                }
-            }
+            op::READ => read_into(node, h, out).map(|()| None),
             op::WRITE => node
                 .nic()
                 .write(h.target, h.rkey, h.offset, body)
-                .map(|()| 0),
-            op::CAS => node.nic().cas(h.target, h.rkey, h.offset, h.arg0, h.arg1),
-            _ => node.nic().faa(h.target, h.rkey, h.offset, h.arg0),
+                .map(|()| Some(0)),
+            op::CAS => node
+                .nic()
+                .cas(h.target, h.rkey, h.offset, h.arg0, h.arg1)
+                .map(Some),
+            _ => node.nic().faa(h.target, h.rkey, h.offset, h.arg0).map(Some),
         }
     };
     match result {
-        Ok(value) => reply(out, h.id, status::OK, value, &[]),
+        Ok(Some(value)) => reply(out, h.id, status::OK, value, &[]),
+        Ok(None) => {}
         Err(e) => {
             *batch_failed = true;
             reply(out, h.id, e.code(), 0, &[]);
@@ -437,4 +411,32 @@ fn execute(
     if last {
         *batch_failed = false;
     }
+}
+
+/// Appends a READ's reply header and data straight from the pool to `out`, or nothing if refused.
+#[inline]
+fn read_into(node: &MemoryNode, h: &ReqHeader, out: &mut Vec<u8>) -> Result<(), VerbError> {
+    // Refuse before growing the buffer: the length comes from the network.
+    if h.len > node.config().max_message_len {
+        return Err(VerbError::TooLarge);
+    }
+    let at = out.len();
+    RespHeader {
+        id: h.id,
+        status: status::OK,
+        len: h.len,
+        value: 0,
+    }
+    .encode(out);
+    out.resize(at + wire::RESP_HEADER + h.len as usize, 0);
+    let r = node.nic().read(
+        h.target,
+        h.rkey,
+        h.offset,
+        &mut out[at + wire::RESP_HEADER..],
+    );
+    if r.is_err() {
+        out.truncate(at);
+    }
+    r
 }

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use common::{Harness, TOKEN};
 use dinomo_fabric::wire::{self, REQ_HEADER, RESP_HEADER, ReqHeader, RespHeader, op, status};
 use dinomo_fabric::{
-    Connector, DATA_REGION, FabricError, MemoryNode, NodeConfig, ROOTS_REGION, RemoteAddr,
-    RpcError, RpcHandler, Server, ServerConfig, Target, VerbError,
+    Connector, DATA_REGION, FabricError, MemoryNode, NodeConfig, ROOTS_REGION, RegionInfo,
+    RemoteAddr, RpcError, RpcHandler, Server, ServerConfig, Target, VerbError,
 };
 use dinomo_pool::Pool;
 use rand::{Rng, RngExt, SeedableRng};
@@ -166,6 +166,24 @@ fn closed(s: &mut TcpStream) -> bool {
     matches!(s.read(&mut b), Ok(0) | Err(_))
 }
 
+/// The encoded header of a single-verb request at the start of `region`.
+fn header(region: &RegionInfo, opcode: u8, len: u32, id: u32) -> Vec<u8> {
+    let mut frame = Vec::new();
+    ReqHeader {
+        op: opcode,
+        flags: wire::FLAG_LAST,
+        target: region.id,
+        rkey: region.rkey,
+        offset: region.start,
+        len,
+        id,
+        arg0: 0,
+        arg1: 0,
+    }
+    .encode(&mut frame);
+    frame
+}
+
 #[test]
 fn garbage_frames_and_absurd_lengths_close_the_connection() {
     let h = Harness::new(1 << 20, 1 << 16);
@@ -174,19 +192,7 @@ fn garbage_frames_and_absurd_lengths_close_the_connection() {
 
     // Unknown opcode: BAD_REQUEST, then closed.
     let mut s = raw_client(&h);
-    let mut frame = Vec::new();
-    ReqHeader {
-        op: 77,
-        flags: 1,
-        target: 0,
-        rkey: data.rkey,
-        offset: data.start,
-        len: 0,
-        id: 5,
-        arg0: 0,
-        arg1: 0,
-    }
-    .encode(&mut frame);
+    let frame = header(&data, 77, 0, 5);
     s.write_all(&frame).unwrap();
     let r = read_response(&mut s).unwrap();
     assert_eq!((r.id, r.status), (5, status::BAD_REQUEST));
@@ -194,19 +200,7 @@ fn garbage_frames_and_absurd_lengths_close_the_connection() {
 
     // WRITE announcing a 4 GiB payload: TOO_LARGE, closed, nothing written.
     let mut s = raw_client(&h);
-    let mut frame = Vec::new();
-    ReqHeader {
-        op: op::WRITE,
-        flags: 1,
-        target: 0,
-        rkey: data.rkey,
-        offset: data.start,
-        len: u32::MAX,
-        id: 6,
-        arg0: 0,
-        arg1: 0,
-    }
-    .encode(&mut frame);
+    let mut frame = header(&data, op::WRITE, u32::MAX, 6);
     frame.extend_from_slice(&[0xAA; 4096]);
     let _ = s.write_all(&frame);
     let r = read_response(&mut s).unwrap();
@@ -215,31 +209,8 @@ fn garbage_frames_and_absurd_lengths_close_the_connection() {
 
     // READ of an absurd length: refused, connection stays usable.
     let mut s = raw_client(&h);
-    let mut frame = Vec::new();
-    ReqHeader {
-        op: op::READ,
-        flags: 1,
-        target: 0,
-        rkey: data.rkey,
-        offset: data.start,
-        len: u32::MAX,
-        id: 7,
-        arg0: 0,
-        arg1: 0,
-    }
-    .encode(&mut frame);
-    ReqHeader {
-        op: op::READ,
-        flags: 1,
-        target: 0,
-        rkey: data.rkey,
-        offset: data.start,
-        len: 8,
-        id: 8,
-        arg0: 0,
-        arg1: 0,
-    }
-    .encode(&mut frame);
+    let mut frame = header(&data, op::READ, u32::MAX, 7);
+    frame.extend(header(&data, op::READ, 8, 8));
     s.write_all(&frame).unwrap();
     let r = read_response(&mut s).unwrap();
     assert_eq!((r.id, r.status, r.len), (7, VerbError::TooLarge.code(), 0));
@@ -248,19 +219,7 @@ fn garbage_frames_and_absurd_lengths_close_the_connection() {
 
     // A client that vanishes mid-frame: half a header, then half a WRITE payload.
     let mut s = raw_client(&h);
-    let mut frame = Vec::new();
-    ReqHeader {
-        op: op::WRITE,
-        flags: 1,
-        target: 0,
-        rkey: data.rkey,
-        offset: data.start,
-        len: 1000,
-        id: 9,
-        arg0: 0,
-        arg1: 0,
-    }
-    .encode(&mut frame);
+    let frame = header(&data, op::WRITE, 1000, 9);
     s.write_all(&frame[..REQ_HEADER / 2]).unwrap();
     drop(s);
     let mut s = raw_client(&h);
