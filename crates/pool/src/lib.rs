@@ -275,22 +275,37 @@ fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
+/// How long opening waits for another holder of the pool lock to let go before reporting it as locked.
+///
+/// A lock can be held briefly by a process that is not a memory node at all: `flock` belongs to the open file
+/// description, and a child forked by any thread of this process shares our descriptors until its `exec` closes
+/// them. Waiting rides out that window; a real second memory node still gets a clear error.
+pub const LOCK_WAIT: Duration = Duration::from_secs(2);
+
 /// Takes an exclusive advisory lock so two memory nodes never map the same pool file.
 fn lock_exclusive(file: &File, path: &Path) -> Result<(), PoolError> {
     use std::os::fd::AsRawFd;
-    // SAFETY: flock on a valid open descriptor has no memory-safety preconditions.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
+    let started = std::time::Instant::now();
+    let mut pause = Duration::from_micros(100);
+    loop {
+        // SAFETY: flock on a valid open descriptor has no memory-safety preconditions.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            return Ok(());
+        }
         let err = std::io::Error::last_os_error();
-        return Err(PoolError::Io {
-            path: path.display().to_string(),
-            source: std::io::Error::new(
-                err.kind(),
-                format!("pool file is locked by another process ({err})"),
-            ),
-        });
+        if err.kind() != std::io::ErrorKind::WouldBlock || started.elapsed() >= LOCK_WAIT {
+            return Err(PoolError::Io {
+                path: path.display().to_string(),
+                source: std::io::Error::new(
+                    err.kind(),
+                    format!("pool file is locked by another process ({err})"),
+                ),
+            });
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(20));
     }
-    Ok(())
 }
 
 impl Pool {

@@ -273,3 +273,30 @@ proptest! {
         prop_assert_eq!(pool.space().free_segments, pool.layout().segment_count - used);
     }
 }
+
+/// A child forked by another thread shares our descriptors, and with them the pool lock, until it execs. Reopening
+/// a pool while other threads spawn processes must not report it as locked.
+#[test]
+fn reopen_while_other_threads_spawn_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spawner = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed)
+                && std::time::Instant::now() < deadline
+            {
+                let _ = std::process::Command::new("true").status();
+            }
+        })
+    };
+    for i in 0..200 {
+        let path = dir.path().join(format!("{i}.pool"));
+        drop(Pool::create(&path, &opts(1 << 20, 1 << 16)).unwrap());
+        let reopened = Pool::open(&path, PersistMode::Volatile);
+        assert!(reopened.is_ok(), "reopen {i}: {}", reopened.unwrap_err());
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    spawner.join().unwrap();
+}
