@@ -711,13 +711,11 @@ mod tests {
 
     #[test]
     fn short_run_reports_every_case_with_exact_round_trips() {
-        let started = Instant::now();
         let opts = FabricBenchOptions {
             duration_per_case: Duration::from_millis(5),
             ..FabricBenchOptions::default()
         };
         let report = run(&opts).expect("benchmark run");
-        let took = started.elapsed();
 
         assert_eq!(report.options, opts);
         assert!(report.cores >= 1);
@@ -769,8 +767,6 @@ mod tests {
         let back: FabricReport = serde_json::from_str(&json).unwrap();
         assert_eq!(back.cases.len(), report.cases.len());
         assert_eq!(back.options, opts);
-
-        assert!(took < Duration::from_secs(3), "took {took:?}");
     }
 
     #[test]
