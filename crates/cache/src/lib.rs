@@ -1,0 +1,1 @@
+//! Disaggregated Adaptive Caching.

@@ -1,0 +1,1 @@
+//! Persistent hash index (P-CLHT style) in the pool.
