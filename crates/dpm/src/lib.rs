@@ -1,1 +1,16 @@
-//! dpm
+//! The memory node's processor.
+//!
+//! KV nodes write their logs with one-sided WRITEs; this crate does everything else on the memory node's side:
+//! - a persistent [`directory`] of logs (one per KV-node thread) and the segment chains behind them;
+//! - the RPCs of [`proto`]: claim a log (merging what it left unmerged), grant a new segment (sealing the current
+//!   one), merge everything now, report statistics;
+//! - merge threads that apply each sealed segment to the index in log order (upserts; deletes remove), keep the
+//!   per-segment invalidation counters, and recycle segments whose every entry is merged and superseded;
+//! - recovery when the pool is reopened: committed-but-unmerged entries are merged, torn ones are rejected by their
+//!   CRC, counters are rebuilt from the index, orphaned segments are freed.
+
+pub mod directory;
+mod processor;
+pub mod proto;
+
+pub use processor::{Processor, ProcessorConfig, ProcessorError, ProcessorStats};

@@ -1,1 +1,21 @@
-//! kn
+//! The KV node (KN).
+//!
+//! A KV node runs worker threads; each owns a share of the keys (its local key range), with its own cache, its
+//! own log on the memory node and its own fabric endpoint, so threads share nothing on the request path.
+//!
+//! Writes are appended to the thread's current log segment (a local copy that is also the write buffer); the
+//! requests that arrive together go out in one WRITE (group commit) and are acknowledged only after it completed.
+//! Reads go, in order: value in the cache (0 round trips) → shortcut in the cache (1 READ, checked against key and
+//! sequence number) → the thread's unmerged segments (local) → the index on the memory node → the cache is filled.
+
+mod config;
+mod embedded;
+mod error;
+mod node;
+mod worker;
+
+pub use config::KnConfig;
+pub use embedded::{Embedded, EmbeddedConfig};
+pub use error::KnError;
+pub use node::{KvHandle, KvNode, thread_for_key};
+pub use worker::WorkerStats;

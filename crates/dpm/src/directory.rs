@@ -1,0 +1,169 @@
+//! The log directory: one 64-byte descriptor per KV-node thread log, in the pool.
+//!
+//! ```text
+//! header (64 B): magic "DNMLOGD1" | version u32 | hash mode u32 | capacity u64 | segment size u64 | crc32c u32
+//! descriptor i (64 B, at 64 + 64·i):
+//!   0..8   owner: 0 = free, else 1<<63 | node_id<<32 | thread
+//!   8..16  head: pool offset of the newest segment (0: none)
+//!   16..24 merged_seq: every entry of the log up to this sequence number is in the index
+//! ```
+//! Only the processor writes it; KV nodes read `merged_seq` with one-sided READs.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use dinomo_log::{HashMode, tags};
+use dinomo_pool::Pool;
+
+use crate::ProcessorError;
+
+const MAGIC: [u8; 8] = *b"DNMLOGD1";
+const VERSION: u32 = 1;
+const HEADER_LEN: u64 = 64;
+const DESCRIPTOR_LEN: u64 = 64;
+const OWNER: u64 = 0;
+const HEAD: u64 = 8;
+const MERGED_SEQ: u64 = 16;
+
+/// Identity of a log's writer.
+pub fn owner_word(node_id: u32, thread: u32) -> u64 {
+    (1 << 63) | (node_id as u64) << 32 | thread as u64
+}
+
+/// The directory in the pool.
+pub struct Directory {
+    pool: Arc<Pool>,
+    offset: u64,
+    capacity: u32,
+    hash_mode: HashMode,
+    segment_size: u64,
+}
+
+impl Directory {
+    /// Formats a new directory and publishes it in its root slot.
+    pub fn create(
+        pool: Arc<Pool>,
+        capacity: u32,
+        hash_mode: HashMode,
+        segment_size: u64,
+    ) -> Result<Directory, ProcessorError> {
+        let bytes = HEADER_LEN + capacity as u64 * DESCRIPTOR_LEN;
+        let ext = pool.alloc_bytes(bytes, tags::LOG_DIRECTORY)?;
+        pool.write(ext.offset, &vec![0u8; bytes as usize])?;
+        let mut h = [0u8; HEADER_LEN as usize];
+        h[0..8].copy_from_slice(&MAGIC);
+        h[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        h[12..16].copy_from_slice(&hash_mode.to_word().to_le_bytes());
+        h[16..24].copy_from_slice(&(capacity as u64).to_le_bytes());
+        h[24..32].copy_from_slice(&segment_size.to_le_bytes());
+        let crc = crc32c::crc32c(&h[..32]);
+        h[32..36].copy_from_slice(&crc.to_le_bytes());
+        pool.write(ext.offset, &h)?;
+        pool.persist(ext.offset, bytes);
+        pool.set_root(dinomo_log::roots::LOG_DIRECTORY, ext.offset)?;
+        Ok(Directory { pool, offset: ext.offset, capacity, hash_mode, segment_size })
+    }
+
+    /// Opens the directory named by the root slot; `None` when the pool has none yet.
+    pub fn open(pool: Arc<Pool>) -> Result<Option<Directory>, ProcessorError> {
+        let offset = pool.root(dinomo_log::roots::LOG_DIRECTORY)?;
+        if offset == 0 {
+            return Ok(None);
+        }
+        let corrupt = |why: &str| ProcessorError::Corrupt(format!("log directory at {offset:#x}: {why}"));
+        let mut h = [0u8; HEADER_LEN as usize];
+        pool.read(offset, &mut h).map_err(|_| corrupt("out of the pool"))?;
+        if h[0..8] != MAGIC {
+            return Err(corrupt("bad magic"));
+        }
+        let stored = u32::from_le_bytes(h[32..36].try_into().expect("4 bytes"));
+        if crc32c::crc32c(&h[..32]) != stored {
+            return Err(corrupt("header checksum mismatch"));
+        }
+        let version = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
+        if version != VERSION {
+            return Err(corrupt(&format!("format version {version}, this build reads {VERSION}")));
+        }
+        let hash_mode = HashMode::from_word(u32::from_le_bytes(h[12..16].try_into().expect("4 bytes")))
+            .ok_or_else(|| corrupt("unknown hash mode"))?;
+        let capacity = u64::from_le_bytes(h[16..24].try_into().expect("8 bytes"));
+        let segment_size = u64::from_le_bytes(h[24..32].try_into().expect("8 bytes"));
+        let capacity = u32::try_from(capacity).map_err(|_| corrupt("absurd capacity"))?;
+        pool.check_range(offset, HEADER_LEN + capacity as u64 * DESCRIPTOR_LEN)
+            .map_err(|_| corrupt("descriptors run past the pool"))?;
+        Ok(Some(Directory { pool, offset, capacity, hash_mode, segment_size }))
+    }
+
+    /// Hash mode of the index this directory's logs merge into.
+    pub fn hash_mode(&self) -> HashMode {
+        self.hash_mode
+    }
+
+    /// Segment size chosen when the pool was formatted.
+    pub fn segment_size(&self) -> u64 {
+        self.segment_size
+    }
+
+    /// Number of descriptors.
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    fn word_offset(&self, log_id: u32, field: u64) -> u64 {
+        self.offset + HEADER_LEN + log_id as u64 * DESCRIPTOR_LEN + field
+    }
+
+    fn load(&self, log_id: u32, field: u64) -> u64 {
+        self.pool
+            .atomic_u64(self.word_offset(log_id, field))
+            .expect("directory range checked at open")
+            .load(Ordering::Acquire)
+    }
+
+    fn store(&self, log_id: u32, field: u64, value: u64) {
+        let off = self.word_offset(log_id, field);
+        self.pool.atomic_u64(off).expect("directory range checked at open").store(value, Ordering::Release);
+        self.pool.persist(off, 8);
+    }
+
+    /// Owner word of a descriptor (0: free).
+    pub fn owner(&self, log_id: u32) -> u64 {
+        self.load(log_id, OWNER)
+    }
+
+    /// Claims a free descriptor for `owner`.
+    pub fn claim(&self, owner: u64) -> Result<u32, ProcessorError> {
+        let free = (0..self.capacity).find(|&i| self.owner(i) == 0).ok_or(ProcessorError::DirectoryFull {
+            capacity: self.capacity,
+        })?;
+        self.store(free, HEAD, 0);
+        self.store(free, MERGED_SEQ, 0);
+        self.store(free, OWNER, owner);
+        Ok(free)
+    }
+
+    /// Newest segment of a log.
+    pub fn head(&self, log_id: u32) -> u64 {
+        self.load(log_id, HEAD)
+    }
+
+    /// Publishes a new newest segment.
+    pub fn set_head(&self, log_id: u32, offset: u64) {
+        self.store(log_id, HEAD, offset)
+    }
+
+    /// Highest merged sequence number of a log.
+    pub fn merged_seq(&self, log_id: u32) -> u64 {
+        self.load(log_id, MERGED_SEQ)
+    }
+
+    /// Records merge progress (after the index changes it covers are persisted).
+    pub fn set_merged_seq(&self, log_id: u32, seq: u64) {
+        self.store(log_id, MERGED_SEQ, seq)
+    }
+
+    /// Pool offset of a log's `merged_seq` word.
+    pub fn merged_seq_offset(&self, log_id: u32) -> u64 {
+        self.word_offset(log_id, MERGED_SEQ)
+    }
+}

@@ -1,0 +1,812 @@
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender};
+use dinomo_fabric::{MemoryNode, RpcError, RpcHandler};
+use dinomo_index::{Index, IndexConfig, IndexError};
+use dinomo_log::segment::{self, ScanEnd, field};
+use dinomo_log::{ENTRY_HEADER_LEN, EntryHeader, EntryRef, HashMode, Op, SEGMENT_HEADER_LEN, SegmentHeader, tags};
+use dinomo_pool::{Pool, PoolError};
+use serde::{Deserialize, Serialize};
+use tracing::{debug, info, warn};
+
+use crate::directory::{Directory, owner_word};
+use crate::proto;
+
+/// Settings of the processor.
+#[derive(Debug, Clone)]
+pub struct ProcessorConfig {
+    /// Threads merging logs into the index (default 4).
+    pub merge_threads: usize,
+    /// Logs the directory can hold, fixed when the pool is formatted (default 4096: 512 KV nodes × 8 threads).
+    pub directory_capacity: u32,
+    /// Bytes of a log segment, header included, fixed when the pool is formatted (default 8 MiB).
+    pub segment_size: u64,
+    /// Key hash of the index, fixed when the pool is formatted (default XXH3; tests force collisions).
+    pub hash_mode: HashMode,
+    /// Index settings.
+    pub index: IndexConfig,
+}
+
+impl Default for ProcessorConfig {
+    fn default() -> Self {
+        ProcessorConfig {
+            merge_threads: 4,
+            directory_capacity: 4096,
+            segment_size: 8 << 20,
+            hash_mode: HashMode::Xxh3,
+            index: IndexConfig::default(),
+        }
+    }
+}
+
+/// What the processor can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessorError {
+    /// The pool refused an operation (out of space, out of range, I/O).
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    /// The index refused an operation.
+    #[error(transparent)]
+    Index(#[from] IndexError),
+    /// Persistent metadata does not make sense.
+    #[error("corrupt pool metadata: {0}")]
+    Corrupt(String),
+    /// Every log descriptor is taken.
+    #[error("the log directory is full ({capacity} logs)")]
+    DirectoryFull {
+        /// Descriptors in the directory.
+        capacity: u32,
+    },
+    /// A call named a log that does not exist or carried an old session.
+    #[error("log {log_id}: {why}")]
+    BadLog {
+        /// The log.
+        log_id: u32,
+        /// Why the call was refused.
+        why: String,
+    },
+    /// A setting is out of range.
+    #[error("invalid setting: {0}")]
+    Config(String),
+}
+
+/// Counters and gauges of the processor.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcessorStats {
+    /// Logs in the directory.
+    pub logs: u64,
+    /// Segments held by logs.
+    pub segments: u64,
+    /// Sealed segments not merged yet (the merge backlog).
+    pub backlog_segments: u64,
+    /// Bytes of entries in the backlog.
+    pub backlog_bytes: u64,
+    /// Entries applied to the index since start.
+    pub merged_entries: u64,
+    /// Segments recycled since start.
+    pub recycled_segments: u64,
+    /// Entries merged at start-up that a crash had left unmerged.
+    pub recovered_entries: u64,
+    /// Torn or stale bytes found where a sealed segment promised entries.
+    pub torn_entries: u64,
+    /// Pool bytes in use.
+    pub pool_used_bytes: u64,
+    /// Pool bytes free.
+    pub pool_free_bytes: u64,
+    /// Keys in the index.
+    pub index_entries: u64,
+    /// Bytes of the index's current table.
+    pub index_table_bytes: u64,
+}
+
+struct SegInfo {
+    offset: u64,
+    first_seq: u64,
+    capacity: u64,
+    /// Bytes of entries once sealed.
+    sealed_len: Option<u64>,
+    merged: bool,
+}
+
+struct LogMeta {
+    owner: u64,
+    session: u64,
+    /// Oldest first; the last is the head.
+    segments: Vec<SegInfo>,
+    merged_seq: u64,
+    /// Highest sequence number known to be written (sealed segments and recovery).
+    last_seq: u64,
+}
+
+struct LogState {
+    id: u32,
+    /// Serializes merges of one log, so its entries reach the index in order.
+    merge_lock: Mutex<()>,
+    meta: Mutex<LogMeta>,
+}
+
+/// Invalidation bookkeeping of one merged segment; only the processor keeps it.
+struct SegStat {
+    log_id: u32,
+    /// One past the segment's last byte.
+    end: u64,
+    entries: u64,
+    invalid: u64,
+}
+
+struct Inner {
+    pool: Arc<Pool>,
+    index: Index,
+    dir: Directory,
+    logs: RwLock<HashMap<u32, Arc<LogState>>>,
+    /// Merged segments by offset.
+    stats_by_segment: Mutex<BTreeMap<u64, SegStat>>,
+    queue: Sender<u32>,
+    stopping: AtomicBool,
+    recovering: AtomicBool,
+    session_counter: AtomicU64,
+    merged_entries: AtomicU64,
+    recycled_segments: AtomicU64,
+    recovered_entries: AtomicU64,
+    torn_entries: AtomicU64,
+}
+
+/// The memory node's processor: owns the index and the logs' bookkeeping, runs the merge threads, answers the
+/// KV nodes' RPCs. Dropping it stops the merge threads.
+pub struct Processor {
+    inner: Arc<Inner>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Processor {
+    /// Opens (or formats) the data plane in `pool`, recovers it, and starts the merge threads.
+    pub fn start(pool: Arc<Pool>, config: &ProcessorConfig) -> Result<Arc<Processor>, ProcessorError> {
+        if config.merge_threads == 0 {
+            return Err(ProcessorError::Config("merge_threads must be at least 1".into()));
+        }
+        if config.segment_size < 4096 {
+            return Err(ProcessorError::Config(format!(
+                "segment_size {} is below the minimum of 4096 bytes",
+                config.segment_size
+            )));
+        }
+        let index = Index::open_or_create(pool.clone(), &config.index)?;
+        let dir = match Directory::open(pool.clone())? {
+            Some(d) => d,
+            None => Directory::create(pool.clone(), config.directory_capacity, config.hash_mode, config.segment_size)?,
+        };
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let boot = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1);
+        let inner = Arc::new(Inner {
+            pool,
+            index,
+            dir,
+            logs: RwLock::new(HashMap::new()),
+            stats_by_segment: Mutex::new(BTreeMap::new()),
+            queue: tx,
+            stopping: AtomicBool::new(false),
+            recovering: AtomicBool::new(true),
+            session_counter: AtomicU64::new(boot << 16),
+            merged_entries: AtomicU64::new(0),
+            recycled_segments: AtomicU64::new(0),
+            recovered_entries: AtomicU64::new(0),
+            torn_entries: AtomicU64::new(0),
+        });
+        inner.recover()?;
+        let threads = (0..config.merge_threads)
+            .map(|i| {
+                let inner = inner.clone();
+                let rx: Receiver<u32> = rx.clone();
+                std::thread::Builder::new()
+                    .name(format!("dinomo-merge-{i}"))
+                    .spawn(move || inner.merge_loop(rx))
+                    .expect("spawn merge thread")
+            })
+            .collect();
+        Ok(Arc::new(Processor { inner, threads: Mutex::new(threads) }))
+    }
+
+    /// Installs this processor as `node`'s RPC handler.
+    pub fn serve(self: &Arc<Self>, node: &MemoryNode) {
+        node.set_rpc_handler(Arc::new(Handler(self.inner.clone())));
+    }
+
+    /// The index.
+    pub fn index(&self) -> &Index {
+        &self.inner.index
+    }
+
+    /// Hash mode of the index.
+    pub fn hash_mode(&self) -> HashMode {
+        self.inner.dir.hash_mode()
+    }
+
+    /// Current statistics.
+    pub fn stats(&self) -> ProcessorStats {
+        self.inner.stats()
+    }
+
+    /// Claims a log for `node_id`/`thread` (see [`proto::OpenLog`]).
+    pub fn open_log(&self, req: &proto::OpenLog) -> Result<proto::LogOpened, ProcessorError> {
+        self.inner.open_log(req)
+    }
+
+    /// Merges every sealed segment of every log now.
+    pub fn merge_everything(&self) -> Result<(), ProcessorError> {
+        let logs: Vec<Arc<LogState>> = self.inner.logs.read().expect("logs lock").values().cloned().collect();
+        for log in logs {
+            self.inner.merge_log(&log)?;
+        }
+        Ok(())
+    }
+
+    /// Stops the merge threads (also done on drop).
+    pub fn shutdown(&self) {
+        self.inner.stopping.store(true, Ordering::Release);
+        for t in self.threads.lock().expect("threads lock").drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Processor {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+struct Handler(Arc<Inner>);
+
+impl RpcHandler for Handler {
+    fn handle(&self, method: u16, request: &[u8], response: &mut Vec<u8>) -> Result<(), RpcError> {
+        let fail = |e: ProcessorError| RpcError::Failed(e.to_string());
+        match method {
+            proto::OPEN_LOG => {
+                let req: proto::OpenLog = dinomo_fabric::decode(request)?;
+                dinomo_fabric::encode(&self.0.open_log(&req).map_err(fail)?, response)
+            }
+            proto::NEXT_SEGMENT => {
+                let req: proto::NextSegment = dinomo_fabric::decode(request)?;
+                dinomo_fabric::encode(&self.0.next_segment(&req).map_err(fail)?, response)
+            }
+            proto::MERGE_ALL => {
+                let req: proto::MergeAll = dinomo_fabric::decode(request)?;
+                dinomo_fabric::encode(&self.0.merge_all(&req).map_err(fail)?, response)
+            }
+            proto::STATS => dinomo_fabric::encode(&self.0.stats(), response),
+            other => Err(RpcError::UnknownMethod(other)),
+        }
+    }
+}
+
+/// Reads the header of the segment at `offset`.
+fn read_segment_header(pool: &Pool, offset: u64) -> Result<SegmentHeader, ProcessorError> {
+    let mut b = [0u8; SEGMENT_HEADER_LEN];
+    pool.read(offset, &mut b)
+        .map_err(|_| ProcessorError::Corrupt(format!("segment at {offset:#x} lies outside the pool")))?;
+    let h = SegmentHeader::decode(&b)
+        .ok_or_else(|| ProcessorError::Corrupt(format!("segment at {offset:#x} has no valid header")))?;
+    pool.check_range(offset, h.capacity)
+        .map_err(|_| ProcessorError::Corrupt(format!("segment at {offset:#x} runs past the pool")))?;
+    Ok(h)
+}
+
+fn write_sealed_len(pool: &Pool, offset: u64, len: u64) -> Result<(), ProcessorError> {
+    let w = pool.atomic_u64(offset + field::SEALED_LEN)?;
+    w.store(len, Ordering::Release);
+    pool.persist(offset + field::SEALED_LEN, 8);
+    Ok(())
+}
+
+/// True when the entry `r` in the pool carries `key`. `scratch` is reused between calls.
+fn entry_has_key(pool: &Pool, r: EntryRef, key: &[u8], scratch: &mut Vec<u8>) -> bool {
+    let mut h = [0u8; ENTRY_HEADER_LEN];
+    if pool.read(r.offset(), &mut h).is_err() {
+        return false;
+    }
+    let Ok(header) = EntryHeader::parse(&h) else { return false };
+    if header.key_len as usize != key.len() {
+        return false;
+    }
+    scratch.resize(key.len(), 0);
+    pool.read(r.offset() + ENTRY_HEADER_LEN as u64, scratch).is_ok() && scratch[..] == *key
+}
+
+/// What merging one segment did.
+#[derive(Default)]
+struct SegmentMerge {
+    entries: u64,
+    deletes: u64,
+    last_seq: Option<u64>,
+    superseded: Vec<EntryRef>,
+}
+
+impl Inner {
+    fn next_session(&self) -> u64 {
+        self.session_counter.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn log(&self, log_id: u32, session: u64) -> Result<Arc<LogState>, ProcessorError> {
+        let log = self
+            .logs
+            .read()
+            .expect("logs lock")
+            .get(&log_id)
+            .cloned()
+            .ok_or_else(|| ProcessorError::BadLog { log_id, why: "no such log".into() })?;
+        let current = log.meta.lock().expect("log lock").session;
+        if current != session {
+            return Err(ProcessorError::BadLog { log_id, why: "the log was claimed by a newer session".into() });
+        }
+        Ok(log)
+    }
+
+    /// Start-up: loads every log's chain, merges what is committed but unmerged (sealing open heads at their last
+    /// valid entry), rebuilds invalidation counters from the index, recycles dead segments, frees orphans.
+    fn recover(&self) -> Result<(), ProcessorError> {
+        let mut chained = HashSet::new();
+        let mut logs = HashMap::new();
+        for log_id in 0..self.dir.capacity() {
+            let owner = self.dir.owner(log_id);
+            if owner == 0 {
+                continue;
+            }
+            let mut segments = Vec::new();
+            let mut at = self.dir.head(log_id);
+            while at != 0 {
+                if !chained.insert(at) {
+                    return Err(ProcessorError::Corrupt(format!("log {log_id}: segment chain loops at {at:#x}")));
+                }
+                let h = read_segment_header(&self.pool, at)?;
+                if h.log_id != log_id {
+                    return Err(ProcessorError::Corrupt(format!(
+                        "log {log_id}: segment at {at:#x} belongs to log {}",
+                        h.log_id
+                    )));
+                }
+                segments.push(SegInfo {
+                    offset: at,
+                    first_seq: h.first_seq,
+                    capacity: h.capacity,
+                    sealed_len: (h.sealed_len != 0).then_some(h.sealed_len),
+                    merged: false,
+                });
+                at = h.older;
+            }
+            segments.reverse();
+            let merged_seq = self.dir.merged_seq(log_id);
+            logs.insert(
+                log_id,
+                Arc::new(LogState {
+                    id: log_id,
+                    merge_lock: Mutex::new(()),
+                    meta: Mutex::new(LogMeta {
+                        owner,
+                        session: self.next_session(),
+                        segments,
+                        merged_seq,
+                        last_seq: merged_seq,
+                    }),
+                }),
+            );
+        }
+        // Extents tagged as segments that no chain reaches were being linked or unlinked at a crash.
+        for ext in self.pool.allocated() {
+            if ext.tag == tags::LOG_SEGMENT && !chained.contains(&ext.offset) {
+                debug!(offset = ext.offset, "freeing an orphaned log segment");
+                self.pool.free(ext.offset)?;
+            }
+        }
+        *self.logs.write().expect("logs lock") = logs.clone();
+
+        let before = self.merged_entries.load(Ordering::Relaxed);
+        let mut data = Vec::new();
+        for log in logs.values() {
+            self.seal_open_segments(log, &mut data)?;
+            self.merge_log(log)?;
+        }
+        let recovered = self.merged_entries.load(Ordering::Relaxed) - before;
+        self.recovered_entries.store(recovered, Ordering::Relaxed);
+
+        // Every segment's entry count, then its live entries from the index: the rest are invalid.
+        let mut stats = BTreeMap::new();
+        for log in logs.values() {
+            let meta = log.meta.lock().expect("log lock");
+            for s in &meta.segments {
+                let len = s.sealed_len.unwrap_or(0);
+                self.read_entries(s.offset, len, &mut data)?;
+                let mut entries = 0u64;
+                segment::scan(&data, log.id, s.first_seq, |_, _| entries += 1);
+                stats.insert(
+                    s.offset,
+                    SegStat { log_id: log.id, end: s.offset + s.capacity, entries, invalid: entries },
+                );
+            }
+        }
+        self.index.for_each(|_, r| {
+            if let Some((_, st)) = stats.range_mut(..=r.offset()).next_back()
+                && r.offset() < st.end
+            {
+                st.invalid = st.invalid.saturating_sub(1);
+            }
+        });
+        let dead: Vec<u64> =
+            stats.iter().filter(|(_, s)| s.entries == s.invalid).map(|(&o, _)| o).collect();
+        *self.stats_by_segment.lock().expect("segment stats lock") = stats;
+        self.recovering.store(false, Ordering::Release);
+        self.recycle(&dead)?;
+        info!(
+            logs = logs.len(),
+            recovered_entries = recovered,
+            index_entries = self.index.len(),
+            "memory-node processor recovered"
+        );
+        Ok(())
+    }
+
+    /// Seals every open segment of `log` at its last valid entry (the writer is gone: nothing after it was
+    /// acknowledged).
+    fn seal_open_segments(&self, log: &LogState, data: &mut Vec<u8>) -> Result<(), ProcessorError> {
+        let mut meta = log.meta.lock().expect("log lock");
+        let mut last_seq = meta.last_seq;
+        for s in meta.segments.iter_mut() {
+            let cap = s.capacity - SEGMENT_HEADER_LEN as u64;
+            let limit = s.sealed_len.unwrap_or(cap);
+            self.read_entries(s.offset, limit, data)?;
+            let (valid, end) = segment::scan(data, log.id, s.first_seq, |_, e| last_seq = last_seq.max(e.header.seq));
+            match s.sealed_len {
+                None => {
+                    if valid > 0 {
+                        write_sealed_len(&self.pool, s.offset, valid as u64)?;
+                    }
+                    if let ScanEnd::Stopped { reason, .. } = end
+                        && valid > 0
+                    {
+                        debug!(log = log.id, segment = s.offset, ?reason, "open segment ends here");
+                    }
+                    s.sealed_len = Some(valid as u64);
+                }
+                Some(len) if (valid as u64) < len => {
+                    warn!(log = log.id, segment = s.offset, valid, sealed = len, "sealed segment holds torn entries");
+                    self.torn_entries.fetch_add(1, Ordering::Relaxed);
+                    s.sealed_len = Some(valid as u64);
+                }
+                Some(_) => {}
+            }
+        }
+        meta.last_seq = last_seq;
+        Ok(())
+    }
+
+    fn read_entries(&self, segment: u64, len: u64, out: &mut Vec<u8>) -> Result<(), ProcessorError> {
+        out.resize(len as usize, 0);
+        self.pool.read(segment + SEGMENT_HEADER_LEN as u64, out)?;
+        Ok(())
+    }
+
+    fn open_log(&self, req: &proto::OpenLog) -> Result<proto::LogOpened, ProcessorError> {
+        let owner = owner_word(req.node_id, req.thread);
+        let existing = self
+            .logs
+            .read()
+            .expect("logs lock")
+            .values()
+            .find(|l| l.meta.lock().expect("log lock").owner == owner)
+            .cloned();
+        let log = match existing {
+            Some(log) => {
+                // The previous writer of this log is gone: take over what it wrote and merge it all.
+                log.meta.lock().expect("log lock").session = self.next_session();
+                let mut data = Vec::new();
+                self.seal_open_segments(&log, &mut data)?;
+                self.merge_log(&log)?;
+                log
+            }
+            None => {
+                let mut logs = self.logs.write().expect("logs lock");
+                let id = self.dir.claim(owner)?;
+                let log = Arc::new(LogState {
+                    id,
+                    merge_lock: Mutex::new(()),
+                    meta: Mutex::new(LogMeta {
+                        owner,
+                        session: self.next_session(),
+                        segments: Vec::new(),
+                        merged_seq: 0,
+                        last_seq: 0,
+                    }),
+                });
+                logs.insert(id, log.clone());
+                log
+            }
+        };
+        let meta = log.meta.lock().expect("log lock");
+        Ok(proto::LogOpened {
+            log_id: log.id,
+            session: meta.session,
+            next_seq: meta.last_seq.max(meta.merged_seq) + 1,
+            merged_seq_offset: self.dir.merged_seq_offset(log.id),
+            hash_mode: self.dir.hash_mode().to_word(),
+            segment_size: self.dir.segment_size(),
+        })
+    }
+
+    /// Seals the head of `meta` at `sealed_len` (when it is open).
+    fn seal_head(&self, log_id: u32, meta: &mut LogMeta, sealed_len: Option<u64>) -> Result<(), ProcessorError> {
+        let Some(head) = meta.segments.last_mut() else { return Ok(()) };
+        if head.sealed_len.is_some() {
+            return Ok(());
+        }
+        let cap = head.capacity - SEGMENT_HEADER_LEN as u64;
+        let len = match sealed_len {
+            Some(len) if len <= cap => len,
+            Some(len) => {
+                return Err(ProcessorError::BadLog {
+                    log_id,
+                    why: format!("seal at {len} bytes exceeds the segment's {cap}"),
+                });
+            }
+            None => 0,
+        };
+        write_sealed_len(&self.pool, head.offset, len)?;
+        head.sealed_len = Some(len);
+        Ok(())
+    }
+
+    fn next_segment(&self, req: &proto::NextSegment) -> Result<proto::SegmentGranted, ProcessorError> {
+        let log = self.log(req.log_id, req.session)?;
+        let mut meta = log.meta.lock().expect("log lock");
+        // Sequence numbers must grow, or recovery could not tell new entries from old ones.
+        let known = meta.last_seq.max(meta.merged_seq);
+        if req.first_seq <= known {
+            return Err(ProcessorError::BadLog {
+                log_id: req.log_id,
+                why: format!("first_seq {} does not follow {known}", req.first_seq),
+            });
+        }
+        self.seal_head(req.log_id, &mut meta, req.sealed_len)?;
+        meta.last_seq = req.first_seq - 1;
+        let ext = self.pool.alloc_bytes(self.dir.segment_size(), tags::LOG_SEGMENT)?;
+        let older = meta.segments.last().map_or(0, |s| s.offset);
+        let header = SegmentHeader {
+            log_id: req.log_id,
+            first_seq: req.first_seq,
+            older,
+            sealed_len: 0,
+            capacity: ext.len,
+        };
+        self.pool.write(ext.offset, &header.encode())?;
+        // A zero header where the first entry goes: a reused extent must not look like it holds entries.
+        self.pool.write(ext.offset + SEGMENT_HEADER_LEN as u64, &[0u8; ENTRY_HEADER_LEN])?;
+        self.pool.persist(ext.offset, (SEGMENT_HEADER_LEN + ENTRY_HEADER_LEN) as u64);
+        self.dir.set_head(req.log_id, ext.offset);
+        meta.segments.push(SegInfo {
+            offset: ext.offset,
+            first_seq: req.first_seq,
+            capacity: ext.len,
+            sealed_len: None,
+            merged: false,
+        });
+        let merged_seq = meta.merged_seq;
+        drop(meta);
+        let _ = self.queue.send(req.log_id);
+        Ok(proto::SegmentGranted { offset: ext.offset, capacity: ext.len, merged_seq })
+    }
+
+    fn merge_all(&self, req: &proto::MergeAll) -> Result<proto::Merged, ProcessorError> {
+        let log = self.log(req.log_id, req.session)?;
+        {
+            let mut meta = log.meta.lock().expect("log lock");
+            self.seal_head(req.log_id, &mut meta, req.sealed_len)?;
+        }
+        self.merge_log(&log)?;
+        Ok(proto::Merged { merged_seq: log.meta.lock().expect("log lock").merged_seq })
+    }
+
+    fn merge_loop(&self, rx: Receiver<u32>) {
+        while !self.stopping.load(Ordering::Acquire) {
+            match rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(log_id) => {
+                    let log = self.logs.read().expect("logs lock").get(&log_id).cloned();
+                    if let Some(log) = log
+                        && let Err(e) = self.merge_log(&log)
+                    {
+                        warn!(log = log_id, error = %e, "merge failed; it is retried on the next request");
+                    }
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    self.index.reclaim_retired();
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+
+    /// Merges every sealed, unmerged segment of `log`, oldest first.
+    fn merge_log(&self, log: &LogState) -> Result<(), ProcessorError> {
+        let _order = log.merge_lock.lock().expect("merge lock");
+        let mut data = Vec::new();
+        let mut scratch = Vec::new();
+        loop {
+            let next = {
+                let meta = log.meta.lock().expect("log lock");
+                meta.segments
+                    .iter()
+                    .find(|s| !s.merged && s.sealed_len.is_some())
+                    .map(|s| (s.offset, s.first_seq, s.sealed_len.unwrap_or(0), meta.merged_seq, s.capacity))
+            };
+            let Some((offset, first_seq, len, merged_seq, capacity)) = next else { return Ok(()) };
+            self.read_entries(offset, len, &mut data)?;
+            let result = self.merge_segment(log.id, offset, &data, first_seq, merged_seq, &mut scratch);
+            let (m, failure) = match result {
+                Ok(m) => (m, None),
+                Err((m, e)) => (m, Some(e)),
+            };
+            // Invalidations are recorded even when the merge stopped early: the index already changed.
+            let mut dead = Vec::new();
+            // While recovering, counters are rebuilt from the index once everything is merged.
+            if !self.recovering.load(Ordering::Acquire) {
+                let mut stats = self.stats_by_segment.lock().expect("segment stats lock");
+                if failure.is_none() {
+                    let st = stats.entry(offset).or_insert(SegStat {
+                        log_id: log.id,
+                        end: offset + capacity,
+                        entries: 0,
+                        invalid: 0,
+                    });
+                    st.entries = m.entries;
+                    st.invalid += m.deletes;
+                }
+                for old in &m.superseded {
+                    if let Some((&o, st)) = stats.range_mut(..=old.offset()).next_back()
+                        && old.offset() < st.end
+                    {
+                        st.invalid += 1;
+                        if st.invalid >= st.entries {
+                            dead.push(o);
+                        }
+                    }
+                }
+                if failure.is_none()
+                    && let Some(st) = stats.get(&offset)
+                    && st.invalid >= st.entries
+                {
+                    dead.push(offset);
+                }
+            }
+            if let Some(e) = failure {
+                return Err(e);
+            }
+            {
+                let mut meta = log.meta.lock().expect("log lock");
+                if let Some(seq) = m.last_seq {
+                    self.dir.set_merged_seq(log.id, seq);
+                    meta.merged_seq = seq;
+                    meta.last_seq = meta.last_seq.max(seq);
+                }
+                if let Some(s) = meta.segments.iter_mut().find(|s| s.offset == offset) {
+                    s.merged = true;
+                }
+            }
+            dead.sort_unstable();
+            dead.dedup();
+            self.recycle(&dead)?;
+        }
+    }
+
+    /// Applies the entries of one segment after `merged_seq` to the index.
+    fn merge_segment(
+        &self,
+        log_id: u32,
+        offset: u64,
+        data: &[u8],
+        first_seq: u64,
+        merged_seq: u64,
+        scratch: &mut Vec<u8>,
+    ) -> Result<SegmentMerge, (SegmentMerge, ProcessorError)> {
+        let mode = self.dir.hash_mode();
+        let mut m = SegmentMerge::default();
+        let mut error = None;
+        let base = offset + SEGMENT_HEADER_LEN as u64;
+        let (end, why) = segment::scan(data, log_id, first_seq, |at, e| {
+            if error.is_some() {
+                return;
+            }
+            m.entries += 1;
+            if e.header.op == Op::Delete {
+                m.deletes += 1;
+            }
+            if e.header.seq <= merged_seq {
+                return;
+            }
+            let r = EntryRef::new(base + at as u64, e.len() as u64).expect("segments are 8-byte aligned");
+            let hash = mode.hash(e.key);
+            let pool = &self.pool;
+            let old = match e.header.op {
+                Op::Put => match self.index.upsert(hash, r, |c| entry_has_key(pool, c, e.key, scratch)) {
+                    Ok(old) => old,
+                    Err(err) => {
+                        error = Some(ProcessorError::Index(err));
+                        return;
+                    }
+                },
+                Op::Delete => self.index.remove(hash, |c| entry_has_key(pool, c, e.key, scratch)),
+            };
+            // Replaying an entry that is already in the index replaces it with itself: nothing is superseded.
+            if let Some(old) = old
+                && old != r
+            {
+                m.superseded.push(old);
+            }
+            m.last_seq = Some(e.header.seq);
+            self.merged_entries.fetch_add(1, Ordering::Relaxed);
+        });
+        if let Some(e) = error {
+            return Err((m, e));
+        }
+        if end < data.len() {
+            warn!(log = log_id, segment = offset, at = end, ?why, "segment ends before its seal");
+            self.torn_entries.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(m)
+    }
+
+    /// Unlinks and frees segments whose every entry is merged and superseded. A log's newest segment is kept: the
+    /// next one is linked to it.
+    fn recycle(&self, dead: &[u64]) -> Result<(), ProcessorError> {
+        for &offset in dead {
+            let log_id = match self.stats_by_segment.lock().expect("segment stats lock").get(&offset) {
+                Some(st) if st.invalid >= st.entries => st.log_id,
+                _ => continue,
+            };
+            let Some(log) = self.logs.read().expect("logs lock").get(&log_id).cloned() else { continue };
+            let mut meta = log.meta.lock().expect("log lock");
+            let Some(pos) = meta.segments.iter().position(|s| s.offset == offset) else { continue };
+            if pos + 1 == meta.segments.len() || !meta.segments[pos].merged {
+                continue;
+            }
+            let older = if pos == 0 { 0 } else { meta.segments[pos - 1].offset };
+            let newer = meta.segments[pos + 1].offset;
+            let w = self.pool.atomic_u64(newer + field::OLDER)?;
+            w.store(older, Ordering::Release);
+            self.pool.persist(newer + field::OLDER, 8);
+            meta.segments.remove(pos);
+            drop(meta);
+            self.pool.free(offset)?;
+            self.stats_by_segment.lock().expect("segment stats lock").remove(&offset);
+            self.recycled_segments.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn stats(&self) -> ProcessorStats {
+        let logs = self.logs.read().expect("logs lock");
+        let mut s = ProcessorStats { logs: logs.len() as u64, ..Default::default() };
+        for log in logs.values() {
+            let meta = log.meta.lock().expect("log lock");
+            s.segments += meta.segments.len() as u64;
+            for seg in meta.segments.iter().filter(|x| !x.merged && x.sealed_len.is_some()) {
+                s.backlog_segments += 1;
+                s.backlog_bytes += seg.sealed_len.unwrap_or(0);
+            }
+        }
+        let space = self.pool.space();
+        s.merged_entries = self.merged_entries.load(Ordering::Relaxed);
+        s.recycled_segments = self.recycled_segments.load(Ordering::Relaxed);
+        s.recovered_entries = self.recovered_entries.load(Ordering::Relaxed);
+        s.torn_entries = self.torn_entries.load(Ordering::Relaxed);
+        s.pool_used_bytes = space.used_bytes();
+        s.pool_free_bytes = space.free_bytes();
+        let is = self.index.stats();
+        s.index_entries = is.entries;
+        s.index_table_bytes = is.table_bytes;
+        s
+    }
+}

@@ -1,0 +1,86 @@
+//! The two-sided calls a KV node makes to the memory node's processor (postcard bodies over the fabric's RPC).
+//!
+//! Everything on the data path is one-sided; these calls happen once per log segment (allocation and seal), when a
+//! KV-node thread starts (its log is recovered and merged first) and when a KV node hands its keys over (merge
+//! everything now).
+
+use serde::{Deserialize, Serialize};
+
+/// [`OpenLog`] → [`LogOpened`].
+pub const OPEN_LOG: u16 = 1;
+/// [`NextSegment`] → [`SegmentGranted`].
+pub const NEXT_SEGMENT: u16 = 2;
+/// [`MergeAll`] → [`Merged`].
+pub const MERGE_ALL: u16 = 3;
+/// `()` → [`crate::ProcessorStats`].
+pub const STATS: u16 = 4;
+
+/// Claims (or reclaims after a restart) the log of one KV-node thread. Whatever that log holds unmerged is merged
+/// before the reply, so the caller starts from an index that has all of its earlier writes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OpenLog {
+    /// The KV node's id.
+    pub node_id: u32,
+    /// The thread's index within the node.
+    pub thread: u32,
+}
+
+/// Reply to [`OpenLog`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LogOpened {
+    /// The log's id; goes into every entry.
+    pub log_id: u32,
+    /// Fences older sessions of the same log: calls carrying another session are refused.
+    pub session: u64,
+    /// Sequence number of the next entry.
+    pub next_seq: u64,
+    /// Pool offset of the log's `merged_seq` word, readable with one-sided READs to follow merging.
+    pub merged_seq_offset: u64,
+    /// Word of the [`dinomo_log::HashMode`] the index uses.
+    pub hash_mode: u32,
+    /// Bytes of a segment (header included) this memory node hands out.
+    pub segment_size: u64,
+}
+
+/// Seals the log's current segment at `sealed_len` bytes of entries (when there is one) and asks for a new one
+/// whose first entry will carry `first_seq`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NextSegment {
+    /// The log.
+    pub log_id: u32,
+    /// The session from [`LogOpened`].
+    pub session: u64,
+    /// Bytes of entries the caller wrote into its current segment; `None` when it has none.
+    pub sealed_len: Option<u64>,
+    /// Sequence number of the first entry of the new segment.
+    pub first_seq: u64,
+}
+
+/// Reply to [`NextSegment`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SegmentGranted {
+    /// Pool offset of the new segment (its header; entries start [`dinomo_log::SEGMENT_HEADER_LEN`] later).
+    pub offset: u64,
+    /// Bytes of the segment, header included.
+    pub capacity: u64,
+    /// Every entry of the log up to this sequence number is merged.
+    pub merged_seq: u64,
+}
+
+/// Seals the current segment at `sealed_len` (when there is one) and merges the whole log before replying.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MergeAll {
+    /// The log.
+    pub log_id: u32,
+    /// The session from [`LogOpened`].
+    pub session: u64,
+    /// Bytes of entries written into the current segment; `None` when there is none.
+    pub sealed_len: Option<u64>,
+}
+
+/// Reply to [`MergeAll`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Merged {
+    /// Every entry of the log up to this sequence number is merged.
+    pub merged_seq: u64,
+}

@@ -1,0 +1,63 @@
+use std::time::Duration;
+
+use dinomo_cache::CacheConfig;
+
+/// Settings of a KV node.
+#[derive(Debug, Clone)]
+pub struct KnConfig {
+    /// Identity of the node; its threads' logs are found by it after a restart (default 1).
+    pub node_id: u32,
+    /// Worker threads, each owning a share of the keys (default 2).
+    pub threads: usize,
+    /// Cache of each worker thread; `budget_bytes` is per thread (default 64 MiB, DAC).
+    pub cache: CacheConfig,
+    /// Largest key in bytes (default 4 KiB; at most 65535).
+    pub max_key_len: usize,
+    /// Largest value in bytes (default 1 MiB). A key and value of the largest sizes must fit in one log segment;
+    /// start-up fails with a clear error when they do not.
+    pub max_value_len: usize,
+    /// Sealed segments a thread may have waiting to be merged before its writes wait (default 2).
+    pub max_unmerged_segments: usize,
+    /// How long a write waits for the memory node to merge before it fails (default 10 s).
+    pub merge_wait_timeout: Duration,
+    /// Requests a worker takes from its queue for one group commit (default 128).
+    pub max_batch: usize,
+    /// Requests that may wait in a worker's queue (default 4096).
+    pub queue_depth: usize,
+}
+
+impl Default for KnConfig {
+    fn default() -> Self {
+        KnConfig {
+            node_id: 1,
+            threads: 2,
+            cache: CacheConfig::default(),
+            max_key_len: 4096,
+            max_value_len: 1 << 20,
+            max_unmerged_segments: 2,
+            merge_wait_timeout: Duration::from_secs(10),
+            max_batch: 128,
+            queue_depth: 4096,
+        }
+    }
+}
+
+impl KnConfig {
+    /// Checks the settings that do not depend on the memory node.
+    pub fn validate(&self) -> Result<(), crate::KnError> {
+        let bad = |s: String| Err(crate::KnError::Config(s));
+        if self.threads == 0 {
+            return bad("threads must be at least 1".into());
+        }
+        if self.max_key_len > u16::MAX as usize {
+            return bad(format!("max_key_len {} exceeds the log format's limit of 65535", self.max_key_len));
+        }
+        if self.max_value_len > u32::MAX as usize {
+            return bad(format!("max_value_len {} exceeds 4 GiB", self.max_value_len));
+        }
+        if self.max_unmerged_segments == 0 || self.max_batch == 0 || self.queue_depth == 0 {
+            return bad("max_unmerged_segments, max_batch and queue_depth must be at least 1".into());
+        }
+        Ok(())
+    }
+}

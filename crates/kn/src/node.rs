@@ -1,0 +1,197 @@
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender, bounded};
+use dinomo_fabric::Connector;
+use dinomo_log::key_hash;
+
+use crate::worker::{Command, Reply, Request, Worker, WorkerStats};
+use crate::{KnConfig, KnError};
+
+/// The worker thread that owns `key` among `threads` (jump consistent hashing: growing the thread count moves
+/// only the keys the new thread takes).
+pub fn thread_for_key(key: &[u8], threads: usize) -> usize {
+    let mut k = key_hash(key);
+    let (mut b, mut j) = (-1i64, 0i64);
+    while j < threads as i64 {
+        b = j;
+        k = k.wrapping_mul(2862933555777941757).wrapping_add(1);
+        j = ((b + 1) as f64 * ((1u64 << 31) as f64 / ((k >> 33) + 1) as f64)) as i64;
+    }
+    b as usize
+}
+
+/// A running KV node: its worker threads and their queues.
+pub struct KvNode {
+    senders: Vec<Sender<Request>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl KvNode {
+    /// Starts the worker threads; each connects through `connector`, claims its log (which the memory node merges
+    /// first if a previous run left it unmerged) and then serves.
+    pub fn start(config: KnConfig, connector: Connector) -> Result<KvNode, KnError> {
+        config.validate()?;
+        let cfg = Arc::new(config);
+        let mut senders = Vec::new();
+        let mut threads = Vec::new();
+        let (ready_tx, ready_rx) = bounded::<Result<(), KnError>>(cfg.threads);
+        for t in 0..cfg.threads {
+            let (tx, rx): (Sender<Request>, Receiver<Request>) = bounded(cfg.queue_depth);
+            let (cfg, connector, ready) = (cfg.clone(), connector.clone(), ready_tx.clone());
+            let handle = std::thread::Builder::new()
+                .name(format!("dinomo-kn-{t}"))
+                .spawn(move || match Worker::start(cfg, t as u32, connector) {
+                    Ok(w) => {
+                        let _ = ready.send(Ok(()));
+                        w.run(rx);
+                    }
+                    Err(e) => {
+                        let _ = ready.send(Err(e));
+                    }
+                })
+                .map_err(|e| KnError::Config(format!("cannot start a worker thread: {e}")))?;
+            senders.push(tx);
+            threads.push(handle);
+        }
+        drop(ready_tx);
+        let mut first_error = None;
+        for _ in 0..cfg.threads {
+            match ready_rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    first_error.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_error.get_or_insert(KnError::Stopped);
+                }
+            }
+        }
+        let node = KvNode { senders, threads };
+        match first_error {
+            None => Ok(node),
+            Some(e) => {
+                node.stop();
+                Err(e)
+            }
+        }
+    }
+
+    /// A handle for issuing requests; each thread of the caller should use its own.
+    pub fn handle(&self) -> KvHandle {
+        let (tx, rx) = bounded(1);
+        KvHandle { senders: self.senders.clone(), reply_tx: tx, reply_rx: rx }
+    }
+
+    /// Worker threads.
+    pub fn threads(&self) -> usize {
+        self.senders.len()
+    }
+
+    /// Stops the workers after they finish what is queued.
+    pub fn stop(self) {
+        drop(self.senders);
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Issues requests to a [`KvNode`]'s workers and waits for their replies.
+pub struct KvHandle {
+    senders: Vec<Sender<Request>>,
+    reply_tx: Sender<Result<Reply, KnError>>,
+    reply_rx: Receiver<Result<Reply, KnError>>,
+}
+
+impl Clone for KvHandle {
+    fn clone(&self) -> Self {
+        let (tx, rx) = bounded(1);
+        KvHandle { senders: self.senders.clone(), reply_tx: tx, reply_rx: rx }
+    }
+}
+
+impl KvHandle {
+    fn call(&self, thread: usize, cmd: Command) -> Result<Reply, KnError> {
+        self.senders[thread]
+            .send(Request { cmd, reply: self.reply_tx.clone() })
+            .map_err(|_| KnError::Stopped)?;
+        self.reply_rx.recv().map_err(|_| KnError::Stopped)?
+    }
+
+    fn keyed(&self, key: &[u8], cmd: Command) -> Result<Reply, KnError> {
+        self.call(thread_for_key(key, self.senders.len()), cmd)
+    }
+
+    /// The value of `key`, or `None`.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KnError> {
+        match self.keyed(key, Command::Get(key.to_vec()))? {
+            Reply::Value(v) => Ok(v),
+            _ => unreachable!("a GET is answered with a value"),
+        }
+    }
+
+    fn applied(&self, key: &[u8], cmd: Command) -> Result<bool, KnError> {
+        match self.keyed(key, cmd)? {
+            Reply::Applied(a) => Ok(a),
+            _ => unreachable!("a write is answered with whether it applied"),
+        }
+    }
+
+    /// Sets `key` to `value` (insert or update); returns once the write is durable on the memory node.
+    pub fn set(&self, key: &[u8], value: &[u8]) -> Result<(), KnError> {
+        self.applied(key, Command::Set(key.to_vec(), value.to_vec())).map(|_| ())
+    }
+
+    /// Sets `key` only when it is absent; returns whether it did.
+    pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<bool, KnError> {
+        self.applied(key, Command::Insert(key.to_vec(), value.to_vec()))
+    }
+
+    /// Sets `key` only when it is present; returns whether it did.
+    pub fn update(&self, key: &[u8], value: &[u8]) -> Result<bool, KnError> {
+        self.applied(key, Command::Update(key.to_vec(), value.to_vec()))
+    }
+
+    /// Removes `key`; returns whether it existed.
+    pub fn delete(&self, key: &[u8]) -> Result<bool, KnError> {
+        self.applied(key, Command::Delete(key.to_vec()))
+    }
+
+    /// Has every worker seal its log and the memory node merge it all; returns when the index holds every
+    /// acknowledged write.
+    pub fn merge_all(&self) -> Result<(), KnError> {
+        for t in 0..self.senders.len() {
+            self.call(t, Command::MergeAll)?;
+        }
+        Ok(())
+    }
+
+    /// Counters of each worker thread.
+    pub fn stats(&self) -> Result<Vec<WorkerStats>, KnError> {
+        (0..self.senders.len())
+            .map(|t| match self.call(t, Command::Stats)? {
+                Reply::Stats(s) => Ok(*s),
+                _ => unreachable!("stats are answered with stats"),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jump_hash_spreads_keys_and_moves_few_on_growth() {
+        let keys: Vec<Vec<u8>> = (0..10_000u32).map(|i| i.to_le_bytes().to_vec()).collect();
+        let mut counts = [0usize; 4];
+        for k in &keys {
+            counts[thread_for_key(k, 4)] += 1;
+        }
+        assert!(counts.iter().all(|&c| (2000..3000).contains(&c)), "{counts:?}");
+        let moved = keys.iter().filter(|k| thread_for_key(k, 4) != thread_for_key(k, 5)).count();
+        assert!((1500..2500).contains(&moved), "{moved} of 10000 moved going from 4 to 5 threads");
+        assert!(keys.iter().all(|k| thread_for_key(k, 1) == 0));
+    }
+}

@@ -1,0 +1,661 @@
+//! One KV-node worker thread: its cache, its log, its endpoint, and the request loop with group commit.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use dinomo_cache::{CacheStats, Dac, Lookup, Shortcut};
+use dinomo_dpm::proto;
+use dinomo_fabric::{Connector, DATA_REGION, Endpoint, FabricError, RegionInfo, RpcError, counters};
+use dinomo_index::RemoteIndex;
+use dinomo_log::{EntryRef, EntryView, HashMode, Op, SEGMENT_HEADER_LEN, encode_entry, entry_len};
+use serde::{Deserialize, Serialize};
+use tracing::{debug, warn};
+
+use crate::{KnConfig, KnError};
+
+/// A request to a worker.
+pub(crate) enum Command {
+    Get(Vec<u8>),
+    /// Upsert.
+    Set(Vec<u8>, Vec<u8>),
+    /// Only when absent; replies whether it was applied.
+    Insert(Vec<u8>, Vec<u8>),
+    /// Only when present; replies whether it was applied.
+    Update(Vec<u8>, Vec<u8>),
+    /// Replies whether the key existed.
+    Delete(Vec<u8>),
+    /// Seal and merge this thread's whole log now.
+    MergeAll,
+    Stats,
+}
+
+pub(crate) enum Reply {
+    Value(Option<Vec<u8>>),
+    Applied(bool),
+    Stats(Box<WorkerStats>),
+}
+
+pub(crate) struct Request {
+    pub cmd: Command,
+    pub reply: Sender<Result<Reply, KnError>>,
+}
+
+/// Counters of one worker thread.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkerStats {
+    /// Lookups served (GET and the existence checks of conditional writes).
+    pub lookups: u64,
+    /// Lookups answered from a cached value.
+    pub value_hits: u64,
+    /// Lookups answered through a cached shortcut (one READ).
+    pub shortcut_hits: u64,
+    /// Shortcuts that no longer matched their key and sequence number.
+    pub stale_shortcuts: u64,
+    /// Lookups answered from the thread's own unmerged log segments.
+    pub log_hits: u64,
+    /// Lookups that walked the index on the memory node.
+    pub index_walks: u64,
+    /// Round trips spent on index walks (including the entry READ).
+    pub index_walk_round_trips: u64,
+    /// Writes acknowledged (puts and deletes that were logged).
+    pub writes: u64,
+    /// Group commits (one WRITE each).
+    pub commits: u64,
+    /// Segments this thread filled.
+    pub segments_sealed: u64,
+    /// Times a write waited for the memory node to merge.
+    pub merge_waits: u64,
+    /// Bytes of unmerged segments held locally.
+    pub unmerged_bytes: u64,
+    /// Keys in the unmerged map.
+    pub unmerged_keys: u64,
+    /// Fabric round trips this thread made (all kinds).
+    pub round_trips: u64,
+    /// Bytes this thread sent over the fabric.
+    pub bytes_out: u64,
+    /// Bytes this thread received over the fabric.
+    pub bytes_in: u64,
+    /// The cache's own counters.
+    pub cache: CacheSnapshot,
+}
+
+/// The cache's counters, in a form that can be serialized.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct CacheSnapshot {
+    /// Values cached.
+    pub values: u64,
+    /// Shortcuts cached.
+    pub shortcuts: u64,
+    /// Bytes charged against the budget.
+    pub used_bytes: u64,
+    /// The budget.
+    pub budget_bytes: u64,
+    /// Shortcuts promoted to values.
+    pub promotions: u64,
+    /// Values demoted to shortcuts.
+    pub demotions: u64,
+    /// Shortcuts evicted.
+    pub evictions: u64,
+    /// Moving average of round trips per miss.
+    pub miss_cost: f64,
+}
+
+impl CacheSnapshot {
+    fn from(s: CacheStats, miss_cost: f64) -> CacheSnapshot {
+        CacheSnapshot {
+            values: s.values,
+            shortcuts: s.shortcuts,
+            used_bytes: s.used_bytes,
+            budget_bytes: s.budget_bytes,
+            promotions: s.promotions,
+            demotions: s.demotions,
+            evictions: s.evictions,
+            miss_cost,
+        }
+    }
+}
+
+/// A segment this thread writes or wrote, with its local copy (which is also the write buffer).
+struct LocalSegment {
+    /// Pool offset of the segment header.
+    offset: u64,
+    /// Bytes available for entries.
+    capacity: usize,
+    first_seq: u64,
+    /// Sequence number of the last entry (first_seq - 1 when empty).
+    last_seq: u64,
+    buf: Vec<u8>,
+    /// Bytes of `buf` already written to the memory node.
+    flushed: usize,
+}
+
+impl LocalSegment {
+    fn entries_offset(&self) -> u64 {
+        self.offset + SEGMENT_HEADER_LEN as u64
+    }
+}
+
+/// Where the newest unmerged write of a key lies in a local segment copy.
+#[derive(Clone, Copy)]
+struct Unmerged {
+    segment: u64,
+    at: u32,
+}
+
+/// A write whose WRITE has not completed yet.
+struct PendingWrite {
+    key: Vec<u8>,
+    /// `None` for a delete.
+    value: Option<Vec<u8>>,
+    entry: EntryRef,
+    seq: u64,
+    reply: Sender<Result<Reply, KnError>>,
+}
+
+pub(crate) struct Worker {
+    cfg: Arc<KnConfig>,
+    thread: u32,
+    connector: Connector,
+    ep: Endpoint,
+    data: RegionInfo,
+    remote: RemoteIndex,
+    hash_mode: HashMode,
+    log: proto::LogOpened,
+    next_seq: u64,
+    merged_seq: u64,
+    cache: Dac,
+    active: Option<LocalSegment>,
+    sealed: VecDeque<LocalSegment>,
+    unmerged: HashMap<Box<[u8]>, Unmerged>,
+    pending: Vec<PendingWrite>,
+    pending_keys: HashSet<Vec<u8>>,
+    spare_buffers: Vec<Vec<u8>>,
+    candidates: Vec<EntryRef>,
+    read_buf: Vec<u8>,
+    /// After a failed round trip: the log must be claimed again before the next request.
+    broken: bool,
+    stats: WorkerStats,
+}
+
+fn refused(e: FabricError) -> KnError {
+    match e {
+        FabricError::Rpc(RpcError::Failed(why)) => KnError::Refused(why),
+        other => KnError::Fabric(other),
+    }
+}
+
+impl Worker {
+    /// Connects, claims (and so recovers) this thread's log, and checks that the limits fit in a segment.
+    pub(crate) fn start(cfg: Arc<KnConfig>, thread: u32, connector: Connector) -> Result<Worker, KnError> {
+        let mut ep = connector.connect()?;
+        let data = ep
+            .region(DATA_REGION)
+            .cloned()
+            .ok_or_else(|| KnError::Corrupt("the memory node has no data region".into()))?;
+        let log: proto::LogOpened = ep
+            .call(proto::OPEN_LOG, &proto::OpenLog { node_id: cfg.node_id, thread })
+            .map_err(refused)?;
+        let hash_mode = HashMode::from_word(log.hash_mode)
+            .ok_or_else(|| KnError::Corrupt(format!("unknown hash mode {:#x}", log.hash_mode)))?;
+        let room = log.segment_size.saturating_sub(SEGMENT_HEADER_LEN as u64);
+        let largest = entry_len(cfg.max_key_len, cfg.max_value_len) as u64;
+        if largest > room {
+            return Err(KnError::Config(format!(
+                "max_key_len {} + max_value_len {} need {largest} bytes per log entry, but the memory node's log \
+                 segments hold {room}; lower the limits or format the pool with a larger segment size",
+                cfg.max_key_len, cfg.max_value_len
+            )));
+        }
+        let remote = RemoteIndex::connect(&mut ep).map_err(|e| KnError::Corrupt(e.to_string()))?;
+        let cache = Dac::new(cfg.cache.clone());
+        Ok(Worker {
+            thread,
+            connector,
+            ep,
+            data,
+            remote,
+            hash_mode,
+            next_seq: log.next_seq,
+            merged_seq: log.next_seq - 1,
+            log,
+            cache,
+            active: None,
+            sealed: VecDeque::new(),
+            unmerged: HashMap::new(),
+            pending: Vec::new(),
+            pending_keys: HashSet::new(),
+            spare_buffers: Vec::new(),
+            candidates: Vec::new(),
+            read_buf: Vec::new(),
+            broken: false,
+            stats: WorkerStats::default(),
+            cfg,
+        })
+    }
+
+    /// The request loop: takes what is queued (up to `max_batch`), serves it, commits the writes with one WRITE,
+    /// then acknowledges them.
+    pub(crate) fn run(mut self, rx: Receiver<Request>) {
+        let mut batch = Vec::with_capacity(self.cfg.max_batch);
+        while let Ok(first) = rx.recv() {
+            batch.push(first);
+            while batch.len() < self.cfg.max_batch {
+                match rx.try_recv() {
+                    Ok(r) => batch.push(r),
+                    Err(_) => break,
+                }
+            }
+            for req in batch.drain(..) {
+                self.serve(req);
+            }
+            self.flush();
+        }
+        self.flush();
+    }
+
+    fn serve(&mut self, req: Request) {
+        if self.broken
+            && let Err(e) = self.reclaim()
+        {
+            let _ = req.reply.send(Err(e));
+            return;
+        }
+        let Request { cmd, reply } = req;
+        let key_of = |cmd: &Command| -> Option<&[u8]> {
+            match cmd {
+                Command::Get(k) | Command::Delete(k) => Some(k),
+                Command::Set(k, _) | Command::Insert(k, _) | Command::Update(k, _) => Some(k),
+                _ => None,
+            }
+        };
+        // A request on a key with a write in flight waits for that write's commit, so it sees (and orders after)
+        // an acknowledged value only.
+        let conflicts = key_of(&cmd).is_some_and(|k| self.pending_keys.contains(k));
+        if conflicts || matches!(cmd, Command::MergeAll) {
+            self.flush();
+            if self.broken
+                && let Err(e) = self.reclaim()
+            {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        }
+        let result = match cmd {
+            Command::Get(key) => self.check_key(&key).and_then(|_| self.lookup(&key)).map(Reply::Value),
+            Command::Set(key, value) => {
+                return self.write(key, Some(value), reply);
+            }
+            Command::Insert(key, value) => match self.check_key(&key).and_then(|_| self.exists(&key)) {
+                Ok(true) => Ok(Reply::Applied(false)),
+                Ok(false) => return self.write(key, Some(value), reply),
+                Err(e) => Err(e),
+            },
+            Command::Update(key, value) => match self.check_key(&key).and_then(|_| self.exists(&key)) {
+                Ok(false) => Ok(Reply::Applied(false)),
+                Ok(true) => return self.write(key, Some(value), reply),
+                Err(e) => Err(e),
+            },
+            Command::Delete(key) => match self.check_key(&key).and_then(|_| self.exists(&key)) {
+                Ok(false) => Ok(Reply::Applied(false)),
+                Ok(true) => return self.write(key, None, reply),
+                Err(e) => Err(e),
+            },
+            Command::MergeAll => self.merge_all().map(|_| Reply::Applied(true)),
+            Command::Stats => Ok(Reply::Stats(Box::new(self.snapshot()))),
+        };
+        let _ = reply.send(result);
+    }
+
+    fn check_key(&self, key: &[u8]) -> Result<(), KnError> {
+        if key.len() > self.cfg.max_key_len {
+            return Err(KnError::KeyTooLarge { len: key.len(), max: self.cfg.max_key_len });
+        }
+        Ok(())
+    }
+
+    fn snapshot(&mut self) -> WorkerStats {
+        let mut s = self.stats.clone();
+        s.unmerged_bytes =
+            self.sealed.iter().chain(self.active.iter()).map(|seg| seg.buf.capacity() as u64).sum();
+        s.unmerged_keys = self.unmerged.len() as u64;
+        let c = counters::thread_snapshot();
+        s.round_trips = c.round_trips;
+        s.bytes_out = c.bytes_out;
+        s.bytes_in = c.bytes_in;
+        s.cache = CacheSnapshot::from(self.cache.stats(), self.cache.miss_cost());
+        s
+    }
+
+    // ---------------------------------------------------------------------------------------------------------
+    // Reads
+
+    fn exists(&mut self, key: &[u8]) -> Result<bool, KnError> {
+        Ok(self.lookup(key)?.is_some())
+    }
+
+    /// The value of `key`, through the cache, the unmerged log and the index, in that order.
+    fn lookup(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, KnError> {
+        self.stats.lookups += 1;
+        match self.cache.lookup(key) {
+            Lookup::Value { value, .. } => {
+                self.stats.value_hits += 1;
+                return Ok(Some(value.to_vec()));
+            }
+            Lookup::Shortcut(sc) => {
+                if let Some(value) = self.read_shortcut(key, sc)? {
+                    self.stats.shortcut_hits += 1;
+                    return Ok(Some(value));
+                }
+                self.stats.stale_shortcuts += 1;
+                self.cache.stale_shortcut(key);
+            }
+            Lookup::Miss => {}
+        }
+        if let Some(found) = self.unmerged_lookup(key) {
+            self.stats.log_hits += 1;
+            return Ok(found);
+        }
+        self.index_walk(key)
+    }
+
+    /// Follows a shortcut with one READ; `None` when the entry there is no longer this key's.
+    fn read_shortcut(&mut self, key: &[u8], sc: Shortcut) -> Result<Option<Vec<u8>>, KnError> {
+        let Some(r) = EntryRef::from_raw(sc.ptr) else { return Ok(None) };
+        self.read_buf.resize(r.len() as usize, 0);
+        self.ep.read(self.data.at(r.offset()), &mut self.read_buf).map_err(|e| self.fail(e))?;
+        let value = match EntryView::parse(&self.read_buf) {
+            Ok(e) if e.key == key && e.header.seq == sc.seq && e.header.op == Op::Put => e.value.to_vec(),
+            _ => return Ok(None),
+        };
+        self.cache.shortcut_hit(key, &value, sc);
+        Ok(Some(value))
+    }
+
+    /// The newest unmerged write of `key` by this thread: `Some(None)` for a delete.
+    fn unmerged_lookup(&mut self, key: &[u8]) -> Option<Option<Vec<u8>>> {
+        let u = *self.unmerged.get(key)?;
+        let seg = self.sealed.iter().chain(self.active.iter()).find(|s| s.offset == u.segment)?;
+        let e = EntryView::parse(&seg.buf[u.at as usize..]).expect("local segment copies hold valid entries");
+        let found = match e.header.op {
+            Op::Put => Some(e.value.to_vec()),
+            Op::Delete => None,
+        };
+        if let Some(v) = &found {
+            let r = EntryRef::new(seg.entries_offset() + u.at as u64, e.len() as u64).expect("aligned entry");
+            self.cache.fill(key, v, Shortcut { ptr: r.raw(), seq: e.header.seq });
+        }
+        Some(found)
+    }
+
+    /// Finds `key` in the memory node's index and fills the cache.
+    fn index_walk(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, KnError> {
+        self.stats.index_walks += 1;
+        let before = counters::thread_snapshot().round_trips;
+        let hash = self.hash_mode.hash(key);
+        let mut cands = std::mem::take(&mut self.candidates);
+        let r = self.remote.candidates(&mut self.ep, hash, &mut cands);
+        let result = match r {
+            Err(e) => Err(KnError::Corrupt(e.to_string())),
+            Ok(()) => self.first_matching(key, &cands),
+        };
+        self.candidates = cands;
+        let rts = counters::thread_snapshot().round_trips - before;
+        self.stats.index_walk_round_trips += rts;
+        self.cache.record_miss_round_trips(rts as u32);
+        let found = result?;
+        Ok(found.map(|(value, sc)| {
+            self.cache.fill(key, &value, sc);
+            value
+        }))
+    }
+
+    fn first_matching(&mut self, key: &[u8], cands: &[EntryRef]) -> Result<Option<(Vec<u8>, Shortcut)>, KnError> {
+        for &r in cands {
+            self.read_buf.resize(r.len() as usize, 0);
+            self.ep.read(self.data.at(r.offset()), &mut self.read_buf).map_err(|e| self.fail(e))?;
+            if let Ok(e) = EntryView::parse(&self.read_buf)
+                && e.key == key
+                && e.header.op == Op::Put
+            {
+                return Ok(Some((e.value.to_vec(), Shortcut { ptr: r.raw(), seq: e.header.seq })));
+            }
+        }
+        Ok(None)
+    }
+
+    // ---------------------------------------------------------------------------------------------------------
+    // Writes
+
+    /// Appends a put (`value` Some) or delete to the log; the reply goes out after the group commit.
+    fn write(
+        &mut self,
+        key: Vec<u8>,
+        value: Option<Vec<u8>>,
+        reply: Sender<Result<Reply, KnError>>,
+    ) {
+        if let Err(e) = self.check_key(&key) {
+            let _ = reply.send(Err(e));
+            return;
+        }
+        if let Some(v) = &value
+            && v.len() > self.cfg.max_value_len
+        {
+            let _ = reply.send(Err(KnError::ValueTooLarge { len: v.len(), max: self.cfg.max_value_len }));
+            return;
+        }
+        let op = if value.is_some() { Op::Put } else { Op::Delete };
+        let (entry, seq) = match self.append(op, &key, value.as_deref().unwrap_or(&[])) {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        self.pending_keys.insert(key.clone());
+        self.pending.push(PendingWrite { key, value, entry, seq, reply });
+    }
+
+    /// Encodes an entry into the active segment (rolling to a new segment when it is full).
+    fn append(&mut self, op: Op, key: &[u8], value: &[u8]) -> Result<(EntryRef, u64), KnError> {
+        let len = entry_len(key.len(), value.len());
+        let fits = self.active.as_ref().is_some_and(|a| a.buf.len() + len <= a.capacity);
+        if !fits {
+            self.roll()?;
+        }
+        let seq = self.next_seq;
+        let seg = self.active.as_mut().expect("roll installs an active segment");
+        let at = seg.buf.len();
+        encode_entry(&mut seg.buf, op, self.log.log_id, seq, key, value);
+        seg.last_seq = seq;
+        self.next_seq += 1;
+        let r = EntryRef::new(seg.entries_offset() + at as u64, len as u64).expect("aligned entry");
+        self.unmerged.insert(key.into(), Unmerged { segment: seg.offset, at: at as u32 });
+        Ok((r, seq))
+    }
+
+    /// Seals the active segment and starts a new one, first waiting while too many sealed segments are unmerged.
+    fn roll(&mut self) -> Result<(), KnError> {
+        self.flush();
+        if self.broken {
+            return Err(KnError::Refused("the previous group commit failed; retry".into()));
+        }
+        self.wait_for_merges(self.cfg.max_unmerged_segments.saturating_sub(1))?;
+        let sealed_len = self.active.as_ref().map(|a| a.buf.len() as u64);
+        let granted: proto::SegmentGranted = self
+            .ep
+            .call(
+                proto::NEXT_SEGMENT,
+                &proto::NextSegment {
+                    log_id: self.log.log_id,
+                    session: self.log.session,
+                    sealed_len,
+                    first_seq: self.next_seq,
+                },
+            )
+            .map_err(|e| {
+                let e = refused(e);
+                self.broken = matches!(e, KnError::Fabric(_));
+                e
+            })?;
+        if let Some(old) = self.active.take() {
+            self.stats.segments_sealed += 1;
+            self.sealed.push_back(old);
+        }
+        let capacity = (granted.capacity - SEGMENT_HEADER_LEN as u64) as usize;
+        let mut buf = self.spare_buffers.pop().unwrap_or_default();
+        buf.clear();
+        buf.reserve_exact(capacity);
+        self.active = Some(LocalSegment {
+            offset: granted.offset,
+            capacity,
+            first_seq: self.next_seq,
+            last_seq: self.next_seq - 1,
+            buf,
+            flushed: 0,
+        });
+        self.note_merged(granted.merged_seq);
+        Ok(())
+    }
+
+    /// Waits until at most `limit` sealed segments are unmerged.
+    fn wait_for_merges(&mut self, limit: usize) -> Result<(), KnError> {
+        if self.sealed.len() <= limit {
+            return Ok(());
+        }
+        self.stats.merge_waits += 1;
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(20);
+        let mut word = [0u8; 8];
+        loop {
+            self.ep.read(self.data.at(self.log.merged_seq_offset), &mut word).map_err(|e| self.fail(e))?;
+            self.note_merged(u64::from_le_bytes(word));
+            if self.sealed.len() <= limit {
+                return Ok(());
+            }
+            if start.elapsed() > self.cfg.merge_wait_timeout {
+                return Err(KnError::MergeStalled(self.cfg.merge_wait_timeout));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(2));
+        }
+    }
+
+    /// Drops local copies of segments the memory node has merged: their keys are in the index now.
+    fn note_merged(&mut self, merged_seq: u64) {
+        self.merged_seq = self.merged_seq.max(merged_seq);
+        while self.sealed.front().is_some_and(|s| s.last_seq <= self.merged_seq) {
+            let seg = self.sealed.pop_front().expect("checked");
+            let mut at = 0;
+            while at < seg.buf.len() {
+                let e = EntryView::parse(&seg.buf[at..]).expect("local segment copies hold valid entries");
+                if let Some(u) = self.unmerged.get(e.key)
+                    && u.segment == seg.offset
+                {
+                    self.unmerged.remove(e.key);
+                }
+                at += e.len();
+            }
+            if self.spare_buffers.is_empty() {
+                self.spare_buffers.push(seg.buf);
+            }
+        }
+    }
+
+    /// Group commit: one WRITE of everything appended since the last one, then the acknowledgements.
+    fn flush(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let result = match self.active.as_mut() {
+            Some(seg) if seg.flushed < seg.buf.len() => {
+                let addr = self.data.at(seg.entries_offset() + seg.flushed as u64);
+                let r = self.ep.write(addr, &seg.buf[seg.flushed..]);
+                if r.is_ok() {
+                    seg.flushed = seg.buf.len();
+                }
+                r
+            }
+            _ => Ok(()),
+        };
+        self.pending_keys.clear();
+        match result {
+            Ok(()) => {
+                self.stats.commits += 1;
+                for p in self.pending.drain(..) {
+                    match &p.value {
+                        Some(v) => self.cache.write(&p.key, v, Shortcut { ptr: p.entry.raw(), seq: p.seq }),
+                        None => self.cache.invalidate(&p.key),
+                    }
+                    self.stats.writes += 1;
+                    let _ = p.reply.send(Ok(Reply::Applied(true)));
+                }
+            }
+            Err(e) => {
+                warn!(thread = self.thread, error = %e, "group commit failed; the log is claimed again before the next request");
+                let msg = e.to_string();
+                for p in self.pending.drain(..) {
+                    let _ = p.reply.send(Err(KnError::Fabric(FabricError::Disconnected(msg.clone()))));
+                }
+                self.broken = true;
+            }
+        }
+    }
+
+    /// Seals the active segment and has the memory node merge the whole log.
+    fn merge_all(&mut self) -> Result<(), KnError> {
+        self.flush();
+        let sealed_len = self.active.as_ref().map(|a| a.buf.len() as u64);
+        let merged: proto::Merged = self
+            .ep
+            .call(
+                proto::MERGE_ALL,
+                &proto::MergeAll { log_id: self.log.log_id, session: self.log.session, sealed_len },
+            )
+            .map_err(|e| self.fail_rpc(e))?;
+        if let Some(old) = self.active.take() {
+            self.stats.segments_sealed += 1;
+            self.sealed.push_back(old);
+        }
+        self.note_merged(merged.merged_seq);
+        Ok(())
+    }
+
+    fn fail(&mut self, e: FabricError) -> KnError {
+        if e.is_connection_lost() {
+            self.broken = true;
+        }
+        KnError::Fabric(e)
+    }
+
+    fn fail_rpc(&mut self, e: FabricError) -> KnError {
+        let e = refused(e);
+        if matches!(e, KnError::Fabric(_)) {
+            self.broken = true;
+        }
+        e
+    }
+
+    /// After a failure: forgets local state and claims the log again, which makes the memory node merge whatever
+    /// of it reached the pool. The memory node is the ground truth from then on.
+    fn reclaim(&mut self) -> Result<(), KnError> {
+        debug!(thread = self.thread, "claiming the log again after a failure");
+        self.pending_keys.clear();
+        self.cache.clear();
+        self.unmerged.clear();
+        self.active = None;
+        self.sealed.clear();
+        self.ep = self.connector.connect()?;
+        let log: proto::LogOpened = self
+            .ep
+            .call(proto::OPEN_LOG, &proto::OpenLog { node_id: self.cfg.node_id, thread: self.thread })
+            .map_err(refused)?;
+        self.remote = RemoteIndex::connect(&mut self.ep).map_err(|e| KnError::Corrupt(e.to_string()))?;
+        self.next_seq = log.next_seq;
+        self.merged_seq = log.next_seq - 1;
+        self.log = log;
+        self.broken = false;
+        Ok(())
+    }
+}

@@ -1,0 +1,160 @@
+//! A process writing at full speed is SIGKILLed at random moments; after each restart every acknowledged write
+//! reads back with its last acknowledged value (or the one write per key that was in flight), and no torn value is
+//! ever returned.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dinomo_dpm::ProcessorConfig;
+use dinomo_kn::{Embedded, EmbeddedConfig, KnConfig};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+const WRITERS: u32 = 4;
+const KEYS_PER_WRITER: u32 = 64;
+const ROUNDS: usize = 20;
+
+fn config(path: &Path) -> EmbeddedConfig {
+    EmbeddedConfig {
+        pool_path: Some(path.to_path_buf()),
+        pool_size: 64 << 20,
+        pool_segment_size: 64 << 10,
+        processor: ProcessorConfig { segment_size: 64 << 10, ..ProcessorConfig::default() },
+        kn: KnConfig { threads: 2, max_value_len: 4096, ..KnConfig::default() },
+        ..EmbeddedConfig::default()
+    }
+}
+
+fn key(writer: u32, i: u32) -> Vec<u8> {
+    format!("w{writer}-k{i}").into_bytes()
+}
+
+/// A value that names its key and version and whose every byte follows from them, so a torn or mixed value
+/// cannot pass `decode`.
+fn value(key: &[u8], version: u64) -> Vec<u8> {
+    let len = 16 + (version as usize * 37 + key.len() * 11) % 900;
+    let mut v = Vec::with_capacity(len);
+    v.extend_from_slice(&version.to_le_bytes());
+    v.extend_from_slice(&(len as u64).to_le_bytes());
+    let seed = dinomo_log::key_hash(key) ^ version;
+    v.extend((16..len).map(|i| (seed.rotate_left(i as u32 % 64) as u8) ^ i as u8));
+    v
+}
+
+fn decode(key: &[u8], v: &[u8]) -> Option<u64> {
+    let version = u64::from_le_bytes(v.get(..8)?.try_into().ok()?);
+    (value(key, version) == v).then_some(version)
+}
+
+/// Child: write forever, printing "writer key version" after each acknowledgement.
+#[test]
+fn crash_child() {
+    let Ok(path) = std::env::var("DINOMO_KN_CRASH_CHILD") else { return };
+    let store = Embedded::open(&config(Path::new(&path))).expect("open store");
+    let out = Arc::new(Mutex::new(std::io::stdout()));
+    let threads: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let h = store.handle();
+            let out = out.clone();
+            std::thread::spawn(move || {
+                let mut versions: Vec<u64> = (0..KEYS_PER_WRITER)
+                    .map(|i| {
+                        let k = key(w, i);
+                        h.get(&k).unwrap().map_or(0, |v| decode(&k, &v).expect("recovered value is whole"))
+                    })
+                    .collect();
+                let mut i = 0;
+                loop {
+                    let k = key(w, i);
+                    let version = versions[i as usize] + 1;
+                    h.set(&k, &value(&k, version)).unwrap();
+                    versions[i as usize] = version;
+                    writeln!(out.lock().unwrap(), "{w} {i} {version}").unwrap();
+                    i = (i + 1) % KEYS_PER_WRITER;
+                }
+            })
+        })
+        .collect();
+    writeln!(out.lock().unwrap(), "ready").unwrap();
+    for t in threads {
+        let _ = t.join();
+    }
+}
+
+#[test]
+fn sigkill_at_random_moments_loses_no_acknowledged_write() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("crash.pool");
+    let mut rng = StdRng::seed_from_u64(0xd170);
+    // Last acknowledged version per (writer, key).
+    let mut acked: HashMap<(u32, u32), u64> = HashMap::new();
+    let mut total_acks = 0u64;
+    for round in 0..ROUNDS {
+        let mut child = Command::new(std::env::current_exe()?)
+            .args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
+            .env("DINOMO_KN_CRASH_CHILD", &path)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        // Wait until it serves, then let it write for a random while.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let line = rx.recv_timeout(deadline.saturating_duration_since(Instant::now()))?;
+            if line == "ready" {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(rng.random_range(5..120)));
+        child.kill()?;
+        child.wait()?;
+        reader.join().expect("reader thread");
+        for line in rx.try_iter() {
+            let mut f = line.split(' ').map(str::parse::<u64>);
+            let (Some(Ok(w)), Some(Ok(i)), Some(Ok(v))) = (f.next(), f.next(), f.next()) else { continue };
+            let e = acked.entry((w as u32, i as u32)).or_default();
+            *e = (*e).max(v);
+            total_acks += 1;
+        }
+
+        let store = Embedded::open(&config(&path))?;
+        let h = store.handle();
+        for w in 0..WRITERS {
+            for i in 0..KEYS_PER_WRITER {
+                let k = key(w, i);
+                let last = acked.get(&(w, i)).copied().unwrap_or(0);
+                match h.get(&k)? {
+                    None => assert_eq!(last, 0, "round {round}: acknowledged key {k:?} (version {last}) is gone"),
+                    Some(v) => {
+                        let Some(version) = decode(&k, &v) else {
+                            panic!("round {round}: torn value for {k:?}: {} bytes", v.len())
+                        };
+                        assert!(
+                            version == last || version == last + 1,
+                            "round {round}: {k:?} has version {version}, last acknowledged {last}"
+                        );
+                        // The in-flight write that landed is what the next child continues from.
+                        acked.insert((w, i), version);
+                    }
+                }
+            }
+        }
+        let stats = store.processor_stats();
+        assert_eq!(stats.backlog_segments, 0, "recovery merged everything: {stats:?}");
+    }
+    assert!(total_acks > ROUNDS as u64 * 10, "the children wrote too little to test anything: {total_acks}");
+    Ok(())
+}

@@ -1,0 +1,186 @@
+//! The store against a HashMap model: random inserts, updates, upserts, deletes and gets with random keys and
+//! sizes (empty values included), with tiny segments, tiny caches and a hash that collides on purpose, so that
+//! merging, recycling, eviction, promotion, demotion and restarts all happen.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use dinomo_cache::{CacheConfig, Policy};
+use dinomo_dpm::ProcessorConfig;
+use dinomo_index::IndexConfig;
+use dinomo_kn::{Embedded, EmbeddedConfig, KnConfig};
+use dinomo_log::HashMode;
+use dinomo_pool::PersistMode;
+use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::{Rng, RngExt, SeedableRng};
+
+fn tiny_config(pool: Option<&Path>, policy: Policy, cache_bytes: u64) -> EmbeddedConfig {
+    EmbeddedConfig {
+        pool_path: pool.map(Path::to_path_buf),
+        pool_size: 16 << 20,
+        pool_segment_size: 4096,
+        persist: PersistMode::Volatile,
+        processor: ProcessorConfig {
+            merge_threads: 2,
+            directory_capacity: 64,
+            segment_size: 4096,
+            hash_mode: HashMode::Colliding { bits: 3 },
+            index: IndexConfig { initial_buckets: 2, ..IndexConfig::default() },
+        },
+        kn: KnConfig {
+            threads: 2,
+            max_key_len: 64,
+            max_value_len: 1500,
+            cache: CacheConfig { budget_bytes: cache_bytes, policy, ..CacheConfig::default() },
+            ..KnConfig::default()
+        },
+        injected_latency_ns: 0,
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Set(u8, usize),
+    Insert(u8, usize),
+    Update(u8, usize),
+    Delete(u8),
+    Get(u8),
+    MergeAll,
+    Restart,
+}
+
+fn key(k: u8) -> Vec<u8> {
+    // Keys of different lengths, the empty key included.
+    match k % 4 {
+        0 => vec![k; (k as usize) % 3],
+        1 => format!("key-{k}").into_bytes(),
+        2 => vec![k ^ 0x5a; 40],
+        _ => vec![b'x', k],
+    }
+}
+
+fn value(k: u8, len: usize, version: u64) -> Vec<u8> {
+    (0..len).map(|i| (i as u64 ^ version ^ k as u64) as u8).collect()
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    let size = prop_oneof![Just(0usize), 1usize..64, 64usize..400, 1000usize..1500];
+    prop_oneof![
+        6 => (any::<u8>().prop_map(|k| k % 48), size.clone()).prop_map(|(k, s)| Op::Set(k, s)),
+        2 => (any::<u8>().prop_map(|k| k % 48), size.clone()).prop_map(|(k, s)| Op::Insert(k, s)),
+        2 => (any::<u8>().prop_map(|k| k % 48), size).prop_map(|(k, s)| Op::Update(k, s)),
+        2 => any::<u8>().prop_map(|k| Op::Delete(k % 48)),
+        8 => any::<u8>().prop_map(|k| Op::Get(k % 48)),
+        1 => Just(Op::MergeAll),
+        1 => Just(Op::Restart),
+    ]
+}
+
+fn run(ops: &[Op], policy: Policy, cache_bytes: u64) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("model.pool");
+    let cfg = tiny_config(Some(&path), policy, cache_bytes);
+    let mut store = Embedded::open(&cfg)?;
+    let mut h = store.handle();
+    let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+    for (i, op) in ops.iter().enumerate() {
+        let v = i as u64;
+        match *op {
+            Op::Set(k, len) => {
+                let val = value(k, len, v);
+                h.set(&key(k), &val)?;
+                model.insert(key(k), val);
+            }
+            Op::Insert(k, len) => {
+                let val = value(k, len, v);
+                let did = h.insert(&key(k), &val)?;
+                assert_eq!(did, !model.contains_key(&key(k)), "insert of {:?} at op {i}", key(k));
+                model.entry(key(k)).or_insert(val);
+            }
+            Op::Update(k, len) => {
+                let val = value(k, len, v);
+                let did = h.update(&key(k), &val)?;
+                assert_eq!(did, model.contains_key(&key(k)), "update of {:?} at op {i}", key(k));
+                if did {
+                    model.insert(key(k), val);
+                }
+            }
+            Op::Delete(k) => {
+                let did = h.delete(&key(k))?;
+                assert_eq!(did, model.remove(&key(k)).is_some(), "delete of {:?} at op {i}", key(k));
+            }
+            Op::Get(k) => {
+                assert_eq!(h.get(&key(k))?, model.get(&key(k)).cloned(), "get of {:?} at op {i}", key(k));
+            }
+            Op::MergeAll => h.merge_all()?,
+            Op::Restart => {
+                drop(h);
+                drop(store);
+                store = Embedded::open(&cfg)?;
+                h = store.handle();
+            }
+        }
+    }
+    for k in 0..48u8 {
+        assert_eq!(h.get(&key(k))?, model.get(&key(k)).cloned(), "final get of {:?}", key(k));
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn agrees_with_a_hashmap(ops in proptest::collection::vec(op_strategy(), 1..400),
+                             policy in prop_oneof![Just(Policy::Adaptive), Just(Policy::ValueOnly),
+                                                   Just(Policy::ShortcutOnly), Just(Policy::Static { value_percent: 50 })],
+                             cache in prop_oneof![Just(0u64), Just(1024u64), Just(8192u64)]) {
+        run(&ops, policy, cache).unwrap();
+    }
+}
+
+/// One long seeded run that must exercise every mechanism, checked through the counters.
+#[test]
+fn long_run_merges_recycles_and_moves_cache_entries() -> anyhow::Result<()> {
+    let cfg = tiny_config(None, Policy::Adaptive, 6000);
+    let store = Embedded::open(&cfg)?;
+    let h = store.handle();
+    let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+    let mut rng = StdRng::seed_from_u64(7);
+    for i in 0..20_000u64 {
+        // A hot set of 16 keys and a cold set of 200, so that shortcuts earn promotion and values get demoted.
+        let k: u16 = if rng.random_bool(0.7) { rng.random_range(0..16) } else { rng.random_range(16..216) };
+        let kb = format!("k{k}").into_bytes();
+        match rng.random_range(0..10) {
+            0..=2 => {
+                let len = if rng.random_bool(0.1) { 0 } else { rng.random_range(1..200) };
+                let val: Vec<u8> = (0..len).map(|j| (j as u64 ^ i) as u8).collect();
+                h.set(&kb, &val)?;
+                model.insert(kb, val);
+            }
+            3 => {
+                assert_eq!(h.delete(&kb)?, model.remove(&kb).is_some());
+            }
+            _ => assert_eq!(h.get(&kb)?, model.get(&kb).cloned(), "get k{k} at op {i}"),
+        }
+        if i % 5000 == 4999 {
+            h.merge_all()?;
+        }
+    }
+    let ps = store.processor_stats();
+    let ws = h.stats()?;
+    let sum = |f: fn(&dinomo_kn::WorkerStats) -> u64| ws.iter().map(f).sum::<u64>();
+    assert!(ps.merged_entries > 1000, "{ps:?}");
+    assert!(ps.recycled_segments > 10, "{ps:?}");
+    assert!(sum(|w| w.segments_sealed) > 10);
+    assert!(sum(|w| w.value_hits) > 0 && sum(|w| w.shortcut_hits) > 0 && sum(|w| w.index_walks) > 0);
+    assert!(sum(|w| w.log_hits) > 0);
+    assert!(sum(|w| w.cache.promotions) > 0, "{ws:?}");
+    assert!(sum(|w| w.cache.demotions) > 0, "{ws:?}");
+    assert!(sum(|w| w.cache.evictions) > 0, "{ws:?}");
+    for w in &ws {
+        assert!(w.cache.used_bytes <= w.cache.budget_bytes);
+    }
+    Ok(())
+}
