@@ -31,6 +31,14 @@ pub(crate) enum Command {
     Stats,
 }
 
+fn key_of(cmd: &Command) -> Option<&[u8]> {
+    match cmd {
+        Command::Get(k) | Command::Delete(k) => Some(k),
+        Command::Set(k, _) | Command::Insert(k, _) | Command::Update(k, _) => Some(k),
+        Command::MergeAll | Command::Stats => None,
+    }
+}
+
 pub(crate) enum Reply {
     Value(Option<Vec<u8>>),
     Applied(bool),
@@ -123,7 +131,6 @@ struct LocalSegment {
     offset: u64,
     /// Bytes available for entries.
     capacity: usize,
-    first_seq: u64,
     /// Sequence number of the last entry (first_seq - 1 when empty).
     last_seq: u64,
     buf: Vec<u8>,
@@ -263,13 +270,6 @@ impl Worker {
             return;
         }
         let Request { cmd, reply } = req;
-        let key_of = |cmd: &Command| -> Option<&[u8]> {
-            match cmd {
-                Command::Get(k) | Command::Delete(k) => Some(k),
-                Command::Set(k, _) | Command::Insert(k, _) | Command::Update(k, _) => Some(k),
-                _ => None,
-            }
-        };
         // A request on a key with a write in flight waits for that write's commit, so it sees (and orders after)
         // an acknowledged value only.
         let conflicts = key_of(&cmd).is_some_and(|k| self.pending_keys.contains(k));
@@ -510,7 +510,6 @@ impl Worker {
         self.active = Some(LocalSegment {
             offset: granted.offset,
             capacity,
-            first_seq: self.next_seq,
             last_seq: self.next_seq - 1,
             buf,
             flushed: 0,
@@ -657,5 +656,62 @@ impl Worker {
         self.log = log;
         self.broken = false;
         Ok(())
+    }
+}
+
+/// One worker driven directly by the calling thread, without a queue: for benchmarks that measure the data path
+/// itself, and for loading data quickly. It claims the log of (`node_id`, `thread`) like a worker of a running
+/// KV node would; do not run it beside a [`crate::KvNode`] that uses the same log.
+pub struct DirectWorker {
+    worker: Worker,
+    reply_tx: Sender<Result<Reply, KnError>>,
+    reply_rx: Receiver<Result<Reply, KnError>>,
+}
+
+impl DirectWorker {
+    /// Connects and claims the log of thread `thread` of node `cfg.node_id`.
+    pub fn start(cfg: KnConfig, thread: u32, connector: Connector) -> Result<DirectWorker, KnError> {
+        cfg.validate()?;
+        let worker = Worker::start(Arc::new(cfg), thread, connector)?;
+        let (reply_tx, reply_rx) = crossbeam_channel::unbounded();
+        Ok(DirectWorker { worker, reply_tx, reply_rx })
+    }
+
+    /// The value of `key`.
+    pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, KnError> {
+        self.worker.check_key(key)?;
+        self.worker.lookup(key)
+    }
+
+    /// Writes every pair with one group commit (more when they fill a segment).
+    pub fn set_many<'a>(&mut self, pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) -> Result<(), KnError> {
+        for (k, v) in pairs {
+            self.worker.write(k.to_vec(), Some(v.to_vec()), self.reply_tx.clone());
+        }
+        self.worker.flush();
+        for r in self.reply_rx.try_iter() {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Writes one pair.
+    pub fn set(&mut self, key: &[u8], value: &[u8]) -> Result<(), KnError> {
+        self.set_many([(key, value)])
+    }
+
+    /// Seals the log and has the memory node merge all of it.
+    pub fn merge_all(&mut self) -> Result<(), KnError> {
+        self.worker.merge_all()
+    }
+
+    /// Changes the injected per-round-trip latency of this worker's endpoint.
+    pub fn set_injected_latency(&mut self, ns: u64) {
+        self.worker.ep.set_injected_latency(ns);
+    }
+
+    /// This worker's counters.
+    pub fn stats(&mut self) -> WorkerStats {
+        self.worker.snapshot()
     }
 }

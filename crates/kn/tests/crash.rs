@@ -114,7 +114,7 @@ fn sigkill_at_random_moments_loses_no_acknowledged_write() -> anyhow::Result<()>
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let line = rx.recv_timeout(deadline.saturating_duration_since(Instant::now()))?;
-            if line == "ready" {
+            if line.ends_with("ready") {
                 break;
             }
         }

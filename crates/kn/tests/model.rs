@@ -13,7 +13,7 @@ use dinomo_log::HashMode;
 use dinomo_pool::PersistMode;
 use proptest::prelude::*;
 use rand::rngs::StdRng;
-use rand::{Rng, RngExt, SeedableRng};
+use rand::{RngExt, SeedableRng};
 
 fn tiny_config(pool: Option<&Path>, policy: Policy, cache_bytes: u64) -> EmbeddedConfig {
     EmbeddedConfig {
