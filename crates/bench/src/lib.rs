@@ -1,4 +1,5 @@
-//! Micro-benchmarks behind `dinomo bench`.
+//! Benchmarks behind `dinomo bench`: the fabric micro-benchmark below, and the caching-policy benchmark in
+//! [`run_dac`] (`dinomo bench dac`).
 //!
 //! [`run`] measures the memory fabric (`dinomo bench fabric`): READ (8 B and 1 KiB), WRITE (8 B and 1 KiB), CAS and
 //! FAA, each one verb per round trip and in [`Batch`]es, over every chosen transport, and reports verbs per second,
@@ -20,8 +21,12 @@
 //! in-process within 2x of its reference, TCP within 1.5x of ping-pong per round trip, and a batch of 16 giving at
 //! least 5x the verbs per second of single verbs.
 
+mod dac;
 mod pingpong;
 mod report;
+pub mod svg;
+
+pub use dac::{DacBenchOptions, DacCase, DacReport, DacVersusBest, run_dac};
 
 use std::hint::black_box;
 use std::net::SocketAddr;

@@ -2,8 +2,12 @@
 
 use std::time::Duration;
 
+use std::path::PathBuf;
+
+use anyhow::Context;
 use clap::{Args, Subcommand};
-use dinomo_bench::{FabricBenchOptions, TransportChoice};
+use dinomo_bench::{DacBenchOptions, FabricBenchOptions, TransportChoice};
+use dinomo_cache::Policy;
 
 /// Benchmarks.
 #[derive(Debug, Args)]
@@ -18,6 +22,50 @@ pub enum Which {
     /// Fabric verbs (READ, WRITE, CAS, FAA; single and batched) on each transport, beside the raw operation
     /// (in-process) or a plain TCP ping-pong (TCP) measured in the same run.
     Fabric(FabricArgs),
+    /// Caching policies (DAC, static splits, value-only, shortcut-only): read throughput and round trips per read
+    /// as the cache grows (Figure 3 of the DINOMO paper, scaled to this machine). Writes JSON, CSV and an SVG plot.
+    Dac(DacArgs),
+}
+
+/// Settings of `dinomo bench dac`.
+#[derive(Debug, Args)]
+pub struct DacArgs {
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Keys loaded.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub keys: u64,
+    /// Bytes per value.
+    #[arg(long, default_value_t = 64)]
+    pub value_size: usize,
+    /// Working set read uniformly, in percent of the keys.
+    #[arg(long, default_value_t = 5.0)]
+    pub working_set: f64,
+    /// Cache sizes in percent of the data (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+    pub cache: Vec<f64>,
+    /// Policies (comma-separated): dac, shortcut-only, value-only, static-N.
+    #[arg(long, value_delimiter = ',', default_value = "shortcut-only,static-25,static-50,static-75,value-only,dac")]
+    pub policies: Vec<Policy>,
+    /// KV-node worker threads, each driven by its own benchmark thread.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Timed phase per case, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub ms: u64,
+    /// Warm-up reads per worker, in passes over its share of the working set.
+    #[arg(long, default_value_t = 6.0)]
+    pub warmup_passes: f64,
+    /// Busy-wait per fabric round trip, in nanoseconds.
+    #[arg(long, default_value_t = 2000)]
+    pub latency_ns: u64,
+    /// Seed of the working-set choice and the reads.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Folder for dac.json, dac.csv and dac.svg.
+    #[arg(long, default_value = "results/dac")]
+    pub out: PathBuf,
 }
 
 /// Settings of `dinomo bench fabric`.
@@ -59,6 +107,33 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 println!("{}", report.to_json_pretty()?);
             } else {
                 report.print_table(&mut std::io::stdout().lock())?;
+            }
+            Ok(())
+        }
+        Which::Dac(a) => {
+            let opts = DacBenchOptions {
+                keys: a.keys,
+                value_size: a.value_size,
+                working_set_percent: a.working_set,
+                cache_percents: a.cache,
+                policies: a.policies,
+                threads: a.threads,
+                duration: Duration::from_millis(a.ms),
+                warmup_passes: a.warmup_passes,
+                injected_latency_ns: a.latency_ns,
+                seed: a.seed,
+            };
+            let report = dinomo_bench::run_dac(&opts, |step| eprintln!("dac: {step}"))?;
+            std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+            let json = serde_json::to_string_pretty(&report)?;
+            std::fs::write(a.out.join("dac.json"), &json)?;
+            std::fs::write(a.out.join("dac.csv"), report.to_csv())?;
+            std::fs::write(a.out.join("dac.svg"), report.to_svg())?;
+            if a.json {
+                println!("{json}");
+            } else {
+                report.print_table();
+                println!("\nwrote {}/dac.json, dac.csv and dac.svg", a.out.display());
             }
             Ok(())
         }
