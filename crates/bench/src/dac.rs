@@ -147,21 +147,36 @@ fn key(id: u64) -> [u8; KEY_SIZE] {
 }
 
 fn value(id: u64, size: usize) -> Vec<u8> {
-    (0..size).map(|i| (id as usize).wrapping_mul(31).wrapping_add(i) as u8).collect()
+    (0..size)
+        .map(|i| (id as usize).wrapping_mul(31).wrapping_add(i) as u8)
+        .collect()
 }
 
 /// Runs the benchmark; `progress` is told what is happening.
-pub fn run_dac(opts: &DacBenchOptions, mut progress: impl FnMut(&str)) -> anyhow::Result<DacReport> {
-    ensure!(opts.keys > 0 && opts.threads > 0, "keys and threads must be at least 1");
-    ensure!(opts.working_set_percent > 0.0 && opts.working_set_percent <= 100.0, "working set must be in (0, 100]");
+pub fn run_dac(
+    opts: &DacBenchOptions,
+    mut progress: impl FnMut(&str),
+) -> anyhow::Result<DacReport> {
+    ensure!(
+        opts.keys > 0 && opts.threads > 0,
+        "keys and threads must be at least 1"
+    );
+    ensure!(
+        opts.working_set_percent > 0.0 && opts.working_set_percent <= 100.0,
+        "working set must be in (0, 100]"
+    );
     let data_bytes = opts.keys * (KEY_SIZE + opts.value_size) as u64;
     let entry = dinomo_log::entry_len(KEY_SIZE, opts.value_size) as u64;
     // Log entries, the index (with room for the tables a resize retires) and slack.
-    let pool_size = (opts.keys * entry * 2 + opts.keys * 64 + (256 << 20)).next_multiple_of(1 << 20);
+    let pool_size =
+        (opts.keys * entry * 2 + opts.keys * 64 + (256 << 20)).next_multiple_of(1 << 20);
     let pool = Arc::new(Pool::anonymous(pool_size, 1 << 20).context("creating the pool")?);
     let processor = Processor::start(
         pool.clone(),
-        &ProcessorConfig { merge_threads: 2, ..ProcessorConfig::default() },
+        &ProcessorConfig {
+            merge_threads: 2,
+            ..ProcessorConfig::default()
+        },
     )?;
     let node = MemoryNode::new(pool, NodeConfig::default());
     processor.serve(&node);
@@ -169,11 +184,18 @@ pub fn run_dac(opts: &DacBenchOptions, mut progress: impl FnMut(&str)) -> anyhow
     let kn = |budget: u64, policy: Policy| KnConfig {
         threads: opts.threads,
         max_value_len: opts.value_size.max(64),
-        cache: CacheConfig { budget_bytes: budget, policy, ..CacheConfig::default() },
+        cache: CacheConfig {
+            budget_bytes: budget,
+            policy,
+            ..CacheConfig::default()
+        },
         ..KnConfig::default()
     };
 
-    progress(&format!("loading {} keys of {} B values", opts.keys, opts.value_size));
+    progress(&format!(
+        "loading {} keys of {} B values",
+        opts.keys, opts.value_size
+    ));
     let mut loaders = (0..opts.threads)
         .map(|t| DirectWorker::start(kn(0, Policy::Adaptive), t as u32, connector.clone()))
         .collect::<Result<Vec<_>, _>>()?;
@@ -216,18 +238,23 @@ pub fn run_dac(opts: &DacBenchOptions, mut progress: impl FnMut(&str)) -> anyhow
             let mut workers = (0..opts.threads)
                 .map(|t| DirectWorker::start(kn(per_worker, policy), t as u32, connector.clone()))
                 .collect::<Result<Vec<_>, _>>()?;
-            let results: Vec<anyhow::Result<(WorkerStats, WorkerStats, u64, Duration)>> = std::thread::scope(|s| {
-                let handles: Vec<_> = workers
-                    .iter_mut()
-                    .zip(&owned)
-                    .enumerate()
-                    .map(|(t, (w, ids))| {
-                        let seed = opts.seed ^ (t as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-                        s.spawn(move || measure(w, ids, opts, seed))
-                    })
-                    .collect();
-                handles.into_iter().map(|h| h.join().expect("benchmark thread")).collect()
-            });
+            let results: Vec<anyhow::Result<(WorkerStats, WorkerStats, u64, Duration)>> =
+                std::thread::scope(|s| {
+                    let handles: Vec<_> = workers
+                        .iter_mut()
+                        .zip(&owned)
+                        .enumerate()
+                        .map(|(t, (w, ids))| {
+                            let seed =
+                                opts.seed ^ (t as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                            s.spawn(move || measure(w, ids, opts, seed))
+                        })
+                        .collect();
+                    handles
+                        .into_iter()
+                        .map(|h| h.join().expect("benchmark thread"))
+                        .collect()
+                });
             let mut reads = 0u64;
             let mut secs = 0f64;
             let mut agg = WorkerStats::default();
@@ -244,7 +271,13 @@ pub fn run_dac(opts: &DacBenchOptions, mut progress: impl FnMut(&str)) -> anyhow
                 last.cache.shortcuts += after.cache.shortcuts;
                 last.cache.miss_cost = after.cache.miss_cost;
             }
-            let per = |x: u64| if reads == 0 { 0.0 } else { x as f64 / reads as f64 };
+            let per = |x: u64| {
+                if reads == 0 {
+                    0.0
+                } else {
+                    x as f64 / reads as f64
+                }
+            };
             cases.push(DacCase {
                 cache_percent: pct,
                 cache_bytes,
@@ -301,7 +334,10 @@ fn measure(
         for _ in 0..64 {
             let id = ids[rng.random_range(0..ids.len())];
             let v = w.get(&key(id))?;
-            ensure!(v.as_deref().map(<[u8]>::len) == Some(opts.value_size), "key {id} read back wrong");
+            ensure!(
+                v.as_deref().map(<[u8]>::len) == Some(opts.value_size),
+                "key {id} read back wrong"
+            );
         }
         n += 64;
     }
@@ -316,7 +352,10 @@ fn versus_best(cases: &[DacCase], percents: &[f64]) -> Vec<DacVersusBest> {
         .filter_map(|&p| {
             let at: Vec<&DacCase> = cases.iter().filter(|c| c.cache_percent == p).collect();
             let d = at.iter().find(|c| c.policy == dac)?;
-            let best = at.iter().filter(|c| c.policy != dac).max_by(|a, b| a.reads_per_sec.total_cmp(&b.reads_per_sec))?;
+            let best = at
+                .iter()
+                .filter(|c| c.policy != dac)
+                .max_by(|a, b| a.reads_per_sec.total_cmp(&b.reads_per_sec))?;
             Some(DacVersusBest {
                 cache_percent: p,
                 best_policy: best.policy.clone(),
@@ -361,19 +400,33 @@ impl DacReport {
             );
         }
         println!();
-        println!("{:>7} {:<14} {:>11} {:>11} {:>7}", "cache", "best other", "its reads/s", "DAC reads/s", "DAC/best");
+        println!(
+            "{:>7} {:<14} {:>11} {:>11} {:>7}",
+            "cache", "best other", "its reads/s", "DAC reads/s", "DAC/best"
+        );
         for v in &self.dac_versus_best {
             println!(
                 "{:>6}% {:<14} {:>11.0} {:>11.0} {:>7.3}",
                 v.cache_percent, v.best_policy, v.best_reads_per_sec, v.dac_reads_per_sec, v.ratio
             );
         }
-        if let Some(worst) = self.dac_versus_best.iter().map(|v| v.ratio).min_by(f64::total_cmp) {
+        if let Some(worst) = self
+            .dac_versus_best
+            .iter()
+            .map(|v| v.ratio)
+            .min_by(f64::total_cmp)
+        {
             let verdict = |limit: f64| if worst >= limit { "MET" } else { "NOT MET" };
             println!();
             println!("targets (worst DAC/best {worst:.3}):");
-            println!("  [{}] DAC within 16% of the best other policy at every cache size (the paper's figure)", verdict(0.84));
-            println!("  [{}] DAC within 5% of the best other policy at every cache size", verdict(0.95));
+            println!(
+                "  [{}] DAC within 16% of the best other policy at every cache size (the paper's figure)",
+                verdict(0.84)
+            );
+            println!(
+                "  [{}] DAC within 5% of the best other policy at every cache size",
+                verdict(0.95)
+            );
         }
     }
 
@@ -415,7 +468,12 @@ impl DacReport {
                 .iter()
                 .map(|n| svg::Series {
                     name: n.clone(),
-                    points: self.cases.iter().filter(|c| &c.policy == n).map(|c| (c.cache_percent, f(c))).collect(),
+                    points: self
+                        .cases
+                        .iter()
+                        .filter(|c| &c.policy == n)
+                        .map(|c| (c.cache_percent, f(c)))
+                        .collect(),
                 })
                 .collect()
         };

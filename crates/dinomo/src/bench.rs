@@ -46,7 +46,11 @@ pub struct DacArgs {
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
     pub cache: Vec<f64>,
     /// Policies (comma-separated): dac, shortcut-only, value-only, static-N.
-    #[arg(long, value_delimiter = ',', default_value = "shortcut-only,static-25,static-50,static-75,value-only,dac")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "shortcut-only,static-25,static-50,static-75,value-only,dac"
+    )]
     pub policies: Vec<Policy>,
     /// KV-node worker threads, each driven by its own benchmark thread.
     #[arg(long, default_value_t = 1)]
@@ -124,7 +128,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 seed: a.seed,
             };
             let report = dinomo_bench::run_dac(&opts, |step| eprintln!("dac: {step}"))?;
-            std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+            std::fs::create_dir_all(&a.out)
+                .with_context(|| format!("creating {}", a.out.display()))?;
             let json = serde_json::to_string_pretty(&report)?;
             std::fs::write(a.out.join("dac.json"), &json)?;
             std::fs::write(a.out.join("dac.csv"), report.to_csv())?;

@@ -61,7 +61,13 @@ impl Directory {
         pool.write(ext.offset, &h)?;
         pool.persist(ext.offset, bytes);
         pool.set_root(dinomo_log::roots::LOG_DIRECTORY, ext.offset)?;
-        Ok(Directory { pool, offset: ext.offset, capacity, hash_mode, segment_size })
+        Ok(Directory {
+            pool,
+            offset: ext.offset,
+            capacity,
+            hash_mode,
+            segment_size,
+        })
     }
 
     /// Opens the directory named by the root slot; `None` when the pool has none yet.
@@ -70,9 +76,11 @@ impl Directory {
         if offset == 0 {
             return Ok(None);
         }
-        let corrupt = |why: &str| ProcessorError::Corrupt(format!("log directory at {offset:#x}: {why}"));
+        let corrupt =
+            |why: &str| ProcessorError::Corrupt(format!("log directory at {offset:#x}: {why}"));
         let mut h = [0u8; HEADER_LEN as usize];
-        pool.read(offset, &mut h).map_err(|_| corrupt("out of the pool"))?;
+        pool.read(offset, &mut h)
+            .map_err(|_| corrupt("out of the pool"))?;
         if h[0..8] != MAGIC {
             return Err(corrupt("bad magic"));
         }
@@ -82,16 +90,25 @@ impl Directory {
         }
         let version = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
         if version != VERSION {
-            return Err(corrupt(&format!("format version {version}, this build reads {VERSION}")));
+            return Err(corrupt(&format!(
+                "format version {version}, this build reads {VERSION}"
+            )));
         }
-        let hash_mode = HashMode::from_word(u32::from_le_bytes(h[12..16].try_into().expect("4 bytes")))
-            .ok_or_else(|| corrupt("unknown hash mode"))?;
+        let hash_mode =
+            HashMode::from_word(u32::from_le_bytes(h[12..16].try_into().expect("4 bytes")))
+                .ok_or_else(|| corrupt("unknown hash mode"))?;
         let capacity = u64::from_le_bytes(h[16..24].try_into().expect("8 bytes"));
         let segment_size = u64::from_le_bytes(h[24..32].try_into().expect("8 bytes"));
         let capacity = u32::try_from(capacity).map_err(|_| corrupt("absurd capacity"))?;
         pool.check_range(offset, HEADER_LEN + capacity as u64 * DESCRIPTOR_LEN)
             .map_err(|_| corrupt("descriptors run past the pool"))?;
-        Ok(Some(Directory { pool, offset, capacity, hash_mode, segment_size }))
+        Ok(Some(Directory {
+            pool,
+            offset,
+            capacity,
+            hash_mode,
+            segment_size,
+        }))
     }
 
     /// Hash mode of the index this directory's logs merge into.
@@ -122,7 +139,10 @@ impl Directory {
 
     fn store(&self, log_id: u32, field: u64, value: u64) {
         let off = self.word_offset(log_id, field);
-        self.pool.atomic_u64(off).expect("directory range checked at open").store(value, Ordering::Release);
+        self.pool
+            .atomic_u64(off)
+            .expect("directory range checked at open")
+            .store(value, Ordering::Release);
         self.pool.persist(off, 8);
     }
 
@@ -133,9 +153,11 @@ impl Directory {
 
     /// Claims a free descriptor for `owner`.
     pub fn claim(&self, owner: u64) -> Result<u32, ProcessorError> {
-        let free = (0..self.capacity).find(|&i| self.owner(i) == 0).ok_or(ProcessorError::DirectoryFull {
-            capacity: self.capacity,
-        })?;
+        let free = (0..self.capacity).find(|&i| self.owner(i) == 0).ok_or(
+            ProcessorError::DirectoryFull {
+                capacity: self.capacity,
+            },
+        )?;
         self.store(free, HEAD, 0);
         self.store(free, MERGED_SEQ, 0);
         self.store(free, OWNER, owner);

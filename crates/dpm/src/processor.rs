@@ -8,7 +8,9 @@ use crossbeam_channel::{Receiver, Sender};
 use dinomo_fabric::{MemoryNode, RpcError, RpcHandler};
 use dinomo_index::{Index, IndexConfig, IndexError};
 use dinomo_log::segment::{self, ScanEnd, field};
-use dinomo_log::{ENTRY_HEADER_LEN, EntryHeader, EntryRef, HashMode, Op, SEGMENT_HEADER_LEN, SegmentHeader, tags};
+use dinomo_log::{
+    ENTRY_HEADER_LEN, EntryHeader, EntryRef, HashMode, Op, SEGMENT_HEADER_LEN, SegmentHeader, tags,
+};
 use dinomo_pool::{Pool, PoolError};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
@@ -164,9 +166,14 @@ pub struct Processor {
 
 impl Processor {
     /// Opens (or formats) the data plane in `pool`, recovers it, and starts the merge threads.
-    pub fn start(pool: Arc<Pool>, config: &ProcessorConfig) -> Result<Arc<Processor>, ProcessorError> {
+    pub fn start(
+        pool: Arc<Pool>,
+        config: &ProcessorConfig,
+    ) -> Result<Arc<Processor>, ProcessorError> {
         if config.merge_threads == 0 {
-            return Err(ProcessorError::Config("merge_threads must be at least 1".into()));
+            return Err(ProcessorError::Config(
+                "merge_threads must be at least 1".into(),
+            ));
         }
         if config.segment_size < 4096 {
             return Err(ProcessorError::Config(format!(
@@ -177,7 +184,12 @@ impl Processor {
         let index = Index::open_or_create(pool.clone(), &config.index)?;
         let dir = match Directory::open(pool.clone())? {
             Some(d) => d,
-            None => Directory::create(pool.clone(), config.directory_capacity, config.hash_mode, config.segment_size)?,
+            None => Directory::create(
+                pool.clone(),
+                config.directory_capacity,
+                config.hash_mode,
+                config.segment_size,
+            )?,
         };
         let (tx, rx) = crossbeam_channel::unbounded();
         let boot = std::time::SystemTime::now()
@@ -210,7 +222,10 @@ impl Processor {
                     .expect("spawn merge thread")
             })
             .collect();
-        Ok(Arc::new(Processor { inner, threads: Mutex::new(threads) }))
+        Ok(Arc::new(Processor {
+            inner,
+            threads: Mutex::new(threads),
+        }))
     }
 
     /// Installs this processor as `node`'s RPC handler.
@@ -240,7 +255,14 @@ impl Processor {
 
     /// Merges every sealed segment of every log now.
     pub fn merge_everything(&self) -> Result<(), ProcessorError> {
-        let logs: Vec<Arc<LogState>> = self.inner.logs.read().expect("logs lock").values().cloned().collect();
+        let logs: Vec<Arc<LogState>> = self
+            .inner
+            .logs
+            .read()
+            .expect("logs lock")
+            .values()
+            .cloned()
+            .collect();
         for log in logs {
             self.inner.merge_log(&log)?;
         }
@@ -289,12 +311,15 @@ impl RpcHandler for Handler {
 /// Reads the header of the segment at `offset`.
 fn read_segment_header(pool: &Pool, offset: u64) -> Result<SegmentHeader, ProcessorError> {
     let mut b = [0u8; SEGMENT_HEADER_LEN];
-    pool.read(offset, &mut b)
-        .map_err(|_| ProcessorError::Corrupt(format!("segment at {offset:#x} lies outside the pool")))?;
-    let h = SegmentHeader::decode(&b)
-        .ok_or_else(|| ProcessorError::Corrupt(format!("segment at {offset:#x} has no valid header")))?;
-    pool.check_range(offset, h.capacity)
-        .map_err(|_| ProcessorError::Corrupt(format!("segment at {offset:#x} runs past the pool")))?;
+    pool.read(offset, &mut b).map_err(|_| {
+        ProcessorError::Corrupt(format!("segment at {offset:#x} lies outside the pool"))
+    })?;
+    let h = SegmentHeader::decode(&b).ok_or_else(|| {
+        ProcessorError::Corrupt(format!("segment at {offset:#x} has no valid header"))
+    })?;
+    pool.check_range(offset, h.capacity).map_err(|_| {
+        ProcessorError::Corrupt(format!("segment at {offset:#x} runs past the pool"))
+    })?;
     Ok(h)
 }
 
@@ -311,12 +336,16 @@ fn entry_has_key(pool: &Pool, r: EntryRef, key: &[u8], scratch: &mut Vec<u8>) ->
     if pool.read(r.offset(), &mut h).is_err() {
         return false;
     }
-    let Ok(header) = EntryHeader::parse(&h) else { return false };
+    let Ok(header) = EntryHeader::parse(&h) else {
+        return false;
+    };
     if header.key_len as usize != key.len() {
         return false;
     }
     scratch.resize(key.len(), 0);
-    pool.read(r.offset() + ENTRY_HEADER_LEN as u64, scratch).is_ok() && scratch[..] == *key
+    pool.read(r.offset() + ENTRY_HEADER_LEN as u64, scratch)
+        .is_ok()
+        && scratch[..] == *key
 }
 
 /// What merging one segment did.
@@ -340,10 +369,16 @@ impl Inner {
             .expect("logs lock")
             .get(&log_id)
             .cloned()
-            .ok_or_else(|| ProcessorError::BadLog { log_id, why: "no such log".into() })?;
+            .ok_or_else(|| ProcessorError::BadLog {
+                log_id,
+                why: "no such log".into(),
+            })?;
         let current = log.meta.lock().expect("log lock").session;
         if current != session {
-            return Err(ProcessorError::BadLog { log_id, why: "the log was claimed by a newer session".into() });
+            return Err(ProcessorError::BadLog {
+                log_id,
+                why: "the log was claimed by a newer session".into(),
+            });
         }
         Ok(log)
     }
@@ -362,7 +397,9 @@ impl Inner {
             let mut at = self.dir.head(log_id);
             while at != 0 {
                 if !chained.insert(at) {
-                    return Err(ProcessorError::Corrupt(format!("log {log_id}: segment chain loops at {at:#x}")));
+                    return Err(ProcessorError::Corrupt(format!(
+                        "log {log_id}: segment chain loops at {at:#x}"
+                    )));
                 }
                 let h = read_segment_header(&self.pool, at)?;
                 if h.log_id != log_id {
@@ -426,7 +463,12 @@ impl Inner {
                 segment::scan(&data, log.id, s.first_seq, |_, _| entries += 1);
                 stats.insert(
                     s.offset,
-                    SegStat { log_id: log.id, end: s.offset + s.capacity, entries, invalid: entries },
+                    SegStat {
+                        log_id: log.id,
+                        end: s.offset + s.capacity,
+                        entries,
+                        invalid: entries,
+                    },
                 );
             }
         }
@@ -437,8 +479,11 @@ impl Inner {
                 st.invalid = st.invalid.saturating_sub(1);
             }
         });
-        let dead: Vec<u64> =
-            stats.iter().filter(|(_, s)| s.entries == s.invalid).map(|(&o, _)| o).collect();
+        let dead: Vec<u64> = stats
+            .iter()
+            .filter(|(_, s)| s.entries == s.invalid)
+            .map(|(&o, _)| o)
+            .collect();
         *self.stats_by_segment.lock().expect("segment stats lock") = stats;
         self.recovering.store(false, Ordering::Release);
         self.recycle(&dead)?;
@@ -460,7 +505,9 @@ impl Inner {
             let cap = s.capacity - SEGMENT_HEADER_LEN as u64;
             let limit = s.sealed_len.unwrap_or(cap);
             self.read_entries(s.offset, limit, data)?;
-            let (valid, end) = segment::scan(data, log.id, s.first_seq, |_, e| last_seq = last_seq.max(e.header.seq));
+            let (valid, end) = segment::scan(data, log.id, s.first_seq, |_, e| {
+                last_seq = last_seq.max(e.header.seq)
+            });
             match s.sealed_len {
                 None => {
                     if valid > 0 {
@@ -469,12 +516,23 @@ impl Inner {
                     if let ScanEnd::Stopped { reason, .. } = end
                         && valid > 0
                     {
-                        debug!(log = log.id, segment = s.offset, ?reason, "open segment ends here");
+                        debug!(
+                            log = log.id,
+                            segment = s.offset,
+                            ?reason,
+                            "open segment ends here"
+                        );
                     }
                     s.sealed_len = Some(valid as u64);
                 }
                 Some(len) if (valid as u64) < len => {
-                    warn!(log = log.id, segment = s.offset, valid, sealed = len, "sealed segment holds torn entries");
+                    warn!(
+                        log = log.id,
+                        segment = s.offset,
+                        valid,
+                        sealed = len,
+                        "sealed segment holds torn entries"
+                    );
                     self.torn_entries.fetch_add(1, Ordering::Relaxed);
                     s.sealed_len = Some(valid as u64);
                 }
@@ -485,7 +543,12 @@ impl Inner {
         Ok(())
     }
 
-    fn read_entries(&self, segment: u64, len: u64, out: &mut Vec<u8>) -> Result<(), ProcessorError> {
+    fn read_entries(
+        &self,
+        segment: u64,
+        len: u64,
+        out: &mut Vec<u8>,
+    ) -> Result<(), ProcessorError> {
         out.resize(len as usize, 0);
         self.pool.read(segment + SEGMENT_HEADER_LEN as u64, out)?;
         Ok(())
@@ -539,8 +602,15 @@ impl Inner {
     }
 
     /// Seals the head of `meta` at `sealed_len` (when it is open).
-    fn seal_head(&self, log_id: u32, meta: &mut LogMeta, sealed_len: Option<u64>) -> Result<(), ProcessorError> {
-        let Some(head) = meta.segments.last_mut() else { return Ok(()) };
+    fn seal_head(
+        &self,
+        log_id: u32,
+        meta: &mut LogMeta,
+        sealed_len: Option<u64>,
+    ) -> Result<(), ProcessorError> {
+        let Some(head) = meta.segments.last_mut() else {
+            return Ok(());
+        };
         if head.sealed_len.is_some() {
             return Ok(());
         }
@@ -560,7 +630,10 @@ impl Inner {
         Ok(())
     }
 
-    fn next_segment(&self, req: &proto::NextSegment) -> Result<proto::SegmentGranted, ProcessorError> {
+    fn next_segment(
+        &self,
+        req: &proto::NextSegment,
+    ) -> Result<proto::SegmentGranted, ProcessorError> {
         let log = self.log(req.log_id, req.session)?;
         let mut meta = log.meta.lock().expect("log lock");
         // Sequence numbers must grow, or recovery could not tell new entries from old ones.
@@ -573,7 +646,9 @@ impl Inner {
         }
         self.seal_head(req.log_id, &mut meta, req.sealed_len)?;
         meta.last_seq = req.first_seq - 1;
-        let ext = self.pool.alloc_bytes(self.dir.segment_size(), tags::LOG_SEGMENT)?;
+        let ext = self
+            .pool
+            .alloc_bytes(self.dir.segment_size(), tags::LOG_SEGMENT)?;
         let older = meta.segments.last().map_or(0, |s| s.offset);
         let header = SegmentHeader {
             log_id: req.log_id,
@@ -584,8 +659,12 @@ impl Inner {
         };
         self.pool.write(ext.offset, &header.encode())?;
         // A zero header where the first entry goes: a reused extent must not look like it holds entries.
-        self.pool.write(ext.offset + SEGMENT_HEADER_LEN as u64, &[0u8; ENTRY_HEADER_LEN])?;
-        self.pool.persist(ext.offset, (SEGMENT_HEADER_LEN + ENTRY_HEADER_LEN) as u64);
+        self.pool.write(
+            ext.offset + SEGMENT_HEADER_LEN as u64,
+            &[0u8; ENTRY_HEADER_LEN],
+        )?;
+        self.pool
+            .persist(ext.offset, (SEGMENT_HEADER_LEN + ENTRY_HEADER_LEN) as u64);
         self.dir.set_head(req.log_id, ext.offset);
         meta.segments.push(SegInfo {
             offset: ext.offset,
@@ -597,7 +676,11 @@ impl Inner {
         let merged_seq = meta.merged_seq;
         drop(meta);
         let _ = self.queue.send(req.log_id);
-        Ok(proto::SegmentGranted { offset: ext.offset, capacity: ext.len, merged_seq })
+        Ok(proto::SegmentGranted {
+            offset: ext.offset,
+            capacity: ext.len,
+            merged_seq,
+        })
     }
 
     fn merge_all(&self, req: &proto::MergeAll) -> Result<proto::Merged, ProcessorError> {
@@ -607,7 +690,9 @@ impl Inner {
             self.seal_head(req.log_id, &mut meta, req.sealed_len)?;
         }
         self.merge_log(&log)?;
-        Ok(proto::Merged { merged_seq: log.meta.lock().expect("log lock").merged_seq })
+        Ok(proto::Merged {
+            merged_seq: log.meta.lock().expect("log lock").merged_seq,
+        })
     }
 
     fn merge_loop(&self, rx: Receiver<u32>) {
@@ -640,11 +725,22 @@ impl Inner {
                 meta.segments
                     .iter()
                     .find(|s| !s.merged && s.sealed_len.is_some())
-                    .map(|s| (s.offset, s.first_seq, s.sealed_len.unwrap_or(0), meta.merged_seq, s.capacity))
+                    .map(|s| {
+                        (
+                            s.offset,
+                            s.first_seq,
+                            s.sealed_len.unwrap_or(0),
+                            meta.merged_seq,
+                            s.capacity,
+                        )
+                    })
             };
-            let Some((offset, first_seq, len, merged_seq, capacity)) = next else { return Ok(()) };
+            let Some((offset, first_seq, len, merged_seq, capacity)) = next else {
+                return Ok(());
+            };
             self.read_entries(offset, len, &mut data)?;
-            let result = self.merge_segment(log.id, offset, &data, first_seq, merged_seq, &mut scratch);
+            let result =
+                self.merge_segment(log.id, offset, &data, first_seq, merged_seq, &mut scratch);
             let (m, failure) = match result {
                 Ok(m) => (m, None),
                 Err((m, e)) => (m, Some(e)),
@@ -726,18 +822,24 @@ impl Inner {
             if e.header.seq <= merged_seq {
                 return;
             }
-            let r = EntryRef::new(base + at as u64, e.len() as u64).expect("segments are 8-byte aligned");
+            let r = EntryRef::new(base + at as u64, e.len() as u64)
+                .expect("segments are 8-byte aligned");
             let hash = mode.hash(e.key);
             let pool = &self.pool;
             let old = match e.header.op {
-                Op::Put => match self.index.upsert(hash, r, |c| entry_has_key(pool, c, e.key, scratch)) {
+                Op::Put => match self
+                    .index
+                    .upsert(hash, r, |c| entry_has_key(pool, c, e.key, scratch))
+                {
                     Ok(old) => old,
                     Err(err) => {
                         error = Some(ProcessorError::Index(err));
                         return;
                     }
                 },
-                Op::Delete => self.index.remove(hash, |c| entry_has_key(pool, c, e.key, scratch)),
+                Op::Delete => self
+                    .index
+                    .remove(hash, |c| entry_has_key(pool, c, e.key, scratch)),
             };
             // Replaying an entry that is already in the index replaces it with itself: nothing is superseded.
             if let Some(old) = old
@@ -752,7 +854,13 @@ impl Inner {
             return Err((m, e));
         }
         if end < data.len() {
-            warn!(log = log_id, segment = offset, at = end, ?why, "segment ends before its seal");
+            warn!(
+                log = log_id,
+                segment = offset,
+                at = end,
+                ?why,
+                "segment ends before its seal"
+            );
             self.torn_entries.fetch_add(1, Ordering::Relaxed);
         }
         Ok(m)
@@ -762,17 +870,30 @@ impl Inner {
     /// next one is linked to it.
     fn recycle(&self, dead: &[u64]) -> Result<(), ProcessorError> {
         for &offset in dead {
-            let log_id = match self.stats_by_segment.lock().expect("segment stats lock").get(&offset) {
+            let log_id = match self
+                .stats_by_segment
+                .lock()
+                .expect("segment stats lock")
+                .get(&offset)
+            {
                 Some(st) if st.invalid >= st.entries => st.log_id,
                 _ => continue,
             };
-            let Some(log) = self.logs.read().expect("logs lock").get(&log_id).cloned() else { continue };
+            let Some(log) = self.logs.read().expect("logs lock").get(&log_id).cloned() else {
+                continue;
+            };
             let mut meta = log.meta.lock().expect("log lock");
-            let Some(pos) = meta.segments.iter().position(|s| s.offset == offset) else { continue };
+            let Some(pos) = meta.segments.iter().position(|s| s.offset == offset) else {
+                continue;
+            };
             if pos + 1 == meta.segments.len() || !meta.segments[pos].merged {
                 continue;
             }
-            let older = if pos == 0 { 0 } else { meta.segments[pos - 1].offset };
+            let older = if pos == 0 {
+                0
+            } else {
+                meta.segments[pos - 1].offset
+            };
             let newer = meta.segments[pos + 1].offset;
             let w = self.pool.atomic_u64(newer + field::OLDER)?;
             w.store(older, Ordering::Release);
@@ -780,7 +901,10 @@ impl Inner {
             meta.segments.remove(pos);
             drop(meta);
             self.pool.free(offset)?;
-            self.stats_by_segment.lock().expect("segment stats lock").remove(&offset);
+            self.stats_by_segment
+                .lock()
+                .expect("segment stats lock")
+                .remove(&offset);
             self.recycled_segments.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
@@ -788,11 +912,18 @@ impl Inner {
 
     fn stats(&self) -> ProcessorStats {
         let logs = self.logs.read().expect("logs lock");
-        let mut s = ProcessorStats { logs: logs.len() as u64, ..Default::default() };
+        let mut s = ProcessorStats {
+            logs: logs.len() as u64,
+            ..Default::default()
+        };
         for log in logs.values() {
             let meta = log.meta.lock().expect("log lock");
             s.segments += meta.segments.len() as u64;
-            for seg in meta.segments.iter().filter(|x| !x.merged && x.sealed_len.is_some()) {
+            for seg in meta
+                .segments
+                .iter()
+                .filter(|x| !x.merged && x.sealed_len.is_some())
+            {
                 s.backlog_segments += 1;
                 s.backlog_bytes += seg.sealed_len.unwrap_or(0);
             }

@@ -50,13 +50,21 @@ impl KnConfig {
             return bad("threads must be at least 1".into());
         }
         if self.max_key_len > u16::MAX as usize {
-            return bad(format!("max_key_len {} exceeds the log format's limit of 65535", self.max_key_len));
+            return bad(format!(
+                "max_key_len {} exceeds the log format's limit of 65535",
+                self.max_key_len
+            ));
         }
         if self.max_value_len > u32::MAX as usize {
-            return bad(format!("max_value_len {} exceeds 4 GiB", self.max_value_len));
+            return bad(format!(
+                "max_value_len {} exceeds 4 GiB",
+                self.max_value_len
+            ));
         }
         if self.max_unmerged_segments == 0 || self.max_batch == 0 || self.queue_depth == 0 {
-            return bad("max_unmerged_segments, max_batch and queue_depth must be at least 1".into());
+            return bad(
+                "max_unmerged_segments, max_batch and queue_depth must be at least 1".into(),
+            );
         }
         Ok(())
     }

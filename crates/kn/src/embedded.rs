@@ -58,21 +58,34 @@ impl Embedded {
         let pool_err = |e: dinomo_pool::PoolError| KnError::Config(e.to_string());
         let (pool, report) = match &cfg.pool_path {
             Some(path) => {
-                let opts = PoolOptions { size: cfg.pool_size, segment_size: cfg.pool_segment_size, persist: cfg.persist };
+                let opts = PoolOptions {
+                    size: cfg.pool_size,
+                    segment_size: cfg.pool_segment_size,
+                    persist: cfg.persist,
+                };
                 let (p, r) = Pool::open_or_create(path, &opts).map_err(pool_err)?;
                 (p, Some(r))
             }
-            None => (Pool::anonymous(cfg.pool_size, cfg.pool_segment_size).map_err(pool_err)?, None),
+            None => (
+                Pool::anonymous(cfg.pool_size, cfg.pool_segment_size).map_err(pool_err)?,
+                None,
+            ),
         };
         let pool = Arc::new(pool);
-        let processor =
-            Processor::start(pool.clone(), &cfg.processor).map_err(|e| KnError::Refused(e.to_string()))?;
+        let processor = Processor::start(pool.clone(), &cfg.processor)
+            .map_err(|e| KnError::Refused(e.to_string()))?;
         let node = MemoryNode::new(pool.clone(), NodeConfig::default());
         processor.serve(&node);
         let mut connector = Connector::new(Target::InProcess(node.clone()));
         connector.config.injected_latency_ns = cfg.injected_latency_ns;
         let kn = KvNode::start(cfg.kn.clone(), connector)?;
-        Ok(Embedded { kn: Some(kn), processor, node, pool, report })
+        Ok(Embedded {
+            kn: Some(kn),
+            processor,
+            node,
+            pool,
+            report,
+        })
     }
 
     /// A handle for requests.

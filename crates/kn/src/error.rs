@@ -26,7 +26,9 @@ pub enum KnError {
     #[error("memory node refused: {0}")]
     Refused(String),
     /// The memory node did not merge the log in time, so the write could not get log space.
-    #[error("the memory node has not merged this thread's log for {0:?}; the write was not applied")]
+    #[error(
+        "the memory node has not merged this thread's log for {0:?}; the write was not applied"
+    )]
     MergeStalled(std::time::Duration),
     /// Data read from the memory node failed its checks.
     #[error("corrupt data on the memory node: {0}")]

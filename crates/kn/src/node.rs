@@ -80,7 +80,11 @@ impl KvNode {
     /// A handle for issuing requests; each thread of the caller should use its own.
     pub fn handle(&self) -> KvHandle {
         let (tx, rx) = bounded(1);
-        KvHandle { senders: self.senders.clone(), reply_tx: tx, reply_rx: rx }
+        KvHandle {
+            senders: self.senders.clone(),
+            reply_tx: tx,
+            reply_rx: rx,
+        }
     }
 
     /// Worker threads.
@@ -107,14 +111,21 @@ pub struct KvHandle {
 impl Clone for KvHandle {
     fn clone(&self) -> Self {
         let (tx, rx) = bounded(1);
-        KvHandle { senders: self.senders.clone(), reply_tx: tx, reply_rx: rx }
+        KvHandle {
+            senders: self.senders.clone(),
+            reply_tx: tx,
+            reply_rx: rx,
+        }
     }
 }
 
 impl KvHandle {
     fn call(&self, thread: usize, cmd: Command) -> Result<Reply, KnError> {
         self.senders[thread]
-            .send(Request { cmd, reply: self.reply_tx.clone() })
+            .send(Request {
+                cmd,
+                reply: self.reply_tx.clone(),
+            })
             .map_err(|_| KnError::Stopped)?;
         self.reply_rx.recv().map_err(|_| KnError::Stopped)?
     }
@@ -140,7 +151,8 @@ impl KvHandle {
 
     /// Sets `key` to `value` (insert or update); returns once the write is durable on the memory node.
     pub fn set(&self, key: &[u8], value: &[u8]) -> Result<(), KnError> {
-        self.applied(key, Command::Set(key.to_vec(), value.to_vec())).map(|_| ())
+        self.applied(key, Command::Set(key.to_vec(), value.to_vec()))
+            .map(|_| ())
     }
 
     /// Sets `key` only when it is absent; returns whether it did.
@@ -189,9 +201,18 @@ mod tests {
         for k in &keys {
             counts[thread_for_key(k, 4)] += 1;
         }
-        assert!(counts.iter().all(|&c| (2000..3000).contains(&c)), "{counts:?}");
-        let moved = keys.iter().filter(|k| thread_for_key(k, 4) != thread_for_key(k, 5)).count();
-        assert!((1500..2500).contains(&moved), "{moved} of 10000 moved going from 4 to 5 threads");
+        assert!(
+            counts.iter().all(|&c| (2000..3000).contains(&c)),
+            "{counts:?}"
+        );
+        let moved = keys
+            .iter()
+            .filter(|k| thread_for_key(k, 4) != thread_for_key(k, 5))
+            .count();
+        assert!(
+            (1500..2500).contains(&moved),
+            "{moved} of 10000 moved going from 4 to 5 threads"
+        );
         assert!(keys.iter().all(|k| thread_for_key(k, 1) == 0));
     }
 }

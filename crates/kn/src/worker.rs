@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use dinomo_cache::{CacheStats, Dac, Lookup, Shortcut};
 use dinomo_dpm::proto;
-use dinomo_fabric::{Connector, DATA_REGION, Endpoint, FabricError, RegionInfo, RpcError, counters};
+use dinomo_fabric::{
+    Connector, DATA_REGION, Endpoint, FabricError, RegionInfo, RpcError, counters,
+};
 use dinomo_index::RemoteIndex;
 use dinomo_log::{EntryRef, EntryView, HashMode, Op, SEGMENT_HEADER_LEN, encode_entry, entry_len};
 use serde::{Deserialize, Serialize};
@@ -195,14 +197,24 @@ fn refused(e: FabricError) -> KnError {
 
 impl Worker {
     /// Connects, claims (and so recovers) this thread's log, and checks that the limits fit in a segment.
-    pub(crate) fn start(cfg: Arc<KnConfig>, thread: u32, connector: Connector) -> Result<Worker, KnError> {
+    pub(crate) fn start(
+        cfg: Arc<KnConfig>,
+        thread: u32,
+        connector: Connector,
+    ) -> Result<Worker, KnError> {
         let mut ep = connector.connect()?;
         let data = ep
             .region(DATA_REGION)
             .cloned()
             .ok_or_else(|| KnError::Corrupt("the memory node has no data region".into()))?;
         let log: proto::LogOpened = ep
-            .call(proto::OPEN_LOG, &proto::OpenLog { node_id: cfg.node_id, thread })
+            .call(
+                proto::OPEN_LOG,
+                &proto::OpenLog {
+                    node_id: cfg.node_id,
+                    thread,
+                },
+            )
             .map_err(refused)?;
         let hash_mode = HashMode::from_word(log.hash_mode)
             .ok_or_else(|| KnError::Corrupt(format!("unknown hash mode {:#x}", log.hash_mode)))?;
@@ -283,20 +295,27 @@ impl Worker {
             }
         }
         let result = match cmd {
-            Command::Get(key) => self.check_key(&key).and_then(|_| self.lookup(&key)).map(Reply::Value),
+            Command::Get(key) => self
+                .check_key(&key)
+                .and_then(|_| self.lookup(&key))
+                .map(Reply::Value),
             Command::Set(key, value) => {
                 return self.write(key, Some(value), reply);
             }
-            Command::Insert(key, value) => match self.check_key(&key).and_then(|_| self.exists(&key)) {
-                Ok(true) => Ok(Reply::Applied(false)),
-                Ok(false) => return self.write(key, Some(value), reply),
-                Err(e) => Err(e),
-            },
-            Command::Update(key, value) => match self.check_key(&key).and_then(|_| self.exists(&key)) {
-                Ok(false) => Ok(Reply::Applied(false)),
-                Ok(true) => return self.write(key, Some(value), reply),
-                Err(e) => Err(e),
-            },
+            Command::Insert(key, value) => {
+                match self.check_key(&key).and_then(|_| self.exists(&key)) {
+                    Ok(true) => Ok(Reply::Applied(false)),
+                    Ok(false) => return self.write(key, Some(value), reply),
+                    Err(e) => Err(e),
+                }
+            }
+            Command::Update(key, value) => {
+                match self.check_key(&key).and_then(|_| self.exists(&key)) {
+                    Ok(false) => Ok(Reply::Applied(false)),
+                    Ok(true) => return self.write(key, Some(value), reply),
+                    Err(e) => Err(e),
+                }
+            }
             Command::Delete(key) => match self.check_key(&key).and_then(|_| self.exists(&key)) {
                 Ok(false) => Ok(Reply::Applied(false)),
                 Ok(true) => return self.write(key, None, reply),
@@ -310,15 +329,22 @@ impl Worker {
 
     fn check_key(&self, key: &[u8]) -> Result<(), KnError> {
         if key.len() > self.cfg.max_key_len {
-            return Err(KnError::KeyTooLarge { len: key.len(), max: self.cfg.max_key_len });
+            return Err(KnError::KeyTooLarge {
+                len: key.len(),
+                max: self.cfg.max_key_len,
+            });
         }
         Ok(())
     }
 
     fn snapshot(&mut self) -> WorkerStats {
         let mut s = self.stats.clone();
-        s.unmerged_bytes =
-            self.sealed.iter().chain(self.active.iter()).map(|seg| seg.buf.capacity() as u64).sum();
+        s.unmerged_bytes = self
+            .sealed
+            .iter()
+            .chain(self.active.iter())
+            .map(|seg| seg.buf.capacity() as u64)
+            .sum();
         s.unmerged_keys = self.unmerged.len() as u64;
         let c = counters::thread_snapshot();
         s.round_trips = c.round_trips;
@@ -362,11 +388,17 @@ impl Worker {
 
     /// Follows a shortcut with one READ; `None` when the entry there is no longer this key's.
     fn read_shortcut(&mut self, key: &[u8], sc: Shortcut) -> Result<Option<Vec<u8>>, KnError> {
-        let Some(r) = EntryRef::from_raw(sc.ptr) else { return Ok(None) };
+        let Some(r) = EntryRef::from_raw(sc.ptr) else {
+            return Ok(None);
+        };
         self.read_buf.resize(r.len() as usize, 0);
-        self.ep.read(self.data.at(r.offset()), &mut self.read_buf).map_err(|e| self.fail(e))?;
+        self.ep
+            .read(self.data.at(r.offset()), &mut self.read_buf)
+            .map_err(|e| self.fail(e))?;
         let value = match EntryView::parse(&self.read_buf) {
-            Ok(e) if e.key == key && e.header.seq == sc.seq && e.header.op == Op::Put => e.value.to_vec(),
+            Ok(e) if e.key == key && e.header.seq == sc.seq && e.header.op == Op::Put => {
+                e.value.to_vec()
+            }
             _ => return Ok(None),
         };
         self.cache.shortcut_hit(key, &value, sc);
@@ -376,15 +408,28 @@ impl Worker {
     /// The newest unmerged write of `key` by this thread: `Some(None)` for a delete.
     fn unmerged_lookup(&mut self, key: &[u8]) -> Option<Option<Vec<u8>>> {
         let u = *self.unmerged.get(key)?;
-        let seg = self.sealed.iter().chain(self.active.iter()).find(|s| s.offset == u.segment)?;
-        let e = EntryView::parse(&seg.buf[u.at as usize..]).expect("local segment copies hold valid entries");
+        let seg = self
+            .sealed
+            .iter()
+            .chain(self.active.iter())
+            .find(|s| s.offset == u.segment)?;
+        let e = EntryView::parse(&seg.buf[u.at as usize..])
+            .expect("local segment copies hold valid entries");
         let found = match e.header.op {
             Op::Put => Some(e.value.to_vec()),
             Op::Delete => None,
         };
         if let Some(v) = &found {
-            let r = EntryRef::new(seg.entries_offset() + u.at as u64, e.len() as u64).expect("aligned entry");
-            self.cache.fill(key, v, Shortcut { ptr: r.raw(), seq: e.header.seq });
+            let r = EntryRef::new(seg.entries_offset() + u.at as u64, e.len() as u64)
+                .expect("aligned entry");
+            self.cache.fill(
+                key,
+                v,
+                Shortcut {
+                    ptr: r.raw(),
+                    seq: e.header.seq,
+                },
+            );
         }
         Some(found)
     }
@@ -411,15 +456,27 @@ impl Worker {
         }))
     }
 
-    fn first_matching(&mut self, key: &[u8], cands: &[EntryRef]) -> Result<Option<(Vec<u8>, Shortcut)>, KnError> {
+    fn first_matching(
+        &mut self,
+        key: &[u8],
+        cands: &[EntryRef],
+    ) -> Result<Option<(Vec<u8>, Shortcut)>, KnError> {
         for &r in cands {
             self.read_buf.resize(r.len() as usize, 0);
-            self.ep.read(self.data.at(r.offset()), &mut self.read_buf).map_err(|e| self.fail(e))?;
+            self.ep
+                .read(self.data.at(r.offset()), &mut self.read_buf)
+                .map_err(|e| self.fail(e))?;
             if let Ok(e) = EntryView::parse(&self.read_buf)
                 && e.key == key
                 && e.header.op == Op::Put
             {
-                return Ok(Some((e.value.to_vec(), Shortcut { ptr: r.raw(), seq: e.header.seq })));
+                return Ok(Some((
+                    e.value.to_vec(),
+                    Shortcut {
+                        ptr: r.raw(),
+                        seq: e.header.seq,
+                    },
+                )));
             }
         }
         Ok(None)
@@ -442,7 +499,10 @@ impl Worker {
         if let Some(v) = &value
             && v.len() > self.cfg.max_value_len
         {
-            let _ = reply.send(Err(KnError::ValueTooLarge { len: v.len(), max: self.cfg.max_value_len }));
+            let _ = reply.send(Err(KnError::ValueTooLarge {
+                len: v.len(),
+                max: self.cfg.max_value_len,
+            }));
             return;
         }
         let op = if value.is_some() { Op::Put } else { Op::Delete };
@@ -454,24 +514,42 @@ impl Worker {
             }
         };
         self.pending_keys.insert(key.clone());
-        self.pending.push(PendingWrite { key, value, entry, seq, reply });
+        self.pending.push(PendingWrite {
+            key,
+            value,
+            entry,
+            seq,
+            reply,
+        });
     }
 
     /// Encodes an entry into the active segment (rolling to a new segment when it is full).
     fn append(&mut self, op: Op, key: &[u8], value: &[u8]) -> Result<(EntryRef, u64), KnError> {
         let len = entry_len(key.len(), value.len());
-        let fits = self.active.as_ref().is_some_and(|a| a.buf.len() + len <= a.capacity);
+        let fits = self
+            .active
+            .as_ref()
+            .is_some_and(|a| a.buf.len() + len <= a.capacity);
         if !fits {
             self.roll()?;
         }
         let seq = self.next_seq;
-        let seg = self.active.as_mut().expect("roll installs an active segment");
+        let seg = self
+            .active
+            .as_mut()
+            .expect("roll installs an active segment");
         let at = seg.buf.len();
         encode_entry(&mut seg.buf, op, self.log.log_id, seq, key, value);
         seg.last_seq = seq;
         self.next_seq += 1;
         let r = EntryRef::new(seg.entries_offset() + at as u64, len as u64).expect("aligned entry");
-        self.unmerged.insert(key.into(), Unmerged { segment: seg.offset, at: at as u32 });
+        self.unmerged.insert(
+            key.into(),
+            Unmerged {
+                segment: seg.offset,
+                at: at as u32,
+            },
+        );
         Ok((r, seq))
     }
 
@@ -479,7 +557,9 @@ impl Worker {
     fn roll(&mut self) -> Result<(), KnError> {
         self.flush();
         if self.broken {
-            return Err(KnError::Refused("the previous group commit failed; retry".into()));
+            return Err(KnError::Refused(
+                "the previous group commit failed; retry".into(),
+            ));
         }
         self.wait_for_merges(self.cfg.max_unmerged_segments.saturating_sub(1))?;
         let sealed_len = self.active.as_ref().map(|a| a.buf.len() as u64);
@@ -528,7 +608,9 @@ impl Worker {
         let mut pause = Duration::from_micros(20);
         let mut word = [0u8; 8];
         loop {
-            self.ep.read(self.data.at(self.log.merged_seq_offset), &mut word).map_err(|e| self.fail(e))?;
+            self.ep
+                .read(self.data.at(self.log.merged_seq_offset), &mut word)
+                .map_err(|e| self.fail(e))?;
             self.note_merged(u64::from_le_bytes(word));
             if self.sealed.len() <= limit {
                 return Ok(());
@@ -544,11 +626,16 @@ impl Worker {
     /// Drops local copies of segments the memory node has merged: their keys are in the index now.
     fn note_merged(&mut self, merged_seq: u64) {
         self.merged_seq = self.merged_seq.max(merged_seq);
-        while self.sealed.front().is_some_and(|s| s.last_seq <= self.merged_seq) {
+        while self
+            .sealed
+            .front()
+            .is_some_and(|s| s.last_seq <= self.merged_seq)
+        {
             let seg = self.sealed.pop_front().expect("checked");
             let mut at = 0;
             while at < seg.buf.len() {
-                let e = EntryView::parse(&seg.buf[at..]).expect("local segment copies hold valid entries");
+                let e = EntryView::parse(&seg.buf[at..])
+                    .expect("local segment copies hold valid entries");
                 if let Some(u) = self.unmerged.get(e.key)
                     && u.segment == seg.offset
                 {
@@ -584,7 +671,14 @@ impl Worker {
                 self.stats.commits += 1;
                 for p in self.pending.drain(..) {
                     match &p.value {
-                        Some(v) => self.cache.write(&p.key, v, Shortcut { ptr: p.entry.raw(), seq: p.seq }),
+                        Some(v) => self.cache.write(
+                            &p.key,
+                            v,
+                            Shortcut {
+                                ptr: p.entry.raw(),
+                                seq: p.seq,
+                            },
+                        ),
                         None => self.cache.invalidate(&p.key),
                     }
                     self.stats.writes += 1;
@@ -595,7 +689,9 @@ impl Worker {
                 warn!(thread = self.thread, error = %e, "group commit failed; the log is claimed again before the next request");
                 let msg = e.to_string();
                 for p in self.pending.drain(..) {
-                    let _ = p.reply.send(Err(KnError::Fabric(FabricError::Disconnected(msg.clone()))));
+                    let _ = p
+                        .reply
+                        .send(Err(KnError::Fabric(FabricError::Disconnected(msg.clone()))));
                 }
                 self.broken = true;
             }
@@ -610,7 +706,11 @@ impl Worker {
             .ep
             .call(
                 proto::MERGE_ALL,
-                &proto::MergeAll { log_id: self.log.log_id, session: self.log.session, sealed_len },
+                &proto::MergeAll {
+                    log_id: self.log.log_id,
+                    session: self.log.session,
+                    sealed_len,
+                },
             )
             .map_err(|e| self.fail_rpc(e))?;
         if let Some(old) = self.active.take() {
@@ -639,7 +739,10 @@ impl Worker {
     /// After a failure: forgets local state and claims the log again, which makes the memory node merge whatever
     /// of it reached the pool. The memory node is the ground truth from then on.
     fn reclaim(&mut self) -> Result<(), KnError> {
-        debug!(thread = self.thread, "claiming the log again after a failure");
+        debug!(
+            thread = self.thread,
+            "claiming the log again after a failure"
+        );
         self.pending_keys.clear();
         self.cache.clear();
         self.unmerged.clear();
@@ -648,9 +751,16 @@ impl Worker {
         self.ep = self.connector.connect()?;
         let log: proto::LogOpened = self
             .ep
-            .call(proto::OPEN_LOG, &proto::OpenLog { node_id: self.cfg.node_id, thread: self.thread })
+            .call(
+                proto::OPEN_LOG,
+                &proto::OpenLog {
+                    node_id: self.cfg.node_id,
+                    thread: self.thread,
+                },
+            )
             .map_err(refused)?;
-        self.remote = RemoteIndex::connect(&mut self.ep).map_err(|e| KnError::Corrupt(e.to_string()))?;
+        self.remote =
+            RemoteIndex::connect(&mut self.ep).map_err(|e| KnError::Corrupt(e.to_string()))?;
         self.next_seq = log.next_seq;
         self.merged_seq = log.next_seq - 1;
         self.log = log;
@@ -670,11 +780,19 @@ pub struct DirectWorker {
 
 impl DirectWorker {
     /// Connects and claims the log of thread `thread` of node `cfg.node_id`.
-    pub fn start(cfg: KnConfig, thread: u32, connector: Connector) -> Result<DirectWorker, KnError> {
+    pub fn start(
+        cfg: KnConfig,
+        thread: u32,
+        connector: Connector,
+    ) -> Result<DirectWorker, KnError> {
         cfg.validate()?;
         let worker = Worker::start(Arc::new(cfg), thread, connector)?;
         let (reply_tx, reply_rx) = crossbeam_channel::unbounded();
-        Ok(DirectWorker { worker, reply_tx, reply_rx })
+        Ok(DirectWorker {
+            worker,
+            reply_tx,
+            reply_rx,
+        })
     }
 
     /// The value of `key`.
@@ -684,9 +802,13 @@ impl DirectWorker {
     }
 
     /// Writes every pair with one group commit (more when they fill a segment).
-    pub fn set_many<'a>(&mut self, pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) -> Result<(), KnError> {
+    pub fn set_many<'a>(
+        &mut self,
+        pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+    ) -> Result<(), KnError> {
         for (k, v) in pairs {
-            self.worker.write(k.to_vec(), Some(v.to_vec()), self.reply_tx.clone());
+            self.worker
+                .write(k.to_vec(), Some(v.to_vec()), self.reply_tx.clone());
         }
         self.worker.flush();
         for r in self.reply_rx.try_iter() {

@@ -23,8 +23,15 @@ fn config(path: &Path) -> EmbeddedConfig {
         pool_path: Some(path.to_path_buf()),
         pool_size: 64 << 20,
         pool_segment_size: 64 << 10,
-        processor: ProcessorConfig { segment_size: 64 << 10, ..ProcessorConfig::default() },
-        kn: KnConfig { threads: 2, max_value_len: 4096, ..KnConfig::default() },
+        processor: ProcessorConfig {
+            segment_size: 64 << 10,
+            ..ProcessorConfig::default()
+        },
+        kn: KnConfig {
+            threads: 2,
+            max_value_len: 4096,
+            ..KnConfig::default()
+        },
         ..EmbeddedConfig::default()
     }
 }
@@ -53,7 +60,9 @@ fn decode(key: &[u8], v: &[u8]) -> Option<u64> {
 /// Child: write forever, printing "writer key version" after each acknowledgement.
 #[test]
 fn crash_child() {
-    let Ok(path) = std::env::var("DINOMO_KN_CRASH_CHILD") else { return };
+    let Ok(path) = std::env::var("DINOMO_KN_CRASH_CHILD") else {
+        return;
+    };
     let store = Embedded::open(&config(Path::new(&path))).expect("open store");
     let out = Arc::new(Mutex::new(std::io::stdout()));
     let threads: Vec<_> = (0..WRITERS)
@@ -64,7 +73,9 @@ fn crash_child() {
                 let mut versions: Vec<u64> = (0..KEYS_PER_WRITER)
                     .map(|i| {
                         let k = key(w, i);
-                        h.get(&k).unwrap().map_or(0, |v| decode(&k, &v).expect("recovered value is whole"))
+                        h.get(&k)
+                            .unwrap()
+                            .map_or(0, |v| decode(&k, &v).expect("recovered value is whole"))
                     })
                     .collect();
                 let mut i = 0;
@@ -124,7 +135,9 @@ fn sigkill_at_random_moments_loses_no_acknowledged_write() -> anyhow::Result<()>
         reader.join().expect("reader thread");
         for line in rx.try_iter() {
             let mut f = line.split(' ').map(str::parse::<u64>);
-            let (Some(Ok(w)), Some(Ok(i)), Some(Ok(v))) = (f.next(), f.next(), f.next()) else { continue };
+            let (Some(Ok(w)), Some(Ok(i)), Some(Ok(v))) = (f.next(), f.next(), f.next()) else {
+                continue;
+            };
             let e = acked.entry((w as u32, i as u32)).or_default();
             *e = (*e).max(v);
             total_acks += 1;
@@ -137,7 +150,10 @@ fn sigkill_at_random_moments_loses_no_acknowledged_write() -> anyhow::Result<()>
                 let k = key(w, i);
                 let last = acked.get(&(w, i)).copied().unwrap_or(0);
                 match h.get(&k)? {
-                    None => assert_eq!(last, 0, "round {round}: acknowledged key {k:?} (version {last}) is gone"),
+                    None => assert_eq!(
+                        last, 0,
+                        "round {round}: acknowledged key {k:?} (version {last}) is gone"
+                    ),
                     Some(v) => {
                         let Some(version) = decode(&k, &v) else {
                             panic!("round {round}: torn value for {k:?}: {} bytes", v.len())
@@ -153,8 +169,14 @@ fn sigkill_at_random_moments_loses_no_acknowledged_write() -> anyhow::Result<()>
             }
         }
         let stats = store.processor_stats();
-        assert_eq!(stats.backlog_segments, 0, "recovery merged everything: {stats:?}");
+        assert_eq!(
+            stats.backlog_segments, 0,
+            "recovery merged everything: {stats:?}"
+        );
     }
-    assert!(total_acks > ROUNDS as u64 * 10, "the children wrote too little to test anything: {total_acks}");
+    assert!(
+        total_acks > ROUNDS as u64 * 10,
+        "the children wrote too little to test anything: {total_acks}"
+    );
     Ok(())
 }

@@ -26,13 +26,20 @@ fn tiny_config(pool: Option<&Path>, policy: Policy, cache_bytes: u64) -> Embedde
             directory_capacity: 64,
             segment_size: 4096,
             hash_mode: HashMode::Colliding { bits: 3 },
-            index: IndexConfig { initial_buckets: 2, ..IndexConfig::default() },
+            index: IndexConfig {
+                initial_buckets: 2,
+                ..IndexConfig::default()
+            },
         },
         kn: KnConfig {
             threads: 2,
             max_key_len: 64,
             max_value_len: 1500,
-            cache: CacheConfig { budget_bytes: cache_bytes, policy, ..CacheConfig::default() },
+            cache: CacheConfig {
+                budget_bytes: cache_bytes,
+                policy,
+                ..CacheConfig::default()
+            },
             ..KnConfig::default()
         },
         injected_latency_ns: 0,
@@ -61,7 +68,9 @@ fn key(k: u8) -> Vec<u8> {
 }
 
 fn value(k: u8, len: usize, version: u64) -> Vec<u8> {
-    (0..len).map(|i| (i as u64 ^ version ^ k as u64) as u8).collect()
+    (0..len)
+        .map(|i| (i as u64 ^ version ^ k as u64) as u8)
+        .collect()
 }
 
 fn op_strategy() -> impl Strategy<Value = Op> {
@@ -95,23 +104,43 @@ fn run(ops: &[Op], policy: Policy, cache_bytes: u64) -> anyhow::Result<()> {
             Op::Insert(k, len) => {
                 let val = value(k, len, v);
                 let did = h.insert(&key(k), &val)?;
-                assert_eq!(did, !model.contains_key(&key(k)), "insert of {:?} at op {i}", key(k));
+                assert_eq!(
+                    did,
+                    !model.contains_key(&key(k)),
+                    "insert of {:?} at op {i}",
+                    key(k)
+                );
                 model.entry(key(k)).or_insert(val);
             }
             Op::Update(k, len) => {
                 let val = value(k, len, v);
                 let did = h.update(&key(k), &val)?;
-                assert_eq!(did, model.contains_key(&key(k)), "update of {:?} at op {i}", key(k));
+                assert_eq!(
+                    did,
+                    model.contains_key(&key(k)),
+                    "update of {:?} at op {i}",
+                    key(k)
+                );
                 if did {
                     model.insert(key(k), val);
                 }
             }
             Op::Delete(k) => {
                 let did = h.delete(&key(k))?;
-                assert_eq!(did, model.remove(&key(k)).is_some(), "delete of {:?} at op {i}", key(k));
+                assert_eq!(
+                    did,
+                    model.remove(&key(k)).is_some(),
+                    "delete of {:?} at op {i}",
+                    key(k)
+                );
             }
             Op::Get(k) => {
-                assert_eq!(h.get(&key(k))?, model.get(&key(k)).cloned(), "get of {:?} at op {i}", key(k));
+                assert_eq!(
+                    h.get(&key(k))?,
+                    model.get(&key(k)).cloned(),
+                    "get of {:?} at op {i}",
+                    key(k)
+                );
             }
             Op::MergeAll => h.merge_all()?,
             Op::Restart => {
@@ -123,7 +152,12 @@ fn run(ops: &[Op], policy: Policy, cache_bytes: u64) -> anyhow::Result<()> {
         }
     }
     for k in 0..48u8 {
-        assert_eq!(h.get(&key(k))?, model.get(&key(k)).cloned(), "final get of {:?}", key(k));
+        assert_eq!(
+            h.get(&key(k))?,
+            model.get(&key(k)).cloned(),
+            "final get of {:?}",
+            key(k)
+        );
     }
     Ok(())
 }
@@ -150,11 +184,19 @@ fn long_run_merges_recycles_and_moves_cache_entries() -> anyhow::Result<()> {
     let mut rng = StdRng::seed_from_u64(7);
     for i in 0..20_000u64 {
         // A hot set of 16 keys and a cold set of 200, so that shortcuts earn promotion and values get demoted.
-        let k: u16 = if rng.random_bool(0.7) { rng.random_range(0..16) } else { rng.random_range(16..216) };
+        let k: u16 = if rng.random_bool(0.7) {
+            rng.random_range(0..16)
+        } else {
+            rng.random_range(16..216)
+        };
         let kb = format!("k{k}").into_bytes();
         match rng.random_range(0..10) {
             0..=2 => {
-                let len = if rng.random_bool(0.1) { 0 } else { rng.random_range(1..200) };
+                let len = if rng.random_bool(0.1) {
+                    0
+                } else {
+                    rng.random_range(1..200)
+                };
                 let val: Vec<u8> = (0..len).map(|j| (j as u64 ^ i) as u8).collect();
                 h.set(&kb, &val)?;
                 model.insert(kb, val);
@@ -174,7 +216,9 @@ fn long_run_merges_recycles_and_moves_cache_entries() -> anyhow::Result<()> {
     assert!(ps.merged_entries > 1000, "{ps:?}");
     assert!(ps.recycled_segments > 10, "{ps:?}");
     assert!(sum(|w| w.segments_sealed) > 10);
-    assert!(sum(|w| w.value_hits) > 0 && sum(|w| w.shortcut_hits) > 0 && sum(|w| w.index_walks) > 0);
+    assert!(
+        sum(|w| w.value_hits) > 0 && sum(|w| w.shortcut_hits) > 0 && sum(|w| w.index_walks) > 0
+    );
     assert!(sum(|w| w.log_hits) > 0);
     assert!(sum(|w| w.cache.promotions) > 0, "{ws:?}");
     assert!(sum(|w| w.cache.demotions) > 0, "{ws:?}");

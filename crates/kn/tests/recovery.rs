@@ -15,13 +15,20 @@ fn kn(cache: u64) -> KnConfig {
     KnConfig {
         threads: 1,
         max_value_len: 2048,
-        cache: CacheConfig { budget_bytes: cache, ..CacheConfig::default() },
+        cache: CacheConfig {
+            budget_bytes: cache,
+            ..CacheConfig::default()
+        },
         ..KnConfig::default()
     }
 }
 
 fn small_processor() -> ProcessorConfig {
-    ProcessorConfig { segment_size: 16 << 10, merge_threads: 2, ..ProcessorConfig::default() }
+    ProcessorConfig {
+        segment_size: 16 << 10,
+        merge_threads: 2,
+        ..ProcessorConfig::default()
+    }
 }
 
 #[test]
@@ -36,17 +43,26 @@ fn restarted_kv_node_has_its_log_merged_before_it_serves() -> anyhow::Result<()>
     for i in 0..100u32 {
         w.set(format!("k{i}").as_bytes(), format!("v{i}").as_bytes())?;
     }
-    assert!(processor.index().is_empty(), "nothing sealed yet, so nothing merged");
+    assert!(
+        processor.index().is_empty(),
+        "nothing sealed yet, so nothing merged"
+    );
     // The KV node dies: its cache and unmerged copies are gone, its head segment is still open.
     drop(w);
 
     let mut w = DirectWorker::start(kn(0), 0, connector)?;
     assert_eq!(processor.index().len(), 100, "claiming the log merged it");
     for i in 0..100u32 {
-        assert_eq!(w.get(format!("k{i}").as_bytes())?, Some(format!("v{i}").into_bytes()));
+        assert_eq!(
+            w.get(format!("k{i}").as_bytes())?,
+            Some(format!("v{i}").into_bytes())
+        );
     }
     let st = w.stats();
-    assert_eq!(st.index_walks, 100, "served from the index, not from local state");
+    assert_eq!(
+        st.index_walks, 100,
+        "served from the index, not from local state"
+    );
     assert_eq!(processor.stats().backlog_segments, 0);
     Ok(())
 }
@@ -55,7 +71,11 @@ fn restarted_kv_node_has_its_log_merged_before_it_serves() -> anyhow::Result<()>
 fn memory_node_restart_merges_committed_entries_and_rejects_torn_ones() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("torn.pool");
-    let opts = PoolOptions { size: 64 << 20, segment_size: 16 << 10, persist: PersistMode::Volatile };
+    let opts = PoolOptions {
+        size: 64 << 20,
+        segment_size: 16 << 10,
+        persist: PersistMode::Volatile,
+    };
     let head;
     let log_id;
     {
@@ -63,7 +83,11 @@ fn memory_node_restart_merges_committed_entries_and_rejects_torn_ones() -> anyho
         let processor = Processor::start(pool.clone(), &small_processor())?;
         let node = MemoryNode::new(pool.clone(), NodeConfig::default());
         processor.serve(&node);
-        let mut w = DirectWorker::start(kn(1 << 20), 0, Connector::new(Target::InProcess(node.clone())))?;
+        let mut w = DirectWorker::start(
+            kn(1 << 20),
+            0,
+            Connector::new(Target::InProcess(node.clone())),
+        )?;
         for i in 0..10u32 {
             w.set(format!("k{i}").as_bytes(), b"committed")?;
         }
@@ -93,7 +117,10 @@ fn memory_node_restart_merges_committed_entries_and_rejects_torn_ones() -> anyho
     processor.serve(&node);
     let mut w = DirectWorker::start(kn(0), 0, Connector::new(Target::InProcess(node)))?;
     for i in 0..10u32 {
-        assert_eq!(w.get(format!("k{i}").as_bytes())?, Some(b"committed".to_vec()));
+        assert_eq!(
+            w.get(format!("k{i}").as_bytes())?,
+            Some(b"committed".to_vec())
+        );
     }
     assert_eq!(w.get(b"k-torn")?, None, "a torn entry is never served");
     // New writes continue after the last committed entry and survive another restart.
@@ -109,7 +136,10 @@ fn space_stays_bounded_under_a_long_update_heavy_run() -> anyhow::Result<()> {
         pool_size: 64 << 20,
         pool_segment_size: 16 << 10,
         processor: small_processor(),
-        kn: KnConfig { threads: 2, ..kn(64 << 10) },
+        kn: KnConfig {
+            threads: 2,
+            ..kn(64 << 10)
+        },
         ..EmbeddedConfig::default()
     };
     let store = Embedded::open(&cfg)?;
@@ -130,7 +160,10 @@ fn space_stays_bounded_under_a_long_update_heavy_run() -> anyhow::Result<()> {
     let s = store.processor_stats();
     assert!(s.recycled_segments > 300, "segments were recycled: {s:?}");
     let first_round_estimate = 4 << 20;
-    assert!(peak < first_round_estimate, "pool use peaked at {peak} bytes: {s:?}");
+    assert!(
+        peak < first_round_estimate,
+        "pool use peaked at {peak} bytes: {s:?}"
+    );
     for w in h.stats()? {
         assert!(w.cache.used_bytes <= w.cache.budget_bytes, "{w:?}");
         // Local copies of unmerged segments: at most max_unmerged_segments sealed plus the active one.

@@ -9,7 +9,11 @@ fn store(policy: Policy, latency_ns: u64) -> Embedded {
         pool_size: 256 << 20,
         kn: KnConfig {
             threads: 1,
-            cache: CacheConfig { budget_bytes: 1 << 20, policy, ..CacheConfig::default() },
+            cache: CacheConfig {
+                budget_bytes: 1 << 20,
+                policy,
+                ..CacheConfig::default()
+            },
             ..KnConfig::default()
         },
         injected_latency_ns: latency_ns,
@@ -56,7 +60,10 @@ fn uncached_lookup_walks_the_index() {
     let s = Embedded::open(&EmbeddedConfig {
         kn: KnConfig {
             threads: 1,
-            cache: CacheConfig { budget_bytes: 0, ..CacheConfig::default() },
+            cache: CacheConfig {
+                budget_bytes: 0,
+                ..CacheConfig::default()
+            },
             ..KnConfig::default()
         },
         ..EmbeddedConfig::default()
@@ -70,7 +77,10 @@ fn uncached_lookup_walks_the_index() {
     let rts = round_trips(&h) - before;
     // Bucket (validated against the index header in the same batch), then the entry; the first walk also reads
     // the table geometry.
-    assert!((2..=3).contains(&rts), "an uncached lookup took {rts} round trips");
+    assert!(
+        (2..=3).contains(&rts),
+        "an uncached lookup took {rts} round trips"
+    );
     assert_eq!(h.stats().unwrap()[0].index_walks, 1);
     assert_eq!(h.get(b"missing").unwrap(), None);
 }
@@ -87,7 +97,8 @@ fn group_commit_amortises_writes_below_one_round_trip() {
             let h = s.handle();
             scope.spawn(move || {
                 for i in 0..WRITES {
-                    h.set(format!("c{c}-{i}").as_bytes(), &[c as u8; 100]).unwrap();
+                    h.set(format!("c{c}-{i}").as_bytes(), &[c as u8; 100])
+                        .unwrap();
                 }
             });
         }
@@ -95,7 +106,11 @@ fn group_commit_amortises_writes_below_one_round_trip() {
     let h = s.handle();
     let rts = round_trips(&h) - before;
     let per_write = rts as f64 / (CLIENTS * WRITES) as f64;
-    assert!(per_write < 0.5, "{rts} round trips for {} writes", CLIENTS * WRITES);
+    assert!(
+        per_write < 0.5,
+        "{rts} round trips for {} writes",
+        CLIENTS * WRITES
+    );
     let st = &h.stats().unwrap()[0];
     assert_eq!(st.writes, (CLIENTS * WRITES) as u64);
     assert!(st.commits < st.writes / 2);

@@ -74,7 +74,9 @@ impl HashMode {
     pub fn from_word(w: u32) -> Option<HashMode> {
         match w {
             0 => Some(HashMode::Xxh3),
-            0x101..=0x13f => Some(HashMode::Colliding { bits: (w & 0xff) as u8 }),
+            0x101..=0x13f => Some(HashMode::Colliding {
+                bits: (w & 0xff) as u8,
+            }),
             _ => None,
         }
     }
@@ -94,12 +96,17 @@ mod tests {
 
     #[test]
     fn hash_modes_round_trip_and_collide() {
-        for m in [HashMode::Xxh3, HashMode::Colliding { bits: 1 }, HashMode::Colliding { bits: 63 }] {
+        for m in [
+            HashMode::Xxh3,
+            HashMode::Colliding { bits: 1 },
+            HashMode::Colliding { bits: 63 },
+        ] {
             assert_eq!(HashMode::from_word(m.to_word()), Some(m));
         }
         assert_eq!(HashMode::from_word(7), None);
         let m = HashMode::Colliding { bits: 2 };
-        let distinct: std::collections::HashSet<u64> = (0..1000u32).map(|i| m.hash(&i.to_le_bytes())).collect();
+        let distinct: std::collections::HashSet<u64> =
+            (0..1000u32).map(|i| m.hash(&i.to_le_bytes())).collect();
         assert!(distinct.len() <= 4 && !distinct.contains(&0));
         assert_ne!(key_hash(b"a"), key_hash(b"b"));
     }
