@@ -1,0 +1,240 @@
+//! The index as a KV node sees it: lock-free lookups with one-sided READs, each validated against the header's
+//! `current` word read after it in the same round trip (see the crate documentation).
+
+use dinomo_fabric::{Batch, DATA_REGION, Endpoint, ROOTS_REGION, RegionInfo};
+use dinomo_log::{EntryRef, roots};
+
+use crate::RemoteIndexError;
+use crate::layout::{
+    BUCKET_LEN, BucketImage, CURRENT_OFFSET, CurrentWord, HEADER_LEN, HeaderError, IndexHeader,
+    TABLE_HEADER_LEN, TableHeader, bucket_index, overflow_offset, primary_offset, stored_hash,
+    table_bytes,
+};
+
+/// How many times a lookup starts over (because a new table was published, or a chain could not be followed)
+/// before it gives up with [`RemoteIndexError::TooManyRetries`].
+pub const REMOTE_MAX_ATTEMPTS: u32 = 64;
+
+/// A KV-node worker's reader of one memory node's index. Holds the cached `current` word and the geometry of the
+/// table it names; one per thread, next to that thread's [`Endpoint`].
+#[derive(Debug)]
+pub struct RemoteIndex {
+    data: RegionInfo,
+    header: u64,
+    /// The `current` word the cached geometry belongs to.
+    word: u64,
+    table: CurrentWord,
+    /// Overflow capacity of `table`, once its header was read and validated.
+    overflow_capacity: Option<u64>,
+    batch: Batch,
+}
+
+fn word_at(b: &[u8]) -> u64 {
+    u64::from_le_bytes(b[..8].try_into().expect("8 bytes"))
+}
+
+impl RemoteIndex {
+    /// Finds the index through root slot [`roots::INDEX`] (in the "roots" region), reads and checks its header, then
+    /// the current table's header.
+    pub fn connect(ep: &mut Endpoint) -> Result<RemoteIndex, RemoteIndexError> {
+        let roots_region = ep
+            .region(ROOTS_REGION)
+            .ok_or(RemoteIndexError::NoRegion(ROOTS_REGION))?
+            .clone();
+        let data = ep
+            .region(DATA_REGION)
+            .ok_or(RemoteIndexError::NoRegion(DATA_REGION))?
+            .clone();
+        let mut b = [0u8; 8];
+        ep.read(
+            roots_region.at(roots_region.start + 8 * roots::INDEX as u64),
+            &mut b,
+        )?;
+        let header = u64::from_le_bytes(b);
+        if header == 0 {
+            return Err(RemoteIndexError::NotFound);
+        }
+        let corrupt = |reason: String| RemoteIndexError::Corrupt {
+            offset: header,
+            reason,
+        };
+        if header % 64 != 0 || header < data.start || header + HEADER_LEN > data.end() {
+            return Err(corrupt(
+                "the root slot points outside the data region".into(),
+            ));
+        }
+        let mut hb = [0u8; HEADER_LEN as usize];
+        ep.read(data.at(header), &mut hb)?;
+        let (_, word) = IndexHeader::decode(&hb).map_err(|e| match e {
+            HeaderError::Version(v) => corrupt(format!("unsupported format version {v}")),
+            HeaderError::Corrupt(reason) => corrupt(reason),
+        })?;
+        let mut me = RemoteIndex {
+            table: CurrentWord::unpack(word).expect("decode checked the current word"),
+            data,
+            header,
+            word,
+            overflow_capacity: None,
+            batch: Batch::new(),
+        };
+        me.adopt(word)?;
+        me.load_geometry(ep)?;
+        Ok(me)
+    }
+
+    /// Pool offset of the index header.
+    pub fn header_offset(&self) -> u64 {
+        self.header
+    }
+
+    /// The cached `current` word.
+    pub fn current(&self) -> CurrentWord {
+        self.table
+    }
+
+    /// Switches to the table named by `word` (its header is read with the next bucket).
+    fn adopt(&mut self, word: u64) -> Result<(), RemoteIndexError> {
+        let corrupt = |reason: String| RemoteIndexError::Corrupt {
+            offset: self.header,
+            reason,
+        };
+        let t = CurrentWord::unpack(word)
+            .ok_or_else(|| corrupt(format!("current word {word:#018x} names no table")))?;
+        let fits = t.table >= self.data.start
+            && t.table
+                .checked_add(table_bytes(t.nbuckets, 0))
+                .is_some_and(|end| end <= self.data.end());
+        if !fits {
+            return Err(corrupt(format!(
+                "current word {word:#018x} names a table outside the data region"
+            )));
+        }
+        self.word = word;
+        self.table = t;
+        self.overflow_capacity = None;
+        Ok(())
+    }
+
+    /// Checks the table header bytes read while `self.word` was current, and caches its overflow capacity.
+    fn accept_table_header(&mut self, bytes: &[u8]) -> Result<(), RemoteIndexError> {
+        let t = self.table;
+        let h = TableHeader::decode(bytes, t, self.header).map_err(|reason| {
+            RemoteIndexError::Corrupt {
+                offset: t.table,
+                reason,
+            }
+        })?;
+        let fits = t
+            .table
+            .checked_add(table_bytes(h.nbuckets, h.overflow_capacity))
+            .is_some_and(|end| end <= self.data.end());
+        if !fits {
+            return Err(RemoteIndexError::Corrupt {
+                offset: t.table,
+                reason: format!(
+                    "{} overflow buckets reach past the data region",
+                    h.overflow_capacity
+                ),
+            });
+        }
+        self.overflow_capacity = Some(h.overflow_capacity);
+        Ok(())
+    }
+
+    /// Reads the current table's header, validated by `current` in the same round trip.
+    fn load_geometry(&mut self, ep: &mut Endpoint) -> Result<(), RemoteIndexError> {
+        let cur = self.data.at(self.header + CURRENT_OFFSET);
+        for _ in 0..REMOTE_MAX_ATTEMPTS {
+            self.batch.clear();
+            let th = self
+                .batch
+                .read(self.data.at(self.table.table), TABLE_HEADER_LEN as u32);
+            let cs = self.batch.read(cur, 8);
+            ep.post(&mut self.batch)?;
+            let now = word_at(self.batch.read_data(cs));
+            if now != self.word {
+                self.adopt(now)?;
+                continue;
+            }
+            let bytes: [u8; TABLE_HEADER_LEN as usize] =
+                self.batch.read_data(th).try_into().expect("64 bytes");
+            return self.accept_table_header(&bytes);
+        }
+        Err(RemoteIndexError::TooManyRetries {
+            attempts: REMOTE_MAX_ATTEMPTS,
+        })
+    }
+
+    /// Clears `out` and pushes, in chain order, every entry reference of `hash`'s chain whose slot hash equals
+    /// `hash` (value non-null). The caller compares the full key of each candidate by reading its entry.
+    ///
+    /// One round trip per bucket of the chain: each READ of a bucket is followed, in the same batch, by a READ of
+    /// the header's `current` word; if it changed, the bucket is discarded and the lookup starts over on the new
+    /// table. Gives up after [`REMOTE_MAX_ATTEMPTS`] attempts.
+    pub fn candidates(
+        &mut self,
+        ep: &mut Endpoint,
+        hash: u64,
+        out: &mut Vec<EntryRef>,
+    ) -> Result<(), RemoteIndexError> {
+        let hash = stored_hash(hash);
+        let cur = self.data.at(self.header + CURRENT_OFFSET);
+        for _ in 0..REMOTE_MAX_ATTEMPTS {
+            out.clear();
+            let w = self.word;
+            let t = self.table;
+            let mut bucket = primary_offset(t.table, bucket_index(hash, t.nbuckets));
+            let mut hops = 0u64;
+            let complete = loop {
+                self.batch.clear();
+                let th = self.overflow_capacity.is_none().then(|| {
+                    self.batch
+                        .read(self.data.at(t.table), TABLE_HEADER_LEN as u32)
+                });
+                let bs = self.batch.read(self.data.at(bucket), BUCKET_LEN as u32);
+                let cs = self.batch.read(cur, 8);
+                ep.post(&mut self.batch)?;
+                let now = word_at(self.batch.read_data(cs));
+                if now != w {
+                    // A new table was published: what we read may come from a retired (or freed) table.
+                    self.adopt(now)?;
+                    break false;
+                }
+                if let Some(th) = th {
+                    let bytes: [u8; TABLE_HEADER_LEN as usize] =
+                        self.batch.read_data(th).try_into().expect("64 bytes");
+                    self.accept_table_header(&bytes)?;
+                }
+                let cap = self.overflow_capacity.unwrap_or(0);
+                let img = BucketImage::decode(self.batch.read_data(bs));
+                out.extend(
+                    img.slots
+                        .iter()
+                        .filter(|&&(h, _)| h == hash)
+                        .filter_map(|&(_, v)| EntryRef::from_raw(v)),
+                );
+                if img.next == 0 {
+                    break true;
+                }
+                if img.next > cap || hops >= cap {
+                    // Cannot happen in a sound table; start over rather than follow it.
+                    tracing::warn!(
+                        bucket,
+                        next = img.next,
+                        "remote index chain cannot be followed"
+                    );
+                    break false;
+                }
+                hops += 1;
+                bucket = overflow_offset(t.table, t.nbuckets, img.next);
+            };
+            if complete {
+                return Ok(());
+            }
+        }
+        out.clear();
+        Err(RemoteIndexError::TooManyRetries {
+            attempts: REMOTE_MAX_ATTEMPTS,
+        })
+    }
+}

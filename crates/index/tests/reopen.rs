@@ -1,0 +1,300 @@
+//! Restarts: the index survives a reopen of its pool file, open frees stray tables, and a damaged index is
+//! refused with a clear error without changing anything.
+
+mod common;
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use dinomo_index::{EntryRef, Index, IndexConfig, IndexError, RemoteIndex, RemoteIndexError};
+use dinomo_log::{roots, tags};
+use dinomo_pool::{PersistMode, Pool, PoolOptions};
+
+fn create_pool(path: &Path) -> Arc<Pool> {
+    Arc::new(
+        Pool::create(
+            path,
+            &PoolOptions {
+                size: 64 << 20,
+                segment_size: 64 << 10,
+                persist: PersistMode::Dax,
+            },
+        )
+        .unwrap(),
+    )
+}
+
+fn open_pool(path: &Path) -> Arc<Pool> {
+    Arc::new(Pool::open(path, PersistMode::Dax).unwrap().0)
+}
+
+fn contents(index: &Index) -> Vec<(u64, EntryRef)> {
+    let mut v = Vec::new();
+    index.for_each(|h, e| v.push((h, e)));
+    v.sort();
+    v
+}
+
+/// Hashes folded to 512 values so that chains and overflow buckets exist.
+fn hash(k: u64) -> u64 {
+    hash_of(k) % 512 + 1
+}
+
+/// Builds a pool file with an index of 3000 keys (some removed); returns the contents and the header offset.
+fn populate(path: &Path, cfg: &IndexConfig) -> (Vec<(u64, EntryRef)>, u64) {
+    let pool = create_pool(path);
+    let index = Index::create(pool.clone(), cfg).unwrap();
+    for k in 0..3000u64 {
+        index
+            .upsert(hash(k), eref(k, 1), |e| key_of(e) == k)
+            .unwrap();
+    }
+    for k in (0..3000u64).step_by(3) {
+        index
+            .upsert(hash(k), eref(k, 2), |e| key_of(e) == k)
+            .unwrap();
+    }
+    for k in (0..3000u64).step_by(5) {
+        index.remove(hash(k), |e| key_of(e) == k).unwrap();
+    }
+    let c = contents(&index);
+    assert_eq!(c.len() as u64, index.len());
+    (c, index.header_offset())
+}
+
+/// Everything an open could change: the allocation list, the roots and the bytes of the data area.
+fn snapshot(pool: &Pool) -> (Vec<dinomo_pool::Extent>, Vec<u64>, Vec<u8>) {
+    let l = pool.layout();
+    let mut data = vec![0u8; (l.segment_count * l.segment_size) as usize];
+    pool.read(l.data_offset, &mut data).unwrap();
+    let roots = (0..dinomo_pool::ROOT_SLOTS)
+        .map(|i| pool.root(i).unwrap())
+        .collect();
+    (pool.allocated(), roots, data)
+}
+
+fn flip_byte(path: &Path, offset: u64) {
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.seek(SeekFrom::Start(offset)).unwrap();
+    f.read_exact(&mut b).unwrap();
+    b[0] ^= 0x40;
+    f.seek(SeekFrom::Start(offset)).unwrap();
+    f.write_all(&b).unwrap();
+}
+
+fn index_tables(pool: &Pool) -> Vec<u64> {
+    pool.allocated()
+        .iter()
+        .filter(|e| e.tag == tags::INDEX_TABLE)
+        .map(|e| e.offset)
+        .collect()
+}
+
+#[test]
+fn reopen_keeps_contents() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("index.pool");
+    let cfg = tiny(0.25);
+    let (before, header) = populate(&path, &cfg);
+    let pool = open_pool(&path);
+    let index = Index::open(pool.clone(), &cfg).unwrap();
+    assert_eq!(index.header_offset(), header);
+    assert_eq!(contents(&index), before);
+    assert_eq!(index.len(), before.len() as u64);
+    for k in 0..3000u64 {
+        let want = if k % 5 == 0 {
+            None
+        } else if k % 3 == 0 {
+            Some(eref(k, 2))
+        } else {
+            Some(eref(k, 1))
+        };
+        assert_eq!(index.get(hash(k), |e| key_of(e) == k), want, "key {k}");
+    }
+    // It keeps working after the reopen, remote readers included.
+    for k in 3000..4000u64 {
+        index
+            .upsert(hash(k), eref(k, 1), |e| key_of(e) == k)
+            .unwrap();
+    }
+    let node = node(&pool);
+    let mut ep = in_process(&node);
+    let mut remote = RemoteIndex::connect(&mut ep).unwrap();
+    let mut out = Vec::new();
+    remote.candidates(&mut ep, hash(3500), &mut out).unwrap();
+    assert!(out.contains(&eref(3500, 1)));
+    assert_eq!(index_tables(&pool).len(), 1);
+}
+
+#[test]
+fn open_frees_stray_and_retired_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("index.pool");
+    // A long grace: tables retired before the restart are still allocated when the pool closes.
+    let cfg = IndexConfig {
+        retire_grace: Duration::from_secs(3600),
+        ..tiny(0.25)
+    };
+    let (before, _) = populate(&path, &cfg);
+    let pool = open_pool(&path);
+    assert!(
+        index_tables(&pool).len() > 2,
+        "retired tables are still allocated"
+    );
+    // A stray table (as an interrupted resize leaves) and a stray header (an interrupted create).
+    let stray_table = pool.alloc_bytes(4096, tags::INDEX_TABLE).unwrap();
+    let stray_header = pool.alloc_bytes(64, tags::INDEX_HEADER).unwrap();
+    let other = pool.alloc_bytes(64, 0x55).unwrap();
+    let index = Index::open(pool.clone(), &cfg).unwrap();
+    assert_eq!(index_tables(&pool), vec![index.current().table]);
+    let all = pool.allocated();
+    assert!(!all.contains(&stray_table));
+    assert!(!all.contains(&stray_header));
+    assert!(
+        all.contains(&other),
+        "extents of other owners are left alone"
+    );
+    assert_eq!(contents(&index), before);
+}
+
+#[test]
+fn corrupt_header_is_refused_and_nothing_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("index.pool");
+    let cfg = tiny(0.25);
+    let (_, header) = populate(&path, &cfg);
+    // Flip a byte of the settings (covered by the CRC).
+    flip_byte(&path, header + 20);
+    let pool = open_pool(&path);
+    let _stray = pool.alloc_bytes(4096, tags::INDEX_TABLE).unwrap();
+    let before = snapshot(&pool);
+    let err = Index::open(pool.clone(), &cfg).unwrap_err();
+    assert!(matches!(err, IndexError::CorruptHeader { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("corrupt index header") && msg.contains("checksum"),
+        "{msg}"
+    );
+    assert!(snapshot(&pool) == before, "a refused open changed the pool");
+    // open_or_create refuses too (the root slot is set), and a remote reader reports the damage.
+    assert!(Index::open_or_create(pool.clone(), &cfg).is_err());
+    assert!(snapshot(&pool) == before);
+    let node = node(&pool);
+    let mut ep = in_process(&node);
+    let err = RemoteIndex::connect(&mut ep).unwrap_err();
+    assert!(matches!(err, RemoteIndexError::Corrupt { .. }), "{err}");
+}
+
+#[test]
+fn damaged_table_and_bad_roots_are_refused_untouched() {
+    let pool = anon_pool(32 << 20);
+    let cfg = tiny(0.25);
+    let index = Index::create(pool.clone(), &cfg).unwrap();
+    for k in 0..100u64 {
+        index
+            .upsert(hash_of(k), eref(k, 1), |e| key_of(e) == k)
+            .unwrap();
+    }
+    let header = index.header_offset();
+    let table = index.current().table;
+    drop(index);
+
+    // A damaged table header.
+    let mut b = [0u8; 1];
+    pool.read(table + 9, &mut b).unwrap();
+    pool.write(table + 9, &[b[0] ^ 1]).unwrap();
+    let before = snapshot(&pool);
+    let err = Index::open(pool.clone(), &cfg).unwrap_err();
+    assert!(matches!(err, IndexError::CorruptTable { .. }), "{err}");
+    assert!(snapshot(&pool) == before);
+    pool.write(table + 9, &b).unwrap();
+    Index::open(pool.clone(), &cfg).unwrap();
+
+    // An unsupported version (with a valid checksum) is named as such.
+    let mut hb = [0u8; 64];
+    pool.read(header, &mut hb).unwrap();
+    let mut v2 = hb;
+    v2[8] = 2;
+    let crc = crc_of(&v2[..48]);
+    v2[48..52].copy_from_slice(&crc.to_le_bytes());
+    pool.write(header, &v2).unwrap();
+    let err = Index::open(pool.clone(), &cfg).unwrap_err();
+    assert!(
+        matches!(err, IndexError::UnsupportedVersion { found: 2 }),
+        "{err}"
+    );
+    pool.write(header, &hb).unwrap();
+
+    // A root slot pointing at something that is not an index header.
+    let other = pool.alloc_bytes(64, 0x55).unwrap();
+    pool.set_root(roots::INDEX, other.offset).unwrap();
+    let err = Index::open(pool.clone(), &cfg).unwrap_err();
+    assert!(matches!(err, IndexError::CorruptHeader { .. }), "{err}");
+    pool.set_root(roots::INDEX, header).unwrap();
+
+    // Creating over an existing index is refused; the index is intact.
+    assert!(matches!(
+        Index::create(pool.clone(), &cfg),
+        Err(IndexError::AlreadyExists(h)) if h == header
+    ));
+    let index = Index::open_or_create(pool.clone(), &cfg).unwrap();
+    assert_eq!(index.len(), 100);
+}
+
+#[test]
+fn missing_index_is_reported_and_open_or_create_creates() {
+    let pool = anon_pool(16 << 20);
+    assert!(matches!(
+        Index::open(pool.clone(), &IndexConfig::default()),
+        Err(IndexError::NotFound)
+    ));
+    let node = node(&pool);
+    let mut ep = in_process(&node);
+    assert!(matches!(
+        RemoteIndex::connect(&mut ep),
+        Err(RemoteIndexError::NotFound)
+    ));
+    // Leftovers of an interrupted create are freed by the next create.
+    let leftover = pool.alloc_bytes(64, tags::INDEX_HEADER).unwrap();
+    let index = Index::open_or_create(pool.clone(), &IndexConfig::default()).unwrap();
+    assert_eq!(pool.root(roots::INDEX).unwrap(), index.header_offset());
+    assert!(!pool.allocated().contains(&leftover) || leftover.offset == index.header_offset());
+    assert_eq!(index.stats().buckets, 1024);
+    assert!(index.is_empty());
+    let remote = RemoteIndex::connect(&mut ep).unwrap();
+    assert_eq!(remote.header_offset(), index.header_offset());
+    assert!(matches!(
+        Index::create(
+            pool.clone(),
+            &IndexConfig {
+                initial_buckets: 3,
+                ..IndexConfig::default()
+            }
+        ),
+        Err(IndexError::InvalidConfig(_))
+    ));
+}
+
+/// CRC32C (Castagnoli), bitwise: the index header's checksum.
+fn crc_of(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0x82F6_3B78
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}

@@ -1,0 +1,137 @@
+//! Retired tables: kept through their grace period, freed after it, never while current.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use dinomo_index::{Index, IndexConfig};
+
+fn allocated(pool: &dinomo_pool::Pool, offset: u64) -> bool {
+    pool.allocated().iter().any(|e| e.offset == offset)
+}
+
+/// Inserts keys from `*next` until the table is replaced.
+fn force_resize(index: &Index, next: &mut u64) {
+    let before = index.stats().resizes;
+    while index.stats().resizes == before {
+        let k = *next;
+        *next += 1;
+        index
+            .upsert(hash_of(k), eref(k, 1), |e| key_of(e) == k)
+            .unwrap();
+    }
+}
+
+#[test]
+fn retired_tables_are_freed_after_the_grace_and_not_before() {
+    let pool = anon_pool(32 << 20);
+    let grace = Duration::from_millis(400);
+    let index = Index::create(
+        pool.clone(),
+        &IndexConfig {
+            retire_grace: grace,
+            ..tiny(0.25)
+        },
+    )
+    .unwrap();
+    let mut next = 0;
+    let old = index.current().table;
+    let retired_at = Instant::now();
+    force_resize(&index, &mut next);
+    assert_ne!(index.current().table, old);
+    assert_eq!(index.stats().retired_tables, 1);
+    assert!(allocated(&pool, old));
+    // Before the grace: nothing is freed, neither explicitly nor by writers.
+    assert_eq!(index.reclaim_retired(), 0);
+    index
+        .upsert(hash_of(next), eref(next, 1), |_| false)
+        .unwrap();
+    next += 1;
+    if retired_at.elapsed() < grace {
+        assert!(allocated(&pool, old));
+        assert_eq!(index.stats().retired_tables, 1);
+    }
+    std::thread::sleep(grace + Duration::from_millis(50));
+    assert_eq!(index.reclaim_retired(), 1);
+    assert!(!allocated(&pool, old));
+    assert_eq!(index.stats().retired_tables, 0);
+    // The current table is never freed.
+    assert!(allocated(&pool, index.current().table));
+
+    // Writers reclaim opportunistically once the grace has passed.
+    let old = index.current().table;
+    force_resize(&index, &mut next);
+    assert!(allocated(&pool, old));
+    std::thread::sleep(grace + Duration::from_millis(50));
+    index
+        .upsert(hash_of(next), eref(next, 1), |_| false)
+        .unwrap();
+    assert!(!allocated(&pool, old));
+    assert_eq!(index.stats().retired_tables, 0);
+}
+
+#[test]
+fn zero_grace_frees_at_once_and_stats_add_up() {
+    let pool = anon_pool(32 << 20);
+    let index = Index::create(pool.clone(), &tiny(0.25)).unwrap();
+    let mut next = 0;
+    for _ in 0..5 {
+        let old = index.current().table;
+        force_resize(&index, &mut next);
+        assert!(!allocated(&pool, old));
+    }
+    let s = index.stats();
+    assert_eq!(s.resizes, 5);
+    assert_eq!(s.retired_tables, 0);
+    assert_eq!(s.entries, next);
+    assert_eq!(s.generation, 6);
+    assert!(s.overflow_used <= s.overflow_capacity);
+    assert_eq!(s.table_bytes, 64 + 64 * (s.buckets + s.overflow_capacity));
+}
+
+#[test]
+fn full_pool_fills_the_table_then_reports_out_of_space() {
+    // About 250 segments of 4 KiB: tables stop growing long before keys run out.
+    let pool = anon_pool(1 << 20);
+    let index = Index::create(pool.clone(), &tiny(0.25)).unwrap();
+    let mut inserted = 0u64;
+    let err = loop {
+        let k = inserted;
+        match index.upsert(hash_of(k), eref(k, 1), |e| key_of(e) == k) {
+            Ok(None) => inserted += 1,
+            Ok(Some(_)) => unreachable!("fresh key"),
+            Err(e) => break e,
+        }
+        assert!(inserted < 1_000_000, "never ran out of space");
+    };
+    assert!(
+        matches!(err, dinomo_index::IndexError::OutOfSpace { .. }),
+        "{err}"
+    );
+    let s = index.stats();
+    // The last table was filled past max_load before giving up.
+    assert!(s.entries as f64 > 0.75 * (3 * s.buckets) as f64, "{s:?}");
+    assert_eq!(s.entries, inserted);
+    for k in (0..inserted).step_by(11) {
+        assert_eq!(index.get(hash_of(k), |e| key_of(e) == k), Some(eref(k, 1)));
+    }
+    // Updates and removes still work, and a removed key's slot can be reused.
+    let k = 0;
+    assert_eq!(
+        index
+            .upsert(hash_of(k), eref(k, 2), |e| key_of(e) == k)
+            .unwrap(),
+        Some(eref(k, 1))
+    );
+    assert_eq!(
+        index.remove(hash_of(k), |e| key_of(e) == k),
+        Some(eref(k, 2))
+    );
+    assert_eq!(
+        index
+            .upsert(hash_of(k), eref(k, 3), |e| key_of(e) == k)
+            .unwrap(),
+        None
+    );
+}
