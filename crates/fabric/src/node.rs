@@ -335,6 +335,9 @@ impl Nic {
         let src = self.check(VerbKind::Read, region, rkey, offset, dst.len() as u64)?;
         // SAFETY: `src` is valid for dst.len() bytes (checked); `dst` is a distinct buffer.
         unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
+        // Verbs of a batch complete in order: a later READ must not observe memory older than an earlier one saw
+        // (the index's readers depend on it). Free on x86; a real barrier on weaker memory models.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
         Ok(())
     }
 
