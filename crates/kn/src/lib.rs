@@ -12,6 +12,7 @@ mod config;
 mod embedded;
 mod error;
 mod node;
+mod segment_keys;
 mod worker;
 
 pub use config::KnConfig;

@@ -1,6 +1,6 @@
 //! One KV-node worker thread: its cache, its log, its endpoint, and the request loop with group commit.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,7 @@ use dinomo_log::{EntryRef, EntryView, HashMode, Op, SEGMENT_HEADER_LEN, encode_e
 use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
+use crate::segment_keys::SegmentKeys;
 use crate::{KnConfig, KnError};
 
 /// A request to a worker.
@@ -77,9 +78,9 @@ pub struct WorkerStats {
     pub segments_sealed: u64,
     /// Times a write waited for the memory node to merge.
     pub merge_waits: u64,
-    /// Bytes of unmerged segments held locally.
+    /// Bytes of unmerged segment copies held locally, with their bloom filters and key locators.
     pub unmerged_bytes: u64,
-    /// Keys in the unmerged map.
+    /// Entries in those segment copies.
     pub unmerged_keys: u64,
     /// Fabric round trips this thread made (all kinds).
     pub round_trips: u64,
@@ -138,19 +139,14 @@ struct LocalSegment {
     buf: Vec<u8>,
     /// Bytes of `buf` already written to the memory node.
     flushed: usize,
+    /// Where each key's newest entry lies in `buf`.
+    keys: SegmentKeys,
 }
 
 impl LocalSegment {
     fn entries_offset(&self) -> u64 {
         self.offset + SEGMENT_HEADER_LEN as u64
     }
-}
-
-/// Where the newest unmerged write of a key lies in a local segment copy.
-#[derive(Clone, Copy)]
-struct Unmerged {
-    segment: u64,
-    at: u32,
 }
 
 /// A write whose WRITE has not completed yet.
@@ -177,7 +173,6 @@ pub(crate) struct Worker {
     cache: Dac,
     active: Option<LocalSegment>,
     sealed: VecDeque<LocalSegment>,
-    unmerged: HashMap<Box<[u8]>, Unmerged>,
     pending: Vec<PendingWrite>,
     pending_keys: HashSet<Vec<u8>>,
     spare_buffers: Vec<Vec<u8>>,
@@ -242,7 +237,6 @@ impl Worker {
             cache,
             active: None,
             sealed: VecDeque::new(),
-            unmerged: HashMap::new(),
             pending: Vec::new(),
             pending_keys: HashSet::new(),
             spare_buffers: Vec::new(),
@@ -340,12 +334,10 @@ impl Worker {
     fn snapshot(&mut self) -> WorkerStats {
         let mut s = self.stats.clone();
         s.unmerged_bytes = self
-            .sealed
-            .iter()
-            .chain(self.active.iter())
-            .map(|seg| seg.buf.capacity() as u64)
+            .segments()
+            .map(|seg| (seg.buf.capacity() + seg.keys.heap_bytes()) as u64)
             .sum();
-        s.unmerged_keys = self.unmerged.len() as u64;
+        s.unmerged_keys = self.segments().map(|seg| seg.keys.len() as u64).sum();
         let c = counters::thread_snapshot();
         s.round_trips = c.round_trips;
         s.bytes_out = c.bytes_out;
@@ -405,31 +397,28 @@ impl Worker {
         Ok(Some(value))
     }
 
+    /// Local segment copies, newest first.
+    fn segments(&self) -> impl Iterator<Item = &LocalSegment> {
+        self.active.iter().chain(self.sealed.iter().rev())
+    }
+
     /// The newest unmerged write of `key` by this thread: `Some(None)` for a delete.
     fn unmerged_lookup(&mut self, key: &[u8]) -> Option<Option<Vec<u8>>> {
-        let u = *self.unmerged.get(key)?;
-        let seg = self
-            .sealed
-            .iter()
-            .chain(self.active.iter())
-            .find(|s| s.offset == u.segment)?;
-        let e = EntryView::parse(&seg.buf[u.at as usize..])
+        let hash = dinomo_log::key_hash(key);
+        let (seg, at) = self
+            .segments()
+            .find_map(|seg| seg.keys.find(hash, key, &seg.buf).map(|at| (seg, at)))?;
+        let e = EntryView::parse(&seg.buf[at as usize..])
             .expect("local segment copies hold valid entries");
         let found = match e.header.op {
             Op::Put => Some(e.value.to_vec()),
             Op::Delete => None,
         };
+        let r =
+            EntryRef::new(seg.entries_offset() + at as u64, e.len() as u64).expect("aligned entry");
+        let seq = e.header.seq;
         if let Some(v) = &found {
-            let r = EntryRef::new(seg.entries_offset() + u.at as u64, e.len() as u64)
-                .expect("aligned entry");
-            self.cache.fill(
-                key,
-                v,
-                Shortcut {
-                    ptr: r.raw(),
-                    seq: e.header.seq,
-                },
-            );
+            self.cache.fill(key, v, Shortcut { ptr: r.raw(), seq });
         }
         Some(found)
     }
@@ -543,13 +532,7 @@ impl Worker {
         seg.last_seq = seq;
         self.next_seq += 1;
         let r = EntryRef::new(seg.entries_offset() + at as u64, len as u64).expect("aligned entry");
-        self.unmerged.insert(
-            key.into(),
-            Unmerged {
-                segment: seg.offset,
-                at: at as u32,
-            },
-        );
+        seg.keys.insert(dinomo_log::key_hash(key), at as u32);
         Ok((r, seq))
     }
 
@@ -593,6 +576,7 @@ impl Worker {
             last_seq: self.next_seq - 1,
             buf,
             flushed: 0,
+            keys: SegmentKeys::new(capacity),
         });
         self.note_merged(granted.merged_seq);
         Ok(())
@@ -632,17 +616,6 @@ impl Worker {
             .is_some_and(|s| s.last_seq <= self.merged_seq)
         {
             let seg = self.sealed.pop_front().expect("checked");
-            let mut at = 0;
-            while at < seg.buf.len() {
-                let e = EntryView::parse(&seg.buf[at..])
-                    .expect("local segment copies hold valid entries");
-                if let Some(u) = self.unmerged.get(e.key)
-                    && u.segment == seg.offset
-                {
-                    self.unmerged.remove(e.key);
-                }
-                at += e.len();
-            }
             if self.spare_buffers.is_empty() {
                 self.spare_buffers.push(seg.buf);
             }
@@ -745,7 +718,6 @@ impl Worker {
         );
         self.pending_keys.clear();
         self.cache.clear();
-        self.unmerged.clear();
         self.active = None;
         self.sealed.clear();
         self.ep = self.connector.connect()?;

@@ -1,0 +1,82 @@
+//! Oversized keys and values get a clear error and change nothing; limits that cannot fit in a log segment are
+//! refused at start-up.
+
+use dinomo_dpm::ProcessorConfig;
+use dinomo_kn::{Embedded, EmbeddedConfig, KnConfig, KnError};
+
+fn config(max_key_len: usize, max_value_len: usize, segment_size: u64) -> EmbeddedConfig {
+    EmbeddedConfig {
+        pool_size: 64 << 20,
+        pool_segment_size: 64 << 10,
+        processor: ProcessorConfig {
+            segment_size,
+            ..ProcessorConfig::default()
+        },
+        kn: KnConfig {
+            threads: 1,
+            max_key_len,
+            max_value_len,
+            ..KnConfig::default()
+        },
+        ..EmbeddedConfig::default()
+    }
+}
+
+#[test]
+fn oversized_keys_and_values_are_refused_and_change_nothing() -> anyhow::Result<()> {
+    let store = Embedded::open(&config(16, 100, 64 << 10))?;
+    let h = store.handle();
+    h.set(b"k", b"v")?;
+    let long_key = vec![b'k'; 17];
+    assert!(matches!(
+        h.set(&long_key, b"v"),
+        Err(KnError::KeyTooLarge { len: 17, max: 16 })
+    ));
+    assert!(matches!(h.get(&long_key), Err(KnError::KeyTooLarge { .. })));
+    assert!(matches!(
+        h.delete(&long_key),
+        Err(KnError::KeyTooLarge { .. })
+    ));
+    let big = vec![0u8; 101];
+    let err = h.set(b"k", &big).unwrap_err();
+    assert!(matches!(err, KnError::ValueTooLarge { len: 101, max: 100 }));
+    assert_eq!(
+        err.to_string(),
+        "value of 101 bytes exceeds the limit of 100 bytes"
+    );
+    assert!(matches!(
+        h.insert(b"new", &big),
+        Err(KnError::ValueTooLarge { .. })
+    ));
+    assert_eq!(
+        h.get(b"k")?,
+        Some(b"v".to_vec()),
+        "the refused write changed nothing"
+    );
+    assert_eq!(h.get(b"new")?, None);
+    // The limits themselves are accepted.
+    h.set(&[b'k'; 16], &[1u8; 100])?;
+    assert_eq!(h.get(&[b'k'; 16])?, Some(vec![1u8; 100]));
+    Ok(())
+}
+
+#[test]
+fn a_value_limit_beyond_the_segment_size_is_refused_at_start_up() {
+    let err = Embedded::open(&config(4096, 1 << 20, 64 << 10))
+        .err()
+        .expect("refused");
+    let msg = err.to_string();
+    assert!(matches!(err, KnError::Config(_)), "{msg}");
+    assert!(
+        msg.contains("max_value_len 1048576") && msg.contains("segment"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn impossible_limits_are_refused() {
+    assert!(matches!(
+        Embedded::open(&config(70_000, 10, 64 << 10)),
+        Err(KnError::Config(_))
+    ));
+}
