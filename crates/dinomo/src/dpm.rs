@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
+use dinomo_dpm::{Processor, ProcessorConfig};
 use dinomo_fabric::{MemoryNode, NodeConfig, Server, ServerConfig};
 use dinomo_pool::{PersistMode, Pool, PoolOptions};
 
@@ -49,6 +50,19 @@ pub struct DpmArgs {
     /// Processor threads serving two-sided calls.
     #[arg(long, default_value_t = 2)]
     pub rpc_threads: usize,
+    /// Threads merging KV nodes' logs into the index.
+    #[arg(long, default_value_t = 4)]
+    pub merge_threads: usize,
+    /// Bytes of a log segment (fixed when the pool is first formatted), e.g. 8MiB.
+    #[arg(long, value_parser = parse_size, default_value = "8MiB")]
+    pub log_segment_size: u64,
+    /// Logs (KV-node threads) the pool can hold (fixed when the pool is first formatted).
+    #[arg(long, default_value_t = 4096)]
+    pub max_logs: u32,
+    /// Serve the pool as plain registered memory, without the data plane (no index, logs or merge threads): for
+    /// fabric tests and benchmarks that use the memory directly.
+    #[arg(long)]
+    pub fabric_only: bool,
 }
 
 /// Runs the memory node until a termination signal, then closes the pool cleanly.
@@ -81,6 +95,19 @@ pub fn run(args: DpmArgs) -> anyhow::Result<()> {
             ..NodeConfig::default()
         },
     );
+    let processor = if args.fabric_only {
+        None
+    } else {
+        let cfg = ProcessorConfig {
+            merge_threads: args.merge_threads,
+            segment_size: args.log_segment_size,
+            directory_capacity: args.max_logs,
+            ..ProcessorConfig::default()
+        };
+        let p = Processor::start(pool.clone(), &cfg).context("starting the data plane")?;
+        p.serve(&node);
+        Some(p)
+    };
     let mut server = Server::start(
         node.clone(),
         ServerConfig {
@@ -91,7 +118,7 @@ pub fn run(args: DpmArgs) -> anyhow::Result<()> {
         },
     )?;
     println!(
-        "dinomo dpm listening on {} (pool {}, {} segments of {} bytes, {}, opened {})",
+        "dinomo dpm listening on {} (pool {}, {} segments of {} bytes, {}, opened {}{})",
         server.local_addr(),
         args.pool.display(),
         layout.segment_count,
@@ -107,12 +134,25 @@ pub fn run(args: DpmArgs) -> anyhow::Result<()> {
         } else {
             "after an unclean shutdown"
         },
+        match &processor {
+            None => ", fabric only".to_string(),
+            Some(p) => {
+                let s = p.stats();
+                format!(
+                    ", {} logs, {} keys, {} entries recovered",
+                    s.logs, s.index_entries, s.recovered_entries
+                )
+            }
+        },
     );
     use std::io::Write;
     std::io::stdout().flush().ok();
     let signal = signals.forever().next();
     tracing::info!(?signal, "stopping memory node");
     server.shutdown();
+    if let Some(p) = processor {
+        p.shutdown();
+    }
     drop(node);
     pool.close().context("closing the pool")?;
     println!("dinomo dpm stopped cleanly");

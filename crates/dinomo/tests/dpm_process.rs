@@ -20,7 +20,12 @@ struct Dpm {
     stdout: BufReader<std::process::ChildStdout>,
 }
 
+/// A memory node serving raw registered memory (these tests use the pool directly).
 fn start_dpm(pool: &Path) -> anyhow::Result<Dpm> {
+    start_dpm_with(pool, &["--fabric-only"])
+}
+
+fn start_dpm_with(pool: &Path, extra: &[&str]) -> anyhow::Result<Dpm> {
     let mut child = Command::new(env!("CARGO_BIN_EXE_dinomo"))
         .args([
             "dpm",
@@ -33,6 +38,7 @@ fn start_dpm(pool: &Path) -> anyhow::Result<Dpm> {
             "--pool",
         ])
         .arg(pool)
+        .args(extra)
         .env("DINOMO_CLUSTER_TOKEN", TOKEN)
         .env("DINOMO_LOG", "warn")
         .stdout(Stdio::piped())
@@ -226,4 +232,75 @@ fn two_memory_nodes_cannot_share_a_pool_file() {
     let err = start_dpm(&pool).err().expect("second must refuse");
     assert!(err.to_string().contains("locked"), "{err}");
     stop_with_sigterm(first);
+}
+
+/// A KV node over TCP writes through the data plane of a `dinomo dpm` process; the process is SIGKILLed without
+/// the log ever being sealed, and after a restart every acknowledged write is there.
+#[test]
+fn kv_node_over_tcp_survives_a_memory_node_sigkill() {
+    use dinomo_kn::{KnConfig, KvNode};
+    let dir = tempfile::tempdir().unwrap();
+    let pool = dir.path().join("kv.pool");
+    let extra = ["--log-segment-size", "1MiB", "--merge-threads", "2"];
+    let mut dpm = start_dpm_with(&pool, &extra).unwrap();
+    assert!(dpm.banner.contains("0 logs"), "{}", dpm.banner);
+    let connector = |addr| {
+        let mut c = Connector::new(Target::Tcp(addr));
+        c.config.cluster_token = TOKEN.into();
+        c
+    };
+    let kn = KvNode::start(
+        KnConfig {
+            threads: 2,
+            max_value_len: 4096,
+            ..KnConfig::default()
+        },
+        connector(dpm.addr),
+    )
+    .unwrap();
+    let h = kn.handle();
+    for i in 0..500u32 {
+        h.set(format!("key{i}").as_bytes(), &pattern(i as u64, 100))
+            .unwrap();
+    }
+    assert!(h.delete(b"key7").unwrap());
+    assert_eq!(h.get(b"key8").unwrap(), Some(pattern(8, 100)));
+    dpm.child.kill().unwrap();
+    dpm.child.wait().unwrap();
+    // The KV node notices on its next round trip.
+    assert!(h.get(b"never-written").is_err());
+    kn.stop();
+
+    let dpm = start_dpm_with(&pool, &extra).unwrap();
+    assert!(
+        dpm.banner.contains("after an unclean shutdown"),
+        "{}",
+        dpm.banner
+    );
+    assert!(
+        dpm.banner
+            .contains("2 logs, 499 keys, 501 entries recovered"),
+        "{}",
+        dpm.banner
+    );
+    let kn = KvNode::start(
+        KnConfig {
+            threads: 2,
+            max_value_len: 4096,
+            cache: dinomo_cache::CacheConfig {
+                budget_bytes: 0,
+                ..Default::default()
+            },
+            ..KnConfig::default()
+        },
+        connector(dpm.addr),
+    )
+    .unwrap();
+    let h = kn.handle();
+    for i in 0..500u32 {
+        let want = (i != 7).then(|| pattern(i as u64, 100));
+        assert_eq!(h.get(format!("key{i}").as_bytes()).unwrap(), want, "key{i}");
+    }
+    kn.stop();
+    stop_with_sigterm(dpm);
 }

@@ -92,8 +92,15 @@ impl KvNode {
         self.senders.len()
     }
 
-    /// Stops the workers after they finish what is queued.
+    /// Stops the workers after they finish what is queued; handles still around get [`KnError::Stopped`].
     pub fn stop(self) {
+        let (tx, _rx) = bounded(self.senders.len());
+        for s in &self.senders {
+            let _ = s.send(Request {
+                cmd: Command::Shutdown,
+                reply: tx.clone(),
+            });
+        }
         drop(self.senders);
         for t in self.threads {
             let _ = t.join();

@@ -32,13 +32,15 @@ pub(crate) enum Command {
     /// Seal and merge this thread's whole log now.
     MergeAll,
     Stats,
+    /// Finish what is queued before it, then stop.
+    Shutdown,
 }
 
 fn key_of(cmd: &Command) -> Option<&[u8]> {
     match cmd {
         Command::Get(k) | Command::Delete(k) => Some(k),
         Command::Set(k, _) | Command::Insert(k, _) | Command::Update(k, _) => Some(k),
-        Command::MergeAll | Command::Stats => None,
+        Command::MergeAll | Command::Stats | Command::Shutdown => None,
     }
 }
 
@@ -260,10 +262,19 @@ impl Worker {
                     Err(_) => break,
                 }
             }
+            let mut stop = false;
             for req in batch.drain(..) {
+                if matches!(req.cmd, Command::Shutdown) {
+                    stop = true;
+                    let _ = req.reply.send(Ok(Reply::Applied(true)));
+                    continue;
+                }
                 self.serve(req);
             }
             self.flush();
+            if stop {
+                return;
+            }
         }
         self.flush();
     }
@@ -317,6 +328,7 @@ impl Worker {
             },
             Command::MergeAll => self.merge_all().map(|_| Reply::Applied(true)),
             Command::Stats => Ok(Reply::Stats(Box::new(self.snapshot()))),
+            Command::Shutdown => Ok(Reply::Applied(true)),
         };
         let _ = reply.send(result);
     }

@@ -80,3 +80,31 @@ fn impossible_limits_are_refused() {
         Err(KnError::Config(_))
     ));
 }
+
+#[test]
+fn stopping_a_node_returns_while_handles_are_alive_and_they_get_stopped() -> anyhow::Result<()> {
+    let pool = std::sync::Arc::new(dinomo_pool::Pool::anonymous(64 << 20, 64 << 10)?);
+    let processor = dinomo_dpm::Processor::start(
+        pool.clone(),
+        &ProcessorConfig {
+            segment_size: 64 << 10,
+            ..Default::default()
+        },
+    )?;
+    let node = dinomo_fabric::MemoryNode::new(pool, dinomo_fabric::NodeConfig::default());
+    processor.serve(&node);
+    let kn = dinomo_kn::KvNode::start(
+        KnConfig {
+            threads: 2,
+            max_value_len: 1024,
+            ..KnConfig::default()
+        },
+        dinomo_fabric::Connector::new(dinomo_fabric::Target::InProcess(node)),
+    )?;
+    let h = kn.handle();
+    h.set(b"k", b"v")?;
+    kn.stop();
+    assert!(matches!(h.get(b"k"), Err(KnError::Stopped)));
+    assert!(matches!(h.set(b"k", b"w"), Err(KnError::Stopped)));
+    Ok(())
+}
