@@ -97,7 +97,7 @@ pub struct DacCase {
     pub values: u64,
     /// Shortcuts cached at the end.
     pub shortcuts: u64,
-    /// Measured round trips per miss (moving average, first worker).
+    /// Measured round trips per miss (moving average, last worker).
     pub miss_cost: f64,
 }
 
@@ -257,8 +257,8 @@ pub fn run_dac(
                 });
             let mut reads = 0u64;
             let mut secs = 0f64;
+            // Counters over the timed phase, summed over the workers; cache contents at its end.
             let mut agg = WorkerStats::default();
-            let mut last = WorkerStats::default();
             for r in results {
                 let (before, after, n, dur) = r?;
                 reads += n;
@@ -267,9 +267,9 @@ pub fn run_dac(
                 agg.value_hits += after.value_hits - before.value_hits;
                 agg.shortcut_hits += after.shortcut_hits - before.shortcut_hits;
                 agg.index_walks += after.index_walks - before.index_walks;
-                last.cache.values += after.cache.values;
-                last.cache.shortcuts += after.cache.shortcuts;
-                last.cache.miss_cost = after.cache.miss_cost;
+                agg.cache.values += after.cache.values;
+                agg.cache.shortcuts += after.cache.shortcuts;
+                agg.miss_cost = after.miss_cost;
             }
             let per = |x: u64| {
                 if reads == 0 {
@@ -288,9 +288,9 @@ pub fn run_dac(
                 value_hit_ratio: per(agg.value_hits),
                 shortcut_hit_ratio: per(agg.shortcut_hits),
                 miss_ratio: per(agg.index_walks),
-                values: last.cache.values,
-                shortcuts: last.cache.shortcuts,
-                miss_cost: last.cache.miss_cost,
+                values: agg.cache.values,
+                shortcuts: agg.cache.shortcuts,
+                miss_cost: agg.miss_cost,
             });
         }
     }

@@ -167,7 +167,7 @@ pub enum EntryKind {
 
 /// Counters and gauges of a [`Dac`]. The counters (hits, misses, promotions, demotions,
 /// evictions) accumulate from creation; [`Dac::clear`] does not reset them.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CacheStats {
     /// Lookups answered with a value.
     pub value_hits: u64,

@@ -264,7 +264,7 @@ impl Processor {
             .cloned()
             .collect();
         for log in logs {
-            self.inner.merge_log(&log)?;
+            self.inner.merge_log(&log, &mut Scratch::default())?;
         }
         Ok(())
     }
@@ -346,6 +346,19 @@ fn entry_has_key(pool: &Pool, r: EntryRef, key: &[u8], scratch: &mut Vec<u8>) ->
     pool.read(r.offset() + ENTRY_HEADER_LEN as u64, scratch)
         .is_ok()
         && scratch[..] == *key
+}
+
+/// Buffers a merge reuses: a segment's entries, and a key read back from the pool for comparison.
+#[derive(Default)]
+struct Scratch {
+    data: Vec<u8>,
+    key: Vec<u8>,
+}
+
+/// The merged segment that holds pool offset `at`, with its offset.
+fn segment_holding(stats: &mut BTreeMap<u64, SegStat>, at: u64) -> Option<(u64, &mut SegStat)> {
+    let (&offset, st) = stats.range_mut(..=at).next_back()?;
+    (at < st.end).then_some((offset, st))
 }
 
 /// What merging one segment did.
@@ -444,10 +457,9 @@ impl Inner {
         *self.logs.write().expect("logs lock") = logs.clone();
 
         let before = self.merged_entries.load(Ordering::Relaxed);
-        let mut data = Vec::new();
+        let mut scratch = Scratch::default();
         for log in logs.values() {
-            self.seal_open_segments(log, &mut data)?;
-            self.merge_log(log)?;
+            self.take_over(log, &mut scratch)?;
         }
         let recovered = self.merged_entries.load(Ordering::Relaxed) - before;
         self.recovered_entries.store(recovered, Ordering::Relaxed);
@@ -458,9 +470,9 @@ impl Inner {
             let meta = log.meta.lock().expect("log lock");
             for s in &meta.segments {
                 let len = s.sealed_len.unwrap_or(0);
-                self.read_entries(s.offset, len, &mut data)?;
+                self.read_entries(s.offset, len, &mut scratch.data)?;
                 let mut entries = 0u64;
-                segment::scan(&data, log.id, s.first_seq, |_, _| entries += 1);
+                segment::scan(&scratch.data, log.id, s.first_seq, |_, _| entries += 1);
                 stats.insert(
                     s.offset,
                     SegStat {
@@ -473,9 +485,7 @@ impl Inner {
             }
         }
         self.index.for_each(|_, r| {
-            if let Some((_, st)) = stats.range_mut(..=r.offset()).next_back()
-                && r.offset() < st.end
-            {
+            if let Some((_, st)) = segment_holding(&mut stats, r.offset()) {
                 st.invalid = st.invalid.saturating_sub(1);
             }
         });
@@ -496,26 +506,24 @@ impl Inner {
         Ok(())
     }
 
-    /// Seals every open segment of `log` at its last valid entry (the writer is gone: nothing after it was
-    /// acknowledged).
-    fn seal_open_segments(&self, log: &LogState, data: &mut Vec<u8>) -> Result<(), ProcessorError> {
-        let mut meta = log.meta.lock().expect("log lock");
-        let mut last_seq = meta.last_seq;
-        for s in meta.segments.iter_mut() {
-            let cap = s.capacity - SEGMENT_HEADER_LEN as u64;
-            let limit = s.sealed_len.unwrap_or(cap);
-            self.read_entries(s.offset, limit, data)?;
-            let (valid, end) = segment::scan(data, log.id, s.first_seq, |_, e| {
-                last_seq = last_seq.max(e.header.seq)
-            });
-            match s.sealed_len {
-                None => {
-                    if valid > 0 {
-                        write_sealed_len(&self.pool, s.offset, valid as u64)?;
-                    }
-                    if let ScanEnd::Stopped { reason, .. } = end
-                        && valid > 0
-                    {
+    /// Takes over a log whose writer is gone: seals its open segments at their last valid entry (nothing after
+    /// it was acknowledged) and merges all of it.
+    fn take_over(&self, log: &LogState, scratch: &mut Scratch) -> Result<(), ProcessorError> {
+        {
+            let mut meta = log.meta.lock().expect("log lock");
+            let mut last_seq = meta.last_seq;
+            for s in meta.segments.iter_mut().filter(|s| s.sealed_len.is_none()) {
+                self.read_entries(
+                    s.offset,
+                    s.capacity - SEGMENT_HEADER_LEN as u64,
+                    &mut scratch.data,
+                )?;
+                let (valid, end) = segment::scan(&scratch.data, log.id, s.first_seq, |_, e| {
+                    last_seq = last_seq.max(e.header.seq)
+                });
+                if valid > 0 {
+                    write_sealed_len(&self.pool, s.offset, valid as u64)?;
+                    if let ScanEnd::Stopped { reason, .. } = end {
                         debug!(
                             log = log.id,
                             segment = s.offset,
@@ -523,24 +531,12 @@ impl Inner {
                             "open segment ends here"
                         );
                     }
-                    s.sealed_len = Some(valid as u64);
                 }
-                Some(len) if (valid as u64) < len => {
-                    warn!(
-                        log = log.id,
-                        segment = s.offset,
-                        valid,
-                        sealed = len,
-                        "sealed segment holds torn entries"
-                    );
-                    self.torn_entries.fetch_add(1, Ordering::Relaxed);
-                    s.sealed_len = Some(valid as u64);
-                }
-                Some(_) => {}
+                s.sealed_len = Some(valid as u64);
             }
+            meta.last_seq = last_seq;
         }
-        meta.last_seq = last_seq;
-        Ok(())
+        self.merge_log(log, scratch)
     }
 
     fn read_entries(
@@ -567,9 +563,7 @@ impl Inner {
             Some(log) => {
                 // The previous writer of this log is gone: take over what it wrote and merge it all.
                 log.meta.lock().expect("log lock").session = self.next_session();
-                let mut data = Vec::new();
-                self.seal_open_segments(&log, &mut data)?;
-                self.merge_log(&log)?;
+                self.take_over(&log, &mut Scratch::default())?;
                 log
             }
             None => {
@@ -689,19 +683,20 @@ impl Inner {
             let mut meta = log.meta.lock().expect("log lock");
             self.seal_head(req.log_id, &mut meta, req.sealed_len)?;
         }
-        self.merge_log(&log)?;
+        self.merge_log(&log, &mut Scratch::default())?;
         Ok(proto::Merged {
             merged_seq: log.meta.lock().expect("log lock").merged_seq,
         })
     }
 
     fn merge_loop(&self, rx: Receiver<u32>) {
+        let mut scratch = Scratch::default();
         while !self.stopping.load(Ordering::Acquire) {
             match rx.recv_timeout(Duration::from_millis(50)) {
                 Ok(log_id) => {
                     let log = self.logs.read().expect("logs lock").get(&log_id).cloned();
                     if let Some(log) = log
-                        && let Err(e) = self.merge_log(&log)
+                        && let Err(e) = self.merge_log(&log, &mut scratch)
                     {
                         warn!(log = log_id, error = %e, "merge failed; it is retried on the next request");
                     }
@@ -715,10 +710,8 @@ impl Inner {
     }
 
     /// Merges every sealed, unmerged segment of `log`, oldest first.
-    fn merge_log(&self, log: &LogState) -> Result<(), ProcessorError> {
+    fn merge_log(&self, log: &LogState, scratch: &mut Scratch) -> Result<(), ProcessorError> {
         let _order = log.merge_lock.lock().expect("merge lock");
-        let mut data = Vec::new();
-        let mut scratch = Vec::new();
         loop {
             let next = {
                 let meta = log.meta.lock().expect("log lock");
@@ -738,45 +731,26 @@ impl Inner {
             let Some((offset, first_seq, len, merged_seq, capacity)) = next else {
                 return Ok(());
             };
-            self.read_entries(offset, len, &mut data)?;
-            let result =
-                self.merge_segment(log.id, offset, &data, first_seq, merged_seq, &mut scratch);
+            self.read_entries(offset, len, &mut scratch.data)?;
+            let result = self.merge_segment(
+                log.id,
+                offset,
+                &scratch.data,
+                first_seq,
+                merged_seq,
+                &mut scratch.key,
+            );
             let (m, failure) = match result {
                 Ok(m) => (m, None),
                 Err((m, e)) => (m, Some(e)),
             };
-            // Invalidations are recorded even when the merge stopped early: the index already changed.
-            let mut dead = Vec::new();
-            // While recovering, counters are rebuilt from the index once everything is merged.
-            if !self.recovering.load(Ordering::Acquire) {
-                let mut stats = self.stats_by_segment.lock().expect("segment stats lock");
-                if failure.is_none() {
-                    let st = stats.entry(offset).or_insert(SegStat {
-                        log_id: log.id,
-                        end: offset + capacity,
-                        entries: 0,
-                        invalid: 0,
-                    });
-                    st.entries = m.entries;
-                    st.invalid += m.deletes;
-                }
-                for old in &m.superseded {
-                    if let Some((&o, st)) = stats.range_mut(..=old.offset()).next_back()
-                        && old.offset() < st.end
-                    {
-                        st.invalid += 1;
-                        if st.invalid >= st.entries {
-                            dead.push(o);
-                        }
-                    }
-                }
-                if failure.is_none()
-                    && let Some(st) = stats.get(&offset)
-                    && st.invalid >= st.entries
-                {
-                    dead.push(offset);
-                }
-            }
+            // Invalidations are recorded even when the merge stopped early: the index already changed. While
+            // recovering, counters are rebuilt from the index once everything is merged.
+            let mut dead = if self.recovering.load(Ordering::Acquire) {
+                Vec::new()
+            } else {
+                self.count_invalidations(log.id, offset, offset + capacity, &m, failure.is_none())
+            };
             if let Some(e) = failure {
                 return Err(e);
             }
@@ -795,6 +769,42 @@ impl Inner {
             dead.dedup();
             self.recycle(&dead)?;
         }
+    }
+
+    /// Records what merging the segment at `offset` (ending at `end`) did to the invalidation counters; returns the
+    /// segments that became entirely invalid. `complete`: every entry of the segment was applied.
+    fn count_invalidations(
+        &self,
+        log_id: u32,
+        offset: u64,
+        end: u64,
+        m: &SegmentMerge,
+        complete: bool,
+    ) -> Vec<u64> {
+        let mut stats = self.stats_by_segment.lock().expect("segment stats lock");
+        let mut dead = Vec::new();
+        if complete {
+            let st = stats.entry(offset).or_insert(SegStat {
+                log_id,
+                end,
+                entries: 0,
+                invalid: 0,
+            });
+            st.entries = m.entries;
+            st.invalid += m.deletes;
+            if st.invalid >= st.entries {
+                dead.push(offset);
+            }
+        }
+        for old in &m.superseded {
+            if let Some((o, st)) = segment_holding(&mut stats, old.offset()) {
+                st.invalid += 1;
+                if st.invalid >= st.entries {
+                    dead.push(o);
+                }
+            }
+        }
+        dead
     }
 
     /// Applies the entries of one segment after `merged_seq` to the index.

@@ -19,4 +19,4 @@ pub use config::KnConfig;
 pub use embedded::{Embedded, EmbeddedConfig};
 pub use error::KnError;
 pub use node::{KvHandle, KvNode, thread_for_key};
-pub use worker::{CacheSnapshot, DirectWorker, WorkerStats};
+pub use worker::{DirectWorker, WorkerStats};

@@ -91,43 +91,9 @@ pub struct WorkerStats {
     /// Bytes this thread received over the fabric.
     pub bytes_in: u64,
     /// The cache's own counters.
-    pub cache: CacheSnapshot,
-}
-
-/// The cache's counters, in a form that can be serialized.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct CacheSnapshot {
-    /// Values cached.
-    pub values: u64,
-    /// Shortcuts cached.
-    pub shortcuts: u64,
-    /// Bytes charged against the budget.
-    pub used_bytes: u64,
-    /// The budget.
-    pub budget_bytes: u64,
-    /// Shortcuts promoted to values.
-    pub promotions: u64,
-    /// Values demoted to shortcuts.
-    pub demotions: u64,
-    /// Shortcuts evicted.
-    pub evictions: u64,
-    /// Moving average of round trips per miss.
+    pub cache: CacheStats,
+    /// The cache's moving average of round trips per miss.
     pub miss_cost: f64,
-}
-
-impl CacheSnapshot {
-    fn from(s: CacheStats, miss_cost: f64) -> CacheSnapshot {
-        CacheSnapshot {
-            values: s.values,
-            shortcuts: s.shortcuts,
-            used_bytes: s.used_bytes,
-            budget_bytes: s.budget_bytes,
-            promotions: s.promotions,
-            demotions: s.demotions,
-            evictions: s.evictions,
-            miss_cost,
-        }
-    }
 }
 
 /// A segment this thread writes or wrote, with its local copy (which is also the write buffer).
@@ -176,13 +142,45 @@ pub(crate) struct Worker {
     active: Option<LocalSegment>,
     sealed: VecDeque<LocalSegment>,
     pending: Vec<PendingWrite>,
-    pending_keys: HashSet<Vec<u8>>,
+    /// Key hashes of `pending` (a false match only commits early).
+    pending_keys: HashSet<u64>,
     spare_buffers: Vec<Vec<u8>>,
     candidates: Vec<EntryRef>,
     read_buf: Vec<u8>,
     /// After a failed round trip: the log must be claimed again before the next request.
     broken: bool,
     stats: WorkerStats,
+}
+
+/// Claims the log of `thread` (the memory node merges what an earlier claim left first), checks that the limits
+/// fit in the node's segments, and connects to the index.
+fn claim_log(
+    ep: &mut Endpoint,
+    cfg: &KnConfig,
+    thread: u32,
+) -> Result<(proto::LogOpened, HashMode, RemoteIndex), KnError> {
+    let log: proto::LogOpened = ep
+        .call(
+            proto::OPEN_LOG,
+            &proto::OpenLog {
+                node_id: cfg.node_id,
+                thread,
+            },
+        )
+        .map_err(refused)?;
+    let hash_mode = HashMode::from_word(log.hash_mode)
+        .ok_or_else(|| KnError::Corrupt(format!("unknown hash mode {:#x}", log.hash_mode)))?;
+    let room = log.segment_size.saturating_sub(SEGMENT_HEADER_LEN as u64);
+    let largest = entry_len(cfg.max_key_len, cfg.max_value_len) as u64;
+    if largest > room {
+        return Err(KnError::Config(format!(
+            "max_key_len {} + max_value_len {} need {largest} bytes per log entry, but the memory node's log \
+             segments hold {room}; lower the limits or format the pool with a larger segment size",
+            cfg.max_key_len, cfg.max_value_len
+        )));
+    }
+    let remote = RemoteIndex::connect(ep).map_err(|e| KnError::Corrupt(e.to_string()))?;
+    Ok((log, hash_mode, remote))
 }
 
 fn refused(e: FabricError) -> KnError {
@@ -204,27 +202,7 @@ impl Worker {
             .region(DATA_REGION)
             .cloned()
             .ok_or_else(|| KnError::Corrupt("the memory node has no data region".into()))?;
-        let log: proto::LogOpened = ep
-            .call(
-                proto::OPEN_LOG,
-                &proto::OpenLog {
-                    node_id: cfg.node_id,
-                    thread,
-                },
-            )
-            .map_err(refused)?;
-        let hash_mode = HashMode::from_word(log.hash_mode)
-            .ok_or_else(|| KnError::Corrupt(format!("unknown hash mode {:#x}", log.hash_mode)))?;
-        let room = log.segment_size.saturating_sub(SEGMENT_HEADER_LEN as u64);
-        let largest = entry_len(cfg.max_key_len, cfg.max_value_len) as u64;
-        if largest > room {
-            return Err(KnError::Config(format!(
-                "max_key_len {} + max_value_len {} need {largest} bytes per log entry, but the memory node's log \
-                 segments hold {room}; lower the limits or format the pool with a larger segment size",
-                cfg.max_key_len, cfg.max_value_len
-            )));
-        }
-        let remote = RemoteIndex::connect(&mut ep).map_err(|e| KnError::Corrupt(e.to_string()))?;
+        let (log, hash_mode, remote) = claim_log(&mut ep, &cfg, thread)?;
         let cache = Dac::new(cfg.cache.clone());
         Ok(Worker {
             thread,
@@ -289,7 +267,8 @@ impl Worker {
         let Request { cmd, reply } = req;
         // A request on a key with a write in flight waits for that write's commit, so it sees (and orders after)
         // an acknowledged value only.
-        let conflicts = key_of(&cmd).is_some_and(|k| self.pending_keys.contains(k));
+        let conflicts = !self.pending_keys.is_empty()
+            && key_of(&cmd).is_some_and(|k| self.pending_keys.contains(&dinomo_log::key_hash(k)));
         if conflicts || matches!(cmd, Command::MergeAll) {
             self.flush();
             if self.broken
@@ -354,7 +333,8 @@ impl Worker {
         s.round_trips = c.round_trips;
         s.bytes_out = c.bytes_out;
         s.bytes_in = c.bytes_in;
-        s.cache = CacheSnapshot::from(self.cache.stats(), self.cache.miss_cost());
+        s.cache = self.cache.stats();
+        s.miss_cost = self.cache.miss_cost();
         s
     }
 
@@ -395,10 +375,7 @@ impl Worker {
         let Some(r) = EntryRef::from_raw(sc.ptr) else {
             return Ok(None);
         };
-        self.read_buf.resize(r.len() as usize, 0);
-        self.ep
-            .read(self.data.at(r.offset()), &mut self.read_buf)
-            .map_err(|e| self.fail(e))?;
+        self.read_entry(r)?;
         let value = match EntryView::parse(&self.read_buf) {
             Ok(e) if e.key == key && e.header.seq == sc.seq && e.header.op == Op::Put => {
                 e.value.to_vec()
@@ -407,6 +384,14 @@ impl Worker {
         };
         self.cache.shortcut_hit(key, &value, sc);
         Ok(Some(value))
+    }
+
+    /// READs the entry `r` into `read_buf`.
+    fn read_entry(&mut self, r: EntryRef) -> Result<(), KnError> {
+        self.read_buf.resize(r.len() as usize, 0);
+        self.ep
+            .read(self.data.at(r.offset()), &mut self.read_buf)
+            .map_err(|e| self.fail(e))
     }
 
     /// Local segment copies, newest first.
@@ -463,10 +448,7 @@ impl Worker {
         cands: &[EntryRef],
     ) -> Result<Option<(Vec<u8>, Shortcut)>, KnError> {
         for &r in cands {
-            self.read_buf.resize(r.len() as usize, 0);
-            self.ep
-                .read(self.data.at(r.offset()), &mut self.read_buf)
-                .map_err(|e| self.fail(e))?;
+            self.read_entry(r)?;
             if let Ok(e) = EntryView::parse(&self.read_buf)
                 && e.key == key
                 && e.header.op == Op::Put
@@ -507,14 +489,15 @@ impl Worker {
             return;
         }
         let op = if value.is_some() { Op::Put } else { Op::Delete };
-        let (entry, seq) = match self.append(op, &key, value.as_deref().unwrap_or(&[])) {
+        let hash = dinomo_log::key_hash(&key);
+        let (entry, seq) = match self.append(op, &key, hash, value.as_deref().unwrap_or(&[])) {
             Ok(x) => x,
             Err(e) => {
                 let _ = reply.send(Err(e));
                 return;
             }
         };
-        self.pending_keys.insert(key.clone());
+        self.pending_keys.insert(hash);
         self.pending.push(PendingWrite {
             key,
             value,
@@ -524,8 +507,15 @@ impl Worker {
         });
     }
 
-    /// Encodes an entry into the active segment (rolling to a new segment when it is full).
-    fn append(&mut self, op: Op, key: &[u8], value: &[u8]) -> Result<(EntryRef, u64), KnError> {
+    /// Encodes an entry into the active segment (rolling to a new segment when it is full); `hash` is the key's
+    /// [`dinomo_log::key_hash`].
+    fn append(
+        &mut self,
+        op: Op,
+        key: &[u8],
+        hash: u64,
+        value: &[u8],
+    ) -> Result<(EntryRef, u64), KnError> {
         let len = entry_len(key.len(), value.len());
         let fits = self
             .active
@@ -544,7 +534,7 @@ impl Worker {
         seg.last_seq = seq;
         self.next_seq += 1;
         let r = EntryRef::new(seg.entries_offset() + at as u64, len as u64).expect("aligned entry");
-        seg.keys.insert(dinomo_log::key_hash(key), at as u32);
+        seg.keys.insert(hash, at as u32);
         Ok((r, seq))
     }
 
@@ -569,15 +559,8 @@ impl Worker {
                     first_seq: self.next_seq,
                 },
             )
-            .map_err(|e| {
-                let e = refused(e);
-                self.broken = matches!(e, KnError::Fabric(_));
-                e
-            })?;
-        if let Some(old) = self.active.take() {
-            self.stats.segments_sealed += 1;
-            self.sealed.push_back(old);
-        }
+            .map_err(|e| self.fail_rpc(e))?;
+        self.seal_active();
         let capacity = (granted.capacity - SEGMENT_HEADER_LEN as u64) as usize;
         let mut buf = self.spare_buffers.pop().unwrap_or_default();
         buf.clear();
@@ -592,6 +575,14 @@ impl Worker {
         });
         self.note_merged(granted.merged_seq);
         Ok(())
+    }
+
+    /// Moves the active segment (which the memory node has just sealed) to the sealed ones.
+    fn seal_active(&mut self) {
+        if let Some(old) = self.active.take() {
+            self.stats.segments_sealed += 1;
+            self.sealed.push_back(old);
+        }
     }
 
     /// Waits until at most `limit` sealed segments are unmerged.
@@ -698,10 +689,7 @@ impl Worker {
                 },
             )
             .map_err(|e| self.fail_rpc(e))?;
-        if let Some(old) = self.active.take() {
-            self.stats.segments_sealed += 1;
-            self.sealed.push_back(old);
-        }
+        self.seal_active();
         self.note_merged(merged.merged_seq);
         Ok(())
     }
@@ -733,18 +721,9 @@ impl Worker {
         self.active = None;
         self.sealed.clear();
         self.ep = self.connector.connect()?;
-        let log: proto::LogOpened = self
-            .ep
-            .call(
-                proto::OPEN_LOG,
-                &proto::OpenLog {
-                    node_id: self.cfg.node_id,
-                    thread: self.thread,
-                },
-            )
-            .map_err(refused)?;
-        self.remote =
-            RemoteIndex::connect(&mut self.ep).map_err(|e| KnError::Corrupt(e.to_string()))?;
+        let (log, hash_mode, remote) = claim_log(&mut self.ep, &self.cfg, self.thread)?;
+        self.hash_mode = hash_mode;
+        self.remote = remote;
         self.next_seq = log.next_seq;
         self.merged_seq = log.next_seq - 1;
         self.log = log;
