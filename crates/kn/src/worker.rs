@@ -428,6 +428,7 @@ impl Worker {
         let mut cands = std::mem::take(&mut self.candidates);
         let r = self.remote.candidates(&mut self.ep, hash, &mut cands);
         let result = match r {
+            Err(dinomo_index::RemoteIndexError::Fabric(e)) => Err(self.fail(e)),
             Err(e) => Err(KnError::Corrupt(e.to_string())),
             Ok(()) => self.first_matching(key, &cands),
         };
@@ -716,7 +717,9 @@ impl Worker {
             thread = self.thread,
             "claiming the log again after a failure"
         );
-        self.pending_keys.clear();
+        // Writes still waiting for their commit are settled first: committed and acknowledged if the endpoint still
+        // works, refused if not. Never acknowledged after their segment copy is dropped below.
+        self.flush();
         self.cache.clear();
         self.active = None;
         self.sealed.clear();
@@ -798,5 +801,64 @@ impl DirectWorker {
     /// This worker's counters.
     pub fn stats(&mut self) -> WorkerStats {
         self.worker.snapshot()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dinomo_dpm::{Processor, ProcessorConfig};
+    use dinomo_fabric::{MemoryNode, NodeConfig, Server, ServerConfig, Target};
+
+    /// A write waiting for its group commit when the connection breaks under a read of the same batch must not be
+    /// acknowledged unless it really reached the memory node.
+    #[test]
+    fn a_write_pending_when_the_connection_breaks_is_not_acknowledged_unwritten() {
+        let pool = Arc::new(dinomo_pool::Pool::anonymous(64 << 20, 1 << 20).unwrap());
+        let processor = Processor::start(pool.clone(), &ProcessorConfig::default()).unwrap();
+        let node = MemoryNode::new(pool, NodeConfig::default());
+        processor.serve(&node);
+        let server = Server::start(
+            node,
+            ServerConfig {
+                listen: "127.0.0.1:0".parse().unwrap(),
+                ..ServerConfig::default()
+            },
+        )
+        .unwrap();
+        let cfg = Arc::new(KnConfig {
+            threads: 1,
+            ..KnConfig::default()
+        });
+        let connector = Connector::new(Target::Tcp(server.local_addr()));
+        let mut w = Worker::start(cfg.clone(), 0, connector.clone()).unwrap();
+        let (tx, rx) = crossbeam_channel::unbounded();
+        // One batch: a write (pending), a read that loses the connection, another read.
+        w.serve(Request {
+            cmd: Command::Set(b"a".to_vec(), b"1".to_vec()),
+            reply: tx.clone(),
+        });
+        server.cut_all_connections();
+        w.serve(Request {
+            cmd: Command::Get(b"b".to_vec()),
+            reply: tx.clone(),
+        });
+        w.serve(Request {
+            cmd: Command::Get(b"c".to_vec()),
+            reply: tx.clone(),
+        });
+        w.flush();
+        let replies: Vec<_> = rx.try_iter().collect();
+        assert_eq!(replies.len(), 3);
+        let set_acknowledged = replies
+            .iter()
+            .any(|r| matches!(r, Ok(Reply::Applied(true))));
+        if set_acknowledged {
+            // Ask the memory node, through a fresh claim of the log, not this worker's cache.
+            drop(w);
+            let mut fresh = Worker::start(cfg, 0, connector).unwrap();
+            let found = fresh.lookup(b"a").unwrap();
+            assert_eq!(found, Some(b"1".to_vec()), "an acknowledged write was lost");
+        }
     }
 }
