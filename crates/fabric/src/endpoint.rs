@@ -218,124 +218,103 @@ impl Endpoint {
         Ok(len as u32)
     }
 
-    /// One-sided READ of `buf.len()` bytes at `addr`.
-    #[inline]
-    pub fn read(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
+    /// One verb in one round trip. In process, with no fault, latency or broken connection to handle, it goes
+    /// straight to the executor (`local`); anything else takes [`Endpoint::verb_slow`]. `len` is the payload length;
+    /// `buf` (the verb's buffer, if any) goes to whichever of `local` and `remote` runs.
+    #[inline(always)]
+    fn verb<B, T>(
+        &mut self,
+        kind: VerbKind,
+        len: usize,
+        buf: B,
+        local: impl FnOnce(&Nic, B) -> Result<T, VerbError>,
+        remote: impl FnOnce(&mut TcpConn, u32, B) -> Result<T, FabricError>,
+    ) -> Result<T, FabricError> {
         if let (true, Transport::InProcess(_, nic)) = (self.ready(), &self.transport) {
-            let (o, i) = wire::verb_bytes(VerbKind::Read, buf.len() as u64);
-            counters::record_single(VerbKind::Read, o, i);
-            return nic
-                .read(addr.region, addr.rkey, addr.offset, buf)
-                .map_err(|e| verb_err(VerbKind::Read, e));
+            let (o, i) = wire::verb_bytes(kind, len as u64);
+            counters::record_single(kind, o, i);
+            return local(nic, buf).map_err(|e| verb_err(kind, e));
         }
-        self.read_general(addr, buf)
+        self.verb_slow(kind, len, buf, local, remote)
     }
 
     #[inline(never)]
-    fn read_general(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
+    fn verb_slow<B, T>(
+        &mut self,
+        kind: VerbKind,
+        len: usize,
+        buf: B,
+        local: impl FnOnce(&Nic, B) -> Result<T, VerbError>,
+        remote: impl FnOnce(&mut TcpConn, u32, B) -> Result<T, FabricError>,
+    ) -> Result<T, FabricError> {
         self.begin()?;
-        let len = self.check_len(VerbKind::Read, buf.len())?;
-        let (o, i) = wire::verb_bytes(VerbKind::Read, len as u64);
-        let r = match &mut self.transport {
-            Transport::InProcess(_, nic) => nic
-                .read(addr.region, addr.rkey, addr.offset, buf)
-                .map_err(|e| verb_err(VerbKind::Read, e)),
-            Transport::Tcp(c) => c
-                .single(VerbKind::Read, addr, len, 0, 0, &[], Some(buf))
-                .map(|_| ()),
+        // Atomics carry no payload; READ and WRITE payloads must fit in one message.
+        let len = match kind {
+            VerbKind::Read | VerbKind::Write => self.check_len(kind, len)?,
+            VerbKind::Cas | VerbKind::Faa => len as u32,
         };
-        counters::record_single(VerbKind::Read, o, i);
+        let (o, i) = wire::verb_bytes(kind, len as u64);
+        let r = match &mut self.transport {
+            Transport::InProcess(_, nic) => local(nic, buf).map_err(|e| verb_err(kind, e)),
+            Transport::Tcp(c) => remote(c, len, buf),
+        };
+        counters::record_single(kind, o, i);
         r.map_err(|e| self.fail(e))
+    }
+
+    /// One-sided READ of `buf.len()` bytes at `addr`.
+    #[inline]
+    pub fn read(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
+        self.verb(
+            VerbKind::Read,
+            buf.len(),
+            buf,
+            |nic, buf| nic.read(addr.region, addr.rkey, addr.offset, buf),
+            |c, len, buf| {
+                c.single(VerbKind::Read, addr, len, 0, 0, &[], Some(buf))
+                    .map(|_| ())
+            },
+        )
     }
 
     /// One-sided WRITE of `data` at `addr`; returns once the write is complete (and persisted, when the node's
     /// durability mode flushes).
     #[inline]
     pub fn write(&mut self, addr: RemoteAddr, data: &[u8]) -> Result<(), FabricError> {
-        if let (true, Transport::InProcess(_, nic)) = (self.ready(), &self.transport) {
-            let (o, i) = wire::verb_bytes(VerbKind::Write, data.len() as u64);
-            counters::record_single(VerbKind::Write, o, i);
-            return nic
-                .write(addr.region, addr.rkey, addr.offset, data)
-                .map_err(|e| verb_err(VerbKind::Write, e));
-        }
-        self.write_general(addr, data)
-    }
-
-    #[inline(never)]
-    fn write_general(&mut self, addr: RemoteAddr, data: &[u8]) -> Result<(), FabricError> {
-        self.begin()?;
-        let len = self.check_len(VerbKind::Write, data.len())?;
-        let (o, i) = wire::verb_bytes(VerbKind::Write, len as u64);
-        let r = match &mut self.transport {
-            Transport::InProcess(_, nic) => nic
-                .write(addr.region, addr.rkey, addr.offset, data)
-                .map_err(|e| verb_err(VerbKind::Write, e)),
-            Transport::Tcp(c) => c
-                .single(VerbKind::Write, addr, len, 0, 0, data, None)
-                .map(|_| ()),
-        };
-        counters::record_single(VerbKind::Write, o, i);
-        r.map_err(|e| self.fail(e))
+        self.verb(
+            VerbKind::Write,
+            data.len(),
+            data,
+            |nic, data| nic.write(addr.region, addr.rkey, addr.offset, data),
+            |c, len, data| {
+                c.single(VerbKind::Write, addr, len, 0, 0, data, None)
+                    .map(|_| ())
+            },
+        )
     }
 
     /// 8-byte compare-and-swap; returns the previous value (the swap happened iff it equals `expected`).
     #[inline]
     pub fn cas(&mut self, addr: RemoteAddr, expected: u64, new: u64) -> Result<u64, FabricError> {
-        if let (true, Transport::InProcess(_, nic)) = (self.ready(), &self.transport) {
-            let (o, i) = wire::verb_bytes(VerbKind::Cas, 8);
-            counters::record_single(VerbKind::Cas, o, i);
-            return nic
-                .cas(addr.region, addr.rkey, addr.offset, expected, new)
-                .map_err(|e| verb_err(VerbKind::Cas, e));
-        }
-        self.cas_general(addr, expected, new)
-    }
-
-    #[inline(never)]
-    fn cas_general(
-        &mut self,
-        addr: RemoteAddr,
-        expected: u64,
-        new: u64,
-    ) -> Result<u64, FabricError> {
-        self.begin()?;
-        let (o, i) = wire::verb_bytes(VerbKind::Cas, 8);
-        let r = match &mut self.transport {
-            Transport::InProcess(_, nic) => nic
-                .cas(addr.region, addr.rkey, addr.offset, expected, new)
-                .map_err(|e| verb_err(VerbKind::Cas, e)),
-            Transport::Tcp(c) => c.single(VerbKind::Cas, addr, 8, expected, new, &[], None),
-        };
-        counters::record_single(VerbKind::Cas, o, i);
-        r.map_err(|e| self.fail(e))
+        self.verb(
+            VerbKind::Cas,
+            8,
+            (),
+            |nic, ()| nic.cas(addr.region, addr.rkey, addr.offset, expected, new),
+            |c, len, ()| c.single(VerbKind::Cas, addr, len, expected, new, &[], None),
+        )
     }
 
     /// 8-byte fetch-and-add (wrapping); returns the previous value.
     #[inline]
     pub fn faa(&mut self, addr: RemoteAddr, add: u64) -> Result<u64, FabricError> {
-        if let (true, Transport::InProcess(_, nic)) = (self.ready(), &self.transport) {
-            let (o, i) = wire::verb_bytes(VerbKind::Faa, 8);
-            counters::record_single(VerbKind::Faa, o, i);
-            return nic
-                .faa(addr.region, addr.rkey, addr.offset, add)
-                .map_err(|e| verb_err(VerbKind::Faa, e));
-        }
-        self.faa_general(addr, add)
-    }
-
-    #[inline(never)]
-    fn faa_general(&mut self, addr: RemoteAddr, add: u64) -> Result<u64, FabricError> {
-        self.begin()?;
-        let (o, i) = wire::verb_bytes(VerbKind::Faa, 8);
-        let r = match &mut self.transport {
-            Transport::InProcess(_, nic) => nic
-                .faa(addr.region, addr.rkey, addr.offset, add)
-                .map_err(|e| verb_err(VerbKind::Faa, e)),
-            Transport::Tcp(c) => c.single(VerbKind::Faa, addr, 8, add, 0, &[], None),
-        };
-        counters::record_single(VerbKind::Faa, o, i);
-        r.map_err(|e| self.fail(e))
+        self.verb(
+            VerbKind::Faa,
+            8,
+            (),
+            |nic, ()| nic.faa(addr.region, addr.rkey, addr.offset, add),
+            |c, len, ()| c.single(VerbKind::Faa, addr, len, add, 0, &[], None),
+        )
     }
 
     /// Posts every verb of `batch` in one round trip and waits for all completions. Verbs execute in order; the
