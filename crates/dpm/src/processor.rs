@@ -238,35 +238,9 @@ impl Processor {
         &self.inner.index
     }
 
-    /// Hash mode of the index.
-    pub fn hash_mode(&self) -> HashMode {
-        self.inner.dir.hash_mode()
-    }
-
     /// Current statistics.
     pub fn stats(&self) -> ProcessorStats {
         self.inner.stats()
-    }
-
-    /// Claims a log for `node_id`/`thread` (see [`proto::OpenLog`]).
-    pub fn open_log(&self, req: &proto::OpenLog) -> Result<proto::LogOpened, ProcessorError> {
-        self.inner.open_log(req)
-    }
-
-    /// Merges every sealed segment of every log now.
-    pub fn merge_everything(&self) -> Result<(), ProcessorError> {
-        let logs: Vec<Arc<LogState>> = self
-            .inner
-            .logs
-            .read()
-            .expect("logs lock")
-            .values()
-            .cloned()
-            .collect();
-        for log in logs {
-            self.inner.merge_log(&log, &mut Scratch::default())?;
-        }
-        Ok(())
     }
 
     /// Stops the merge threads (also done on drop).
