@@ -4,8 +4,8 @@
 //! A memory node over an anonymous pool is loaded with `keys` pairs (8-byte keys, 64-byte values by default) and
 //! its logs merged. Then, for each cache size and policy, `threads` KV-node workers (each driven directly by one
 //! benchmark thread, so no queue hop blurs the data path) read keys drawn uniformly from a working set of 5% of the
-//! keys, with an injected fabric round-trip latency: first a warm-up long enough for the cache to settle, then a
-//! timed phase. Throughput is read operations per second of all workers; round trips come from the fabric
+//! keys, with an injected fabric round-trip latency: first a warm-up long enough for the cache to settle, then
+//! timed slices in which the policies of one cache size take turns, so that drift of the machine affects them alike. Throughput is read operations per second of all workers; round trips come from the fabric
 //! counters of the worker threads.
 
 use std::sync::Arc;
@@ -232,38 +232,40 @@ pub fn run_dac(
     let mut cases = Vec::new();
     for &pct in &opts.cache_percents {
         let cache_bytes = (data_bytes as f64 * pct / 100.0) as u64;
-        for &policy in &opts.policies {
-            progress(&format!("cache {pct}% ({cache_bytes} B), {policy}"));
-            let per_worker = cache_bytes / opts.threads as u64;
-            let mut workers = (0..opts.threads)
-                .map(|t| DirectWorker::start(kn(per_worker, policy), t as u32, connector.clone()))
-                .collect::<Result<Vec<_>, _>>()?;
-            let results: Vec<anyhow::Result<(WorkerStats, WorkerStats, u64, Duration)>> =
-                std::thread::scope(|s| {
-                    let handles: Vec<_> = workers
-                        .iter_mut()
-                        .zip(&owned)
-                        .enumerate()
-                        .map(|(t, (w, ids))| {
-                            let seed =
-                                opts.seed ^ (t as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-                            s.spawn(move || measure(w, ids, opts, seed))
-                        })
-                        .collect();
-                    handles
-                        .into_iter()
-                        .map(|h| h.join().expect("benchmark thread"))
-                        .collect()
-                });
-            let mut reads = 0u64;
-            let mut secs = 0f64;
-            // Counters over the timed phase, summed over the workers; cache contents at its end.
+        let per_worker = cache_bytes / opts.threads as u64;
+        progress(&format!(
+            "cache {pct}% ({cache_bytes} B): warming every policy"
+        ));
+        // Every policy gets its own workers (each claims a log of its own; reads never write to it), all warmed,
+        // then the policies take turns in timed slices so that drift of the machine affects them alike.
+        let mut sets = Vec::new();
+        for (p, &policy) in opts.policies.iter().enumerate() {
+            let mut set = Vec::new();
+            for (t, ids) in owned.iter().enumerate() {
+                let log_thread = (p * opts.threads + t) as u32;
+                let w = DirectWorker::start(kn(per_worker, policy), log_thread, connector.clone())?;
+                let seed = opts.seed ^ (t as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                set.push(Reader::new(w, ids, seed));
+            }
+            in_parallel(&mut set, |r| r.warm(opts))?;
+            sets.push(set);
+        }
+        let slice = opts.duration / SLICES;
+        for _ in 0..SLICES {
+            for set in &mut sets {
+                in_parallel(set, |r| r.timed(slice, opts.value_size))?;
+            }
+        }
+        for (policy, set) in opts.policies.iter().zip(&mut sets) {
+            // Counters over the timed slices, summed over the workers; cache contents at the end.
+            let (mut reads, mut secs) = (0u64, 0f64);
             let mut agg = WorkerStats::default();
-            for r in results {
-                let (before, after, n, dur) = r?;
-                reads += n;
-                secs = secs.max(dur.as_secs_f64());
-                agg.round_trips += after.round_trips - before.round_trips;
+            for r in set.iter_mut() {
+                let after = r.worker.stats();
+                let before = &r.before;
+                reads += r.reads;
+                secs = secs.max(r.busy.as_secs_f64());
+                agg.round_trips += r.round_trips;
                 agg.value_hits += after.value_hits - before.value_hits;
                 agg.shortcut_hits += after.shortcut_hits - before.shortcut_hits;
                 agg.index_walks += after.index_walks - before.index_walks;
@@ -309,45 +311,88 @@ pub fn run_dac(
     })
 }
 
-/// Warm-up then timed uniform reads of `ids` on one worker.
-fn measure(
-    w: &mut DirectWorker,
-    ids: &[u64],
-    opts: &DacBenchOptions,
-    seed: u64,
-) -> anyhow::Result<(WorkerStats, WorkerStats, u64, Duration)> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    if ids.is_empty() {
-        let s = w.stats();
-        return Ok((s.clone(), s, 0, opts.duration));
-    }
-    w.set_injected_latency(opts.injected_latency_ns);
-    // Every key once, so that no key's first miss falls into the timed phase, then random reads until the cache
-    // has settled.
-    for &id in ids {
-        ensure!(w.get(&key(id))?.is_some(), "key {id} is missing");
-    }
-    let warmup = (ids.len() as f64 * opts.warmup_passes) as u64;
-    for _ in 0..warmup {
-        let id = ids[rng.random_range(0..ids.len())];
-        ensure!(w.get(&key(id))?.is_some(), "key {id} is missing");
-    }
-    let before = w.stats();
-    let start = Instant::now();
-    let mut n = 0u64;
-    while start.elapsed() < opts.duration {
-        for _ in 0..64 {
-            let id = ids[rng.random_range(0..ids.len())];
-            let v = w.get(&key(id))?;
-            ensure!(
-                v.as_deref().map(<[u8]>::len) == Some(opts.value_size),
-                "key {id} read back wrong"
-            );
+/// Timed slices per cache size; the policies take turns.
+const SLICES: u32 = 5;
+
+/// One worker of one policy with its share of the working set, its random key stream and its timed totals.
+struct Reader<'a> {
+    worker: DirectWorker,
+    ids: &'a [u64],
+    rng: StdRng,
+    /// Counters when the timed slices began.
+    before: WorkerStats,
+    reads: u64,
+    busy: Duration,
+    /// Fabric round trips of the timed slices (counted per thread, and each slice runs on a new thread).
+    round_trips: u64,
+}
+
+impl<'a> Reader<'a> {
+    fn new(worker: DirectWorker, ids: &'a [u64], seed: u64) -> Reader<'a> {
+        Reader {
+            worker,
+            ids,
+            rng: StdRng::seed_from_u64(seed),
+            before: WorkerStats::default(),
+            reads: 0,
+            busy: Duration::ZERO,
+            round_trips: 0,
         }
-        n += 64;
     }
-    let dur = start.elapsed();
-    Ok((before, w.stats(), n, dur))
+
+    /// Every key once, so that no key's first miss falls into a timed slice, then random reads until the cache
+    /// has settled.
+    fn warm(&mut self, opts: &DacBenchOptions) -> anyhow::Result<()> {
+        self.worker.set_injected_latency(opts.injected_latency_ns);
+        for &id in self.ids {
+            ensure!(self.worker.get(&key(id))?.is_some(), "key {id} is missing");
+        }
+        if !self.ids.is_empty() {
+            for _ in 0..(self.ids.len() as f64 * opts.warmup_passes) as u64 {
+                let id = self.ids[self.rng.random_range(0..self.ids.len())];
+                ensure!(self.worker.get(&key(id))?.is_some(), "key {id} is missing");
+            }
+        }
+        self.before = self.worker.stats();
+        Ok(())
+    }
+
+    /// Uniform random reads for `slice`.
+    fn timed(&mut self, slice: Duration, value_size: usize) -> anyhow::Result<()> {
+        if self.ids.is_empty() {
+            return Ok(());
+        }
+        let trips = dinomo_fabric::counters::thread_snapshot().round_trips;
+        let start = Instant::now();
+        while start.elapsed() < slice {
+            for _ in 0..64 {
+                let id = self.ids[self.rng.random_range(0..self.ids.len())];
+                let v = self.worker.get(&key(id))?;
+                ensure!(
+                    v.as_deref().map(<[u8]>::len) == Some(value_size),
+                    "key {id} read back wrong"
+                );
+            }
+            self.reads += 64;
+        }
+        self.busy += start.elapsed();
+        self.round_trips += dinomo_fabric::counters::thread_snapshot().round_trips - trips;
+        Ok(())
+    }
+}
+
+/// Runs `f` on every reader of a set at once, one thread each.
+fn in_parallel(
+    set: &mut [Reader<'_>],
+    f: impl Fn(&mut Reader<'_>) -> anyhow::Result<()> + Sync,
+) -> anyhow::Result<()> {
+    std::thread::scope(|s| {
+        let f = &f;
+        let handles: Vec<_> = set.iter_mut().map(|r| s.spawn(move || f(r))).collect();
+        handles
+            .into_iter()
+            .try_for_each(|h| h.join().expect("benchmark thread"))
+    })
 }
 
 fn versus_best(cases: &[DacCase], percents: &[f64]) -> Vec<DacVersusBest> {

@@ -798,7 +798,8 @@ impl DirectWorker {
         self.worker.ep.set_injected_latency(ns);
     }
 
-    /// This worker's counters.
+    /// This worker's counters. The fabric counters in it (`round_trips`, `bytes_out`, `bytes_in`) are the calling
+    /// thread's, since the fabric counts per thread.
     pub fn stats(&mut self) -> WorkerStats {
         self.worker.snapshot()
     }
