@@ -1,0 +1,1 @@
+//! Linearizability checking of recorded key-value histories (Wing-Gong search with per-key partitioning).

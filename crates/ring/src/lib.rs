@@ -1,0 +1,1 @@
+//! Consistent hashing with virtual nodes: which KV node owns a key, versioned by epoch, with replication metadata.
