@@ -453,6 +453,22 @@ impl Dac {
         self.shortcut_count = 0;
     }
 
+    /// Drops every entry whose key `keep` rejects; returns how many were dropped. A KV node calls it when it hands
+    /// keys to another node, so that it never serves a stale copy if the keys come back later.
+    pub fn retain(&mut self, mut keep: impl FnMut(&[u8]) -> bool) -> usize {
+        let doomed: Vec<u32> = (0..self.nodes.len() as u32)
+            .filter(|&id| {
+                let n = &self.nodes[id as usize];
+                matches!(n.kind, Kind::Value | Kind::Shortcut)
+                    && !keep(&n.buf[..n.key_len as usize])
+            })
+            .collect();
+        for &id in &doomed {
+            self.remove(id);
+        }
+        doomed.len()
+    }
+
     /// Counters and gauges.
     pub fn stats(&self) -> CacheStats {
         CacheStats {

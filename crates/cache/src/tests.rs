@@ -530,3 +530,21 @@ fn clear_empties_the_cache_but_keeps_counters() {
     assert_eq!(dac.contains(&[0]), V);
     dac.check_invariants();
 }
+
+#[test]
+fn retain_drops_rejected_keys_of_both_kinds_and_frees_their_bytes() {
+    for policy in [Policy::Adaptive, Policy::Static { value_percent: 50 }] {
+        let mut dac = cache(policy, 4 * ve(10) + 4 * se());
+        dac.fill(&[1], &val(10, 1), sc(1));
+        dac.fill(&[2], &val(10, 2), sc(2));
+        fill_shortcuts(&mut dac, &[3, 4]);
+        let before = dac.stats().used_bytes;
+        assert_eq!(dac.retain(|k| k[0] % 2 == 1), 2, "{policy:?}");
+        assert_eq!(kinds(&dac, &[1, 2, 3, 4]), vec![V, None, S, None]);
+        assert_eq!(dac.stats().used_bytes, before - ve(10) - se());
+        assert_eq!(dac.len(), 2);
+        // The dropped keys can be cached again.
+        dac.fill(&[2], &val(10, 2), sc(2));
+        assert_eq!(dac.contains(&[2]), V);
+    }
+}

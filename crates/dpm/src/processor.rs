@@ -277,6 +277,10 @@ impl RpcHandler for Handler {
                 dinomo_fabric::encode(&self.0.merge_all(&req).map_err(fail)?, response)
             }
             proto::STATS => dinomo_fabric::encode(&self.0.stats(), response),
+            proto::TAKE_OVER_NODE => {
+                let req: proto::TakeOverNode = dinomo_fabric::decode(request)?;
+                dinomo_fabric::encode(&self.0.take_over_node(&req).map_err(fail)?, response)
+            }
             other => Err(RpcError::UnknownMethod(other)),
         }
     }
@@ -648,6 +652,40 @@ impl Inner {
             offset: ext.offset,
             capacity: ext.len,
             merged_seq,
+        })
+    }
+
+    fn take_over_node(
+        &self,
+        req: &proto::TakeOverNode,
+    ) -> Result<proto::NodeTakenOver, ProcessorError> {
+        let logs: Vec<Arc<LogState>> = self
+            .logs
+            .read()
+            .expect("logs lock")
+            .values()
+            .filter(|l| {
+                let owner = l.meta.lock().expect("log lock").owner;
+                owner >> 63 == 1 && (owner >> 32) as u32 & 0x7fff_ffff == req.node_id
+            })
+            .cloned()
+            .collect();
+        let mut scratch = Scratch::default();
+        let mut merged_entries = 0;
+        for log in &logs {
+            // A new session fences the node's writer: its NEXT_SEGMENT and MERGE_ALL calls are refused from now on.
+            let before = {
+                let mut meta = log.meta.lock().expect("log lock");
+                meta.session = self.next_session();
+                meta.merged_seq
+            };
+            self.take_over(log, &mut scratch)?;
+            // Sequence numbers are consecutive, so the merged sequence number counts the entries.
+            merged_entries += log.meta.lock().expect("log lock").merged_seq - before;
+        }
+        Ok(proto::NodeTakenOver {
+            logs: logs.len() as u32,
+            merged_entries,
         })
     }
 

@@ -14,6 +14,8 @@ pub const NEXT_SEGMENT: u16 = 2;
 pub const MERGE_ALL: u16 = 3;
 /// `()` → [`crate::ProcessorStats`].
 pub const STATS: u16 = 4;
+/// [`TakeOverNode`] → [`NodeTakenOver`].
+pub const TAKE_OVER_NODE: u16 = 5;
 
 /// Claims (or reclaims after a restart) the log of one KV-node thread. Whatever that log holds unmerged is merged
 /// before the reply, so the caller starts from an index that has all of its earlier writes.
@@ -83,4 +85,22 @@ pub struct MergeAll {
 pub struct Merged {
     /// Every entry of the log up to this sequence number is merged.
     pub merged_seq: u64,
+}
+
+/// Takes over every log of a KV node that failed or left: its sessions are fenced (its further calls are refused),
+/// its open segments are sealed at their last valid entry and everything is merged before the reply, so the keys
+/// it owned can be served by other nodes from the index.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TakeOverNode {
+    /// The KV node's id.
+    pub node_id: u32,
+}
+
+/// Reply to [`TakeOverNode`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeTakenOver {
+    /// Logs of the node that were taken over.
+    pub logs: u32,
+    /// Entries merged while taking over (committed by the node but not merged before).
+    pub merged_entries: u64,
 }

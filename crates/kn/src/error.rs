@@ -39,4 +39,24 @@ pub enum KnError {
     /// The node is shutting down.
     #[error("the KV node is stopped")]
     Stopped,
+    /// This node does not own the key under its ownership map of `epoch`; the client should refresh its routing.
+    #[error("not the owner of this key (ownership epoch {epoch})")]
+    NotOwner {
+        /// The epoch of this node's ownership map.
+        epoch: u64,
+    },
+    /// The node's liveness lease lapsed, so the cluster may already have handed its keys to other nodes; it serves
+    /// nothing more. A write that reports it may or may not have been applied.
+    #[error("this KV node's lease lapsed; it no longer serves")]
+    Fenced,
+    /// The stored value is not a decimal 64-bit integer, or the result would overflow.
+    #[error("value is not an integer or out of range")]
+    NotAnInteger,
+}
+
+impl KnError {
+    /// Whether a write that failed with this error may nevertheless have been applied (the client cannot know).
+    pub fn is_indeterminate(&self) -> bool {
+        matches!(self, KnError::Fabric(_) | KnError::Fenced)
+    }
 }

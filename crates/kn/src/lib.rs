@@ -18,5 +18,5 @@ mod worker;
 pub use config::KnConfig;
 pub use embedded::{Embedded, EmbeddedConfig};
 pub use error::KnError;
-pub use node::{KvHandle, KvNode, thread_for_key};
-pub use worker::{DirectWorker, WorkerStats};
+pub use node::{KvHandle, KvNode, Submitter, thread_for_key};
+pub use worker::{Command, DirectWorker, LeaseGate, Ownership, Reply, Tagged, WorkerStats};

@@ -5,7 +5,9 @@ use crossbeam_channel::{Receiver, Sender, bounded};
 use dinomo_fabric::Connector;
 use dinomo_log::key_hash;
 
-use crate::worker::{Command, Reply, Request, Worker, WorkerStats};
+use crate::worker::{
+    Command, LeaseGate, Ownership, Reply, Request, Responder, Tagged, Worker, WorkerStats,
+};
 use crate::{KnConfig, KnError};
 
 /// The worker thread that owns `key` among `threads` (jump consistent hashing: growing the thread count moves
@@ -31,6 +33,17 @@ impl KvNode {
     /// Starts the worker threads; each connects through `connector`, claims its log (which the memory node merges
     /// first if a previous run left it unmerged) and then serves.
     pub fn start(config: KnConfig, connector: Connector) -> Result<KvNode, KnError> {
+        KvNode::start_in_cluster(config, connector, None, None)
+    }
+
+    /// Like [`KvNode::start`], for a member of a cluster: the workers refuse keys `ownership` rejects (until a
+    /// [`Command::Own`] replaces it) and stop serving once `lease` lapses.
+    pub fn start_in_cluster(
+        config: KnConfig,
+        connector: Connector,
+        ownership: Option<Arc<dyn Ownership>>,
+        lease: Option<Arc<LeaseGate>>,
+    ) -> Result<KvNode, KnError> {
         config.validate()?;
         let cfg = Arc::new(config);
         let mut senders = Vec::new();
@@ -39,17 +52,20 @@ impl KvNode {
         for t in 0..cfg.threads {
             let (tx, rx): (Sender<Request>, Receiver<Request>) = bounded(cfg.queue_depth);
             let (cfg, connector, ready) = (cfg.clone(), connector.clone(), ready_tx.clone());
+            let (ownership, lease) = (ownership.clone(), lease.clone());
             let handle = std::thread::Builder::new()
                 .name(format!("dinomo-kn-{t}"))
-                .spawn(move || match Worker::start(cfg, t as u32, connector) {
-                    Ok(w) => {
-                        let _ = ready.send(Ok(()));
-                        w.run(rx);
-                    }
-                    Err(e) => {
-                        let _ = ready.send(Err(e));
-                    }
-                })
+                .spawn(
+                    move || match Worker::start(cfg, t as u32, connector, ownership, lease) {
+                        Ok(w) => {
+                            let _ = ready.send(Ok(()));
+                            w.run(rx);
+                        }
+                        Err(e) => {
+                            let _ = ready.send(Err(e));
+                        }
+                    },
+                )
                 .map_err(|e| KnError::Config(format!("cannot start a worker thread: {e}")))?;
             senders.push(tx);
             threads.push(handle);
@@ -92,13 +108,24 @@ impl KvNode {
         self.senders.len()
     }
 
+    /// A way to queue requests without waiting for their replies, which arrive tagged on a channel of the
+    /// caller's choosing (for servers that keep many requests of one connection in flight).
+    pub fn submitter(&self) -> Submitter {
+        Submitter {
+            senders: self.senders.clone(),
+        }
+    }
+
     /// Stops the workers after they finish what is queued; handles still around get [`KnError::Stopped`].
     pub fn stop(self) {
         let (tx, _rx) = bounded(self.senders.len());
         for s in &self.senders {
             let _ = s.send(Request {
                 cmd: Command::Shutdown,
-                reply: tx.clone(),
+                reply: Responder {
+                    tag: 0,
+                    tx: tx.clone(),
+                },
             });
         }
         drop(self.senders);
@@ -108,11 +135,61 @@ impl KvNode {
     }
 }
 
+/// Queues requests to a [`KvNode`]'s workers without waiting; see [`KvNode::submitter`].
+#[derive(Clone)]
+pub struct Submitter {
+    senders: Vec<Sender<Request>>,
+}
+
+impl Submitter {
+    /// Queues `cmd` at the worker that owns its key (worker 0 for commands without a key); its reply arrives on
+    /// `replies` tagged with `tag`. Blocks while that worker's queue is full (backpressure).
+    pub fn submit(&self, cmd: Command, tag: u64, replies: &Sender<Tagged>) -> Result<(), KnError> {
+        let thread = cmd
+            .key()
+            .map_or(0, |k| thread_for_key(k, self.senders.len()));
+        self.senders[thread]
+            .send(Request {
+                cmd,
+                reply: Responder {
+                    tag,
+                    tx: replies.clone(),
+                },
+            })
+            .map_err(|_| KnError::Stopped)
+    }
+
+    /// Queues `make()` at every worker; the replies arrive tagged with `tag`, one per worker.
+    pub fn broadcast(
+        &self,
+        make: impl Fn() -> Command,
+        tag: u64,
+        replies: &Sender<Tagged>,
+    ) -> Result<(), KnError> {
+        for s in &self.senders {
+            s.send(Request {
+                cmd: make(),
+                reply: Responder {
+                    tag,
+                    tx: replies.clone(),
+                },
+            })
+            .map_err(|_| KnError::Stopped)?;
+        }
+        Ok(())
+    }
+
+    /// Worker threads.
+    pub fn threads(&self) -> usize {
+        self.senders.len()
+    }
+}
+
 /// Issues requests to a [`KvNode`]'s workers and waits for their replies.
 pub struct KvHandle {
     senders: Vec<Sender<Request>>,
-    reply_tx: Sender<Result<Reply, KnError>>,
-    reply_rx: Receiver<Result<Reply, KnError>>,
+    reply_tx: Sender<Tagged>,
+    reply_rx: Receiver<Tagged>,
 }
 
 impl Clone for KvHandle {
@@ -131,10 +208,13 @@ impl KvHandle {
         self.senders[thread]
             .send(Request {
                 cmd,
-                reply: self.reply_tx.clone(),
+                reply: Responder {
+                    tag: 0,
+                    tx: self.reply_tx.clone(),
+                },
             })
             .map_err(|_| KnError::Stopped)?;
-        self.reply_rx.recv().map_err(|_| KnError::Stopped)?
+        self.reply_rx.recv().map_err(|_| KnError::Stopped)?.1
     }
 
     fn keyed(&self, key: &[u8], cmd: Command) -> Result<Reply, KnError> {
@@ -170,6 +250,30 @@ impl KvHandle {
     /// Sets `key` only when it is present; returns whether it did.
     pub fn update(&self, key: &[u8], value: &[u8]) -> Result<bool, KnError> {
         self.applied(key, Command::Update(key.to_vec(), value.to_vec()))
+    }
+
+    /// Sets `key` and returns its previous value.
+    pub fn get_set(&self, key: &[u8], value: &[u8]) -> Result<Option<Vec<u8>>, KnError> {
+        match self.keyed(key, Command::GetSet(key.to_vec(), value.to_vec()))? {
+            Reply::Value(v) => Ok(v),
+            _ => unreachable!("a GETSET is answered with a value"),
+        }
+    }
+
+    /// Adds `delta` to the decimal integer at `key` (absent = 0); returns the result.
+    pub fn incr(&self, key: &[u8], delta: i64) -> Result<i64, KnError> {
+        match self.keyed(key, Command::Incr(key.to_vec(), delta))? {
+            Reply::Int(n) => Ok(n),
+            _ => unreachable!("an INCR is answered with an integer"),
+        }
+    }
+
+    /// Appends `suffix` to the value at `key` (absent = empty); returns the new length.
+    pub fn append(&self, key: &[u8], suffix: &[u8]) -> Result<u64, KnError> {
+        match self.keyed(key, Command::Append(key.to_vec(), suffix.to_vec()))? {
+            Reply::Int(n) => Ok(n as u64),
+            _ => unreachable!("an APPEND is answered with a length"),
+        }
     }
 
     /// Removes `key`; returns whether it existed.

@@ -18,8 +18,66 @@ use tracing::{debug, warn};
 use crate::segment_keys::SegmentKeys;
 use crate::{KnConfig, KnError};
 
+/// Which keys a KV node owns (the cluster's ownership map, seen from one node). Workers refuse keys it rejects.
+pub trait Ownership: Send + Sync {
+    /// Version of the map; grows with every change.
+    fn epoch(&self) -> u64;
+    /// Whether this node may serve `key`.
+    fn owns(&self, key: &[u8]) -> bool;
+}
+
+/// The liveness lease of a KV node as the node itself sees it: serving is allowed until a deadline that heartbeats
+/// push forward. Shared by the node's heartbeat and its workers.
+#[derive(Debug)]
+pub struct LeaseGate {
+    base: Instant,
+    /// Nanoseconds after `base` until which the node may serve; 0 = never (fenced).
+    until_ns: std::sync::atomic::AtomicU64,
+}
+
+impl LeaseGate {
+    /// A gate open until `deadline`.
+    pub fn open_until(deadline: Instant) -> Arc<LeaseGate> {
+        let g = Arc::new(LeaseGate {
+            base: Instant::now(),
+            until_ns: std::sync::atomic::AtomicU64::new(0),
+        });
+        g.extend_to(deadline);
+        g
+    }
+
+    /// Moves the deadline to `deadline` (never backwards, never after [`LeaseGate::close`]).
+    pub fn extend_to(&self, deadline: Instant) {
+        use std::sync::atomic::Ordering;
+        let ns = deadline.saturating_duration_since(self.base).as_nanos() as u64;
+        let mut cur = self.until_ns.load(Ordering::Acquire);
+        while cur != u64::MAX && ns > cur {
+            match self
+                .until_ns
+                .compare_exchange(cur, ns, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Fences the node for good.
+    pub fn close(&self) {
+        self.until_ns
+            .store(u64::MAX, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether the node may serve now.
+    pub fn is_open(&self) -> bool {
+        let until = self.until_ns.load(std::sync::atomic::Ordering::Acquire);
+        until != u64::MAX && (self.base.elapsed().as_nanos() as u64) < until
+    }
+}
+
 /// A request to a worker.
-pub(crate) enum Command {
+pub enum Command {
+    /// The value of a key.
     Get(Vec<u8>),
     /// Upsert.
     Set(Vec<u8>, Vec<u8>),
@@ -27,32 +85,73 @@ pub(crate) enum Command {
     Insert(Vec<u8>, Vec<u8>),
     /// Only when present; replies whether it was applied.
     Update(Vec<u8>, Vec<u8>),
+    /// Sets the value and replies with the previous one.
+    GetSet(Vec<u8>, Vec<u8>),
     /// Replies whether the key existed.
     Delete(Vec<u8>),
+    /// Adds to the decimal integer stored at the key (absent = 0) and replies with the result.
+    Incr(Vec<u8>, i64),
+    /// Appends to the value (absent = empty) and replies with the new length.
+    Append(Vec<u8>, Vec<u8>),
     /// Seal and merge this thread's whole log now.
     MergeAll,
+    /// Installs a new ownership map: the worker commits what is pending, has its log merged when it holds
+    /// unmerged writes of keys it no longer owns, drops those keys from its cache, and only then serves under the
+    /// new map.
+    Own(Arc<dyn Ownership>),
+    /// The worker's counters.
     Stats,
     /// Finish what is queued before it, then stop.
     Shutdown,
 }
 
-fn key_of(cmd: &Command) -> Option<&[u8]> {
-    match cmd {
-        Command::Get(k) | Command::Delete(k) => Some(k),
-        Command::Set(k, _) | Command::Insert(k, _) | Command::Update(k, _) => Some(k),
-        Command::MergeAll | Command::Stats | Command::Shutdown => None,
+impl Command {
+    /// The key the command is about, if any.
+    pub fn key(&self) -> Option<&[u8]> {
+        match self {
+            Command::Get(k) | Command::Delete(k) | Command::Incr(k, _) => Some(k),
+            Command::Set(k, _)
+            | Command::Insert(k, _)
+            | Command::Update(k, _)
+            | Command::GetSet(k, _)
+            | Command::Append(k, _) => Some(k),
+            Command::MergeAll | Command::Own(_) | Command::Stats | Command::Shutdown => None,
+        }
     }
 }
 
-pub(crate) enum Reply {
+/// A worker's answer.
+#[derive(Debug)]
+pub enum Reply {
+    /// A value, or none.
     Value(Option<Vec<u8>>),
+    /// Whether a write applied.
     Applied(bool),
+    /// An integer result (INCR) or a length (APPEND).
+    Int(i64),
+    /// Counters.
     Stats(Box<WorkerStats>),
+}
+
+/// A reply with the tag of its request, so one channel can collect the replies of many requests in flight.
+pub type Tagged = (u64, Result<Reply, KnError>);
+
+/// Where a worker sends a request's reply.
+#[derive(Clone)]
+pub(crate) struct Responder {
+    pub tag: u64,
+    pub tx: Sender<Tagged>,
+}
+
+impl Responder {
+    pub(crate) fn send(&self, r: Result<Reply, KnError>) -> Result<(), ()> {
+        self.tx.send((self.tag, r)).map_err(|_| ())
+    }
 }
 
 pub(crate) struct Request {
     pub cmd: Command,
-    pub reply: Sender<Result<Reply, KnError>>,
+    pub reply: Responder,
 }
 
 /// Counters of one worker thread.
@@ -124,7 +223,9 @@ struct PendingWrite {
     value: Option<Vec<u8>>,
     entry: EntryRef,
     seq: u64,
-    reply: Sender<Result<Reply, KnError>>,
+    /// What to answer once committed.
+    ack: Reply,
+    reply: Responder,
 }
 
 pub(crate) struct Worker {
@@ -149,6 +250,10 @@ pub(crate) struct Worker {
     read_buf: Vec<u8>,
     /// After a failed round trip: the log must be claimed again before the next request.
     broken: bool,
+    /// The cluster's ownership map (`None`: this node serves every key).
+    ownership: Option<Arc<dyn Ownership>>,
+    /// The node's liveness lease (`None`: not part of a cluster).
+    lease: Option<Arc<LeaseGate>>,
     stats: WorkerStats,
 }
 
@@ -196,6 +301,8 @@ impl Worker {
         cfg: Arc<KnConfig>,
         thread: u32,
         connector: Connector,
+        ownership: Option<Arc<dyn Ownership>>,
+        lease: Option<Arc<LeaseGate>>,
     ) -> Result<Worker, KnError> {
         let mut ep = connector.connect()?;
         let data = ep
@@ -223,6 +330,8 @@ impl Worker {
             candidates: Vec::new(),
             read_buf: Vec::new(),
             broken: false,
+            ownership,
+            lease,
             stats: WorkerStats::default(),
             cfg,
         })
@@ -258,18 +367,30 @@ impl Worker {
     }
 
     fn serve(&mut self, req: Request) {
+        let Request { cmd, reply } = req;
+        if self.lease.as_ref().is_some_and(|l| !l.is_open()) {
+            let _ = reply.send(Err(KnError::Fenced));
+            return;
+        }
+        if let (Some(own), Some(key)) = (&self.ownership, cmd.key())
+            && !own.owns(key)
+        {
+            let _ = reply.send(Err(KnError::NotOwner { epoch: own.epoch() }));
+            return;
+        }
         if self.broken
             && let Err(e) = self.reclaim()
         {
-            let _ = req.reply.send(Err(e));
+            let _ = reply.send(Err(e));
             return;
         }
-        let Request { cmd, reply } = req;
         // A request on a key with a write in flight waits for that write's commit, so it sees (and orders after)
         // an acknowledged value only.
         let conflicts = !self.pending_keys.is_empty()
-            && key_of(&cmd).is_some_and(|k| self.pending_keys.contains(&dinomo_log::key_hash(k)));
-        if conflicts || matches!(cmd, Command::MergeAll) {
+            && cmd
+                .key()
+                .is_some_and(|k| self.pending_keys.contains(&dinomo_log::key_hash(k)));
+        if conflicts || matches!(cmd, Command::MergeAll | Command::Own(_)) {
             self.flush();
             if self.broken
                 && let Err(e) = self.reclaim()
@@ -284,32 +405,96 @@ impl Worker {
                 .and_then(|_| self.lookup(&key))
                 .map(Reply::Value),
             Command::Set(key, value) => {
-                return self.write(key, Some(value), reply);
+                return self.write(key, Some(value), reply, Reply::Applied(true));
             }
-            Command::Insert(key, value) => {
-                match self.check_key(&key).and_then(|_| self.exists(&key)) {
-                    Ok(true) => Ok(Reply::Applied(false)),
-                    Ok(false) => return self.write(key, Some(value), reply),
-                    Err(e) => Err(e),
+            Command::Insert(key, value) => match self.read_for_write(&key) {
+                Ok(Some(_)) => Ok(Reply::Applied(false)),
+                Ok(None) => return self.write(key, Some(value), reply, Reply::Applied(true)),
+                Err(e) => Err(e),
+            },
+            Command::Update(key, value) => match self.read_for_write(&key) {
+                Ok(None) => Ok(Reply::Applied(false)),
+                Ok(Some(_)) => return self.write(key, Some(value), reply, Reply::Applied(true)),
+                Err(e) => Err(e),
+            },
+            Command::GetSet(key, value) => match self.read_for_write(&key) {
+                Ok(old) => return self.write(key, Some(value), reply, Reply::Value(old)),
+                Err(e) => Err(e),
+            },
+            Command::Delete(key) => match self.read_for_write(&key) {
+                Ok(None) => Ok(Reply::Applied(false)),
+                Ok(Some(_)) => return self.write(key, None, reply, Reply::Applied(true)),
+                Err(e) => Err(e),
+            },
+            Command::Incr(key, delta) => match self.read_for_write(&key) {
+                Ok(old) => match incremented(old.as_deref(), delta) {
+                    Some(n) => {
+                        return self.write(
+                            key,
+                            Some(n.to_string().into_bytes()),
+                            reply,
+                            Reply::Int(n),
+                        );
+                    }
+                    None => Err(KnError::NotAnInteger),
+                },
+                Err(e) => Err(e),
+            },
+            Command::Append(key, suffix) => match self.read_for_write(&key) {
+                Ok(old) => {
+                    let mut value = old.unwrap_or_default();
+                    value.extend_from_slice(&suffix);
+                    let len = value.len() as i64;
+                    return self.write(key, Some(value), reply, Reply::Int(len));
                 }
-            }
-            Command::Update(key, value) => {
-                match self.check_key(&key).and_then(|_| self.exists(&key)) {
-                    Ok(false) => Ok(Reply::Applied(false)),
-                    Ok(true) => return self.write(key, Some(value), reply),
-                    Err(e) => Err(e),
-                }
-            }
-            Command::Delete(key) => match self.check_key(&key).and_then(|_| self.exists(&key)) {
-                Ok(false) => Ok(Reply::Applied(false)),
-                Ok(true) => return self.write(key, None, reply),
                 Err(e) => Err(e),
             },
             Command::MergeAll => self.merge_all().map(|_| Reply::Applied(true)),
+            Command::Own(own) => self.install_ownership(own).map(|_| Reply::Applied(true)),
             Command::Stats => Ok(Reply::Stats(Box::new(self.snapshot()))),
             Command::Shutdown => Ok(Reply::Applied(true)),
         };
         let _ = reply.send(result);
+    }
+
+    /// The current value of `key` for a read-modify-write.
+    fn read_for_write(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, KnError> {
+        self.check_key(key)?;
+        self.lookup(key)
+    }
+
+    /// Serves under `own` from now on. Keys this node no longer owns leave its cache, and when its unmerged log
+    /// holds writes of such keys the memory node merges the log first, so their new owner finds them in the index.
+    fn install_ownership(&mut self, own: Arc<dyn Ownership>) -> Result<(), KnError> {
+        self.flush();
+        let dropped = self.cache.retain(|k| own.owns(k));
+        let moved = self.segments().any(|seg| {
+            let mut at = 0;
+            while let Ok(e) = EntryView::parse(&seg.buf[at..]) {
+                if !own.owns(e.key) {
+                    return true;
+                }
+                at += e.len();
+            }
+            false
+        });
+        debug!(
+            thread = self.thread,
+            epoch = own.epoch(),
+            dropped,
+            moved,
+            "new ownership map"
+        );
+        self.ownership = Some(own);
+        if moved {
+            if self.broken {
+                // Claiming the log again merges all of it.
+                self.reclaim()?;
+            } else {
+                self.merge_all()?;
+            }
+        }
+        Ok(())
     }
 
     fn check_key(&self, key: &[u8]) -> Result<(), KnError> {
@@ -340,10 +525,6 @@ impl Worker {
 
     // ---------------------------------------------------------------------------------------------------------
     // Reads
-
-    fn exists(&mut self, key: &[u8]) -> Result<bool, KnError> {
-        Ok(self.lookup(key)?.is_some())
-    }
 
     /// The value of `key`, through the cache, the unmerged log and the index, in that order.
     fn lookup(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, KnError> {
@@ -470,12 +651,7 @@ impl Worker {
     // Writes
 
     /// Appends a put (`value` Some) or delete to the log; the reply goes out after the group commit.
-    fn write(
-        &mut self,
-        key: Vec<u8>,
-        value: Option<Vec<u8>>,
-        reply: Sender<Result<Reply, KnError>>,
-    ) {
+    fn write(&mut self, key: Vec<u8>, value: Option<Vec<u8>>, reply: Responder, ack: Reply) {
         if let Err(e) = self.check_key(&key) {
             let _ = reply.send(Err(e));
             return;
@@ -504,6 +680,7 @@ impl Worker {
             value,
             entry,
             seq,
+            ack,
             reply,
         });
     }
@@ -643,6 +820,13 @@ impl Worker {
             _ => Ok(()),
         };
         self.pending_keys.clear();
+        // A node whose lease lapsed may have had its keys handed over (and its log merged) while this WRITE was in
+        // flight: whether the writes count is unknown, so they are not acknowledged.
+        let result = match result {
+            Ok(()) if self.lease.as_ref().is_some_and(|l| !l.is_open()) => Err(None),
+            Ok(()) => Ok(()),
+            Err(e) => Err(Some(e)),
+        };
         match result {
             Ok(()) => {
                 self.stats.commits += 1;
@@ -659,10 +843,15 @@ impl Worker {
                         None => self.cache.invalidate(&p.key),
                     }
                     self.stats.writes += 1;
-                    let _ = p.reply.send(Ok(Reply::Applied(true)));
+                    let _ = p.reply.send(Ok(p.ack));
                 }
             }
-            Err(e) => {
+            Err(None) => {
+                for p in self.pending.drain(..) {
+                    let _ = p.reply.send(Err(KnError::Fenced));
+                }
+            }
+            Err(Some(e)) => {
                 warn!(thread = self.thread, error = %e, "group commit failed; the log is claimed again before the next request");
                 let msg = e.to_string();
                 for p in self.pending.drain(..) {
@@ -735,13 +924,31 @@ impl Worker {
     }
 }
 
+/// `old` (a decimal integer, absent = 0) plus `delta`; `None` when `old` is not a canonical decimal 64-bit integer
+/// or the sum overflows.
+fn incremented(old: Option<&[u8]>, delta: i64) -> Option<i64> {
+    let n = match old {
+        None => 0,
+        Some(b) => {
+            let s = std::str::from_utf8(b).ok()?;
+            let n: i64 = s.parse().ok()?;
+            // Only the canonical spelling counts ("+1", "01" and " 1" are not integers here).
+            if n.to_string() != s {
+                return None;
+            }
+            n
+        }
+    };
+    n.checked_add(delta)
+}
+
 /// One worker driven directly by the calling thread, without a queue: for benchmarks that measure the data path
 /// itself, and for loading data quickly. It claims the log of (`node_id`, `thread`) like a worker of a running
 /// KV node would; do not run it beside a [`crate::KvNode`] that uses the same log.
 pub struct DirectWorker {
     worker: Worker,
-    reply_tx: Sender<Result<Reply, KnError>>,
-    reply_rx: Receiver<Result<Reply, KnError>>,
+    reply_tx: Sender<Tagged>,
+    reply_rx: Receiver<Tagged>,
 }
 
 impl DirectWorker {
@@ -752,7 +959,7 @@ impl DirectWorker {
         connector: Connector,
     ) -> Result<DirectWorker, KnError> {
         cfg.validate()?;
-        let worker = Worker::start(Arc::new(cfg), thread, connector)?;
+        let worker = Worker::start(Arc::new(cfg), thread, connector, None, None)?;
         let (reply_tx, reply_rx) = crossbeam_channel::unbounded();
         Ok(DirectWorker {
             worker,
@@ -773,11 +980,15 @@ impl DirectWorker {
         pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
     ) -> Result<(), KnError> {
         for (k, v) in pairs {
+            let reply = Responder {
+                tag: 0,
+                tx: self.reply_tx.clone(),
+            };
             self.worker
-                .write(k.to_vec(), Some(v.to_vec()), self.reply_tx.clone());
+                .write(k.to_vec(), Some(v.to_vec()), reply, Reply::Applied(true));
         }
         self.worker.flush();
-        for r in self.reply_rx.try_iter() {
+        for (_, r) in self.reply_rx.try_iter() {
             r?;
         }
         Ok(())
@@ -832,8 +1043,9 @@ mod tests {
             ..KnConfig::default()
         });
         let connector = Connector::new(Target::Tcp(server.local_addr()));
-        let mut w = Worker::start(cfg.clone(), 0, connector.clone()).unwrap();
+        let mut w = Worker::start(cfg.clone(), 0, connector.clone(), None, None).unwrap();
         let (tx, rx) = crossbeam_channel::unbounded();
+        let tx = Responder { tag: 0, tx };
         // One batch: a write (pending), a read that loses the connection, another read.
         w.serve(Request {
             cmd: Command::Set(b"a".to_vec(), b"1".to_vec()),
@@ -849,7 +1061,7 @@ mod tests {
             reply: tx.clone(),
         });
         w.flush();
-        let replies: Vec<_> = rx.try_iter().collect();
+        let replies: Vec<_> = rx.try_iter().map(|(_, r)| r).collect();
         assert_eq!(replies.len(), 3);
         let set_acknowledged = replies
             .iter()
@@ -857,7 +1069,7 @@ mod tests {
         if set_acknowledged {
             // Ask the memory node, through a fresh claim of the log, not this worker's cache.
             drop(w);
-            let mut fresh = Worker::start(cfg, 0, connector).unwrap();
+            let mut fresh = Worker::start(cfg, 0, connector, None, None).unwrap();
             let found = fresh.lookup(b"a").unwrap();
             assert_eq!(found, Some(b"1".to_vec()), "an acknowledged write was lost");
         }

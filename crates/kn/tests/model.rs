@@ -53,6 +53,9 @@ enum Op {
     Update(u8, usize),
     Delete(u8),
     Get(u8),
+    GetSet(u8, usize),
+    Incr(u8, i64),
+    Append(u8, usize),
     MergeAll,
     Restart,
 }
@@ -81,6 +84,9 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         2 => (any::<u8>().prop_map(|k| k % 48), size).prop_map(|(k, s)| Op::Update(k, s)),
         2 => any::<u8>().prop_map(|k| Op::Delete(k % 48)),
         8 => any::<u8>().prop_map(|k| Op::Get(k % 48)),
+        1 => (any::<u8>().prop_map(|k| k % 48), 0usize..64).prop_map(|(k, s)| Op::GetSet(k, s)),
+        1 => (any::<u8>().prop_map(|k| k % 48), -3i64..4).prop_map(|(k, d)| Op::Incr(k, d)),
+        1 => (any::<u8>().prop_map(|k| k % 48), 0usize..64).prop_map(|(k, s)| Op::Append(k, s)),
         1 => Just(Op::MergeAll),
         1 => Just(Op::Restart),
     ]
@@ -133,6 +139,53 @@ fn run(ops: &[Op], policy: Policy, cache_bytes: u64) -> anyhow::Result<()> {
                     "delete of {:?} at op {i}",
                     key(k)
                 );
+            }
+            Op::GetSet(k, len) => {
+                let val = value(k, len, v);
+                assert_eq!(
+                    h.get_set(&key(k), &val)?,
+                    model.insert(key(k), val),
+                    "getset at op {i}"
+                );
+            }
+            Op::Incr(k, delta) => {
+                let old = model.get(&key(k)).cloned();
+                let expected = match &old {
+                    None => Some(delta),
+                    Some(b) => std::str::from_utf8(b)
+                        .ok()
+                        .and_then(|s| s.parse::<i64>().ok().filter(|n| n.to_string() == s))
+                        .and_then(|n| n.checked_add(delta)),
+                };
+                match (h.incr(&key(k), delta), expected) {
+                    (Ok(n), Some(e)) => {
+                        assert_eq!(n, e, "incr at op {i}");
+                        model.insert(key(k), n.to_string().into_bytes());
+                    }
+                    (Err(dinomo_kn::KnError::NotAnInteger), None) => {}
+                    (got, e) => panic!("incr of {old:?} at op {i}: got {got:?}, expected {e:?}"),
+                }
+            }
+            Op::Append(k, len) => {
+                let suffix = value(k, len, v);
+                let mut expected = model.get(&key(k)).cloned().unwrap_or_default();
+                expected.extend_from_slice(&suffix);
+                if expected.len() <= 1500 {
+                    assert_eq!(
+                        h.append(&key(k), &suffix)?,
+                        expected.len() as u64,
+                        "append at op {i}"
+                    );
+                    model.insert(key(k), expected);
+                } else {
+                    assert!(
+                        matches!(
+                            h.append(&key(k), &suffix),
+                            Err(dinomo_kn::KnError::ValueTooLarge { .. })
+                        ),
+                        "append past the value limit at op {i}"
+                    );
+                }
             }
             Op::Get(k) => {
                 assert_eq!(
