@@ -230,7 +230,12 @@ impl Processor {
 
     /// Installs this processor as `node`'s RPC handler.
     pub fn serve(self: &Arc<Self>, node: &MemoryNode) {
-        node.set_rpc_handler(Arc::new(Handler(self.inner.clone())));
+        node.set_rpc_handler(self.rpc_handler());
+    }
+
+    /// The processor's RPC handler, for composing with other services on one memory node.
+    pub fn rpc_handler(&self) -> Arc<dyn RpcHandler> {
+        Arc::new(Handler(self.inner.clone()))
     }
 
     /// The index.
