@@ -25,6 +25,7 @@ mod dac;
 mod pingpong;
 mod report;
 pub mod svg;
+pub mod ycsb;
 
 pub use dac::{DacBenchOptions, DacCase, DacReport, DacVersusBest, run_dac};
 
