@@ -22,12 +22,14 @@
 //! least 5x the verbs per second of single verbs.
 
 mod dac;
+mod elastic;
 mod pingpong;
 mod report;
 pub mod svg;
 pub mod ycsb;
 
 pub use dac::{DacBenchOptions, DacCase, DacReport, DacVersusBest, run_dac};
+pub use elastic::{Bucket, ElasticOptions, ElasticReport, Scenario, run_elastic};
 
 use std::hint::black_box;
 use std::net::SocketAddr;

@@ -25,6 +25,65 @@ pub enum Which {
     /// Caching policies (DAC, static splits, value-only, shortcut-only): read throughput and round trips per read
     /// as the cache grows (Figure 3 of the DINOMO paper, scaled to this machine). Writes JSON, CSV and an SVG plot.
     Dac(DacArgs),
+    /// A KV node added, removed or killed under load: throughput timeline, dip, and (for a kill) the time until
+    /// every key is served again (Figures 6 and 8 of the DINOMO paper, scaled). Writes JSON, CSV and an SVG plot.
+    Elastic(ElasticArgs),
+}
+
+/// Settings of `dinomo bench elastic`.
+#[derive(Debug, Args)]
+pub struct ElasticArgs {
+    /// What happens mid-run: add, remove or failure.
+    #[arg(long, default_value = "failure")]
+    pub scenario: dinomo_bench::Scenario,
+    /// KV nodes at the start.
+    #[arg(long, default_value_t = 4)]
+    pub kns: usize,
+    /// Worker threads per KV node.
+    #[arg(long, default_value_t = 1)]
+    pub kn_threads: usize,
+    /// Records loaded.
+    #[arg(long, default_value_t = 100_000)]
+    pub keys: u64,
+    /// Bytes per value.
+    #[arg(long, default_value_t = 64)]
+    pub value_size: usize,
+    /// Closed-loop client threads.
+    #[arg(long, default_value_t = 8)]
+    pub clients: usize,
+    /// YCSB workload (a, b, c, d, f, w, insert-only).
+    #[arg(long, default_value = "a")]
+    pub workload: dinomo_bench::ycsb::Workload,
+    /// Request distribution: uniform, zipf:THETA, scrambled-zipf:THETA, latest.
+    #[arg(long, default_value = "uniform")]
+    pub distribution: dinomo_bench::ycsb::Distribution,
+    /// Milliseconds before the event.
+    #[arg(long, default_value_t = 1500)]
+    pub before_ms: u64,
+    /// Milliseconds after the event.
+    #[arg(long, default_value_t = 1500)]
+    pub after_ms: u64,
+    /// Timeline bucket in milliseconds.
+    #[arg(long, default_value_t = 10)]
+    pub bucket_ms: u64,
+    /// KV-node lease in milliseconds (how long a dead node goes unnoticed).
+    #[arg(long, default_value_t = 30)]
+    pub lease_ms: u64,
+    /// KV-node heartbeat period in milliseconds.
+    #[arg(long, default_value_t = 5)]
+    pub heartbeat_ms: u64,
+    /// Busy-wait per fabric round trip, in nanoseconds.
+    #[arg(long, default_value_t = 0)]
+    pub latency_ns: u64,
+    /// Seed of the clients' generators.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Folder for elastic-SCENARIO.json, .csv and .svg.
+    #[arg(long, default_value = "results/elastic")]
+    pub out: PathBuf,
 }
 
 /// Settings of `dinomo bench dac`.
@@ -111,6 +170,40 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 println!("{}", report.to_json_pretty()?);
             } else {
                 report.print_table(&mut std::io::stdout().lock())?;
+            }
+            Ok(())
+        }
+        Which::Elastic(a) => {
+            let opts = dinomo_bench::ElasticOptions {
+                scenario: a.scenario,
+                kns: a.kns,
+                kn_threads: a.kn_threads,
+                keys: a.keys,
+                value_size: a.value_size,
+                clients: a.clients,
+                workload: a.workload,
+                distribution: a.distribution,
+                before: Duration::from_millis(a.before_ms),
+                after: Duration::from_millis(a.after_ms),
+                bucket: Duration::from_millis(a.bucket_ms),
+                lease: Duration::from_millis(a.lease_ms),
+                heartbeat: Duration::from_millis(a.heartbeat_ms),
+                latency_ns: a.latency_ns,
+                seed: a.seed,
+            };
+            let report = dinomo_bench::run_elastic(&opts, |step| eprintln!("elastic: {step}"))?;
+            std::fs::create_dir_all(&a.out)
+                .with_context(|| format!("creating {}", a.out.display()))?;
+            let name = format!("elastic-{}", format!("{:?}", a.scenario).to_lowercase());
+            let json = serde_json::to_string_pretty(&report)?;
+            std::fs::write(a.out.join(format!("{name}.json")), &json)?;
+            std::fs::write(a.out.join(format!("{name}.csv")), report.to_csv())?;
+            std::fs::write(a.out.join(format!("{name}.svg")), report.to_svg())?;
+            if a.json {
+                println!("{json}");
+            } else {
+                println!("{}", report.summary());
+                println!("wrote {}/{name}.json, .csv and .svg", a.out.display());
             }
             Ok(())
         }

@@ -105,7 +105,14 @@ pub fn run(args: DpmArgs) -> anyhow::Result<()> {
             ..ProcessorConfig::default()
         };
         let p = Processor::start(pool.clone(), &cfg).context("starting the data plane")?;
-        p.serve(&node);
+        // The cluster record lives in this pool; KV nodes, routing nodes and M-nodes reach it over the fabric.
+        let meta =
+            dinomo_meta::EmbeddedMeta::open(pool.clone(), dinomo_meta::MetaConfig::default())
+                .context("opening the cluster metadata")?;
+        node.set_rpc_handler(Arc::new(dinomo_cluster::MemoryNodeRpc::new(
+            p.rpc_handler(),
+            meta,
+        )));
         Some(p)
     };
     let mut server = Server::start(

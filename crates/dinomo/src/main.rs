@@ -1,6 +1,7 @@
 //! The `dinomo` command: memory node, benchmarks, and (as the project grows) KV nodes and whole clusters.
 
 mod bench;
+mod cluster;
 mod dpm;
 mod size;
 
@@ -18,6 +19,16 @@ struct Cli {
 enum Command {
     /// Run a memory node: serve a persistent pool over the fabric.
     Dpm(dpm::DpmArgs),
+    /// Run a whole cluster in one process: memory node, KV nodes, routing node and M-node.
+    Up(cluster::UpArgs),
+    /// Run a KV node that joins the cluster of a memory node.
+    Kn(cluster::KnCmdArgs),
+    /// Run a routing node.
+    Rn(cluster::RnArgs),
+    /// Run a management node (one leads; more wait as standbys).
+    Mnode(cluster::MnodeArgs),
+    /// One operation against a running cluster.
+    Kv(cluster::KvArgs),
     /// Run a benchmark.
     Bench(bench::BenchArgs),
 }
@@ -33,6 +44,11 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Dpm(args) => dpm::run(args),
+        Command::Up(args) => cluster::up(args),
+        Command::Kn(args) => cluster::kn(args),
+        Command::Rn(args) => cluster::rn(args),
+        Command::Mnode(args) => cluster::mnode(args),
+        Command::Kv(args) => cluster::kv(args),
         Command::Bench(args) => bench::run(args),
     };
     if let Err(e) = result {

@@ -1,0 +1,462 @@
+//! Elasticity under load (Figures 6 and 8 of the DINOMO paper, scaled): an in-process cluster serves closed-loop
+//! YCSB clients while a KV node is added, removed or crashed. Reports the throughput timeline, the dip and its
+//! length, and for a crash the time from the kill until every key the dead node owned is served again.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use dinomo_cluster::{
+    Client, ClientConfig, ClientError, LocalCluster, LocalClusterConfig, MNodeConfig, NodeConfig,
+    ReconfigEvent,
+};
+use dinomo_dpm::ProcessorConfig;
+use dinomo_kn::KnConfig;
+use serde::Serialize;
+
+use crate::svg;
+use crate::ycsb::{Distribution, OpGenerator, OpKind, Workload, fill_value, key_bytes};
+
+/// What happens in the middle of the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    /// A KV node joins.
+    Add,
+    /// A KV node is removed (it hands its keys over first).
+    Remove,
+    /// A KV node dies abruptly (no more heartbeats, connections cut).
+    Failure,
+}
+
+impl std::str::FromStr for Scenario {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "add" => Ok(Scenario::Add),
+            "remove" => Ok(Scenario::Remove),
+            "failure" | "kill" => Ok(Scenario::Failure),
+            other => Err(format!("unknown scenario {other:?} (add, remove, failure)")),
+        }
+    }
+}
+
+/// Settings of one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct ElasticOptions {
+    /// The event.
+    pub scenario: Scenario,
+    /// KV nodes at the start.
+    pub kns: usize,
+    /// Worker threads per KV node.
+    pub kn_threads: usize,
+    /// Records loaded.
+    pub keys: u64,
+    /// Bytes per value.
+    pub value_size: usize,
+    /// Closed-loop client threads (one request outstanding each).
+    pub clients: usize,
+    /// The YCSB workload (A: 50% reads, 50% updates, as in the paper's elasticity runs).
+    pub workload: Workload,
+    /// Request distribution.
+    pub distribution: Distribution,
+    /// Run time before the event.
+    pub before: Duration,
+    /// Run time after the event.
+    pub after: Duration,
+    /// Width of a timeline bucket.
+    pub bucket: Duration,
+    /// KV-node lease (failure detection time).
+    pub lease: Duration,
+    /// KV-node heartbeat period.
+    pub heartbeat: Duration,
+    /// Injected fabric latency per round trip, ns.
+    pub latency_ns: u64,
+    /// Seed of the clients' generators.
+    pub seed: u64,
+}
+
+impl Default for ElasticOptions {
+    fn default() -> Self {
+        ElasticOptions {
+            scenario: Scenario::Failure,
+            kns: 4,
+            kn_threads: 1,
+            keys: 100_000,
+            value_size: 64,
+            clients: 8,
+            workload: Workload::A,
+            distribution: Distribution::Uniform,
+            before: Duration::from_millis(1500),
+            after: Duration::from_millis(1500),
+            bucket: Duration::from_millis(10),
+            lease: Duration::from_millis(30),
+            heartbeat: Duration::from_millis(5),
+            latency_ns: 0,
+            seed: 42,
+        }
+    }
+}
+
+/// One timeline bucket.
+#[derive(Debug, Clone, Serialize)]
+pub struct Bucket {
+    /// Start of the bucket, ms since the measured phase began.
+    pub t_ms: f64,
+    /// Operations completed per second in the bucket.
+    pub ops_per_s: f64,
+    /// Operations that failed (no owner before the client's deadline).
+    pub failed: u64,
+}
+
+/// The result of one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct ElasticReport {
+    /// The settings.
+    pub options: ElasticOptions,
+    /// When the event started, ms since the measured phase began.
+    pub event_at_ms: f64,
+    /// Mean throughput before the event (ops/s), after a warm-up fifth.
+    pub baseline_ops_per_s: f64,
+    /// Mean throughput in the last half of the time after the event.
+    pub settled_ops_per_s: f64,
+    /// Lowest bucket after the event (ops/s).
+    pub min_ops_per_s: f64,
+    /// Time after the event during which buckets stayed below 80% of the baseline, until three in a row recovered.
+    pub dip_ms: f64,
+    /// For a failure: from the kill until every key the node owned was served again.
+    pub all_keys_served_after_ms: Option<f64>,
+    /// For a failure: from the kill until the M-node noticed (the lease ran out).
+    pub noticed_after_ms: Option<f64>,
+    /// The reconfigurations the M-node performed during the run.
+    pub reconfigurations: Vec<ReconfigEvent>,
+    /// The timeline.
+    pub timeline: Vec<Bucket>,
+}
+
+fn cluster_config(o: &ElasticOptions) -> LocalClusterConfig {
+    LocalClusterConfig {
+        pool_size: (o.keys * (o.value_size as u64 + 64) * 4).max(512 << 20),
+        processor: ProcessorConfig {
+            merge_threads: 2,
+            segment_size: 4 << 20,
+            ..ProcessorConfig::default()
+        },
+        kns: o.kns,
+        node: NodeConfig {
+            kn: KnConfig {
+                threads: o.kn_threads,
+                max_value_len: 64 << 10,
+                ..KnConfig::default()
+            },
+            lease_ttl: o.lease,
+            heartbeat: o.heartbeat,
+            ..NodeConfig::default()
+        },
+        mnode: MNodeConfig {
+            check_interval: Duration::from_millis(1),
+            ..MNodeConfig::default()
+        },
+        injected_latency_ns: o.latency_ns,
+        ..LocalClusterConfig::default()
+    }
+}
+
+/// Runs one scenario.
+pub fn run_elastic(
+    o: &ElasticOptions,
+    mut progress: impl FnMut(&str),
+) -> anyhow::Result<ElasticReport> {
+    anyhow::ensure!(
+        o.kns >= 2 || o.scenario == Scenario::Add,
+        "removing or killing needs 2 or more KV nodes"
+    );
+    anyhow::ensure!(o.clients >= 1 && o.keys >= 1, "need clients and keys");
+    anyhow::ensure!(!o.bucket.is_zero(), "bucket width must be positive");
+    let mut cluster = LocalCluster::start(cluster_config(o)).context("starting the cluster")?;
+    let seeds = vec![cluster.rn_addr().to_string()];
+    let client_cfg = ClientConfig {
+        seeds: seeds.clone(),
+        op_timeout: Duration::from_secs(10),
+        max_retry_pause: Duration::from_millis(1),
+        ..ClientConfig::default()
+    };
+    progress(&format!("loading {} keys", o.keys));
+    {
+        let loaders: Vec<_> = (0..o.clients.min(4) as u64)
+            .map(|c| {
+                let (cfg, o) = (client_cfg.clone(), o.clone());
+                std::thread::spawn(move || -> anyhow::Result<()> {
+                    let mut cl = Client::connect(cfg)?;
+                    let (mut k, mut v) = (Vec::new(), Vec::new());
+                    for id in (c..o.keys).step_by(o.clients.min(4)) {
+                        key_bytes(id, 8, &mut k)?;
+                        fill_value(id, 0, o.value_size.max(16), &mut v)?;
+                        cl.set(&k, &v)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for l in loaders {
+            l.join().map_err(|_| anyhow::anyhow!("loader panicked"))??;
+        }
+    }
+    let buckets = ((o.before + o.after).as_nanos() / o.bucket.as_nanos()) as usize + 1;
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    progress(&format!(
+        "running {:?} with the event at {:?}",
+        o.before + o.after,
+        o.before
+    ));
+    let workers: Vec<_> = (0..o.clients as u64)
+        .map(|c| {
+            let (cfg, o, stop) = (client_cfg.clone(), o.clone(), stop.clone());
+            std::thread::spawn(move || -> anyhow::Result<(Vec<u64>, Vec<u64>)> {
+                let mut cl = Client::connect(cfg)?;
+                let mut ops = OpGenerator::for_client(
+                    o.workload,
+                    o.distribution,
+                    o.keys,
+                    o.seed,
+                    c,
+                    o.clients as u64,
+                )?;
+                let (mut done, mut failed) = (vec![0u64; buckets], vec![0u64; buckets]);
+                let (mut k, mut v) = (Vec::new(), Vec::new());
+                let mut version = 1;
+                while !stop.load(Ordering::Acquire) {
+                    let op = ops.next();
+                    key_bytes(op.key_id, 8, &mut k)?;
+                    let r = match op.kind {
+                        OpKind::Read => cl.get(&k).map(|_| ()),
+                        OpKind::ReadModifyWrite => cl.get(&k).and_then(|_| {
+                            fill_value(op.key_id, version, o.value_size.max(16), &mut v)
+                                .map_err(|e| ClientError::Invalid(e.to_string()))?;
+                            cl.set(&k, &v)
+                        }),
+                        OpKind::Update | OpKind::Insert => {
+                            fill_value(op.key_id, version, o.value_size.max(16), &mut v)
+                                .map_err(|e| ClientError::Invalid(e.to_string()))?;
+                            cl.set(&k, &v)
+                        }
+                    };
+                    version += 1;
+                    let b = ((start.elapsed().as_nanos() / o.bucket.as_nanos()) as usize)
+                        .min(buckets - 1);
+                    match r {
+                        Ok(()) => done[b] += 1,
+                        Err(ClientError::Invalid(e)) => anyhow::bail!("invalid request: {e}"),
+                        Err(_) => failed[b] += 1,
+                    }
+                }
+                Ok((done, failed))
+            })
+        })
+        .collect();
+
+    std::thread::sleep(o.before.saturating_sub(start.elapsed()));
+    let event_at = start.elapsed();
+    let mut served_after = None;
+    let mut kill_since_mnode_start = None;
+    match o.scenario {
+        Scenario::Add => {
+            cluster.add_node()?;
+        }
+        Scenario::Remove => {
+            let victim = cluster.nodes()[0].id();
+            cluster.remove_node(victim)?;
+        }
+        Scenario::Failure => {
+            let victim = cluster.nodes()[0].id();
+            let routing = cluster.nodes()[0].routing();
+            let mut after = routing.ring.clone();
+            after.remove_node(victim);
+            // Keys the victim owned: one per (new owner, worker thread) is probed by its own thread, since each
+            // worker of each survivor starts serving its share on its own; up to 256 more are read afterwards.
+            let mut k = Vec::new();
+            let mut owned: Vec<Vec<u8>> = Vec::new();
+            let mut probes: std::collections::BTreeMap<(u32, usize), Vec<u8>> = Default::default();
+            for id in 0..o.keys {
+                key_bytes(id, 8, &mut k)?;
+                if routing.ring.primary(&k) == Some(victim) {
+                    let heir = after.primary(&k).unwrap_or(0);
+                    probes
+                        .entry((heir, dinomo_kn::thread_for_key(&k, o.kn_threads)))
+                        .or_insert_with(|| k.clone());
+                    if owned.len() < 256 {
+                        owned.push(k.clone());
+                    }
+                }
+            }
+            let probers: Vec<_> = probes
+                .into_values()
+                .map(|key| {
+                    let cfg = client_cfg.clone();
+                    let cl = Client::connect(cfg);
+                    (key, cl)
+                })
+                .collect();
+            let killed = Instant::now();
+            kill_since_mnode_start = Some(killed.duration_since(cluster.mnode().started()));
+            let handles: Vec<_> = probers
+                .into_iter()
+                .map(|(key, cl)| {
+                    std::thread::spawn(move || -> anyhow::Result<Duration> {
+                        let mut cl = cl?;
+                        cl.get(&key)
+                            .context("a key of the killed node was never served again")?;
+                        Ok(killed.elapsed())
+                    })
+                })
+                .collect();
+            cluster.crash_node(victim)?;
+            let mut last = Duration::ZERO;
+            for h in handles {
+                last = last.max(h.join().map_err(|_| anyhow::anyhow!("prober panicked"))??);
+            }
+            served_after = Some(last.as_secs_f64() * 1e3);
+            let mut check = Client::connect(client_cfg.clone())?;
+            for key in &owned {
+                check
+                    .get(key)
+                    .context("a key of the killed node is not served")?;
+            }
+        }
+    }
+    std::thread::sleep((o.before + o.after).saturating_sub(start.elapsed()));
+    stop.store(true, Ordering::Release);
+    let (mut done, mut failed) = (vec![0u64; buckets], vec![0u64; buckets]);
+    for w in workers {
+        let (d, f) = w.join().map_err(|_| anyhow::anyhow!("client panicked"))??;
+        for i in 0..buckets {
+            done[i] += d[i];
+            failed[i] += f[i];
+        }
+    }
+    let bucket_s = o.bucket.as_secs_f64();
+    let last_full = ((o.before + o.after).as_nanos() / o.bucket.as_nanos()) as usize;
+    let timeline: Vec<Bucket> = (0..last_full)
+        .map(|i| Bucket {
+            t_ms: i as f64 * bucket_s * 1e3,
+            ops_per_s: done[i] as f64 / bucket_s,
+            failed: failed[i],
+        })
+        .collect();
+    let event_bucket = (event_at.as_nanos() / o.bucket.as_nanos()) as usize;
+    let mean = |b: &[Bucket]| b.iter().map(|x| x.ops_per_s).sum::<f64>() / b.len().max(1) as f64;
+    let baseline = mean(&timeline[event_bucket / 5..event_bucket.max(1)]);
+    let after = &timeline[event_bucket.min(timeline.len())..];
+    let settled = mean(&after[after.len() / 2..]);
+    let min = after
+        .iter()
+        .map(|b| b.ops_per_s)
+        .fold(f64::INFINITY, f64::min);
+    let mut dip_end = 0;
+    for i in 0..after.len() {
+        if after[i..]
+            .iter()
+            .take(3)
+            .all(|b| b.ops_per_s >= 0.8 * baseline)
+        {
+            dip_end = i;
+            break;
+        }
+        dip_end = after.len();
+    }
+    // The first `kns` events are the initial joins.
+    let all = cluster.mnode().events();
+    let reconfigurations = all[o.kns.min(all.len())..].to_vec();
+    cluster.stop();
+    Ok(ElasticReport {
+        options: o.clone(),
+        event_at_ms: event_at.as_secs_f64() * 1e3,
+        baseline_ops_per_s: baseline,
+        settled_ops_per_s: settled,
+        min_ops_per_s: if min.is_finite() { min } else { 0.0 },
+        dip_ms: dip_end as f64 * bucket_s * 1e3,
+        all_keys_served_after_ms: served_after,
+        noticed_after_ms: kill_since_mnode_start.and_then(|k| {
+            reconfigurations
+                .iter()
+                .find(|e| e.kind == dinomo_cluster::ReconfigKind::Failure)
+                .map(|e| e.noticed_at.saturating_sub(k).as_secs_f64() * 1e3)
+        }),
+        reconfigurations,
+        timeline,
+    })
+}
+
+impl ElasticReport {
+    /// The timeline as CSV.
+    pub fn to_csv(&self) -> String {
+        let mut s = String::from("t_ms,ops_per_s,failed\n");
+        for b in &self.timeline {
+            s.push_str(&format!("{:.1},{:.0},{}\n", b.t_ms, b.ops_per_s, b.failed));
+        }
+        s
+    }
+
+    /// The timeline as an SVG chart; the event is a vertical marker line.
+    pub fn to_svg(&self) -> String {
+        let peak = self
+            .timeline
+            .iter()
+            .map(|b| b.ops_per_s)
+            .fold(0.0, f64::max);
+        let series = [
+            svg::Series {
+                name: "throughput".into(),
+                points: self
+                    .timeline
+                    .iter()
+                    .map(|b| (b.t_ms, b.ops_per_s / 1e3))
+                    .collect(),
+            },
+            svg::Series {
+                name: format!("{:?}", self.options.scenario).to_lowercase(),
+                points: vec![(self.event_at_ms, 0.0), (self.event_at_ms, peak / 1e3)],
+            },
+        ];
+        svg::render(&[svg::Panel {
+            title: "Throughput while the cluster reconfigures",
+            x_label: "time (ms)",
+            y_label: "Kops/s",
+            log2_x: false,
+            series: &series,
+        }])
+    }
+
+    /// A one-paragraph summary for people.
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "{:?} at {:.0} ms: baseline {:.0} ops/s, lowest bucket {:.0} ops/s, below 80% for {:.0} ms, settled at {:.0} ops/s",
+            self.options.scenario,
+            self.event_at_ms,
+            self.baseline_ops_per_s,
+            self.min_ops_per_s,
+            self.dip_ms,
+            self.settled_ops_per_s
+        );
+        if let Some(ms) = self.all_keys_served_after_ms {
+            s.push_str(&format!(
+                "; every key of the killed node served again {ms:.1} ms after the kill"
+            ));
+        }
+        if let Some(ms) = self.noticed_after_ms {
+            s.push_str(&format!(" (the M-node noticed after {ms:.1} ms)"));
+        }
+        for e in &self.reconfigurations {
+            s.push_str(&format!(
+                "\n  M-node: {:?} of node {} (epoch {}) took {:.1} ms from noticing",
+                e.kind,
+                e.node,
+                e.epoch,
+                e.duration.as_secs_f64() * 1e3
+            ));
+        }
+        s
+    }
+}

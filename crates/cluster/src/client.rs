@@ -1,0 +1,348 @@
+//! The native client: caches the routing table, sends each request to the key's owner, refreshes its table when
+//! a node refuses a key, and retries until the operation's deadline.
+//!
+//! A request that was sent but whose reply never came (the node died or the connection broke) is not retried
+//! when it changes data: its outcome is reported as [`ClientError::Indeterminate`], since the write may have been
+//! applied. Reads are retried.
+
+use std::collections::HashMap;
+use std::io::{BufReader, BufWriter, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use dinomo_ring::NodeId;
+
+use crate::wire::{
+    DEFAULT_MAX_FRAME, ErrorKind, Request, RequestBody, Response, ResponseBody, Routing,
+    read_frame, write_frame,
+};
+
+/// Client settings.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Routing nodes (or any KV nodes) to fetch the routing table from.
+    pub seeds: Vec<String>,
+    /// How long one operation may take, retries included. Default 5 s.
+    pub op_timeout: Duration,
+    /// Bound on establishing a connection. Default 1 s.
+    pub connect_timeout: Duration,
+    /// Largest reply frame accepted. Default [`DEFAULT_MAX_FRAME`].
+    pub max_frame: u32,
+    /// Longest pause between retries (they start at 200 µs and double). Default 20 ms.
+    pub max_retry_pause: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            seeds: Vec::new(),
+            op_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(1),
+            max_frame: DEFAULT_MAX_FRAME,
+            max_retry_pause: Duration::from_millis(20),
+        }
+    }
+}
+
+/// Why an operation failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ClientError {
+    /// The request is wrong; retrying cannot help.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// The write was sent but its outcome is unknown: it may or may not have been applied.
+    #[error("outcome unknown: {0}")]
+    Indeterminate(String),
+    /// No owner answered before the deadline; the request was not applied.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+}
+
+struct Conn {
+    reader: BufReader<TcpStream>,
+    writer: BufWriter<TcpStream>,
+}
+
+impl Conn {
+    fn open(addr: &str, timeout: Duration) -> std::io::Result<Conn> {
+        let sock = addr
+            .to_socket_addrs()?
+            .next()
+            .ok_or_else(|| std::io::Error::other(format!("cannot resolve {addr}")))?;
+        let s = TcpStream::connect_timeout(&sock, timeout)?;
+        s.set_nodelay(true)?;
+        Ok(Conn {
+            reader: BufReader::new(s.try_clone()?),
+            writer: BufWriter::new(s),
+        })
+    }
+
+    fn set_read_timeout(&self, t: Duration) {
+        let _ = self
+            .reader
+            .get_ref()
+            .set_read_timeout(Some(t.max(Duration::from_millis(1))));
+    }
+}
+
+/// How one attempt ended.
+enum Attempt {
+    Done(ResponseBody),
+    /// Not sent (or certainly not applied): try again.
+    Retry,
+    /// Sent, no reply.
+    Lost(String),
+}
+
+/// A client of a cluster. Not shared between threads: give each thread its own.
+pub struct Client {
+    cfg: ClientConfig,
+    routing: Option<Routing>,
+    conns: HashMap<String, Conn>,
+    next_id: u64,
+    buf: Vec<u8>,
+    rng: u64,
+}
+
+impl Client {
+    /// Fetches the routing table from the seeds.
+    pub fn connect(cfg: ClientConfig) -> Result<Client, ClientError> {
+        if cfg.seeds.is_empty() {
+            return Err(ClientError::Invalid("no seed addresses".into()));
+        }
+        let mut c = Client {
+            rng: 0x9e37_79b9_7f4a_7c15 ^ std::process::id() as u64,
+            cfg,
+            routing: None,
+            conns: HashMap::new(),
+            next_id: 1,
+            buf: Vec::new(),
+        };
+        let deadline = Instant::now() + c.cfg.op_timeout;
+        while !c.refresh(0, None) {
+            if Instant::now() > deadline {
+                return Err(ClientError::Unavailable(
+                    "no seed answered with a routing table".into(),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(c)
+    }
+
+    /// The cached routing table.
+    pub fn routing(&self) -> Option<&Routing> {
+        self.routing.as_ref()
+    }
+
+    /// The value of `key`.
+    pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
+        match self.request(RequestBody::Get(key.to_vec()))? {
+            ResponseBody::Value(v) => Ok(v),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Upsert.
+    pub fn set(&mut self, key: &[u8], value: &[u8]) -> Result<(), ClientError> {
+        self.applied(RequestBody::Set(key.to_vec(), value.to_vec()))
+            .map(|_| ())
+    }
+
+    /// Sets only when absent; whether it did.
+    pub fn insert(&mut self, key: &[u8], value: &[u8]) -> Result<bool, ClientError> {
+        self.applied(RequestBody::Insert(key.to_vec(), value.to_vec()))
+    }
+
+    /// Sets only when present; whether it did.
+    pub fn update(&mut self, key: &[u8], value: &[u8]) -> Result<bool, ClientError> {
+        self.applied(RequestBody::Update(key.to_vec(), value.to_vec()))
+    }
+
+    /// Removes; whether the key existed.
+    pub fn delete(&mut self, key: &[u8]) -> Result<bool, ClientError> {
+        self.applied(RequestBody::Delete(key.to_vec()))
+    }
+
+    /// Adds `delta` to the integer at `key`; the result.
+    pub fn incr(&mut self, key: &[u8], delta: i64) -> Result<i64, ClientError> {
+        match self.request(RequestBody::Incr(key.to_vec(), delta))? {
+            ResponseBody::Int(n) => Ok(n),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn applied(&mut self, body: RequestBody) -> Result<bool, ClientError> {
+        match self.request(body)? {
+            ResponseBody::Applied(a) => Ok(a),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Sends a data request to its key's owner, following refusals and failures until the deadline.
+    pub fn request(&mut self, body: RequestBody) -> Result<ResponseBody, ClientError> {
+        let key = body
+            .key()
+            .ok_or_else(|| ClientError::Invalid("not a data request".into()))?
+            .to_vec();
+        let write = body.is_write();
+        let deadline = Instant::now() + self.cfg.op_timeout;
+        let mut pause = Duration::from_micros(200).min(self.cfg.max_retry_pause);
+        let mut last = String::from("no routing table");
+        loop {
+            let target = self.routing.as_ref().and_then(|r| {
+                let owners = r.ring.owners(&key);
+                let pick = if owners.len() > 1 && !write {
+                    self.rng = self.rng.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    owners.as_slice()[(self.rng >> 33) as usize % owners.len()]
+                } else {
+                    owners.primary()?
+                };
+                r.addrs.get(&pick).map(|a| (pick, a.clone()))
+            });
+            if let Some((node, addr)) = target {
+                match self.attempt(&addr, &body, deadline) {
+                    Attempt::Done(ResponseBody::NotOwner { epoch }) => {
+                        last = format!("node {node} refused the key at epoch {epoch}");
+                        self.refresh(epoch, Some(&addr));
+                    }
+                    Attempt::Done(ResponseBody::Error {
+                        kind: ErrorKind::Invalid,
+                        message,
+                    }) => return Err(ClientError::Invalid(message)),
+                    Attempt::Done(ResponseBody::Error {
+                        kind: ErrorKind::Indeterminate,
+                        message,
+                    }) if write => return Err(ClientError::Indeterminate(message)),
+                    Attempt::Done(ResponseBody::Error { message, .. }) => {
+                        last = format!("node {node}: {message}");
+                        self.refresh(0, None);
+                    }
+                    Attempt::Done(body) => return Ok(body),
+                    Attempt::Retry => {
+                        last = format!("node {node} at {addr} unreachable");
+                        self.refresh(0, None);
+                    }
+                    Attempt::Lost(why) if write => return Err(ClientError::Indeterminate(why)),
+                    Attempt::Lost(why) => {
+                        last = why;
+                        self.refresh(0, None);
+                    }
+                }
+            } else {
+                self.refresh(0, None);
+            }
+            if Instant::now() + pause > deadline {
+                return Err(ClientError::Unavailable(last));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(self.cfg.max_retry_pause);
+        }
+    }
+
+    fn attempt(&mut self, addr: &str, body: &RequestBody, deadline: Instant) -> Attempt {
+        let id = self.next_id;
+        self.next_id += 1;
+        if !self.conns.contains_key(addr) {
+            match Conn::open(addr, self.cfg.connect_timeout) {
+                Ok(c) => {
+                    self.conns.insert(addr.to_string(), c);
+                }
+                Err(_) => return Attempt::Retry,
+            }
+        }
+        let conn = self.conns.get_mut(addr).expect("inserted above");
+        let req = Request {
+            id,
+            body: body.clone(),
+        };
+        if write_frame(&mut conn.writer, &req, &mut self.buf).is_err()
+            || conn.writer.flush().is_err()
+        {
+            // A frame cut short is never applied: the server cannot decode it.
+            self.conns.remove(addr);
+            return Attempt::Retry;
+        }
+        conn.set_read_timeout(deadline.saturating_duration_since(Instant::now()));
+        loop {
+            match read_frame::<Response>(&mut conn.reader, &mut self.buf, self.cfg.max_frame) {
+                Ok(r) if r.id == id => return Attempt::Done(r.body),
+                // A reply to an earlier request that timed out: skip it.
+                Ok(r) if r.id < id => continue,
+                Ok(r) => {
+                    self.conns.remove(addr);
+                    return Attempt::Lost(format!("reply to unknown request {}", r.id));
+                }
+                Err(e) => {
+                    self.conns.remove(addr);
+                    return Attempt::Lost(format!("no reply from {addr}: {e}"));
+                }
+            }
+        }
+    }
+
+    /// Fetches a routing table of at least epoch `min_epoch`, asking `hint` first, then the seeds; keeps the
+    /// newest seen. Returns whether the cached table now reaches `min_epoch`.
+    fn refresh(&mut self, min_epoch: u64, hint: Option<&str>) -> bool {
+        let mut sources: Vec<String> = hint.into_iter().map(str::to_string).collect();
+        sources.extend(self.cfg.seeds.iter().cloned());
+        let deadline = Instant::now() + self.cfg.connect_timeout;
+        for addr in sources {
+            if let Attempt::Done(ResponseBody::Routing(r)) =
+                self.attempt(&addr, &RequestBody::Routing, deadline)
+            {
+                let newer = self
+                    .routing
+                    .as_ref()
+                    .is_none_or(|cur| r.epoch() > cur.epoch());
+                if newer {
+                    // Connections to nodes that left are dropped.
+                    self.conns.retain(|a, _| {
+                        r.addrs.values().any(|x| x == a) || self.cfg.seeds.contains(a)
+                    });
+                    self.routing = Some(r);
+                }
+                if self
+                    .routing
+                    .as_ref()
+                    .is_some_and(|cur| cur.epoch() >= min_epoch)
+                {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// Fetches the newest routing table the seeds have (normally the client refreshes only when refused).
+    pub fn refresh_routing(&mut self) -> bool {
+        self.refresh(u64::MAX, None);
+        self.routing.is_some()
+    }
+
+    /// The owner of `key` under the cached table.
+    pub fn owner(&self, key: &[u8]) -> Option<NodeId> {
+        self.routing.as_ref()?.ring.primary(key)
+    }
+}
+
+fn unexpected(body: ResponseBody) -> ClientError {
+    ClientError::Invalid(format!("unexpected reply {body:?}"))
+}
+
+/// One request to one server on a fresh connection, with a deadline (the M-node's calls to KV nodes).
+pub(crate) fn call_once(
+    addr: &str,
+    body: RequestBody,
+    timeout: Duration,
+) -> Result<ResponseBody, String> {
+    let mut conn = Conn::open(addr, timeout).map_err(|e| format!("{addr}: {e}"))?;
+    let mut buf = Vec::new();
+    write_frame(&mut conn.writer, &Request { id: 1, body }, &mut buf)
+        .and_then(|_| conn.writer.flush())
+        .map_err(|e| format!("{addr}: {e}"))?;
+    conn.set_read_timeout(timeout);
+    let r: Response = read_frame(&mut conn.reader, &mut buf, DEFAULT_MAX_FRAME)
+        .map_err(|e| format!("{addr}: {e}"))?;
+    Ok(r.body)
+}

@@ -1,0 +1,553 @@
+//! The management node: keeps the cluster record, watches KV-node leases, and reconfigures the cluster by moving
+//! ownership (paper §3.5). One M-node leads (elected through the metadata store); standbys wait and take over
+//! when the leader's lease lapses.
+//!
+//! Reconfiguration follows the paper's steps: the nodes that lose keys install the new table first (they commit
+//! what is pending, have their logs merged when they hold unmerged writes of keys they lose, drop those keys from
+//! their caches, and refuse them from then on); then the record is stored; then the nodes that gain keys install
+//! it. No data moves. A failed node's logs are taken over by the memory node (fenced and merged) before its keys
+//! are handed out.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
+use dinomo_dpm::proto;
+use dinomo_fabric::{Connector, Endpoint};
+use dinomo_meta::{LeaseId, MetaError, MetaStore};
+use dinomo_ring::{NodeId, Ring};
+use serde::Serialize;
+use tracing::{info, warn};
+
+use crate::client::call_once;
+use crate::wire::{RequestBody, ResponseBody, Routing};
+use crate::{ClusterError, ClusterRecord, MemberInfo, member_node};
+
+/// The election M-nodes compete in.
+pub const ELECTION: &str = "mnode";
+
+/// Settings of an M-node.
+#[derive(Debug, Clone)]
+pub struct MNodeConfig {
+    /// This M-node's name in the election.
+    pub name: String,
+    /// Its leadership lease; a standby takes over this long after the leader stops renewing. Default 1 s.
+    pub lease_ttl: Duration,
+    /// How often it checks leases and membership. Default 5 ms.
+    pub check_interval: Duration,
+    /// Bound on one call to a KV node during reconfiguration. Default 10 s (a node may merge its log first).
+    pub install_timeout: Duration,
+    /// Virtual nodes per KV node in a new ring. Default [`dinomo_ring::DEFAULT_VNODES`].
+    pub vnodes: u32,
+    /// After it starts leading, how long ring members that are not registered get to come back before they are
+    /// declared failed (a restarted cluster's nodes register one by one). Default 2 s.
+    pub failure_grace: Duration,
+}
+
+impl Default for MNodeConfig {
+    fn default() -> Self {
+        MNodeConfig {
+            name: "mnode-1".into(),
+            lease_ttl: Duration::from_secs(1),
+            check_interval: Duration::from_millis(5),
+            install_timeout: Duration::from_secs(10),
+            vnodes: dinomo_ring::DEFAULT_VNODES,
+            failure_grace: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Kinds of reconfiguration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum ReconfigKind {
+    /// A node joined.
+    Add,
+    /// A node was removed.
+    Remove,
+    /// A node's lease expired.
+    Failure,
+}
+
+/// One reconfiguration, as it happened.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReconfigEvent {
+    /// What happened.
+    pub kind: ReconfigKind,
+    /// The node that joined, left or failed.
+    pub node: NodeId,
+    /// The epoch of the new table.
+    pub epoch: u64,
+    /// When the M-node noticed (since the M-node started).
+    pub noticed_at: Duration,
+    /// From noticing until every remaining node served under the new table.
+    pub duration: Duration,
+    /// Entries the memory node merged while taking over a failed node's logs.
+    pub merged_entries: u64,
+}
+
+enum Admin {
+    Remove(NodeId, Sender<Result<(), ClusterError>>),
+}
+
+/// A running M-node.
+pub struct MNode {
+    started: Instant,
+    admin: Sender<Admin>,
+    events: Arc<Mutex<Vec<ReconfigEvent>>>,
+    leading: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl MNode {
+    /// Starts the M-node's loop; it competes for leadership and, once leading, manages the cluster.
+    pub fn start(
+        config: MNodeConfig,
+        meta: Arc<dyn MetaStore>,
+        dpm: Connector,
+    ) -> Result<MNode, ClusterError> {
+        let (admin_tx, admin_rx) = unbounded();
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let leading = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let started = Instant::now();
+        let mut state = State {
+            lease: meta.grant(config.lease_ttl)?,
+            cfg: config,
+            meta,
+            dpm,
+            ep: None,
+            installed: HashMap::new(),
+            incarnations: HashMap::new(),
+            seen: Default::default(),
+            leading_since: Instant::now(),
+            events: events.clone(),
+            leading: leading.clone(),
+            started,
+        };
+        let thread = {
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("dinomo-mnode".into())
+                .spawn(move || state.run(&stop, &admin_rx))
+                .map_err(|e| ClusterError::Io(e.to_string()))?
+        };
+        Ok(MNode {
+            started,
+            admin: admin_tx,
+            events,
+            leading,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Whether this M-node leads now.
+    pub fn is_leading(&self) -> bool {
+        self.leading.load(Ordering::Acquire)
+    }
+
+    /// Removes a node from the ring (it hands its keys over and may then be stopped). Waits until done.
+    pub fn remove_node(&self, node: NodeId) -> Result<(), ClusterError> {
+        let (tx, rx) = bounded(1);
+        self.admin
+            .send(Admin::Remove(node, tx))
+            .map_err(|_| ClusterError::Reconfig("the M-node stopped".into()))?;
+        rx.recv()
+            .map_err(|_| ClusterError::Reconfig("the M-node stopped".into()))?
+    }
+
+    /// When it started: [`ReconfigEvent::noticed_at`] counts from here.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// The reconfigurations so far.
+    pub fn events(&self) -> Vec<ReconfigEvent> {
+        self.events.lock().expect("events lock").clone()
+    }
+
+    /// Stops the loop (and so gives up leadership once its lease lapses).
+    pub fn stop(mut self) {
+        self.halt();
+    }
+
+    fn halt(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for MNode {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+struct State {
+    cfg: MNodeConfig,
+    meta: Arc<dyn MetaStore>,
+    dpm: Connector,
+    ep: Option<Endpoint>,
+    lease: LeaseId,
+    /// The epoch each node (incarnation) is known to serve under.
+    installed: HashMap<NodeId, (u64, u64)>,
+    /// Incarnations of the live nodes, as last read.
+    incarnations: HashMap<NodeId, u64>,
+    /// Ring members seen live since this M-node leads (their disappearance is a failure at once).
+    seen: std::collections::HashSet<NodeId>,
+    leading_since: Instant,
+    events: Arc<Mutex<Vec<ReconfigEvent>>>,
+    leading: Arc<AtomicBool>,
+    started: Instant,
+}
+
+impl State {
+    fn run(&mut self, stop: &AtomicBool, admin: &Receiver<Admin>) {
+        let mut last_renewal = Instant::now();
+        while !stop.load(Ordering::Acquire) {
+            if last_renewal.elapsed() >= self.cfg.lease_ttl / 4 {
+                match self.meta.keep_alive(self.lease) {
+                    Ok(()) => last_renewal = Instant::now(),
+                    Err(MetaError::LeaseExpired(_)) => {
+                        warn!(name = %self.cfg.name, "leadership lease expired");
+                        self.leading.store(false, Ordering::Release);
+                        match self.meta.grant(self.cfg.lease_ttl) {
+                            Ok(l) => self.lease = l,
+                            Err(e) => warn!(error = %e, "cannot take a lease"),
+                        }
+                    }
+                    Err(e) => warn!(error = %e, "cannot renew the leadership lease"),
+                }
+            }
+            if !self.leading.load(Ordering::Acquire) {
+                match self.meta.try_lead(ELECTION, &self.cfg.name, self.lease) {
+                    Ok(true) => {
+                        info!(name = %self.cfg.name, "leading the cluster");
+                        self.installed.clear();
+                        self.seen.clear();
+                        self.leading_since = Instant::now();
+                        self.leading.store(true, Ordering::Release);
+                    }
+                    Ok(false) => {}
+                    Err(e) => warn!(error = %e, "election failed"),
+                }
+            }
+            if self.leading.load(Ordering::Acquire) {
+                while let Ok(cmd) = admin.try_recv() {
+                    match cmd {
+                        Admin::Remove(node, reply) => {
+                            let _ = reply.send(self.remove(node));
+                        }
+                    }
+                }
+                if let Err(e) = self.reconcile() {
+                    warn!(error = %e, "reconfiguration failed; retrying");
+                }
+            } else {
+                while let Ok(Admin::Remove(_, reply)) = admin.try_recv() {
+                    let _ = reply.send(Err(ClusterError::Reconfig(
+                        "this M-node is a standby".into(),
+                    )));
+                }
+            }
+            std::thread::sleep(self.cfg.check_interval);
+        }
+        let _ = self.meta.revoke(self.lease);
+    }
+
+    fn record(&self) -> Result<(ClusterRecord, Option<u64>), ClusterError> {
+        Ok(match ClusterRecord::load(&*self.meta)? {
+            Some((r, v)) => (r, Some(v)),
+            None => (
+                ClusterRecord {
+                    routing: Routing {
+                        ring: Ring::new(self.cfg.vnodes),
+                        addrs: BTreeMap::new(),
+                    },
+                    retired: BTreeMap::new(),
+                },
+                None,
+            ),
+        })
+    }
+
+    fn live(&self) -> Result<BTreeMap<NodeId, MemberInfo>, ClusterError> {
+        Ok(self
+            .meta
+            .members("kn/")?
+            .into_iter()
+            .filter_map(|(name, info)| {
+                let id = member_node(&name)?;
+                let info: MemberInfo = postcard::from_bytes(&info).ok()?;
+                Some((id, info))
+            })
+            .collect())
+    }
+
+    /// One step toward the desired cluster: first failures, then joins, then nodes lagging behind the record.
+    fn reconcile(&mut self) -> Result<(), ClusterError> {
+        let (record, version) = self.record()?;
+        let live = self.live()?;
+        let noticed = Instant::now();
+        self.incarnations = live.iter().map(|(id, i)| (*id, i.incarnation)).collect();
+        self.seen
+            .extend(live.keys().filter(|id| record.routing.ring.contains(**id)));
+        let in_grace = self.leading_since.elapsed() < self.cfg.failure_grace;
+        let dead = record
+            .routing
+            .ring
+            .nodes()
+            .find(|n| !live.contains_key(n) && (self.seen.contains(n) || !in_grace));
+        if let Some(dead) = dead {
+            return self.fail(record, version, dead, noticed);
+        }
+        let joining = live
+            .iter()
+            .find(|(id, info)| {
+                !record.routing.ring.contains(**id)
+                    && record.retired.get(id) != Some(&info.incarnation)
+            })
+            .map(|(id, info)| (*id, info.clone()));
+        if let Some((id, info)) = joining {
+            return self.join(record, version, id, info, noticed);
+        }
+        // A ring member that restarted on another address.
+        if let Some((&id, info)) = live.iter().find(|(id, info)| {
+            record
+                .routing
+                .addrs
+                .get(id)
+                .is_some_and(|a| *a != info.addr)
+        }) {
+            let mut next = record.clone();
+            next.routing.addrs.insert(id, info.addr.clone());
+            next.routing
+                .ring
+                .set_epoch_at_least(record.routing.epoch() + 1);
+            next.store(&*self.meta, version)?;
+            return Ok(());
+        }
+        // Step 6: nodes not involved in the last change catch up (also retries of failed installs).
+        let lagging: Vec<NodeId> = record
+            .routing
+            .ring
+            .nodes()
+            .filter(|n| live.contains_key(n) && !self.is_installed(*n, record.routing.epoch()))
+            .collect();
+        if !lagging.is_empty() {
+            self.install(&record.routing, &lagging)?;
+        }
+        Ok(())
+    }
+
+    fn fail(
+        &mut self,
+        record: ClusterRecord,
+        version: Option<u64>,
+        dead: NodeId,
+        noticed: Instant,
+    ) -> Result<(), ClusterError> {
+        info!(node = dead, "KV node failed; its logs are taken over");
+        let taken: proto::NodeTakenOver = self.dpm_call(
+            proto::TAKE_OVER_NODE,
+            &proto::TakeOverNode { node_id: dead },
+        )?;
+        let mut next = record;
+        next.routing.ring.remove_node(dead);
+        next.routing.addrs.remove(&dead);
+        next.store(&*self.meta, version)?;
+        self.installed.remove(&dead);
+        self.seen.remove(&dead);
+        // Nobody loses keys: every survivor may install at once.
+        let survivors: Vec<NodeId> = next.routing.ring.nodes().collect();
+        self.install(&next.routing, &survivors)?;
+        self.note(
+            ReconfigKind::Failure,
+            dead,
+            &next.routing,
+            noticed,
+            taken.merged_entries,
+        );
+        Ok(())
+    }
+
+    fn join(
+        &mut self,
+        record: ClusterRecord,
+        version: Option<u64>,
+        id: NodeId,
+        info: MemberInfo,
+        noticed: Instant,
+    ) -> Result<(), ClusterError> {
+        info!(node = id, addr = %info.addr, "KV node joins");
+        let old: Vec<NodeId> = record.routing.ring.nodes().collect();
+        let mut next = record;
+        next.retired.remove(&id);
+        next.routing.ring.add_node(id);
+        next.routing.addrs.insert(id, info.addr);
+        // The old owners give up the keys the new node takes before it may serve them.
+        self.install(&next.routing, &old)?;
+        next.store(&*self.meta, version)?;
+        self.install(&next.routing, &[id])?;
+        self.note(ReconfigKind::Add, id, &next.routing, noticed, 0);
+        Ok(())
+    }
+
+    fn remove(&mut self, id: NodeId) -> Result<(), ClusterError> {
+        let noticed = Instant::now();
+        let (record, version) = self.record()?;
+        if !record.routing.ring.contains(id) {
+            return Err(ClusterError::Reconfig(format!(
+                "node {id} is not in the ring"
+            )));
+        }
+        if record.routing.ring.len() == 1 {
+            return Err(ClusterError::Reconfig(
+                "the last KV node cannot be removed".into(),
+            ));
+        }
+        let live = self.live()?;
+        let mut next = record;
+        next.routing.ring.remove_node(id);
+        next.routing.addrs.remove(&id);
+        if let Some(info) = live.get(&id) {
+            next.retired.insert(id, info.incarnation);
+            // The leaving node hands everything over (its log merged) before anyone else serves its keys.
+            self.install_at(&next.routing, id, &info.addr)?;
+        }
+        next.store(&*self.meta, version)?;
+        self.installed.remove(&id);
+        self.seen.remove(&id);
+        let rest: Vec<NodeId> = next.routing.ring.nodes().collect();
+        self.install(&next.routing, &rest)?;
+        self.note(ReconfigKind::Remove, id, &next.routing, noticed, 0);
+        Ok(())
+    }
+
+    /// Has every node in `nodes` serve under `routing`, in parallel; fails if any could not.
+    fn install(&mut self, routing: &Routing, nodes: &[NodeId]) -> Result<(), ClusterError> {
+        let targets: Vec<(NodeId, String)> = nodes
+            .iter()
+            .filter_map(|n| routing.addrs.get(n).map(|a| (*n, a.clone())))
+            .collect();
+        let timeout = self.cfg.install_timeout;
+        let results: Vec<(NodeId, Result<(), String>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = targets
+                .iter()
+                .map(|(n, addr)| {
+                    let body = RequestBody::Install(routing.clone());
+                    (
+                        *n,
+                        s.spawn(move || match call_once(addr, body, timeout) {
+                            Ok(ResponseBody::Done) => Ok(()),
+                            Ok(other) => Err(format!("{other:?}")),
+                            Err(e) => Err(e),
+                        }),
+                    )
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|(n, h)| {
+                    (
+                        n,
+                        h.join()
+                            .unwrap_or_else(|_| Err("install thread panicked".into())),
+                    )
+                })
+                .collect()
+        });
+        let mut failed = Vec::new();
+        for (n, r) in results {
+            match r {
+                Ok(()) => self.mark_installed(n, routing.epoch()),
+                Err(e) => failed.push(format!("node {n}: {e}")),
+            }
+        }
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(ClusterError::Reconfig(format!(
+                "installing epoch {} failed at {}",
+                routing.epoch(),
+                failed.join("; ")
+            )))
+        }
+    }
+
+    fn install_at(
+        &mut self,
+        routing: &Routing,
+        node: NodeId,
+        addr: &str,
+    ) -> Result<(), ClusterError> {
+        match call_once(
+            addr,
+            RequestBody::Install(routing.clone()),
+            self.cfg.install_timeout,
+        ) {
+            Ok(ResponseBody::Done) => {
+                self.mark_installed(node, routing.epoch());
+                Ok(())
+            }
+            Ok(other) => Err(ClusterError::Reconfig(format!("node {node}: {other:?}"))),
+            Err(e) => Err(ClusterError::Reconfig(format!("node {node}: {e}"))),
+        }
+    }
+
+    fn mark_installed(&mut self, node: NodeId, epoch: u64) {
+        let inc = self.incarnations.get(&node).copied().unwrap_or(0);
+        self.installed.insert(node, (inc, epoch));
+    }
+
+    fn is_installed(&self, node: NodeId, epoch: u64) -> bool {
+        let inc = self.incarnations.get(&node).copied().unwrap_or(0);
+        self.installed
+            .get(&node)
+            .is_some_and(|&(i, e)| i == inc && e >= epoch)
+    }
+
+    fn dpm_call<Req: Serialize, Resp: serde::de::DeserializeOwned>(
+        &mut self,
+        method: u16,
+        req: &Req,
+    ) -> Result<Resp, ClusterError> {
+        if self.ep.is_none() {
+            self.ep = Some(self.dpm.connect()?);
+        }
+        let ep = self.ep.as_mut().expect("connected above");
+        match ep.call(method, req) {
+            Ok(r) => Ok(r),
+            Err(e) => {
+                self.ep = None;
+                Err(e.into())
+            }
+        }
+    }
+
+    fn note(
+        &self,
+        kind: ReconfigKind,
+        node: NodeId,
+        routing: &Routing,
+        noticed: Instant,
+        merged: u64,
+    ) {
+        let e = ReconfigEvent {
+            kind,
+            node,
+            epoch: routing.epoch(),
+            noticed_at: noticed.duration_since(self.started),
+            duration: noticed.elapsed(),
+            merged_entries: merged,
+        };
+        info!(?kind, node, epoch = e.epoch, took = ?e.duration, "reconfigured");
+        self.events.lock().expect("events lock").push(e);
+    }
+}

@@ -1,0 +1,316 @@
+//! A KV node as a cluster member: its workers, its native-protocol server, its liveness lease and its view of
+//! the routing table.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use dinomo_fabric::Connector;
+use dinomo_kn::{Command, KnConfig, KnError, KvNode, LeaseGate, Ownership, Reply, Submitter};
+use dinomo_meta::{LeaseId, MetaError, MetaStore};
+use dinomo_ring::{NodeId, Ring};
+use tracing::{info, warn};
+
+use crate::server::{Server, ServerLimits};
+use crate::wire::Routing;
+use crate::{ClusterError, ClusterRecord, MemberInfo, member_name};
+
+/// Settings of a cluster KV node.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// This node's id: it names the node in the ring and its logs on the memory node. A node that restarts with
+    /// the same id takes its logs back (the memory node merges them first).
+    pub node_id: NodeId,
+    /// Where the native protocol listens. Default 127.0.0.1:0 (any free port).
+    pub listen: SocketAddr,
+    /// The address other processes use to reach it, when it differs from the bound one.
+    pub advertise: Option<String>,
+    /// Worker settings (`kn.node_id` is replaced by `node_id`).
+    pub kn: KnConfig,
+    /// Liveness lease: a node that misses its heartbeats this long is declared failed, and it stops serving by
+    /// itself once it could not renew for this long. Default 200 ms.
+    pub lease_ttl: Duration,
+    /// Heartbeat period; well under `lease_ttl`. Default 40 ms.
+    pub heartbeat: Duration,
+    /// Server limits.
+    pub limits: ServerLimits,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            node_id: 1,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            advertise: None,
+            kn: KnConfig::default(),
+            lease_ttl: Duration::from_millis(200),
+            heartbeat: Duration::from_millis(40),
+            limits: ServerLimits::default(),
+        }
+    }
+}
+
+/// The ownership map of one node: the ring and the node's id in it.
+pub(crate) struct RingOwnership {
+    pub ring: Ring,
+    pub node: NodeId,
+}
+
+impl Ownership for RingOwnership {
+    fn epoch(&self) -> u64 {
+        self.ring.epoch()
+    }
+
+    fn owns(&self, key: &[u8]) -> bool {
+        self.ring.is_owner(self.node, key)
+    }
+}
+
+/// What the server threads of a node share.
+pub(crate) struct NodeShared {
+    pub id: NodeId,
+    pub submitter: Submitter,
+    routing: RwLock<Routing>,
+    /// Serializes installs.
+    install_lock: std::sync::Mutex<()>,
+}
+
+impl NodeShared {
+    pub(crate) fn routing(&self) -> Routing {
+        self.routing.read().expect("routing lock").clone()
+    }
+
+    /// Serves under `routing` from now on: every worker commits what is pending, merges its log if it held
+    /// writes of keys it loses, and drops lost keys from its cache before this returns. Older tables are ignored.
+    pub(crate) fn install(&self, routing: Routing) -> Result<(), KnError> {
+        let _one = self.install_lock.lock().expect("install lock");
+        if routing.epoch() < self.routing.read().expect("routing lock").epoch() {
+            return Ok(());
+        }
+        let own: Arc<dyn Ownership> = Arc::new(RingOwnership {
+            ring: routing.ring.clone(),
+            node: self.id,
+        });
+        let (tx, rx) = crossbeam_channel::unbounded();
+        self.submitter
+            .broadcast(|| Command::Own(own.clone()), 0, &tx)?;
+        let mut first_error = None;
+        for _ in 0..self.submitter.threads() {
+            match rx.recv() {
+                Ok((_, Ok(_))) => {}
+                Ok((_, Err(e))) => {
+                    first_error.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_error.get_or_insert(KnError::Stopped);
+                }
+            }
+        }
+        // The table is published even when a worker failed to merge: the workers already refuse what they lost,
+        // and the M-node retries the install before it hands the keys to anyone.
+        *self.routing.write().expect("routing lock") = routing;
+        first_error.map_or(Ok(()), Err)
+    }
+
+    pub(crate) fn stats_json(&self) -> Result<String, KnError> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        self.submitter.broadcast(|| Command::Stats, 0, &tx)?;
+        let mut all = Vec::new();
+        for _ in 0..self.submitter.threads() {
+            match rx.recv() {
+                Ok((_, Ok(Reply::Stats(s)))) => all.push(*s),
+                Ok((_, Err(e))) => return Err(e),
+                _ => return Err(KnError::Stopped),
+            }
+        }
+        let routing = self.routing();
+        Ok(serde_json::json!({
+            "node_id": self.id,
+            "epoch": routing.epoch(),
+            "share": routing.ring.share(self.id),
+            "threads": all,
+        })
+        .to_string())
+    }
+}
+
+/// A running cluster KV node.
+pub struct ClusterNode {
+    id: NodeId,
+    shared: Arc<NodeShared>,
+    kv: Option<KvNode>,
+    server: Option<Server>,
+    addr: String,
+    gate: Arc<LeaseGate>,
+    meta: Arc<dyn MetaStore>,
+    lease: LeaseId,
+    stop_heartbeat: Arc<AtomicBool>,
+    heartbeat: Option<JoinHandle<()>>,
+    crashed: bool,
+}
+
+impl ClusterNode {
+    /// Starts a node: takes a lease, starts the workers under the ownership the cluster record gives it (nothing
+    /// until the M-node adds it), opens its server and registers itself as live.
+    pub fn start(
+        config: NodeConfig,
+        connector: Connector,
+        meta: Arc<dyn MetaStore>,
+    ) -> Result<ClusterNode, ClusterError> {
+        let t0 = Instant::now();
+        let lease = meta.grant(config.lease_ttl)?;
+        let gate = LeaseGate::open_until(t0 + config.lease_ttl);
+        // A node serves nothing until the M-node installs the current table at it: the M-node may still be
+        // handing over this node id's keys from an earlier incarnation.
+        let _ = ClusterRecord::load(&*meta)?;
+        let routing = Routing {
+            ring: Ring::new(dinomo_ring::DEFAULT_VNODES),
+            addrs: Default::default(),
+        };
+        let own: Arc<dyn Ownership> = Arc::new(RingOwnership {
+            ring: routing.ring.clone(),
+            node: config.node_id,
+        });
+        let kn = KnConfig {
+            node_id: config.node_id,
+            ..config.kn.clone()
+        };
+        let kv = KvNode::start_in_cluster(kn, connector, Some(own), Some(gate.clone()))?;
+        let shared = Arc::new(NodeShared {
+            id: config.node_id,
+            submitter: kv.submitter(),
+            routing: RwLock::new(routing),
+            install_lock: std::sync::Mutex::new(()),
+        });
+        let server = Server::start(
+            config.listen,
+            config.limits.clone(),
+            shared.clone(),
+            &format!("dinomo-kn{}", config.node_id),
+        )
+        .map_err(|e| ClusterError::Io(format!("cannot listen on {}: {e}", config.listen)))?;
+        let addr = config
+            .advertise
+            .clone()
+            .unwrap_or_else(|| server.local_addr().to_string());
+        let incarnation = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ ((std::process::id() as u64) << 40);
+        let info = postcard::to_allocvec(&MemberInfo {
+            addr: addr.clone(),
+            incarnation,
+        })
+        .map_err(|e| ClusterError::Corrupt(e.to_string()))?;
+        meta.register(&member_name(config.node_id), &info, lease)?;
+        let stop_heartbeat = Arc::new(AtomicBool::new(false));
+        let heartbeat = {
+            let (meta, gate, stop) = (meta.clone(), gate.clone(), stop_heartbeat.clone());
+            let (ttl, period, id) = (config.lease_ttl, config.heartbeat, config.node_id);
+            std::thread::Builder::new()
+                .name(format!("dinomo-kn{id}-heartbeat"))
+                .spawn(move || {
+                    while !stop.load(Ordering::Acquire) {
+                        std::thread::sleep(period);
+                        // The deadline counts from before the renewal was sent: the store's own deadline is later.
+                        let sent = Instant::now();
+                        match meta.keep_alive(lease) {
+                            Ok(()) => gate.extend_to(sent + ttl),
+                            Err(MetaError::LeaseExpired(_)) => {
+                                warn!(node = id, "lease expired; this node no longer serves");
+                                gate.close();
+                                return;
+                            }
+                            Err(e) => warn!(node = id, error = %e, "heartbeat failed"),
+                        }
+                    }
+                })
+                .map_err(|e| ClusterError::Io(format!("cannot start the heartbeat: {e}")))?
+        };
+        info!(node = config.node_id, %addr, "KV node serving");
+        Ok(ClusterNode {
+            id: config.node_id,
+            shared,
+            kv: Some(kv),
+            server: Some(server),
+            addr,
+            gate,
+            meta,
+            lease,
+            stop_heartbeat,
+            heartbeat: Some(heartbeat),
+            crashed: false,
+        })
+    }
+
+    /// The node's id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// The native-protocol address.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// The routing table it serves under.
+    pub fn routing(&self) -> Routing {
+        self.shared.routing()
+    }
+
+    /// Whether its lease still allows it to serve.
+    pub fn is_serving(&self) -> bool {
+        self.gate.is_open()
+    }
+
+    /// Handles for in-process use (the RESP front door).
+    pub fn submitter(&self) -> Submitter {
+        self.shared.submitter.clone()
+    }
+
+    /// Stops as if the process died: no more heartbeats, connections cut, nothing answered from now on. The
+    /// cluster notices when the lease expires.
+    pub fn crash(mut self) {
+        self.crashed = true;
+        self.stop_heartbeat.store(true, Ordering::Release);
+        self.gate.close();
+        if let Some(s) = self.server.take() {
+            drop(s);
+        }
+        if let Some(t) = self.heartbeat.take() {
+            let _ = t.join();
+        }
+        if let Some(kv) = self.kv.take() {
+            kv.stop();
+        }
+    }
+
+    /// Stops cleanly: revokes the lease (a node the M-node removed first leaves without a failure).
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.stop_heartbeat.store(true, Ordering::Release);
+        if let Some(s) = self.server.take() {
+            drop(s);
+        }
+        if let Some(t) = self.heartbeat.take() {
+            let _ = t.join();
+        }
+        if let Some(kv) = self.kv.take() {
+            kv.stop();
+        }
+        if !self.crashed {
+            let _ = self.meta.revoke(self.lease);
+        }
+    }
+}
+
+impl Drop for ClusterNode {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

@@ -1,0 +1,115 @@
+//! A routing node: serves the routing table to clients. It follows the cluster record in the metadata store (the
+//! M-node updates the record; routing nodes catch up asynchronously, step 7 of the reconfiguration protocol).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::Sender;
+use dinomo_kn::Tagged;
+use dinomo_meta::MetaStore;
+use tracing::warn;
+
+use crate::server::{Server, ServerLimits, Service};
+use crate::wire::{ErrorKind, RequestBody, ResponseBody, Routing};
+use crate::{ClusterError, ClusterRecord};
+
+struct RoutingService {
+    routing: RwLock<Option<Routing>>,
+}
+
+impl Service for RoutingService {
+    fn answer(&self, body: RequestBody) -> ResponseBody {
+        match body {
+            RequestBody::Routing => match self.routing.read().expect("routing lock").clone() {
+                Some(r) => ResponseBody::Routing(r),
+                None => ResponseBody::Error {
+                    kind: ErrorKind::Unavailable,
+                    message: "no cluster record yet".into(),
+                },
+            },
+            RequestBody::Ping => ResponseBody::Done,
+            other => ResponseBody::Error {
+                kind: ErrorKind::Invalid,
+                message: format!("a routing node serves routing only, not {other:?}"),
+            },
+        }
+    }
+
+    fn submit(&self, _id: u64, body: RequestBody, _: &Sender<Tagged>) -> Option<ResponseBody> {
+        Some(ResponseBody::Error {
+            kind: ErrorKind::Invalid,
+            message: format!(
+                "a routing node serves no data: send {:?} to the key's owner",
+                body.key().map(String::from_utf8_lossy)
+            ),
+        })
+    }
+}
+
+/// A running routing node.
+pub struct RoutingNode {
+    server: Option<Server>,
+    stop: Arc<AtomicBool>,
+    poller: Option<JoinHandle<()>>,
+}
+
+impl RoutingNode {
+    /// Starts serving on `listen`, refreshing from `meta` every `refresh`.
+    pub fn start(
+        listen: SocketAddr,
+        meta: Arc<dyn MetaStore>,
+        refresh: Duration,
+        limits: ServerLimits,
+    ) -> Result<RoutingNode, ClusterError> {
+        let service = Arc::new(RoutingService {
+            routing: RwLock::new(ClusterRecord::load(&*meta)?.map(|(r, _)| r.routing)),
+        });
+        let server = Server::start(listen, limits, service.clone(), "dinomo-rn")
+            .map_err(|e| ClusterError::Io(format!("cannot listen on {listen}: {e}")))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let poller = {
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("dinomo-rn-refresh".into())
+                .spawn(move || {
+                    while !stop.load(Ordering::Acquire) {
+                        match ClusterRecord::load(&*meta) {
+                            Ok(Some((r, _))) => {
+                                let mut cur = service.routing.write().expect("routing lock");
+                                if cur.as_ref().is_none_or(|c| r.routing.epoch() >= c.epoch()) {
+                                    *cur = Some(r.routing);
+                                }
+                            }
+                            Ok(None) => {}
+                            Err(e) => warn!(error = %e, "cannot read the cluster record"),
+                        }
+                        std::thread::sleep(refresh);
+                    }
+                })
+                .map_err(|e| ClusterError::Io(e.to_string()))?
+        };
+        Ok(RoutingNode {
+            server: Some(server),
+            stop,
+            poller: Some(poller),
+        })
+    }
+
+    /// Where it listens.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.server.as_ref().expect("running").local_addr()
+    }
+}
+
+impl Drop for RoutingNode {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        self.server.take();
+        if let Some(t) = self.poller.take() {
+            let _ = t.join();
+        }
+    }
+}

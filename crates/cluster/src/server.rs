@@ -1,0 +1,280 @@
+//! A KV node's native-protocol server: one reader and one writer thread per connection; data requests go to the
+//! workers' queues tagged with their request id, replies are written back as the workers produce them.
+
+use std::io::{BufReader, BufWriter, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender, select, unbounded};
+use dinomo_kn::{Command, KnError, Reply, Tagged};
+use tracing::{debug, warn};
+
+use crate::node::NodeShared;
+use crate::wire::{
+    ErrorKind, FrameError, Request, RequestBody, Response, ResponseBody, read_frame, write_frame,
+};
+
+/// Limits of a server.
+#[derive(Debug, Clone)]
+pub struct ServerLimits {
+    /// Largest request frame accepted. Default [`crate::wire::DEFAULT_MAX_FRAME`].
+    pub max_frame: u32,
+    /// Connections served at once; more are closed right after accept. Default 1024.
+    pub max_connections: usize,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            max_frame: crate::wire::DEFAULT_MAX_FRAME,
+            max_connections: 1024,
+        }
+    }
+}
+
+/// Something a server can answer requests for.
+pub(crate) trait Service: Send + Sync + 'static {
+    /// Handles a request that is not queued at a worker: answers right away (on the reader thread).
+    fn answer(&self, body: RequestBody) -> ResponseBody;
+    /// Queues a data request; its reply arrives on `replies` tagged with `id`. Returns the immediate answer when
+    /// the request cannot be queued.
+    fn submit(&self, id: u64, body: RequestBody, replies: &Sender<Tagged>) -> Option<ResponseBody>;
+}
+
+/// A listening server; dropping it stops accepting and closes every connection.
+pub struct Server {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    conns: Arc<Mutex<Vec<TcpStream>>>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl Server {
+    pub(crate) fn start(
+        listen: SocketAddr,
+        limits: ServerLimits,
+        service: Arc<dyn Service>,
+        name: &str,
+    ) -> std::io::Result<Server> {
+        let listener = TcpListener::bind(listen)?;
+        let addr = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let conns: Arc<Mutex<Vec<TcpStream>>> = Arc::new(Mutex::new(Vec::new()));
+        let live = Arc::new(AtomicUsize::new(0));
+        let accept = {
+            let (stop, conns) = (stop.clone(), conns.clone());
+            std::thread::Builder::new()
+                .name(format!("{name}-accept"))
+                .spawn(move || {
+                    for stream in listener.incoming() {
+                        if stop.load(Ordering::Acquire) {
+                            return;
+                        }
+                        let Ok(stream) = stream else { continue };
+                        if live.load(Ordering::Acquire) >= limits.max_connections {
+                            debug!("connection limit reached; closing a new connection");
+                            continue;
+                        }
+                        let _ = stream.set_nodelay(true);
+                        if let Ok(c) = stream.try_clone() {
+                            let mut all = conns.lock().expect("connections lock");
+                            all.retain(|s| s.peer_addr().is_ok());
+                            all.push(c);
+                        }
+                        live.fetch_add(1, Ordering::AcqRel);
+                        let (service, live, limits) =
+                            (service.clone(), live.clone(), limits.clone());
+                        let spawned = std::thread::Builder::new()
+                            .name("dinomo-conn".into())
+                            .spawn(move || {
+                                serve_connection(stream, &*service, &limits);
+                                live.fetch_sub(1, Ordering::AcqRel);
+                            });
+                        if spawned.is_err() {
+                            warn!("cannot start a connection thread");
+                        }
+                    }
+                })?
+        };
+        Ok(Server {
+            addr,
+            stop,
+            conns,
+            accept: Some(accept),
+        })
+    }
+
+    /// Where it listens.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Closes every open connection (the listener keeps accepting).
+    pub fn cut_all_connections(&self) {
+        for c in self.conns.lock().expect("connections lock").drain(..) {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wake the accept loop.
+        let _ = TcpStream::connect(self.addr);
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+        self.cut_all_connections();
+    }
+}
+
+fn serve_connection(stream: TcpStream, service: &dyn Service, limits: &ServerLimits) {
+    let Ok(write_half) = stream.try_clone() else {
+        return;
+    };
+    let (direct_tx, direct_rx) = unbounded::<Response>();
+    let (tagged_tx, tagged_rx) = unbounded::<Tagged>();
+    let writer = std::thread::Builder::new()
+        .name("dinomo-conn-w".into())
+        .spawn(move || write_loop(write_half, direct_rx, tagged_rx));
+    let Ok(writer) = writer else { return };
+    let mut reader = BufReader::new(&stream);
+    let mut buf = Vec::new();
+    loop {
+        let req: Request = match read_frame(&mut reader, &mut buf, limits.max_frame) {
+            Ok(r) => r,
+            Err(FrameError::Io(_)) => break,
+            Err(e) => {
+                // The stream cannot be resynchronised after a bad frame: answer and close.
+                let _ = direct_tx.send(Response {
+                    id: u64::MAX,
+                    body: ResponseBody::Error {
+                        kind: ErrorKind::Invalid,
+                        message: e.to_string(),
+                    },
+                });
+                break;
+            }
+        };
+        let id = req.id;
+        let immediate = if req.body.key().is_some() {
+            service.submit(id, req.body, &tagged_tx)
+        } else {
+            Some(service.answer(req.body))
+        };
+        if let Some(body) = immediate
+            && direct_tx.send(Response { id, body }).is_err()
+        {
+            break;
+        }
+    }
+    drop(direct_tx);
+    drop(tagged_tx);
+    // The writer ends once every queued request has been answered.
+    let _ = writer.join();
+    let _ = stream.shutdown(Shutdown::Both);
+}
+
+fn write_loop(stream: TcpStream, direct: Receiver<Response>, tagged: Receiver<Tagged>) {
+    let mut w = BufWriter::new(stream);
+    let mut buf = Vec::new();
+    let (mut direct_open, mut tagged_open) = (true, true);
+    let (never_direct, never_tagged) = (crossbeam_channel::never(), crossbeam_channel::never());
+    while direct_open || tagged_open {
+        let resp = select! {
+            recv(if direct_open { &direct } else { &never_direct }) -> r => match r {
+                Ok(r) => r,
+                Err(_) => { direct_open = false; continue; }
+            },
+            recv(if tagged_open { &tagged } else { &never_tagged }) -> r => match r {
+                Ok((id, r)) => Response { id, body: reply_body(r) },
+                Err(_) => { tagged_open = false; continue; }
+            },
+        };
+        if write_frame(&mut w, &resp, &mut buf).is_err() {
+            return;
+        }
+        // Flush when nothing else is ready, so pipelined replies share a system call.
+        if direct.is_empty() && tagged.is_empty() && w.flush().is_err() {
+            return;
+        }
+    }
+    let _ = w.flush();
+}
+
+/// A worker's reply in protocol terms.
+pub(crate) fn reply_body(r: Result<Reply, KnError>) -> ResponseBody {
+    match r {
+        Ok(Reply::Value(v)) => ResponseBody::Value(v),
+        Ok(Reply::Applied(a)) => ResponseBody::Applied(a),
+        Ok(Reply::Int(n)) => ResponseBody::Int(n),
+        Ok(Reply::Stats(s)) => ResponseBody::Stats(serde_json::to_string(&s).unwrap_or_default()),
+        Err(KnError::NotOwner { epoch }) => ResponseBody::NotOwner { epoch },
+        Err(e) => error_body(e),
+    }
+}
+
+/// An error in protocol terms.
+pub(crate) fn error_body(e: KnError) -> ResponseBody {
+    let kind = match &e {
+        KnError::KeyTooLarge { .. }
+        | KnError::ValueTooLarge { .. }
+        | KnError::NotAnInteger
+        | KnError::Config(_) => ErrorKind::Invalid,
+        e if e.is_indeterminate() => ErrorKind::Indeterminate,
+        _ => ErrorKind::Unavailable,
+    };
+    ResponseBody::Error {
+        kind,
+        message: e.to_string(),
+    }
+}
+
+/// The worker command for a data request.
+pub(crate) fn command(body: RequestBody) -> Option<Command> {
+    Some(match body {
+        RequestBody::Get(k) => Command::Get(k),
+        RequestBody::Set(k, v) => Command::Set(k, v),
+        RequestBody::Insert(k, v) => Command::Insert(k, v),
+        RequestBody::Update(k, v) => Command::Update(k, v),
+        RequestBody::GetSet(k, v) => Command::GetSet(k, v),
+        RequestBody::Delete(k) => Command::Delete(k),
+        RequestBody::Incr(k, d) => Command::Incr(k, d),
+        RequestBody::Append(k, v) => Command::Append(k, v),
+        RequestBody::Routing | RequestBody::Stats | RequestBody::Install(_) | RequestBody::Ping => {
+            return None;
+        }
+    })
+}
+
+impl Service for NodeShared {
+    fn answer(&self, body: RequestBody) -> ResponseBody {
+        match body {
+            RequestBody::Routing => ResponseBody::Routing(self.routing()),
+            RequestBody::Stats => match self.stats_json() {
+                Ok(s) => ResponseBody::Stats(s),
+                Err(e) => error_body(e),
+            },
+            RequestBody::Install(routing) => match self.install(routing) {
+                Ok(()) => ResponseBody::Done,
+                Err(e) => error_body(e),
+            },
+            RequestBody::Ping => ResponseBody::Done,
+            other => ResponseBody::Error {
+                kind: ErrorKind::Invalid,
+                message: format!("unexpected request {other:?}"),
+            },
+        }
+    }
+
+    fn submit(&self, id: u64, body: RequestBody, replies: &Sender<Tagged>) -> Option<ResponseBody> {
+        let cmd = command(body)?;
+        match self.submitter.submit(cmd, id, replies) {
+            Ok(()) => None,
+            Err(e) => Some(error_body(e)),
+        }
+    }
+}

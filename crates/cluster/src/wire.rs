@@ -1,0 +1,250 @@
+//! The native protocol between clients (and the M-node) and KV nodes or routing nodes: length-prefixed frames
+//! (`u32` little-endian length, then a postcard body) carrying a request id, so a connection can keep many requests
+//! in flight and replies may come back in any order.
+
+use std::io::{self, Read, Write};
+
+use dinomo_ring::{NodeId, Ring};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Default bound on one frame: a value of the largest allowed size plus its key and headers fit comfortably.
+pub const DEFAULT_MAX_FRAME: u32 = 8 << 20;
+
+/// Who owns what and where to reach them: what routing nodes serve and clients cache.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Routing {
+    /// The ownership ring (its epoch versions the whole table).
+    pub ring: Ring,
+    /// The native-protocol address of every node in the ring.
+    pub addrs: BTreeMap<NodeId, String>,
+}
+
+impl Routing {
+    /// The version of this table.
+    pub fn epoch(&self) -> u64 {
+        self.ring.epoch()
+    }
+}
+
+/// A request; `id` comes back in its [`Response`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Request {
+    /// Chosen by the caller; unique among its requests in flight on the connection.
+    pub id: u64,
+    /// What to do.
+    pub body: RequestBody,
+}
+
+/// What a request asks for.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum RequestBody {
+    /// The value of a key.
+    Get(Vec<u8>),
+    /// Upsert.
+    Set(Vec<u8>, Vec<u8>),
+    /// Only when absent.
+    Insert(Vec<u8>, Vec<u8>),
+    /// Only when present.
+    Update(Vec<u8>, Vec<u8>),
+    /// Set and return the previous value.
+    GetSet(Vec<u8>, Vec<u8>),
+    /// Remove.
+    Delete(Vec<u8>),
+    /// Add to a decimal integer value.
+    Incr(Vec<u8>, i64),
+    /// Append to the value.
+    Append(Vec<u8>, Vec<u8>),
+    /// The routing table the server knows.
+    Routing,
+    /// Load and cache statistics of a KV node.
+    Stats,
+    /// M-node only: serve under this routing table from now on (see the reconfiguration protocol).
+    Install(Routing),
+    /// Liveness probe.
+    Ping,
+}
+
+impl RequestBody {
+    /// The key of a data request.
+    pub fn key(&self) -> Option<&[u8]> {
+        match self {
+            RequestBody::Get(k) | RequestBody::Delete(k) | RequestBody::Incr(k, _) => Some(k),
+            RequestBody::Set(k, _)
+            | RequestBody::Insert(k, _)
+            | RequestBody::Update(k, _)
+            | RequestBody::GetSet(k, _)
+            | RequestBody::Append(k, _) => Some(k),
+            RequestBody::Routing
+            | RequestBody::Stats
+            | RequestBody::Install(_)
+            | RequestBody::Ping => None,
+        }
+    }
+
+    /// Whether the request changes data.
+    pub fn is_write(&self) -> bool {
+        !matches!(
+            self,
+            RequestBody::Get(_)
+                | RequestBody::Routing
+                | RequestBody::Stats
+                | RequestBody::Ping
+                | RequestBody::Install(_)
+        )
+    }
+}
+
+/// A reply.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Response {
+    /// The id of the request.
+    pub id: u64,
+    /// The outcome.
+    pub body: ResponseBody,
+}
+
+/// What a reply says.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ResponseBody {
+    /// A value or none.
+    Value(Option<Vec<u8>>),
+    /// Whether a write applied.
+    Applied(bool),
+    /// An integer result.
+    Int(i64),
+    /// The server does not own the key under its routing table of `epoch`; refresh and retry.
+    NotOwner {
+        /// The server's epoch.
+        epoch: u64,
+    },
+    /// The routing table.
+    Routing(Routing),
+    /// Statistics (a JSON document, so tools can show fields they do not know).
+    Stats(String),
+    /// Done (Install, Ping).
+    Done,
+    /// The request failed.
+    Error {
+        /// The kind of failure.
+        kind: ErrorKind,
+        /// For people.
+        message: String,
+    },
+}
+
+/// Kinds of failure a client acts on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorKind {
+    /// The request is wrong (a limit, a type); retrying will not help.
+    Invalid,
+    /// The write may or may not have been applied (the node lost the memory node or its lease mid-write).
+    Indeterminate,
+    /// The node cannot serve now (stopping, fenced, the memory node unreachable before anything was written); the
+    /// request was not applied and may be retried elsewhere.
+    Unavailable,
+}
+
+/// Why a frame could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// The connection failed or closed.
+    #[error("connection: {0}")]
+    Io(#[from] io::Error),
+    /// The announced length is beyond the limit.
+    #[error("frame of {len} bytes exceeds the limit of {max} bytes")]
+    TooLarge {
+        /// Announced length.
+        len: u32,
+        /// The limit.
+        max: u32,
+    },
+    /// The body does not decode.
+    #[error("malformed frame: {0}")]
+    Malformed(String),
+}
+
+/// Writes `msg` as one frame (into `buf`, reused between calls, then to `w`).
+pub fn write_frame<T: Serialize>(w: &mut impl Write, msg: &T, buf: &mut Vec<u8>) -> io::Result<()> {
+    buf.clear();
+    buf.extend_from_slice(&[0; 4]);
+    let body = postcard::to_extend(msg, std::mem::take(buf))
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+    *buf = body;
+    let len = (buf.len() - 4) as u32;
+    buf[..4].copy_from_slice(&len.to_le_bytes());
+    w.write_all(buf)
+}
+
+/// Reads one frame of at most `max` bytes into `buf` and decodes it.
+pub fn read_frame<T: for<'de> Deserialize<'de>>(
+    r: &mut impl Read,
+    buf: &mut Vec<u8>,
+    max: u32,
+) -> Result<T, FrameError> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len)?;
+    let len = u32::from_le_bytes(len);
+    if len > max {
+        return Err(FrameError::TooLarge { len, max });
+    }
+    buf.resize(len as usize, 0);
+    r.read_exact(buf)?;
+    postcard::from_bytes(buf).map_err(|e| FrameError::Malformed(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn frames_round_trip(id in any::<u64>(), key in proptest::collection::vec(any::<u8>(), 0..64),
+                             value in proptest::collection::vec(any::<u8>(), 0..256), delta in any::<i64>()) {
+            let mut wire = Vec::new();
+            let mut buf = Vec::new();
+            let reqs = [
+                RequestBody::Get(key.clone()), RequestBody::Set(key.clone(), value.clone()),
+                RequestBody::Incr(key.clone(), delta), RequestBody::Append(key.clone(), value.clone()),
+                RequestBody::Ping,
+            ];
+            for body in &reqs {
+                write_frame(&mut wire, &Request { id, body: body.clone() }, &mut buf).unwrap();
+            }
+            let mut r = &wire[..];
+            for body in &reqs {
+                let got: Request = read_frame(&mut r, &mut buf, DEFAULT_MAX_FRAME).unwrap();
+                prop_assert_eq!(got.id, id);
+                prop_assert_eq!(format!("{:?}", got.body), format!("{body:?}"));
+            }
+            prop_assert!(r.is_empty());
+        }
+
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let mut r = &bytes[..];
+            let mut buf = Vec::new();
+            // Whatever the bytes, each read ends in a frame or an error, and the reader makes progress.
+            for _ in 0..64 {
+                if read_frame::<Request>(&mut r, &mut buf, 256).is_err() && r.is_empty() {
+                    break;
+                }
+                if r.is_empty() { break; }
+            }
+        }
+    }
+
+    #[test]
+    fn oversized_frames_are_refused_before_reading_the_body() {
+        let mut wire = (1u32 << 30).to_le_bytes().to_vec();
+        wire.extend_from_slice(&[0; 16]);
+        let mut buf = Vec::new();
+        let err = read_frame::<Request>(&mut &wire[..], &mut buf, DEFAULT_MAX_FRAME).unwrap_err();
+        assert!(matches!(err, FrameError::TooLarge { len, .. } if len == 1 << 30));
+        assert!(
+            buf.capacity() < 1 << 20,
+            "no buffer was sized by the announced length"
+        );
+    }
+}

@@ -1,0 +1,35 @@
+//! What the cluster tests share.
+
+use std::time::Duration;
+
+use dinomo_cluster::{LocalClusterConfig, MNodeConfig, NodeConfig};
+use dinomo_dpm::ProcessorConfig;
+use dinomo_kn::KnConfig;
+
+/// A small in-process cluster with short leases, so failures are noticed within about 100 ms.
+pub fn small_cluster(kns: usize) -> LocalClusterConfig {
+    LocalClusterConfig {
+        pool_size: 256 << 20,
+        processor: ProcessorConfig {
+            merge_threads: 2,
+            segment_size: 1 << 20,
+            ..ProcessorConfig::default()
+        },
+        kns,
+        node: NodeConfig {
+            kn: KnConfig {
+                threads: 2,
+                max_value_len: 64 << 10,
+                ..KnConfig::default()
+            },
+            lease_ttl: Duration::from_millis(100),
+            heartbeat: Duration::from_millis(10),
+            ..NodeConfig::default()
+        },
+        mnode: MNodeConfig {
+            lease_ttl: Duration::from_millis(300),
+            ..MNodeConfig::default()
+        },
+        ..LocalClusterConfig::default()
+    }
+}

@@ -1,0 +1,352 @@
+//! `dinomo up`, `dinomo kn`, `dinomo rn`, `dinomo mnode` and `dinomo kv`: a whole cluster in one process, or its
+//! parts as separate processes that meet through the memory node (or etcd).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use dinomo_cache::{CacheConfig, Policy};
+use dinomo_cluster::{
+    Client, ClientConfig, ClusterNode, LocalCluster, LocalClusterConfig, MNode, MNodeConfig,
+    NodeConfig, RoutingNode, ServerLimits,
+};
+use dinomo_dpm::ProcessorConfig;
+use dinomo_fabric::{Connector, Target};
+use dinomo_kn::KnConfig;
+use dinomo_meta::{MetaStore, RemoteMeta};
+use dinomo_pool::PersistMode;
+
+use crate::size::parse_size;
+
+/// Where the cluster metadata lives.
+#[derive(Debug, Args, Clone)]
+pub struct MetaArgs {
+    /// The memory node (`dinomo dpm`) to use; it also keeps the cluster record unless --etcd is given.
+    #[arg(long, default_value = "127.0.0.1:7100")]
+    pub dpm: SocketAddr,
+    /// Keep the cluster record, leases and the M-node election in etcd instead (comma-separated endpoints).
+    #[arg(long, value_delimiter = ',')]
+    pub etcd: Vec<String>,
+    /// Key prefix in etcd.
+    #[arg(long, default_value = "/dinomo/")]
+    pub etcd_prefix: String,
+    /// The memory node's shared secret; also read from DINOMO_CLUSTER_TOKEN.
+    #[arg(
+        long,
+        env = "DINOMO_CLUSTER_TOKEN",
+        default_value = "",
+        hide_env_values = true
+    )]
+    pub token: String,
+}
+
+impl MetaArgs {
+    fn connector(&self) -> Connector {
+        let mut c = Connector::new(Target::Tcp(self.dpm));
+        c.config.cluster_token = self.token.clone();
+        c
+    }
+
+    fn store(&self) -> anyhow::Result<Arc<dyn MetaStore>> {
+        if self.etcd.is_empty() {
+            return Ok(Arc::new(RemoteMeta::new(self.connector())));
+        }
+        etcd_store(&self.etcd, &self.etcd_prefix)
+    }
+}
+
+#[cfg(feature = "etcd")]
+fn etcd_store(endpoints: &[String], prefix: &str) -> anyhow::Result<Arc<dyn MetaStore>> {
+    Ok(Arc::new(dinomo_meta::EtcdMeta::connect(
+        endpoints,
+        prefix,
+        Duration::from_secs(5),
+    )?))
+}
+
+#[cfg(not(feature = "etcd"))]
+fn etcd_store(_: &[String], _: &str) -> anyhow::Result<Arc<dyn MetaStore>> {
+    anyhow::bail!("this dinomo was built without etcd support; rebuild with `--features etcd`")
+}
+
+/// KV-node settings shared by `up` and `kn`.
+#[derive(Debug, Args, Clone)]
+pub struct KnArgs {
+    /// Worker threads per KV node.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Cache bytes per KV node (values and shortcuts), e.g. 64MiB.
+    #[arg(long, value_parser = parse_size, default_value = "64MiB")]
+    pub cache: u64,
+    /// Cache policy: dac, static-N (N% values), value-only or shortcut-only.
+    #[arg(long, default_value = "dac")]
+    pub policy: Policy,
+    /// Largest key, in bytes.
+    #[arg(long, default_value_t = 4096)]
+    pub max_key: usize,
+    /// Largest value, e.g. 1MiB.
+    #[arg(long, value_parser = parse_size, default_value = "1MiB")]
+    pub max_value: u64,
+    /// Liveness lease in milliseconds: a node silent this long is declared failed (and stops serving itself).
+    #[arg(long, default_value_t = 200)]
+    pub lease_ms: u64,
+    /// Heartbeat period in milliseconds.
+    #[arg(long, default_value_t = 40)]
+    pub heartbeat_ms: u64,
+}
+
+impl KnArgs {
+    fn node_config(&self, node_id: u32, listen: SocketAddr) -> NodeConfig {
+        NodeConfig {
+            node_id,
+            listen,
+            advertise: None,
+            kn: KnConfig {
+                node_id,
+                threads: self.threads,
+                max_key_len: self.max_key,
+                max_value_len: self.max_value as usize,
+                cache: CacheConfig {
+                    budget_bytes: self.cache / self.threads.max(1) as u64,
+                    policy: self.policy,
+                    ..CacheConfig::default()
+                },
+                ..KnConfig::default()
+            },
+            lease_ttl: Duration::from_millis(self.lease_ms),
+            heartbeat: Duration::from_millis(self.heartbeat_ms),
+            limits: ServerLimits::default(),
+        }
+    }
+}
+
+/// `dinomo up`.
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// KV nodes.
+    #[arg(long, default_value_t = 2)]
+    pub kns: usize,
+    /// Data directory (the pool file lives here); a restart on it serves everything written before.
+    #[arg(long, default_value = "dinomo-data")]
+    pub data_dir: PathBuf,
+    /// Size of a new pool, e.g. 1GiB.
+    #[arg(long, value_parser = parse_size, default_value = "1GiB")]
+    pub pool_size: u64,
+    /// Durability: volatile, periodic (msync every second), durable or dax.
+    #[arg(long, default_value = "periodic")]
+    pub persist: PersistMode,
+    /// Routing-node address (clients start here).
+    #[arg(long, default_value = "127.0.0.1:7200")]
+    pub rn_listen: SocketAddr,
+    /// Injected fabric latency per round trip in nanoseconds (emulates a µs-scale network on one host).
+    #[arg(long, default_value_t = 0)]
+    pub latency_ns: u64,
+    #[command(flatten)]
+    pub kn: KnArgs,
+}
+
+/// `dinomo kn`.
+#[derive(Debug, Args)]
+pub struct KnCmdArgs {
+    /// This node's id (it names its logs: a restart with the same id takes them back).
+    #[arg(long)]
+    pub node_id: u32,
+    /// Native-protocol address.
+    #[arg(long, default_value = "127.0.0.1:7300")]
+    pub listen: SocketAddr,
+    #[command(flatten)]
+    pub meta: MetaArgs,
+    #[command(flatten)]
+    pub kn: KnArgs,
+}
+
+/// `dinomo rn`.
+#[derive(Debug, Args)]
+pub struct RnArgs {
+    /// Address to serve routing on.
+    #[arg(long, default_value = "127.0.0.1:7200")]
+    pub listen: SocketAddr,
+    /// How often to re-read the cluster record, in milliseconds.
+    #[arg(long, default_value_t = 5)]
+    pub refresh_ms: u64,
+    #[command(flatten)]
+    pub meta: MetaArgs,
+}
+
+/// `dinomo mnode`.
+#[derive(Debug, Args)]
+pub struct MnodeArgs {
+    /// Name in the M-node election (unique per M-node).
+    #[arg(long, default_value = "mnode-1")]
+    pub name: String,
+    /// Leadership lease in milliseconds (a standby takes over this long after the leader dies).
+    #[arg(long, default_value_t = 1000)]
+    pub lease_ms: u64,
+    #[command(flatten)]
+    pub meta: MetaArgs,
+}
+
+/// `dinomo kv`: one operation against a running cluster.
+#[derive(Debug, Args)]
+pub struct KvArgs {
+    /// A routing node (or any KV node).
+    #[arg(long, default_value = "127.0.0.1:7200")]
+    pub seed: String,
+    #[command(subcommand)]
+    pub op: KvOp,
+}
+
+/// Operations of `dinomo kv`.
+#[derive(Debug, Subcommand)]
+pub enum KvOp {
+    /// Print a value.
+    Get { key: String },
+    /// Set a value.
+    Set { key: String, value: String },
+    /// Delete a key.
+    Del { key: String },
+    /// Add to an integer value.
+    Incr {
+        key: String,
+        #[arg(default_value_t = 1, allow_hyphen_values = true)]
+        delta: i64,
+    },
+    /// Print the routing table.
+    Routing,
+}
+
+fn signals() -> anyhow::Result<signal_hook::iterator::Signals> {
+    signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
+        .context("installing signal handlers")
+}
+
+fn wait_for_signal(mut s: signal_hook::iterator::Signals) {
+    let signal = s.forever().next();
+    tracing::info!(?signal, "stopping");
+}
+
+pub fn up(args: UpArgs) -> anyhow::Result<()> {
+    let signals = signals()?;
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("creating {}", args.data_dir.display()))?;
+    let cfg = LocalClusterConfig {
+        pool_path: Some(args.data_dir.join("pool")),
+        pool_size: args.pool_size,
+        persist: args.persist,
+        processor: ProcessorConfig::default(),
+        kns: args.kns,
+        node: args
+            .kn
+            .node_config(0, SocketAddr::from(([127, 0, 0, 1], 0))),
+        mnode: MNodeConfig::default(),
+        rn_listen: args.rn_listen,
+        injected_latency_ns: args.latency_ns,
+    };
+    let cluster = LocalCluster::start(cfg).context("starting the cluster")?;
+    println!("dinomo up: routing node on {}", cluster.rn_addr());
+    for n in cluster.nodes() {
+        println!("  KV node {} on {}", n.id(), n.addr());
+    }
+    let s = cluster.processor().stats();
+    println!(
+        "  memory node: pool {} ({} keys, {} bytes free)",
+        args.data_dir.join("pool").display(),
+        s.index_entries,
+        s.pool_free_bytes
+    );
+    use std::io::Write;
+    std::io::stdout().flush().ok();
+    wait_for_signal(signals);
+    cluster.stop();
+    println!("dinomo up stopped cleanly");
+    Ok(())
+}
+
+pub fn kn(args: KnCmdArgs) -> anyhow::Result<()> {
+    let signals = signals()?;
+    let meta = args.meta.store()?;
+    let node = ClusterNode::start(
+        args.kn.node_config(args.node_id, args.listen),
+        args.meta.connector(),
+        meta,
+    )
+    .context("starting the KV node")?;
+    println!("dinomo kn {} listening on {}", node.id(), node.addr());
+    use std::io::Write;
+    std::io::stdout().flush().ok();
+    wait_for_signal(signals);
+    node.stop();
+    println!("dinomo kn stopped cleanly");
+    Ok(())
+}
+
+pub fn rn(args: RnArgs) -> anyhow::Result<()> {
+    let signals = signals()?;
+    let rn = RoutingNode::start(
+        args.listen,
+        args.meta.store()?,
+        Duration::from_millis(args.refresh_ms),
+        ServerLimits::default(),
+    )?;
+    println!("dinomo rn listening on {}", rn.local_addr());
+    use std::io::Write;
+    std::io::stdout().flush().ok();
+    wait_for_signal(signals);
+    drop(rn);
+    println!("dinomo rn stopped cleanly");
+    Ok(())
+}
+
+pub fn mnode(args: MnodeArgs) -> anyhow::Result<()> {
+    let signals = signals()?;
+    let m = MNode::start(
+        MNodeConfig {
+            name: args.name.clone(),
+            lease_ttl: Duration::from_millis(args.lease_ms),
+            ..MNodeConfig::default()
+        },
+        args.meta.store()?,
+        args.meta.connector(),
+    )?;
+    println!("dinomo mnode {} running", args.name);
+    use std::io::Write;
+    std::io::stdout().flush().ok();
+    wait_for_signal(signals);
+    m.stop();
+    println!("dinomo mnode stopped cleanly");
+    Ok(())
+}
+
+pub fn kv(args: KvArgs) -> anyhow::Result<()> {
+    let mut c = Client::connect(ClientConfig {
+        seeds: vec![args.seed],
+        ..ClientConfig::default()
+    })?;
+    match args.op {
+        KvOp::Get { key } => match c.get(key.as_bytes())? {
+            Some(v) => println!("{}", String::from_utf8_lossy(&v)),
+            None => println!("(nil)"),
+        },
+        KvOp::Set { key, value } => {
+            c.set(key.as_bytes(), value.as_bytes())?;
+            println!("OK");
+        }
+        KvOp::Del { key } => println!("{}", u8::from(c.delete(key.as_bytes())?)),
+        KvOp::Incr { key, delta } => println!("{}", c.incr(key.as_bytes(), delta)?),
+        KvOp::Routing => {
+            let r = c.routing().context("no routing table")?;
+            println!("epoch {}", r.epoch());
+            for (id, share) in r.ring.shares() {
+                println!(
+                    "  node {id} at {} owns {:.1}%",
+                    r.addrs.get(&id).map_or("?", String::as_str),
+                    share * 100.0
+                );
+            }
+        }
+    }
+    Ok(())
+}
