@@ -99,6 +99,8 @@ pub struct MNode {
     events: Arc<Mutex<Vec<ReconfigEvent>>>,
     leading: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
+    /// Whether stopping gives the leadership up at once (a crash leaves it to expire).
+    resign: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -113,6 +115,7 @@ impl MNode {
         let events = Arc::new(Mutex::new(Vec::new()));
         let leading = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
+        let resign = Arc::new(AtomicBool::new(true));
         let started = Instant::now();
         let mut state = State {
             lease: meta.grant(config.lease_ttl)?,
@@ -129,10 +132,10 @@ impl MNode {
             started,
         };
         let thread = {
-            let stop = stop.clone();
+            let (stop, resign) = (stop.clone(), resign.clone());
             std::thread::Builder::new()
                 .name("dinomo-mnode".into())
-                .spawn(move || state.run(&stop, &admin_rx))
+                .spawn(move || state.run(&stop, &resign, &admin_rx))
                 .map_err(|e| ClusterError::Io(e.to_string()))?
         };
         Ok(MNode {
@@ -141,6 +144,7 @@ impl MNode {
             events,
             leading,
             stop,
+            resign,
             thread: Some(thread),
         })
     }
@@ -170,8 +174,14 @@ impl MNode {
         self.events.lock().expect("events lock").clone()
     }
 
-    /// Stops the loop (and so gives up leadership once its lease lapses).
+    /// Stops the loop and gives up leadership at once.
     pub fn stop(mut self) {
+        self.halt();
+    }
+
+    /// Stops as if the process died: the leadership passes to a standby only when its lease expires.
+    pub fn crash(mut self) {
+        self.resign.store(false, Ordering::Release);
         self.halt();
     }
 
@@ -208,7 +218,7 @@ struct State {
 }
 
 impl State {
-    fn run(&mut self, stop: &AtomicBool, admin: &Receiver<Admin>) {
+    fn run(&mut self, stop: &AtomicBool, resign: &AtomicBool, admin: &Receiver<Admin>) {
         let mut last_renewal = Instant::now();
         while !stop.load(Ordering::Acquire) {
             if last_renewal.elapsed() >= self.cfg.lease_ttl / 4 {
@@ -258,7 +268,10 @@ impl State {
             }
             std::thread::sleep(self.cfg.check_interval);
         }
-        let _ = self.meta.revoke(self.lease);
+        self.leading.store(false, Ordering::Release);
+        if resign.load(Ordering::Acquire) {
+            let _ = self.meta.revoke(self.lease);
+        }
     }
 
     fn record(&self) -> Result<(ClusterRecord, Option<u64>), ClusterError> {
