@@ -81,7 +81,7 @@ fn kn(dpm: &str, id: u32) -> anyhow::Result<Proc> {
         "--max-value",
         "64KiB",
         "--lease-ms",
-        "150",
+        "300",
         "--heartbeat-ms",
         "20",
     ])

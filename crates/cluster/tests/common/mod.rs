@@ -6,7 +6,7 @@ use dinomo_cluster::{LocalClusterConfig, MNodeConfig, NodeConfig};
 use dinomo_dpm::ProcessorConfig;
 use dinomo_kn::KnConfig;
 
-/// A small in-process cluster with short leases, so failures are noticed within about 100 ms.
+/// A small in-process cluster with short leases, so failures are noticed within about 300 ms (with room for heartbeats delayed by a loaded machine).
 pub fn small_cluster(kns: usize) -> LocalClusterConfig {
     LocalClusterConfig {
         pool_size: 256 << 20,
@@ -22,12 +22,12 @@ pub fn small_cluster(kns: usize) -> LocalClusterConfig {
                 max_value_len: 64 << 10,
                 ..KnConfig::default()
             },
-            lease_ttl: Duration::from_millis(100),
-            heartbeat: Duration::from_millis(10),
+            lease_ttl: Duration::from_millis(300),
+            heartbeat: Duration::from_millis(20),
             ..NodeConfig::default()
         },
         mnode: MNodeConfig {
-            lease_ttl: Duration::from_millis(300),
+            lease_ttl: Duration::from_secs(1),
             ..MNodeConfig::default()
         },
         ..LocalClusterConfig::default()
