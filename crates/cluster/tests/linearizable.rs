@@ -1,0 +1,147 @@
+//! Concurrent clients record every operation while KV nodes are added, removed and crashed; the recorded history
+//! must be linearizable (checked per key, Wing–Gong style), and a final read of every key by a fresh client — part
+//! of the history — shows that no acknowledged write was lost.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use dinomo_cluster::{Client, ClientConfig, ClientError, LocalCluster, LocalClusterConfig};
+use dinomo_lincheck::{CheckConfig, Op, Outcome, Recorder, Verdict, check};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+mod common;
+
+const PLAIN_KEYS: u32 = 12;
+const COUNTERS: u32 = 3;
+
+fn plain(i: u32) -> Vec<u8> {
+    format!("k{i}").into_bytes()
+}
+
+fn counter(i: u32) -> Vec<u8> {
+    format!("ctr{i}").into_bytes()
+}
+
+/// Runs one operation through `cl` and records it.
+fn step(cl: &mut Client, rec: &Recorder, client: u32, n: u64, rng: &mut StdRng) {
+    let value = format!("c{client}-{n}").into_bytes();
+    let op = match rng.random_range(0..10u32) {
+        0..=3 => Op::Get(plain(rng.random_range(0..PLAIN_KEYS))),
+        4..=5 => Op::Set(plain(rng.random_range(0..PLAIN_KEYS)), value),
+        6 => Op::Insert(plain(rng.random_range(0..PLAIN_KEYS)), value),
+        7 => Op::Delete(plain(rng.random_range(0..PLAIN_KEYS))),
+        8 => Op::Get(counter(rng.random_range(0..COUNTERS))),
+        _ => Op::Incr(
+            counter(rng.random_range(0..COUNTERS)),
+            rng.random_range(1..5),
+        ),
+    };
+    let ticket = rec.invoke(client, op.clone());
+    let result: Result<Outcome, ClientError> = match op {
+        Op::Get(k) => cl.get(&k).map(Outcome::Value),
+        Op::Set(k, v) => cl.set(&k, &v).map(|_| Outcome::Ok),
+        Op::Insert(k, v) => cl.insert(&k, &v).map(Outcome::Applied),
+        Op::Update(k, v) => cl.update(&k, &v).map(Outcome::Applied),
+        Op::Delete(k) => cl.delete(&k).map(Outcome::Applied),
+        Op::Incr(k, d) => cl.incr(&k, d).map(Outcome::Int),
+    };
+    match result {
+        Ok(outcome) => rec.complete(ticket, outcome),
+        // Not applied (no owner reachable before the deadline) or applied unknowably: either way the checker may
+        // place it anywhere after its invocation, or nowhere.
+        Err(ClientError::Unavailable(_) | ClientError::Indeterminate(_)) => rec.unknown(ticket),
+        Err(ClientError::Invalid(e)) => panic!("invalid request: {e}"),
+    }
+}
+
+#[test]
+fn histories_across_adds_removes_and_crashes_are_linearizable() -> anyhow::Result<()> {
+    let mut cluster = LocalCluster::start(LocalClusterConfig {
+        kns: 3,
+        ..common::small_cluster(3)
+    })?;
+    let rec = Arc::new(Recorder::new());
+    let stop = Arc::new(AtomicBool::new(false));
+    let seeds = vec![cluster.rn_addr().to_string()];
+    let clients: Vec<_> = (0..6u32)
+        .map(|c| {
+            let (rec, stop, seeds) = (rec.clone(), stop.clone(), seeds.clone());
+            std::thread::spawn(move || {
+                let mut cl = Client::connect(ClientConfig {
+                    seeds,
+                    op_timeout: Duration::from_secs(3),
+                    ..ClientConfig::default()
+                })
+                .expect("client");
+                let mut rng = StdRng::seed_from_u64(0xd1 + u64::from(c));
+                let start = Instant::now();
+                let mut n = 0;
+                // Bounded in count and time.
+                while !stop.load(Ordering::Acquire)
+                    && n < 20_000
+                    && start.elapsed() < Duration::from_secs(30)
+                {
+                    step(&mut cl, &rec, c, n, &mut rng);
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+
+    let pause = Duration::from_millis(300);
+    std::thread::sleep(pause);
+    let added = cluster.add_node()?;
+    std::thread::sleep(pause);
+    let first = cluster.nodes()[0].id();
+    cluster.remove_node(first)?;
+    std::thread::sleep(pause);
+    let victim = cluster
+        .nodes()
+        .iter()
+        .map(|n| n.id())
+        .find(|&id| id != added)
+        .expect("a node");
+    cluster.crash_node(victim)?;
+    cluster.wait_until_serving(Duration::from_secs(10))?;
+    std::thread::sleep(pause);
+    let second = cluster.add_node()?;
+    std::thread::sleep(pause);
+    cluster.crash_node(second)?;
+    cluster.wait_until_serving(Duration::from_secs(10))?;
+    std::thread::sleep(pause);
+    stop.store(true, Ordering::Release);
+    let ops: u64 = clients
+        .into_iter()
+        .map(|t| t.join().expect("client thread"))
+        .sum();
+    eprintln!("{ops} operations recorded");
+
+    // A final read of every key, after everything settled.
+    let mut reader = Client::connect(ClientConfig {
+        seeds,
+        ..ClientConfig::default()
+    })?;
+    for k in (0..PLAIN_KEYS).map(plain).chain((0..COUNTERS).map(counter)) {
+        let t = rec.invoke(99, Op::Get(k.clone()));
+        let v = reader.get(&k)?;
+        rec.complete(t, Outcome::Value(v));
+    }
+    let history = rec.history();
+    assert!(ops > 500, "only {ops} operations ran");
+    let kinds: Vec<_> = cluster.mnode().events().iter().map(|e| e.kind).collect();
+    // Three initial joins, then add, remove, crash, add, crash.
+    assert_eq!(kinds.len(), 8, "reconfigurations: {kinds:?}");
+    match check(&history, &CheckConfig::default())? {
+        Verdict::Linearizable => {}
+        other => {
+            let path = std::env::temp_dir().join("dinomo-nonlinearizable-history.json");
+            let _ = history.save(&path);
+            panic!("{other:?} (history saved to {})", path.display());
+        }
+    }
+    cluster.stop();
+    Ok(())
+}
