@@ -755,7 +755,7 @@ impl<'a> Search<'a> {
                     continue;
                 };
                 // An unknown write whose effect the next operation would have produced anyway was pointless:
-                // the same order without it is tried from the level below (see the module documentation).
+                // the same order without it is tried from the level below (see the crate documentation).
                 let pointless = self.frames.last().is_some_and(|top| {
                     self.ops[top.op].ret.is_none()
                         && self.ops[op].step.apply(top.prev_state, self.values) == Some(next)

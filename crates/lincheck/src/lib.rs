@@ -39,23 +39,30 @@
 //! effect at any point after their invocation, and the search succeeds as soon as every operation *with* a response
 //! is linearized, the unknown ones left over being those that never took effect (or did so later, unobserved).
 //!
-//! Four reductions keep the search small; each skips only orders for which an order at least as good is tried
+//! Several reductions keep the search small; each skips only orders for which an order at least as good is tried
 //! elsewhere, so none changes the verdict:
 //! - *Reads first.* A known operation that never changes the value (a read, or an insert, update, delete or
 //!   increment that answered it did nothing) and fits the current value is linearized at once, without trying the
 //!   alternatives: it could be moved to the front of any order that continues from here.
-//! - *Unknown writes last, and only when needed.* Candidates with a response are tried before unknown ones, and an
-//!   operation is not linearized right after an unknown write when it would leave the same value without it (a
-//!   write overwritten, or not observed, by the next operation): that order minus the write is tried from the
-//!   configuration before it.
+//! - *Unknown writes last, and only when observed.* Candidates with a response are tried before unknown ones (the
+//!   most recently invoked first). An unknown write is assumed to take effect only if something that may come
+//!   right after it fits the new value and ends differently than without it; and no operation is linearized right
+//!   after an unknown write when it would leave the same value without it. Either way the order without the write
+//!   is tried from the configuration before it.
 //! - *Identical unknown writes.* Of several pending unknown operations with the same effect only the earliest
 //!   invoked is a candidate: it can take effect wherever a later one could.
+//! - *Unknown increments.* Increments commute, so a run of unknown ones is tried only in invocation order. When
+//!   every unknown candidate increments in the same direction, a run of them is not started once the value has
+//!   passed every value a known candidate could still accept.
 //! - *Inclusion.* Once a configuration has been fully explored without success, one with the same known
 //!   operations, the same value and a superset of its unknown writes is pruned: everything it can do next, the
 //!   smaller one could do by leaving the extra writes unapplied. Only the [`CheckConfig::dominance_checks`] most
 //!   recently explored candidates are compared.
 //!
-//! Without the reductions on unknown writes, a few dozen of them on one key make the search exponential.
+//! Without the reductions on unknown writes, a few dozen of them on one key make the search exponential. They
+//! cannot remove every source of it: many unknown writes on one heavily contended key can still exhaust
+//! [`CheckConfig::max_states_per_key`], and the verdict is then [`Verdict::Inconclusive`]. An operation known
+//! never to have taken effect is best left out ([`Recorder::not_applied`]) rather than recorded as unknown.
 
 mod bytes;
 mod check;

@@ -19,7 +19,8 @@ static NEXT_RECORDER: AtomicU64 = AtomicU64::new(0);
 pub struct Recorder {
     id: u64,
     start: Instant,
-    events: Mutex<Vec<Event>>,
+    /// Every invoked operation in invocation order; `None` once declared never applied.
+    events: Mutex<Vec<Option<Event>>>,
 }
 
 /// The handle of one recorded operation, returned by [`Recorder::invoke`] and consumed by [`Recorder::complete`]
@@ -29,13 +30,6 @@ pub struct Recorder {
 pub struct Ticket {
     recorder: u64,
     index: usize,
-}
-
-impl Ticket {
-    /// The index of the operation's event in the recorded history.
-    pub fn index(&self) -> usize {
-        self.index
-    }
 }
 
 impl Default for Recorder {
@@ -59,7 +53,7 @@ impl Recorder {
         u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    fn lock(&self) -> MutexGuard<'_, Vec<Event>> {
+    fn lock(&self) -> MutexGuard<'_, Vec<Option<Event>>> {
         // A client thread that panicked while pushing leaves a consistent Vec; keep recording.
         self.events
             .lock()
@@ -71,13 +65,13 @@ impl Recorder {
         let invoked = self.now();
         let mut events = self.lock();
         let index = events.len();
-        events.push(Event {
+        events.push(Some(Event {
             client,
             op,
             invoked,
             returned: None,
             outcome: Outcome::Unknown,
-        });
+        }));
         Ticket {
             recorder: self.id,
             index,
@@ -97,7 +91,7 @@ impl Recorder {
             return;
         }
         let mut events = self.lock();
-        let Some(event) = events.get_mut(ticket.index) else {
+        let Some(Some(event)) = events.get_mut(ticket.index) else {
             tracing::warn!(
                 index = ticket.index,
                 "lincheck: ticket out of range ignored"
@@ -119,19 +113,37 @@ impl Recorder {
         self.complete(ticket, Outcome::Unknown);
     }
 
-    /// The number of operations recorded so far.
+    /// Records that the ticket's operation certainly never took effect (say, the client refused it before sending,
+    /// or every node rejected it before applying anything), and leaves it out of the history. Unlike
+    /// [`Recorder::unknown`] this shrinks the search; declaring an operation that did take effect makes a correct
+    /// store look wrong.
+    pub fn not_applied(&self, ticket: Ticket) {
+        if ticket.recorder != self.id {
+            tracing::warn!(
+                index = ticket.index,
+                "lincheck: ticket of another recorder ignored"
+            );
+            return;
+        }
+        if let Some(slot) = self.lock().get_mut(ticket.index) {
+            *slot = None;
+        }
+    }
+
+    /// The number of operations recorded so far (not counting those declared never applied).
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().iter().flatten().count()
     }
 
     /// Whether nothing has been recorded.
     pub fn is_empty(&self) -> bool {
-        self.lock().is_empty()
+        self.len() == 0
     }
 
-    /// A copy of everything recorded so far; operations still in flight appear with unknown outcomes.
+    /// A copy of everything recorded so far, in invocation order; operations still in flight appear with unknown
+    /// outcomes.
     pub fn history(&self) -> History {
-        History::new(self.lock().clone())
+        History::new(self.lock().iter().flatten().cloned().collect())
     }
 }
 
@@ -149,14 +161,17 @@ mod tests {
         let b = rec.invoke(2, Op::Get(b"k".to_vec()));
         let c = rec.invoke(3, Op::Delete(b"k".to_vec()));
         let d = rec.invoke(4, Op::Incr(b"n".to_vec(), 1));
-        assert_eq!((a.index(), b.index()), (0, 1));
+        let refused = rec.invoke(5, Op::Delete(b"gone".to_vec()));
         rec.complete(a, Outcome::Ok);
         rec.unknown(b);
         rec.complete(c, Outcome::Unknown);
         drop(d);
+        rec.not_applied(refused);
         let h = rec.history();
         h.validate().unwrap();
         assert_eq!(rec.len(), 4);
+        assert_eq!(h.len(), 4);
+        assert!(h.events().iter().all(|e| e.client != 5));
         let e = h.events();
         assert_eq!(e[0].client, 1);
         assert_eq!(e[0].outcome, Outcome::Ok);

@@ -632,3 +632,64 @@ fn report_counts_work() {
         "{report:?}"
     );
 }
+
+fn incr_unknown(c: u32, inv: u64, delta: i64) -> Event {
+    ev(c, Op::Incr(K.to_vec(), delta), inv, None, Outcome::Unknown)
+}
+
+#[test]
+fn unknown_increments_fill_gaps_exactly() {
+    // Unknown increments by 2, 3, 4 and 5; the known ones leave gaps of 7, 5 and 2, which only 3 + 4, then 5, then
+    // 2 fill (2 + 5 for the first gap leaves nothing for the second).
+    let unknown = || (0..4).map(|i| incr_unknown(10 + i, i as u64, i as i64 + 2));
+    let mut events: Vec<Event> = unknown().collect();
+    events.extend([
+        incr(1, 100, 110, 1, Outcome::Int(1)),
+        incr(1, 120, 130, 1, Outcome::Int(9)),
+        incr(1, 140, 150, 1, Outcome::Int(15)),
+        incr(1, 160, 170, 1, Outcome::Int(18)),
+    ]);
+    assert_lin(events);
+    // A gap no subset of the unknown increments makes.
+    let mut events: Vec<Event> = unknown().collect();
+    events.extend([
+        incr(1, 100, 110, 1, Outcome::Int(1)),
+        incr(1, 120, 130, 1, Outcome::Int(3)),
+    ]);
+    assert_not_lin(events);
+    // Each unknown increment applies once: 2 + 3 + 4 + 5 = 14 at most.
+    let mut events: Vec<Event> = unknown().collect();
+    events.extend([
+        incr(1, 100, 110, 1, Outcome::Int(15)),
+        get(1, 120, 130, Some("15")),
+    ]);
+    assert_lin(events);
+    let mut events: Vec<Event> = unknown().collect();
+    events.extend([incr(1, 100, 110, 1, Outcome::Int(17))]);
+    assert_not_lin(events);
+}
+
+#[test]
+fn many_unknown_increments_do_not_blow_up_the_search() {
+    // Forty unknown increments, then a hundred known ones that leave no gap for them, then a read of a value the
+    // counter has long passed: every subset of the unknown increments must be ruled out.
+    let mut events: Vec<Event> = (0..40)
+        .map(|i| incr_unknown(100 + i, i as u64, i64::from(i % 4) + 1))
+        .collect();
+    let mut t = 1000;
+    for i in 1..=100 {
+        events.push(incr(1, t, t + 10, 1, Outcome::Int(i)));
+        t += 100;
+    }
+    let lin = events.clone();
+    events.push(get(2, t, t + 10, Some("50")));
+    let report = check_report(&History::new(lin), &CheckConfig::default()).unwrap();
+    assert_eq!(report.verdict, Verdict::Linearizable);
+    let report = check_report(&History::new(events), &CheckConfig::default()).unwrap();
+    assert!(
+        matches!(report.verdict, Verdict::NotLinearizable { .. }),
+        "{}",
+        report.verdict
+    );
+    assert!(report.states < 10_000, "visited {} states", report.states);
+}
