@@ -10,11 +10,12 @@ use std::io::{BufReader, BufWriter, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
+use dinomo_kn::DataOp;
 use dinomo_ring::NodeId;
 
 use crate::wire::{
-    DEFAULT_MAX_FRAME, ErrorKind, Request, RequestBody, Response, ResponseBody, Routing,
-    read_frame, write_frame,
+    DEFAULT_MAX_FRAME, ErrorKind, Request, RequestBody, RequestRef, Response, ResponseBody,
+    Routing, read_frame, write_frame,
 };
 
 /// Client settings.
@@ -137,7 +138,7 @@ impl Client {
 
     /// The value of `key`.
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
-        match self.request(RequestBody::Get(key.to_vec()))? {
+        match self.request(RequestBody::Data(DataOp::Get(key.to_vec())))? {
             ResponseBody::Value(v) => Ok(v),
             other => Err(unexpected(other)),
         }
@@ -145,28 +146,34 @@ impl Client {
 
     /// Upsert.
     pub fn set(&mut self, key: &[u8], value: &[u8]) -> Result<(), ClientError> {
-        self.applied(RequestBody::Set(key.to_vec(), value.to_vec()))
+        self.applied(RequestBody::Data(DataOp::Set(key.to_vec(), value.to_vec())))
             .map(|_| ())
     }
 
     /// Sets only when absent; whether it did.
     pub fn insert(&mut self, key: &[u8], value: &[u8]) -> Result<bool, ClientError> {
-        self.applied(RequestBody::Insert(key.to_vec(), value.to_vec()))
+        self.applied(RequestBody::Data(DataOp::Insert(
+            key.to_vec(),
+            value.to_vec(),
+        )))
     }
 
     /// Sets only when present; whether it did.
     pub fn update(&mut self, key: &[u8], value: &[u8]) -> Result<bool, ClientError> {
-        self.applied(RequestBody::Update(key.to_vec(), value.to_vec()))
+        self.applied(RequestBody::Data(DataOp::Update(
+            key.to_vec(),
+            value.to_vec(),
+        )))
     }
 
     /// Removes; whether the key existed.
     pub fn delete(&mut self, key: &[u8]) -> Result<bool, ClientError> {
-        self.applied(RequestBody::Delete(key.to_vec()))
+        self.applied(RequestBody::Data(DataOp::Delete(key.to_vec())))
     }
 
     /// Adds `delta` to the integer at `key`; the result.
     pub fn incr(&mut self, key: &[u8], delta: i64) -> Result<i64, ClientError> {
-        match self.request(RequestBody::Incr(key.to_vec(), delta))? {
+        match self.request(RequestBody::Data(DataOp::Incr(key.to_vec(), delta)))? {
             ResponseBody::Int(n) => Ok(n),
             other => Err(unexpected(other)),
         }
@@ -183,15 +190,14 @@ impl Client {
     pub fn request(&mut self, body: RequestBody) -> Result<ResponseBody, ClientError> {
         let key = body
             .key()
-            .ok_or_else(|| ClientError::Invalid("not a data request".into()))?
-            .to_vec();
+            .ok_or_else(|| ClientError::Invalid("not a data request".into()))?;
         let write = body.is_write();
         let deadline = Instant::now() + self.cfg.op_timeout;
         let mut pause = Duration::from_micros(200).min(self.cfg.max_retry_pause);
         let mut last = String::from("no routing table");
         loop {
             let target = self.routing.as_ref().and_then(|r| {
-                let owners = r.ring.owners(&key);
+                let owners = r.ring.owners(key);
                 let pick = if owners.len() > 1 && !write {
                     self.rng = self.rng.wrapping_mul(6364136223846793005).wrapping_add(1);
                     owners.as_slice()[(self.rng >> 33) as usize % owners.len()]
@@ -252,10 +258,7 @@ impl Client {
             }
         }
         let conn = self.conns.get_mut(addr).expect("inserted above");
-        let req = Request {
-            id,
-            body: body.clone(),
-        };
+        let req = RequestRef { id, body };
         if write_frame(&mut conn.writer, &req, &mut self.buf).is_err()
             || conn.writer.flush().is_err()
         {

@@ -8,7 +8,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::Sender;
-use dinomo_kn::Tagged;
+use dinomo_kn::{DataOp, Tagged};
 use dinomo_meta::MetaStore;
 use tracing::warn;
 
@@ -38,12 +38,12 @@ impl Service for RoutingService {
         }
     }
 
-    fn submit(&self, _id: u64, body: RequestBody, _: &Sender<Tagged>) -> Option<ResponseBody> {
+    fn submit(&self, _id: u64, op: DataOp, _: &Sender<Tagged>) -> Option<ResponseBody> {
         Some(ResponseBody::Error {
             kind: ErrorKind::Invalid,
             message: format!(
                 "a routing node serves no data: send {:?} to the key's owner",
-                body.key().map(String::from_utf8_lossy)
+                String::from_utf8_lossy(op.key())
             ),
         })
     }

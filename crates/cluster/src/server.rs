@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender, select, unbounded};
-use dinomo_kn::{Command, KnError, Reply, Tagged};
+use dinomo_kn::{Command, DataOp, KnError, Reply, Tagged};
 use tracing::{debug, warn};
 
 use crate::node::NodeShared;
@@ -38,9 +38,9 @@ impl Default for ServerLimits {
 pub(crate) trait Service: Send + Sync + 'static {
     /// Handles a request that is not queued at a worker: answers right away (on the reader thread).
     fn answer(&self, body: RequestBody) -> ResponseBody;
-    /// Queues a data request; its reply arrives on `replies` tagged with `id`. Returns the immediate answer when
-    /// the request cannot be queued.
-    fn submit(&self, id: u64, body: RequestBody, replies: &Sender<Tagged>) -> Option<ResponseBody>;
+    /// Queues a data operation; its reply arrives on `replies` tagged with `id`. Returns the immediate answer when
+    /// it cannot be queued.
+    fn submit(&self, id: u64, op: DataOp, replies: &Sender<Tagged>) -> Option<ResponseBody>;
 }
 
 /// A listening server; dropping it stops accepting and closes every connection.
@@ -160,10 +160,9 @@ fn serve_connection(stream: TcpStream, service: &dyn Service, limits: &ServerLim
             }
         };
         let id = req.id;
-        let immediate = if req.body.key().is_some() {
-            service.submit(id, req.body, &tagged_tx)
-        } else {
-            Some(service.answer(req.body))
+        let immediate = match req.body {
+            RequestBody::Data(op) => service.submit(id, op, &tagged_tx),
+            other => Some(service.answer(other)),
         };
         if let Some(body) = immediate
             && direct_tx.send(Response { id, body }).is_err()
@@ -233,23 +232,6 @@ pub(crate) fn error_body(e: KnError) -> ResponseBody {
     }
 }
 
-/// The worker command for a data request.
-pub(crate) fn command(body: RequestBody) -> Option<Command> {
-    Some(match body {
-        RequestBody::Get(k) => Command::Get(k),
-        RequestBody::Set(k, v) => Command::Set(k, v),
-        RequestBody::Insert(k, v) => Command::Insert(k, v),
-        RequestBody::Update(k, v) => Command::Update(k, v),
-        RequestBody::GetSet(k, v) => Command::GetSet(k, v),
-        RequestBody::Delete(k) => Command::Delete(k),
-        RequestBody::Incr(k, d) => Command::Incr(k, d),
-        RequestBody::Append(k, v) => Command::Append(k, v),
-        RequestBody::Routing | RequestBody::Stats | RequestBody::Install(_) | RequestBody::Ping => {
-            return None;
-        }
-    })
-}
-
 impl Service for NodeShared {
     fn answer(&self, body: RequestBody) -> ResponseBody {
         match body {
@@ -270,9 +252,8 @@ impl Service for NodeShared {
         }
     }
 
-    fn submit(&self, id: u64, body: RequestBody, replies: &Sender<Tagged>) -> Option<ResponseBody> {
-        let cmd = command(body)?;
-        match self.submitter.submit(cmd, id, replies) {
+    fn submit(&self, id: u64, op: DataOp, replies: &Sender<Tagged>) -> Option<ResponseBody> {
+        match self.submitter.submit(Command::Data(op), id, replies) {
             Ok(()) => None,
             Err(e) => Some(error_body(e)),
         }

@@ -59,7 +59,7 @@ fn nodes_serve_only_their_keys_and_refuse_the_rest() -> anyhow::Result<()> {
                 ..ClientConfig::default()
             })?;
             // Bypass routing: talk to the wrong node on purpose.
-            let r = dinomo_cluster::wire::RequestBody::Get(key(i));
+            let r = RequestBody::Data(dinomo_kn::DataOp::Get(key(i)));
             let reply = raw_call(node.addr(), r)?;
             assert_eq!(
                 reply,

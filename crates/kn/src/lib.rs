@@ -19,4 +19,4 @@ pub use config::KnConfig;
 pub use embedded::{Embedded, EmbeddedConfig};
 pub use error::KnError;
 pub use node::{KvHandle, KvNode, Submitter, thread_for_key};
-pub use worker::{Command, DirectWorker, LeaseGate, Ownership, Reply, Tagged, WorkerStats};
+pub use worker::{Command, DataOp, DirectWorker, LeaseGate, Ownership, Reply, Tagged, WorkerStats};

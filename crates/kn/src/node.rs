@@ -6,7 +6,7 @@ use dinomo_fabric::Connector;
 use dinomo_log::key_hash;
 
 use crate::worker::{
-    Command, LeaseGate, Ownership, Reply, Request, Responder, Tagged, Worker, WorkerStats,
+    Command, DataOp, LeaseGate, Ownership, Reply, Request, Responder, Tagged, Worker, WorkerStats,
 };
 use crate::{KnConfig, KnError};
 
@@ -25,7 +25,7 @@ pub fn thread_for_key(key: &[u8], threads: usize) -> usize {
 
 /// A running KV node: its worker threads and their queues.
 pub struct KvNode {
-    senders: Vec<Sender<Request>>,
+    submitter: Submitter,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -83,7 +83,10 @@ impl KvNode {
                 }
             }
         }
-        let node = KvNode { senders, threads };
+        let node = KvNode {
+            submitter: Submitter { senders },
+            threads,
+        };
         match first_error {
             None => Ok(node),
             Some(e) => {
@@ -95,40 +98,25 @@ impl KvNode {
 
     /// A handle for issuing requests; each thread of the caller should use its own.
     pub fn handle(&self) -> KvHandle {
-        let (tx, rx) = bounded(1);
-        KvHandle {
-            senders: self.senders.clone(),
-            reply_tx: tx,
-            reply_rx: rx,
-        }
+        KvHandle::new(self.submitter.clone())
     }
 
     /// Worker threads.
     pub fn threads(&self) -> usize {
-        self.senders.len()
+        self.submitter.threads()
     }
 
     /// A way to queue requests without waiting for their replies, which arrive tagged on a channel of the
     /// caller's choosing (for servers that keep many requests of one connection in flight).
     pub fn submitter(&self) -> Submitter {
-        Submitter {
-            senders: self.senders.clone(),
-        }
+        self.submitter.clone()
     }
 
     /// Stops the workers after they finish what is queued; handles still around get [`KnError::Stopped`].
     pub fn stop(self) {
-        let (tx, _rx) = bounded(self.senders.len());
-        for s in &self.senders {
-            let _ = s.send(Request {
-                cmd: Command::Shutdown,
-                reply: Responder {
-                    tag: 0,
-                    tx: tx.clone(),
-                },
-            });
-        }
-        drop(self.senders);
+        let (tx, _rx) = bounded(self.submitter.threads());
+        let _ = self.submitter.broadcast(|| Command::Shutdown, 0, &tx);
+        drop(self.submitter);
         for t in self.threads {
             let _ = t.join();
         }
@@ -148,6 +136,16 @@ impl Submitter {
         let thread = cmd
             .key()
             .map_or(0, |k| thread_for_key(k, self.senders.len()));
+        self.send_to(thread, cmd, tag, replies)
+    }
+
+    fn send_to(
+        &self,
+        thread: usize,
+        cmd: Command,
+        tag: u64,
+        replies: &Sender<Tagged>,
+    ) -> Result<(), KnError> {
         self.senders[thread]
             .send(Request {
                 cmd,
@@ -166,17 +164,7 @@ impl Submitter {
         tag: u64,
         replies: &Sender<Tagged>,
     ) -> Result<(), KnError> {
-        for s in &self.senders {
-            s.send(Request {
-                cmd: make(),
-                reply: Responder {
-                    tag,
-                    tx: replies.clone(),
-                },
-            })
-            .map_err(|_| KnError::Stopped)?;
-        }
-        Ok(())
+        (0..self.senders.len()).try_for_each(|t| self.send_to(t, make(), tag, replies))
     }
 
     /// Worker threads.
@@ -187,50 +175,49 @@ impl Submitter {
 
 /// Issues requests to a [`KvNode`]'s workers and waits for their replies.
 pub struct KvHandle {
-    senders: Vec<Sender<Request>>,
+    submitter: Submitter,
     reply_tx: Sender<Tagged>,
     reply_rx: Receiver<Tagged>,
 }
 
 impl Clone for KvHandle {
     fn clone(&self) -> Self {
-        let (tx, rx) = bounded(1);
-        KvHandle {
-            senders: self.senders.clone(),
-            reply_tx: tx,
-            reply_rx: rx,
-        }
+        KvHandle::new(self.submitter.clone())
     }
 }
 
 impl KvHandle {
+    fn new(submitter: Submitter) -> KvHandle {
+        let (reply_tx, reply_rx) = bounded(1);
+        KvHandle {
+            submitter,
+            reply_tx,
+            reply_rx,
+        }
+    }
+
     fn call(&self, thread: usize, cmd: Command) -> Result<Reply, KnError> {
-        self.senders[thread]
-            .send(Request {
-                cmd,
-                reply: Responder {
-                    tag: 0,
-                    tx: self.reply_tx.clone(),
-                },
-            })
-            .map_err(|_| KnError::Stopped)?;
+        self.submitter.send_to(thread, cmd, 0, &self.reply_tx)?;
         self.reply_rx.recv().map_err(|_| KnError::Stopped)?.1
     }
 
-    fn keyed(&self, key: &[u8], cmd: Command) -> Result<Reply, KnError> {
-        self.call(thread_for_key(key, self.senders.len()), cmd)
+    /// Runs `op` at the worker that owns its key.
+    pub fn data(&self, op: DataOp) -> Result<Reply, KnError> {
+        self.submitter
+            .submit(Command::Data(op), 0, &self.reply_tx)?;
+        self.reply_rx.recv().map_err(|_| KnError::Stopped)?.1
     }
 
     /// The value of `key`, or `None`.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KnError> {
-        match self.keyed(key, Command::Get(key.to_vec()))? {
+        match self.data(DataOp::Get(key.to_vec()))? {
             Reply::Value(v) => Ok(v),
             _ => unreachable!("a GET is answered with a value"),
         }
     }
 
-    fn applied(&self, key: &[u8], cmd: Command) -> Result<bool, KnError> {
-        match self.keyed(key, cmd)? {
+    fn applied(&self, op: DataOp) -> Result<bool, KnError> {
+        match self.data(op)? {
             Reply::Applied(a) => Ok(a),
             _ => unreachable!("a write is answered with whether it applied"),
         }
@@ -238,23 +225,23 @@ impl KvHandle {
 
     /// Sets `key` to `value` (insert or update); returns once the write is durable on the memory node.
     pub fn set(&self, key: &[u8], value: &[u8]) -> Result<(), KnError> {
-        self.applied(key, Command::Set(key.to_vec(), value.to_vec()))
+        self.applied(DataOp::Set(key.to_vec(), value.to_vec()))
             .map(|_| ())
     }
 
     /// Sets `key` only when it is absent; returns whether it did.
     pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<bool, KnError> {
-        self.applied(key, Command::Insert(key.to_vec(), value.to_vec()))
+        self.applied(DataOp::Insert(key.to_vec(), value.to_vec()))
     }
 
     /// Sets `key` only when it is present; returns whether it did.
     pub fn update(&self, key: &[u8], value: &[u8]) -> Result<bool, KnError> {
-        self.applied(key, Command::Update(key.to_vec(), value.to_vec()))
+        self.applied(DataOp::Update(key.to_vec(), value.to_vec()))
     }
 
     /// Sets `key` and returns its previous value.
     pub fn get_set(&self, key: &[u8], value: &[u8]) -> Result<Option<Vec<u8>>, KnError> {
-        match self.keyed(key, Command::GetSet(key.to_vec(), value.to_vec()))? {
+        match self.data(DataOp::GetSet(key.to_vec(), value.to_vec()))? {
             Reply::Value(v) => Ok(v),
             _ => unreachable!("a GETSET is answered with a value"),
         }
@@ -262,7 +249,7 @@ impl KvHandle {
 
     /// Adds `delta` to the decimal integer at `key` (absent = 0); returns the result.
     pub fn incr(&self, key: &[u8], delta: i64) -> Result<i64, KnError> {
-        match self.keyed(key, Command::Incr(key.to_vec(), delta))? {
+        match self.data(DataOp::Incr(key.to_vec(), delta))? {
             Reply::Int(n) => Ok(n),
             _ => unreachable!("an INCR is answered with an integer"),
         }
@@ -270,7 +257,7 @@ impl KvHandle {
 
     /// Appends `suffix` to the value at `key` (absent = empty); returns the new length.
     pub fn append(&self, key: &[u8], suffix: &[u8]) -> Result<u64, KnError> {
-        match self.keyed(key, Command::Append(key.to_vec(), suffix.to_vec()))? {
+        match self.data(DataOp::Append(key.to_vec(), suffix.to_vec()))? {
             Reply::Int(n) => Ok(n as u64),
             _ => unreachable!("an APPEND is answered with a length"),
         }
@@ -278,13 +265,13 @@ impl KvHandle {
 
     /// Removes `key`; returns whether it existed.
     pub fn delete(&self, key: &[u8]) -> Result<bool, KnError> {
-        self.applied(key, Command::Delete(key.to_vec()))
+        self.applied(DataOp::Delete(key.to_vec()))
     }
 
     /// Has every worker seal its log and the memory node merge it all; returns when the index holds every
     /// acknowledged write.
     pub fn merge_all(&self) -> Result<(), KnError> {
-        for t in 0..self.senders.len() {
+        for t in 0..self.submitter.threads() {
             self.call(t, Command::MergeAll)?;
         }
         Ok(())
@@ -292,7 +279,7 @@ impl KvHandle {
 
     /// Counters of each worker thread.
     pub fn stats(&self) -> Result<Vec<WorkerStats>, KnError> {
-        (0..self.senders.len())
+        (0..self.submitter.threads())
             .map(|t| match self.call(t, Command::Stats)? {
                 Reply::Stats(s) => Ok(*s),
                 _ => unreachable!("stats are answered with stats"),

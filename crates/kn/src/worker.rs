@@ -75,8 +75,9 @@ impl LeaseGate {
     }
 }
 
-/// A request to a worker.
-pub enum Command {
+/// An operation on one key: what clients ask a KV node for, in process or over the network.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DataOp {
     /// The value of a key.
     Get(Vec<u8>),
     /// Upsert.
@@ -93,6 +94,31 @@ pub enum Command {
     Incr(Vec<u8>, i64),
     /// Appends to the value (absent = empty) and replies with the new length.
     Append(Vec<u8>, Vec<u8>),
+}
+
+impl DataOp {
+    /// The key the operation is about.
+    pub fn key(&self) -> &[u8] {
+        match self {
+            DataOp::Get(k) | DataOp::Delete(k) | DataOp::Incr(k, _) => k,
+            DataOp::Set(k, _)
+            | DataOp::Insert(k, _)
+            | DataOp::Update(k, _)
+            | DataOp::GetSet(k, _)
+            | DataOp::Append(k, _) => k,
+        }
+    }
+
+    /// Whether the operation may change data.
+    pub fn is_write(&self) -> bool {
+        !matches!(self, DataOp::Get(_))
+    }
+}
+
+/// A request to a worker.
+pub enum Command {
+    /// An operation on a key.
+    Data(DataOp),
     /// Seal and merge this thread's whole log now.
     MergeAll,
     /// Installs a new ownership map: the worker commits what is pending, has its log merged when it holds
@@ -109,12 +135,7 @@ impl Command {
     /// The key the command is about, if any.
     pub fn key(&self) -> Option<&[u8]> {
         match self {
-            Command::Get(k) | Command::Delete(k) | Command::Incr(k, _) => Some(k),
-            Command::Set(k, _)
-            | Command::Insert(k, _)
-            | Command::Update(k, _)
-            | Command::GetSet(k, _)
-            | Command::Append(k, _) => Some(k),
+            Command::Data(op) => Some(op.key()),
             Command::MergeAll | Command::Own(_) | Command::Stats | Command::Shutdown => None,
         }
     }
@@ -400,33 +421,46 @@ impl Worker {
             }
         }
         let result = match cmd {
-            Command::Get(key) => self
+            Command::Data(op) => return self.data(op, reply),
+            Command::MergeAll => self.merge_all().map(|_| Reply::Applied(true)),
+            Command::Own(own) => self.install_ownership(own).map(|_| Reply::Applied(true)),
+            Command::Stats => Ok(Reply::Stats(Box::new(self.snapshot()))),
+            Command::Shutdown => Ok(Reply::Applied(true)),
+        };
+        let _ = reply.send(result);
+    }
+
+    /// Serves a data operation. Reads are answered now; a write is appended to the log and answered after its
+    /// group commit.
+    fn data(&mut self, op: DataOp, reply: Responder) {
+        let result = match op {
+            DataOp::Get(key) => self
                 .check_key(&key)
                 .and_then(|_| self.lookup(&key))
                 .map(Reply::Value),
-            Command::Set(key, value) => {
+            DataOp::Set(key, value) => {
                 return self.write(key, Some(value), reply, Reply::Applied(true));
             }
-            Command::Insert(key, value) => match self.read_for_write(&key) {
+            DataOp::Insert(key, value) => match self.read_for_write(&key) {
                 Ok(Some(_)) => Ok(Reply::Applied(false)),
                 Ok(None) => return self.write(key, Some(value), reply, Reply::Applied(true)),
                 Err(e) => Err(e),
             },
-            Command::Update(key, value) => match self.read_for_write(&key) {
+            DataOp::Update(key, value) => match self.read_for_write(&key) {
                 Ok(None) => Ok(Reply::Applied(false)),
                 Ok(Some(_)) => return self.write(key, Some(value), reply, Reply::Applied(true)),
                 Err(e) => Err(e),
             },
-            Command::GetSet(key, value) => match self.read_for_write(&key) {
+            DataOp::GetSet(key, value) => match self.read_for_write(&key) {
                 Ok(old) => return self.write(key, Some(value), reply, Reply::Value(old)),
                 Err(e) => Err(e),
             },
-            Command::Delete(key) => match self.read_for_write(&key) {
+            DataOp::Delete(key) => match self.read_for_write(&key) {
                 Ok(None) => Ok(Reply::Applied(false)),
                 Ok(Some(_)) => return self.write(key, None, reply, Reply::Applied(true)),
                 Err(e) => Err(e),
             },
-            Command::Incr(key, delta) => match self.read_for_write(&key) {
+            DataOp::Incr(key, delta) => match self.read_for_write(&key) {
                 Ok(old) => match incremented(old.as_deref(), delta) {
                     Some(n) => {
                         return self.write(
@@ -440,7 +474,7 @@ impl Worker {
                 },
                 Err(e) => Err(e),
             },
-            Command::Append(key, suffix) => match self.read_for_write(&key) {
+            DataOp::Append(key, suffix) => match self.read_for_write(&key) {
                 Ok(old) => {
                     let mut value = old.unwrap_or_default();
                     value.extend_from_slice(&suffix);
@@ -449,10 +483,6 @@ impl Worker {
                 }
                 Err(e) => Err(e),
             },
-            Command::MergeAll => self.merge_all().map(|_| Reply::Applied(true)),
-            Command::Own(own) => self.install_ownership(own).map(|_| Reply::Applied(true)),
-            Command::Stats => Ok(Reply::Stats(Box::new(self.snapshot()))),
-            Command::Shutdown => Ok(Reply::Applied(true)),
         };
         let _ = reply.send(result);
     }
@@ -1048,16 +1078,16 @@ mod tests {
         let tx = Responder { tag: 0, tx };
         // One batch: a write (pending), a read that loses the connection, another read.
         w.serve(Request {
-            cmd: Command::Set(b"a".to_vec(), b"1".to_vec()),
+            cmd: Command::Data(DataOp::Set(b"a".to_vec(), b"1".to_vec())),
             reply: tx.clone(),
         });
         server.cut_all_connections();
         w.serve(Request {
-            cmd: Command::Get(b"b".to_vec()),
+            cmd: Command::Data(DataOp::Get(b"b".to_vec())),
             reply: tx.clone(),
         });
         w.serve(Request {
-            cmd: Command::Get(b"c".to_vec()),
+            cmd: Command::Data(DataOp::Get(b"c".to_vec())),
             reply: tx.clone(),
         });
         w.flush();
