@@ -14,8 +14,8 @@ use dinomo_kn::DataOp;
 use dinomo_ring::NodeId;
 
 use crate::wire::{
-    DEFAULT_MAX_FRAME, ErrorKind, Request, RequestBody, RequestRef, Response, ResponseBody,
-    Routing, read_frame, write_frame,
+    DEFAULT_MAX_FRAME, ErrorKind, RequestBody, RequestRef, Response, ResponseBody, Routing,
+    read_frame, write_frame,
 };
 
 /// Client settings.
@@ -336,12 +336,12 @@ fn unexpected(body: ResponseBody) -> ClientError {
 /// One request to one server on a fresh connection, with a deadline (the M-node's calls to KV nodes).
 pub(crate) fn call_once(
     addr: &str,
-    body: RequestBody,
+    body: &RequestBody,
     timeout: Duration,
 ) -> Result<ResponseBody, String> {
     let mut conn = Conn::open(addr, timeout).map_err(|e| format!("{addr}: {e}"))?;
     let mut buf = Vec::new();
-    write_frame(&mut conn.writer, &Request { id: 1, body }, &mut buf)
+    write_frame(&mut conn.writer, &RequestRef { id: 1, body }, &mut buf)
         .and_then(|_| conn.writer.flush())
         .map_err(|e| format!("{addr}: {e}"))?;
     conn.set_read_timeout(timeout);

@@ -70,13 +70,22 @@ pub struct MemberInfo {
 impl ClusterRecord {
     /// The record and its version, if one was stored.
     pub fn load(meta: &dyn MetaStore) -> Result<Option<(ClusterRecord, u64)>, ClusterError> {
+        ClusterRecord::load_if_changed(meta, None)
+    }
+
+    /// Like [`ClusterRecord::load`], but `None` also when the stored version is still `known`: pollers skip
+    /// decoding (and rebuilding the ring) when nothing changed.
+    pub fn load_if_changed(
+        meta: &dyn MetaStore,
+        known: Option<u64>,
+    ) -> Result<Option<(ClusterRecord, u64)>, ClusterError> {
         match meta.load()? {
-            None => Ok(None),
-            Some(v) => {
+            Some(v) if Some(v.version) != known => {
                 let r = postcard::from_bytes(&v.value)
                     .map_err(|e| ClusterError::Corrupt(e.to_string()))?;
                 Ok(Some((r, v.version)))
             }
+            _ => Ok(None),
         }
     }
 

@@ -124,6 +124,7 @@ impl MNode {
             dpm,
             ep: None,
             installed: HashMap::new(),
+            record_cache: None,
             incarnations: HashMap::new(),
             seen: Default::default(),
             leading_since: Instant::now(),
@@ -207,6 +208,8 @@ struct State {
     lease: LeaseId,
     /// The epoch each node (incarnation) is known to serve under.
     installed: HashMap<NodeId, (u64, u64)>,
+    /// The last record read, with its version.
+    record_cache: Option<(u64, ClusterRecord)>,
     /// Incarnations of the live nodes, as last read.
     incarnations: HashMap<NodeId, u64>,
     /// Ring members seen live since this M-node leads (their disappearance is a failure at once).
@@ -274,9 +277,15 @@ impl State {
         }
     }
 
-    fn record(&self) -> Result<(ClusterRecord, Option<u64>), ClusterError> {
-        Ok(match ClusterRecord::load(&*self.meta)? {
-            Some((r, v)) => (r, Some(v)),
+    /// The stored record and its version (decoded again only when the version changed), or an empty one.
+    fn record(&mut self) -> Result<(ClusterRecord, Option<u64>), ClusterError> {
+        let known = self.record_cache.as_ref().map(|(v, _)| *v);
+        // The store has no delete: once a record exists, "nothing new" means the cached one is current.
+        if let Some((r, v)) = ClusterRecord::load_if_changed(&*self.meta, known)? {
+            self.record_cache = Some((v, r));
+        }
+        Ok(match &self.record_cache {
+            Some((v, r)) => (r.clone(), Some(*v)),
             None => (
                 ClusterRecord {
                     routing: Routing {
@@ -432,7 +441,7 @@ impl State {
         if let Some(info) = live.get(&id) {
             next.retired.insert(id, info.incarnation);
             // The leaving node hands everything over (its log merged) before anyone else serves its keys.
-            self.install_at(&next.routing, id, &info.addr)?;
+            self.install_at(&next.routing, &[(id, info.addr.clone())])?;
         }
         next.store(&*self.meta, version)?;
         self.installed.remove(&id);
@@ -449,12 +458,23 @@ impl State {
             .iter()
             .filter_map(|n| routing.addrs.get(n).map(|a| (*n, a.clone())))
             .collect();
+        self.install_at(routing, &targets)
+    }
+
+    /// Has every `(node, address)` serve under `routing`, in parallel (the table need not list them: a leaving
+    /// node installs the table without itself); fails if any could not.
+    fn install_at(
+        &mut self,
+        routing: &Routing,
+        targets: &[(NodeId, String)],
+    ) -> Result<(), ClusterError> {
+        let body = RequestBody::Install(routing.clone());
         let timeout = self.cfg.install_timeout;
         let results: Vec<(NodeId, Result<(), String>)> = std::thread::scope(|s| {
             let handles: Vec<_> = targets
                 .iter()
                 .map(|(n, addr)| {
-                    let body = RequestBody::Install(routing.clone());
+                    let body = &body;
                     (
                         *n,
                         s.spawn(move || match call_once(addr, body, timeout) {
@@ -491,26 +511,6 @@ impl State {
                 routing.epoch(),
                 failed.join("; ")
             )))
-        }
-    }
-
-    fn install_at(
-        &mut self,
-        routing: &Routing,
-        node: NodeId,
-        addr: &str,
-    ) -> Result<(), ClusterError> {
-        match call_once(
-            addr,
-            RequestBody::Install(routing.clone()),
-            self.cfg.install_timeout,
-        ) {
-            Ok(ResponseBody::Done) => {
-                self.mark_installed(node, routing.epoch());
-                Ok(())
-            }
-            Ok(other) => Err(ClusterError::Reconfig(format!("node {node}: {other:?}"))),
-            Err(e) => Err(ClusterError::Reconfig(format!("node {node}: {e}"))),
         }
     }
 

@@ -15,7 +15,7 @@ use tracing::{info, warn};
 
 use crate::server::{Server, ServerLimits};
 use crate::wire::Routing;
-use crate::{ClusterError, ClusterRecord, MemberInfo, member_name};
+use crate::{ClusterError, MemberInfo, member_name};
 
 /// Settings of a cluster KV node.
 #[derive(Debug, Clone)]
@@ -164,7 +164,6 @@ impl ClusterNode {
         let gate = LeaseGate::open_until(t0 + config.lease_ttl);
         // A node serves nothing until the M-node installs the current table at it: the M-node may still be
         // handing over this node id's keys from an earlier incarnation.
-        let _ = ClusterRecord::load(&*meta)?;
         let routing = Routing {
             ring: Ring::new(dinomo_ring::DEFAULT_VNODES),
             addrs: Default::default(),
@@ -274,17 +273,8 @@ impl ClusterNode {
     /// cluster notices when the lease expires.
     pub fn crash(mut self) {
         self.crashed = true;
-        self.stop_heartbeat.store(true, Ordering::Release);
         self.gate.close();
-        if let Some(s) = self.server.take() {
-            drop(s);
-        }
-        if let Some(t) = self.heartbeat.take() {
-            let _ = t.join();
-        }
-        if let Some(kv) = self.kv.take() {
-            kv.stop();
-        }
+        self.shutdown();
     }
 
     /// Stops cleanly: revokes the lease (a node the M-node removed first leaves without a failure).
@@ -292,11 +282,10 @@ impl ClusterNode {
         self.shutdown();
     }
 
+    /// Stops heartbeats, server and workers; a clean stop (not a crash) also gives the lease back.
     fn shutdown(&mut self) {
         self.stop_heartbeat.store(true, Ordering::Release);
-        if let Some(s) = self.server.take() {
-            drop(s);
-        }
+        self.server.take();
         if let Some(t) = self.heartbeat.take() {
             let _ = t.join();
         }

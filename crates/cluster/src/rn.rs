@@ -75,9 +75,11 @@ impl RoutingNode {
             std::thread::Builder::new()
                 .name("dinomo-rn-refresh".into())
                 .spawn(move || {
+                    let mut known = None;
                     while !stop.load(Ordering::Acquire) {
-                        match ClusterRecord::load(&*meta) {
-                            Ok(Some((r, _))) => {
+                        match ClusterRecord::load_if_changed(&*meta, known) {
+                            Ok(Some((r, version))) => {
+                                known = Some(version);
                                 let mut cur = service.routing.write().expect("routing lock");
                                 if cur.as_ref().is_none_or(|c| r.routing.epoch() >= c.epoch()) {
                                     *cur = Some(r.routing);
