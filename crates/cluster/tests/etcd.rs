@@ -3,93 +3,24 @@
 //! then handles a KV-node failure and a join while the cluster keeps serving.
 #![cfg(feature = "etcd")]
 
-use std::net::TcpListener;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use dinomo_cluster::{
     Client, ClientConfig, ClusterNode, MNode, MNodeConfig, NodeConfig, RoutingNode, ServerLimits,
 };
 use dinomo_dpm::{Processor, ProcessorConfig};
 use dinomo_fabric::{Connector, MemoryNode, NodeConfig as FabricNodeConfig, Target};
 use dinomo_kn::KnConfig;
-use dinomo_meta::{EtcdMeta, MetaStore};
+use dinomo_meta::{EtcdConfig, LocalEtcd, MetaStore};
 
-const ETCD: &str = "/usr/bin/etcd";
-
-struct EtcdServer {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for EtcdServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-fn start_etcd() -> Result<EtcdServer> {
-    if !Path::new(ETCD).exists() {
-        bail!(
-            "{ETCD} is missing: install etcd-server (apt-get install etcd-server) to run the etcd tests"
-        );
-    }
-    let dir = tempfile::tempdir()?;
-    let url = format!("http://127.0.0.1:{}", free_port()?);
-    let peer = format!("http://127.0.0.1:{}", free_port()?);
-    let child = Command::new(ETCD)
-        .args(["--name", "dinomo-cluster-test", "--data-dir"])
-        .arg(dir.path().join("data"))
-        .args([
-            "--listen-client-urls",
-            &url,
-            "--advertise-client-urls",
-            &url,
-        ])
-        .args([
-            "--listen-peer-urls",
-            &peer,
-            "--initial-advertise-peer-urls",
-            &peer,
-        ])
-        .arg("--initial-cluster")
-        .arg(format!("dinomo-cluster-test={peer}"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting etcd")?;
-    Ok(EtcdServer {
-        child,
-        url,
-        _dir: dir,
-    })
-}
-
-fn connect(url: &str) -> Result<Arc<dyn MetaStore>> {
-    let start = Instant::now();
-    loop {
-        match EtcdMeta::connect(
-            &[url.to_string()],
-            "/dinomo-cluster-test/",
-            Duration::from_secs(2),
-        ) {
-            Ok(m) => return Ok(Arc::new(m)),
-            Err(_) if start.elapsed() < Duration::from_secs(30) => {
-                std::thread::sleep(Duration::from_millis(100))
-            }
-            Err(e) => bail!("etcd did not answer: {e}"),
-        }
-    }
+fn connect(etcd: &mut LocalEtcd) -> Result<Arc<dyn MetaStore>> {
+    Ok(Arc::new(etcd.connect(EtcdConfig {
+        prefix: "/dinomo-cluster-test/".into(),
+        timeout: Duration::from_secs(2),
+        ..EtcdConfig::default()
+    })?))
 }
 
 fn wait(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) -> Result<()> {
@@ -105,7 +36,7 @@ fn wait(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) -> Result
 
 #[test]
 fn standby_mnode_takes_over_and_handles_failures_and_joins() -> Result<()> {
-    let etcd = start_etcd()?;
+    let mut etcd = LocalEtcd::start()?;
     let pool = Arc::new(dinomo_pool::Pool::anonymous(256 << 20, 1 << 20)?);
     let processor = Processor::start(
         pool.clone(),
@@ -131,7 +62,7 @@ fn standby_mnode_takes_over_and_handles_failures_and_joins() -> Result<()> {
     };
     let mut nodes: Vec<ClusterNode> = (1..=3)
         .map(|id| {
-            ClusterNode::start(node_cfg(id), connector.clone(), connect(&etcd.url)?)
+            ClusterNode::start(node_cfg(id), connector.clone(), connect(&mut etcd)?)
                 .map_err(Into::into)
         })
         .collect::<Result<_>>()?;
@@ -141,12 +72,12 @@ fn standby_mnode_takes_over_and_handles_failures_and_joins() -> Result<()> {
         failure_grace: Duration::from_secs(3),
         ..MNodeConfig::default()
     };
-    let first = MNode::start(mnode_cfg("m1"), connect(&etcd.url)?, connector.clone())?;
+    let first = MNode::start(mnode_cfg("m1"), connect(&mut etcd)?, connector.clone())?;
     wait("m1 leads", Duration::from_secs(10), || first.is_leading())?;
-    let standby = MNode::start(mnode_cfg("m2"), connect(&etcd.url)?, connector.clone())?;
+    let standby = MNode::start(mnode_cfg("m2"), connect(&mut etcd)?, connector.clone())?;
     let rn = RoutingNode::start(
         "127.0.0.1:0".parse()?,
-        connect(&etcd.url)?,
+        connect(&mut etcd)?,
         Duration::from_millis(20),
         ServerLimits::default(),
     )?;
@@ -196,7 +127,7 @@ fn standby_mnode_takes_over_and_handles_failures_and_joins() -> Result<()> {
     nodes.push(ClusterNode::start(
         node_cfg(7),
         connector.clone(),
-        connect(&etcd.url)?,
+        connect(&mut etcd)?,
     )?);
     wait("node 7 joins", Duration::from_secs(20), || {
         client.refresh_routing();

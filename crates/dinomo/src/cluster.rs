@@ -33,20 +33,14 @@ pub struct MetaArgs {
     /// Key prefix in etcd.
     #[arg(long, default_value = "/dinomo/")]
     pub etcd_prefix: String,
-    /// The memory node's shared secret; also read from DINOMO_CLUSTER_TOKEN.
-    #[arg(
-        long,
-        env = "DINOMO_CLUSTER_TOKEN",
-        default_value = "",
-        hide_env_values = true
-    )]
-    pub token: String,
+    #[command(flatten)]
+    pub token: crate::dpm::ClusterToken,
 }
 
 impl MetaArgs {
     fn connector(&self) -> Connector {
         let mut c = Connector::new(Target::Tcp(self.dpm));
-        c.config.cluster_token = self.token.clone();
+        c.config.cluster_token = self.token.value.clone();
         c
     }
 
@@ -105,7 +99,6 @@ impl KnArgs {
             listen,
             advertise: None,
             kn: KnConfig {
-                node_id,
                 threads: self.threads,
                 max_key_len: self.max_key,
                 max_value_len: self.max_value as usize,

@@ -12,6 +12,21 @@ use dinomo_pool::{PersistMode, Pool, PoolOptions};
 
 use crate::size::parse_size;
 
+/// The memory node's shared secret: the dpm requires it of every fabric connection, and every process that
+/// connects presents it.
+#[derive(Debug, Clone, Args)]
+pub struct ClusterToken {
+    /// Shared secret of the memory node's fabric; also read from DINOMO_CLUSTER_TOKEN.
+    #[arg(
+        long = "token",
+        value_name = "TOKEN",
+        env = "DINOMO_CLUSTER_TOKEN",
+        default_value = "",
+        hide_env_values = true
+    )]
+    pub value: String,
+}
+
 /// Settings of `dinomo dpm`.
 #[derive(Debug, Args)]
 pub struct DpmArgs {
@@ -30,14 +45,8 @@ pub struct DpmArgs {
     /// Durability: volatile, periodic (msync every second), durable (msync per write) or dax.
     #[arg(long, default_value = "periodic")]
     pub persist: PersistMode,
-    /// Shared secret clients must present; also read from DINOMO_CLUSTER_TOKEN.
-    #[arg(
-        long,
-        env = "DINOMO_CLUSTER_TOKEN",
-        default_value = "",
-        hide_env_values = true
-    )]
-    pub token: String,
+    #[command(flatten)]
+    pub token: ClusterToken,
     /// Allow listening on addresses other than loopback.
     #[arg(long)]
     pub allow_non_loopback: bool,
@@ -89,7 +98,7 @@ pub fn run(args: DpmArgs) -> anyhow::Result<()> {
     let node = MemoryNode::new(
         pool.clone(),
         NodeConfig {
-            cluster_token: args.token,
+            cluster_token: args.token.value,
             max_message_len,
             rpc_threads: args.rpc_threads,
             ..NodeConfig::default()

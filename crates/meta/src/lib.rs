@@ -18,6 +18,8 @@
 mod embedded;
 #[cfg(feature = "etcd")]
 mod etcd;
+#[cfg(feature = "etcd")]
+mod local_etcd;
 mod record;
 mod remote;
 mod service;
@@ -28,6 +30,8 @@ use std::time::Duration;
 pub use embedded::EmbeddedMeta;
 #[cfg(feature = "etcd")]
 pub use etcd::{EtcdConfig, EtcdMeta};
+#[cfg(feature = "etcd")]
+pub use local_etcd::{ETCD_BINARY, LocalEtcd};
 pub use remote::RemoteMeta;
 pub use service::{
     DEFAULT_DEDUP_WINDOW, META_GRANT, META_KEEP_ALIVE, META_LEADER, META_LOAD, META_MEMBERS,
