@@ -250,8 +250,6 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         s.index_entries,
         s.pool_free_bytes
     );
-    use std::io::Write;
-    std::io::stdout().flush().ok();
     wait_for_signal(signals);
     cluster.stop();
     println!("dinomo up stopped cleanly");
@@ -268,8 +266,6 @@ pub fn kn(args: KnCmdArgs) -> anyhow::Result<()> {
     )
     .context("starting the KV node")?;
     println!("dinomo kn {} listening on {}", node.id(), node.addr());
-    use std::io::Write;
-    std::io::stdout().flush().ok();
     wait_for_signal(signals);
     node.stop();
     println!("dinomo kn stopped cleanly");
@@ -285,8 +281,6 @@ pub fn rn(args: RnArgs) -> anyhow::Result<()> {
         ServerLimits::default(),
     )?;
     println!("dinomo rn listening on {}", rn.local_addr());
-    use std::io::Write;
-    std::io::stdout().flush().ok();
     wait_for_signal(signals);
     drop(rn);
     println!("dinomo rn stopped cleanly");
@@ -305,8 +299,6 @@ pub fn mnode(args: MnodeArgs) -> anyhow::Result<()> {
         args.meta.connector(),
     )?;
     println!("dinomo mnode {} running", args.name);
-    use std::io::Write;
-    std::io::stdout().flush().ok();
     wait_for_signal(signals);
     m.stop();
     println!("dinomo mnode stopped cleanly");

@@ -161,8 +161,6 @@ pub fn run(args: DpmArgs) -> anyhow::Result<()> {
             }
         },
     );
-    use std::io::Write;
-    std::io::stdout().flush().ok();
     let signal = signals.forever().next();
     tracing::info!(?signal, "stopping memory node");
     server.shutdown();
