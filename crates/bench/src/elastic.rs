@@ -1,6 +1,8 @@
 //! Elasticity under load (Figures 6 and 8 of the DINOMO paper, scaled): an in-process cluster serves closed-loop
 //! YCSB clients while a KV node is added, removed or crashed. Reports the throughput timeline, the dip and its
-//! length, and for a crash the time from the kill until every key the dead node owned is served again.
+//! length, and for a crash the time from the kill until every key the dead node owned is served again. The
+//! `replicate` scenario is Figure 7 scaled: under a skewed load, the hottest keys become shared by several nodes
+//! (selective replication), and the report gives the throughput after against before.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,6 +30,8 @@ pub enum Scenario {
     Remove,
     /// A KV node dies abruptly (no more heartbeats, connections cut).
     Failure,
+    /// The hottest keys (record ids 0.. under a plain Zipf distribution) become shared by several KV nodes.
+    Replicate,
 }
 
 impl std::str::FromStr for Scenario {
@@ -37,7 +41,10 @@ impl std::str::FromStr for Scenario {
             "add" => Ok(Scenario::Add),
             "remove" => Ok(Scenario::Remove),
             "failure" | "kill" => Ok(Scenario::Failure),
-            other => Err(format!("unknown scenario {other:?} (add, remove, failure)")),
+            "replicate" => Ok(Scenario::Replicate),
+            other => Err(format!(
+                "unknown scenario {other:?} (add, remove, failure, replicate)"
+            )),
         }
     }
 }
@@ -75,6 +82,10 @@ pub struct ElasticOptions {
     pub latency_ns: u64,
     /// Seed of the clients' generators.
     pub seed: u64,
+    /// `replicate`: how many of the hottest keys become shared.
+    pub hot_keys: u64,
+    /// `replicate`: owners of each shared key (0: every node).
+    pub replication: u32,
 }
 
 impl Default for ElasticOptions {
@@ -95,6 +106,8 @@ impl Default for ElasticOptions {
             heartbeat: Duration::from_millis(5),
             latency_ns: 0,
             seed: 42,
+            hot_keys: 4,
+            replication: 0,
         }
     }
 }
@@ -121,6 +134,8 @@ pub struct ElasticReport {
     pub baseline_ops_per_s: f64,
     /// Mean throughput in the last half of the time after the event.
     pub settled_ops_per_s: f64,
+    /// `settled_ops_per_s / baseline_ops_per_s`.
+    pub settled_over_baseline: f64,
     /// Lowest bucket after the event (ops/s).
     pub min_ops_per_s: f64,
     /// Time after the event during which buckets stayed below 80% of the baseline, until three in a row recovered.
@@ -269,6 +284,17 @@ pub fn run_elastic(
             let victim = cluster.nodes()[0].id();
             cluster.remove_node(victim)?;
         }
+        Scenario::Replicate => {
+            let factor = match o.replication {
+                0 => o.kns as u32,
+                r => r,
+            };
+            let mut k = Vec::new();
+            for id in 0..o.hot_keys.min(o.keys) {
+                key_bytes(id, 8, &mut k)?;
+                cluster.mnode().set_replication(&k, factor)?;
+            }
+        }
         Scenario::Failure => {
             let victim = cluster.nodes()[0].id();
             let routing = cluster.nodes()[0].routing();
@@ -375,6 +401,11 @@ pub fn run_elastic(
         event_at_ms: event_at.as_secs_f64() * 1e3,
         baseline_ops_per_s: baseline,
         settled_ops_per_s: settled,
+        settled_over_baseline: if baseline > 0.0 {
+            settled / baseline
+        } else {
+            0.0
+        },
         min_ops_per_s: if min.is_finite() { min } else { 0.0 },
         dip_ms: dip_end as f64 * bucket_s * 1e3,
         all_keys_served_after_ms: served_after,
@@ -432,13 +463,14 @@ impl ElasticReport {
     /// A one-paragraph summary for people.
     pub fn summary(&self) -> String {
         let mut s = format!(
-            "{:?} at {:.0} ms: baseline {:.0} ops/s, lowest bucket {:.0} ops/s, below 80% for {:.0} ms, settled at {:.0} ops/s",
+            "{:?} at {:.0} ms: baseline {:.0} ops/s, lowest bucket {:.0} ops/s, below 80% for {:.0} ms, settled at {:.0} ops/s ({:.2}x the baseline)",
             self.options.scenario,
             self.event_at_ms,
             self.baseline_ops_per_s,
             self.min_ops_per_s,
             self.dip_ms,
-            self.settled_ops_per_s
+            self.settled_ops_per_s,
+            self.settled_over_baseline
         );
         if let Some(ms) = self.all_keys_served_after_ms {
             s.push_str(&format!(

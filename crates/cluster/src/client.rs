@@ -197,12 +197,14 @@ impl Client {
         let mut last = String::from("no routing table");
         loop {
             let target = self.routing.as_ref().and_then(|r| {
-                let owners = r.ring.owners(key);
-                let pick = if owners.len() > 1 && !write {
+                // Any owner serves a shared key, reads and writes alike (writes CAS its cell).
+                let pick = if !r.cells.is_empty() && r.cells.contains_key(key) {
+                    let owners = r.ring.owners(key);
                     self.rng = self.rng.wrapping_mul(6364136223846793005).wrapping_add(1);
-                    owners.as_slice()[(self.rng >> 33) as usize % owners.len()]
+                    let n = owners.len().max(1);
+                    *owners.as_slice().get((self.rng >> 33) as usize % n)?
                 } else {
-                    owners.primary()?
+                    r.ring.primary(key)?
                 };
                 r.addrs.get(&pick).map(|a| (pick, a.clone()))
             });

@@ -69,6 +69,10 @@ pub enum ReconfigKind {
     Remove,
     /// A node's lease expired.
     Failure,
+    /// A key became shared by several nodes, or its number of owners changed (selective replication).
+    Replicate,
+    /// A shared key went back to one owner.
+    Dereplicate,
 }
 
 /// One reconfiguration, as it happened.
@@ -90,6 +94,7 @@ pub struct ReconfigEvent {
 
 enum Admin {
     Remove(NodeId, Sender<Result<(), ClusterError>>),
+    Replicate(Vec<u8>, u32, Sender<Result<(), ClusterError>>),
 }
 
 /// A running M-node.
@@ -160,6 +165,19 @@ impl MNode {
         let (tx, rx) = bounded(1);
         self.admin
             .send(Admin::Remove(node, tx))
+            .map_err(|_| ClusterError::Reconfig("the M-node stopped".into()))?;
+        rx.recv()
+            .map_err(|_| ClusterError::Reconfig("the M-node stopped".into()))?
+    }
+
+    /// Sets the number of KV nodes that own `key` (selective replication, paper §3.4): with `factor` above 1 the
+    /// key becomes shared: its value moves into an indirect cell in the pool, and its primary and the next
+    /// `factor - 1` nodes on the ring serve it, reads and writes alike. A factor of 1 gives the key back to its
+    /// primary alone. Waits until done.
+    pub fn set_replication(&self, key: &[u8], factor: u32) -> Result<(), ClusterError> {
+        let (tx, rx) = bounded(1);
+        self.admin
+            .send(Admin::Replicate(key.to_vec(), factor, tx))
             .map_err(|_| ClusterError::Reconfig("the M-node stopped".into()))?;
         rx.recv()
             .map_err(|_| ClusterError::Reconfig("the M-node stopped".into()))?
@@ -257,16 +275,21 @@ impl State {
                         Admin::Remove(node, reply) => {
                             let _ = reply.send(self.remove(node));
                         }
+                        Admin::Replicate(key, factor, reply) => {
+                            let _ = reply.send(self.replicate(&key, factor));
+                        }
                     }
                 }
                 if let Err(e) = self.reconcile() {
                     warn!(error = %e, "reconfiguration failed; retrying");
                 }
             } else {
-                while let Ok(Admin::Remove(_, reply)) = admin.try_recv() {
-                    let _ = reply.send(Err(ClusterError::Reconfig(
-                        "this M-node is a standby".into(),
-                    )));
+                let standby = || Err(ClusterError::Reconfig("this M-node is a standby".into()));
+                while let Ok(cmd) = admin.try_recv() {
+                    let _ = match cmd {
+                        Admin::Remove(_, reply) => reply.send(standby()),
+                        Admin::Replicate(_, _, reply) => reply.send(standby()),
+                    };
                 }
             }
             std::thread::sleep(self.cfg.check_interval);
@@ -291,6 +314,7 @@ impl State {
                     routing: Routing {
                         ring: Ring::new(self.cfg.vnodes),
                         addrs: BTreeMap::new(),
+                        cells: BTreeMap::new(),
                     },
                     retired: BTreeMap::new(),
                 },
@@ -380,6 +404,9 @@ impl State {
             proto::TAKE_OVER_NODE,
             &proto::TakeOverNode { node_id: dead },
         )?;
+        // A key the dead node was making shared when the record was not stored yet goes back to the index.
+        let shared: Vec<u64> = record.routing.cells.values().copied().collect();
+        let _: () = self.dpm_call(proto::SYNC_CELLS, &proto::SyncCells { shared })?;
         let mut next = record;
         next.routing.ring.remove_node(dead);
         next.routing.addrs.remove(&dead);
@@ -450,6 +477,117 @@ impl State {
         self.install(&next.routing, &rest)?;
         self.note(ReconfigKind::Remove, id, &next.routing, noticed, 0);
         Ok(())
+    }
+
+    /// Selective replication: see [`MNode::set_replication`].
+    fn replicate(&mut self, key: &[u8], factor: u32) -> Result<(), ClusterError> {
+        let noticed = Instant::now();
+        let (record, version) = self.record()?;
+        let ring = &record.routing.ring;
+        let Some(primary) = ring.primary(key) else {
+            return Err(ClusterError::Reconfig("the ring is empty".into()));
+        };
+        let cell = record.routing.cells.get(key).copied();
+        let old_owners: Vec<NodeId> = match cell {
+            Some(_) => ring.owners(key).iter().collect(),
+            None => vec![primary],
+        };
+        let mut next = record.clone();
+        if factor > 1 {
+            let cell = match cell {
+                Some(c) => c,
+                None => {
+                    let r: proto::CellReserved = self.dpm_call(
+                        proto::RESERVE_CELL,
+                        &proto::ReserveCell { key: key.to_vec() },
+                    )?;
+                    r.cell
+                }
+            };
+            let changed = next.routing.ring.set_replication(key, factor);
+            if !changed && next.routing.cells.contains_key(key) {
+                return Ok(());
+            }
+            next.routing
+                .ring
+                .set_epoch_at_least(record.routing.epoch() + 1);
+            next.routing.cells.insert(key.to_vec(), cell);
+            // The nodes giving the key up install first; when the key becomes shared, that is its sole owner,
+            // which moves the key's value into the cell before anyone else may serve it.
+            let new_owners: Vec<NodeId> = next.routing.ring.owners(key).iter().collect();
+            let first: Vec<NodeId> = if record.routing.cells.contains_key(key) {
+                old_owners
+                    .iter()
+                    .copied()
+                    .filter(|n| !new_owners.contains(n))
+                    .collect()
+            } else {
+                vec![primary]
+            };
+            if let Err(e) = self.install(&next.routing, &first) {
+                self.roll_back(&record, version, &next, &first);
+                return Err(e);
+            }
+        } else {
+            let Some(cell) = cell else {
+                return Ok(());
+            };
+            next.routing.ring.set_replication(key, 1);
+            next.routing
+                .ring
+                .set_epoch_at_least(record.routing.epoch() + 1);
+            next.routing.cells.remove(key);
+            // Every other owner stops and merges its log first; then the primary moves the value back into the
+            // index.
+            let others: Vec<NodeId> = old_owners
+                .iter()
+                .copied()
+                .filter(|n| *n != primary)
+                .collect();
+            self.install(&next.routing, &others)?;
+            if let Err(e) = self.install(&next.routing, &[primary]) {
+                self.roll_back(&record, version, &next, &[primary]);
+                return Err(e);
+            }
+            next.store(&*self.meta, version)?;
+            let all: Vec<NodeId> = next.routing.ring.nodes().collect();
+            self.install(&next.routing, &all)?;
+            let _: () = self.dpm_call(proto::RELEASE_CELL, &proto::ReleaseCell { cell })?;
+            self.note(
+                ReconfigKind::Dereplicate,
+                primary,
+                &next.routing,
+                noticed,
+                0,
+            );
+            return Ok(());
+        }
+        next.store(&*self.meta, version)?;
+        let all: Vec<NodeId> = next.routing.ring.nodes().collect();
+        self.install(&next.routing, &all)?;
+        self.note(ReconfigKind::Replicate, primary, &next.routing, noticed, 0);
+        Ok(())
+    }
+
+    /// After a sharing change failed at `nodes`: they get the previous table again under a newer epoch (undoing
+    /// what they did), and that is stored. A node that cannot be reached is left to failure handling.
+    fn roll_back(
+        &mut self,
+        record: &ClusterRecord,
+        version: Option<u64>,
+        attempted: &ClusterRecord,
+        nodes: &[NodeId],
+    ) {
+        let mut back = record.clone();
+        back.routing
+            .ring
+            .set_epoch_at_least(attempted.routing.epoch() + 1);
+        if let Err(e) = self.install(&back.routing, nodes) {
+            warn!(error = %e, "rolling back a sharing change failed");
+        }
+        if let Err(e) = back.store(&*self.meta, version) {
+            warn!(error = %e, "storing the rolled-back record failed");
+        }
     }
 
     /// Has every node in `nodes` serve under `routing`, in parallel; fails if any could not.

@@ -1,6 +1,7 @@
 //! A KV node as a cluster member: its workers, its native-protocol server, its liveness lease and its view of
 //! the routing table.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -56,6 +57,8 @@ impl Default for NodeConfig {
 pub(crate) struct RingOwnership {
     pub ring: Ring,
     pub node: NodeId,
+    /// Shared keys and their cells.
+    pub cells: BTreeMap<Vec<u8>, u64>,
 }
 
 impl Ownership for RingOwnership {
@@ -64,7 +67,23 @@ impl Ownership for RingOwnership {
     }
 
     fn owns(&self, key: &[u8]) -> bool {
-        self.ring.is_owner(self.node, key)
+        // Only a key with a cell is served by more than its primary: without one, two owners' logs would race.
+        if !self.cells.is_empty() && self.cells.contains_key(key) {
+            self.ring.is_owner(self.node, key)
+        } else {
+            self.ring.primary(key) == Some(self.node)
+        }
+    }
+
+    fn cell(&self, key: &[u8]) -> Option<u64> {
+        if self.cells.is_empty() {
+            return None;
+        }
+        self.cells.get(key).copied()
+    }
+
+    fn shared_keys(&self) -> Vec<(Vec<u8>, u64)> {
+        self.cells.iter().map(|(k, c)| (k.clone(), *c)).collect()
     }
 }
 
@@ -92,6 +111,7 @@ impl NodeShared {
         let own: Arc<dyn Ownership> = Arc::new(RingOwnership {
             ring: routing.ring.clone(),
             node: self.id,
+            cells: routing.cells.clone(),
         });
         let (tx, rx) = crossbeam_channel::unbounded();
         self.submitter
@@ -167,10 +187,12 @@ impl ClusterNode {
         let routing = Routing {
             ring: Ring::new(dinomo_ring::DEFAULT_VNODES),
             addrs: Default::default(),
+            cells: Default::default(),
         };
         let own: Arc<dyn Ownership> = Arc::new(RingOwnership {
             ring: routing.ring.clone(),
             node: config.node_id,
+            cells: routing.cells.clone(),
         });
         let kn = KnConfig {
             node_id: config.node_id,
@@ -262,6 +284,14 @@ impl ClusterNode {
     /// Whether its lease still allows it to serve.
     pub fn is_serving(&self) -> bool {
         self.gate.is_open()
+    }
+
+    /// The counters of the node's worker threads.
+    pub fn worker_stats(&self) -> Result<Vec<dinomo_kn::WorkerStats>, KnError> {
+        match &self.kv {
+            Some(kv) => kv.handle().stats(),
+            None => Err(KnError::Stopped),
+        }
     }
 
     /// Handles for in-process use (the RESP front door).

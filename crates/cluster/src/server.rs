@@ -223,6 +223,8 @@ pub(crate) fn error_body(e: KnError) -> ResponseBody {
         | KnError::ValueTooLarge { .. }
         | KnError::NotAnInteger
         | KnError::Config(_) => ErrorKind::Invalid,
+        // Not applied: the client may try again.
+        KnError::Contended { .. } => ErrorKind::Unavailable,
         e if e.is_indeterminate() => ErrorKind::Indeterminate,
         _ => ErrorKind::Unavailable,
     };

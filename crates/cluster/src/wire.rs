@@ -19,6 +19,9 @@ pub struct Routing {
     pub ring: Ring,
     /// The native-protocol address of every node in the ring.
     pub addrs: BTreeMap<NodeId, String>,
+    /// The keys shared by several nodes (a replication factor above 1 in the ring) and their indirect cells in the
+    /// memory node's pool.
+    pub cells: BTreeMap<Vec<u8>, u64>,
 }
 
 impl Routing {

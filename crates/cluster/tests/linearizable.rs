@@ -56,18 +56,15 @@ fn step(cl: &mut Client, rec: &Recorder, client: u32, n: u64, rng: &mut StdRng) 
     }
 }
 
-#[test]
-fn histories_across_adds_removes_and_crashes_are_linearizable() -> anyhow::Result<()> {
-    let mut cluster = LocalCluster::start(LocalClusterConfig {
-        kns: 3,
-        ..common::small_cluster(3)
-    })?;
-    let rec = Arc::new(Recorder::new());
-    let stop = Arc::new(AtomicBool::new(false));
-    let seeds = vec![cluster.rn_addr().to_string()];
-    let clients: Vec<_> = (0..6u32)
+/// Six clients running [`step`] until `stop` (bounded in count and time); each returns how many operations it ran.
+fn spawn_clients(
+    seeds: &[String],
+    rec: &Arc<Recorder>,
+    stop: &Arc<AtomicBool>,
+) -> Vec<std::thread::JoinHandle<u64>> {
+    (0..6u32)
         .map(|c| {
-            let (rec, stop, seeds) = (rec.clone(), stop.clone(), seeds.clone());
+            let (rec, stop, seeds) = (rec.clone(), stop.clone(), seeds.to_vec());
             std::thread::spawn(move || {
                 let mut cl = Client::connect(ClientConfig {
                     seeds,
@@ -78,7 +75,6 @@ fn histories_across_adds_removes_and_crashes_are_linearizable() -> anyhow::Resul
                 let mut rng = StdRng::seed_from_u64(0xd1 + u64::from(c));
                 let start = Instant::now();
                 let mut n = 0;
-                // Bounded in count and time.
                 while !stop.load(Ordering::Acquire)
                     && n < 20_000
                     && start.elapsed() < Duration::from_secs(30)
@@ -89,7 +85,53 @@ fn histories_across_adds_removes_and_crashes_are_linearizable() -> anyhow::Resul
                 n
             })
         })
-        .collect();
+        .collect()
+}
+
+/// Stops the clients, reads every key once more (recorded), and checks the history.
+fn finish(
+    clients: Vec<std::thread::JoinHandle<u64>>,
+    seeds: Vec<String>,
+    rec: &Recorder,
+    stop: &AtomicBool,
+) -> anyhow::Result<()> {
+    stop.store(true, Ordering::Release);
+    let ops: u64 = clients
+        .into_iter()
+        .map(|t| t.join().expect("client thread"))
+        .sum();
+    eprintln!("{ops} operations recorded");
+    let mut reader = Client::connect(ClientConfig {
+        seeds,
+        ..ClientConfig::default()
+    })?;
+    for k in (0..PLAIN_KEYS).map(plain).chain((0..COUNTERS).map(counter)) {
+        let t = rec.invoke(99, Op::Get(k.clone()));
+        let v = reader.get(&k)?;
+        rec.complete(t, Outcome::Value(v));
+    }
+    assert!(ops > 500, "only {ops} operations ran");
+    let history = rec.history();
+    match check(&history, &CheckConfig::default())? {
+        Verdict::Linearizable => Ok(()),
+        other => {
+            let path = std::env::temp_dir().join("dinomo-nonlinearizable-history.json");
+            let _ = history.save(&path);
+            panic!("{other:?} (history saved to {})", path.display());
+        }
+    }
+}
+
+#[test]
+fn histories_across_adds_removes_and_crashes_are_linearizable() -> anyhow::Result<()> {
+    let mut cluster = LocalCluster::start(LocalClusterConfig {
+        kns: 3,
+        ..common::small_cluster(3)
+    })?;
+    let rec = Arc::new(Recorder::new());
+    let stop = Arc::new(AtomicBool::new(false));
+    let seeds = vec![cluster.rn_addr().to_string()];
+    let clients = spawn_clients(&seeds, &rec, &stop);
 
     let pause = Duration::from_millis(300);
     std::thread::sleep(pause);
@@ -112,36 +154,61 @@ fn histories_across_adds_removes_and_crashes_are_linearizable() -> anyhow::Resul
     cluster.crash_node(second)?;
     cluster.wait_until_serving(Duration::from_secs(10))?;
     std::thread::sleep(pause);
-    stop.store(true, Ordering::Release);
-    let ops: u64 = clients
-        .into_iter()
-        .map(|t| t.join().expect("client thread"))
-        .sum();
-    eprintln!("{ops} operations recorded");
-
-    // A final read of every key, after everything settled.
-    let mut reader = Client::connect(ClientConfig {
-        seeds,
-        ..ClientConfig::default()
-    })?;
-    for k in (0..PLAIN_KEYS).map(plain).chain((0..COUNTERS).map(counter)) {
-        let t = rec.invoke(99, Op::Get(k.clone()));
-        let v = reader.get(&k)?;
-        rec.complete(t, Outcome::Value(v));
-    }
-    let history = rec.history();
-    assert!(ops > 500, "only {ops} operations ran");
     let kinds: Vec<_> = cluster.mnode().events().iter().map(|e| e.kind).collect();
     // Three initial joins, then add, remove, crash, add, crash.
     assert_eq!(kinds.len(), 8, "reconfigurations: {kinds:?}");
-    match check(&history, &CheckConfig::default())? {
-        Verdict::Linearizable => {}
-        other => {
-            let path = std::env::temp_dir().join("dinomo-nonlinearizable-history.json");
-            let _ = history.save(&path);
-            panic!("{other:?} (history saved to {})", path.display());
-        }
+    finish(clients, seeds, &rec, &stop)?;
+    cluster.stop();
+    Ok(())
+}
+
+/// Hot keys become shared by several nodes (their values move into indirect cells that every owner CASes), stay
+/// shared across a join and a crash, and go back to one owner, all under load.
+#[test]
+fn histories_with_keys_shared_and_unshared_under_load_are_linearizable() -> anyhow::Result<()> {
+    let mut cluster = LocalCluster::start(LocalClusterConfig {
+        kns: 3,
+        ..common::small_cluster(3)
+    })?;
+    let rec = Arc::new(Recorder::new());
+    let stop = Arc::new(AtomicBool::new(false));
+    let seeds = vec![cluster.rn_addr().to_string()];
+    let clients = spawn_clients(&seeds, &rec, &stop);
+
+    let pause = Duration::from_millis(250);
+    let m = |c: &LocalCluster, key: Vec<u8>, r: u32| c.mnode().set_replication(&key, r);
+    std::thread::sleep(pause);
+    m(&cluster, counter(0), 3)?;
+    m(&cluster, plain(0), 3)?;
+    m(&cluster, plain(1), 2)?;
+    std::thread::sleep(pause);
+    cluster.add_node()?;
+    std::thread::sleep(pause);
+    m(&cluster, plain(0), 1)?;
+    m(&cluster, counter(1), 2)?;
+    m(&cluster, plain(1), 4)?;
+    std::thread::sleep(pause);
+    let victim = cluster.nodes()[0].id();
+    cluster.crash_node(victim)?;
+    cluster.wait_until_serving(Duration::from_secs(10))?;
+    std::thread::sleep(pause);
+    m(&cluster, plain(2), 2)?;
+    std::thread::sleep(pause);
+    for key in [counter(0), counter(1), plain(1), plain(2)] {
+        m(&cluster, key, 1)?;
     }
+    std::thread::sleep(pause);
+    let shared: u64 = cluster
+        .nodes()
+        .iter()
+        .map(|n| {
+            n.worker_stats()
+                .map(|s| s.iter().map(|w| w.shared_ops).sum::<u64>())
+        })
+        .sum::<Result<u64, _>>()?;
+    assert!(shared > 100, "only {shared} operations went through cells");
+    assert_eq!(cluster.processor().stats().shared_keys, 0);
+    finish(clients, seeds, &rec, &stop)?;
     cluster.stop();
     Ok(())
 }

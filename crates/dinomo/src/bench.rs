@@ -33,7 +33,7 @@ pub enum Which {
 /// Settings of `dinomo bench elastic`.
 #[derive(Debug, Args)]
 pub struct ElasticArgs {
-    /// What happens mid-run: add, remove or failure.
+    /// What happens mid-run: add, remove, failure or replicate (the hottest keys become shared).
     #[arg(long, default_value = "failure")]
     pub scenario: dinomo_bench::Scenario,
     /// KV nodes at the start.
@@ -78,6 +78,12 @@ pub struct ElasticArgs {
     /// Seed of the clients' generators.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
+    /// `replicate`: how many of the hottest keys become shared.
+    #[arg(long, default_value_t = 4)]
+    pub hot_keys: u64,
+    /// `replicate`: owners of each shared key (0: every node).
+    #[arg(long, default_value_t = 0)]
+    pub replication: u32,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -190,6 +196,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 heartbeat: Duration::from_millis(a.heartbeat_ms),
                 latency_ns: a.latency_ns,
                 seed: a.seed,
+                hot_keys: a.hot_keys,
+                replication: a.replication,
             };
             let report = dinomo_bench::run_elastic(&opts, |step| eprintln!("elastic: {step}"))?;
             std::fs::create_dir_all(&a.out)

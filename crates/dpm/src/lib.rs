@@ -6,9 +6,12 @@
 //!   one), merge everything now, report statistics;
 //! - merge threads that apply each sealed segment to the index in log order (upserts; deletes remove), keep the
 //!   per-segment invalidation counters, and recycle segments whose every entry is merged and superseded;
+//! - the [`cells`] of shared (selectively replicated) keys, whose values live behind indirect pointers that the
+//!   owners CAS, and which merges leave out of the index;
 //! - recovery when the pool is reopened: committed-but-unmerged entries are merged, torn ones are rejected by their
 //!   CRC, counters are rebuilt from the index, orphaned segments are freed.
 
+pub mod cells;
 pub mod directory;
 mod processor;
 pub mod proto;

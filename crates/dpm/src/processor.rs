@@ -1,5 +1,5 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -15,6 +15,7 @@ use dinomo_pool::{Pool, PoolError};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
+use crate::cells::{self, CellState, CellTable};
 use crate::directory::{Directory, owner_word};
 use crate::proto;
 
@@ -31,6 +32,11 @@ pub struct ProcessorConfig {
     pub hash_mode: HashMode,
     /// Index settings.
     pub index: IndexConfig,
+    /// Keys that can be shared at once (cells for selective replication), fixed when the pool is formatted
+    /// (default 1024).
+    pub shared_key_capacity: u32,
+    /// Longest key that can be shared, fixed when the pool is formatted (default 240 bytes).
+    pub shared_key_max_len: u32,
 }
 
 impl Default for ProcessorConfig {
@@ -41,6 +47,8 @@ impl Default for ProcessorConfig {
             segment_size: 8 << 20,
             hash_mode: HashMode::Xxh3,
             index: IndexConfig::default(),
+            shared_key_capacity: 1024,
+            shared_key_max_len: 240,
         }
     }
 }
@@ -103,6 +111,8 @@ pub struct ProcessorStats {
     pub index_entries: u64,
     /// Bytes of the index's current table.
     pub index_table_bytes: u64,
+    /// Keys shared by several KV nodes through indirect cells.
+    pub shared_keys: u64,
 }
 
 struct SegInfo {
@@ -144,6 +154,10 @@ struct Inner {
     pool: Arc<Pool>,
     index: Index,
     dir: Directory,
+    /// Cells of shared keys. Lock order: a log's merge lock, then this.
+    cells: Mutex<CellTable>,
+    /// Active cells; merges skip the cell lookups while there are none.
+    shared_active: AtomicUsize,
     logs: RwLock<HashMap<u32, Arc<LogState>>>,
     /// Merged segments by offset.
     stats_by_segment: Mutex<BTreeMap<u64, SegStat>>,
@@ -191,6 +205,12 @@ impl Processor {
                 config.segment_size,
             )?,
         };
+        let cells = CellTable::open_or_create(
+            pool.clone(),
+            config.shared_key_capacity,
+            config.shared_key_max_len,
+        )?;
+        let shared_active = AtomicUsize::new(cells.active());
         let (tx, rx) = crossbeam_channel::unbounded();
         let boot = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -200,6 +220,8 @@ impl Processor {
             pool,
             index,
             dir,
+            cells: Mutex::new(cells),
+            shared_active,
             logs: RwLock::new(HashMap::new()),
             stats_by_segment: Mutex::new(BTreeMap::new()),
             queue: tx,
@@ -286,6 +308,28 @@ impl RpcHandler for Handler {
                 let req: proto::TakeOverNode = dinomo_fabric::decode(request)?;
                 dinomo_fabric::encode(&self.0.take_over_node(&req).map_err(fail)?, response)
             }
+            proto::RESERVE_CELL => {
+                let req: proto::ReserveCell = dinomo_fabric::decode(request)?;
+                dinomo_fabric::encode(&self.0.reserve_cell(&req).map_err(fail)?, response)
+            }
+            proto::ACTIVATE_CELL => {
+                let req: proto::ShareKey = dinomo_fabric::decode(request)?;
+                dinomo_fabric::encode(&self.0.activate_cell(&req).map_err(fail)?, response)
+            }
+            proto::DEACTIVATE_CELL => {
+                let req: proto::ShareKey = dinomo_fabric::decode(request)?;
+                dinomo_fabric::encode(&self.0.deactivate_cell(&req).map_err(fail)?, response)
+            }
+            proto::SYNC_CELLS => {
+                let req: proto::SyncCells = dinomo_fabric::decode(request)?;
+                self.0.sync_cells(&req).map_err(fail)?;
+                dinomo_fabric::encode(&(), response)
+            }
+            proto::RELEASE_CELL => {
+                let req: proto::ReleaseCell = dinomo_fabric::decode(request)?;
+                self.0.release_cell(&req).map_err(fail)?;
+                dinomo_fabric::encode(&(), response)
+            }
             other => Err(RpcError::UnknownMethod(other)),
         }
     }
@@ -329,6 +373,33 @@ fn entry_has_key(pool: &Pool, r: EntryRef, key: &[u8], scratch: &mut Vec<u8>) ->
     pool.read(r.offset() + ENTRY_HEADER_LEN as u64, scratch)
         .is_ok()
         && scratch[..] == *key
+}
+
+/// Merges entry `r` of the shared key of cell `slot`: the cell is the key's only reference, and an owner CASes
+/// the cell to an entry before the segment holding that entry can be sealed. So `r` is live exactly when the cell
+/// points to it now; any other entry of the key is dead for good. Returns the entries that died.
+/// A delete entry (owners delete by CASing the cell to 0, so there should be none) is already counted invalid.
+fn shared_entry(
+    cells: &mut CellTable,
+    slot: u32,
+    r: EntryRef,
+    is_delete: bool,
+) -> Result<Vec<EntryRef>, ProcessorError> {
+    let current = cells.word(slot)?.load(Ordering::Acquire);
+    let cell = cells.get_mut(slot).expect("active cell");
+    let mut dead = Vec::new();
+    if let Some(prev) = cell.live
+        && prev.raw() != current
+    {
+        dead.push(prev);
+        cell.live = None;
+    }
+    if current == r.raw() && !is_delete {
+        cell.live = Some(r);
+    } else if !is_delete {
+        dead.push(r);
+    }
+    Ok(dead)
 }
 
 /// Buffers a merge reuses: a segment's entries, and a key read back from the pool for comparison.
@@ -467,11 +538,21 @@ impl Inner {
                 );
             }
         }
-        self.index.for_each(|_, r| {
+        let mut live: Vec<EntryRef> = Vec::new();
+        self.index.for_each(|_, r| live.push(r));
+        live.extend(
+            self.cells
+                .lock()
+                .expect("cells lock")
+                .cells()
+                .filter(|c| c.state == CellState::Active)
+                .filter_map(|c| c.live),
+        );
+        for r in live {
             if let Some((_, st)) = segment_holding(&mut stats, r.offset()) {
                 st.invalid = st.invalid.saturating_sub(1);
             }
-        });
+        }
         let dead: Vec<u64> = stats
             .iter()
             .filter(|(_, s)| s.entries == s.invalid)
@@ -838,6 +919,8 @@ impl Inner {
         let mut m = SegmentMerge::default();
         let mut error = None;
         let base = offset + SEGMENT_HEADER_LEN as u64;
+        let mut cells = (self.shared_active.load(Ordering::Acquire) > 0)
+            .then(|| self.cells.lock().expect("cells lock"));
         let (end, why) = segment::scan(data, log_id, first_seq, |at, e| {
             if error.is_some() {
                 return;
@@ -851,6 +934,20 @@ impl Inner {
             }
             let r = EntryRef::new(base + at as u64, e.len() as u64)
                 .expect("segments are 8-byte aligned");
+            if let Some(cells) = cells.as_deref_mut()
+                && let Some(slot) = cells
+                    .by_key(e.key)
+                    .filter(|c| c.state == CellState::Active)
+                    .map(|c| c.slot)
+            {
+                match shared_entry(cells, slot, r, e.header.op == Op::Delete) {
+                    Ok(dead) => m.superseded.extend(dead),
+                    Err(err) => error = Some(err),
+                }
+                m.last_seq = Some(e.header.seq);
+                self.merged_entries.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
             let hash = mode.hash(e.key);
             let pool = &self.pool;
             let old = match e.header.op {
@@ -937,6 +1034,166 @@ impl Inner {
         Ok(())
     }
 
+    fn reserve_cell(
+        &self,
+        req: &proto::ReserveCell,
+    ) -> Result<proto::CellReserved, ProcessorError> {
+        let mut cells = self.cells.lock().expect("cells lock");
+        let slot = cells.reserve(&req.key)?;
+        if cells.get(slot).map(|c| c.state) == Some(CellState::Retired) {
+            // Shared again before the cluster released it: it is still this key's, and activation reuses it.
+            debug!(slot, "a retired cell is reserved again");
+        }
+        Ok(proto::CellReserved {
+            cell: cells.cell_offset(slot),
+        })
+    }
+
+    /// The slot of `cell`, which must be in use.
+    fn cell_slot(cells: &CellTable, cell: u64) -> Result<u32, ProcessorError> {
+        cells
+            .slot_at(cell)
+            .filter(|s| cells.get(*s).is_some())
+            .ok_or_else(|| {
+                ProcessorError::Config(format!("no shared key has the cell at {cell:#x}"))
+            })
+    }
+
+    fn activate_cell(&self, req: &proto::ShareKey) -> Result<proto::Merged, ProcessorError> {
+        let merged = self.merge_all(&proto::MergeAll {
+            log_id: req.log_id,
+            session: req.session,
+            sealed_len: req.sealed_len,
+        })?;
+        let mut cells = self.cells.lock().expect("cells lock");
+        let slot = Self::cell_slot(&cells, req.cell)?;
+        let cell = cells.get(slot).expect("used slot").clone();
+        if cell.state == CellState::Active {
+            return Ok(merged);
+        }
+        // The key's value moves from the index into the cell: from now on the cell is its only reference.
+        let hash = self.dir.hash_mode().hash(&cell.key);
+        let mut scratch = Vec::new();
+        let current = self.index.remove(hash, |c| {
+            entry_has_key(&self.pool, c, &cell.key, &mut scratch)
+        });
+        cells.set_word(slot, current.map_or(0, EntryRef::raw))?;
+        cells.get_mut(slot).expect("used slot").live = current;
+        cells.set_state(slot, CellState::Active)?;
+        self.shared_active.fetch_add(1, Ordering::AcqRel);
+        info!(slot, "key shared through an indirect cell");
+        Ok(merged)
+    }
+
+    fn deactivate_cell(&self, req: &proto::ShareKey) -> Result<proto::Merged, ProcessorError> {
+        let merged = self.merge_all(&proto::MergeAll {
+            log_id: req.log_id,
+            session: req.session,
+            sealed_len: req.sealed_len,
+        })?;
+        let slot = Self::cell_slot(&self.cells.lock().expect("cells lock"), req.cell)?;
+        self.unshare(slot)?;
+        Ok(merged)
+    }
+
+    fn sync_cells(&self, req: &proto::SyncCells) -> Result<(), ProcessorError> {
+        let listed: HashSet<u64> = req.shared.iter().copied().collect();
+        let stray: Vec<(u32, CellState)> = {
+            let cells = self.cells.lock().expect("cells lock");
+            cells
+                .cells()
+                .filter(|c| !listed.contains(&cells.cell_offset(c.slot)))
+                .map(|c| (c.slot, c.state))
+                .collect()
+        };
+        for (slot, state) in stray {
+            match state {
+                CellState::Active => {
+                    warn!(
+                        slot,
+                        "a shared key the cluster record does not know goes back to the index"
+                    );
+                    self.unshare(slot)?;
+                }
+                CellState::Reserved => self
+                    .cells
+                    .lock()
+                    .expect("cells lock")
+                    .set_state(slot, CellState::Free)?,
+                CellState::Retired | CellState::Free => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves the value of the shared key of `slot` back into the index and retires the cell. Every log that may
+    /// hold the key's entries must be merged.
+    fn unshare(&self, slot: u32) -> Result<(), ProcessorError> {
+        let mut cells = self.cells.lock().expect("cells lock");
+        let cell = cells.get(slot).expect("used slot").clone();
+        if cell.state != CellState::Active {
+            return Ok(());
+        }
+        // Every owner's log is merged, so the cell holds the key's newest value; it goes back to the index, and
+        // the cell turns away whoever still has the old routing table.
+        let current = cells.word(slot)?.swap(cells::RETIRED, Ordering::AcqRel);
+        let mut dead = Vec::new();
+        if let Some(prev) = cell.live
+            && prev.raw() != current
+        {
+            dead.push(prev);
+        }
+        if let Some(r) = EntryRef::from_raw(current) {
+            let hash = self.dir.hash_mode().hash(&cell.key);
+            let mut scratch = Vec::new();
+            let old = self.index.upsert(hash, r, |c| {
+                entry_has_key(&self.pool, c, &cell.key, &mut scratch)
+            })?;
+            dead.extend(old.filter(|o| *o != r));
+        }
+        cells.set_word(slot, cells::RETIRED)?;
+        cells.get_mut(slot).expect("used slot").live = None;
+        cells.set_state(slot, CellState::Retired)?;
+        self.shared_active.fetch_sub(1, Ordering::AcqRel);
+        drop(cells);
+        self.invalidate(&dead)?;
+        info!(slot, "shared key back in the index");
+        Ok(())
+    }
+
+    fn release_cell(&self, req: &proto::ReleaseCell) -> Result<(), ProcessorError> {
+        let mut cells = self.cells.lock().expect("cells lock");
+        let Some(slot) = cells.slot_at(req.cell).filter(|s| cells.get(*s).is_some()) else {
+            return Ok(());
+        };
+        match cells.get(slot).map(|c| c.state) {
+            Some(CellState::Retired) | Some(CellState::Reserved) => {
+                cells.set_state(slot, CellState::Free)
+            }
+            Some(CellState::Active) => Err(ProcessorError::Config(
+                "the cell's key is still shared".into(),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Counts `dead` entries as superseded and recycles segments that became entirely invalid.
+    fn invalidate(&self, dead: &[EntryRef]) -> Result<(), ProcessorError> {
+        let mut gone = Vec::new();
+        {
+            let mut stats = self.stats_by_segment.lock().expect("segment stats lock");
+            for r in dead {
+                if let Some((o, st)) = segment_holding(&mut stats, r.offset()) {
+                    st.invalid += 1;
+                    if st.invalid >= st.entries {
+                        gone.push(o);
+                    }
+                }
+            }
+        }
+        self.recycle(&gone)
+    }
+
     fn stats(&self) -> ProcessorStats {
         let logs = self.logs.read().expect("logs lock");
         let mut s = ProcessorStats {
@@ -955,6 +1212,7 @@ impl Inner {
                 s.backlog_bytes += seg.sealed_len.unwrap_or(0);
             }
         }
+        s.shared_keys = self.shared_active.load(Ordering::Relaxed) as u64;
         let space = self.pool.space();
         s.merged_entries = self.merged_entries.load(Ordering::Relaxed);
         s.recycled_segments = self.recycled_segments.load(Ordering::Relaxed);

@@ -16,6 +16,16 @@ pub const MERGE_ALL: u16 = 3;
 pub const STATS: u16 = 4;
 /// [`TakeOverNode`] → [`NodeTakenOver`].
 pub const TAKE_OVER_NODE: u16 = 5;
+/// [`ReserveCell`] → [`CellReserved`].
+pub const RESERVE_CELL: u16 = 6;
+/// [`ShareKey`] → [`Merged`].
+pub const ACTIVATE_CELL: u16 = 7;
+/// [`ShareKey`] → [`Merged`].
+pub const DEACTIVATE_CELL: u16 = 8;
+/// [`ReleaseCell`] → `()`.
+pub const RELEASE_CELL: u16 = 9;
+/// [`SyncCells`] → `()`.
+pub const SYNC_CELLS: u16 = 10;
 
 /// Claims (or reclaims after a restart) the log of one KV-node thread. Whatever that log holds unmerged is merged
 /// before the reply, so the caller starts from an index that has all of its earlier writes.
@@ -103,4 +113,51 @@ pub struct NodeTakenOver {
     pub logs: u32,
     /// Entries merged while taking over (committed by the node but not merged before).
     pub merged_entries: u64,
+}
+
+/// Sets a pool cell aside for `key`, which is about to be shared by several KV nodes (selective replication). The
+/// same key gets the same cell again until it is released.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReserveCell {
+    /// The key.
+    pub key: Vec<u8>,
+}
+
+/// Reply to [`ReserveCell`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CellReserved {
+    /// Pool offset of the key's 8-byte cell.
+    pub cell: u64,
+}
+
+/// Sent by the thread of the key's exclusive owner, which serves nothing meanwhile. [`ACTIVATE_CELL`]: the
+/// caller's log is sealed at `sealed_len` and merged, then the key's value moves from the index into its cell and
+/// the key is shared from then on. [`DEACTIVATE_CELL`]: the caller's log is sealed and merged (every other owner
+/// has merged its log already), then the cell's value moves back into the index and the cell is retired.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ShareKey {
+    /// The caller's log.
+    pub log_id: u32,
+    /// The session from [`LogOpened`].
+    pub session: u64,
+    /// Bytes of entries written into the current segment; `None` when there is none.
+    pub sealed_len: Option<u64>,
+    /// The key's cell, from [`CellReserved`].
+    pub cell: u64,
+}
+
+/// Frees a retired cell once no routing table in use names it any more.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReleaseCell {
+    /// The cell.
+    pub cell: u64,
+}
+
+/// Sent by the M-node once a failed KV node's logs are taken over: `shared` lists the cells of the keys the
+/// cluster record shares. A cell that is active but not listed belonged to a sharing change the failed node began
+/// and the record never took in: its value goes back to the index. Reserved cells that are not listed are freed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SyncCells {
+    /// The cells the cluster record names.
+    pub shared: Vec<u64>,
 }

@@ -24,6 +24,9 @@ pub struct KnConfig {
     pub max_batch: usize,
     /// Requests that may wait in a worker's queue (default 4096).
     pub queue_depth: usize,
+    /// Attempts a write of a shared key makes before it gives up because other owners keep changing the key
+    /// (default 64; each lost attempt costs a READ of the cell, maybe one of the entry, and a WRITE).
+    pub shared_cas_attempts: u32,
 }
 
 impl Default for KnConfig {
@@ -38,6 +41,7 @@ impl Default for KnConfig {
             merge_wait_timeout: Duration::from_secs(10),
             max_batch: 128,
             queue_depth: 4096,
+            shared_cas_attempts: 64,
         }
     }
 }

@@ -49,6 +49,12 @@ pub enum KnError {
     /// nothing more. A write that reports it may or may not have been applied.
     #[error("this KV node's lease lapsed; it no longer serves")]
     Fenced,
+    /// Other owners of a shared key kept changing it: every attempt's CAS lost. The write was not applied.
+    #[error("a shared key changed under {attempts} attempts in a row; the write was not applied")]
+    Contended {
+        /// Attempts made.
+        attempts: u32,
+    },
     /// The stored value is not a decimal 64-bit integer, or the result would overflow.
     #[error("value is not an integer or out of range")]
     NotAnInteger,

@@ -24,6 +24,15 @@ pub trait Ownership: Send + Sync {
     fn epoch(&self) -> u64;
     /// Whether this node may serve `key`.
     fn owns(&self, key: &[u8]) -> bool;
+    /// The pool offset of `key`'s indirect cell when several nodes share the key (selective replication, paper
+    /// §3.4); `None` for keys owned by one node.
+    fn cell(&self, _key: &[u8]) -> Option<u64> {
+        None
+    }
+    /// Every shared key with its cell.
+    fn shared_keys(&self) -> Vec<(Vec<u8>, u64)> {
+        Vec::new()
+    }
 }
 
 /// The liveness lease of a KV node as the node itself sees it: serving is allowed until a deadline that heartbeats
@@ -186,6 +195,10 @@ pub struct WorkerStats {
     pub shortcut_hits: u64,
     /// Shortcuts that no longer matched their key and sequence number.
     pub stale_shortcuts: u64,
+    /// Operations on shared keys (served through their indirect cells).
+    pub shared_ops: u64,
+    /// CASes on shared keys' cells that lost to another owner (the operation was retried).
+    pub shared_cas_retries: u64,
     /// Lookups answered from the thread's own unmerged log segments.
     pub log_hits: u64,
     /// Lookups that walked the index on the memory node.
@@ -433,6 +446,11 @@ impl Worker {
     /// Serves a data operation. Reads are answered now; a write is appended to the log and answered after its
     /// group commit.
     fn data(&mut self, op: DataOp, reply: Responder) {
+        if let Some(cell) = self.ownership.as_ref().and_then(|o| o.cell(op.key())) {
+            let result = self.shared(op, cell);
+            let _ = reply.send(result);
+            return;
+        }
         let result = match op {
             DataOp::Get(key) => self
                 .check_key(&key)
@@ -497,7 +515,12 @@ impl Worker {
     /// holds writes of such keys the memory node merges the log first, so their new owner finds them in the index.
     fn install_ownership(&mut self, own: Arc<dyn Ownership>) -> Result<(), KnError> {
         self.flush();
-        let dropped = self.cache.retain(|k| own.owns(k));
+        if self.broken {
+            self.reclaim()?;
+        }
+        self.change_sharing(&*own)?;
+        // Shared keys are never cached: their cell is read on every access.
+        let dropped = self.cache.retain(|k| own.owns(k) && own.cell(k).is_none());
         let moved = self.segments().any(|seg| {
             let mut at = 0;
             while let Ok(e) = EntryView::parse(&seg.buf[at..]) {
@@ -525,6 +548,151 @@ impl Worker {
             }
         }
         Ok(())
+    }
+
+    /// Keys of this thread that stop or start being shared under `own` while this node is their only owner on one
+    /// side of the change: when a key becomes shared, its former sole owner moves its value into the cell; when it
+    /// stops, its new sole owner moves the value back into the index (every other owner merged its log first).
+    fn change_sharing(&mut self, own: &dyn Ownership) -> Result<(), KnError> {
+        let Some(old) = self.ownership.clone() else {
+            return Ok(());
+        };
+        let threads = self.cfg.threads;
+        let mine = |k: &[u8]| crate::node::thread_for_key(k, threads) == self.thread as usize;
+        let before = old.shared_keys();
+        let after = own.shared_keys();
+        let mut changes = Vec::new();
+        for (key, cell) in &after {
+            if mine(key) && old.owns(key) && old.cell(key).is_none() {
+                changes.push((proto::ACTIVATE_CELL, *cell));
+            }
+        }
+        for (key, cell) in &before {
+            if mine(key) && own.owns(key) && own.cell(key).is_none() {
+                changes.push((proto::DEACTIVATE_CELL, *cell));
+            }
+        }
+        for (method, cell) in changes {
+            self.cache_forget_all_shared(own);
+            let sealed_len = self.active.as_ref().map(|a| a.buf.len() as u64);
+            let merged: proto::Merged = self
+                .ep
+                .call(
+                    method,
+                    &proto::ShareKey {
+                        log_id: self.log.log_id,
+                        session: self.log.session,
+                        sealed_len,
+                        cell,
+                    },
+                )
+                .map_err(|e| self.fail_rpc(e))?;
+            self.seal_active();
+            self.note_merged(merged.merged_seq);
+        }
+        Ok(())
+    }
+
+    /// Drops every key shared under `own` from the cache.
+    fn cache_forget_all_shared(&mut self, own: &dyn Ownership) {
+        for (key, _) in own.shared_keys() {
+            self.cache.invalidate(&key);
+        }
+    }
+
+    /// Serves an operation on a shared key through its cell: a read is one READ of the cell and one of the entry;
+    /// a write appends an entry to this thread's log, commits it, and CASes the cell from the reference it read to
+    /// the new entry (a delete CASes it to 0), retrying from the read when another owner got there first.
+    fn shared(&mut self, op: DataOp, cell: u64) -> Result<Reply, KnError> {
+        self.stats.shared_ops += 1;
+        self.check_key(op.key())?;
+        // Pending writes of other keys are committed first, so this thread's log stays in order.
+        self.flush();
+        if self.broken {
+            self.reclaim()?;
+        }
+        let attempts = self.cfg.shared_cas_attempts.max(1);
+        for _ in 0..attempts {
+            let (seen, current) = self.read_cell(op.key(), cell)?;
+            let (new_value, reply) = match shared_outcome(&op, current) {
+                Outcome::Done(r) => return r,
+                Outcome::Write(v, r) => (v, r),
+            };
+            let new_ref = match &new_value {
+                Some(v) => {
+                    if v.len() > self.cfg.max_value_len {
+                        return Err(KnError::ValueTooLarge {
+                            len: v.len(),
+                            max: self.cfg.max_value_len,
+                        });
+                    }
+                    let hash = dinomo_log::key_hash(op.key());
+                    let (entry, _) = self.append(Op::Put, op.key(), hash, v)?;
+                    self.write_through()?;
+                    entry.raw()
+                }
+                None => 0,
+            };
+            if self.lease.as_ref().is_some_and(|l| !l.is_open()) {
+                return Err(KnError::Fenced);
+            }
+            let prev = self
+                .ep
+                .cas(self.data.at(cell), seen, new_ref)
+                .map_err(|e| self.fail(e))?;
+            if prev == seen {
+                self.stats.writes += 1;
+                return Ok(reply);
+            }
+            self.stats.shared_cas_retries += 1;
+        }
+        Err(KnError::Contended { attempts })
+    }
+
+    /// The cell word of a shared key and the value it points to.
+    fn read_cell(&mut self, key: &[u8], cell: u64) -> Result<(u64, Option<Vec<u8>>), KnError> {
+        let mut word = [0u8; 8];
+        self.ep
+            .read(self.data.at(cell), &mut word)
+            .map_err(|e| self.fail(e))?;
+        let seen = u64::from_le_bytes(word);
+        if seen == dinomo_dpm::cells::RETIRED {
+            // The key went back to one owner; this node's routing table is older than that.
+            let epoch = self.ownership.as_ref().map_or(0, |o| o.epoch());
+            return Err(KnError::NotOwner { epoch });
+        }
+        let Some(r) = EntryRef::from_raw(seen) else {
+            return Ok((seen, None));
+        };
+        self.read_entry(r)?;
+        match EntryView::parse(&self.read_buf) {
+            Ok(e) if e.key == key && e.header.op == Op::Put => Ok((seen, Some(e.value.to_vec()))),
+            _ => Err(KnError::Corrupt(format!(
+                "the cell at {cell:#x} does not point to an entry of its key"
+            ))),
+        }
+    }
+
+    /// WRITEs what the active segment holds beyond what was written (no pending writes: they were flushed).
+    fn write_through(&mut self) -> Result<(), KnError> {
+        let Some(seg) = self.active.as_mut() else {
+            return Ok(());
+        };
+        if seg.flushed == seg.buf.len() {
+            return Ok(());
+        }
+        let addr = self.data.at(seg.entries_offset() + seg.flushed as u64);
+        match self.ep.write(addr, &seg.buf[seg.flushed..]) {
+            Ok(()) => {
+                seg.flushed = seg.buf.len();
+                self.stats.commits += 1;
+                Ok(())
+            }
+            Err(e) => {
+                self.broken = true;
+                Err(KnError::Fabric(e))
+            }
+        }
     }
 
     fn check_key(&self, key: &[u8]) -> Result<(), KnError> {
@@ -951,6 +1119,44 @@ impl Worker {
         self.log = log;
         self.broken = false;
         Ok(())
+    }
+}
+
+/// What an operation on a shared key does given the key's current value.
+enum Outcome {
+    /// Nothing to write: the reply.
+    Done(Result<Reply, KnError>),
+    /// Write this value (`None`: delete) and reply this once the cell points to it.
+    Write(Option<Vec<u8>>, Reply),
+}
+
+fn shared_outcome(op: &DataOp, current: Option<Vec<u8>>) -> Outcome {
+    match op {
+        DataOp::Get(_) => Outcome::Done(Ok(Reply::Value(current))),
+        DataOp::Set(_, v) => Outcome::Write(Some(v.clone()), Reply::Applied(true)),
+        DataOp::Insert(_, v) => match current {
+            Some(_) => Outcome::Done(Ok(Reply::Applied(false))),
+            None => Outcome::Write(Some(v.clone()), Reply::Applied(true)),
+        },
+        DataOp::Update(_, v) => match current {
+            Some(_) => Outcome::Write(Some(v.clone()), Reply::Applied(true)),
+            None => Outcome::Done(Ok(Reply::Applied(false))),
+        },
+        DataOp::GetSet(_, v) => Outcome::Write(Some(v.clone()), Reply::Value(current)),
+        DataOp::Delete(_) => match current {
+            Some(_) => Outcome::Write(None, Reply::Applied(true)),
+            None => Outcome::Done(Ok(Reply::Applied(false))),
+        },
+        DataOp::Incr(_, delta) => match incremented(current.as_deref(), *delta) {
+            Some(n) => Outcome::Write(Some(n.to_string().into_bytes()), Reply::Int(n)),
+            None => Outcome::Done(Err(KnError::NotAnInteger)),
+        },
+        DataOp::Append(_, suffix) => {
+            let mut v = current.unwrap_or_default();
+            v.extend_from_slice(suffix);
+            let len = v.len() as i64;
+            Outcome::Write(Some(v), Reply::Int(len))
+        }
     }
 }
 

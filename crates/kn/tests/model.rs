@@ -30,6 +30,7 @@ fn tiny_config(pool: Option<&Path>, policy: Policy, cache_bytes: u64) -> Embedde
                 initial_buckets: 2,
                 ..IndexConfig::default()
             },
+            ..ProcessorConfig::default()
         },
         kn: KnConfig {
             threads: 2,
