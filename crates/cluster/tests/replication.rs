@@ -234,3 +234,50 @@ fn overwritten_values_of_a_shared_key_are_recycled_and_the_live_one_is_kept() ->
     cluster.stop();
     Ok(())
 }
+
+/// Round trips the workers of every node made so far.
+fn worker_round_trips(cluster: &LocalCluster) -> anyhow::Result<u64> {
+    let mut total = 0;
+    for n in cluster.nodes() {
+        total += n.worker_stats()?.iter().map(|s| s.round_trips).sum::<u64>();
+    }
+    Ok(total)
+}
+
+#[test]
+fn a_shared_read_is_two_round_trips_and_a_blind_write_three() -> anyhow::Result<()> {
+    let cluster = LocalCluster::start(LocalClusterConfig {
+        kns: 2,
+        ..common::small_cluster(2)
+    })?;
+    let mut c = client(&cluster)?;
+    c.set(b"hot", b"v")?;
+    cluster.mnode().set_replication(b"hot", 2)?;
+    c.get(b"hot")?;
+    let before = worker_round_trips(&cluster)?;
+    for _ in 0..100 {
+        c.get(b"hot")?;
+    }
+    let reads = worker_round_trips(&cluster)? - before;
+    assert_eq!(reads, 200, "READ of the cell, READ of the entry");
+    // Every owner's thread gets its first log segment (one more call) before the count starts.
+    for _ in 0..1000 {
+        let writes: Vec<u64> = cluster
+            .nodes()
+            .iter()
+            .map(|n| Ok(n.worker_stats()?.iter().map(|s| s.writes).sum()))
+            .collect::<anyhow::Result<_>>()?;
+        if writes.iter().all(|&w| w > 0) {
+            break;
+        }
+        c.set(b"hot", b"warm")?;
+    }
+    let before = worker_round_trips(&cluster)?;
+    for _ in 0..100 {
+        c.set(b"hot", b"w")?;
+    }
+    let writes = worker_round_trips(&cluster)? - before;
+    assert_eq!(writes, 300, "READ of the cell, WRITE of the entry, CAS");
+    cluster.stop();
+    Ok(())
+}

@@ -613,7 +613,7 @@ impl Worker {
         }
         let attempts = self.cfg.shared_cas_attempts.max(1);
         for _ in 0..attempts {
-            let (seen, current) = self.read_cell(op.key(), cell)?;
+            let (seen, current) = self.read_cell(op.key(), cell, needs_value(&op))?;
             let (new_value, reply) = match shared_outcome(&op, current) {
                 Outcome::Done(r) => return r,
                 Outcome::Write(v, r) => (v, r),
@@ -649,8 +649,14 @@ impl Worker {
         Err(KnError::Contended { attempts })
     }
 
-    /// The cell word of a shared key and the value it points to.
-    fn read_cell(&mut self, key: &[u8], cell: u64) -> Result<(u64, Option<Vec<u8>>), KnError> {
+    /// The cell word of a shared key and the value it points to (only whether there is one unless `value`: an
+    /// empty placeholder then stands for a present value, saving the READ of the entry).
+    fn read_cell(
+        &mut self,
+        key: &[u8],
+        cell: u64,
+        value: bool,
+    ) -> Result<(u64, Option<Vec<u8>>), KnError> {
         let mut word = [0u8; 8];
         self.ep
             .read(self.data.at(cell), &mut word)
@@ -664,6 +670,9 @@ impl Worker {
         let Some(r) = EntryRef::from_raw(seen) else {
             return Ok((seen, None));
         };
+        if !value {
+            return Ok((seen, Some(Vec::new())));
+        }
         self.read_entry(r)?;
         match EntryView::parse(&self.read_buf) {
             Ok(e) if e.key == key && e.header.op == Op::Put => Ok((seen, Some(e.value.to_vec()))),
@@ -1128,6 +1137,14 @@ enum Outcome {
     Done(Result<Reply, KnError>),
     /// Write this value (`None`: delete) and reply this once the cell points to it.
     Write(Option<Vec<u8>>, Reply),
+}
+
+/// Whether `op` on a shared key needs the current value, not only whether there is one.
+fn needs_value(op: &DataOp) -> bool {
+    matches!(
+        op,
+        DataOp::Get(_) | DataOp::GetSet(..) | DataOp::Incr(..) | DataOp::Append(..)
+    )
 }
 
 fn shared_outcome(op: &DataOp, current: Option<Vec<u8>>) -> Outcome {
