@@ -122,10 +122,12 @@ fn every_acknowledged_write_survives_sigkill_and_restart() {
         // Write at full speed from another thread; kill the process underneath it.
         let acked = Arc::new(AtomicU64::new(next));
         let stop = Arc::new(AtomicBool::new(false));
+        // Connected before the kill timer starts: on a loaded machine a connect may take longer than the timer.
+        let writer_ep = connect(dpm.addr);
         let writer = {
-            let (acked, stop, addr) = (acked.clone(), stop.clone(), dpm.addr);
+            let (acked, stop) = (acked.clone(), stop.clone());
             std::thread::spawn(move || {
-                let mut ep = connect(addr);
+                let mut ep = writer_ep;
                 let r = ep.region(DATA_REGION).unwrap().clone();
                 let mut i = acked.load(Ordering::SeqCst);
                 let deadline = Instant::now() + Duration::from_secs(10);
@@ -145,6 +147,11 @@ fn every_acknowledged_write_survives_sigkill_and_restart() {
                 }
             })
         };
+        // The kill lands while the writer is writing: after its first acknowledgement (bounded wait).
+        let started = Instant::now();
+        while acked.load(Ordering::SeqCst) == next && started.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         std::thread::sleep(Duration::from_millis(30 + round * 20));
         dpm.child.kill().unwrap(); // SIGKILL
         dpm.child.wait().unwrap();
