@@ -11,7 +11,8 @@ fn tiny(workload: Workload, distribution: Distribution, kns: usize) -> YcsbOptio
     YcsbOptions {
         target: TargetOptions::InProcess(InProcessOptions {
             kns,
-            kn_threads: 1,
+            // Two workers per node: the counters of each are matched across snapshots.
+            kn_threads: 2,
             cache_bytes: 1 << 20,
             merge_threads: 1,
             pool_bytes: Some(256 << 20),
@@ -168,5 +169,49 @@ fn a_sweep_runs_each_node_count_and_plots_them() -> anyhow::Result<()> {
         "{}",
         sweep.file_stem()
     );
+    Ok(())
+}
+
+#[test]
+fn a_running_cluster_is_measured_over_the_network() -> anyhow::Result<()> {
+    use dinomo_bench::ycsb_run::NativeOptions;
+    use dinomo_cluster::{LocalCluster, LocalClusterConfig, NodeConfig};
+    use std::time::Duration;
+    let cluster = LocalCluster::start(LocalClusterConfig {
+        pool_size: 256 << 20,
+        kns: 2,
+        // Long leases: a heartbeat late on a busy machine must not fail a node in the middle of the run.
+        node: NodeConfig {
+            lease_ttl: Duration::from_secs(2),
+            heartbeat: Duration::from_millis(200),
+            ..NodeConfig::default()
+        },
+        ..LocalClusterConfig::default()
+    })?;
+    let opts = YcsbOptions {
+        target: TargetOptions::Native(NativeOptions {
+            seeds: vec![cluster.rn_addr().to_string()],
+            ..NativeOptions::default()
+        }),
+        ..tiny(Workload::B, Distribution::Uniform, 2)
+    };
+    let r = run_ycsb(&opts, &mut |_| {})?;
+    let m = &r.measured;
+    assert_eq!((m.ops, m.errors.total()), (400, 0), "{:?}", m.errors);
+    assert_eq!(m.reads_verified, count(&r, OpKind::Read));
+    assert_eq!(r.cache.lookups, count(&r, OpKind::Read));
+    assert_eq!(r.resources.totals.writes, count(&r, OpKind::Update));
+    assert_eq!((r.target.as_str(), r.kv_nodes), ("native", 2));
+    // Neither the memory node (no --dpm) nor thread CPU times (another process) can be read from here.
+    assert!(r.merge.is_none() && r.resources.cpu_ns.is_none());
+    // A second run finds the records the first one loaded.
+    let again = YcsbOptions {
+        load: false,
+        ..opts
+    };
+    let r = run_ycsb(&again, &mut |_| {})?;
+    assert!(r.load.is_none());
+    assert_eq!(r.measured.errors.total(), 0, "{:?}", r.measured.errors);
+    cluster.stop();
     Ok(())
 }

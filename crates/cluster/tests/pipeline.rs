@@ -80,14 +80,28 @@ fn every_request_gets_its_own_reply() -> anyhow::Result<()> {
         cl.submit(1, RequestBody::Ping).is_err(),
         "only data requests"
     );
-    // Statistics over the one-at-a-time connection: every worker of every node, with the writes it logged.
-    let nodes: Vec<u32> = cl.client().routing().unwrap().ring.nodes().collect();
+    // Statistics over the one-at-a-time connection: every worker of every node, in thread order, with exactly the
+    // writes of the keys it owns.
+    let routing = cl.client().routing().unwrap().clone();
     let mut writes = 0;
-    for node in nodes {
+    for node in routing.ring.nodes() {
         let doc: serde_json::Value = serde_json::from_str(&cl.client().node_stats(node)?)?;
         assert_eq!(doc["node_id"], node);
-        for t in doc["threads"].as_array().unwrap() {
-            writes += t["writes"].as_u64().unwrap();
+        let threads = doc["threads"].as_array().unwrap();
+        assert_eq!(threads.len(), 2);
+        for (t, stats) in threads.iter().enumerate() {
+            let owned = (0..n)
+                .filter(|&i| {
+                    routing.ring.primary(&key(i)) == Some(node)
+                        && dinomo_kn::thread_for_key(&key(i), threads.len()) == t
+                })
+                .count() as u64;
+            assert_eq!(
+                stats["writes"].as_u64(),
+                Some(owned),
+                "node {node} thread {t}"
+            );
+            writes += owned;
         }
     }
     assert_eq!(writes, n);

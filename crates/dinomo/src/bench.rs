@@ -336,6 +336,9 @@ pub struct YcsbArgs {
     /// In-process: the memory node's pool (default: four times the records' log entries, at least 1GiB).
     #[arg(long, value_parser = parse_size)]
     pub pool_bytes: Option<u64>,
+    /// In-process: KV-node liveness lease in milliseconds (heartbeats every tenth of it).
+    #[arg(long, default_value_t = 2000)]
+    pub lease_ms: u64,
     /// In-process: run once for each of these KV-node counts (e.g. 1,2,4) and write one combined result.
     #[arg(long, value_delimiter = ',')]
     pub sweep_kns: Vec<usize>,
@@ -441,6 +444,7 @@ fn ycsb_options(a: &YcsbArgs) -> anyhow::Result<YcsbOptions> {
                 latency_ns: a.latency_ns,
                 merge_threads: a.merge_threads,
                 pool_bytes: a.pool_bytes,
+                lease_ms: a.lease_ms,
             })
         }
     };

@@ -231,24 +231,40 @@ pub(crate) fn run(
     for o in &outcomes {
         merged.merge(o);
     }
-    let timeline = timeline
+    let mut timeline = timeline
         .into_inner()
         .map_err(|_| anyhow!("timeline lock"))?;
     let window_s = window.as_secs_f64();
-    let timeline: Vec<Second> = timeline
+    // Seconds the phase reached, each with the time it covered.
+    let mut covered: Vec<f64> = (0..timeline.len())
+        .map(|k| (window_s - k as f64).min(1.0))
+        .take_while(|&c| c > 0.0)
+        .collect();
+    // A last part-second shorter than half a second would show a rate from a handful of operations: it is
+    // folded into the second before it.
+    if covered.len() >= 2 && covered[covered.len() - 1] < 0.5 {
+        let tail = covered.len() - 1;
+        let (head, rest) = timeline.split_at_mut(tail);
+        head[tail - 1].ops += rest[0].ops;
+        let _ = head[tail - 1].latency.add(&rest[0].latency);
+        covered[tail - 1] += covered[tail];
+        covered.pop();
+        backlog[tail - 1] = backlog[tail].or(backlog[tail - 1]);
+    }
+    let timeline: Vec<Second> = covered
         .iter()
         .enumerate()
-        .filter_map(|(k, acc)| {
-            let covered = (window_s - k as f64).min(1.0);
-            (covered > 0.0).then(|| Second {
+        .map(|(k, &secs)| {
+            let acc = &timeline[k];
+            Second {
                 t_s: k as f64,
-                secs: covered,
+                secs,
                 ops: acc.ops,
-                ops_per_s: acc.ops as f64 / covered,
+                ops_per_s: acc.ops as f64 / secs,
                 p50_us: acc.latency.value_at_quantile(0.5) as f64 / 1e3,
                 p99_us: acc.latency.value_at_quantile(0.99) as f64 / 1e3,
                 backlog_segments: backlog.get(k).copied().flatten().map(|b| b.0),
-            })
+            }
         })
         .collect();
     let (kv_nodes, kn_threads) = store.layout();

@@ -140,6 +140,10 @@ pub struct InProcessOptions {
     /// Bytes of the memory node's pool (anonymous memory, touched only as it is used); `None` sizes it from the
     /// records: four times their log entries, at least 1 GiB.
     pub pool_bytes: Option<u64>,
+    /// KV-node liveness lease in milliseconds (heartbeats every tenth of it). Default 2000: long, so that a machine
+    /// busy with the benchmark itself never takes a late heartbeat for a failure (failures are `bench elastic`'s
+    /// subject).
+    pub lease_ms: u64,
 }
 
 impl Default for InProcessOptions {
@@ -152,6 +156,7 @@ impl Default for InProcessOptions {
             latency_ns: 0,
             merge_threads: 4,
             pool_bytes: None,
+            lease_ms: 2000,
         }
     }
 }
@@ -281,6 +286,7 @@ impl YcsbOptions {
                 ensure!(p.kns >= 1, "--kns must be at least 1");
                 ensure!(p.kn_threads >= 1, "--kn-threads must be at least 1");
                 ensure!(p.merge_threads >= 1, "--merge-threads must be at least 1");
+                ensure!(p.lease_ms >= 10, "--lease-ms must be at least 10");
                 if let Err(e) = p.policy.parse::<dinomo_cache::Policy>() {
                     bail!("--policy: {e}");
                 }

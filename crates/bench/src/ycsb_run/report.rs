@@ -36,7 +36,8 @@ pub struct LoadResult {
 pub struct Second {
     /// Start, in seconds since the measured phase began.
     pub t_s: f64,
-    /// How much of this second the phase covered (less than 1 for the last).
+    /// How much time this entry covers: 1 s, less for the last, up to 1.5 s when a short last part-second was
+    /// folded into it.
     pub secs: f64,
     /// Operations completed in it.
     pub ops: u64,

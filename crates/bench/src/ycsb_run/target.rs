@@ -157,6 +157,8 @@ impl DinomoStore {
                     max_value_len: opts.value_bytes.max(64 << 10),
                     ..KnConfig::default()
                 },
+                lease_ttl: Duration::from_millis(p.lease_ms),
+                heartbeat: Duration::from_millis(p.lease_ms / 10),
                 ..NodeConfig::default()
             },
             injected_latency_ns: p.latency_ns,
