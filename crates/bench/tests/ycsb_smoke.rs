@@ -202,6 +202,11 @@ fn a_running_cluster_is_measured_over_the_network() -> anyhow::Result<()> {
     assert_eq!(r.cache.lookups, count(&r, OpKind::Read));
     assert_eq!(r.resources.totals.writes, count(&r, OpKind::Update));
     assert_eq!((r.target.as_str(), r.kv_nodes), ("native", 2));
+    assert_eq!(
+        r.kn_threads,
+        Some(2),
+        "the default workers, as the nodes' statistics list them"
+    );
     // Neither the memory node (no --dpm) nor thread CPU times (another process) can be read from here.
     assert!(r.merge.is_none() && r.resources.cpu_ns.is_none());
     // A second run finds the records the first one loaded.
