@@ -27,6 +27,7 @@ mod pingpong;
 mod report;
 pub mod svg;
 pub mod ycsb;
+pub mod ycsb_run;
 
 pub use dac::{DacBenchOptions, DacCase, DacReport, DacVersusBest, run_dac};
 pub use elastic::{Bucket, ElasticOptions, ElasticReport, Scenario, run_elastic};

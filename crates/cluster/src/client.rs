@@ -64,14 +64,20 @@ struct Conn {
     writer: BufWriter<TcpStream>,
 }
 
+/// A TCP connection to `addr` with Nagle's algorithm off (requests are small and latency-bound).
+pub(crate) fn open_stream(addr: &str, timeout: Duration) -> std::io::Result<TcpStream> {
+    let sock = addr
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| std::io::Error::other(format!("cannot resolve {addr}")))?;
+    let s = TcpStream::connect_timeout(&sock, timeout)?;
+    s.set_nodelay(true)?;
+    Ok(s)
+}
+
 impl Conn {
     fn open(addr: &str, timeout: Duration) -> std::io::Result<Conn> {
-        let sock = addr
-            .to_socket_addrs()?
-            .next()
-            .ok_or_else(|| std::io::Error::other(format!("cannot resolve {addr}")))?;
-        let s = TcpStream::connect_timeout(&sock, timeout)?;
-        s.set_nodelay(true)?;
+        let s = open_stream(addr, timeout)?;
         Ok(Conn {
             reader: BufReader::new(s.try_clone()?),
             writer: BufWriter::new(s),
@@ -196,19 +202,7 @@ impl Client {
         let mut pause = Duration::from_micros(200).min(self.cfg.max_retry_pause);
         let mut last = String::from("no routing table");
         loop {
-            let target = self.routing.as_ref().and_then(|r| {
-                // Any owner serves a shared key, reads and writes alike (writes CAS its cell).
-                let pick = if !r.cells.is_empty() && r.cells.contains_key(key) {
-                    let owners = r.ring.owners(key);
-                    self.rng = self.rng.wrapping_mul(6364136223846793005).wrapping_add(1);
-                    let n = owners.len().max(1);
-                    *owners.as_slice().get((self.rng >> 33) as usize % n)?
-                } else {
-                    r.ring.primary(key)?
-                };
-                r.addrs.get(&pick).map(|a| (pick, a.clone()))
-            });
-            if let Some((node, addr)) = target {
+            if let Some((node, addr)) = self.target(key) {
                 match self.attempt(&addr, &body, deadline) {
                     Attempt::Done(ResponseBody::NotOwner { epoch }) => {
                         last = format!("node {node} refused the key at epoch {epoch}");
@@ -245,6 +239,51 @@ impl Client {
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(self.cfg.max_retry_pause);
+        }
+    }
+
+    /// The node to send a request on `key` to, and its address, under the cached table: the primary for writes,
+    /// any replica for reads.
+    pub(crate) fn target(&mut self, key: &[u8]) -> Option<(NodeId, String)> {
+        let r = self.routing.as_ref()?;
+        // Any owner serves a shared key, reads and writes alike (writes CAS its cell).
+        let pick = if !r.cells.is_empty() && r.cells.contains_key(key) {
+            let owners = r.ring.owners(key);
+            self.rng = self.rng.wrapping_mul(6364136223846793005).wrapping_add(1);
+            let n = owners.len().max(1);
+            *owners.as_slice().get((self.rng >> 33) as usize % n)?
+        } else {
+            r.ring.primary(key)?
+        };
+        r.addrs.get(&pick).map(|a| (pick, a.clone()))
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ClientConfig {
+        &self.cfg
+    }
+
+    /// The statistics document of KV node `node` (workers' counters and cache statistics, as JSON), asked over
+    /// this client's connection to it.
+    pub fn node_stats(&mut self, node: NodeId) -> Result<String, ClientError> {
+        let addr = self
+            .routing
+            .as_ref()
+            .and_then(|r| r.addrs.get(&node).cloned())
+            .ok_or_else(|| {
+                ClientError::Invalid(format!("node {node} is not in the routing table"))
+            })?;
+        let deadline = Instant::now() + self.cfg.op_timeout;
+        match self.attempt(&addr, &RequestBody::Stats, deadline) {
+            Attempt::Done(ResponseBody::Stats(s)) => Ok(s),
+            Attempt::Done(ResponseBody::Error { message, .. }) => {
+                Err(ClientError::Unavailable(format!("node {node}: {message}")))
+            }
+            Attempt::Done(other) => Err(unexpected(other)),
+            Attempt::Retry => Err(ClientError::Unavailable(format!(
+                "node {node} at {addr} unreachable"
+            ))),
+            Attempt::Lost(why) => Err(ClientError::Unavailable(why)),
         }
     }
 
@@ -288,7 +327,7 @@ impl Client {
 
     /// Fetches a routing table of at least epoch `min_epoch`, asking `hint` first, then the seeds; keeps the
     /// newest seen. Returns whether the cached table now reaches `min_epoch`.
-    fn refresh(&mut self, min_epoch: u64, hint: Option<&str>) -> bool {
+    pub(crate) fn refresh(&mut self, min_epoch: u64, hint: Option<&str>) -> bool {
         let mut sources: Vec<String> = hint.into_iter().map(str::to_string).collect();
         sources.extend(self.cfg.seeds.iter().cloned());
         let deadline = Instant::now() + self.cfg.connect_timeout;

@@ -135,16 +135,27 @@ impl NodeShared {
     }
 
     pub(crate) fn stats_json(&self) -> Result<String, KnError> {
+        // Each worker's reply is tagged with its thread number, so the list is in thread order whatever order the
+        // replies arrive in (readers match threads across snapshots by position).
         let (tx, rx) = crossbeam_channel::unbounded();
-        self.submitter.broadcast(|| Command::Stats, 0, &tx)?;
-        let mut all = Vec::new();
-        for _ in 0..self.submitter.threads() {
+        let threads = self.submitter.threads();
+        for t in 0..threads {
+            self.submitter.send_to(t, Command::Stats, t as u64, &tx)?;
+        }
+        let mut all = vec![None; threads];
+        for _ in 0..threads {
             match rx.recv() {
-                Ok((_, Ok(Reply::Stats(s)))) => all.push(*s),
+                Ok((t, Ok(Reply::Stats(s)))) if (t as usize) < threads => {
+                    all[t as usize] = Some(*s)
+                }
                 Ok((_, Err(e))) => return Err(e),
                 _ => return Err(KnError::Stopped),
             }
         }
+        let all: Vec<_> = all
+            .into_iter()
+            .collect::<Option<_>>()
+            .ok_or(KnError::Stopped)?;
         let routing = self.routing();
         Ok(serde_json::json!({
             "node_id": self.id,

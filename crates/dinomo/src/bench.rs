@@ -4,10 +4,18 @@ use std::time::Duration;
 
 use std::path::PathBuf;
 
+use std::io::IsTerminal;
+
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use dinomo_bench::ycsb::{Distribution, Workload};
+use dinomo_bench::ycsb_run::{
+    InProcessOptions, NativeOptions, PlotKind, Progress, System, TargetOptions, YcsbOptions,
+};
 use dinomo_bench::{DacBenchOptions, FabricBenchOptions, TransportChoice};
 use dinomo_cache::Policy;
+
+use crate::size::parse_size;
 
 /// Benchmarks.
 #[derive(Debug, Args)]
@@ -28,6 +36,12 @@ pub enum Which {
     /// A KV node added, removed or killed under load: throughput timeline, dip, and (for a kill) the time until
     /// every key is served again (Figures 6 and 8 of the DINOMO paper, scaled). Writes JSON, CSV and an SVG plot.
     Elastic(ElasticArgs),
+    /// YCSB workloads against an in-process cluster or a running one: throughput, latency percentiles, fabric round
+    /// trips, bytes and CPU per operation, cache hit ratios, merge backlog and a per-second timeline.
+    Ycsb(Box<YcsbArgs>),
+    /// Plots throughput, round trips per operation or hit ratios against the number of KV nodes from the JSON
+    /// results of `bench ycsb`.
+    Plot(PlotArgs),
 }
 
 /// Settings of `dinomo bench elastic`.
@@ -160,6 +174,8 @@ pub struct FabricArgs {
 /// Runs the chosen benchmark.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.which {
+        Which::Ycsb(a) => ycsb(*a),
+        Which::Plot(a) => plot(a),
         Which::Fabric(a) => {
             let opts = FabricBenchOptions {
                 duration_per_case: Duration::from_millis(a.ms),
@@ -244,4 +260,336 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Settings of `dinomo bench ycsb`.
+#[derive(Debug, Args)]
+pub struct YcsbArgs {
+    /// System under test (only dinomo is built so far; dinomo-s, dinomo-n, clover, directds, directds-c,
+    /// centralds, ditto and tac are named but not built yet).
+    #[arg(long, default_value = "dinomo")]
+    pub system: System,
+    /// Where the store runs: in-process (a cluster started by this command) or native (a running cluster, reached
+    /// through --seed HOST:PORT).
+    #[arg(long, default_value = "in-process", value_parser = ["in-process", "native"])]
+    pub target: String,
+    /// YCSB workload: a, b, c, d, f, w, insert-only, or a mix such as read=0.9,update=0.1.
+    #[arg(long, default_value = "a")]
+    pub workload: Workload,
+    /// Request distribution: uniform, zipf, scrambled-zipf or latest (default: the workload's, as in YCSB:
+    /// latest for d, scrambled-zipf for the others). zipf:THETA also works.
+    #[arg(long)]
+    pub distribution: Option<String>,
+    /// Skew of zipf and scrambled-zipf (0.5, 0.99, 2 ...).
+    #[arg(long)]
+    pub theta: Option<f64>,
+    /// Records loaded before the run.
+    #[arg(long, default_value_t = 100_000)]
+    pub records: u64,
+    /// Bytes per key.
+    #[arg(long, default_value_t = 8)]
+    pub key_bytes: usize,
+    /// Bytes per value (the DINOMO paper uses 1024 and 64; at least 16).
+    #[arg(long, default_value_t = 1024)]
+    pub value_bytes: usize,
+    /// Closed-loop client threads.
+    #[arg(long, default_value_t = 8)]
+    pub clients: usize,
+    /// Operations each client keeps in flight (pipelined over the native protocol).
+    #[arg(long, default_value_t = 1)]
+    pub outstanding: usize,
+    /// Warm-up before the measured phase, in seconds.
+    #[arg(long, default_value_t = 2.0)]
+    pub warmup_secs: f64,
+    /// Length of the measured phase in seconds (with --ops: the most it may last).
+    #[arg(long, default_value_t = 10.0)]
+    pub secs: f64,
+    /// Warm up for this many operations in all instead (still bounded by --warmup-secs).
+    #[arg(long)]
+    pub warmup_ops: Option<u64>,
+    /// Measure this many operations in all instead (still bounded by --secs).
+    #[arg(long)]
+    pub ops: Option<u64>,
+    /// A number seeds the operation streams (default 42; the same seed repeats the run's operations). HOST:PORT
+    /// names a routing node of a running cluster for --target native (repeat for several).
+    #[arg(long = "seed", value_name = "N|HOST:PORT")]
+    pub seed: Vec<String>,
+    /// Skip the load phase (the cluster was loaded by an earlier run with the same records and sizes).
+    #[arg(long)]
+    pub no_load: bool,
+    /// Do not check the values read.
+    #[arg(long)]
+    pub no_verify: bool,
+    /// How long one operation may take, retries included, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    pub op_timeout_ms: u64,
+    /// In-process: KV nodes.
+    #[arg(long, default_value_t = 2)]
+    pub kns: usize,
+    /// In-process: worker threads per KV node.
+    #[arg(long, default_value_t = 2)]
+    pub kn_threads: usize,
+    /// In-process: cache per KV node (split among its workers), e.g. 64MiB.
+    #[arg(long, value_parser = parse_size, default_value = "64MiB")]
+    pub cache_bytes: u64,
+    /// In-process: caching policy (dac, static-N, value-only, shortcut-only).
+    #[arg(long, default_value = "dac")]
+    pub policy: String,
+    /// In-process: busy-wait per fabric round trip, in nanoseconds.
+    #[arg(long, default_value_t = 0)]
+    pub latency_ns: u64,
+    /// In-process: the memory node's merge threads.
+    #[arg(long, default_value_t = 4)]
+    pub merge_threads: usize,
+    /// In-process: the memory node's pool (default: four times the records' log entries, at least 1GiB).
+    #[arg(long, value_parser = parse_size)]
+    pub pool_bytes: Option<u64>,
+    /// In-process: KV-node liveness lease in milliseconds (heartbeats every tenth of it).
+    #[arg(long, default_value_t = 2000)]
+    pub lease_ms: u64,
+    /// In-process: run once for each of these KV-node counts (e.g. 1,2,4) and write one combined result.
+    #[arg(long, value_delimiter = ',')]
+    pub sweep_kns: Vec<usize>,
+    /// Native: the memory node's fabric address, to report its merge backlog.
+    #[arg(long)]
+    pub dpm: Option<String>,
+    #[command(flatten)]
+    pub token: crate::dpm::ClusterToken,
+    /// Folder for the JSON report, the timeline CSV and an SVG plot.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print the JSON report on stdout instead of the summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Settings of `dinomo bench plot`.
+#[derive(Debug, Args)]
+pub struct PlotArgs {
+    /// What to plot against the number of KV nodes: nodes (throughput), round-trips (per operation) or hit-ratios.
+    #[arg(long, default_value = "nodes")]
+    pub kind: PlotKind,
+    /// JSON results of `dinomo bench ycsb` (single runs or sweeps).
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// The SVG file to write.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+/// The distribution asked for: a name with --theta, or name:θ.
+fn distribution(a: &YcsbArgs) -> anyhow::Result<Distribution> {
+    let Some(name) = &a.distribution else {
+        let d = a.workload.default_distribution();
+        return Ok(match (d, a.theta) {
+            (Distribution::ScrambledZipfian { .. }, Some(theta)) => {
+                Distribution::ScrambledZipfian { theta }
+            }
+            (_, Some(_)) => anyhow::bail!(
+                "--theta applies to zipf and scrambled-zipf; workload {} reads with {d}",
+                a.workload
+            ),
+            (d, None) => d,
+        });
+    };
+    let spec = match a.theta {
+        None => name.clone(),
+        Some(_) if name.contains(':') => {
+            anyhow::bail!("give the skew once: --distribution {name} or --theta")
+        }
+        Some(theta) => {
+            let lower = name.to_ascii_lowercase();
+            if lower.contains("zipf") {
+                format!("{name}:{theta}")
+            } else {
+                anyhow::bail!("--theta applies to zipf and scrambled-zipf, not {name}")
+            }
+        }
+    };
+    Ok(spec.parse()?)
+}
+
+/// The options of a `bench ycsb` command line.
+fn ycsb_options(a: &YcsbArgs) -> anyhow::Result<YcsbOptions> {
+    let mut rng_seed = None;
+    let mut seeds = Vec::new();
+    for s in &a.seed {
+        match s.parse::<u64>() {
+            Ok(n) if rng_seed.is_none() => rng_seed = Some(n),
+            Ok(_) => anyhow::bail!("--seed N given twice"),
+            Err(_) if s.contains(':') => seeds.push(s.clone()),
+            Err(_) => anyhow::bail!(
+                "--seed {s:?}: expected a number (the generators' seed) or HOST:PORT (a routing node)"
+            ),
+        }
+    }
+    let target = match a.target.as_str() {
+        "native" => {
+            anyhow::ensure!(
+                a.sweep_kns.is_empty(),
+                "--sweep-kns starts in-process clusters; it cannot be used with --target native"
+            );
+            TargetOptions::Native(NativeOptions {
+                seeds,
+                dpm: a.dpm.clone(),
+                token: a.token.value.clone(),
+            })
+        }
+        _ => {
+            anyhow::ensure!(
+                seeds.is_empty(),
+                "--seed HOST:PORT names a running cluster: add --target native"
+            );
+            anyhow::ensure!(
+                a.dpm.is_none(),
+                "--dpm is for --target native; an in-process cluster's memory node is read directly"
+            );
+            TargetOptions::InProcess(InProcessOptions {
+                kns: a.kns,
+                kn_threads: a.kn_threads,
+                cache_bytes: a.cache_bytes,
+                policy: a.policy.clone(),
+                latency_ns: a.latency_ns,
+                merge_threads: a.merge_threads,
+                pool_bytes: a.pool_bytes,
+                lease_ms: a.lease_ms,
+            })
+        }
+    };
+    Ok(YcsbOptions {
+        system: a.system,
+        target,
+        workload: a.workload,
+        distribution: distribution(a)?,
+        records: a.records,
+        key_bytes: a.key_bytes,
+        value_bytes: a.value_bytes,
+        clients: a.clients,
+        outstanding: a.outstanding,
+        warmup_secs: a.warmup_secs,
+        secs: a.secs,
+        warmup_ops: a.warmup_ops,
+        ops: a.ops,
+        seed: rng_seed.unwrap_or(42),
+        load: !a.no_load,
+        verify: !a.no_verify,
+        op_timeout_ms: a.op_timeout_ms,
+    })
+}
+
+/// Shows progress on stderr: a bar for the load phase when stderr is a terminal, lines otherwise.
+struct ProgressView {
+    bar: Option<indicatif::ProgressBar>,
+    terminal: bool,
+}
+
+impl ProgressView {
+    fn new() -> ProgressView {
+        ProgressView {
+            bar: None,
+            terminal: std::io::stderr().is_terminal(),
+        }
+    }
+
+    fn show(&mut self, p: Progress) {
+        match p {
+            Progress::Phase(step) => {
+                if let Some(bar) = self.bar.take() {
+                    bar.finish_and_clear();
+                }
+                eprintln!("ycsb: {step}");
+            }
+            Progress::Load { done, total } if self.terminal => {
+                let bar = self.bar.get_or_insert_with(|| {
+                    let bar = indicatif::ProgressBar::new(total);
+                    if let Ok(style) = indicatif::ProgressStyle::with_template(
+                        "  loading [{bar:40}] {pos}/{len} records ({per_sec}, {eta} left)",
+                    ) {
+                        bar.set_style(style.progress_chars("=> "));
+                    }
+                    bar
+                });
+                bar.set_position(done);
+                if done >= total {
+                    bar.finish_and_clear();
+                    self.bar = None;
+                }
+            }
+            Progress::Load { .. } => {}
+            Progress::Second {
+                t_s,
+                ops_per_s,
+                p99_us,
+            } => {
+                eprintln!("  {t_s:>4} s  {ops_per_s:>10.0} ops/s  p99 {p99_us:>8.1} µs");
+            }
+        }
+    }
+}
+
+fn write_outputs(
+    dir: &std::path::Path,
+    stem: &str,
+    json: &str,
+    csv: &str,
+    svg: &str,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for (ext, body) in [("json", json), ("csv", csv), ("svg", svg)] {
+        let path = dir.join(format!("{stem}.{ext}"));
+        std::fs::write(&path, body).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn ycsb(a: YcsbArgs) -> anyhow::Result<()> {
+    let opts = ycsb_options(&a)?;
+    let mut view = ProgressView::new();
+    let mut progress = |p: Progress| view.show(p);
+    if !a.sweep_kns.is_empty() {
+        let sweep = dinomo_bench::ycsb_run::run_sweep(&opts, &a.sweep_kns, &mut progress)?;
+        let json = serde_json::to_string_pretty(&sweep)?;
+        if let Some(dir) = &a.out {
+            let stem = sweep.file_stem();
+            write_outputs(dir, &stem, &json, &sweep.to_csv(), &sweep.to_svg())?;
+            eprintln!("ycsb: wrote {}/{stem}.json, .csv and .svg", dir.display());
+        }
+        if a.json {
+            println!("{json}");
+        } else {
+            for r in &sweep.runs {
+                println!("{}", r.summary());
+            }
+            print!("{}", sweep.table());
+        }
+        return Ok(());
+    }
+    let report = dinomo_bench::ycsb_run::run_ycsb(&opts, &mut progress)?;
+    let json = serde_json::to_string_pretty(&report)?;
+    if let Some(dir) = &a.out {
+        let stem = report.file_stem();
+        write_outputs(dir, &stem, &json, &report.to_csv(), &report.to_svg())?;
+        eprintln!("ycsb: wrote {}/{stem}.json, .csv and .svg", dir.display());
+    }
+    if a.json {
+        println!("{json}");
+    } else {
+        print!("{}", report.summary());
+    }
+    Ok(())
+}
+
+fn plot(a: PlotArgs) -> anyhow::Result<()> {
+    let mut runs = Vec::new();
+    for f in &a.files {
+        runs.extend(dinomo_bench::ycsb_run::load_reports(f)?);
+    }
+    anyhow::ensure!(!runs.is_empty(), "no runs in {:?}", a.files);
+    if let Some(dir) = a.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(&a.out, dinomo_bench::ycsb_run::plot(a.kind, &runs))
+        .with_context(|| format!("writing {}", a.out.display()))?;
+    eprintln!("wrote {} ({} runs)", a.out.display(), runs.len());
+    Ok(())
 }

@@ -139,7 +139,8 @@ impl Submitter {
         self.send_to(thread, cmd, tag, replies)
     }
 
-    fn send_to(
+    /// Queues `cmd` at worker `thread` (numbered from 0); its reply arrives tagged with `tag`.
+    pub fn send_to(
         &self,
         thread: usize,
         cmd: Command,

@@ -410,6 +410,77 @@ mod tests {
         assert!(OpGenerator::new(Workload::A, bad_theta, 10, 1).is_err());
     }
 
+    /// Through the whole generator (kinds, then keys, then ids), a read-only workload's key ids follow the Zipfian
+    /// law over every record: χ² against Gray's probabilities for θ < 1 and the exact law for θ ≥ 1.
+    #[test]
+    fn generated_keys_follow_the_zipfian_law_over_every_record() {
+        use super::super::zipf::tests::{
+            chi_square, chi_square_critical, gray_probability, zipf_probability,
+        };
+        let n = 500u64;
+        for (theta, seed) in [(0.99, 60u64), (2.0, 61)] {
+            let distribution = Distribution::Zipfian { theta };
+            let mut g = OpGenerator::new(Workload::C, distribution, n, seed).unwrap();
+            let mut counts = vec![0u64; n as usize];
+            for _ in 0..OPS {
+                let op = g.next();
+                assert_eq!(op.kind, OpKind::Read);
+                counts[op.key_id as usize] += 1;
+            }
+            let expected: Vec<f64> = (0..n)
+                .map(|k| {
+                    if theta < 1.0 {
+                        gray_probability(k, n, theta)
+                    } else {
+                        zipf_probability(k, n, theta)
+                    }
+                })
+                .collect();
+            let (stat, df) = chi_square(&counts, &expected, OPS);
+            assert!(
+                stat < chi_square_critical(df),
+                "θ {theta}: χ² {stat} with {df} df"
+            );
+            // The test can fail: the same draws judged against a uniform law are far off.
+            let uniform = vec![1.0 / n as f64; n as usize];
+            let (off, df) = chi_square(&counts, &uniform, OPS);
+            assert!(off > 10.0 * chi_square_critical(df), "θ {theta}: {off}");
+        }
+    }
+
+    /// The records every client of a write-heavy run inserts have distinct keys, also from the loaded records'.
+    #[test]
+    fn inserted_keys_are_unique_across_clients() {
+        use super::super::data::key_bytes;
+        let (records, clients) = (1000u64, 8u64);
+        let mut keys = HashSet::new();
+        let mut k = Vec::new();
+        for id in 0..records {
+            key_bytes(id, 8, &mut k).unwrap();
+            assert!(keys.insert(k.clone()));
+        }
+        let mut inserts = 0;
+        for client in 0..clients {
+            let mut g = OpGenerator::for_client(
+                Workload::InsertOnly,
+                Distribution::Uniform,
+                records,
+                3,
+                client,
+                clients,
+            )
+            .unwrap();
+            for _ in 0..2000 {
+                let op = g.next();
+                assert_eq!(op.kind, OpKind::Insert);
+                key_bytes(op.key_id, 8, &mut k).unwrap();
+                assert!(keys.insert(k.clone()), "client {client} repeats {op:?}");
+                inserts += 1;
+            }
+        }
+        assert_eq!(keys.len() as u64, records + inserts);
+    }
+
     #[test]
     fn load_shares_cover_the_records_once() {
         for (records, clients) in [(0u64, 1u64), (10, 3), (1000, 7), (5, 8), (u64::MAX, 3)] {

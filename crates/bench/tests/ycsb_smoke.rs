@@ -1,0 +1,222 @@
+//! `dinomo bench ycsb` at tiny scale: a few hundred operations against in-process clusters of one and two KV
+//! nodes, with the report's numbers checked against each other and against what the workload must produce.
+
+use dinomo_bench::ycsb::{Distribution, OpKind, Workload};
+use dinomo_bench::ycsb_run::{
+    InProcessOptions, PlotKind, TargetOptions, YcsbOptions, YcsbReport, YcsbSweep, load_reports,
+    plot, run_sweep, run_ycsb,
+};
+
+fn tiny(workload: Workload, distribution: Distribution, kns: usize) -> YcsbOptions {
+    YcsbOptions {
+        target: TargetOptions::InProcess(InProcessOptions {
+            kns,
+            // Two workers per node: the counters of each are matched across snapshots.
+            kn_threads: 2,
+            cache_bytes: 1 << 20,
+            merge_threads: 1,
+            pool_bytes: Some(256 << 20),
+            ..InProcessOptions::default()
+        }),
+        workload,
+        distribution,
+        records: 500,
+        value_bytes: 64,
+        clients: 2,
+        outstanding: 4,
+        // Operation counts, with generous time bounds that a healthy run never reaches.
+        warmup_ops: Some(100),
+        warmup_secs: 20.0,
+        ops: Some(400),
+        secs: 20.0,
+        seed: 7,
+        ..YcsbOptions::default()
+    }
+}
+
+fn count(r: &YcsbReport, kind: OpKind) -> u64 {
+    r.measured
+        .by_kind
+        .iter()
+        .find(|k| k.kind == kind)
+        .map_or(0, |k| k.ops)
+}
+
+/// What every report must satisfy.
+fn check_sane(r: &YcsbReport, kns: usize) {
+    let m = &r.measured;
+    assert_eq!(m.ops, 400, "exactly the operations asked for");
+    assert_eq!(m.errors.total(), 0, "{:?}", m.errors);
+    assert!(m.secs > 0.0 && m.ops_per_s > 0.0);
+    assert_eq!(m.by_kind.iter().map(|k| k.ops).sum::<u64>(), m.ops);
+    // Every read (and the read of every read-modify-write) returned a value the workload wrote for its record.
+    assert_eq!(
+        m.reads_verified,
+        count(r, OpKind::Read) + count(r, OpKind::ReadModifyWrite)
+    );
+    let l = &r.latency;
+    assert_eq!(l.samples, m.ops);
+    assert!(l.p50_us > 0.0);
+    assert!(l.p50_us <= l.p90_us && l.p90_us <= l.p99_us, "{l:?}");
+    assert!(l.p99_us <= l.p999_us && l.p999_us <= l.max_us, "{l:?}");
+    assert!(l.mean_us <= l.max_us);
+    // Nothing else ran, and nothing was in flight when the counters were read: the KV nodes saw exactly the
+    // measured operations.
+    let t = &r.resources.totals;
+    assert_eq!(
+        t.lookups,
+        count(r, OpKind::Read) + count(r, OpKind::ReadModifyWrite)
+    );
+    assert_eq!(
+        t.writes,
+        count(r, OpKind::Update) + count(r, OpKind::Insert) + count(r, OpKind::ReadModifyWrite)
+    );
+    if t.writes > 0 {
+        assert!(t.commits >= 1 && t.commits <= t.writes);
+        assert!(t.round_trips >= t.commits, "a commit is a round trip");
+        assert!(t.bytes_out > t.writes * 64, "the values were written");
+    }
+    let c = &r.cache;
+    assert_eq!(c.lookups, t.lookups);
+    assert_eq!(
+        c.value_hits + c.shortcut_hits + c.log_hits + c.misses,
+        c.lookups
+    );
+    if c.lookups > 0 {
+        let h = c.ratios.expect("ratios when something was looked up");
+        for part in [h.value, h.shortcut, h.log, h.miss] {
+            assert!((0.0..=1.0).contains(&part), "{h:?}");
+        }
+        let sum = h.value + h.shortcut + h.log + h.miss;
+        assert!((sum - 1.0).abs() < 1e-9, "hit ratios sum to {sum}");
+    }
+    let per = &r.resources.per_op;
+    assert!((per.lookups * m.ops as f64 - t.lookups as f64).abs() < 1e-6);
+    assert!(r.merge.is_some(), "the in-process memory node is read");
+    // Nanosecond thread times (schedstat); the clock-tick fallback is too coarse for so short a run.
+    if std::path::Path::new("/proc/thread-self/schedstat").exists() {
+        let cpu = r.resources.cpu_ns.as_ref().expect("thread CPU times");
+        assert!(cpu.values().sum::<u64>() > 0);
+        assert!(per.kn_worker_cpu_us.unwrap() > 0.0, "{cpu:?}");
+        assert!(per.client_cpu_us.unwrap() > 0.0, "{cpu:?}");
+    }
+    assert_eq!(r.kv_nodes, kns);
+    assert_eq!(r.nodes.len(), kns);
+    let shares: f64 = r.nodes.iter().map(|n| n.load_share).sum();
+    assert!((shares - 1.0).abs() < 1e-9, "{shares}");
+    assert_eq!(r.timeline.iter().map(|s| s.ops).sum::<u64>(), m.ops);
+    assert!(r.load.as_ref().is_some_and(|l| l.records == 500));
+}
+
+#[test]
+fn workload_a_on_two_nodes_reports_sane_numbers() -> anyhow::Result<()> {
+    let opts = tiny(Workload::A, Distribution::Zipfian { theta: 0.99 }, 2);
+    let mut phases = Vec::new();
+    let r = run_ycsb(&opts, &mut |p| phases.push(p))?;
+    check_sane(&r, 2);
+    assert!(count(&r, OpKind::Read) > 100 && count(&r, OpKind::Update) > 100);
+    assert!(!phases.is_empty());
+
+    // The JSON report reads back as it was written, and the plot helper draws it.
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join(format!("{}.json", r.file_stem()));
+    std::fs::write(&path, serde_json::to_string_pretty(&r)?)?;
+    let back = load_reports(&path)?;
+    assert_eq!(back, vec![r.clone()]);
+    let svg = plot(PlotKind::HitRatios, &back);
+    assert_eq!(svg.matches("<polyline").count(), 4);
+    assert!(r.to_csv().lines().count() > r.timeline.len());
+    assert!(r.summary().contains("reads verified"));
+    Ok(())
+}
+
+#[test]
+fn inserts_and_read_modify_writes_read_back_what_they_wrote() -> anyhow::Result<()> {
+    // D: reads favour the newest inserts, which must already be readable; F: the read of each read-modify-write.
+    for (workload, distribution) in [
+        (Workload::D, Distribution::Latest),
+        (Workload::F, Distribution::ScrambledZipfian { theta: 0.99 }),
+    ] {
+        let r = run_ycsb(&tiny(workload, distribution, 1), &mut |_| {})?;
+        check_sane(&r, 1);
+        assert!(count(&r, OpKind::Insert) + count(&r, OpKind::ReadModifyWrite) > 0);
+    }
+    Ok(())
+}
+
+#[test]
+fn a_sweep_runs_each_node_count_and_plots_them() -> anyhow::Result<()> {
+    let opts = YcsbOptions {
+        ops: Some(200),
+        ..tiny(Workload::C, Distribution::Uniform, 1)
+    };
+    let sweep: YcsbSweep = run_sweep(&opts, &[1, 2], &mut |_| {})?;
+    assert_eq!(
+        sweep.runs.iter().map(|r| r.kv_nodes).collect::<Vec<_>>(),
+        [1, 2]
+    );
+    for r in &sweep.runs {
+        assert_eq!(r.measured.ops, 200);
+        assert_eq!(r.measured.errors.total(), 0);
+        assert_eq!(r.measured.reads_verified, 200);
+    }
+    let svg = sweep.to_svg();
+    // Throughput, round trips and the four hit ratios, each a line over both node counts.
+    assert_eq!(svg.matches("<polyline").count(), 6);
+    assert_eq!(sweep.to_csv().lines().count(), 3);
+    assert!(
+        sweep.file_stem().ends_with("-1-2kn"),
+        "{}",
+        sweep.file_stem()
+    );
+    Ok(())
+}
+
+#[test]
+fn a_running_cluster_is_measured_over_the_network() -> anyhow::Result<()> {
+    use dinomo_bench::ycsb_run::NativeOptions;
+    use dinomo_cluster::{LocalCluster, LocalClusterConfig, NodeConfig};
+    use std::time::Duration;
+    let cluster = LocalCluster::start(LocalClusterConfig {
+        pool_size: 256 << 20,
+        kns: 2,
+        // Long leases: a heartbeat late on a busy machine must not fail a node in the middle of the run.
+        node: NodeConfig {
+            lease_ttl: Duration::from_secs(2),
+            heartbeat: Duration::from_millis(200),
+            ..NodeConfig::default()
+        },
+        ..LocalClusterConfig::default()
+    })?;
+    let opts = YcsbOptions {
+        target: TargetOptions::Native(NativeOptions {
+            seeds: vec![cluster.rn_addr().to_string()],
+            ..NativeOptions::default()
+        }),
+        ..tiny(Workload::B, Distribution::Uniform, 2)
+    };
+    let r = run_ycsb(&opts, &mut |_| {})?;
+    let m = &r.measured;
+    assert_eq!((m.ops, m.errors.total()), (400, 0), "{:?}", m.errors);
+    assert_eq!(m.reads_verified, count(&r, OpKind::Read));
+    assert_eq!(r.cache.lookups, count(&r, OpKind::Read));
+    assert_eq!(r.resources.totals.writes, count(&r, OpKind::Update));
+    assert_eq!((r.target.as_str(), r.kv_nodes), ("native", 2));
+    assert_eq!(
+        r.kn_threads,
+        Some(2),
+        "the default workers, as the nodes' statistics list them"
+    );
+    // Neither the memory node (no --dpm) nor thread CPU times (another process) can be read from here.
+    assert!(r.merge.is_none() && r.resources.cpu_ns.is_none());
+    // A second run finds the records the first one loaded.
+    let again = YcsbOptions {
+        load: false,
+        ..opts
+    };
+    let r = run_ycsb(&again, &mut |_| {})?;
+    assert!(r.load.is_none());
+    assert_eq!(r.measured.errors.total(), 0, "{:?}", r.measured.errors);
+    cluster.stop();
+    Ok(())
+}

@@ -1,0 +1,488 @@
+//! The native client with many requests in flight: requests go to their keys' owners as soon as they are
+//! submitted, replies are matched to them by id in whatever order they come, and a refusal or a lost connection is
+//! handled per request exactly as [`Client`] handles it for one.
+//!
+//! One thread drives a [`PipelinedClient`]: [`PipelinedClient::submit`] queues a request (frames bound for one
+//! node share a system call when they are flushed), [`PipelinedClient::next_completion`] flushes, then waits on
+//! every connection at once (`poll`) until some request completes.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{ErrorKind as IoErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use crate::client::{Client, ClientConfig, ClientError, open_stream};
+use crate::wire::{ErrorKind, RequestBody, RequestRef, Response, ResponseBody, write_frame};
+
+/// How one request ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    /// The tag it was submitted with.
+    pub tag: u64,
+    /// The reply, or why there is none (the same outcomes as [`Client::request`]).
+    pub result: Result<ResponseBody, ClientError>,
+}
+
+/// Bytes read from a socket at a time.
+const READ_CHUNK: usize = 64 << 10;
+
+/// One connection with requests in flight.
+struct PipeConn {
+    stream: TcpStream,
+    /// Received bytes not yet decoded; `rpos` marks where the undecoded part starts.
+    rbuf: Vec<u8>,
+    rpos: usize,
+    /// Encoded frames not yet written.
+    wbuf: Vec<u8>,
+    /// Requests in flight on this connection.
+    in_flight: usize,
+}
+
+/// A request sent and not answered yet.
+struct InFlight {
+    tag: u64,
+    body: RequestBody,
+    addr: String,
+    deadline: Instant,
+    /// The pause before the next retry, doubled on each.
+    pause: Duration,
+}
+
+/// A request waiting to be (re)sent.
+struct Pending {
+    at: Instant,
+    tag: u64,
+    body: RequestBody,
+    deadline: Instant,
+    pause: Duration,
+    last: String,
+}
+
+/// A client of a cluster that keeps many requests in flight. Not shared between threads.
+pub struct PipelinedClient {
+    client: Client,
+    conns: HashMap<String, PipeConn>,
+    in_flight: HashMap<u64, InFlight>,
+    pending: Vec<Pending>,
+    done: VecDeque<Completion>,
+    next_id: u64,
+    scratch: Vec<u8>,
+    /// Where a socket read lands before it is appended to its connection's buffer.
+    chunk: Vec<u8>,
+}
+
+impl PipelinedClient {
+    /// Fetches the routing table from the seeds (like [`Client::connect`]).
+    pub fn connect(cfg: ClientConfig) -> Result<PipelinedClient, ClientError> {
+        Ok(PipelinedClient::from_client(Client::connect(cfg)?))
+    }
+
+    /// Pipelines on top of `client`, which keeps the routing table (and its own connections for one-at-a-time
+    /// calls, such as [`Client::node_stats`]).
+    pub fn from_client(client: Client) -> PipelinedClient {
+        PipelinedClient {
+            client,
+            conns: HashMap::new(),
+            in_flight: HashMap::new(),
+            pending: Vec::new(),
+            done: VecDeque::new(),
+            next_id: 1,
+            scratch: Vec::new(),
+            chunk: vec![0; READ_CHUNK],
+        }
+    }
+
+    /// The one-at-a-time client underneath (routing table, statistics).
+    pub fn client(&mut self) -> &mut Client {
+        &mut self.client
+    }
+
+    /// Requests submitted whose completion has not been returned yet.
+    pub fn outstanding(&self) -> usize {
+        self.in_flight.len() + self.pending.len() + self.done.len()
+    }
+
+    /// Queues a data request under `tag` (any number the caller likes; it comes back in the [`Completion`]). It is
+    /// written to its owner's connection when the caller next waits. Fails only for a request that is not a data
+    /// request.
+    pub fn submit(&mut self, tag: u64, body: RequestBody) -> Result<(), ClientError> {
+        if body.key().is_none() {
+            return Err(ClientError::Invalid("not a data request".into()));
+        }
+        let now = Instant::now();
+        let deadline = now + self.client.config().op_timeout;
+        let pause = Duration::from_micros(200).min(self.client.config().max_retry_pause);
+        self.send(Pending {
+            at: now,
+            tag,
+            body,
+            deadline,
+            pause,
+            last: String::from("no routing table"),
+        });
+        Ok(())
+    }
+
+    /// The next request to complete, waiting for one if none has; `None` when nothing is outstanding. Every
+    /// request completes by its deadline ([`ClientConfig::op_timeout`] after it was submitted).
+    pub fn next_completion(&mut self) -> Option<Completion> {
+        loop {
+            if let Some(c) = self.done.pop_front() {
+                return Some(c);
+            }
+            if self.in_flight.is_empty() && self.pending.is_empty() {
+                return None;
+            }
+            self.resend_due();
+            self.flush_all();
+            if !self.done.is_empty() {
+                continue;
+            }
+            self.wait_and_read();
+            self.expire();
+        }
+    }
+
+    /// Routes `p` and queues its frame on the owner's connection, or parks it for a retry.
+    fn send(&mut self, mut p: Pending) {
+        let key = p.body.key().expect("data requests only");
+        let Some((node, addr)) = self.client.target(key) else {
+            self.client.refresh(0, None);
+            self.retry_later(p);
+            return;
+        };
+        if !self.conns.contains_key(&addr) {
+            match open_stream(&addr, self.client.config().connect_timeout) {
+                Ok(stream) => {
+                    // A peer that stops reading must not block a write for ever.
+                    let _ = stream.set_write_timeout(Some(self.client.config().op_timeout));
+                    self.conns.insert(
+                        addr.clone(),
+                        PipeConn {
+                            stream,
+                            rbuf: Vec::new(),
+                            rpos: 0,
+                            wbuf: Vec::new(),
+                            in_flight: 0,
+                        },
+                    );
+                }
+                Err(e) => {
+                    p.last = format!("node {node} at {addr} unreachable: {e}");
+                    self.client.refresh(0, None);
+                    self.retry_later(p);
+                    return;
+                }
+            }
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let conn = self.conns.get_mut(&addr).expect("inserted above");
+        let before = conn.wbuf.len();
+        // Frames are encoded into `scratch`, then appended: write_frame clears the buffer it is given.
+        if let Err(e) = write_frame(
+            &mut conn.wbuf,
+            &RequestRef { id, body: &p.body },
+            &mut self.scratch,
+        ) {
+            conn.wbuf.truncate(before);
+            self.done.push_back(Completion {
+                tag: p.tag,
+                result: Err(ClientError::Invalid(format!(
+                    "cannot encode the request: {e}"
+                ))),
+            });
+            return;
+        }
+        conn.in_flight += 1;
+        self.in_flight.insert(
+            id,
+            InFlight {
+                tag: p.tag,
+                body: p.body,
+                addr,
+                deadline: p.deadline,
+                pause: p.pause,
+            },
+        );
+    }
+
+    /// Parks `p` until its pause has passed, or completes it as unavailable when that would pass its deadline.
+    fn retry_later(&mut self, mut p: Pending) {
+        let now = Instant::now();
+        if now + p.pause > p.deadline {
+            self.done.push_back(Completion {
+                tag: p.tag,
+                result: Err(ClientError::Unavailable(p.last)),
+            });
+            return;
+        }
+        p.at = now + p.pause;
+        p.pause = (p.pause * 2).min(self.client.config().max_retry_pause);
+        self.pending.push(p);
+    }
+
+    fn resend_due(&mut self) {
+        let now = Instant::now();
+        let mut i = 0;
+        while i < self.pending.len() {
+            if self.pending[i].at <= now {
+                let p = self.pending.swap_remove(i);
+                self.send(p);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn flush_all(&mut self) {
+        let mut broken = Vec::new();
+        for (addr, conn) in &mut self.conns {
+            if !conn.wbuf.is_empty() {
+                let r = conn.stream.write_all(&conn.wbuf);
+                conn.wbuf.clear();
+                if r.is_err() {
+                    broken.push(addr.clone());
+                }
+            }
+        }
+        for addr in broken {
+            self.lose_connection(&addr, "the connection failed while sending");
+        }
+    }
+
+    /// Waits until a connection with requests in flight is readable (or the next retry or deadline is due), then
+    /// reads and decodes whatever arrived.
+    fn wait_and_read(&mut self) {
+        let now = Instant::now();
+        let next_event = self
+            .pending
+            .iter()
+            .map(|p| p.at)
+            .chain(self.in_flight.values().map(|f| f.deadline))
+            .min();
+        let timeout = next_event.map_or(Duration::from_millis(100), |t| {
+            t.saturating_duration_since(now)
+        });
+        let mut addrs: Vec<String> = Vec::with_capacity(self.conns.len());
+        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(self.conns.len());
+        for (addr, conn) in &self.conns {
+            if conn.in_flight > 0 {
+                addrs.push(addr.clone());
+                fds.push(libc::pollfd {
+                    fd: conn.stream.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
+        }
+        if fds.is_empty() {
+            std::thread::sleep(timeout.min(Duration::from_millis(100)));
+            return;
+        }
+        // Round up so that a wait for an instant less than a millisecond away does not spin.
+        let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+        // SAFETY: `fds` is a live, exclusively borrowed array of `fds.len()` initialised pollfd structures, which
+        // is what poll(2) reads and writes; the descriptors belong to streams in `self.conns`, open for the call.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if ready <= 0 {
+            // A timeout, or an interrupted call: the caller checks deadlines and retries.
+            return;
+        }
+        for (fd, addr) in fds.iter().zip(addrs) {
+            if fd.revents != 0 {
+                self.read_from(&addr);
+            }
+        }
+    }
+
+    /// Reads what `addr` has sent (one read: poll said it would not block) and handles every whole frame.
+    fn read_from(&mut self, addr: &str) {
+        let max_frame = self.client.config().max_frame;
+        let Some(conn) = self.conns.get_mut(addr) else {
+            return;
+        };
+        let n = match conn.stream.read(&mut self.chunk) {
+            Ok(0) => {
+                self.lose_connection(addr, "the node closed the connection");
+                return;
+            }
+            Ok(n) => n,
+            Err(e)
+                if e.kind() == IoErrorKind::Interrupted || e.kind() == IoErrorKind::WouldBlock =>
+            {
+                return;
+            }
+            Err(e) => {
+                self.lose_connection(addr, &format!("no reply from {addr}: {e}"));
+                return;
+            }
+        };
+        if conn.rpos > 0 {
+            conn.rbuf.drain(..conn.rpos);
+            conn.rpos = 0;
+        }
+        conn.rbuf.extend_from_slice(&self.chunk[..n]);
+        let mut replies = Vec::new();
+        let mut bad = None;
+        loop {
+            let rest = &conn.rbuf[conn.rpos..];
+            if rest.len() < 4 {
+                break;
+            }
+            let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
+            if len > max_frame {
+                bad = Some(format!(
+                    "a reply of {len} bytes exceeds the limit of {max_frame} bytes"
+                ));
+                break;
+            }
+            let end = 4 + len as usize;
+            if rest.len() < end {
+                break;
+            }
+            match postcard::from_bytes::<Response>(&rest[4..end]) {
+                Ok(r) => replies.push(r),
+                Err(e) => {
+                    bad = Some(format!("malformed reply: {e}"));
+                    break;
+                }
+            }
+            conn.rpos += end;
+        }
+        if conn.rpos == conn.rbuf.len() {
+            conn.rbuf.clear();
+            conn.rpos = 0;
+        }
+        for r in replies {
+            self.handle_reply(addr, r);
+        }
+        if let Some(why) = bad {
+            self.lose_connection(addr, &why);
+        }
+    }
+
+    fn handle_reply(&mut self, addr: &str, r: Response) {
+        // A reply to a request already given up (its deadline passed) is dropped.
+        let Some(f) = self.in_flight.remove(&r.id) else {
+            return;
+        };
+        self.left(&f.addr);
+        let write = f.body.is_write();
+        let retry = |f: InFlight, last: String| Pending {
+            at: Instant::now(),
+            tag: f.tag,
+            body: f.body,
+            deadline: f.deadline,
+            pause: f.pause,
+            last,
+        };
+        match r.body {
+            ResponseBody::NotOwner { epoch } => {
+                self.client.refresh(epoch, Some(addr));
+                let p = retry(f, format!("{addr} refused the key at epoch {epoch}"));
+                self.send(p);
+            }
+            ResponseBody::Error {
+                kind: ErrorKind::Invalid,
+                message,
+            } => self.done.push_back(Completion {
+                tag: f.tag,
+                result: Err(ClientError::Invalid(message)),
+            }),
+            ResponseBody::Error {
+                kind: ErrorKind::Indeterminate,
+                message,
+            } if write => self.done.push_back(Completion {
+                tag: f.tag,
+                result: Err(ClientError::Indeterminate(message)),
+            }),
+            ResponseBody::Error { message, .. } => {
+                self.client.refresh(0, None);
+                let p = retry(f, format!("{addr}: {message}"));
+                self.retry_later(p);
+            }
+            body => self.done.push_back(Completion {
+                tag: f.tag,
+                result: Ok(body),
+            }),
+        }
+    }
+
+    /// Counts a request on `addr` as no longer in flight there.
+    fn left(&mut self, addr: &str) {
+        if let Some(c) = self.conns.get_mut(addr) {
+            c.in_flight = c.in_flight.saturating_sub(1);
+        }
+    }
+
+    /// Drops the connection to `addr`: its writes in flight may or may not have been applied, its reads are sent
+    /// again.
+    fn lose_connection(&mut self, addr: &str, why: &str) {
+        self.conns.remove(addr);
+        let ids: Vec<u64> = self
+            .in_flight
+            .iter()
+            .filter(|(_, f)| f.addr == addr)
+            .map(|(&id, _)| id)
+            .collect();
+        if ids.is_empty() {
+            return;
+        }
+        self.client.refresh(0, None);
+        for id in ids {
+            let f = self.in_flight.remove(&id).expect("listed above");
+            if f.body.is_write() {
+                self.done.push_back(Completion {
+                    tag: f.tag,
+                    result: Err(ClientError::Indeterminate(why.to_string())),
+                });
+            } else {
+                self.retry_later(Pending {
+                    at: Instant::now(),
+                    tag: f.tag,
+                    body: f.body,
+                    deadline: f.deadline,
+                    pause: f.pause,
+                    last: why.to_string(),
+                });
+            }
+        }
+    }
+
+    /// Completes the requests whose deadline passed without a reply: writes as indeterminate (they were sent),
+    /// reads as unavailable.
+    fn expire(&mut self) {
+        let now = Instant::now();
+        let late: Vec<u64> = self
+            .in_flight
+            .iter()
+            .filter(|(_, f)| f.deadline <= now)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in late {
+            let f = self.in_flight.remove(&id).expect("listed above");
+            self.left(&f.addr);
+            let why = format!("no reply from {} before the deadline", f.addr);
+            let result = if f.body.is_write() {
+                Err(ClientError::Indeterminate(why))
+            } else {
+                Err(ClientError::Unavailable(why))
+            };
+            self.done.push_back(Completion { tag: f.tag, result });
+        }
+        let mut i = 0;
+        while i < self.pending.len() {
+            if self.pending[i].deadline <= now {
+                let p = self.pending.swap_remove(i);
+                self.done.push_back(Completion {
+                    tag: p.tag,
+                    result: Err(ClientError::Unavailable(p.last)),
+                });
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
