@@ -16,6 +16,8 @@ pub const MERGE_ALL: u16 = 3;
 pub const STATS: u16 = 4;
 /// [`TakeOverNode`] → [`NodeTakenOver`].
 pub const TAKE_OVER_NODE: u16 = 5;
+/// `()` → [`KeyCount`].
+pub const COUNT_KEYS: u16 = 6;
 
 /// Claims (or reclaims after a restart) the log of one KV-node thread. Whatever that log holds unmerged is merged
 /// before the reply, so the caller starts from an index that has all of its earlier writes.
@@ -103,4 +105,12 @@ pub struct NodeTakenOver {
     pub logs: u32,
     /// Entries merged while taking over (committed by the node but not merged before).
     pub merged_entries: u64,
+}
+
+/// Reply to [`COUNT_KEYS`]: how many keys the store holds, counting every write that reached the memory node
+/// (merged or still in a log).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KeyCount {
+    /// Keys with a value.
+    pub keys: u64,
 }
