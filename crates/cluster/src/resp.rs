@@ -80,6 +80,7 @@ impl Backend for NodeBackend {
             memory: None,
             local: Vec::new(),
             remote: Vec::new(),
+            answered: Vec::new(),
         }
     }
 }
@@ -100,6 +101,7 @@ struct NodeConn {
     memory: Option<Endpoint>,
     local: Vec<usize>,
     remote: Vec<usize>,
+    answered: Vec<bool>,
 }
 
 fn data_op(op: &Op) -> DataOp {
@@ -187,7 +189,9 @@ impl NodeConn {
                 }
             }
         }
-        let mut answered = vec![false; ops.len()];
+        let answered = &mut self.answered;
+        answered.clear();
+        answered.resize(ops.len(), false);
         while queued > 0 {
             match self.replies_rx.recv_timeout(self.worker_timeout) {
                 Ok((t, r)) => {

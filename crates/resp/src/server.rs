@@ -290,26 +290,13 @@ fn serve<B: Backend>(
     let mut parser = RequestParser::new(shared.config.limits.clone());
     let max_pipeline = shared.config.max_pipeline;
     let counters = &shared.counters;
-    let mut input: Vec<u8> = Vec::with_capacity(READ_CHUNK);
-    let mut start = 0;
+    let mut input = Input::new();
     let mut out: Vec<u8> = Vec::with_capacity(16 << 10);
     loop {
-        if start == input.len() {
-            input.clear();
-            start = 0;
-        } else if start > 0 && input.capacity() - input.len() < READ_CHUNK {
-            input.drain(..start);
-            start = 0;
-        }
-        let filled = input.len();
-        input.resize(filled + READ_CHUNK, 0);
-        let n = match stream.read(&mut input[filled..]) {
+        let n = match stream.read(input.room()) {
             Ok(0) => break,
             Ok(n) => n,
-            Err(e) if e.kind() == ErrorKind::Interrupted => {
-                input.truncate(filled);
-                continue;
-            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(e) => {
                 if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) {
                     debug!("closing an idle RESP connection");
@@ -317,15 +304,15 @@ fn serve<B: Backend>(
                 break;
             }
         };
-        input.truncate(filled + n);
+        input.filled(n);
         counters
             .net_input_bytes
             .fetch_add(n as u64, Ordering::Relaxed);
         let mut close = false;
         let mut batch = 0;
         loop {
-            let (used, parsed) = parser.parse(&input[start..], session.authenticated());
-            start += used;
+            let (used, parsed) = parser.parse(input.pending(), session.authenticated());
+            input.consume(used);
             match parsed {
                 Ok(Some(args)) => {
                     if session.handle(args, &mut out) == Flow::Close {
@@ -357,12 +344,65 @@ fn serve<B: Backend>(
         if out.capacity() > KEEP_BUFFER {
             out = Vec::with_capacity(16 << 10);
         }
-        if start == input.len() && input.capacity() > KEEP_BUFFER {
-            input = Vec::with_capacity(READ_CHUNK);
-            start = 0;
-        }
+        input.shrink();
     }
     let _ = stream.shutdown(Shutdown::Both);
+}
+
+/// Received bytes not parsed yet, `data[start..end]`; the rest of `data` is room for the next read (zeroed once
+/// when the buffer grows, not before every read).
+struct Input {
+    data: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl Input {
+    fn new() -> Input {
+        Input {
+            data: vec![0; READ_CHUNK],
+            start: 0,
+            end: 0,
+        }
+    }
+
+    fn pending(&self) -> &[u8] {
+        &self.data[self.start..self.end]
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.start += n;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+
+    /// Room for at least [`READ_CHUNK`] more bytes.
+    fn room(&mut self) -> &mut [u8] {
+        if self.data.len() - self.end < READ_CHUNK {
+            if self.start > 0 {
+                self.data.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            }
+            if self.data.len() - self.end < READ_CHUNK {
+                self.data.resize(self.end + READ_CHUNK, 0);
+            }
+        }
+        &mut self.data[self.end..]
+    }
+
+    fn filled(&mut self, n: usize) {
+        self.end += n;
+    }
+
+    /// Gives back memory that grew for one large request.
+    fn shrink(&mut self) {
+        if self.start == self.end && self.data.len() > KEEP_BUFFER {
+            *self = Input::new();
+        }
+    }
 }
 
 /// Writes and clears `out`; false when the connection is gone.

@@ -881,79 +881,64 @@ impl<C: BackendConn> Session<C> {
         proto: Protocol,
         out: &mut Vec<u8>,
     ) {
-        let missing = Err(BackendError::Unavailable(
-            "the store returned fewer results than operations".into(),
-        ));
-        let results: Vec<&OpResult> = (first..first + count)
-            .map(|i| self.results.get(i).unwrap_or(&missing))
-            .collect();
+        let mut w = ReplyWriter::new(out, proto);
+        let Some(results) = self.results.get(first..first + count) else {
+            self.counts.errors += 1;
+            return w.err("the store returned fewer results than operations");
+        };
         // A command of several keys fails as a whole when one of its keys failed (the others may have applied:
         // they are independent operations).
         if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
             self.counts.errors += 1;
-            let text = format!("ERR {e}");
-            ReplyWriter::new(out, proto).error(text.as_bytes());
-            return;
+            return w.error(format!("ERR {e}").as_bytes());
         }
-        let mut w = ReplyWriter::new(out, proto);
-        let unexpected = |w: &mut ReplyWriter<'_>, o: &Output| {
-            w.err(&format!("the store answered with an unexpected {o:?}"));
-        };
-        let output = |i: usize| match results[i] {
-            Ok(o) => o,
-            Err(_) => unreachable!("errors were answered above"),
-        };
-        match reply {
-            Deferred::Value { counts_hits } => match output(0) {
-                Output::Value(Some(v)) => {
-                    self.counts.hits += u64::from(counts_hits);
+        let outputs = results.iter().filter_map(|r| r.as_ref().ok());
+        let single = results.first().and_then(|r| r.as_ref().ok());
+        let counts = &mut self.counts;
+        match (reply, single) {
+            (Deferred::Value { counts_hits }, Some(Output::Value(v))) => match v {
+                Some(v) => {
+                    counts.hits += u64::from(counts_hits);
                     w.bulk(v);
                 }
-                Output::Value(None) => {
-                    self.counts.misses += u64::from(counts_hits);
+                None => {
+                    counts.misses += u64::from(counts_hits);
                     w.null();
                 }
-                o => unexpected(&mut w, o),
             },
-            Deferred::OkOrNull => match output(0) {
-                Output::Applied(true) => w.ok(),
-                Output::Applied(false) => w.null(),
-                o => unexpected(&mut w, o),
-            },
-            Deferred::Flag => match output(0) {
-                Output::Applied(a) => w.integer(i64::from(*a)),
-                o => unexpected(&mut w, o),
-            },
-            Deferred::Count => {
-                let n = (0..count)
-                    .filter(|&i| matches!(output(i), Output::Applied(true)))
+            (Deferred::OkOrNull, Some(Output::Applied(true))) => w.ok(),
+            (Deferred::OkOrNull, Some(Output::Applied(false))) => w.null(),
+            (Deferred::Flag, Some(Output::Applied(a))) => w.integer(i64::from(*a)),
+            (Deferred::Count, _) => {
+                let n = outputs
+                    .filter(|o| matches!(o, Output::Applied(true)))
                     .count();
                 w.integer(n as i64);
             }
-            Deferred::Values => {
+            (Deferred::Values, _) => {
                 w.array(count);
-                for i in 0..count {
-                    match output(i) {
+                for o in outputs {
+                    match o {
                         Output::Value(Some(v)) => {
-                            self.counts.hits += 1;
+                            counts.hits += 1;
                             w.bulk(v);
                         }
                         _ => {
-                            self.counts.misses += 1;
+                            counts.misses += 1;
                             w.null();
                         }
                     }
                 }
             }
-            Deferred::AllOk => w.ok(),
-            Deferred::Int => match output(0) {
-                Output::Int(n) => w.integer(*n),
-                o => unexpected(&mut w, o),
-            },
-            Deferred::Len => match output(0) {
-                Output::Value(v) => w.integer(v.as_ref().map_or(0, Vec::len) as i64),
-                o => unexpected(&mut w, o),
-            },
+            (Deferred::AllOk, _) => w.ok(),
+            (Deferred::Int, Some(Output::Int(n))) => w.integer(*n),
+            (Deferred::Len, Some(Output::Value(v))) => {
+                w.integer(v.as_ref().map_or(0, Vec::len) as i64)
+            }
+            (_, o) => {
+                counts.errors += 1;
+                w.err(&format!("the store answered with an unexpected {o:?}"));
+            }
         }
     }
 
