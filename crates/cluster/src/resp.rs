@@ -318,3 +318,72 @@ impl BackendConn for NodeConn {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dinomo_fabric::FabricError;
+
+    #[test]
+    fn failures_map_to_what_a_client_may_conclude() {
+        let set = Op::Set(b"k".to_vec(), b"v".to_vec());
+        let get = Op::Get(b"k".to_vec());
+        let lost = || KnError::Fabric(FabricError::Disconnected("cut".into()));
+        assert!(matches!(
+            from_kn_error(&set, lost()),
+            BackendError::Indeterminate(_)
+        ));
+        assert!(matches!(
+            from_kn_error(&set, KnError::Fenced),
+            BackendError::Indeterminate(_)
+        ));
+        // A read changes nothing, so a lost one is just unavailable.
+        assert!(matches!(
+            from_kn_error(&get, lost()),
+            BackendError::Unavailable(_)
+        ));
+        assert!(matches!(
+            from_kn_error(&set, KnError::Stopped),
+            BackendError::Unavailable(_)
+        ));
+        assert_eq!(
+            from_kn_error(&set, KnError::NotAnInteger),
+            BackendError::NotAnInteger
+        );
+        assert!(matches!(
+            from_kn_error(&set, KnError::ValueTooLarge { len: 2, max: 1 }),
+            BackendError::Invalid(_)
+        ));
+        assert!(matches!(
+            from_client_error(ClientError::Indeterminate("sent, no reply".into())),
+            BackendError::Indeterminate(_)
+        ));
+        assert_eq!(
+            from_client_error(ClientError::Invalid(KnError::NotAnInteger.to_string())),
+            BackendError::NotAnInteger
+        );
+        assert!(matches!(
+            from_client_error(ClientError::Unavailable("down".into())),
+            BackendError::Unavailable(_)
+        ));
+    }
+
+    #[test]
+    fn replies_map_by_operation() {
+        let exists = Op::Exists(b"k".to_vec());
+        assert_eq!(
+            from_reply(&exists, Reply::Value(Some(b"v".to_vec()))),
+            Ok(Output::Applied(true))
+        );
+        assert_eq!(
+            from_reply(&exists, Reply::Value(None)),
+            Ok(Output::Applied(false))
+        );
+        assert_eq!(
+            from_reply(&Op::Incr(b"k".to_vec(), 1), Reply::Int(5)),
+            Ok(Output::Int(5))
+        );
+        assert!(from_reply(&Op::Incr(b"k".to_vec(), 1), Reply::Applied(true)).is_err());
+        assert!(matches!(data_op(&exists), DataOp::Get(k) if k == b"k"));
+    }
+}

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::backend::MemoryBackend;
+use crate::backend::{BackendError, MemoryBackend, Op, OpResult};
 use crate::parse::{ParseLimits, RequestParser};
 
 /// A connection without a socket: requests go through the parser and the session as the server runs them.
@@ -658,4 +658,57 @@ fn glob_patterns_follow_redis() {
     ] {
         assert_eq!(glob_match(p.as_bytes(), t.as_bytes()), m, "{p} ~ {t}");
     }
+}
+
+/// A store whose writes all end with an unknown outcome, and whose reads are unavailable.
+#[derive(Clone)]
+struct Failing;
+
+impl crate::backend::BackendConn for Failing {
+    fn execute(&mut self, ops: &mut Vec<Op>, results: &mut Vec<OpResult>) {
+        results.clear();
+        for op in ops.drain(..) {
+            results.push(Err(if op.is_write() {
+                BackendError::Indeterminate("the memory node went away".into())
+            } else {
+                BackendError::Unavailable("no memory node".into())
+            }));
+        }
+    }
+
+    fn dbsize(&mut self) -> Result<u64, BackendError> {
+        Err(BackendError::Unavailable("no memory node".into()))
+    }
+}
+
+#[test]
+fn writes_of_unknown_outcome_are_errors_never_ok() {
+    let shared = Arc::new(Shared::new(ServerConfig::default(), 6379));
+    let mut s = Session::new(Failing, shared, String::new(), String::new());
+    let mut parser = RequestParser::new(ParseLimits::default());
+    let mut run = |line: &str| {
+        let mut out = Vec::new();
+        let input = format!("{line}\r\n");
+        let (_, r) = parser.parse(input.as_bytes(), true);
+        s.handle(r.unwrap().unwrap(), &mut out);
+        s.flush(&mut out);
+        String::from_utf8(out).unwrap()
+    };
+    let unknown = "-ERR write outcome unknown, it may or may not have been applied: the memory node went away\r\n";
+    for write in [
+        "set k v",
+        "set k v nx",
+        "setnx k v",
+        "getset k v",
+        "mset a 1 b 2",
+        "del a b",
+        "incr k",
+        "append k v",
+    ] {
+        assert_eq!(run(write), unknown, "{write}");
+    }
+    assert_eq!(run("get k"), "-ERR no memory node\r\n");
+    assert_eq!(run("mget a b"), "-ERR no memory node\r\n");
+    assert_eq!(run("dbsize"), "-ERR no memory node\r\n");
+    assert_eq!(run("ping"), "+PONG\r\n");
 }
