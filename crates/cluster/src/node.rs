@@ -40,6 +40,9 @@ pub struct NodeConfig {
     pub resp_listen: Option<SocketAddr>,
     /// Settings of the RESP server (its `listen` is replaced by `resp_listen`).
     pub resp: dinomo_resp::ServerConfig,
+    /// Native clients the RESP connections share to forward keys this node does not own (each keeps a connection
+    /// to every owner it reached, so this bounds the connections a node opens to each other node). Default 32.
+    pub resp_forward_clients: usize,
 }
 
 impl Default for NodeConfig {
@@ -54,6 +57,7 @@ impl Default for NodeConfig {
             limits: ServerLimits::default(),
             resp_listen: None,
             resp: dinomo_resp::ServerConfig::default(),
+            resp_forward_clients: 32,
         }
     }
 }

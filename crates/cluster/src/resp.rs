@@ -12,7 +12,8 @@
 //! got no reply) is answered with an error, never with success.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, unbounded};
@@ -37,14 +38,26 @@ pub(crate) fn start(
     connector: Connector,
     native_addr: String,
 ) -> Result<dinomo_resp::RespServer, ClusterError> {
+    if config.resp_forward_clients == 0 {
+        return Err(ClusterError::Io(
+            "resp_forward_clients must be at least 1".into(),
+        ));
+    }
     let backend = NodeBackend {
         shared,
         connector,
-        // The node's own native server answers routing requests: the forwarding client starts there.
+        // The node's own native server answers routing requests: the forwarding clients start there.
         forward: ClientConfig {
             seeds: vec![native_addr],
             ..ClientConfig::default()
         },
+        forwarders: Arc::new(
+            (0..config.resp_forward_clients)
+                .map(|_| Mutex::new(None))
+                .collect(),
+        ),
+        next_forwarder: AtomicUsize::new(0),
+        memory: Arc::new(Mutex::new(None)),
         worker_timeout: WORKER_REPLY_TIMEOUT.max(config.kn.merge_wait_timeout * 2),
     };
     let server_config = dinomo_resp::ServerConfig {
@@ -56,10 +69,17 @@ pub(crate) fn start(
         .map_err(|e| ClusterError::Io(e.to_string()))
 }
 
+/// Native clients shared by a node's RESP connections, each connected on first use.
+type Forwarders = Arc<Vec<Mutex<Option<Client>>>>;
+
 struct NodeBackend {
     shared: Arc<NodeShared>,
     connector: Connector,
     forward: ClientConfig,
+    forwarders: Forwarders,
+    next_forwarder: AtomicUsize,
+    /// A fabric endpoint to the memory node for `DBSIZE`, shared by the connections, connected on first use.
+    memory: Arc<Mutex<Option<Endpoint>>>,
     worker_timeout: Duration,
 }
 
@@ -72,12 +92,13 @@ impl Backend for NodeBackend {
             shared: self.shared.clone(),
             connector: self.connector.clone(),
             forward_config: self.forward.clone(),
+            forwarders: self.forwarders.clone(),
+            forwarder: self.next_forwarder.fetch_add(1, Ordering::Relaxed) % self.forwarders.len(),
             worker_timeout: self.worker_timeout,
             replies_tx,
             replies_rx,
             batch: 0,
-            client: None,
-            memory: None,
+            memory: self.memory.clone(),
             local: Vec::new(),
             remote: Vec::new(),
             answered: Vec::new(),
@@ -95,10 +116,10 @@ struct NodeConn {
     replies_rx: Receiver<Tagged>,
     /// Numbers batches, so a late reply of an earlier batch that timed out is never taken for a current one.
     batch: u32,
-    /// The native client for keys other nodes own, connected on first use.
-    client: Option<Client>,
-    /// A fabric endpoint to the memory node, for `DBSIZE`, connected on first use.
-    memory: Option<Endpoint>,
+    forwarders: Forwarders,
+    /// The forwarding client this connection tries first.
+    forwarder: usize,
+    memory: Arc<Mutex<Option<Endpoint>>>,
     local: Vec<usize>,
     remote: Vec<usize>,
     answered: Vec<bool>,
@@ -235,11 +256,20 @@ impl NodeConn {
         }
     }
 
-    /// Sends the ops at `self.remote` (sorted) to their owners, one after another.
+    /// Sends the ops at `self.remote` (sorted) to their owners, one after another, through a shared client: a
+    /// free one if there is, else this connection's own turn at its first choice.
     fn run_remote(&mut self, ops: &[Op], results: &mut [OpResult]) {
-        if self.client.is_none() {
+        let n = self.forwarders.len();
+        let free = (0..n).find_map(|k| self.forwarders[(self.forwarder + k) % n].try_lock().ok());
+        let mut slot = match free {
+            Some(slot) => slot,
+            None => self.forwarders[self.forwarder]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        };
+        if slot.is_none() {
             match Client::connect(self.forward_config.clone()) {
-                Ok(c) => self.client = Some(c),
+                Ok(c) => *slot = Some(c),
                 Err(e) => {
                     let e = from_client_error(e);
                     for &i in &self.remote {
@@ -249,7 +279,7 @@ impl NodeConn {
                 }
             }
         }
-        let client = self.client.as_mut().expect("connected above");
+        let client = slot.as_mut().expect("connected above");
         for &i in &self.remote {
             let op = &ops[i];
             results[i] = match client.request(RequestBody::Data(data_op(op))) {
@@ -301,16 +331,17 @@ impl BackendConn for NodeConn {
     }
 
     fn dbsize(&mut self) -> Result<u64, BackendError> {
-        if self.memory.is_none() {
-            self.memory = Some(self.connector.connect().map_err(|e| {
+        let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+        if memory.is_none() {
+            *memory = Some(self.connector.connect().map_err(|e| {
                 BackendError::Unavailable(format!("cannot reach the memory node: {e}"))
             })?);
         }
-        let ep = self.memory.as_mut().expect("connected above");
+        let ep = memory.as_mut().expect("connected above");
         match ep.call::<_, dinomo_dpm::proto::KeyCount>(dinomo_dpm::proto::COUNT_KEYS, &()) {
             Ok(c) => Ok(c.keys),
             Err(e) => {
-                self.memory = None;
+                *memory = None;
                 Err(BackendError::Unavailable(format!(
                     "the memory node did not count the keys: {e}"
                 )))

@@ -23,6 +23,8 @@ fn cluster(kns: usize) -> anyhow::Result<LocalCluster> {
     cfg.node.lease_ttl = Duration::from_secs(5);
     cfg.node.heartbeat = Duration::from_millis(50);
     cfg.resp_listen = vec![any_port()];
+    // Fewer forwarding clients than the tests' connections: they are shared.
+    cfg.node.resp_forward_clients = 2;
     Ok(LocalCluster::start(cfg)?)
 }
 

@@ -129,6 +129,7 @@ impl KnArgs {
                 idle_timeout: Duration::from_secs(self.resp_timeout),
                 ..dinomo_resp::ServerConfig::default()
             },
+            ..NodeConfig::default()
         }
     }
 }
