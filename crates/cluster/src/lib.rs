@@ -10,6 +10,7 @@ mod local;
 mod mnode;
 mod node;
 mod pipeline;
+mod resp;
 mod rn;
 mod server;
 pub mod wire;
@@ -19,7 +20,7 @@ use dinomo_ring::NodeId;
 use serde::{Deserialize, Serialize};
 
 pub use client::{Client, ClientConfig, ClientError};
-pub use local::{LocalCluster, LocalClusterConfig, MemoryNodeRpc};
+pub use local::{LocalCluster, LocalClusterConfig, MemoryNodeRpc, resp_address};
 pub use mnode::{MNode, MNodeConfig, ReconfigEvent, ReconfigKind};
 pub use node::{ClusterNode, NodeConfig};
 pub use pipeline::{Completion, PipelinedClient};

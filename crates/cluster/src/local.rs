@@ -66,6 +66,10 @@ pub struct LocalClusterConfig {
     pub rn_listen: SocketAddr,
     /// Injected fabric latency per round trip (ns), to emulate a µs-scale network. Default 0.
     pub injected_latency_ns: u64,
+    /// Where the KV nodes serve the Redis protocol, in the order they start: the i-th node started listens on
+    /// `resp_listen[i]`, later ones on the ports after the last address (all on any free port when its port is
+    /// 0). Empty (the default): no RESP. Other RESP settings come from `node.resp`.
+    pub resp_listen: Vec<SocketAddr>,
 }
 
 impl Default for LocalClusterConfig {
@@ -80,6 +84,7 @@ impl Default for LocalClusterConfig {
             mnode: MNodeConfig::default(),
             rn_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             injected_latency_ns: 0,
+            resp_listen: Vec::new(),
         }
     }
 }
@@ -95,6 +100,8 @@ pub struct LocalCluster {
     rn: Option<RoutingNode>,
     mnode: Option<MNode>,
     next_id: NodeId,
+    /// KV nodes started so far (picks each one's RESP address).
+    started: usize,
 }
 
 impl LocalCluster {
@@ -141,6 +148,7 @@ impl LocalCluster {
             rn: None,
             mnode: None,
             next_id: 1,
+            started: 0,
             cfg,
         };
         c.mnode = Some(MNode::start(
@@ -185,9 +193,11 @@ impl LocalCluster {
     fn start_node_with_id(&mut self, id: NodeId) -> Result<NodeId, ClusterError> {
         let cfg = NodeConfig {
             node_id: id,
+            resp_listen: resp_address(&self.cfg.resp_listen, self.started)?,
             ..self.cfg.node.clone()
         };
         let node = ClusterNode::start(cfg, self.connector(), self.meta_store())?;
+        self.started += 1;
         self.nodes.push(node);
         Ok(id)
     }
@@ -291,6 +301,30 @@ impl LocalCluster {
         self.processor.shutdown();
         let _ = self.pool.sync_all();
     }
+}
+
+/// The RESP address of the `ordinal`-th node started; see [`LocalClusterConfig::resp_listen`].
+pub fn resp_address(
+    list: &[SocketAddr],
+    ordinal: usize,
+) -> Result<Option<SocketAddr>, ClusterError> {
+    let Some(last) = list.last() else {
+        return Ok(None);
+    };
+    if let Some(a) = list.get(ordinal) {
+        return Ok(Some(*a));
+    }
+    if last.port() == 0 {
+        return Ok(Some(*last));
+    }
+    let port = usize::from(last.port()) + ordinal + 1 - list.len();
+    let port = u16::try_from(port).map_err(|_| {
+        ClusterError::Io(format!(
+            "no RESP port left after {last} for KV node {}",
+            ordinal + 1
+        ))
+    })?;
+    Ok(Some(SocketAddr::new(last.ip(), port)))
 }
 
 impl Drop for LocalCluster {

@@ -37,6 +37,13 @@ pub struct NodeConfig {
     pub heartbeat: Duration,
     /// Server limits.
     pub limits: ServerLimits,
+    /// Where the Redis protocol (RESP) listens; `None` (the default) serves no RESP.
+    pub resp_listen: Option<SocketAddr>,
+    /// Settings of the RESP server (its `listen` is replaced by `resp_listen`).
+    pub resp: dinomo_resp::ServerConfig,
+    /// Native clients the RESP connections share to forward keys this node does not own (each keeps a connection
+    /// to every owner it reached, so this bounds the connections a node opens to each other node). Default 32.
+    pub resp_forward_clients: usize,
 }
 
 impl Default for NodeConfig {
@@ -49,6 +56,9 @@ impl Default for NodeConfig {
             lease_ttl: Duration::from_millis(200),
             heartbeat: Duration::from_millis(40),
             limits: ServerLimits::default(),
+            resp_listen: None,
+            resp: dinomo_resp::ServerConfig::default(),
+            resp_forward_clients: 32,
         }
     }
 }
@@ -94,11 +104,20 @@ pub(crate) struct NodeShared {
     routing: RwLock<Routing>,
     /// Serializes installs.
     install_lock: std::sync::Mutex<()>,
+    /// Orders ownership changes against batches of requests queued together (RESP pipelines): an install
+    /// queues its new ownership at the workers under the write side, a batch is queued under the read side, so
+    /// every request of a batch meets the same ownership at its worker.
+    pub(crate) queue_order: RwLock<()>,
 }
 
 impl NodeShared {
     pub(crate) fn routing(&self) -> Routing {
         self.routing.read().expect("routing lock").clone()
+    }
+
+    /// Runs `f` on the routing table without copying it.
+    pub(crate) fn with_routing<R>(&self, f: impl FnOnce(&Routing) -> R) -> R {
+        f(&self.routing.read().expect("routing lock"))
     }
 
     /// Serves under `routing` from now on: every worker commits what is pending, merges its log if it held
@@ -114,8 +133,11 @@ impl NodeShared {
             cells: routing.cells.clone(),
         });
         let (tx, rx) = crossbeam_channel::unbounded();
-        self.submitter
-            .broadcast(|| Command::Own(own.clone()), 0, &tx)?;
+        {
+            let _queued_alone = self.queue_order.write().expect("queue order lock");
+            self.submitter
+                .broadcast(|| Command::Own(own.clone()), 0, &tx)?;
+        }
         let mut first_error = None;
         for _ in 0..self.submitter.threads() {
             match rx.recv() {
@@ -173,6 +195,7 @@ pub struct ClusterNode {
     shared: Arc<NodeShared>,
     kv: Option<KvNode>,
     server: Option<Server>,
+    resp: Option<dinomo_resp::RespServer>,
     addr: String,
     gate: Arc<LeaseGate>,
     meta: Arc<dyn MetaStore>,
@@ -209,12 +232,13 @@ impl ClusterNode {
             node_id: config.node_id,
             ..config.kn.clone()
         };
-        let kv = KvNode::start_in_cluster(kn, connector, Some(own), Some(gate.clone()))?;
+        let kv = KvNode::start_in_cluster(kn, connector.clone(), Some(own), Some(gate.clone()))?;
         let shared = Arc::new(NodeShared {
             id: config.node_id,
             submitter: kv.submitter(),
             routing: RwLock::new(routing),
             install_lock: std::sync::Mutex::new(()),
+            queue_order: RwLock::new(()),
         });
         let server = Server::start(
             config.listen,
@@ -227,6 +251,16 @@ impl ClusterNode {
             .advertise
             .clone()
             .unwrap_or_else(|| server.local_addr().to_string());
+        let resp = match config.resp_listen {
+            Some(listen) => Some(crate::resp::start(
+                listen,
+                &config,
+                shared.clone(),
+                connector.clone(),
+                server.local_addr().to_string(),
+            )?),
+            None => None,
+        };
         let incarnation = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)
@@ -261,12 +295,13 @@ impl ClusterNode {
                 })
                 .map_err(|e| ClusterError::Io(format!("cannot start the heartbeat: {e}")))?
         };
-        info!(node = config.node_id, %addr, "KV node serving");
+        info!(node = config.node_id, %addr, resp = ?config.resp_listen, "KV node serving");
         Ok(ClusterNode {
             id: config.node_id,
             shared,
             kv: Some(kv),
             server: Some(server),
+            resp,
             addr,
             gate,
             meta,
@@ -285,6 +320,11 @@ impl ClusterNode {
     /// The native-protocol address.
     pub fn addr(&self) -> &str {
         &self.addr
+    }
+
+    /// Where it serves the Redis protocol, if it does.
+    pub fn resp_addr(&self) -> Option<SocketAddr> {
+        self.resp.as_ref().map(dinomo_resp::RespServer::local_addr)
     }
 
     /// The routing table it serves under.
@@ -326,6 +366,7 @@ impl ClusterNode {
     /// Stops heartbeats, server and workers; a clean stop (not a crash) also gives the lease back.
     fn shutdown(&mut self) {
         self.stop_heartbeat.store(true, Ordering::Release);
+        self.resp.take();
         self.server.take();
         if let Some(t) = self.heartbeat.take() {
             let _ = t.join();

@@ -90,6 +90,16 @@ pub struct KnArgs {
     /// Heartbeat period in milliseconds.
     #[arg(long, default_value_t = 40)]
     pub heartbeat_ms: u64,
+    /// Password Redis clients must give (AUTH, or HELLO ... AUTH default <password>); without one, RESP refuses
+    /// to listen on a non-loopback address (Redis's protected mode).
+    #[arg(long, env = "DINOMO_REQUIREPASS")]
+    pub requirepass: Option<String>,
+    /// Redis clients served at once per KV node; more are refused.
+    #[arg(long, default_value_t = dinomo_resp::server::DEFAULT_MAX_CLIENTS)]
+    pub resp_max_clients: usize,
+    /// Seconds after which an idle Redis client is disconnected (0: never).
+    #[arg(long, default_value_t = 0)]
+    pub resp_timeout: u64,
 }
 
 impl KnArgs {
@@ -112,6 +122,14 @@ impl KnArgs {
             lease_ttl: Duration::from_millis(self.lease_ms),
             heartbeat: Duration::from_millis(self.heartbeat_ms),
             limits: ServerLimits::default(),
+            resp_listen: None,
+            resp: dinomo_resp::ServerConfig {
+                requirepass: self.requirepass.clone(),
+                max_clients: self.resp_max_clients,
+                idle_timeout: Duration::from_secs(self.resp_timeout),
+                ..dinomo_resp::ServerConfig::default()
+            },
+            ..NodeConfig::default()
         }
     }
 }
@@ -137,6 +155,13 @@ pub struct UpArgs {
     /// Injected fabric latency per round trip in nanoseconds (emulates a µs-scale network on one host).
     #[arg(long, default_value_t = 0)]
     pub latency_ns: u64,
+    /// Where the KV nodes serve the Redis protocol: one address per node (comma-separated); nodes beyond the
+    /// list take the ports after the last one (port 0: any free port each).
+    #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:6379")]
+    pub resp_listen: Vec<SocketAddr>,
+    /// Serve no Redis protocol.
+    #[arg(long)]
+    pub no_resp: bool,
     #[command(flatten)]
     pub kn: KnArgs,
 }
@@ -150,6 +175,9 @@ pub struct KnCmdArgs {
     /// Native-protocol address.
     #[arg(long, default_value = "127.0.0.1:7300")]
     pub listen: SocketAddr,
+    /// Serve the Redis protocol on this address too.
+    #[arg(long)]
+    pub resp_listen: Option<SocketAddr>,
     #[command(flatten)]
     pub meta: MetaArgs,
     #[command(flatten)]
@@ -237,11 +265,23 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         mnode: MNodeConfig::default(),
         rn_listen: args.rn_listen,
         injected_latency_ns: args.latency_ns,
+        resp_listen: if args.no_resp {
+            Vec::new()
+        } else {
+            args.resp_listen.clone()
+        },
     };
     let cluster = LocalCluster::start(cfg).context("starting the cluster")?;
     println!("dinomo up: routing node on {}", cluster.rn_addr());
     for n in cluster.nodes() {
-        println!("  KV node {} on {}", n.id(), n.addr());
+        match n.resp_addr() {
+            Some(resp) => println!(
+                "  KV node {} on {}, Redis protocol on {resp}",
+                n.id(),
+                n.addr()
+            ),
+            None => println!("  KV node {} on {}", n.id(), n.addr()),
+        }
     }
     let s = cluster.processor().stats();
     println!(
@@ -259,13 +299,16 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
 pub fn kn(args: KnCmdArgs) -> anyhow::Result<()> {
     let signals = signals()?;
     let meta = args.meta.store()?;
-    let node = ClusterNode::start(
-        args.kn.node_config(args.node_id, args.listen),
-        args.meta.connector(),
-        meta,
-    )
-    .context("starting the KV node")?;
+    let config = NodeConfig {
+        resp_listen: args.resp_listen,
+        ..args.kn.node_config(args.node_id, args.listen)
+    };
+    let node =
+        ClusterNode::start(config, args.meta.connector(), meta).context("starting the KV node")?;
     println!("dinomo kn {} listening on {}", node.id(), node.addr());
+    if let Some(resp) = node.resp_addr() {
+        println!("  Redis protocol on {resp}");
+    }
     wait_for_signal(signals);
     node.stop();
     println!("dinomo kn stopped cleanly");

@@ -270,6 +270,13 @@ impl Processor {
         self.inner.stats()
     }
 
+    /// How many keys the store holds: the index's entries corrected by the entries of every log that reached the
+    /// pool but are not merged yet (a put of a key the index lacks adds one, a delete of a key it has removes one).
+    /// Merges wait while it counts, so the index and the logs are seen at one moment.
+    pub fn count_keys(&self) -> Result<u64, ProcessorError> {
+        self.inner.count_keys()
+    }
+
     /// Stops the merge threads (also done on drop).
     pub fn shutdown(&self) {
         self.inner.stopping.store(true, Ordering::Release);
@@ -304,6 +311,12 @@ impl RpcHandler for Handler {
                 dinomo_fabric::encode(&self.0.merge_all(&req).map_err(fail)?, response)
             }
             proto::STATS => dinomo_fabric::encode(&self.0.stats(), response),
+            proto::COUNT_KEYS => dinomo_fabric::encode(
+                &proto::KeyCount {
+                    keys: self.0.count_keys().map_err(fail)?,
+                },
+                response,
+            ),
             proto::TAKE_OVER_NODE => {
                 let req: proto::TakeOverNode = dinomo_fabric::decode(request)?;
                 dinomo_fabric::encode(&self.0.take_over_node(&req).map_err(fail)?, response)
@@ -1192,6 +1205,82 @@ impl Inner {
             }
         }
         self.recycle(&gone)
+    }
+
+    fn count_keys(&self) -> Result<u64, ProcessorError> {
+        let mut logs: Vec<Arc<LogState>> = self
+            .logs
+            .read()
+            .expect("logs lock")
+            .values()
+            .cloned()
+            .collect();
+        // Always taken in log order, and nothing else holds two merge locks, so this cannot deadlock.
+        logs.sort_by_key(|l| l.id);
+        let _merges_wait: Vec<_> = logs
+            .iter()
+            .map(|l| l.merge_lock.lock().expect("merge lock"))
+            .collect();
+        let indexed = self.index.len();
+        // Whether each key with unmerged entries has a value after its last one. Ownership moves only after the
+        // previous owner's log is merged, so a key's unmerged entries are all in one log, in sequence order.
+        let mut present_after: HashMap<Vec<u8>, bool> = HashMap::new();
+        let mut data = Vec::new();
+        for log in &logs {
+            let (segments, merged_seq) = {
+                let meta = log.meta.lock().expect("log lock");
+                let unmerged: Vec<(u64, u64, u64)> = meta
+                    .segments
+                    .iter()
+                    .filter(|s| !s.merged)
+                    .map(|s| {
+                        let len = s
+                            .sealed_len
+                            .unwrap_or(s.capacity - SEGMENT_HEADER_LEN as u64);
+                        (s.offset, s.first_seq, len)
+                    })
+                    .collect();
+                (unmerged, meta.merged_seq)
+            };
+            for (offset, first_seq, len) in segments {
+                // An open segment is read to its end: the scan stops at the first entry that is not committed.
+                self.read_entries(offset, len, &mut data)?;
+                segment::scan(&data, log.id, first_seq, |_, e| {
+                    if e.header.seq > merged_seq {
+                        present_after.insert(e.key.to_vec(), e.header.op == Op::Put);
+                    }
+                });
+            }
+        }
+        // A shared key's value is its cell, whatever its owners' unmerged entries say.
+        let mut shared = 0u64;
+        {
+            let cells = self.cells.lock().expect("cells lock");
+            for c in cells.cells().filter(|c| c.state == CellState::Active) {
+                present_after.remove(&c.key);
+                let word = cells.word(c.slot)?.load(Ordering::Acquire);
+                if word != 0 && word != cells::RETIRED {
+                    shared += 1;
+                }
+            }
+        }
+        let mode = self.dir.hash_mode();
+        let mut scratch = Vec::new();
+        let (mut added, mut removed) = (0u64, 0u64);
+        for (key, present) in &present_after {
+            let indexed = self
+                .index
+                .get(mode.hash(key), |c| {
+                    entry_has_key(&self.pool, c, key, &mut scratch)
+                })
+                .is_some();
+            match (present, indexed) {
+                (true, false) => added += 1,
+                (false, true) => removed += 1,
+                _ => {}
+            }
+        }
+        Ok((indexed + added + shared).saturating_sub(removed))
     }
 
     fn stats(&self) -> ProcessorStats {

@@ -26,6 +26,8 @@ pub const DEACTIVATE_CELL: u16 = 8;
 pub const RELEASE_CELL: u16 = 9;
 /// [`SyncCells`] → `()`.
 pub const SYNC_CELLS: u16 = 10;
+/// `()` → [`KeyCount`].
+pub const COUNT_KEYS: u16 = 11;
 
 /// Claims (or reclaims after a restart) the log of one KV-node thread. Whatever that log holds unmerged is merged
 /// before the reply, so the caller starts from an index that has all of its earlier writes.
@@ -160,4 +162,12 @@ pub struct ReleaseCell {
 pub struct SyncCells {
     /// The cells the cluster record names.
     pub shared: Vec<u64>,
+}
+
+/// Reply to [`COUNT_KEYS`]: how many keys the store holds, counting every write that reached the memory node
+/// (merged or still in a log).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KeyCount {
+    /// Keys with a value.
+    pub keys: u64,
 }

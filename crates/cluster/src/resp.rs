@@ -1,0 +1,420 @@
+//! The Redis front door of a KV node: a [`dinomo_resp::RespServer`] whose backend runs the keys this node owns
+//! on its own workers and forwards the others to their owners through the native client, so any plain Redis
+//! client works against any node.
+//!
+//! A pipeline's operations on owned keys are queued at the workers together (writes then share group commits)
+//! under the read side of [`NodeShared::queue_order`], so all of them meet the same ownership: operations on one
+//! key are either all served here, in order, or all refused and then forwarded, in order. Operations on different
+//! keys may complete in any order, as across the nodes of a Redis Cluster. Multi-key commands (`MGET`, `MSET`,
+//! `DEL`, `EXISTS`) are one operation per key, so `MSET` of keys on several nodes is not atomic.
+//!
+//! A write whose outcome is unknown (the node lost the memory node or its lease mid-write, or a forwarded write
+//! got no reply) is answered with an error, never with success.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, unbounded};
+use dinomo_fabric::{Connector, Endpoint};
+use dinomo_kn::{Command, DataOp, KnError, Reply, Tagged};
+use dinomo_resp::{Backend, BackendConn, BackendError, Op, OpResult, Output};
+
+use crate::ClusterError;
+use crate::client::{Client, ClientConfig, ClientError};
+use crate::node::{NodeConfig, NodeShared};
+use crate::wire::{RequestBody, ResponseBody};
+
+/// How long a queued operation may take at this node's workers before it is reported as failed: beyond the
+/// longest a worker waits for the memory node to merge (`KnConfig::merge_wait_timeout`, 10 s by default).
+const WORKER_REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Starts the RESP server of a node.
+pub(crate) fn start(
+    listen: SocketAddr,
+    config: &NodeConfig,
+    shared: Arc<NodeShared>,
+    connector: Connector,
+    native_addr: String,
+) -> Result<dinomo_resp::RespServer, ClusterError> {
+    if config.resp_forward_clients == 0 {
+        return Err(ClusterError::Io(
+            "resp_forward_clients must be at least 1".into(),
+        ));
+    }
+    let backend = NodeBackend {
+        shared,
+        connector,
+        // The node's own native server answers routing requests: the forwarding clients start there.
+        forward: ClientConfig {
+            seeds: vec![native_addr],
+            ..ClientConfig::default()
+        },
+        forwarders: Arc::new(
+            (0..config.resp_forward_clients)
+                .map(|_| Mutex::new(None))
+                .collect(),
+        ),
+        next_forwarder: AtomicUsize::new(0),
+        memory: Arc::new(Mutex::new(None)),
+        worker_timeout: WORKER_REPLY_TIMEOUT.max(config.kn.merge_wait_timeout * 2),
+    };
+    let server_config = dinomo_resp::ServerConfig {
+        listen,
+        name: format!("dinomo-kn{}-resp", config.node_id),
+        ..config.resp.clone()
+    };
+    dinomo_resp::RespServer::start(server_config, backend)
+        .map_err(|e| ClusterError::Io(e.to_string()))
+}
+
+/// Native clients shared by a node's RESP connections, each connected on first use.
+type Forwarders = Arc<Vec<Mutex<Option<Client>>>>;
+
+struct NodeBackend {
+    shared: Arc<NodeShared>,
+    connector: Connector,
+    forward: ClientConfig,
+    forwarders: Forwarders,
+    next_forwarder: AtomicUsize,
+    /// A fabric endpoint to the memory node for `DBSIZE`, shared by the connections, connected on first use.
+    memory: Arc<Mutex<Option<Endpoint>>>,
+    worker_timeout: Duration,
+}
+
+impl Backend for NodeBackend {
+    type Conn = NodeConn;
+
+    fn connect(&self) -> NodeConn {
+        let (replies_tx, replies_rx) = unbounded();
+        NodeConn {
+            shared: self.shared.clone(),
+            connector: self.connector.clone(),
+            forward_config: self.forward.clone(),
+            forwarders: self.forwarders.clone(),
+            forwarder: self.next_forwarder.fetch_add(1, Ordering::Relaxed) % self.forwarders.len(),
+            worker_timeout: self.worker_timeout,
+            replies_tx,
+            replies_rx,
+            batch: 0,
+            memory: self.memory.clone(),
+            local: Vec::new(),
+            remote: Vec::new(),
+            answered: Vec::new(),
+        }
+    }
+}
+
+/// One RESP connection's way to the cluster.
+struct NodeConn {
+    shared: Arc<NodeShared>,
+    connector: Connector,
+    forward_config: ClientConfig,
+    worker_timeout: Duration,
+    replies_tx: Sender<Tagged>,
+    replies_rx: Receiver<Tagged>,
+    /// Numbers batches, so a late reply of an earlier batch that timed out is never taken for a current one.
+    batch: u32,
+    forwarders: Forwarders,
+    /// The forwarding client this connection tries first.
+    forwarder: usize,
+    memory: Arc<Mutex<Option<Endpoint>>>,
+    local: Vec<usize>,
+    remote: Vec<usize>,
+    answered: Vec<bool>,
+}
+
+fn data_op(op: &Op) -> DataOp {
+    match op.clone() {
+        Op::Get(k) | Op::Exists(k) => DataOp::Get(k),
+        Op::Set(k, v) => DataOp::Set(k, v),
+        Op::Insert(k, v) => DataOp::Insert(k, v),
+        Op::Update(k, v) => DataOp::Update(k, v),
+        Op::GetSet(k, v) => DataOp::GetSet(k, v),
+        Op::Delete(k) => DataOp::Delete(k),
+        Op::Incr(k, d) => DataOp::Incr(k, d),
+        Op::Append(k, v) => DataOp::Append(k, v),
+    }
+}
+
+/// The result of `op` from what the store answered.
+fn output(
+    op: &Op,
+    value: Option<Option<Vec<u8>>>,
+    applied: Option<bool>,
+    int: Option<i64>,
+) -> OpResult {
+    match (op, value, applied, int) {
+        (Op::Exists(_), Some(v), _, _) => Ok(Output::Applied(v.is_some())),
+        (Op::Get(_) | Op::GetSet(..), Some(v), _, _) => Ok(Output::Value(v)),
+        (Op::Set(..) | Op::Insert(..) | Op::Update(..) | Op::Delete(_), _, Some(a), _) => {
+            Ok(Output::Applied(a))
+        }
+        (Op::Incr(..) | Op::Append(..), _, _, Some(n)) => Ok(Output::Int(n)),
+        _ => Err(BackendError::Unavailable(
+            "the KV node answered with a reply of the wrong kind".into(),
+        )),
+    }
+}
+
+fn from_reply(op: &Op, r: Reply) -> OpResult {
+    match r {
+        Reply::Value(v) => output(op, Some(v), None, None),
+        Reply::Applied(a) => output(op, None, Some(a), None),
+        Reply::Int(n) => output(op, None, None, Some(n)),
+        Reply::Stats(_) => output(op, None, None, None),
+    }
+}
+
+fn from_kn_error(op: &Op, e: KnError) -> BackendError {
+    match e {
+        KnError::NotAnInteger => BackendError::NotAnInteger,
+        KnError::KeyTooLarge { .. } | KnError::ValueTooLarge { .. } | KnError::Config(_) => {
+            BackendError::Invalid(e.to_string())
+        }
+        e if e.is_indeterminate() && op.is_write() => BackendError::Indeterminate(e.to_string()),
+        e => BackendError::Unavailable(e.to_string()),
+    }
+}
+
+fn from_client_error(e: ClientError) -> BackendError {
+    match e {
+        ClientError::Invalid(m) if m == KnError::NotAnInteger.to_string() => {
+            BackendError::NotAnInteger
+        }
+        ClientError::Invalid(m) => BackendError::Invalid(m),
+        ClientError::Indeterminate(m) => BackendError::Indeterminate(m),
+        ClientError::Unavailable(m) => BackendError::Unavailable(m),
+    }
+}
+
+impl NodeConn {
+    /// Queues the ops at `self.local` at this node's workers and collects their results; refused ones join
+    /// `self.remote`.
+    fn run_local(&mut self, ops: &[Op], results: &mut [OpResult]) {
+        self.batch = self.batch.wrapping_add(1);
+        let tag = |i: usize| (u64::from(self.batch) << 32) | i as u64;
+        let mut queued = 0;
+        {
+            let _same_ownership = self.shared.queue_order.read().expect("queue order lock");
+            for &i in &self.local {
+                let op = data_op(&ops[i]);
+                match self
+                    .shared
+                    .submitter
+                    .submit(Command::Data(op), tag(i), &self.replies_tx)
+                {
+                    Ok(()) => queued += 1,
+                    Err(e) => results[i] = Err(from_kn_error(&ops[i], e)),
+                }
+            }
+        }
+        let answered = &mut self.answered;
+        answered.clear();
+        answered.resize(ops.len(), false);
+        while queued > 0 {
+            match self.replies_rx.recv_timeout(self.worker_timeout) {
+                Ok((t, r)) => {
+                    if (t >> 32) as u32 != self.batch {
+                        continue;
+                    }
+                    let i = (t & u64::from(u32::MAX)) as usize;
+                    if i >= ops.len() || answered[i] {
+                        continue;
+                    }
+                    answered[i] = true;
+                    queued -= 1;
+                    results[i] = match r {
+                        Ok(reply) => from_reply(&ops[i], reply),
+                        Err(KnError::NotOwner { .. }) => {
+                            self.remote.push(i);
+                            continue;
+                        }
+                        Err(e) => Err(from_kn_error(&ops[i], e)),
+                    };
+                }
+                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
+                    for &i in &self.local {
+                        if !answered[i] {
+                            results[i] = Err(if ops[i].is_write() {
+                                BackendError::Indeterminate(format!(
+                                    "no reply from the KV node's worker within {:?}",
+                                    self.worker_timeout
+                                ))
+                            } else {
+                                BackendError::Unavailable(format!(
+                                    "no reply from the KV node's worker within {:?}",
+                                    self.worker_timeout
+                                ))
+                            });
+                        }
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Sends the ops at `self.remote` (sorted) to their owners, one after another, through a shared client: a
+    /// free one if there is, else this connection's own turn at its first choice.
+    fn run_remote(&mut self, ops: &[Op], results: &mut [OpResult]) {
+        let n = self.forwarders.len();
+        let free = (0..n).find_map(|k| self.forwarders[(self.forwarder + k) % n].try_lock().ok());
+        let mut slot = match free {
+            Some(slot) => slot,
+            None => self.forwarders[self.forwarder]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        };
+        if slot.is_none() {
+            match Client::connect(self.forward_config.clone()) {
+                Ok(c) => *slot = Some(c),
+                Err(e) => {
+                    let e = from_client_error(e);
+                    for &i in &self.remote {
+                        results[i] = Err(e.clone());
+                    }
+                    return;
+                }
+            }
+        }
+        let client = slot.as_mut().expect("connected above");
+        for &i in &self.remote {
+            let op = &ops[i];
+            results[i] = match client.request(RequestBody::Data(data_op(op))) {
+                Ok(ResponseBody::Value(v)) => output(op, Some(v), None, None),
+                Ok(ResponseBody::Applied(a)) => output(op, None, Some(a), None),
+                Ok(ResponseBody::Int(n)) => output(op, None, None, Some(n)),
+                Ok(other) => Err(BackendError::Unavailable(format!(
+                    "unexpected reply from the owner: {other:?}"
+                ))),
+                Err(e) => Err(from_client_error(e)),
+            };
+        }
+    }
+}
+
+impl BackendConn for NodeConn {
+    fn execute(&mut self, ops: &mut Vec<Op>, results: &mut Vec<OpResult>) {
+        results.clear();
+        results.resize_with(ops.len(), || {
+            Err(BackendError::Unavailable("not run".into()))
+        });
+        self.local.clear();
+        self.remote.clear();
+        let node = self.shared.id;
+        self.shared.with_routing(|r| {
+            for (i, op) in ops.iter().enumerate() {
+                // Like the native client: writes at the primary owner, reads at any owner.
+                let here = if op.is_write() {
+                    r.ring.primary(op.key()) == Some(node)
+                } else {
+                    r.ring.is_owner(node, op.key())
+                };
+                if here {
+                    self.local.push(i);
+                } else {
+                    self.remote.push(i);
+                }
+            }
+        });
+        if !self.local.is_empty() {
+            self.run_local(ops, results);
+        }
+        if !self.remote.is_empty() {
+            // Refused ops joined the list after the ones routed away at once; each key's ops keep their order.
+            self.remote.sort_unstable();
+            self.run_remote(ops, results);
+        }
+        ops.clear();
+    }
+
+    fn dbsize(&mut self) -> Result<u64, BackendError> {
+        let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+        if memory.is_none() {
+            *memory = Some(self.connector.connect().map_err(|e| {
+                BackendError::Unavailable(format!("cannot reach the memory node: {e}"))
+            })?);
+        }
+        let ep = memory.as_mut().expect("connected above");
+        match ep.call::<_, dinomo_dpm::proto::KeyCount>(dinomo_dpm::proto::COUNT_KEYS, &()) {
+            Ok(c) => Ok(c.keys),
+            Err(e) => {
+                *memory = None;
+                Err(BackendError::Unavailable(format!(
+                    "the memory node did not count the keys: {e}"
+                )))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dinomo_fabric::FabricError;
+
+    #[test]
+    fn failures_map_to_what_a_client_may_conclude() {
+        let set = Op::Set(b"k".to_vec(), b"v".to_vec());
+        let get = Op::Get(b"k".to_vec());
+        let lost = || KnError::Fabric(FabricError::Disconnected("cut".into()));
+        assert!(matches!(
+            from_kn_error(&set, lost()),
+            BackendError::Indeterminate(_)
+        ));
+        assert!(matches!(
+            from_kn_error(&set, KnError::Fenced),
+            BackendError::Indeterminate(_)
+        ));
+        // A read changes nothing, so a lost one is just unavailable.
+        assert!(matches!(
+            from_kn_error(&get, lost()),
+            BackendError::Unavailable(_)
+        ));
+        assert!(matches!(
+            from_kn_error(&set, KnError::Stopped),
+            BackendError::Unavailable(_)
+        ));
+        assert_eq!(
+            from_kn_error(&set, KnError::NotAnInteger),
+            BackendError::NotAnInteger
+        );
+        assert!(matches!(
+            from_kn_error(&set, KnError::ValueTooLarge { len: 2, max: 1 }),
+            BackendError::Invalid(_)
+        ));
+        assert!(matches!(
+            from_client_error(ClientError::Indeterminate("sent, no reply".into())),
+            BackendError::Indeterminate(_)
+        ));
+        assert_eq!(
+            from_client_error(ClientError::Invalid(KnError::NotAnInteger.to_string())),
+            BackendError::NotAnInteger
+        );
+        assert!(matches!(
+            from_client_error(ClientError::Unavailable("down".into())),
+            BackendError::Unavailable(_)
+        ));
+    }
+
+    #[test]
+    fn replies_map_by_operation() {
+        let exists = Op::Exists(b"k".to_vec());
+        assert_eq!(
+            from_reply(&exists, Reply::Value(Some(b"v".to_vec()))),
+            Ok(Output::Applied(true))
+        );
+        assert_eq!(
+            from_reply(&exists, Reply::Value(None)),
+            Ok(Output::Applied(false))
+        );
+        assert_eq!(
+            from_reply(&Op::Incr(b"k".to_vec(), 1), Reply::Int(5)),
+            Ok(Output::Int(5))
+        );
+        assert!(from_reply(&Op::Incr(b"k".to_vec(), 1), Reply::Applied(true)).is_err());
+        assert!(matches!(data_op(&exists), DataOp::Get(k) if k == b"k"));
+    }
+}

@@ -1,0 +1,279 @@
+//! The Redis protocol on a cluster's KV nodes: any node serves any key (the ones it does not own are
+//! forwarded), multi-key commands span nodes, DBSIZE counts the whole cluster, read-modify-writes stay atomic
+//! when clients hit different nodes, and pipelines keep their per-key order while ownership moves.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use dinomo_cluster::LocalCluster;
+use dinomo_resp::encode_request;
+use dinomo_resp::value::{Value, ValueLimits};
+
+fn any_port() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+/// No test here kills a node, so leases are long: a machine loaded by other work must not make a node miss
+/// its heartbeats and fence itself mid-test.
+fn cluster(kns: usize) -> anyhow::Result<LocalCluster> {
+    let mut cfg = common::small_cluster(kns);
+    cfg.node.lease_ttl = Duration::from_secs(5);
+    cfg.node.heartbeat = Duration::from_millis(50);
+    cfg.resp_listen = vec![any_port()];
+    // Fewer forwarding clients than the tests' connections: they are shared.
+    cfg.node.resp_forward_clients = 2;
+    Ok(LocalCluster::start(cfg)?)
+}
+
+struct Conn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Conn {
+    fn open(addr: SocketAddr) -> Conn {
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        Conn {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
+    fn send(&mut self, args: &[&[u8]]) {
+        let mut wire = Vec::new();
+        encode_request(args, &mut wire);
+        self.stream.write_all(&wire).unwrap();
+    }
+
+    fn read(&mut self) -> Value {
+        loop {
+            if let Some((v, used)) = Value::parse(&self.buf, &ValueLimits::default()).unwrap() {
+                self.buf.drain(..used);
+                return v;
+            }
+            let mut chunk = [0u8; 65536];
+            let n = self.stream.read(&mut chunk).expect("a reply");
+            assert!(n > 0, "the server closed the connection");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    fn call(&mut self, args: &[&[u8]]) -> Value {
+        self.send(args);
+        self.read()
+    }
+}
+
+fn bulk(b: &[u8]) -> Value {
+    Value::Bulk(b.to_vec())
+}
+
+fn ok() -> Value {
+    Value::Simple(b"OK".to_vec())
+}
+
+fn resp_addrs(c: &LocalCluster) -> Vec<SocketAddr> {
+    c.nodes()
+        .iter()
+        .map(|n| n.resp_addr().expect("RESP enabled"))
+        .collect()
+}
+
+#[test]
+fn any_node_serves_any_key() -> anyhow::Result<()> {
+    let c = cluster(3)?;
+    let addrs = resp_addrs(&c);
+    let mut conns: Vec<Conn> = addrs.iter().map(|a| Conn::open(*a)).collect();
+    let keys: Vec<Vec<u8>> = (0..60u32)
+        .map(|i| format!("key-{i}").into_bytes())
+        .collect();
+    let routing = c.nodes()[0].routing();
+    let owners: std::collections::BTreeSet<_> = keys
+        .iter()
+        .filter_map(|k| routing.ring.primary(k))
+        .collect();
+    assert_eq!(owners.len(), 3, "the keys are spread over every node");
+    for (i, k) in keys.iter().enumerate() {
+        let v = format!("value-{i}");
+        assert_eq!(conns[i % 3].call(&[b"SET", k, v.as_bytes()]), ok());
+    }
+    for (i, k) in keys.iter().enumerate() {
+        let v = format!("value-{i}");
+        for conn in &mut conns {
+            assert_eq!(conn.call(&[b"GET", k]), bulk(v.as_bytes()));
+        }
+    }
+    // Multi-key commands over keys of every node.
+    let mut mget: Vec<&[u8]> = vec![b"MGET"];
+    mget.extend(keys.iter().map(Vec::as_slice));
+    mget.push(b"missing");
+    let Value::Array(values) = conns[1].call(&mget) else {
+        panic!("MGET answers with an array")
+    };
+    assert_eq!(values.len(), keys.len() + 1);
+    assert_eq!(values[7], bulk(b"value-7"));
+    assert_eq!(values[keys.len()], Value::NullBulk);
+    assert_eq!(conns[2].call(&[b"DBSIZE"]), Value::Integer(60));
+    let mut del: Vec<&[u8]> = vec![b"DEL"];
+    del.extend(keys[..30].iter().map(Vec::as_slice));
+    del.push(b"missing");
+    assert_eq!(conns[0].call(&del), Value::Integer(30));
+    let mut exists: Vec<&[u8]> = vec![b"EXISTS"];
+    exists.extend(keys.iter().map(Vec::as_slice));
+    assert_eq!(conns[1].call(&exists), Value::Integer(30));
+    for conn in &mut conns {
+        assert_eq!(conn.call(&[b"DBSIZE"]), Value::Integer(30));
+    }
+    let mset: Vec<Vec<u8>> = std::iter::once(b"MSET".to_vec())
+        .chain((0..20u32).flat_map(|i| [format!("m{i}").into_bytes(), format!("{i}").into_bytes()]))
+        .collect();
+    let mset: Vec<&[u8]> = mset.iter().map(Vec::as_slice).collect();
+    assert_eq!(conns[2].call(&mset), ok());
+    assert_eq!(conns[0].call(&[b"GET", b"m13"]), bulk(b"13"));
+    assert_eq!(conns[0].call(&[b"DBSIZE"]), Value::Integer(50));
+    // Errors of the store come back as errors, wherever the key lives.
+    assert_eq!(conns[0].call(&[b"SET", b"text", b"abc"]), ok());
+    for conn in &mut conns {
+        assert_eq!(
+            conn.call(&[b"INCR", b"text"]),
+            Value::Error(b"ERR value is not an integer or out of range".to_vec())
+        );
+    }
+    let too_big = vec![b'x'; (64 << 10) + 1];
+    for conn in &mut conns {
+        assert!(
+            matches!(conn.call(&[b"SET", b"big", &too_big]), Value::Error(e) if e.starts_with(b"ERR value of"))
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn increments_from_every_node_are_atomic() -> anyhow::Result<()> {
+    let c = cluster(3)?;
+    let addrs = resp_addrs(&c);
+    const PER_CLIENT: i64 = 300;
+    let threads: Vec<_> = (0..6)
+        .map(|t| {
+            let addr = addrs[t % addrs.len()];
+            std::thread::spawn(move || {
+                let mut conn = Conn::open(addr);
+                // Pipelines of 10 increments of two counters, one of them shared by everybody.
+                for _ in 0..PER_CLIENT / 10 {
+                    let mut wire = Vec::new();
+                    for _ in 0..10 {
+                        encode_request(&[b"INCR".as_slice(), b"shared"], &mut wire);
+                        encode_request(
+                            &[b"INCRBY".as_slice(), format!("own-{t}").as_bytes(), b"2"],
+                            &mut wire,
+                        );
+                    }
+                    conn.stream.write_all(&wire).unwrap();
+                    let mut last_own = 0;
+                    for _ in 0..10 {
+                        assert!(matches!(conn.read(), Value::Integer(_)));
+                        let Value::Integer(own) = conn.read() else {
+                            panic!("INCRBY answers with an integer")
+                        };
+                        assert!(
+                            own > last_own,
+                            "a pipeline's increments of one key apply in order"
+                        );
+                        last_own = own;
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("client thread");
+    }
+    let mut conn = Conn::open(addrs[0]);
+    assert_eq!(
+        conn.call(&[b"GET", b"shared"]),
+        bulk((6 * PER_CLIENT).to_string().as_bytes())
+    );
+    for t in 0..6 {
+        assert_eq!(
+            conn.call(&[b"GET", format!("own-{t}").as_bytes()]),
+            bulk((2 * PER_CLIENT).to_string().as_bytes())
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn pipelines_keep_their_order_while_nodes_join_and_leave() -> anyhow::Result<()> {
+    let mut c = cluster(2)?;
+    let addr = resp_addrs(&c)[0];
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || -> i64 {
+            let mut conn = Conn::open(addr);
+            let mut rounds = 0;
+            // Bounded: at most 2,000 pipelines, and it stops once the reconfigurations are done.
+            while rounds < 2000 && (rounds < 20 || !stop.load(std::sync::atomic::Ordering::Acquire))
+            {
+                // Each key is changed twice per pipeline: the second reply must follow the first.
+                let mut wire = Vec::new();
+                for k in 0..16 {
+                    for op in [b"APPEND".as_slice(), b"APPEND"] {
+                        encode_request(&[op, format!("log-{k}").as_bytes(), b"x"], &mut wire);
+                    }
+                    encode_request(
+                        &[b"INCR".as_slice(), format!("count-{k}").as_bytes()],
+                        &mut wire,
+                    );
+                }
+                conn.stream.write_all(&wire).unwrap();
+                for _ in 0..16 {
+                    let replies = (conn.read(), conn.read(), conn.read());
+                    let (Value::Integer(first), Value::Integer(second), Value::Integer(count)) =
+                        replies
+                    else {
+                        panic!("APPEND and INCR answer with integers: {replies:?}");
+                    };
+                    assert_eq!(
+                        (first, second),
+                        (2 * rounds + 1, 2 * rounds + 2),
+                        "a pipeline's writes of one key apply in order, once"
+                    );
+                    assert_eq!(count, rounds + 1);
+                }
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+    let added = c.add_node()?;
+    c.remove_node(added)?;
+    let added = c.add_node()?;
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    let rounds = writer.join().expect("writer");
+    let mut conn = Conn::open(
+        c.nodes()
+            .iter()
+            .find(|n| n.id() == added)
+            .unwrap()
+            .resp_addr()
+            .unwrap(),
+    );
+    for k in 0..16 {
+        assert_eq!(
+            conn.call(&[b"GET", format!("count-{k}").as_bytes()]),
+            bulk(rounds.to_string().as_bytes())
+        );
+        assert_eq!(
+            conn.call(&[b"STRLEN", format!("log-{k}").as_bytes()]),
+            Value::Integer(2 * rounds)
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,394 @@
+//! Real Redis clients against a real `dinomo up` process: redis-cli and redis-benchmark (Debian's redis-tools),
+//! redis-py (Debian's python3-redis), and clients that send garbage or vanish while others are served.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use rand::{RngExt, SeedableRng};
+
+/// A running `dinomo up`, stopped with SIGINT when dropped.
+struct Up {
+    child: Child,
+    resp: Vec<SocketAddr>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `dinomo up` with two KV nodes serving RESP on free ports. Nothing here kills a node, so leases are
+/// long: a loaded machine must not make a node miss its heartbeats and fence itself.
+fn up(extra: &[&str]) -> anyhow::Result<Up> {
+    let dir = tempfile::tempdir()?;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dinomo"))
+        .args([
+            "up",
+            "--kns",
+            "2",
+            "--data-dir",
+            dir.path().to_str().expect("utf-8 path"),
+            "--pool-size",
+            "512MiB",
+            "--rn-listen",
+            "127.0.0.1:0",
+            "--resp-listen",
+            "127.0.0.1:0",
+            "--lease-ms",
+            "10000",
+            "--heartbeat-ms",
+            "100",
+        ])
+        .args(extra)
+        .env("DINOMO_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
+    let mut resp = Vec::new();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if stdout.read_line(&mut line)? == 0 {
+            anyhow::bail!("dinomo up exited before it served: {:?}", child.wait()?);
+        }
+        if let Some((_, addr)) = line.trim().split_once("Redis protocol on ") {
+            resp.push(addr.parse()?);
+        }
+        if line.contains("memory node:") {
+            break;
+        }
+    }
+    anyhow::ensure!(resp.len() == 2, "expected two RESP addresses, got {resp:?}");
+    // Keep draining stdout so the child never blocks on a full pipe.
+    std::thread::spawn(move || for _ in stdout.lines() {});
+    Ok(Up {
+        child,
+        resp,
+        _dir: dir,
+    })
+}
+
+/// Runs a program with a deadline; its output.
+fn run(program: &str, args: &[String], limit: Duration) -> anyhow::Result<Output> {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{program}: {e} (scripts/test installs the Debian packages the tests need)"
+            )
+        })?;
+    let deadline = Instant::now() + limit;
+    loop {
+        if child.try_wait()?.is_some() {
+            return Ok(child.wait_with_output()?);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output()?;
+            anyhow::bail!(
+                "{program} {args:?} ran past {limit:?}; output: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `redis-cli -p PORT args...` (raw output, as when not on a terminal).
+fn cli(addr: SocketAddr, args: &[&str]) -> anyhow::Result<String> {
+    let mut all = vec![
+        "-h".to_string(),
+        addr.ip().to_string(),
+        "-p".into(),
+        addr.port().to_string(),
+    ];
+    all.extend(args.iter().map(|a| a.to_string()));
+    let out = run("redis-cli", &all, Duration::from_secs(30))?;
+    anyhow::ensure!(out.status.success(), "redis-cli {args:?}: {out:?}");
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+#[test]
+fn redis_cli_talks_to_every_node() -> anyhow::Result<()> {
+    let up = up(&[])?;
+    let (a, b) = (up.resp[0], up.resp[1]);
+    assert_eq!(cli(a, &["PING"])?, "PONG\n");
+    assert_eq!(cli(a, &["SET", "greeting", "hello"])?, "OK\n");
+    assert_eq!(cli(b, &["GET", "greeting"])?, "hello\n");
+    assert_eq!(cli(a, &["INCR", "n"])?, "1\n");
+    assert_eq!(cli(b, &["INCRBY", "n", "41"])?, "42\n");
+    assert_eq!(cli(a, &["MSET", "a", "1", "b", "2", "c", "3"])?, "OK\n");
+    assert_eq!(cli(b, &["MGET", "a", "b", "c", "nothere"])?, "1\n2\n3\n\n");
+    assert_eq!(cli(a, &["DEL", "a", "b", "nothere"])?, "2\n");
+    assert_eq!(cli(b, &["EXISTS", "a", "c"])?, "1\n");
+    assert_eq!(cli(a, &["APPEND", "greeting", " world"])?, "11\n");
+    assert_eq!(cli(b, &["STRLEN", "greeting"])?, "11\n");
+    assert_eq!(cli(a, &["GET", "nothere"])?, "\n");
+    assert_eq!(cli(b, &["DBSIZE"])?, "3\n");
+    assert!(cli(a, &["INFO", "keyspace"])?.contains("db0:keys=3,expires=0,avg_ttl=0"));
+    assert!(
+        cli(a, &["SET", "k", "v", "EX", "10"])?
+            .starts_with("ERR dinomo keeps keys until they are deleted")
+    );
+    assert_eq!(
+        cli(b, &["SELECT", "1"])?,
+        "ERR DB index is out of range\n\n"
+    );
+    assert_eq!(cli(a, &["COMMAND", "COUNT"])?, "26\n");
+    // RESP3 through redis-cli's -3 switch.
+    assert_eq!(cli(b, &["-3", "GET", "greeting"])?, "hello world\n");
+    Ok(())
+}
+
+#[test]
+fn passwords_and_protected_mode() -> anyhow::Result<()> {
+    let up = up(&["--requirepass", "s3cret"])?;
+    let a = up.resp[0];
+    assert_eq!(
+        cli(a, &["GET", "x"])?,
+        "NOAUTH Authentication required.\n\n"
+    );
+    assert_eq!(
+        cli(a, &["-a", "s3cret", "--no-auth-warning", "SET", "x", "1"])?,
+        "OK\n"
+    );
+    assert_eq!(
+        cli(
+            up.resp[1],
+            &["-a", "s3cret", "--no-auth-warning", "GET", "x"]
+        )?,
+        "1\n"
+    );
+    // Without a password, a public address is refused at start-up (nothing is bound).
+    let dir = tempfile::tempdir()?;
+    let refused = run(
+        env!("CARGO_BIN_EXE_dinomo"),
+        &[
+            "up",
+            "--kns",
+            "1",
+            "--data-dir",
+            dir.path().to_str().expect("utf-8 path"),
+            "--pool-size",
+            "64MiB",
+            "--rn-listen",
+            "127.0.0.1:0",
+            "--resp-listen",
+            "0.0.0.0:0",
+        ]
+        .map(String::from),
+        Duration::from_secs(60),
+    )?;
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("protected mode"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn redis_benchmark_completes_without_errors() -> anyhow::Result<()> {
+    let up = up(&[])?;
+    let a = up.resp[0];
+    let args: Vec<String> = [
+        "-h",
+        &a.ip().to_string(),
+        "-p",
+        &a.port().to_string(),
+        "-t",
+        "set,get,incr,mset",
+        "-n",
+        "100000",
+        "-q",
+    ]
+    .map(String::from)
+    .to_vec();
+    let out = run("redis-benchmark", &args, Duration::from_secs(300))?;
+    // Progress lines end with \r; the results end with \n.
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "\n");
+    let errors = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "redis-benchmark failed: {text} {errors}"
+    );
+    assert!(
+        !text.contains("ERR") && !text.to_lowercase().contains("error"),
+        "{text}"
+    );
+    for test in ["SET", "GET", "INCR", "MSET (10 keys)"] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(&format!("{test}: ")) && l.contains("requests per second")),
+            "no result for {test}: {text}"
+        );
+    }
+    // Every one of the 100,000 increments of its counter was applied once.
+    assert_eq!(
+        cli(up.resp[1], &["GET", "counter:__rand_int__"])?,
+        "100000\n"
+    );
+    Ok(())
+}
+
+#[test]
+fn redis_py_binary_values_pipelines_and_increments() -> anyhow::Result<()> {
+    let up = up(&[])?;
+    let script = r#"
+import os, sys, redis
+a = redis.Redis(host="127.0.0.1", port=int(sys.argv[1]))
+b = redis.Redis(host="127.0.0.1", port=int(sys.argv[2]))
+assert a.ping()
+# Binary keys and values, every byte value, read back through the other node.
+key = bytes(range(256))
+assert a.set(key, bytes(reversed(key)))
+assert b.get(key) == bytes(reversed(key))
+for i in range(64):
+    k, v = os.urandom(1 + i), os.urandom(3 * i)
+    assert a.set(k, v)
+    assert b.get(k) == v
+# 1 MiB values.
+big = os.urandom(1 << 20)
+assert b.set("big", big)
+assert a.get("big") == big
+assert a.strlen("big") == 1 << 20
+# Pipelines (without MULTI: transactions are not supported).
+p = a.pipeline(transaction=False)
+for i in range(1000):
+    p.set("p%d" % i, i)
+    p.incr("pc")
+replies = p.execute()
+assert replies[0::2] == [True] * 1000, replies[:4]
+assert replies[1::2] == list(range(1, 1001)), replies[:4]
+p = b.pipeline(transaction=False)
+for i in range(1000):
+    p.get("p%d" % i)
+assert p.execute() == [str(i).encode() for i in range(1000)]
+# Increments.
+assert a.incr("n") == 1
+assert b.incrby("n", 41) == 42
+assert a.decr("n") == 41
+assert b.decrby("n", 40) == 1
+assert a.mget(["p1", "nothere", "n"]) == [b"1", None, b"1"]
+assert a.mset({"m1": "x", "m2": "y"})
+assert b.delete("m1", "m2", "nothere") == 2
+assert a.exists("p1", "p2", "m1") == 2
+assert a.getset("p1", "new") == b"1"
+assert a.setnx("p1", "again") is False
+assert a.append("p1", "er") == 5
+try:
+    a.incr(key)
+    raise SystemExit("INCR of a binary value succeeded")
+except redis.ResponseError as e:
+    assert "not an integer" in str(e), e
+try:
+    a.set("t", "1", ex=10)
+    raise SystemExit("SET EX succeeded")
+except redis.ResponseError as e:
+    assert "EX" in str(e), e
+assert a.dbsize() == b.dbsize() == 1 + 64 + 1 + 1000 + 1 + 1
+print("ok")
+"#;
+    let args = vec![
+        "-c".to_string(),
+        script.to_string(),
+        up.resp[0].port().to_string(),
+        up.resp[1].port().to_string(),
+    ];
+    // Debian's python3, where python3-redis is installed.
+    let out = run("/usr/bin/python3", &args, Duration::from_secs(120))?;
+    assert!(
+        out.status.success(),
+        "redis-py: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+    Ok(())
+}
+
+/// A raw connection.
+fn connect(addr: SocketAddr) -> TcpStream {
+    let s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s
+}
+
+/// Sends `request` and reads exactly `want.len()` bytes.
+fn exchange(s: &mut TcpStream, request: &[u8], want: &[u8]) {
+    s.write_all(request).unwrap();
+    let mut got = vec![0u8; want.len()];
+    s.read_exact(&mut got).unwrap();
+    assert_eq!(
+        got.escape_ascii().to_string(),
+        want.escape_ascii().to_string()
+    );
+}
+
+#[test]
+fn garbage_and_vanishing_clients_do_not_disturb_others() -> anyhow::Result<()> {
+    let up = up(&[])?;
+    let addr = up.resp[0];
+    let mut good = connect(addr);
+    exchange(&mut good, b"SET k v\r\n", b"+OK\r\n");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
+    let mut attacks: Vec<Vec<u8>> = vec![
+        // Huge lengths: refused before anything is allocated for them.
+        b"*1\r\n$99999999999\r\n".to_vec(),
+        b"*2147483648\r\n".to_vec(),
+        b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$536870912\r\n".to_vec(),
+        // Deep nesting: requests are arrays of bulk strings only.
+        b"*1\r\n".repeat(10_000),
+        // Half a frame, then the client vanishes.
+        b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$10\r\nhal".to_vec(),
+        b"*100\r\n$1\r\na\r\n".to_vec(),
+        // A line that never ends.
+        vec![b'x'; 100 << 10],
+    ];
+    // A large write whose sender vanishes before the reply.
+    let mut big = b"*3\r\n$3\r\nSET\r\n$6\r\nbigkey\r\n$1048576\r\n".to_vec();
+    big.extend(std::iter::repeat_n(b'z', 1 << 20));
+    big.extend_from_slice(b"\r\n");
+    attacks.push(big);
+    for _ in 0..20 {
+        let len = rng.random_range(1..4096);
+        attacks.push((0..len).map(|_| rng.random::<u8>()).collect());
+    }
+    for attack in &attacks {
+        let mut bad = connect(addr);
+        // The server may close the connection before everything is written: that is its answer.
+        let _ = bad.write_all(attack);
+        drop(bad);
+        exchange(&mut good, b"GET k\r\n", b"$1\r\nv\r\n");
+    }
+    // The vanished clients' connections are all gone; the good one is the only one left.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let info = cli(addr, &["INFO", "clients"])?;
+        // redis-cli's own connection is one of them.
+        if info.contains("connected_clients:2\r") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "connections stay open: {info}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    exchange(&mut good, b"DEL k\r\n", b":1\r\n");
+    Ok(())
+}

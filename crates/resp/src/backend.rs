@@ -1,0 +1,342 @@
+//! What the server runs commands on: a [`Backend`] hands each connection a [`BackendConn`], which executes the
+//! key operations of a pipeline together (so a store can keep many in flight and commit writes in groups).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// One operation on one key. Commands map onto these (`MGET` is one [`Op::Get`] per key, `SET NX` an
+/// [`Op::Insert`], ...).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// The value of a key.
+    Get(Vec<u8>),
+    /// Whether a key has a value.
+    Exists(Vec<u8>),
+    /// Sets a value.
+    Set(Vec<u8>, Vec<u8>),
+    /// Sets a value only if the key has none; whether it did.
+    Insert(Vec<u8>, Vec<u8>),
+    /// Sets a value only if the key has one; whether it did.
+    Update(Vec<u8>, Vec<u8>),
+    /// Sets a value; the previous one.
+    GetSet(Vec<u8>, Vec<u8>),
+    /// Removes a key; whether it had a value.
+    Delete(Vec<u8>),
+    /// Adds to the decimal integer at the key (none = 0); the result.
+    Incr(Vec<u8>, i64),
+    /// Appends to the value (none = empty); the new length.
+    Append(Vec<u8>, Vec<u8>),
+}
+
+impl Op {
+    /// The key.
+    pub fn key(&self) -> &[u8] {
+        match self {
+            Op::Get(k) | Op::Exists(k) | Op::Delete(k) | Op::Incr(k, _) => k,
+            Op::Set(k, _) | Op::Insert(k, _) | Op::Update(k, _) | Op::GetSet(k, _) => k,
+            Op::Append(k, _) => k,
+        }
+    }
+
+    /// Whether it may change data.
+    pub fn is_write(&self) -> bool {
+        !matches!(self, Op::Get(_) | Op::Exists(_))
+    }
+}
+
+/// The result of an [`Op`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// A value or none (`Get`, `GetSet`).
+    Value(Option<Vec<u8>>),
+    /// Whether it held or applied (`Exists`, `Set`, `Insert`, `Update`, `Delete`).
+    Applied(bool),
+    /// A number (`Incr`, `Append`).
+    Int(i64),
+}
+
+/// Why an operation failed; each becomes an error reply (`-ERR` and the text).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    /// `Incr` on a value that is not a decimal 64-bit integer (or, where the store cannot tell the two apart, a
+    /// result that would overflow).
+    #[error("value is not an integer or out of range")]
+    NotAnInteger,
+    /// `Incr` whose result would overflow.
+    #[error("increment or decrement would overflow")]
+    Overflow,
+    /// The request breaks a limit of the store (key or value size); it was not applied.
+    #[error("{0}")]
+    Invalid(String),
+    /// A write whose outcome is unknown: it may or may not have been applied. Never reported as success.
+    #[error("write outcome unknown, it may or may not have been applied: {0}")]
+    Indeterminate(String),
+    /// The store could not serve the operation now; it was not applied.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// A result of an [`Op`].
+pub type OpResult = Result<Output, BackendError>;
+
+/// A store the server can serve.
+pub trait Backend: Send + Sync + 'static {
+    /// A connection's handle.
+    type Conn: BackendConn;
+
+    /// A handle for a new client connection (each connection thread has its own).
+    fn connect(&self) -> Self::Conn;
+}
+
+/// One client connection's way to the store.
+pub trait BackendConn: Send + 'static {
+    /// Executes `ops` (a pipeline's worth, in the order the client sent them), leaving `ops` empty, and replaces
+    /// `results` with one result per op, in the same order. Ops on the same key take effect in order; ops on
+    /// different keys may run concurrently.
+    fn execute(&mut self, ops: &mut Vec<Op>, results: &mut Vec<OpResult>);
+
+    /// How many keys the store holds.
+    fn dbsize(&mut self) -> Result<u64, BackendError>;
+
+    /// Runs one op.
+    fn run(&mut self, op: Op) -> OpResult {
+        let mut results = Vec::with_capacity(1);
+        self.execute(&mut vec![op], &mut results);
+        results
+            .pop()
+            .unwrap_or_else(|| Err(BackendError::Unavailable("no result".into())))
+    }
+
+    /// The value of `key`.
+    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
+        match self.run(Op::Get(key.to_vec()))? {
+            Output::Value(v) => Ok(v),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Whether `key` has a value.
+    fn exists(&mut self, key: &[u8]) -> Result<bool, BackendError> {
+        self.applied(Op::Exists(key.to_vec()))
+    }
+
+    /// Sets `key`.
+    fn set(&mut self, key: &[u8], value: &[u8]) -> Result<(), BackendError> {
+        self.applied(Op::Set(key.to_vec(), value.to_vec()))
+            .map(|_| ())
+    }
+
+    /// Sets `key` if it has no value; whether it did.
+    fn insert(&mut self, key: &[u8], value: &[u8]) -> Result<bool, BackendError> {
+        self.applied(Op::Insert(key.to_vec(), value.to_vec()))
+    }
+
+    /// Sets `key` if it has a value; whether it did.
+    fn update(&mut self, key: &[u8], value: &[u8]) -> Result<bool, BackendError> {
+        self.applied(Op::Update(key.to_vec(), value.to_vec()))
+    }
+
+    /// Sets `key`; its previous value.
+    fn get_set(&mut self, key: &[u8], value: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
+        match self.run(Op::GetSet(key.to_vec(), value.to_vec()))? {
+            Output::Value(v) => Ok(v),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Removes `key`; whether it had a value.
+    fn delete(&mut self, key: &[u8]) -> Result<bool, BackendError> {
+        self.applied(Op::Delete(key.to_vec()))
+    }
+
+    /// Adds `delta` to the integer at `key`; the result.
+    fn incr(&mut self, key: &[u8], delta: i64) -> Result<i64, BackendError> {
+        match self.run(Op::Incr(key.to_vec(), delta))? {
+            Output::Int(n) => Ok(n),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Appends to the value at `key`; the new length.
+    fn append(&mut self, key: &[u8], suffix: &[u8]) -> Result<i64, BackendError> {
+        match self.run(Op::Append(key.to_vec(), suffix.to_vec()))? {
+            Output::Int(n) => Ok(n),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Runs an op answered with whether it held or applied.
+    fn applied(&mut self, op: Op) -> Result<bool, BackendError> {
+        match self.run(op)? {
+            Output::Applied(a) => Ok(a),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+fn unexpected(o: Output) -> BackendError {
+    BackendError::Unavailable(format!("the store answered with an unexpected {o:?}"))
+}
+
+/// Adds `delta` to a stored decimal integer as Redis does (`string2ll`: no spaces, no `+`, no leading zeros).
+pub fn increment(old: Option<&[u8]>, delta: i64) -> Result<i64, BackendError> {
+    let n = match old {
+        None => 0,
+        Some(v) => crate::parse::parse_i64(v).ok_or(BackendError::NotAnInteger)?,
+    };
+    n.checked_add(delta).ok_or(BackendError::Overflow)
+}
+
+/// An in-memory store: a hash map behind a lock. For tests, and for serving RESP without a cluster.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryBackend {
+    map: Arc<Mutex<HashMap<Vec<u8>, Vec<u8>>>>,
+    max_value_len: Option<usize>,
+}
+
+impl MemoryBackend {
+    /// An empty store without a value-size limit.
+    pub fn new() -> MemoryBackend {
+        MemoryBackend::default()
+    }
+
+    /// An empty store that refuses values longer than `max` bytes.
+    pub fn with_max_value_len(max: usize) -> MemoryBackend {
+        MemoryBackend {
+            max_value_len: Some(max),
+            ..MemoryBackend::default()
+        }
+    }
+
+    fn check(&self, value: &[u8]) -> Result<(), BackendError> {
+        match self.max_value_len {
+            Some(max) if value.len() > max => Err(BackendError::Invalid(format!(
+                "value of {} bytes exceeds the limit of {max} bytes",
+                value.len()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    fn apply(&self, map: &mut HashMap<Vec<u8>, Vec<u8>>, op: Op) -> OpResult {
+        Ok(match op {
+            Op::Get(k) => Output::Value(map.get(&k).cloned()),
+            Op::Exists(k) => Output::Applied(map.contains_key(&k)),
+            Op::Set(k, v) => {
+                self.check(&v)?;
+                map.insert(k, v);
+                Output::Applied(true)
+            }
+            Op::Insert(k, v) => {
+                self.check(&v)?;
+                let absent = !map.contains_key(&k);
+                if absent {
+                    map.insert(k, v);
+                }
+                Output::Applied(absent)
+            }
+            Op::Update(k, v) => {
+                self.check(&v)?;
+                match map.get_mut(&k) {
+                    Some(old) => {
+                        *old = v;
+                        Output::Applied(true)
+                    }
+                    None => Output::Applied(false),
+                }
+            }
+            Op::GetSet(k, v) => {
+                self.check(&v)?;
+                Output::Value(map.insert(k, v))
+            }
+            Op::Delete(k) => Output::Applied(map.remove(&k).is_some()),
+            Op::Incr(k, delta) => {
+                let n = increment(map.get(&k).map(Vec::as_slice), delta)?;
+                map.insert(k, n.to_string().into_bytes());
+                Output::Int(n)
+            }
+            Op::Append(k, suffix) => {
+                let new_len = map.get(&k).map_or(0, Vec::len) + suffix.len();
+                if let Some(max) = self.max_value_len
+                    && new_len > max
+                {
+                    return Err(BackendError::Invalid(format!(
+                        "value of {new_len} bytes exceeds the limit of {max} bytes"
+                    )));
+                }
+                let v = map.entry(k).or_default();
+                v.extend_from_slice(&suffix);
+                Output::Int(v.len() as i64)
+            }
+        })
+    }
+}
+
+impl Backend for MemoryBackend {
+    type Conn = MemoryBackend;
+
+    fn connect(&self) -> MemoryBackend {
+        self.clone()
+    }
+}
+
+impl BackendConn for MemoryBackend {
+    fn execute(&mut self, ops: &mut Vec<Op>, results: &mut Vec<OpResult>) {
+        results.clear();
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        for op in ops.drain(..) {
+            let r = self.apply(&mut map, op);
+            results.push(r);
+        }
+    }
+
+    fn dbsize(&mut self) -> Result<u64, BackendError> {
+        Ok(self.map.lock().unwrap_or_else(|p| p.into_inner()).len() as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_backend_follows_the_op_contracts() {
+        let mut m = MemoryBackend::with_max_value_len(8);
+        assert_eq!(m.get(b"k"), Ok(None));
+        assert_eq!(m.insert(b"k", b"1"), Ok(true));
+        assert_eq!(m.insert(b"k", b"2"), Ok(false));
+        assert_eq!(m.update(b"k", b"3"), Ok(true));
+        assert_eq!(m.update(b"x", b"3"), Ok(false));
+        assert_eq!(m.get_set(b"k", b"41"), Ok(Some(b"3".to_vec())));
+        assert_eq!(m.incr(b"k", 1), Ok(42));
+        assert_eq!(m.incr(b"k", i64::MAX), Err(BackendError::Overflow));
+        assert_eq!(m.append(b"k", b"x"), Ok(3));
+        assert_eq!(m.incr(b"k", 1), Err(BackendError::NotAnInteger));
+        assert!(matches!(
+            m.append(b"k", b"123456"),
+            Err(BackendError::Invalid(_))
+        ));
+        assert!(matches!(
+            m.set(b"k", b"123456789"),
+            Err(BackendError::Invalid(_))
+        ));
+        assert_eq!(m.exists(b"k"), Ok(true));
+        assert_eq!(m.dbsize(), Ok(1));
+        assert_eq!(m.delete(b"k"), Ok(true));
+        assert_eq!(m.delete(b"k"), Ok(false));
+        assert_eq!(m.dbsize(), Ok(0));
+    }
+
+    #[test]
+    fn increments_parse_like_redis() {
+        assert_eq!(increment(None, 5), Ok(5));
+        assert_eq!(increment(Some(b"-3"), 1), Ok(-2));
+        for bad in [b" 1".as_slice(), b"+1", b"01", b"1.5", b""] {
+            assert_eq!(
+                increment(Some(bad), 1),
+                Err(BackendError::NotAnInteger),
+                "{bad:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,1121 @@
+//! One client connection's state and its commands. Key operations of a pipeline are collected and run together
+//! by the backend; replies are written in request order when the pipeline is flushed.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use crate::backend::{BackendConn, BackendError, Op, OpResult, Output};
+use crate::command::{self, CommandId, CommandSpec};
+use crate::parse::{ProtocolError, parse_i64};
+use crate::reply::{Protocol, ReplyWriter};
+use crate::server::ServerConfig;
+
+/// The Redis version whose protocol and commands the server follows; `HELLO` and `INFO` report it so client
+/// libraries that gate features on the version behave as with that Redis.
+pub const REDIS_COMPAT_VERSION: &str = "7.0.0";
+/// How often `SET key value NX GET` retries when the key changes between its read and its insert.
+const NX_GET_ATTEMPTS: usize = 64;
+
+/// Counters shared by every connection of a server.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub connections_received: AtomicU64,
+    pub rejected_connections: AtomicU64,
+    pub commands_processed: AtomicU64,
+    pub net_input_bytes: AtomicU64,
+    pub net_output_bytes: AtomicU64,
+    pub keyspace_hits: AtomicU64,
+    pub keyspace_misses: AtomicU64,
+    pub error_replies: AtomicU64,
+    pub connected_clients: AtomicUsize,
+}
+
+/// What every connection of a server shares.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub config: ServerConfig,
+    /// The bound port (`INFO`, `CONFIG GET port`).
+    pub port: u16,
+    pub started: Instant,
+    pub run_id: String,
+    pub next_client_id: AtomicU64,
+    pub counters: Counters,
+}
+
+impl Shared {
+    pub(crate) fn new(config: ServerConfig, port: u16) -> Shared {
+        Shared {
+            config,
+            port,
+            started: Instant::now(),
+            run_id: run_id(),
+            next_client_id: AtomicU64::new(1),
+            counters: Counters::default(),
+        }
+    }
+}
+
+/// 40 hex digits that differ between server starts.
+fn run_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut id = String::with_capacity(40);
+    let mut n = 0u64;
+    while id.len() < 40 {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(n);
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        id.push_str(&format!("{:016x}", h.finish()));
+        n += 1;
+    }
+    id.truncate(40);
+    id
+}
+
+/// Whether the connection goes on after a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flow {
+    Continue,
+    /// Close once the replies so far are written (`QUIT`, a protocol error).
+    Close,
+}
+
+/// How a command's reply is made from its ops' results.
+#[derive(Debug, Clone, Copy)]
+enum Deferred {
+    /// A value or null (`GET`, `GETSET`, `SET ... GET`); `GET` counts hits and misses.
+    Value { counts_hits: bool },
+    /// `+OK` if applied, else null (`SET` with or without `NX`/`XX`).
+    OkOrNull,
+    /// `:1` or `:0` (`SETNX`).
+    Flag,
+    /// How many applied (`DEL`, `EXISTS`).
+    Count,
+    /// An array of values (`MGET`).
+    Values,
+    /// `+OK` once all applied (`MSET`).
+    AllOk,
+    /// A number (`INCR`, `APPEND`).
+    Int,
+    /// The value's length (`STRLEN`).
+    Len,
+}
+
+enum Pending {
+    /// A reply already encoded, in `stash`.
+    Ready(usize, usize),
+    /// A reply to make from the results of `count` ops starting at `first`.
+    Ops {
+        reply: Deferred,
+        first: usize,
+        count: usize,
+        proto: Protocol,
+    },
+}
+
+/// Per-connection counts, added to the shared counters once per flush.
+#[derive(Default)]
+struct LocalCounts {
+    commands: u64,
+    hits: u64,
+    misses: u64,
+    errors: u64,
+}
+
+/// One client connection.
+pub(crate) struct Session<C: BackendConn> {
+    conn: C,
+    shared: Arc<Shared>,
+    id: u64,
+    proto: Protocol,
+    authenticated: bool,
+    name: Option<Vec<u8>>,
+    lib_name: Option<Vec<u8>>,
+    lib_ver: Option<Vec<u8>>,
+    peer: String,
+    local: String,
+    created: Instant,
+    last_command: &'static str,
+    ops: Vec<Op>,
+    pending: Vec<Pending>,
+    stash: Vec<u8>,
+    results: Vec<OpResult>,
+    counts: LocalCounts,
+}
+
+impl<C: BackendConn> Session<C> {
+    pub(crate) fn new(conn: C, shared: Arc<Shared>, peer: String, local: String) -> Session<C> {
+        let id = shared.next_client_id.fetch_add(1, Ordering::Relaxed);
+        Session {
+            conn,
+            authenticated: shared.config.requirepass.is_none(),
+            shared,
+            id,
+            proto: Protocol::Resp2,
+            name: None,
+            lib_name: None,
+            lib_ver: None,
+            peer,
+            local,
+            created: Instant::now(),
+            last_command: "NULL",
+            ops: Vec::new(),
+            pending: Vec::new(),
+            stash: Vec::new(),
+            results: Vec::new(),
+            counts: LocalCounts::default(),
+        }
+    }
+
+    /// The client id (`CLIENT ID`), unique in the server.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Whether the client may send what Redis allows only after authentication.
+    pub(crate) fn authenticated(&self) -> bool {
+        self.authenticated
+    }
+
+    /// Replies to a malformed request (the connection is closed afterwards).
+    pub(crate) fn protocol_error(&mut self, e: &ProtocolError, out: &mut Vec<u8>) {
+        self.flush(out);
+        let mut text = b"ERR ".to_vec();
+        text.extend_from_slice(&e.reply_text());
+        self.error_bytes(out, &text);
+        self.flush(out);
+    }
+
+    /// Handles one request; its reply goes to `out` now or, behind pending key operations, at the next
+    /// [`Session::flush`].
+    pub(crate) fn handle(&mut self, args: Vec<Vec<u8>>, out: &mut Vec<u8>) -> Flow {
+        self.counts.commands += 1;
+        let Some(mut spec) = command::lookup(&args[0]) else {
+            let text = unknown_command(&args);
+            self.error_bytes(out, &text);
+            return Flow::Continue;
+        };
+        if spec.is_container() && args.len() >= 2 {
+            match command::lookup_subcommand(spec, &args[1]) {
+                Some(sub) => spec = sub,
+                None => {
+                    let text = format!(
+                        "ERR unknown subcommand '{}'. Try {} HELP.",
+                        String::from_utf8_lossy(&args[1][..args[1].len().min(128)]),
+                        spec.name.to_ascii_uppercase()
+                    );
+                    self.error(out, &text);
+                    return Flow::Continue;
+                }
+            }
+        }
+        if !spec.arity_ok(args.len()) {
+            self.arity_error(out, spec);
+            return Flow::Continue;
+        }
+        if !self.authenticated && !spec.has_flag("no_auth") {
+            self.error(out, "NOAUTH Authentication required.");
+            return Flow::Continue;
+        }
+        self.last_command = spec.name;
+        self.run(spec, args, out)
+    }
+
+    fn run(
+        &mut self,
+        spec: &'static CommandSpec,
+        mut args: Vec<Vec<u8>>,
+        out: &mut Vec<u8>,
+    ) -> Flow {
+        match spec.id {
+            CommandId::Get => {
+                let key = take(&mut args, 1);
+                self.defer(Deferred::Value { counts_hits: true }, [Op::Get(key)]);
+            }
+            CommandId::Set => self.set(args, out),
+            CommandId::SetNx => {
+                let (key, value) = (take(&mut args, 1), take(&mut args, 2));
+                self.defer(Deferred::Flag, [Op::Insert(key, value)]);
+            }
+            CommandId::GetSet => {
+                let (key, value) = (take(&mut args, 1), take(&mut args, 2));
+                self.defer(
+                    Deferred::Value { counts_hits: false },
+                    [Op::GetSet(key, value)],
+                );
+            }
+            CommandId::Del | CommandId::Unlink => {
+                self.defer(Deferred::Count, args.drain(1..).map(Op::Delete));
+            }
+            CommandId::Exists => self.defer(Deferred::Count, args.drain(1..).map(Op::Exists)),
+            CommandId::MGet => self.defer(Deferred::Values, args.drain(1..).map(Op::Get)),
+            CommandId::MSet => {
+                if args.len() % 2 == 0 {
+                    self.arity_error(out, spec);
+                } else {
+                    let mut rest = args.drain(1..);
+                    let mut ops = Vec::with_capacity(rest.len() / 2);
+                    while let (Some(k), Some(v)) = (rest.next(), rest.next()) {
+                        ops.push(Op::Set(k, v));
+                    }
+                    drop(rest);
+                    self.defer(Deferred::AllOk, ops);
+                }
+            }
+            CommandId::Incr | CommandId::Decr => {
+                let delta = if spec.id == CommandId::Incr { 1 } else { -1 };
+                let key = take(&mut args, 1);
+                self.defer(Deferred::Int, [Op::Incr(key, delta)]);
+            }
+            CommandId::IncrBy | CommandId::DecrBy => match parse_i64(&args[2]) {
+                None => self.error(out, "ERR value is not an integer or out of range"),
+                Some(i64::MIN) if spec.id == CommandId::DecrBy => {
+                    self.error(out, "ERR decrement would overflow")
+                }
+                Some(n) => {
+                    let delta = if spec.id == CommandId::IncrBy { n } else { -n };
+                    let key = take(&mut args, 1);
+                    self.defer(Deferred::Int, [Op::Incr(key, delta)]);
+                }
+            },
+            CommandId::Append => {
+                let (key, value) = (take(&mut args, 1), take(&mut args, 2));
+                self.defer(Deferred::Int, [Op::Append(key, value)]);
+            }
+            CommandId::Strlen => {
+                let key = take(&mut args, 1);
+                self.defer(Deferred::Len, [Op::Get(key)]);
+            }
+            CommandId::Ping => match args.len() {
+                1 => self.reply(out, |w| w.simple(b"PONG")),
+                2 => self.reply(out, |w| w.bulk(&args[1])),
+                _ => self.arity_error(out, spec),
+            },
+            CommandId::Echo => self.reply(out, |w| w.bulk(&args[1])),
+            CommandId::Select => match parse_i64(&args[1]) {
+                Some(n) if i32::try_from(n).is_err() => {
+                    self.error(out, "ERR value is not an integer or out of range")
+                }
+                None => self.error(out, "ERR value is not an integer or out of range"),
+                Some(0) => self.reply(out, |w| w.ok()),
+                Some(_) => self.error(out, "ERR DB index is out of range"),
+            },
+            CommandId::Quit => {
+                self.reply(out, |w| w.ok());
+                return Flow::Close;
+            }
+            CommandId::Auth => self.auth(&args, out),
+            CommandId::Hello => self.hello(&args, out),
+            CommandId::Info => self.info(&args, out),
+            CommandId::DbSize => {
+                self.flush(out);
+                match self.conn.dbsize() {
+                    Ok(n) => self.reply(out, |w| w.integer(n as i64)),
+                    Err(e) => self.backend_error(out, &e),
+                }
+            }
+            CommandId::ClientId => {
+                let id = self.id as i64;
+                self.reply(out, |w| w.integer(id));
+            }
+            CommandId::ClientGetName => {
+                let name = self.name.clone();
+                self.reply(out, |w| match &name {
+                    Some(n) => w.bulk(n),
+                    None => w.null(),
+                });
+            }
+            CommandId::ClientSetName => {
+                if self.set_name(&args[2], out) {
+                    self.reply(out, |w| w.ok());
+                }
+            }
+            CommandId::ClientSetInfo => self.set_info(&args, out),
+            CommandId::ClientInfo => {
+                let line = self.client_info();
+                self.reply(out, |w| w.verbatim(b"txt", line.as_bytes()));
+            }
+            CommandId::ClientHelp => self.help(
+                out,
+                "CLIENT",
+                &[
+                    "GETNAME",
+                    "    Return the name of the current connection.",
+                    "ID",
+                    "    Return the ID of the current connection.",
+                    "INFO",
+                    "    Return information about the current client connection.",
+                    "SETINFO <option> <value>",
+                    "    Set client meta attr. Options are: LIB-NAME, LIB-VER.",
+                    "SETNAME <name>",
+                    "    Assign the name <name> to the current connection.",
+                ],
+            ),
+            CommandId::Command => self.reply(out, |w| {
+                w.array(command::commands().len());
+                command::commands().iter().for_each(|c| c.write_info(w));
+            }),
+            CommandId::CommandCount => {
+                self.reply(out, |w| w.integer(command::commands().len() as i64))
+            }
+            CommandId::CommandInfo => self.reply(out, |w| {
+                if args.len() == 2 {
+                    w.array(command::commands().len());
+                    command::commands().iter().for_each(|c| c.write_info(w));
+                } else {
+                    w.array(args.len() - 2);
+                    for name in &args[2..] {
+                        match command::lookup_full(name) {
+                            Some(c) => c.write_info(w),
+                            None => w.null_array(),
+                        }
+                    }
+                }
+            }),
+            CommandId::CommandDocs => self.reply(out, |w| {
+                let found: Vec<&CommandSpec> = if args.len() == 2 {
+                    command::commands().iter().collect()
+                } else {
+                    args[2..]
+                        .iter()
+                        .filter_map(|n| command::lookup_full(n))
+                        .collect()
+                };
+                w.map(found.len());
+                for c in found {
+                    w.bulk(c.name.as_bytes());
+                    c.write_docs(w);
+                }
+            }),
+            CommandId::CommandList => self.reply(out, |w| {
+                // Subcommands are listed too, as in Redis.
+                let all: Vec<&CommandSpec> = command::commands()
+                    .iter()
+                    .flat_map(|c| std::iter::once(c).chain(c.subcommands))
+                    .collect();
+                w.array(all.len());
+                all.iter().for_each(|c| w.bulk(c.name.as_bytes()));
+            }),
+            CommandId::CommandHelp => self.help(
+                out,
+                "COMMAND",
+                &[
+                    "(no subcommand)",
+                    "    Return details about all commands.",
+                    "COUNT",
+                    "    Return the total number of commands in this server.",
+                    "LIST",
+                    "    Return a list of all commands in this server.",
+                    "INFO [<command-name> ...]",
+                    "    Return details about multiple commands.",
+                    "DOCS [<command-name> ...]",
+                    "    Return documentation details about multiple commands.",
+                ],
+            ),
+            CommandId::ConfigGet => self.config_get(&args[2..], out),
+            CommandId::ConfigHelp => self.help(
+                out,
+                "CONFIG",
+                &[
+                    "GET <pattern>",
+                    "    Return parameters matching the glob-like <pattern> and their values.",
+                    "Settings are fixed when the server starts; CONFIG SET is not supported.",
+                ],
+            ),
+            CommandId::Client | CommandId::Config => self.arity_error(out, spec),
+        }
+        Flow::Continue
+    }
+
+    /// `SET key value [NX|XX] [GET] [EX s|PX ms|EXAT t|PXAT t|KEEPTTL]`, options parsed as Redis 7.0 does.
+    fn set(&mut self, mut args: Vec<Vec<u8>>, out: &mut Vec<u8>) {
+        #[derive(PartialEq, Clone, Copy)]
+        enum Expiry {
+            Ex,
+            Px,
+            ExAt,
+            PxAt,
+        }
+        let (mut nx, mut xx, mut get, mut keepttl) = (false, false, false, false);
+        let mut expiry: Option<(Expiry, usize)> = None;
+        let mut i = 3;
+        while i < args.len() {
+            let opt = args[i].to_ascii_lowercase();
+            let has_next = i + 1 < args.len();
+            let kind = match opt.as_slice() {
+                b"ex" => Some(Expiry::Ex),
+                b"px" => Some(Expiry::Px),
+                b"exat" => Some(Expiry::ExAt),
+                b"pxat" => Some(Expiry::PxAt),
+                _ => None,
+            };
+            match (opt.as_slice(), kind) {
+                (b"nx", _) if !xx => nx = true,
+                (b"xx", _) if !nx => xx = true,
+                (b"get", _) => get = true,
+                (b"keepttl", _) if expiry.is_none() => keepttl = true,
+                (_, Some(k)) if !keepttl && has_next && expiry.is_none_or(|(e, _)| e == k) => {
+                    expiry = Some((k, i + 1));
+                    i += 1;
+                }
+                _ => return self.error(out, "ERR syntax error"),
+            }
+            i += 1;
+        }
+        if let Some((_, at)) = expiry {
+            match parse_i64(&args[at]) {
+                None => self.error(out, "ERR value is not an integer or out of range"),
+                Some(n) if n <= 0 => self.error(out, "ERR invalid expire time in 'set' command"),
+                Some(_) => self.error(
+                    out,
+                    "ERR dinomo keeps keys until they are deleted: SET with EX, PX, EXAT or PXAT is not supported",
+                ),
+            }
+            return;
+        }
+        let (key, value) = (take(&mut args, 1), take(&mut args, 2));
+        match (nx, xx, get) {
+            (false, false, false) => self.defer(Deferred::OkOrNull, [Op::Set(key, value)]),
+            (true, _, false) => self.defer(Deferred::OkOrNull, [Op::Insert(key, value)]),
+            (_, true, false) => self.defer(Deferred::OkOrNull, [Op::Update(key, value)]),
+            (false, false, true) => self.defer(
+                Deferred::Value { counts_hits: false },
+                [Op::GetSet(key, value)],
+            ),
+            (true, _, true) => self.set_nx_get(&key, &value, out),
+            (_, true, true) => self.error(
+                out,
+                "ERR SET with both XX and GET is not supported by dinomo (it has no atomic conditional exchange)",
+            ),
+        }
+    }
+
+    /// `SET NX GET`: the old value if the key has one, else sets it and replies null. A read, then an insert
+    /// that applies only if the key is still absent; retried if the key appeared in between. Either step is the
+    /// linearization point of the outcome it reports.
+    fn set_nx_get(&mut self, key: &[u8], value: &[u8], out: &mut Vec<u8>) {
+        self.flush(out);
+        for _ in 0..NX_GET_ATTEMPTS {
+            match self.conn.get(key) {
+                Err(e) => return self.backend_error(out, &e),
+                Ok(Some(old)) => return self.reply(out, |w| w.bulk(&old)),
+                Ok(None) => match self.conn.insert(key, value) {
+                    Ok(true) => return self.reply(out, |w| w.null()),
+                    Ok(false) => continue,
+                    Err(e) => return self.backend_error(out, &e),
+                },
+            }
+        }
+        self.error(
+            out,
+            "ERR SET NX GET gave up: the key kept being created and deleted concurrently",
+        );
+    }
+
+    fn auth(&mut self, args: &[Vec<u8>], out: &mut Vec<u8>) {
+        if args.len() > 3 {
+            return self.error(out, "ERR syntax error");
+        }
+        let (user, pass) = if args.len() == 2 {
+            if self.shared.config.requirepass.is_none() {
+                return self.error(
+                    out,
+                    "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
+                );
+            }
+            (b"default".as_slice(), args[1].as_slice())
+        } else {
+            (args[1].as_slice(), args[2].as_slice())
+        };
+        if self.check_password(user, pass) {
+            self.authenticated = true;
+            self.reply(out, |w| w.ok());
+        } else {
+            self.error(
+                out,
+                "WRONGPASS invalid username-password pair or user is disabled.",
+            );
+        }
+    }
+
+    /// The `default` user is the only one; without `requirepass` it takes any password, as in Redis.
+    fn check_password(&self, user: &[u8], pass: &[u8]) -> bool {
+        if user != b"default" {
+            return false;
+        }
+        match &self.shared.config.requirepass {
+            None => true,
+            Some(want) => constant_time_eq(want.as_bytes(), pass),
+        }
+    }
+
+    fn hello(&mut self, args: &[Vec<u8>], out: &mut Vec<u8>) {
+        let mut version = None;
+        let mut next = 1;
+        if args.len() >= 2 {
+            match parse_i64(&args[1]) {
+                None => {
+                    return self.error(
+                        out,
+                        "ERR Protocol version is not an integer or out of range",
+                    );
+                }
+                Some(v @ (2 | 3)) => version = Some(v),
+                Some(_) => return self.error(out, "NOPROTO unsupported protocol version"),
+            }
+            next = 2;
+        }
+        let (mut credentials, mut name) = (None, None);
+        let mut j = next;
+        while j < args.len() {
+            let more = args.len() - 1 - j;
+            let opt = &args[j];
+            if opt.eq_ignore_ascii_case(b"AUTH") && more >= 2 {
+                credentials = Some((&args[j + 1], &args[j + 2]));
+                j += 3;
+            } else if opt.eq_ignore_ascii_case(b"SETNAME") && more >= 1 {
+                name = Some(&args[j + 1]);
+                j += 2;
+            } else {
+                let text = format!(
+                    "ERR Syntax error in HELLO option '{}'",
+                    String::from_utf8_lossy(opt)
+                );
+                return self.error(out, &text);
+            }
+        }
+        if let Some((user, pass)) = credentials {
+            if !self.check_password(user, pass) {
+                return self.error(
+                    out,
+                    "WRONGPASS invalid username-password pair or user is disabled.",
+                );
+            }
+            self.authenticated = true;
+        }
+        if !self.authenticated {
+            return self.error(
+                out,
+                "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time",
+            );
+        }
+        if let Some(n) = name
+            && !self.set_name(n, out)
+        {
+            return;
+        }
+        match version {
+            Some(3) => self.proto = Protocol::Resp3,
+            Some(_) => self.proto = Protocol::Resp2,
+            None => {}
+        }
+        let (id, proto) = (self.id as i64, self.proto.version());
+        self.reply(out, |w| {
+            w.map(7);
+            w.bulk(b"server");
+            w.bulk(b"dinomo");
+            w.bulk(b"version");
+            w.bulk(REDIS_COMPAT_VERSION.as_bytes());
+            w.bulk(b"proto");
+            w.integer(proto);
+            w.bulk(b"id");
+            w.integer(id);
+            w.bulk(b"mode");
+            w.bulk(b"standalone");
+            w.bulk(b"role");
+            w.bulk(b"master");
+            w.bulk(b"modules");
+            w.array(0);
+        });
+    }
+
+    /// Sets (or, with an empty name, clears) the connection's name; replies with the error and returns false
+    /// when the name is not allowed.
+    fn set_name(&mut self, name: &[u8], out: &mut Vec<u8>) -> bool {
+        if !name.iter().all(|&b| (b'!'..=b'~').contains(&b)) {
+            self.error(
+                out,
+                "ERR Client names cannot contain spaces, newlines or special characters.",
+            );
+            return false;
+        }
+        self.name = (!name.is_empty()).then(|| name.to_vec());
+        true
+    }
+
+    /// `CLIENT SETINFO LIB-NAME|LIB-VER value` (Redis 7.2; client libraries send it while connecting).
+    fn set_info(&mut self, args: &[Vec<u8>], out: &mut Vec<u8>) {
+        let (attr, value) = (&args[2], &args[3]);
+        let is_name = attr.eq_ignore_ascii_case(b"lib-name");
+        if !is_name && !attr.eq_ignore_ascii_case(b"lib-ver") {
+            let text = format!(
+                "ERR Unrecognized option '{}'",
+                String::from_utf8_lossy(attr)
+            );
+            return self.error(out, &text);
+        }
+        if !value.iter().all(|&b| (b'!'..=b'~').contains(&b)) {
+            let text = format!(
+                "ERR {} cannot contain spaces, newlines or special characters.",
+                String::from_utf8_lossy(attr).to_ascii_lowercase()
+            );
+            return self.error(out, &text);
+        }
+        let v = (!value.is_empty()).then(|| value.clone());
+        if is_name {
+            self.lib_name = v;
+        } else {
+            self.lib_ver = v;
+        }
+        self.reply(out, |w| w.ok());
+    }
+
+    fn client_info(&self) -> String {
+        let show = |v: &Option<Vec<u8>>| {
+            v.as_deref()
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+                .unwrap_or_default()
+        };
+        format!(
+            "id={} addr={} laddr={} name={} age={} idle=0 flags=N db=0 sub=0 psub=0 multi=-1 cmd={} user=default resp={} lib-name={} lib-ver={}\n",
+            self.id,
+            self.peer,
+            self.local,
+            show(&self.name),
+            self.created.elapsed().as_secs(),
+            self.last_command,
+            self.proto.version(),
+            show(&self.lib_name),
+            show(&self.lib_ver),
+        )
+    }
+
+    fn help(&mut self, out: &mut Vec<u8>, container: &str, lines: &[&str]) {
+        let head = format!("{container} <subcommand> [<arg> [value] [opt] ...]. Subcommands are:");
+        self.reply(out, |w| {
+            w.array(lines.len() + 3);
+            w.simple(head.as_bytes());
+            for l in lines {
+                w.simple(l.as_bytes());
+            }
+            w.simple(b"HELP");
+            w.simple(b"    Prints this help.");
+        });
+    }
+
+    /// `CONFIG GET pattern...`: the settings that exist here, plus what redis-benchmark and client libraries
+    /// ask about at start (`save`: dinomo takes no snapshots, `appendonly`: it keeps no append-only file; every
+    /// write is logged in the memory node's pool instead).
+    fn config_get(&mut self, patterns: &[Vec<u8>], out: &mut Vec<u8>) {
+        let c = &self.shared.config;
+        let params: Vec<(&str, String)> = vec![
+            ("save", String::new()),
+            ("appendonly", "no".into()),
+            ("databases", "1".into()),
+            ("maxclients", c.max_clients.to_string()),
+            ("timeout", c.idle_timeout.as_secs().to_string()),
+            ("proto-max-bulk-len", c.limits.max_bulk_len.to_string()),
+            (
+                "client-query-buffer-limit",
+                c.limits.max_request_bytes.to_string(),
+            ),
+            (
+                "protected-mode",
+                if c.protected_mode { "yes" } else { "no" }.into(),
+            ),
+            ("requirepass", c.requirepass.clone().unwrap_or_default()),
+            ("port", self.shared.port.to_string()),
+            ("bind", c.listen.ip().to_string()),
+        ];
+        // A parameter named without wildcards is answered under the name as given, as Redis does.
+        let mut found: Vec<(&[u8], &str)> = Vec::new();
+        for (name, value) in &params {
+            let as_named = patterns.iter().find(|p| {
+                !p.iter().any(|b| b"*?[\\".contains(b)) && p.eq_ignore_ascii_case(name.as_bytes())
+            });
+            if let Some(p) = as_named {
+                found.push((p, value));
+            } else if patterns.iter().any(|p| glob_match(p, name.as_bytes())) {
+                found.push((name.as_bytes(), value));
+            }
+        }
+        self.reply(out, |w| {
+            w.map(found.len());
+            for (name, value) in found {
+                w.bulk(name);
+                w.bulk(value.as_bytes());
+            }
+        });
+    }
+
+    fn info(&mut self, args: &[Vec<u8>], out: &mut Vec<u8>) {
+        const ALL: [&str; 4] = ["server", "clients", "stats", "keyspace"];
+        let wanted: Vec<&str> = if args.len() == 1 {
+            ALL.to_vec()
+        } else {
+            let asked: Vec<Vec<u8>> = args[1..].iter().map(|a| a.to_ascii_lowercase()).collect();
+            let everything = asked
+                .iter()
+                .any(|a| matches!(a.as_slice(), b"all" | b"everything" | b"default"));
+            ALL.iter()
+                .copied()
+                .filter(|s| everything || asked.iter().any(|a| a == s.as_bytes()))
+                .collect()
+        };
+        let keys = if wanted.contains(&"keyspace") {
+            self.flush(out);
+            match self.conn.dbsize() {
+                Ok(n) => n,
+                Err(e) => return self.backend_error(out, &e),
+            }
+        } else {
+            0
+        };
+        // The counters of this connection's earlier commands are published first, so INFO counts them.
+        self.publish_counts();
+        let s = &self.shared;
+        let k = &s.counters;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut sections = Vec::new();
+        for section in wanted {
+            let body = match section {
+                "server" => {
+                    let up = s.started.elapsed().as_secs();
+                    format!(
+                        "# Server\r\nredis_version:{REDIS_COMPAT_VERSION}\r\ndinomo_version:{}\r\nredis_mode:standalone\r\nos:{} {}\r\narch_bits:{}\r\nprocess_id:{}\r\nrun_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{up}\r\nuptime_in_days:{}\r\n",
+                        env!("CARGO_PKG_VERSION"),
+                        std::env::consts::OS,
+                        std::env::consts::ARCH,
+                        usize::BITS,
+                        std::process::id(),
+                        s.run_id,
+                        s.port,
+                        up / 86400,
+                    )
+                }
+                "clients" => format!(
+                    "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:0\r\n",
+                    k.connected_clients.load(Ordering::Relaxed),
+                    s.config.max_clients
+                ),
+                "stats" => format!(
+                    "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nrejected_connections:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\ntotal_error_replies:{}\r\n",
+                    load(&k.connections_received),
+                    load(&k.commands_processed),
+                    load(&k.net_input_bytes),
+                    load(&k.net_output_bytes),
+                    load(&k.rejected_connections),
+                    load(&k.keyspace_hits),
+                    load(&k.keyspace_misses),
+                    load(&k.error_replies),
+                ),
+                _ => {
+                    if keys > 0 {
+                        format!("# Keyspace\r\ndb0:keys={keys},expires=0,avg_ttl=0\r\n")
+                    } else {
+                        "# Keyspace\r\n".to_string()
+                    }
+                }
+            };
+            sections.push(body);
+        }
+        let text = sections.join("\r\n");
+        self.reply(out, |w| w.verbatim(b"txt", text.as_bytes()));
+    }
+
+    /// Runs the pending key operations and writes every reply not written yet, in request order.
+    pub(crate) fn flush(&mut self, out: &mut Vec<u8>) {
+        if !self.pending.is_empty() {
+            if !self.ops.is_empty() {
+                self.conn.execute(&mut self.ops, &mut self.results);
+                self.ops.clear();
+            }
+            let pending = std::mem::take(&mut self.pending);
+            for p in &pending {
+                match *p {
+                    Pending::Ready(start, end) => out.extend_from_slice(&self.stash[start..end]),
+                    Pending::Ops {
+                        reply,
+                        first,
+                        count,
+                        proto,
+                    } => self.compose(reply, first, count, proto, out),
+                }
+            }
+            self.pending = pending;
+            self.pending.clear();
+            self.stash.clear();
+            self.results.clear();
+        }
+        self.publish_counts();
+    }
+
+    fn publish_counts(&mut self) {
+        let c = std::mem::take(&mut self.counts);
+        let k = &self.shared.counters;
+        if c.commands > 0 {
+            k.commands_processed
+                .fetch_add(c.commands, Ordering::Relaxed);
+        }
+        if c.hits > 0 {
+            k.keyspace_hits.fetch_add(c.hits, Ordering::Relaxed);
+        }
+        if c.misses > 0 {
+            k.keyspace_misses.fetch_add(c.misses, Ordering::Relaxed);
+        }
+        if c.errors > 0 {
+            k.error_replies.fetch_add(c.errors, Ordering::Relaxed);
+        }
+    }
+
+    /// Makes one reply from its ops' results.
+    fn compose(
+        &mut self,
+        reply: Deferred,
+        first: usize,
+        count: usize,
+        proto: Protocol,
+        out: &mut Vec<u8>,
+    ) {
+        let mut w = ReplyWriter::new(out, proto);
+        let Some(results) = self.results.get(first..first + count) else {
+            self.counts.errors += 1;
+            return w.err("the store returned fewer results than operations");
+        };
+        // A command of several keys fails as a whole when one of its keys failed (the others may have applied:
+        // they are independent operations).
+        if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
+            self.counts.errors += 1;
+            return w.error(format!("ERR {e}").as_bytes());
+        }
+        let outputs = results.iter().filter_map(|r| r.as_ref().ok());
+        let single = results.first().and_then(|r| r.as_ref().ok());
+        let counts = &mut self.counts;
+        match (reply, single) {
+            (Deferred::Value { counts_hits }, Some(Output::Value(v))) => match v {
+                Some(v) => {
+                    counts.hits += u64::from(counts_hits);
+                    w.bulk(v);
+                }
+                None => {
+                    counts.misses += u64::from(counts_hits);
+                    w.null();
+                }
+            },
+            (Deferred::OkOrNull, Some(Output::Applied(true))) => w.ok(),
+            (Deferred::OkOrNull, Some(Output::Applied(false))) => w.null(),
+            (Deferred::Flag, Some(Output::Applied(a))) => w.integer(i64::from(*a)),
+            (Deferred::Count, _) => {
+                let n = outputs
+                    .filter(|o| matches!(o, Output::Applied(true)))
+                    .count();
+                w.integer(n as i64);
+            }
+            (Deferred::Values, _) => {
+                w.array(count);
+                for o in outputs {
+                    match o {
+                        Output::Value(Some(v)) => {
+                            counts.hits += 1;
+                            w.bulk(v);
+                        }
+                        _ => {
+                            counts.misses += 1;
+                            w.null();
+                        }
+                    }
+                }
+            }
+            (Deferred::AllOk, _) => w.ok(),
+            (Deferred::Int, Some(Output::Int(n))) => w.integer(*n),
+            (Deferred::Len, Some(Output::Value(v))) => {
+                w.integer(v.as_ref().map_or(0, Vec::len) as i64)
+            }
+            (_, o) => {
+                counts.errors += 1;
+                w.err(&format!("the store answered with an unexpected {o:?}"));
+            }
+        }
+    }
+
+    /// Queues a command's key operations; its reply is made when they ran.
+    fn defer(&mut self, reply: Deferred, ops: impl IntoIterator<Item = Op>) {
+        let first = self.ops.len();
+        self.ops.extend(ops);
+        self.pending.push(Pending::Ops {
+            reply,
+            first,
+            count: self.ops.len() - first,
+            proto: self.proto,
+        });
+    }
+
+    /// Writes a reply that needs no key operation: straight to `out`, or behind the pending ones.
+    fn reply(&mut self, out: &mut Vec<u8>, f: impl FnOnce(&mut ReplyWriter<'_>)) {
+        if self.pending.is_empty() {
+            f(&mut ReplyWriter::new(out, self.proto));
+        } else {
+            let start = self.stash.len();
+            f(&mut ReplyWriter::new(&mut self.stash, self.proto));
+            self.pending.push(Pending::Ready(start, self.stash.len()));
+        }
+    }
+
+    fn error(&mut self, out: &mut Vec<u8>, text: &str) {
+        self.error_bytes(out, text.as_bytes());
+    }
+
+    fn error_bytes(&mut self, out: &mut Vec<u8>, text: &[u8]) {
+        self.counts.errors += 1;
+        self.reply(out, |w| w.error(text));
+    }
+
+    fn backend_error(&mut self, out: &mut Vec<u8>, e: &BackendError) {
+        let text = format!("ERR {e}");
+        self.error(out, &text);
+    }
+
+    fn arity_error(&mut self, out: &mut Vec<u8>, spec: &CommandSpec) {
+        let text = format!("ERR wrong number of arguments for '{}' command", spec.name);
+        self.error(out, &text);
+    }
+}
+
+/// Moves argument `i` out (arity was checked, so it exists).
+fn take(args: &mut [Vec<u8>], i: usize) -> Vec<u8> {
+    std::mem::take(&mut args[i])
+}
+
+/// Redis's reply to an unknown command: the name and the first arguments, each cut at 128 bytes in all.
+fn unknown_command(args: &[Vec<u8>]) -> Vec<u8> {
+    let mut text = b"ERR unknown command '".to_vec();
+    text.extend_from_slice(&args[0][..args[0].len().min(128)]);
+    text.extend_from_slice(b"', with args beginning with: ");
+    let mut listed = 0usize;
+    for a in &args[1..] {
+        if listed >= 128 {
+            break;
+        }
+        let part = &a[..a.len().min(128 - listed)];
+        text.push(b'\'');
+        text.extend_from_slice(part);
+        text.extend_from_slice(b"' ");
+        listed += part.len() + 3;
+    }
+    text
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for i in 0..a.len().max(b.len()) {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= usize::from(x ^ y);
+    }
+    diff == 0
+}
+
+/// Redis's glob matching (`stringmatchlen`), without case: `*`, `?`, `[...]` with ranges and `^`, `\` escapes.
+pub(crate) fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
+    let lower = |b: u8| b.to_ascii_lowercase();
+    let (mut p, mut t) = (0, 0);
+    // Where to resume after the last `*`: (pattern position after it, text position it matched up to).
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        let mut advanced = false;
+        if p < pattern.len() {
+            match pattern[p] {
+                b'*' => {
+                    star = Some((p + 1, t));
+                    p += 1;
+                    continue;
+                }
+                b'?' => {
+                    p += 1;
+                    t += 1;
+                    advanced = true;
+                }
+                b'[' => {
+                    if let Some((matched, end)) = class_match(&pattern[p..], lower(text[t])) {
+                        if matched {
+                            p += end;
+                            t += 1;
+                            advanced = true;
+                        }
+                    } else if lower(pattern[p]) == lower(text[t]) {
+                        p += 1;
+                        t += 1;
+                        advanced = true;
+                    }
+                }
+                b'\\' if p + 1 < pattern.len() => {
+                    if lower(pattern[p + 1]) == lower(text[t]) {
+                        p += 2;
+                        t += 1;
+                        advanced = true;
+                    }
+                }
+                c => {
+                    if lower(c) == lower(text[t]) {
+                        p += 1;
+                        t += 1;
+                        advanced = true;
+                    }
+                }
+            }
+        }
+        if !advanced {
+            match star {
+                Some((sp, st)) => {
+                    p = sp;
+                    t = st + 1;
+                    star = Some((sp, st + 1));
+                }
+                None => return false,
+            }
+        }
+    }
+    pattern[p..].iter().all(|&c| c == b'*')
+}
+
+/// Matches `c` against the class at the start of `pattern` (`[...]`); whether it matched and the class's
+/// length, or `None` when the class is not closed.
+fn class_match(pattern: &[u8], c: u8) -> Option<(bool, usize)> {
+    let mut i = 1;
+    let negate = pattern.get(1) == Some(&b'^');
+    if negate {
+        i += 1;
+    }
+    let mut matched = false;
+    while i < pattern.len() && pattern[i] != b']' {
+        if pattern[i] == b'\\' && i + 1 < pattern.len() {
+            matched |= pattern[i + 1].to_ascii_lowercase() == c;
+            i += 2;
+        } else if i + 2 < pattern.len() && pattern[i + 1] == b'-' && pattern[i + 2] != b']' {
+            let (mut lo, mut hi) = (
+                pattern[i].to_ascii_lowercase(),
+                pattern[i + 2].to_ascii_lowercase(),
+            );
+            if lo > hi {
+                std::mem::swap(&mut lo, &mut hi);
+            }
+            matched |= (lo..=hi).contains(&c);
+            i += 3;
+        } else {
+            matched |= pattern[i].to_ascii_lowercase() == c;
+            i += 1;
+        }
+    }
+    if i >= pattern.len() {
+        return None;
+    }
+    Some((matched != negate, i + 1))
+}
+
+#[cfg(test)]
+#[path = "session_tests.rs"]
+mod tests;
