@@ -35,9 +35,12 @@ fn a_shared_key_keeps_its_value_spreads_its_load_and_counts_exactly() -> anyhow:
         c.set(format!("cold{i}").as_bytes(), b"x")?;
     }
 
+    assert_eq!(cluster.processor().count_keys()?, 52);
     cluster.mnode().set_replication(b"hot", 3)?;
     cluster.mnode().set_replication(b"ctr", 3)?;
     assert_eq!(cluster.processor().stats().shared_keys, 2);
+    // Shared keys are counted by their cells (DBSIZE).
+    assert_eq!(cluster.processor().count_keys()?, 52);
     let routing = cluster.nodes()[0].routing();
     assert_eq!(routing.cells.len(), 2);
     assert_eq!(routing.ring.replication(b"hot"), 3);
@@ -83,6 +86,7 @@ fn a_shared_key_keeps_its_value_spreads_its_load_and_counts_exactly() -> anyhow:
     assert_eq!(c.get(b"hot")?.as_deref(), Some(&b"after"[..]));
     assert!(c.delete(b"hot")?);
     assert_eq!(c.get(b"hot")?, None);
+    assert_eq!(cluster.processor().count_keys()?, 51);
     assert!(c.insert(b"hot", b"again")?);
 
     // Back to one owner: the cell's value goes back into the index.
