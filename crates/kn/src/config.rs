@@ -2,6 +2,8 @@ use std::time::Duration;
 
 use dinomo_cache::CacheConfig;
 
+use crate::hotkeys::KeyStatsConfig;
+
 /// Settings of a KV node.
 #[derive(Debug, Clone)]
 pub struct KnConfig {
@@ -24,6 +26,8 @@ pub struct KnConfig {
     pub max_batch: usize,
     /// Requests that may wait in a worker's queue (default 4096).
     pub queue_depth: usize,
+    /// Per-epoch key-access statistics each worker keeps for the M-node's policy.
+    pub key_stats: KeyStatsConfig,
 }
 
 impl Default for KnConfig {
@@ -38,6 +42,7 @@ impl Default for KnConfig {
             merge_wait_timeout: Duration::from_secs(10),
             max_batch: 128,
             queue_depth: 4096,
+            key_stats: KeyStatsConfig::default(),
         }
     }
 }
@@ -66,6 +71,7 @@ impl KnConfig {
                 "max_unmerged_segments, max_batch and queue_depth must be at least 1".into(),
             );
         }
+        self.key_stats.validate().map_err(crate::KnError::Config)?;
         Ok(())
     }
 }
