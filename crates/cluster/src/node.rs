@@ -75,6 +75,8 @@ pub(crate) struct NodeShared {
     routing: RwLock<Routing>,
     /// Serializes installs.
     install_lock: std::sync::Mutex<()>,
+    /// Latency reports and tracked keys for the M-node's policy.
+    pub(crate) policy_stats: crate::stats::NodePolicyStats,
 }
 
 impl NodeShared {
@@ -110,6 +112,9 @@ impl NodeShared {
         }
         // The table is published even when a worker failed to merge: the workers already refuse what they lost,
         // and the M-node retries the install before it hands the keys to anyone.
+        if let Err(e) = self.track_replicated(&routing) {
+            first_error.get_or_insert(e);
+        }
         *self.routing.write().expect("routing lock") = routing;
         first_error.map_or(Ok(()), Err)
     }
@@ -182,6 +187,7 @@ impl ClusterNode {
             submitter: kv.submitter(),
             routing: RwLock::new(routing),
             install_lock: std::sync::Mutex::new(()),
+            policy_stats: Default::default(),
         });
         let server = Server::start(
             config.listen,
