@@ -293,7 +293,7 @@ mod tests {
             .unwrap();
         w.add(&node_stats(2, 50, 100, &[b"c"], &[2000])).unwrap();
         w.end_epoch();
-        w.add(&node_stats(1, 30, 100, &[b"a"], &[])).unwrap();
+        w.add(&node_stats(1, 30, 100, &[b"a", b"a"], &[])).unwrap();
         w.end_epoch();
         let s = w.sample(&ring);
         assert_eq!(w.epochs(), 2);
@@ -304,9 +304,12 @@ mod tests {
         assert_eq!(s.latency.requests, 3);
         assert!((s.latency.avg_ns - 2000.0).abs() < 1e-9);
         let keys = s.keys.expect("every node reported keys");
-        assert_eq!(keys.accesses, 5);
+        assert_eq!(keys.accesses, 6);
         assert_eq!(keys.heavy_hitters[0].key, b"a");
-        assert_eq!(keys.heavy_hitters[0].count, 3);
+        assert_eq!(keys.heavy_hitters[0].count, 4);
+        // "b" and "c" were seen once each: unlisted, within the error.
+        assert_eq!(keys.heavy_hitters.len(), 1);
+        assert!(keys.heavy_hitter_error >= 1);
         // A node without key statistics leaves the window without any to judge by.
         let mut st = node_stats(3, 1, 100, &[], &[]);
         st.keys = None;
