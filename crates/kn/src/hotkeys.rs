@@ -32,9 +32,10 @@ pub struct KeyStatsConfig {
     pub heavy_hitters: usize,
     /// log2 of the distinct-key estimator's registers (default 12: 4 KiB, about 1.6% standard error; 4..=18).
     pub distinct_precision: u8,
-    /// Rows of the F2 estimator; the estimate is their median (default 5; 1..=16).
+    /// Rows of the F2 estimator; the estimate is their median (default 3; 1..=16).
     pub f2_depth: usize,
-    /// Counters per row of the F2 estimator, a power of two (default 512; 16..=65536).
+    /// Counters per row of the F2 estimator, a power of two (default 1024: about 4.4% standard error per row;
+    /// 16..=65536).
     pub f2_width: usize,
     /// Keys counted exactly at the node's request (its replicated keys; default 1024). More are ignored.
     pub max_tracked_keys: usize,
@@ -46,8 +47,8 @@ impl Default for KeyStatsConfig {
             enabled: true,
             heavy_hitters: 128,
             distinct_precision: 12,
-            f2_depth: 5,
-            f2_width: 512,
+            f2_depth: 3,
+            f2_width: 1024,
             max_tracked_keys: 1024,
         }
     }
@@ -157,10 +158,12 @@ pub struct KeySketch {
     width: usize,
     max_tracked: usize,
     accesses: u64,
+    /// Counters; a count of 0 marks a free slot. A slot keeps its key buffer when freed, so a new candidate does
+    /// not allocate.
     slots: Vec<Slot>,
+    /// Free slots.
+    free: Vec<u32>,
     index: HashIndex<u32>,
-    /// Key buffers of freed slots, reused so a new heavy-hitter candidate does not allocate.
-    spare_keys: Vec<Vec<u8>>,
     decrements: u64,
     registers: Vec<u8>,
     counters: Vec<i64>,
@@ -183,8 +186,8 @@ impl KeySketch {
             max_tracked: cfg.max_tracked_keys,
             accesses: 0,
             slots: Vec::with_capacity(cfg.heavy_hitters),
+            free: Vec::with_capacity(cfg.heavy_hitters),
             index,
-            spare_keys: Vec::new(),
             decrements: 0,
             registers: vec![0; 1 << cfg.distinct_precision],
             counters: vec![0; cfg.f2_depth * cfg.f2_width],
@@ -214,14 +217,16 @@ impl KeySketch {
         // F2: each row adds ±1 to one counter; the row's bucket and sign are its own slice of bits of a mix of
         // the key's hash (one mix serves several rows).
         let mask = (self.width - 1) as u64;
-        let mut bits = 0u64;
-        for row in 0..self.depth {
-            if row % self.rows_per_mix == 0 {
+        let (mut bits, mut left) = (0u64, 0usize);
+        for (row, counters) in self.counters.chunks_exact_mut(self.width).enumerate() {
+            if left == 0 {
                 bits = fmix64(h.wrapping_add(ROW_STEP.wrapping_mul(row as u64 + 1)));
+                left = self.rows_per_mix;
             }
-            let at = row * self.width + (bits & mask) as usize;
-            self.counters[at] += if bits & (mask + 1) == 0 { 1 } else { -1 };
+            let c = &mut counters[(bits & mask) as usize];
+            *c += if bits & (mask + 1) == 0 { 1 } else { -1 };
             bits >>= self.row_bits;
+            left -= 1;
         }
         if !self.tracked.is_empty()
             && let Some(t) = self.tracked.get_mut(&h)
@@ -237,13 +242,16 @@ impl KeySketch {
                 slot.key.extend_from_slice(key);
                 slot.has_key = true;
             }
+        } else if let Some(i) = self.free.pop() {
+            let slot = &mut self.slots[i as usize];
+            (slot.hash, slot.count, slot.has_key) = (h, 1, false);
+            self.index.insert(h, i);
         } else if self.slots.len() < self.capacity {
-            let key = self.spare_keys.pop().unwrap_or_default();
             self.index.insert(h, self.slots.len() as u32);
             self.slots.push(Slot {
                 hash: h,
                 count: 1,
-                key,
+                key: Vec::new(),
                 has_key: false,
             });
         } else {
@@ -255,18 +263,14 @@ impl KeySketch {
     /// one; counters that reach zero free their slots.
     fn decrement_all(&mut self) {
         self.decrements += 1;
-        let mut i = 0;
-        while i < self.slots.len() {
-            self.slots[i].count -= 1;
-            if self.slots[i].count == 0 {
-                let gone = self.slots.swap_remove(i);
-                self.index.remove(&gone.hash);
-                if let Some(moved) = self.slots.get(i) {
-                    self.index.insert(moved.hash, i as u32);
-                }
-                self.spare_keys.push(gone.key);
-            } else {
-                i += 1;
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            if slot.count == 0 {
+                continue;
+            }
+            slot.count -= 1;
+            if slot.count == 0 {
+                self.index.remove(&slot.hash);
+                self.free.push(i as u32);
             }
         }
     }
@@ -297,7 +301,6 @@ impl KeySketch {
     /// Heap bytes the sketch holds (bounded by its settings and the longest keys seen).
     pub fn heap_bytes(&self) -> usize {
         let keys: usize = self.slots.iter().map(|s| s.key.capacity()).sum::<usize>()
-            + self.spare_keys.iter().map(Vec::capacity).sum::<usize>()
             + self
                 .tracked
                 .values()
@@ -305,7 +308,7 @@ impl KeySketch {
                 .sum::<usize>();
         self.slots.capacity() * std::mem::size_of::<Slot>()
             + self.index.capacity() * (std::mem::size_of::<(u64, u32)>() + 1)
-            + self.spare_keys.capacity() * std::mem::size_of::<Vec<u8>>()
+            + self.free.capacity() * 4
             + self.registers.capacity()
             + self.counters.capacity() * 8
             + self.tracked.capacity() * (std::mem::size_of::<(u64, KeyCount)>() + 1)
@@ -318,7 +321,7 @@ impl KeySketch {
         let mut heavy: Vec<KeyCount> = self
             .slots
             .iter()
-            .filter(|s| s.has_key)
+            .filter(|s| s.count > 0 && s.has_key)
             .map(|s| KeyCount {
                 key: s.key.clone(),
                 count: s.count,
@@ -326,7 +329,7 @@ impl KeySketch {
             .collect();
         // Candidates counted once hold no key bytes and are left out: each was accessed at most once more than the
         // decrements, which the error then covers.
-        let unlisted = heavy.len() < self.slots.len();
+        let unlisted = self.slots.iter().any(|s| s.count > 0 && !s.has_key);
         sort_by_count(&mut heavy);
         let mut tracked: Vec<KeyCount> = self
             .tracked
@@ -352,10 +355,11 @@ impl KeySketch {
         self.accesses = 0;
         self.decrements = 0;
         self.index.clear();
-        for s in self.slots.drain(..) {
-            self.spare_keys.push(s.key);
+        self.free.clear();
+        for (i, slot) in self.slots.iter_mut().enumerate().rev() {
+            slot.count = 0;
+            self.free.push(i as u32);
         }
-        self.spare_keys.truncate(self.capacity);
         self.registers.fill(0);
         self.counters.fill(0);
         stats
@@ -691,7 +695,7 @@ mod tests {
                 "theta {theta}: distinct {} vs {d}",
                 stats.distinct()
             );
-            // F2: the median of 5 rows of 512 counters; allow 25% (about 4 standard errors of one row).
+            // F2: the median of 3 rows of 1024 counters; allow 25% (over 5 standard errors of one row).
             let f2: f64 = truth.values().map(|&c| (c * c) as f64).sum();
             let rel = (stats.f2() - f2).abs() / f2;
             assert!(rel < 0.25, "theta {theta}: F2 {} vs {f2}", stats.f2());
@@ -754,7 +758,7 @@ mod tests {
             }
         }
         most = most.max(s.heap_bytes());
-        // 4 KiB of registers, 20 KiB of F2 counters, and 128 counters with short keys.
+        // 4 KiB of registers, 24 KiB of F2 counters, and 128 counters with short keys.
         assert!(most < 64 << 10, "{most} bytes");
         assert!(s.slots.len() <= cfg.heavy_hitters);
         let stats = s.take();
@@ -791,7 +795,7 @@ mod tests {
         );
         // Different shapes are refused.
         let other = KeyStats::empty(&KeyStatsConfig {
-            f2_width: 256,
+            f2_width: 512,
             ..cfg.clone()
         });
         assert!(matches!(merged.merge(&other), Err(KeyStatsError::Shape(_))));
