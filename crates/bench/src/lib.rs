@@ -23,6 +23,7 @@
 
 mod dac;
 mod elastic;
+mod key_stats;
 mod pingpong;
 mod report;
 pub mod svg;
@@ -31,6 +32,7 @@ pub mod ycsb_run;
 
 pub use dac::{DacBenchOptions, DacCase, DacReport, DacVersusBest, run_dac};
 pub use elastic::{Bucket, ElasticOptions, ElasticReport, Scenario, run_elastic};
+pub use key_stats::{KeyStatsBenchOptions, KeyStatsReport, run_key_stats};
 
 use std::hint::black_box;
 use std::net::SocketAddr;

@@ -4,6 +4,11 @@
 //! A request that was sent but whose reply never came (the node died or the connection broke) is not retried
 //! when it changes data: its outcome is reported as [`ClientError::Indeterminate`], since the write may have been
 //! applied. Reads are retried.
+//!
+//! The client measures every operation's latency and, at most once per report period, sends the interval's
+//! histogram to the node it is talking to, written just before a data request so both go out together; the
+//! M-node collects the reports for its latency SLOs. A node is asked alone the first time (a node that does not
+//! know reports refuses and closes the connection, which must not cost a request), piggybacked afterwards.
 
 use std::collections::HashMap;
 use std::io::{BufReader, BufWriter, Write};
@@ -13,6 +18,7 @@ use std::time::{Duration, Instant};
 use dinomo_kn::DataOp;
 use dinomo_ring::NodeId;
 
+use crate::latency::LatencyHistogram;
 use crate::wire::{
     DEFAULT_MAX_FRAME, ErrorKind, RequestBody, RequestRef, Response, ResponseBody, Routing,
     read_frame, write_frame,
@@ -31,6 +37,10 @@ pub struct ClientConfig {
     pub max_frame: u32,
     /// Longest pause between retries (they start at 200 µs and double). Default 20 ms.
     pub max_retry_pause: Duration,
+    /// Whether operation latencies are reported to the nodes for the M-node's SLOs. Default true.
+    pub report_latency: bool,
+    /// Least time between two latency reports. Default 1 s.
+    pub latency_report_period: Duration,
 }
 
 impl Default for ClientConfig {
@@ -41,6 +51,8 @@ impl Default for ClientConfig {
             connect_timeout: Duration::from_secs(1),
             max_frame: DEFAULT_MAX_FRAME,
             max_retry_pause: Duration::from_millis(20),
+            report_latency: true,
+            latency_report_period: Duration::from_secs(1),
         }
     }
 }
@@ -109,6 +121,11 @@ pub struct Client {
     next_id: u64,
     buf: Vec<u8>,
     rng: u64,
+    /// Latencies of the operations since the last report.
+    latency: LatencyHistogram,
+    latency_since: Instant,
+    /// Whether each node address takes latency reports (absent: not asked yet).
+    report_support: HashMap<String, bool>,
 }
 
 impl Client {
@@ -124,6 +141,9 @@ impl Client {
             conns: HashMap::new(),
             next_id: 1,
             buf: Vec::new(),
+            latency: LatencyHistogram::new(),
+            latency_since: Instant::now(),
+            report_support: HashMap::new(),
         };
         let deadline = Instant::now() + c.cfg.op_timeout;
         while !c.refresh(0, None) {
@@ -192,8 +212,18 @@ impl Client {
         }
     }
 
-    /// Sends a data request to its key's owner, following refusals and failures until the deadline.
+    /// Sends a data request to its key's owner, following refusals and failures until the deadline. Its latency,
+    /// retries included, goes into the next latency report.
     pub fn request(&mut self, body: RequestBody) -> Result<ResponseBody, ClientError> {
+        let started = Instant::now();
+        let result = self.request_once(body);
+        if self.cfg.report_latency {
+            self.latency.record(started.elapsed().as_nanos() as u64);
+        }
+        result
+    }
+
+    fn request_once(&mut self, body: RequestBody) -> Result<ResponseBody, ClientError> {
         let key = body
             .key()
             .ok_or_else(|| ClientError::Invalid("not a data request".into()))?;
@@ -288,8 +318,6 @@ impl Client {
     }
 
     fn attempt(&mut self, addr: &str, body: &RequestBody, deadline: Instant) -> Attempt {
-        let id = self.next_id;
-        self.next_id += 1;
         if !self.conns.contains_key(addr) {
             match Conn::open(addr, self.cfg.connect_timeout) {
                 Ok(c) => {
@@ -298,6 +326,12 @@ impl Client {
                 Err(_) => return Attempt::Retry,
             }
         }
+        if body.key().is_some() && !self.send_report_if_due(addr, deadline) {
+            return Attempt::Retry;
+        }
+        // After the report's id: replies to lower ids are skipped while waiting for this one.
+        let id = self.next_id;
+        self.next_id += 1;
         let conn = self.conns.get_mut(addr).expect("inserted above");
         let req = RequestRef { id, body };
         if write_frame(&mut conn.writer, &req, &mut self.buf).is_err()
@@ -325,6 +359,72 @@ impl Client {
         }
     }
 
+    /// Writes the latency report to the open connection to `addr` if one is due: just the frame when the node is
+    /// known to take reports (the request's flush sends both), or alone, waiting for the answer, when the node
+    /// has not been asked yet. False when the request should be retried (the connection is gone; nothing of the
+    /// request was sent).
+    fn send_report_if_due(&mut self, addr: &str, deadline: Instant) -> bool {
+        if !self.cfg.report_latency
+            || self.latency.count() == 0
+            || self.latency_since.elapsed() < self.cfg.latency_report_period
+        {
+            return true;
+        }
+        let known = self.report_support.get(addr).copied();
+        if known == Some(false) {
+            return true;
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let body = RequestBody::LatencyReport(self.latency.summary());
+        let conn = self.conns.get_mut(addr).expect("connected by the caller");
+        if write_frame(
+            &mut conn.writer,
+            &RequestRef { id, body: &body },
+            &mut self.buf,
+        )
+        .is_err()
+        {
+            self.conns.remove(addr);
+            return false;
+        }
+        if known == Some(true) {
+            self.latency.clear();
+            self.latency_since = Instant::now();
+            return true;
+        }
+        if conn.writer.flush().is_err() {
+            self.conns.remove(addr);
+            return false;
+        }
+        let wait = deadline
+            .saturating_duration_since(Instant::now())
+            .min(self.cfg.connect_timeout);
+        conn.set_read_timeout(wait);
+        loop {
+            match read_frame::<Response>(&mut conn.reader, &mut self.buf, self.cfg.max_frame) {
+                Ok(r) if r.id < id => continue,
+                Ok(r) if r.id == id && r.body == ResponseBody::Done => {
+                    self.report_support.insert(addr.to_string(), true);
+                    self.latency.clear();
+                    self.latency_since = Instant::now();
+                    return true;
+                }
+                // Refused, or an error about an undecodable frame (an older node, which also closes the connection).
+                Ok(_) => {
+                    self.report_support.insert(addr.to_string(), false);
+                    self.conns.remove(addr);
+                    return false;
+                }
+                // No answer: ask again on a new connection.
+                Err(_) => {
+                    self.conns.remove(addr);
+                    return false;
+                }
+            }
+        }
+    }
+
     /// Fetches a routing table of at least epoch `min_epoch`, asking `hint` first, then the seeds; keeps the
     /// newest seen. Returns whether the cached table now reaches `min_epoch`.
     pub(crate) fn refresh(&mut self, min_epoch: u64, hint: Option<&str>) -> bool {
@@ -344,6 +444,8 @@ impl Client {
                     self.conns.retain(|a, _| {
                         r.addrs.values().any(|x| x == a) || self.cfg.seeds.contains(a)
                     });
+                    self.report_support
+                        .retain(|a, _| r.addrs.values().any(|x| x == a));
                     self.routing = Some(r);
                 }
                 if self

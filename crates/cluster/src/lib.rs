@@ -5,20 +5,27 @@
 //! The cluster record — the ring with its epoch and the nodes' addresses — lives in a [`dinomo_meta::MetaStore`]:
 //! embedded (served by the memory node and persisted in its pool) or etcd.
 
+mod autoscale;
 mod client;
+pub mod latency;
 mod local;
 mod mnode;
 mod node;
 mod pipeline;
+pub mod policy;
 mod resp;
 mod rn;
 mod server;
+mod stats;
 pub mod wire;
 
 use dinomo_meta::{MetaError, MetaStore};
 use dinomo_ring::NodeId;
 use serde::{Deserialize, Serialize};
 
+pub use autoscale::{
+    ActionOutcome, Actuator, AutoscaleConfig, Autoscaler, ManualScaler, PolicyEvent, Scaler, act,
+};
 pub use client::{Client, ClientConfig, ClientError};
 pub use local::{LocalCluster, LocalClusterConfig, MemoryNodeRpc, resp_address};
 pub use mnode::{MNode, MNodeConfig, ReconfigEvent, ReconfigKind};
@@ -26,6 +33,7 @@ pub use node::{ClusterNode, NodeConfig};
 pub use pipeline::{Completion, PipelinedClient};
 pub use rn::RoutingNode;
 pub use server::{Server, ServerLimits};
+pub use stats::{NodeEpochStats, SampleWindow};
 pub use wire::Routing;
 
 /// What can go wrong running a cluster component.

@@ -3,7 +3,8 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use dinomo_dpm::{Processor, ProcessorConfig};
@@ -15,8 +16,8 @@ use dinomo_pool::{PersistMode, Pool, PoolOptions};
 use dinomo_ring::NodeId;
 
 use crate::{
-    ClusterError, ClusterNode, ClusterRecord, MNode, MNodeConfig, NodeConfig, RoutingNode,
-    ServerLimits,
+    Actuator, AutoscaleConfig, Autoscaler, ClusterError, ClusterNode, ClusterRecord, MNode,
+    MNodeConfig, NodeConfig, RoutingNode, Scaler, ServerLimits,
 };
 
 /// One memory node's RPCs: the processor's data-plane calls and the metadata service.
@@ -70,6 +71,10 @@ pub struct LocalClusterConfig {
     /// `resp_listen[i]`, later ones on the ports after the last address (all on any free port when its port is
     /// 0). Empty (the default): no RESP. Other RESP settings come from `node.resp`.
     pub resp_listen: Vec<SocketAddr>,
+    /// The M-node's policy loop (off by default); it starts and stops KV nodes of this cluster.
+    pub autoscale: AutoscaleConfig,
+    /// How long starting a node may take until it serves (when the autoscaler adds one). Default 30 s.
+    pub node_start_timeout: Duration,
 }
 
 impl Default for LocalClusterConfig {
@@ -85,6 +90,8 @@ impl Default for LocalClusterConfig {
             rn_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             injected_latency_ns: 0,
             resp_listen: Vec::new(),
+            autoscale: AutoscaleConfig::default(),
+            node_start_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -96,12 +103,11 @@ pub struct LocalCluster {
     memory: Arc<MemoryNode>,
     processor: Arc<Processor>,
     meta: Arc<EmbeddedMeta>,
-    nodes: Vec<ClusterNode>,
+    /// The KV nodes and how to start more; shared with the autoscaler.
+    scaler: Arc<LocalScaler>,
     rn: Option<RoutingNode>,
-    mnode: Option<MNode>,
-    next_id: NodeId,
-    /// KV nodes started so far (picks each one's RESP address).
-    started: usize,
+    mnode: Option<Arc<MNode>>,
+    autoscaler: Option<Autoscaler>,
 }
 
 impl LocalCluster {
@@ -139,23 +145,35 @@ impl LocalCluster {
             processor.rpc_handler(),
             meta.clone(),
         )));
+        let mut connector = Connector::new(Target::InProcess(memory.clone()));
+        connector.config.injected_latency_ns = cfg.injected_latency_ns;
+        let scaler = Arc::new(LocalScaler {
+            nodes: Mutex::new(Vec::new()),
+            next_id: AtomicU32::new(1),
+            node: cfg.node.clone(),
+            connector,
+            meta: meta.clone(),
+            start_timeout: cfg.node_start_timeout,
+            stopping: AtomicBool::new(false),
+            resp_listen: cfg.resp_listen.clone(),
+            started: std::sync::atomic::AtomicUsize::new(0),
+        });
         let mut c = LocalCluster {
             pool,
             memory,
             processor,
             meta,
-            nodes: Vec::new(),
+            scaler,
             rn: None,
             mnode: None,
-            next_id: 1,
-            started: 0,
+            autoscaler: None,
             cfg,
         };
-        c.mnode = Some(MNode::start(
+        c.mnode = Some(Arc::new(MNode::start(
             c.cfg.mnode.clone(),
             c.meta_store(),
             c.connector(),
-        )?);
+        )?));
         c.rn = Some(RoutingNode::start(
             c.cfg.rn_listen,
             c.meta_store(),
@@ -166,16 +184,26 @@ impl LocalCluster {
         let known: Vec<NodeId> = ClusterRecord::load(&*c.meta)?
             .map(|(r, _)| r.routing.ring.nodes().collect())
             .unwrap_or_default();
-        c.next_id = known.iter().max().map_or(1, |m| m + 1);
+        c.scaler
+            .next_id
+            .store(known.iter().max().map_or(1, |m| m + 1), Ordering::Release);
         for i in 0..c.cfg.kns {
-            let id = known.get(i).copied().unwrap_or_else(|| {
-                let id = c.next_id;
-                c.next_id += 1;
-                id
-            });
-            c.start_node_with_id(id)?;
+            let id = known
+                .get(i)
+                .copied()
+                .unwrap_or_else(|| c.scaler.next_id.fetch_add(1, Ordering::AcqRel));
+            c.scaler.start_node_with_id(id)?;
         }
         c.wait_until_serving(Duration::from_secs(30))?;
+        if c.cfg.autoscale.enabled {
+            let actuator: Arc<dyn Actuator> = c.mnode.clone().expect("started above");
+            c.autoscaler = Some(Autoscaler::start(
+                c.cfg.autoscale.clone(),
+                c.meta_store(),
+                actuator,
+                c.scaler.clone(),
+            )?);
+        }
         Ok(c)
     }
 
@@ -190,23 +218,10 @@ impl LocalCluster {
         self.meta.clone()
     }
 
-    fn start_node_with_id(&mut self, id: NodeId) -> Result<NodeId, ClusterError> {
-        let cfg = NodeConfig {
-            node_id: id,
-            resp_listen: resp_address(&self.cfg.resp_listen, self.started)?,
-            ..self.cfg.node.clone()
-        };
-        let node = ClusterNode::start(cfg, self.connector(), self.meta_store())?;
-        self.started += 1;
-        self.nodes.push(node);
-        Ok(id)
-    }
-
     /// Starts one more KV node; the M-node adds it to the ring. Returns its id once it serves.
     pub fn add_node(&mut self) -> Result<NodeId, ClusterError> {
-        let id = self.next_id;
-        self.next_id += 1;
-        self.start_node_with_id(id)?;
+        let id = self.scaler.next_id.fetch_add(1, Ordering::AcqRel);
+        self.scaler.start_node_with_id(id)?;
         self.wait_until_serving(Duration::from_secs(30))?;
         Ok(id)
     }
@@ -214,20 +229,18 @@ impl LocalCluster {
     /// Has the M-node remove `node` from the ring, then stops it.
     pub fn remove_node(&mut self, node: NodeId) -> Result<(), ClusterError> {
         self.mnode().remove_node(node)?;
-        if let Some(i) = self.nodes.iter().position(|n| n.id() == node) {
-            self.nodes.remove(i).stop();
+        if let Some(n) = self.scaler.take(node) {
+            n.stop();
         }
         Ok(())
     }
 
     /// Stops `node` as if its process died; the M-node notices when its lease expires.
     pub fn crash_node(&mut self, node: NodeId) -> Result<(), ClusterError> {
-        let i = self
-            .nodes
-            .iter()
-            .position(|n| n.id() == node)
-            .ok_or_else(|| ClusterError::Reconfig(format!("no node {node}")))?;
-        self.nodes.remove(i).crash();
+        self.scaler
+            .take(node)
+            .ok_or_else(|| ClusterError::Reconfig(format!("no node {node}")))?
+            .crash();
         Ok(())
     }
 
@@ -237,12 +250,13 @@ impl LocalCluster {
         loop {
             if let Some((r, _)) = ClusterRecord::load(&*self.meta)? {
                 let ring: Vec<NodeId> = r.routing.ring.nodes().collect();
-                let mut running: Vec<NodeId> = self.nodes.iter().map(ClusterNode::id).collect();
+                let nodes = self.nodes();
+                let mut running: Vec<NodeId> = nodes.iter().map(ClusterNode::id).collect();
                 running.sort_unstable();
-                let all_installed = self
-                    .nodes
+                let all_installed = nodes
                     .iter()
                     .all(|n| n.routing().epoch() == r.routing.epoch());
+                drop(nodes);
                 if ring == running && all_installed {
                     return Ok(());
                 }
@@ -261,14 +275,19 @@ impl LocalCluster {
         self.rn.as_ref().expect("running").local_addr()
     }
 
-    /// The KV nodes running.
-    pub fn nodes(&self) -> &[ClusterNode] {
-        &self.nodes
+    /// The KV nodes running (locked while the guard lives: the autoscaler may start and stop nodes).
+    pub fn nodes(&self) -> MutexGuard<'_, Vec<ClusterNode>> {
+        self.scaler.nodes()
     }
 
     /// The M-node.
     pub fn mnode(&self) -> &MNode {
         self.mnode.as_ref().expect("running")
+    }
+
+    /// The policy loop, when [`LocalClusterConfig::autoscale`] enabled it.
+    pub fn autoscaler(&self) -> Option<&Autoscaler> {
+        self.autoscaler.as_ref()
     }
 
     /// The memory node's processor.
@@ -292,10 +311,14 @@ impl LocalCluster {
     }
 
     fn shutdown(&mut self) {
-        // The M-node first, so stopping nodes is not taken for failures.
+        // The policy loop first (it may be starting a node), then the M-node, so stopping nodes is not taken for
+        // failures.
+        self.scaler.stopping.store(true, Ordering::Release);
+        self.autoscaler.take();
         self.mnode.take();
         self.rn.take();
-        for n in self.nodes.drain(..) {
+        let nodes: Vec<ClusterNode> = self.scaler.nodes().drain(..).collect();
+        for n in nodes {
             n.stop();
         }
         self.processor.shutdown();
@@ -330,5 +353,83 @@ pub fn resp_address(
 impl Drop for LocalCluster {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// Starts and stops the KV nodes of a [`LocalCluster`] (for the cluster itself and its autoscaler).
+struct LocalScaler {
+    nodes: Mutex<Vec<ClusterNode>>,
+    next_id: AtomicU32,
+    node: NodeConfig,
+    connector: Connector,
+    meta: Arc<EmbeddedMeta>,
+    start_timeout: Duration,
+    /// Set when the cluster stops: a node being added stops waiting for its join.
+    stopping: AtomicBool,
+    /// Where the KV nodes serve the Redis protocol ([`LocalClusterConfig::resp_listen`]).
+    resp_listen: Vec<SocketAddr>,
+    /// KV nodes started so far (picks each one's RESP address).
+    started: std::sync::atomic::AtomicUsize,
+}
+
+impl LocalScaler {
+    fn nodes(&self) -> MutexGuard<'_, Vec<ClusterNode>> {
+        self.nodes.lock().expect("nodes lock")
+    }
+
+    fn start_node_with_id(&self, id: NodeId) -> Result<(), ClusterError> {
+        let ordinal = self.started.fetch_add(1, Ordering::AcqRel);
+        let cfg = NodeConfig {
+            node_id: id,
+            resp_listen: resp_address(&self.resp_listen, ordinal)?,
+            ..self.node.clone()
+        };
+        let node = ClusterNode::start(cfg, self.connector.clone(), self.meta.clone())?;
+        self.nodes().push(node);
+        Ok(())
+    }
+
+    /// Takes `node` out of the running set (the caller stops it, outside the lock).
+    fn take(&self, node: NodeId) -> Option<ClusterNode> {
+        let mut nodes = self.nodes();
+        let i = nodes.iter().position(|n| n.id() == node)?;
+        Some(nodes.remove(i))
+    }
+}
+
+impl Scaler for LocalScaler {
+    /// Starts a node and waits until the M-node has it in the ring and it serves under the current table.
+    fn add_node(&self) -> Result<NodeId, ClusterError> {
+        let id = self.next_id.fetch_add(1, Ordering::AcqRel);
+        self.start_node_with_id(id)?;
+        let deadline = Instant::now() + self.start_timeout;
+        loop {
+            if let Some((r, _)) = ClusterRecord::load(&*self.meta)?
+                && r.routing.ring.contains(id)
+                && self
+                    .nodes()
+                    .iter()
+                    .any(|n| n.id() == id && n.routing().epoch() >= r.routing.epoch())
+            {
+                return Ok(id);
+            }
+            if self.stopping.load(Ordering::Acquire) {
+                return Err(ClusterError::Reconfig("the cluster is stopping".into()));
+            }
+            if Instant::now() > deadline {
+                return Err(ClusterError::Reconfig(format!(
+                    "node {id} did not join within {:?}",
+                    self.start_timeout
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    fn stop_node(&self, node: NodeId) -> Result<(), ClusterError> {
+        self.take(node)
+            .ok_or_else(|| ClusterError::Reconfig(format!("no node {node} is running")))?
+            .stop();
+        Ok(())
     }
 }

@@ -108,6 +108,8 @@ pub(crate) struct NodeShared {
     /// queues its new ownership at the workers under the write side, a batch is queued under the read side, so
     /// every request of a batch meets the same ownership at its worker.
     pub(crate) queue_order: RwLock<()>,
+    /// Latency reports and tracked keys for the M-node's policy.
+    pub(crate) policy_stats: crate::stats::NodePolicyStats,
 }
 
 impl NodeShared {
@@ -152,6 +154,9 @@ impl NodeShared {
         }
         // The table is published even when a worker failed to merge: the workers already refuse what they lost,
         // and the M-node retries the install before it hands the keys to anyone.
+        if let Err(e) = self.track_replicated(&routing) {
+            first_error.get_or_insert(e);
+        }
         *self.routing.write().expect("routing lock") = routing;
         first_error.map_or(Ok(()), Err)
     }
@@ -239,6 +244,7 @@ impl ClusterNode {
             routing: RwLock::new(routing),
             install_lock: std::sync::Mutex::new(()),
             queue_order: RwLock::new(()),
+            policy_stats: Default::default(),
         });
         let server = Server::start(
             config.listen,

@@ -163,7 +163,7 @@ fn from_reply(op: &Op, r: Reply) -> OpResult {
         Reply::Value(v) => output(op, Some(v), None, None),
         Reply::Applied(a) => output(op, None, Some(a), None),
         Reply::Int(n) => output(op, None, None, Some(n)),
-        Reply::Stats(_) => output(op, None, None, None),
+        Reply::Stats(_) | Reply::Epoch(_) => output(op, None, None, None),
     }
 }
 

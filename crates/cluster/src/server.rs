@@ -211,6 +211,7 @@ pub(crate) fn reply_body(r: Result<Reply, KnError>) -> ResponseBody {
         Ok(Reply::Applied(a)) => ResponseBody::Applied(a),
         Ok(Reply::Int(n)) => ResponseBody::Int(n),
         Ok(Reply::Stats(s)) => ResponseBody::Stats(serde_json::to_string(&s).unwrap_or_default()),
+        Ok(Reply::Epoch(s)) => ResponseBody::Stats(serde_json::to_string(&s).unwrap_or_default()),
         Err(KnError::NotOwner { epoch }) => ResponseBody::NotOwner { epoch },
         Err(e) => error_body(e),
     }
@@ -247,6 +248,17 @@ impl Service for NodeShared {
                 Err(e) => error_body(e),
             },
             RequestBody::Ping => ResponseBody::Done,
+            RequestBody::LatencyReport(report) => match self.record_latency(&report) {
+                Ok(()) => ResponseBody::Done,
+                Err(message) => ResponseBody::Error {
+                    kind: ErrorKind::Invalid,
+                    message,
+                },
+            },
+            RequestBody::EpochStats => match self.epoch_stats() {
+                Ok(s) => ResponseBody::EpochStats(Box::new(s)),
+                Err(e) => error_body(e),
+            },
             other => ResponseBody::Error {
                 kind: ErrorKind::Invalid,
                 message: format!("unexpected request {other:?}"),

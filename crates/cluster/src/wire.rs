@@ -5,6 +5,9 @@
 use std::io::{self, Read, Write};
 
 use dinomo_kn::DataOp;
+
+use crate::latency::LatencySummary;
+use crate::stats::NodeEpochStats;
 use dinomo_ring::{NodeId, Ring};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -53,6 +56,11 @@ pub enum RequestBody {
     Install(Routing),
     /// Liveness probe.
     Ping,
+    /// A client's latencies since its previous report, kept by the node until the M-node collects them (sent
+    /// before a data request on the same connection; answered with `Done`).
+    LatencyReport(LatencySummary),
+    /// M-node only: the node's statistics of the monitoring epoch that ends now (a new one starts).
+    EpochStats,
 }
 
 impl RequestBody {
@@ -106,7 +114,7 @@ pub enum ResponseBody {
     Routing(Routing),
     /// Statistics (a JSON document, so tools can show fields they do not know).
     Stats(String),
-    /// Done (Install, Ping).
+    /// Done (Install, Ping, LatencyReport).
     Done,
     /// The request failed.
     Error {
@@ -115,6 +123,8 @@ pub enum ResponseBody {
         /// For people.
         message: String,
     },
+    /// A node's statistics of one monitoring epoch.
+    EpochStats(Box<NodeEpochStats>),
 }
 
 /// Kinds of failure a client acts on.
@@ -194,6 +204,13 @@ mod tests {
                 RequestBody::Data(DataOp::Incr(key.clone(), delta)),
                 RequestBody::Data(DataOp::Append(key.clone(), value.clone())),
                 RequestBody::Ping,
+                RequestBody::LatencyReport(LatencySummary {
+                    count: 1,
+                    sum_ns: delta.unsigned_abs(),
+                    max_ns: 7,
+                    buckets: vec![(7, 1)],
+                }),
+                RequestBody::EpochStats,
             ];
             for body in &reqs {
                 write_frame(&mut wire, &Request { id, body: body.clone() }, &mut buf).unwrap();
@@ -221,6 +238,18 @@ mod tests {
                 let _ = read_frame::<Request>(&mut r, &mut buf, 256);
             }
         }
+    }
+
+    #[test]
+    fn a_request_this_version_does_not_know_is_an_error_not_a_panic() {
+        // What an older node sees for a variant added after it: id 5, then a variant index it has no case for.
+        let mut wire = Vec::new();
+        let body = [5u8, 120];
+        wire.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        wire.extend_from_slice(&body);
+        let mut buf = Vec::new();
+        let err = read_frame::<Request>(&mut &wire[..], &mut buf, DEFAULT_MAX_FRAME).unwrap_err();
+        assert!(matches!(err, FrameError::Malformed(_)), "{err}");
     }
 
     #[test]

@@ -42,7 +42,7 @@ fn nodes_serve_only_their_keys_and_refuse_the_rest() -> anyhow::Result<()> {
     let routing = cl.routing().unwrap().clone();
     assert_eq!(routing.ring.len(), 3);
     // Every node holds a fair share, and a node that is not the owner refuses with its epoch.
-    for node in c.nodes() {
+    for node in c.nodes().iter() {
         let share = routing.ring.share(node.id());
         assert!(
             (0.15..0.55).contains(&share),

@@ -242,7 +242,7 @@ fn overwritten_values_of_a_shared_key_are_recycled_and_the_live_one_is_kept() ->
 /// Round trips the workers of every node made so far.
 fn worker_round_trips(cluster: &LocalCluster) -> anyhow::Result<u64> {
     let mut total = 0;
-    for n in cluster.nodes() {
+    for n in cluster.nodes().iter() {
         total += n.worker_stats()?.iter().map(|s| s.round_trips).sum::<u64>();
     }
     Ok(total)

@@ -42,6 +42,38 @@ pub enum Which {
     /// Plots throughput, round trips per operation or hit ratios against the number of KV nodes from the JSON
     /// results of `bench ycsb`.
     Plot(PlotArgs),
+    /// What the KV node's per-epoch key-access statistics (for the M-node's policy) cost: in-process throughput
+    /// with and without them, side by side, and the sketch's own nanoseconds per access.
+    KeyStats(KeyStatsArgs),
+}
+
+/// Settings of `dinomo bench key-stats`.
+#[derive(Debug, Args)]
+pub struct KeyStatsArgs {
+    /// Records loaded.
+    #[arg(long, default_value_t = 100_000)]
+    pub keys: u64,
+    /// Bytes per value.
+    #[arg(long, default_value_t = 64)]
+    pub value_size: usize,
+    /// YCSB workload (a, b, c, ...).
+    #[arg(long, default_value = "c")]
+    pub workload: dinomo_bench::ycsb::Workload,
+    /// Request distribution: uniform, zipf:THETA, scrambled-zipf:THETA, latest.
+    #[arg(long, default_value = "scrambled-zipf:0.99")]
+    pub distribution: dinomo_bench::ycsb::Distribution,
+    /// Requests kept in flight at the KV node.
+    #[arg(long, default_value_t = 64)]
+    pub depth: usize,
+    /// Milliseconds per timed slice.
+    #[arg(long, default_value_t = 200)]
+    pub ms: u64,
+    /// Slices per configuration (they take turns).
+    #[arg(long, default_value_t = 10)]
+    pub slices: u32,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Settings of `dinomo bench elastic`.
@@ -228,6 +260,25 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             } else {
                 println!("{}", report.summary());
                 println!("wrote {}/{name}.json, .csv and .svg", a.out.display());
+            }
+            Ok(())
+        }
+        Which::KeyStats(a) => {
+            let opts = dinomo_bench::KeyStatsBenchOptions {
+                keys: a.keys,
+                value_size: a.value_size,
+                workload: a.workload,
+                distribution: a.distribution,
+                depth: a.depth,
+                slice: Duration::from_millis(a.ms),
+                slices: a.slices,
+                ..dinomo_bench::KeyStatsBenchOptions::default()
+            };
+            let report = dinomo_bench::run_key_stats(&opts, |step| eprintln!("key-stats: {step}"))?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                report.print_table();
             }
             Ok(())
         }

@@ -9,9 +9,10 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use dinomo_cache::{CacheConfig, Policy};
+use dinomo_cluster::policy::PolicyConfig;
 use dinomo_cluster::{
-    Client, ClientConfig, ClusterNode, LocalCluster, LocalClusterConfig, MNode, MNodeConfig,
-    NodeConfig, RoutingNode, ServerLimits,
+    AutoscaleConfig, Autoscaler, Client, ClientConfig, ClusterNode, LocalCluster,
+    LocalClusterConfig, MNode, MNodeConfig, ManualScaler, NodeConfig, RoutingNode, ServerLimits,
 };
 use dinomo_dpm::ProcessorConfig;
 use dinomo_fabric::{Connector, Target};
@@ -134,6 +135,89 @@ impl KnArgs {
     }
 }
 
+/// The M-node's policy (paper §3.5, Table 4): shared by `up` and `mnode`. The defaults are the paper's.
+#[derive(Debug, Args, Clone)]
+pub struct PolicyArgs {
+    /// Run the policy loop: add and remove KV nodes (and replicate hot keys) to keep the latency SLOs.
+    #[arg(long)]
+    pub autoscale: bool,
+    /// Average-latency SLO in milliseconds.
+    #[arg(long, default_value_t = 1.2)]
+    pub slo_avg_ms: f64,
+    /// 99th-percentile latency SLO in milliseconds.
+    #[arg(long, default_value_t = 16.0)]
+    pub slo_p99_ms: f64,
+    /// Occupancy (busy share) above which a KV node is over-utilized.
+    #[arg(long, default_value_t = 0.20)]
+    pub over_utilization: f64,
+    /// Occupancy below which a KV node is under-utilized.
+    #[arg(long, default_value_t = 0.10)]
+    pub under_utilization: f64,
+    /// A key is hot above mean + N standard deviations of the access frequency.
+    #[arg(long, default_value_t = 3.0)]
+    pub hot_sigmas: f64,
+    /// A replicated key is cold below mean - N standard deviations.
+    #[arg(long, default_value_t = 1.0)]
+    pub cold_sigmas: f64,
+    /// Seconds between decisions.
+    #[arg(long, default_value_t = 10.0)]
+    pub decision_s: f64,
+    /// Seconds after a membership change before the policy adds or removes another node.
+    #[arg(long, default_value_t = 90.0)]
+    pub grace_s: f64,
+    /// Seconds between collections of the KV nodes' statistics (at most the decision period).
+    #[arg(long, default_value_t = 5.0)]
+    pub epoch_s: f64,
+    /// Fewest KV nodes the policy leaves.
+    #[arg(long, default_value_t = 1)]
+    pub min_kns: usize,
+    /// Most KV nodes the policy adds up to.
+    #[arg(long, default_value_t = 16)]
+    pub max_kns: usize,
+    /// Highest replication factor for a hot key.
+    #[arg(long, default_value_t = 8)]
+    pub max_replication: u32,
+    /// Leave replication alone (only add and remove nodes).
+    #[arg(long)]
+    pub no_selective_replication: bool,
+}
+
+fn seconds(what: &str, s: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(s)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .with_context(|| format!("{what} must be a positive number of seconds, not {s}"))
+}
+
+impl PolicyArgs {
+    /// The autoscaler settings these flags describe (checked).
+    pub fn config(&self) -> anyhow::Result<AutoscaleConfig> {
+        let cfg = AutoscaleConfig {
+            enabled: self.autoscale,
+            policy: PolicyConfig {
+                avg_latency_slo: seconds("--slo-avg-ms", self.slo_avg_ms / 1e3)?,
+                tail_latency_slo: seconds("--slo-p99-ms", self.slo_p99_ms / 1e3)?,
+                over_utilization_lower_bound: self.over_utilization,
+                under_utilization_upper_bound: self.under_utilization,
+                hotness_sigmas: self.hot_sigmas,
+                coldness_sigmas: self.cold_sigmas,
+                decision_period: seconds("--decision-s", self.decision_s)?,
+                grace_period: Duration::try_from_secs_f64(self.grace_s)
+                    .with_context(|| format!("--grace-s must be seconds, not {}", self.grace_s))?,
+                min_nodes: self.min_kns,
+                max_nodes: self.max_kns,
+                max_replication: self.max_replication,
+                selective_replication: !self.no_selective_replication,
+                ..PolicyConfig::default()
+            },
+            monitoring_epoch: seconds("--epoch-s", self.epoch_s)?,
+            ..AutoscaleConfig::default()
+        };
+        cfg.validate().map_err(anyhow::Error::msg)?;
+        Ok(cfg)
+    }
+}
+
 /// `dinomo up`.
 #[derive(Debug, Args)]
 pub struct UpArgs {
@@ -164,6 +248,8 @@ pub struct UpArgs {
     pub no_resp: bool,
     #[command(flatten)]
     pub kn: KnArgs,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
 }
 
 /// `dinomo kn`.
@@ -208,6 +294,8 @@ pub struct MnodeArgs {
     pub lease_ms: u64,
     #[command(flatten)]
     pub meta: MetaArgs,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
 }
 
 /// `dinomo kv`: one operation against a running cluster.
@@ -270,10 +358,12 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         } else {
             args.resp_listen.clone()
         },
+        autoscale: args.policy.config()?,
+        ..LocalClusterConfig::default()
     };
     let cluster = LocalCluster::start(cfg).context("starting the cluster")?;
     println!("dinomo up: routing node on {}", cluster.rn_addr());
-    for n in cluster.nodes() {
+    for n in cluster.nodes().iter() {
         match n.resp_addr() {
             Some(resp) => println!(
                 "  KV node {} on {}, Redis protocol on {resp}",
@@ -290,6 +380,9 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         s.index_entries,
         s.pool_free_bytes
     );
+    if cluster.autoscaler().is_some() {
+        println!("  autoscaler on (the M-node adds and removes KV nodes to keep the latency SLOs)");
+    }
     wait_for_signal(signals);
     cluster.stop();
     println!("dinomo up stopped cleanly");
@@ -332,18 +425,41 @@ pub fn rn(args: RnArgs) -> anyhow::Result<()> {
 
 pub fn mnode(args: MnodeArgs) -> anyhow::Result<()> {
     let signals = signals()?;
-    let m = MNode::start(
+    let autoscale = args.policy.config()?;
+    let meta = args.meta.store()?;
+    let m = Arc::new(MNode::start(
         MNodeConfig {
             name: args.name.clone(),
             lease_ttl: Duration::from_millis(args.lease_ms),
             ..MNodeConfig::default()
         },
-        args.meta.store()?,
+        meta.clone(),
         args.meta.connector(),
-    )?;
-    println!("dinomo mnode {} running", args.name);
+    )?);
+    // This M-node cannot start KV-node processes: the policy removes nodes and changes replication, and an
+    // add it decides on is logged as refused (start a `dinomo kn` by hand).
+    let autoscaler = if autoscale.enabled {
+        Some(Autoscaler::start(
+            autoscale,
+            meta,
+            m.clone(),
+            Arc::new(ManualScaler),
+        )?)
+    } else {
+        None
+    };
+    println!(
+        "dinomo mnode {} running{}",
+        args.name,
+        if autoscaler.is_some() {
+            " with the autoscaler"
+        } else {
+            ""
+        }
+    );
     wait_for_signal(signals);
-    m.stop();
+    drop(autoscaler);
+    drop(m);
     println!("dinomo mnode stopped cleanly");
     Ok(())
 }
@@ -377,4 +493,41 @@ pub fn kv(args: KvArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        policy: PolicyArgs,
+    }
+
+    #[test]
+    fn policy_flags_default_to_the_policy_defaults() {
+        let cfg = Cli::parse_from(["dinomo"]).policy.config().unwrap();
+        assert_eq!(cfg, AutoscaleConfig::default());
+        let cfg = Cli::parse_from([
+            "dinomo",
+            "--autoscale",
+            "--slo-avg-ms",
+            "0.5",
+            "--grace-s",
+            "0",
+            "--no-selective-replication",
+        ])
+        .policy
+        .config()
+        .unwrap();
+        assert!(cfg.enabled && !cfg.policy.selective_replication);
+        assert_eq!(cfg.policy.avg_latency_slo, Duration::from_micros(500));
+        assert!(cfg.policy.grace_period.is_zero());
+        let bad = Cli::parse_from(["dinomo", "--under-utilization", "0.5"]);
+        assert!(bad.policy.config().is_err());
+        let negative = Cli::try_parse_from(["dinomo", "--slo-p99-ms=-1"]).unwrap();
+        assert!(negative.policy.config().is_err());
+    }
 }

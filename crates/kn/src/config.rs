@@ -2,6 +2,8 @@ use std::time::Duration;
 
 use dinomo_cache::CacheConfig;
 
+use crate::hotkeys::KeyStatsConfig;
+
 /// Settings of a KV node.
 #[derive(Debug, Clone)]
 pub struct KnConfig {
@@ -27,6 +29,8 @@ pub struct KnConfig {
     /// Attempts a write of a shared key makes before it gives up because other owners keep changing the key
     /// (default 64; each lost attempt costs a READ of the cell, maybe one of the entry, and a WRITE).
     pub shared_cas_attempts: u32,
+    /// Per-epoch key-access statistics each worker keeps for the M-node's policy.
+    pub key_stats: KeyStatsConfig,
 }
 
 impl Default for KnConfig {
@@ -42,6 +46,7 @@ impl Default for KnConfig {
             max_batch: 128,
             queue_depth: 4096,
             shared_cas_attempts: 64,
+            key_stats: KeyStatsConfig::default(),
         }
     }
 }
@@ -70,6 +75,7 @@ impl KnConfig {
                 "max_unmerged_segments, max_batch and queue_depth must be at least 1".into(),
             );
         }
+        self.key_stats.validate().map_err(crate::KnError::Config)?;
         Ok(())
     }
 }

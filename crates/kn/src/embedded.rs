@@ -93,6 +93,11 @@ impl Embedded {
         self.kn.as_ref().expect("running").handle()
     }
 
+    /// A way to keep many requests in flight (see [`crate::KvNode::submitter`]).
+    pub fn submitter(&self) -> crate::Submitter {
+        self.kn.as_ref().expect("running").submitter()
+    }
+
     /// The memory-node processor.
     pub fn processor(&self) -> &Arc<Processor> {
         &self.processor

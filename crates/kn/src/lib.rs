@@ -11,12 +11,19 @@
 mod config;
 mod embedded;
 mod error;
+mod hotkeys;
 mod node;
+mod occupancy;
 mod segment_keys;
 mod worker;
 
 pub use config::KnConfig;
 pub use embedded::{Embedded, EmbeddedConfig};
 pub use error::KnError;
+pub use hotkeys::{
+    KeyCount, KeyFrequency, KeySketch, KeyStats, KeyStatsConfig, KeyStatsError, sketch_hash,
+};
 pub use node::{KvHandle, KvNode, Submitter, thread_for_key};
-pub use worker::{Command, DataOp, DirectWorker, LeaseGate, Ownership, Reply, Tagged, WorkerStats};
+pub use worker::{
+    Command, DataOp, DirectWorker, EpochStats, LeaseGate, Ownership, Reply, Tagged, WorkerStats,
+};

@@ -6,7 +6,8 @@ use dinomo_fabric::Connector;
 use dinomo_log::key_hash;
 
 use crate::worker::{
-    Command, DataOp, LeaseGate, Ownership, Reply, Request, Responder, Tagged, Worker, WorkerStats,
+    Command, DataOp, EpochStats, LeaseGate, Ownership, Reply, Request, Responder, Tagged, Worker,
+    WorkerStats,
 };
 use crate::{KnConfig, KnError};
 
@@ -286,6 +287,25 @@ impl KvHandle {
                 _ => unreachable!("stats are answered with stats"),
             })
             .collect()
+    }
+
+    /// Each worker's statistics of the monitoring epoch that ends now (each starts a new one).
+    pub fn epoch_stats(&self) -> Result<Vec<EpochStats>, KnError> {
+        (0..self.submitter.threads())
+            .map(|t| match self.call(t, Command::EpochStats)? {
+                Reply::Epoch(s) => Ok(*s),
+                _ => unreachable!("epoch statistics are answered with epoch statistics"),
+            })
+            .collect()
+    }
+
+    /// Has every worker count accesses of `keys` exactly from now on.
+    pub fn track_keys(&self, keys: &[Vec<u8>]) -> Result<(), KnError> {
+        let keys: Arc<[Vec<u8>]> = keys.into();
+        for t in 0..self.submitter.threads() {
+            self.call(t, Command::TrackKeys(keys.clone()))?;
+        }
+        Ok(())
     }
 }
 

@@ -15,6 +15,8 @@ use dinomo_log::{EntryRef, EntryView, HashMode, Op, SEGMENT_HEADER_LEN, encode_e
 use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
+use crate::hotkeys::{KeySketch, KeyStats};
+use crate::occupancy::Occupancy;
 use crate::segment_keys::SegmentKeys;
 use crate::{KnConfig, KnError};
 
@@ -136,6 +138,11 @@ pub enum Command {
     Own(Arc<dyn Ownership>),
     /// The worker's counters.
     Stats,
+    /// The statistics of the monitoring epoch that ends now (busy time, key accesses); a new epoch starts.
+    EpochStats,
+    /// Count accesses of these keys exactly from now on (the node's replicated keys), in place of the keys named
+    /// before.
+    TrackKeys(Arc<[Vec<u8>]>),
     /// Finish what is queued before it, then stop.
     Shutdown,
 }
@@ -145,7 +152,12 @@ impl Command {
     pub fn key(&self) -> Option<&[u8]> {
         match self {
             Command::Data(op) => Some(op.key()),
-            Command::MergeAll | Command::Own(_) | Command::Stats | Command::Shutdown => None,
+            Command::MergeAll
+            | Command::Own(_)
+            | Command::Stats
+            | Command::EpochStats
+            | Command::TrackKeys(_)
+            | Command::Shutdown => None,
         }
     }
 }
@@ -161,6 +173,19 @@ pub enum Reply {
     Int(i64),
     /// Counters.
     Stats(Box<WorkerStats>),
+    /// A monitoring epoch's statistics.
+    Epoch(Box<EpochStats>),
+}
+
+/// One worker's statistics of one monitoring epoch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EpochStats {
+    /// Nanoseconds spent serving in the epoch.
+    pub busy_ns: u64,
+    /// Length of the epoch in nanoseconds.
+    pub wall_ns: u64,
+    /// Key accesses of the epoch (`None` when [`crate::KeyStatsConfig::enabled`] is off).
+    pub keys: Option<KeyStats>,
 }
 
 /// A reply with the tag of its request, so one channel can collect the replies of many requests in flight.
@@ -227,6 +252,13 @@ pub struct WorkerStats {
     pub cache: CacheStats,
     /// The cache's moving average of round trips per miss.
     pub miss_cost: f64,
+    /// Nanoseconds spent serving since the worker started (from taking a batch to finishing its commit); the busy
+    /// share of an interval between two snapshots is its occupancy.
+    #[serde(default)]
+    pub busy_ns: u64,
+    /// Nanoseconds since the worker started.
+    #[serde(default)]
+    pub wall_ns: u64,
 }
 
 /// A segment this thread writes or wrote, with its local copy (which is also the write buffer).
@@ -289,6 +321,9 @@ pub(crate) struct Worker {
     /// The node's liveness lease (`None`: not part of a cluster).
     lease: Option<Arc<LeaseGate>>,
     stats: WorkerStats,
+    occupancy: Occupancy,
+    /// Key accesses of the current monitoring epoch (`None`: not kept).
+    key_sketch: Option<KeySketch>,
 }
 
 /// Claims the log of `thread` (the memory node merges what an earlier claim left first), checks that the limits
@@ -367,6 +402,11 @@ impl Worker {
             ownership,
             lease,
             stats: WorkerStats::default(),
+            occupancy: Occupancy::new(),
+            key_sketch: cfg
+                .key_stats
+                .enabled
+                .then(|| KeySketch::new(&cfg.key_stats)),
             cfg,
         })
     }
@@ -376,6 +416,7 @@ impl Worker {
     pub(crate) fn run(mut self, rx: Receiver<Request>) {
         let mut batch = Vec::with_capacity(self.cfg.max_batch);
         while let Ok(first) = rx.recv() {
+            self.occupancy.begin_batch();
             batch.push(first);
             while batch.len() < self.cfg.max_batch {
                 match rx.try_recv() {
@@ -393,6 +434,7 @@ impl Worker {
                 self.serve(req);
             }
             self.flush();
+            self.occupancy.end_batch();
             if stop {
                 return;
             }
@@ -412,6 +454,7 @@ impl Worker {
             let _ = reply.send(Err(KnError::NotOwner { epoch: own.epoch() }));
             return;
         }
+        self.note_access(&cmd);
         if self.broken
             && let Err(e) = self.reclaim()
         {
@@ -438,6 +481,13 @@ impl Worker {
             Command::MergeAll => self.merge_all().map(|_| Reply::Applied(true)),
             Command::Own(own) => self.install_ownership(own).map(|_| Reply::Applied(true)),
             Command::Stats => Ok(Reply::Stats(Box::new(self.snapshot()))),
+            Command::EpochStats => Ok(Reply::Epoch(Box::new(self.take_epoch()))),
+            Command::TrackKeys(keys) => {
+                if let Some(sketch) = &mut self.key_sketch {
+                    sketch.track(&keys);
+                }
+                Ok(Reply::Applied(true))
+            }
             Command::Shutdown => Ok(Reply::Applied(true)),
         };
         let _ = reply.send(result);
@@ -727,7 +777,26 @@ impl Worker {
         s.bytes_in = c.bytes_in;
         s.cache = self.cache.stats();
         s.miss_cost = self.cache.miss_cost();
+        (s.busy_ns, s.wall_ns) = self.occupancy.totals();
         s
+    }
+
+    /// Counts an access of a data request's key for the monitoring epoch.
+    #[inline]
+    fn note_access(&mut self, cmd: &Command) {
+        if let (Some(sketch), Command::Data(op)) = (&mut self.key_sketch, cmd) {
+            sketch.record(op.key());
+        }
+    }
+
+    /// The statistics of the monitoring epoch that ends now; the next one starts.
+    fn take_epoch(&mut self) -> EpochStats {
+        let (busy_ns, wall_ns) = self.occupancy.take_epoch();
+        EpochStats {
+            busy_ns,
+            wall_ns,
+            keys: self.key_sketch.as_mut().map(KeySketch::take),
+        }
     }
 
     // ---------------------------------------------------------------------------------------------------------
