@@ -23,7 +23,9 @@
 
 mod dac;
 mod elastic;
+pub mod figures;
 mod pingpong;
+pub mod project;
 mod report;
 pub mod svg;
 pub mod ycsb;
