@@ -707,12 +707,22 @@ fn write_projection(files: &mut Files, stem: &str, p: &Projection) -> anyhow::Re
 // Figures 6, 7 and 8: elasticity.
 
 fn elastic_options(scale: Scale, scenario: Scenario, distribution: Distribution) -> ElasticOptions {
+    // Only the failure scenario measures detection, with a 30 ms lease; the others get a long one, so that a
+    // heartbeat late on a busy machine is never taken for a failure in the middle of their event. The smoke scale
+    // runs beside other tests, so its failure lease leaves room too.
+    let (lease_ms, heartbeat_ms) = match (scenario, scale) {
+        (Scenario::Failure, Scale::Tiny) => (200, 20),
+        (Scenario::Failure, _) => (30, 5),
+        _ => (2000, 200),
+    };
     let base = ElasticOptions {
         scenario,
         distribution,
         workload: Workload::A,
         // The paper's 1 KiB values.
         value_size: 1024,
+        lease: Duration::from_millis(lease_ms),
+        heartbeat: Duration::from_millis(heartbeat_ms),
         ..ElasticOptions::default()
     };
     match scale {
@@ -728,16 +738,16 @@ fn elastic_options(scale: Scale, scenario: Scenario, distribution: Distribution)
             kns: 4,
             keys: 20_000,
             clients: 8,
-            before: Duration::from_millis(1000),
-            after: Duration::from_millis(2000),
+            before: Duration::from_millis(2000),
+            after: Duration::from_millis(3000),
             ..base
         },
         Scale::Full => ElasticOptions {
             kns: 4,
             keys: 100_000,
             clients: 8,
-            before: Duration::from_millis(3000),
-            after: Duration::from_millis(5000),
+            before: Duration::from_millis(5000),
+            after: Duration::from_millis(10_000),
             ..base
         },
     }
@@ -989,7 +999,9 @@ fn figure8(
     );
     let r = run_scenario(&opts, files, progress)?;
     let handling = mnode_ms(&r, dinomo_cluster::ReconfigKind::Failure);
-    let window = window_over_baseline(&r, 1000.0).map(|w| 1.0 - w);
+    let drop_100ms = window_over_baseline(&r, 100.0).map(|w| 1.0 - w);
+    let drop_1s = window_over_baseline(&r, 1000.0).map(|w| 1.0 - w);
+    let pct = |v: Option<f64>| v.map_or("—".into(), |w| format!("{:.0}%", w * 100.0));
     let rows = vec![
         Comparison::new(
             "failure handling after detection (log merged, ownership moved)",
@@ -1010,20 +1022,22 @@ fn figure8(
                 opts.lease.as_millis()
             ),
             r.all_keys_served_after_ms,
-            "the lease is ours: 30 ms",
+            format!("our lease: {} ms", opts.lease.as_millis()),
         ),
         Comparison::new(
             "throughput drop after the failure",
             "briefly 45%",
             Some(0.45),
             format!(
-                "{} over the first second; {}",
-                window.map_or("—".into(), |w| format!("{:.0}%", w * 100.0)),
+                "{} over the first 100 ms, {} over the first second; {}",
+                pct(drop_100ms),
+                pct(drop_1s),
                 dip_text(&r)
             ),
-            window,
-            "one of our 4 nodes fails (a quarter of the keys wait), one of the paper's 16; and every client here \
-             soon waits on a key of the dead node",
+            drop_100ms,
+            "the paper samples over seconds; here 10 ms buckets. One of our 4 nodes fails (a quarter of the keys \
+             wait, and every client soon waits on one of them), one of the paper's 16; on shared cores 3 nodes \
+             then serve faster than 4 did",
         ),
         Comparison::not_built(
             "DINOMO-N and Clover on the same failure",
