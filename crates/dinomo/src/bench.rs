@@ -754,10 +754,7 @@ fn figure(a: FigureArgs) -> anyhow::Result<()> {
         FIGURES.to_vec()
     } else {
         let n: u32 = a.figure.parse().map_err(|_| {
-            anyhow::anyhow!(
-                "--figure: expected 3, 5, 6, 7, 8 or all, got {:?}",
-                a.figure
-            )
+            anyhow::anyhow!("figure: expected 3, 5, 6, 7, 8 or all, got {:?}", a.figure)
         })?;
         vec![n]
     };
