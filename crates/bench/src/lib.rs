@@ -23,8 +23,10 @@
 
 mod dac;
 mod elastic;
+pub mod figures;
 mod key_stats;
 mod pingpong;
+pub mod project;
 mod report;
 pub mod svg;
 pub mod ycsb;

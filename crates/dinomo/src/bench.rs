@@ -45,6 +45,13 @@ pub enum Which {
     /// What the KV node's per-epoch key-access statistics (for the M-node's policy) cost: in-process throughput
     /// with and without them, side by side, and the sketch's own nanoseconds per access.
     KeyStats(KeyStatsArgs),
+    /// A MODEL, not a measurement: from the per-operation resources of `bench ycsb` results and a hardware profile,
+    /// each component's throughput ceiling and the predicted throughput for 1 to --max-kns KV nodes, with the
+    /// component that binds; compared with the measured runs.
+    Project(Box<ProjectArgs>),
+    /// Reproduces a figure of the DINOMO paper (3, 5, 6, 7 or 8, or all) scaled to this machine: runs the
+    /// benchmarks and writes their results, plots and a table of the paper's numbers beside ours to OUT/figureN/.
+    Figure(FigureArgs),
 }
 
 /// Settings of `dinomo bench key-stats`.
@@ -74,6 +81,77 @@ pub struct KeyStatsArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Settings of `dinomo bench project`. Profile values given here override the profile's.
+#[derive(Debug, Args)]
+pub struct ProjectArgs {
+    /// JSON results of `dinomo bench ycsb` (single runs or sweeps).
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Hardware profile: paper (the DINOMO paper's testbed), local (the machine the runs ran on: its cores shared
+    /// by everything, in-process fabric) or a TOML file of profile keys (`base = "local"` starts from local).
+    #[arg(long, default_value = "paper")]
+    pub profile: String,
+    /// Largest number of KV nodes projected.
+    #[arg(long, default_value_t = 16)]
+    pub max_kns: usize,
+    /// Fabric round trip, µs (paper 2).
+    #[arg(long)]
+    pub fabric_rtt_us: Option<f64>,
+    /// Fabric round trips per second of one KV node's NIC; 0: no limit (paper 25M).
+    #[arg(long)]
+    pub kn_nic_rts: Option<f64>,
+    /// Fabric round trips per second of the memory node's NIC; 0: no limit (paper 25M).
+    #[arg(long)]
+    pub dpm_nic_rts: Option<f64>,
+    /// Link bandwidth per NIC and direction, Gb/s; 0: no limit (paper 56).
+    #[arg(long)]
+    pub link_gbps: Option<f64>,
+    /// Cores of one KV node (paper 8).
+    #[arg(long)]
+    pub kn_cores: Option<f64>,
+    /// Processor threads of the memory node (paper 4).
+    #[arg(long)]
+    pub dpm_threads: Option<f64>,
+    /// Closed-loop clients; 0: as in the run (paper 512).
+    #[arg(long)]
+    pub clients: Option<u32>,
+    /// Requests in flight per client; 0: as in the run (paper 1).
+    #[arg(long)]
+    pub outstanding: Option<u32>,
+    /// Client to KV-node round trip, µs (paper 20).
+    #[arg(long)]
+    pub client_rtt_us: Option<f64>,
+    /// Factor on every measured CPU time (0.5: cores twice as fast as this machine's).
+    #[arg(long)]
+    pub cpu_scale: Option<f64>,
+    /// Cores shared by every part (one machine); 0: each node has its own.
+    #[arg(long)]
+    pub shared_cores: Option<f64>,
+    /// Fail unless the prediction for every measured run, from its own per-op resources, is within this fraction
+    /// of what it measured (0.25 = 25%); meaningful with a profile of the machine the runs ran on.
+    #[arg(long)]
+    pub check: Option<f64>,
+    /// Folder for projection.txt, .json, .csv and .svg.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print the projection as JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Settings of `dinomo bench figure`.
+#[derive(Debug, Args)]
+pub struct FigureArgs {
+    /// The figure: 3, 5, 6, 7, 8 or all.
+    pub figure: String,
+    /// tiny (seconds, a smoke run), small (a minute or two per figure) or full (several minutes per figure).
+    #[arg(long, default_value = "small")]
+    pub scale: dinomo_bench::figures::Scale,
+    /// Folder under which figureN/ is written.
+    #[arg(long, default_value = "results")]
+    pub out: PathBuf,
 }
 
 /// Settings of `dinomo bench elastic`.
@@ -208,6 +286,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.which {
         Which::Ycsb(a) => ycsb(*a),
         Which::Plot(a) => plot(a),
+        Which::Project(a) => project(*a),
+        Which::Figure(a) => figure(a),
         Which::Fabric(a) => {
             let opts = FabricBenchOptions {
                 duration_per_case: Duration::from_millis(a.ms),
@@ -642,5 +722,110 @@ fn plot(a: PlotArgs) -> anyhow::Result<()> {
     std::fs::write(&a.out, dinomo_bench::ycsb_run::plot(a.kind, &runs))
         .with_context(|| format!("writing {}", a.out.display()))?;
     eprintln!("wrote {} ({} runs)", a.out.display(), runs.len());
+    Ok(())
+}
+
+fn project(a: ProjectArgs) -> anyhow::Result<()> {
+    use dinomo_bench::project::{ProfilePreset, ProfileSettings, project};
+    let mut runs = Vec::new();
+    for f in &a.files {
+        runs.extend(dinomo_bench::ycsb_run::load_reports(f)?);
+    }
+    anyhow::ensure!(!runs.is_empty(), "no runs in {:?}", a.files);
+    let base = match a.profile.parse::<ProfilePreset>() {
+        Ok(preset) => ProfileSettings {
+            base: Some(preset),
+            ..ProfileSettings::default()
+        },
+        Err(_) => {
+            let path = PathBuf::from(&a.profile);
+            anyhow::ensure!(
+                path.exists(),
+                "--profile {:?}: neither paper, local, nor a file",
+                a.profile
+            );
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            ProfileSettings::from_toml(&text).with_context(|| format!("in {}", path.display()))?
+        }
+    };
+    let flags = ProfileSettings {
+        fabric_rtt_us: a.fabric_rtt_us,
+        kn_nic_round_trips_per_s: a.kn_nic_rts,
+        dpm_nic_round_trips_per_s: a.dpm_nic_rts,
+        link_gbps: a.link_gbps,
+        kn_cores: a.kn_cores,
+        dpm_threads: a.dpm_threads,
+        clients: a.clients,
+        outstanding: a.outstanding,
+        client_rtt_us: a.client_rtt_us,
+        cpu_scale: a.cpu_scale,
+        shared_cores: a.shared_cores,
+        ..ProfileSettings::default()
+    };
+    // The local profile describes the machine the runs ran on.
+    let cores = runs[0].host.cores;
+    let profile = base.overlay(&flags).resolve(cores)?;
+    let projection = project(&runs, &profile, a.max_kns)?;
+    let json = serde_json::to_string_pretty(&projection)?;
+    if let Some(dir) = &a.out {
+        write_outputs(
+            dir,
+            "projection",
+            &json,
+            &projection.to_csv(),
+            &projection.to_svg(),
+        )?;
+        let txt = dir.join("projection.txt");
+        std::fs::write(&txt, projection.table())
+            .with_context(|| format!("writing {}", txt.display()))?;
+        eprintln!(
+            "project: wrote {}/projection.txt, .json, .csv and .svg",
+            dir.display()
+        );
+    }
+    if a.json {
+        println!("{json}");
+    } else {
+        print!("{}", projection.table());
+    }
+    if let Some(tolerance) = a.check {
+        anyhow::ensure!(
+            projection.all_within(tolerance),
+            "the model is off by more than {:.0}% for at least one measured run (see the checks above)",
+            tolerance * 100.0
+        );
+    }
+    Ok(())
+}
+
+fn figure(a: FigureArgs) -> anyhow::Result<()> {
+    use dinomo_bench::figures::{FIGURES, run_figure};
+    let figures: Vec<u32> = if a.figure.eq_ignore_ascii_case("all") {
+        FIGURES.to_vec()
+    } else {
+        let n: u32 = a.figure.parse().map_err(|_| {
+            anyhow::anyhow!("figure: expected 3, 5, 6, 7, 8 or all, got {:?}", a.figure)
+        })?;
+        vec![n]
+    };
+    let mut all = String::new();
+    for n in figures {
+        let report = run_figure(n, a.scale, &a.out, &mut |s| eprintln!("{s}"))?;
+        let md = report.to_markdown();
+        println!("{md}");
+        all.push_str(&md);
+        all.push('\n');
+        eprintln!(
+            "figure {n}: wrote {}/figure{n}/ ({})",
+            a.out.display(),
+            report.files.join(", ")
+        );
+    }
+    if a.figure.eq_ignore_ascii_case("all") {
+        let path = a.out.join("figures.md");
+        std::fs::write(&path, all).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
     Ok(())
 }

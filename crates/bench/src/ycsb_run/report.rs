@@ -965,7 +965,7 @@ impl std::str::FromStr for PlotKind {
 }
 
 /// The label of the series a run belongs to: what differs between runs other than the node count.
-fn series_label(r: &YcsbReport) -> String {
+pub(crate) fn series_label(r: &YcsbReport) -> String {
     let o = &r.options;
     let mut label = format!(
         "{} {} {} {}B",

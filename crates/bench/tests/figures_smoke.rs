@@ -1,0 +1,174 @@
+//! Every figure recipe end to end at the tiny scale: the files it promises exist and read back, and the numbers in
+//! its table agree with the benchmark results it wrote. Counts and consistency, never timings.
+
+use std::path::Path;
+
+use dinomo_bench::figures::{FigureReport, Scale, run_figure};
+use dinomo_bench::project::Projection;
+use dinomo_bench::ycsb_run::load_reports;
+
+fn run(figure: u32, out: &Path) -> anyhow::Result<FigureReport> {
+    let report = run_figure(figure, Scale::Tiny, out, &mut |_| {})?;
+    assert_eq!(report.figure, figure);
+    assert_eq!(report.scale, Scale::Tiny);
+    let dir = out.join(format!("figure{figure}"));
+    for f in &report.files {
+        let path = dir.join(f);
+        let len = std::fs::metadata(&path)?.len();
+        assert!(len > 0, "{} is empty", path.display());
+        if f.ends_with(".svg") {
+            let svg = std::fs::read_to_string(&path)?;
+            assert!(svg.starts_with("<svg") && svg.contains("<polyline"), "{f}");
+        }
+    }
+    // The JSON summary reads back as written; the Markdown has a row per claim.
+    let back: FigureReport = serde_json::from_str(&std::fs::read_to_string(
+        dir.join(format!("figure{figure}.json")),
+    )?)?;
+    assert_eq!(back, report);
+    let md = std::fs::read_to_string(dir.join(format!("figure{figure}.md")))?;
+    assert_eq!(
+        md.lines().filter(|l| l.starts_with("| ")).count(),
+        report.rows.len() + 1,
+        "{md}"
+    );
+    assert!(report.commands[0].starts_with(&format!("dinomo bench figure {figure} --scale tiny")));
+    assert!(
+        report.commands.len() >= 2,
+        "the benchmark commands are listed"
+    );
+    for r in &report.rows {
+        if let (Some(o), Some(p), Some(ratio)) = (r.ours_value, r.paper_value, r.ratio) {
+            assert!((ratio - o / p).abs() < 1e-9, "{r:?}");
+        }
+        if r.ours.starts_with("not built") {
+            assert!(r.ours_value.is_none() && r.ratio.is_none(), "{r:?}");
+        }
+    }
+    Ok(report)
+}
+
+fn row<'a>(r: &'a FigureReport, starts: &str) -> &'a dinomo_bench::figures::Comparison {
+    r.rows
+        .iter()
+        .find(|c| c.claim.starts_with(starts))
+        .unwrap_or_else(|| panic!("no row {starts:?} in {:?}", r.rows))
+}
+
+#[test]
+fn figure3_caching_policies() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let r = run(3, dir.path())?;
+    let dac: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+        dir.path().join("figure3/dac.json"),
+    )?)?;
+    // Six policies at five cache sizes.
+    assert_eq!(dac["cases"].as_array().map(Vec::len), Some(30));
+    let worst = row(&r, "DAC / best other policy")
+        .ours_value
+        .expect("a ratio");
+    let min_ratio = dac["dac_versus_best"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["ratio"].as_f64().unwrap())
+        .fold(f64::INFINITY, f64::min);
+    assert_eq!(worst, min_ratio);
+    assert!(r.not_built.is_empty());
+    Ok(())
+}
+
+#[test]
+fn figure5_scalability_with_projection() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let r = run(5, dir.path())?;
+    let f = dir.path().join("figure5");
+    let mut runs = Vec::new();
+    for name in r
+        .files
+        .iter()
+        .filter(|n| n.starts_with("ycsb-sweep") && n.ends_with(".json"))
+    {
+        runs.extend(load_reports(&f.join(name))?);
+    }
+    // Two workloads on 1 and 2 KV nodes, every operation done and every read verified.
+    assert_eq!(runs.len(), 4);
+    for run in &runs {
+        assert_eq!(run.measured.ops, 300);
+        assert_eq!(run.measured.errors.total(), 0, "{:?}", run.measured.errors);
+    }
+    let paper: Projection =
+        serde_json::from_str(&std::fs::read_to_string(f.join("projection-paper.json"))?)?;
+    assert_eq!(paper.series.len(), 2);
+    for s in &paper.series {
+        assert_eq!(s.points.len(), 16);
+        assert_eq!(s.checks.len(), 2);
+        assert!(s.points.iter().all(|p| p.predicted_ops_per_s > 0.0));
+    }
+    assert!(paper.model.starts_with("MODEL"));
+    let local: Projection =
+        serde_json::from_str(&std::fs::read_to_string(f.join("projection-local.json"))?)?;
+    assert!(local.series.iter().all(|s| s.points.len() == 2));
+    assert!(std::fs::read_to_string(f.join("projection-paper.txt"))?.starts_with("MODEL"));
+    // Systems that are not built are named, never measured.
+    for system in ["clover", "dinomo-s", "dinomo-n"] {
+        assert!(r.not_built.iter().any(|s| s == system), "{system}");
+    }
+    assert_eq!(row(&r, "DINOMO / Clover").ours, "not built (clover)");
+    let rt = row(&r, "fabric round trips per op")
+        .ours_value
+        .expect("measured");
+    assert!(rt >= 0.0 && rt.is_finite());
+    Ok(())
+}
+
+#[test]
+fn figure6_add_and_remove() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let r = run(6, dir.path())?;
+    for scenario in ["add", "remove"] {
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+            dir.path().join(format!("figure6/elastic-{scenario}.json")),
+        )?)?;
+        assert!(
+            v["baseline_ops_per_s"].as_f64().unwrap() > 0.0,
+            "{scenario}"
+        );
+        assert!(!v["timeline"].as_array().unwrap().is_empty());
+        assert_eq!(
+            v["reconfigurations"].as_array().map(Vec::len),
+            Some(1),
+            "{scenario}"
+        );
+    }
+    assert!(row(&r, "what triggers").ours.contains("stand-in"));
+    Ok(())
+}
+
+#[test]
+fn figure7_selective_replication() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let r = run(7, dir.path())?;
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+        dir.path().join("figure7/elastic-replicate.json"),
+    )?)?;
+    // The four hottest keys became shared: one reconfiguration each.
+    assert_eq!(v["reconfigurations"].as_array().map(Vec::len), Some(4));
+    let gain = row(&r, "throughput with the 4 hottest").ours_value.unwrap();
+    assert_eq!(gain, v["settled_over_baseline"].as_f64().unwrap());
+    Ok(())
+}
+
+#[test]
+fn figure8_failure() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let r = run(8, dir.path())?;
+    let served = row(&r, "kill → every key")
+        .ours_value
+        .expect("every key served again");
+    let handling = row(&r, "failure handling")
+        .ours_value
+        .expect("the M-node handled it");
+    assert!(handling > 0.0 && served >= handling, "{handling} {served}");
+    Ok(())
+}
