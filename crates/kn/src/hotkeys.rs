@@ -18,6 +18,9 @@
 //! per `heavy_hitters + 1` accesses' worth of counts). Every part is mergeable, so the snapshots of all workers
 //! and all nodes combine into the cluster's ([`KeyStats::merge`]).
 
+// MurmurHash3's 64-bit finaliser (the index's bucket mix): a bijective mix whose every output bit depends on
+// every input bit.
+use dinomo_index::layout::mix as fmix64;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -95,20 +98,16 @@ const SKETCH_SEED: u64 = 0x6b65_7973_7461_7473;
 /// Offsets of the F2 rows' hash functions.
 const ROW_STEP: u64 = 0x9e37_79b9_7f4a_7c15;
 
-/// MurmurHash3's 64-bit finaliser: a bijective mix whose every output bit depends on every input bit.
-#[inline]
-fn fmix64(mut k: u64) -> u64 {
-    k ^= k >> 33;
-    k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    k ^= k >> 33;
-    k = k.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    k ^ (k >> 33)
-}
-
 /// The 64-bit hash the sketch works on.
 #[inline]
 pub fn sketch_hash(key: &[u8]) -> u64 {
-    fmix64(dinomo_log::key_hash(key) ^ SKETCH_SEED)
+    sketch_hash_of(dinomo_log::key_hash(key))
+}
+
+/// [`sketch_hash`] of a key whose [`dinomo_log::key_hash`] is `key_hash` (the worker hashes each key once).
+#[inline]
+pub fn sketch_hash_of(key_hash: u64) -> u64 {
+    fmix64(key_hash ^ SKETCH_SEED)
 }
 
 /// A hasher for maps whose keys are already well-mixed 64-bit hashes.

@@ -22,6 +22,7 @@ pub use embedded::{Embedded, EmbeddedConfig};
 pub use error::KnError;
 pub use hotkeys::{
     KeyCount, KeyFrequency, KeySketch, KeyStats, KeyStatsConfig, KeyStatsError, sketch_hash,
+    sketch_hash_of,
 };
 pub use node::{KvHandle, KvNode, Submitter, thread_for_key};
 pub use worker::{
