@@ -454,7 +454,11 @@ impl Worker {
             let _ = reply.send(Err(KnError::NotOwner { epoch: own.epoch() }));
             return;
         }
-        self.note_access(&cmd);
+        // The key's hash, once: the access statistics, the conflict check and the log all use it.
+        let hash = cmd.key().map(dinomo_log::key_hash);
+        if let (Some(sketch), Some(key), Some(h)) = (&mut self.key_sketch, cmd.key(), hash) {
+            sketch.record_hashed(crate::hotkeys::sketch_hash_of(h), key);
+        }
         if self.broken
             && let Err(e) = self.reclaim()
         {
@@ -463,10 +467,8 @@ impl Worker {
         }
         // A request on a key with a write in flight waits for that write's commit, so it sees (and orders after)
         // an acknowledged value only.
-        let conflicts = !self.pending_keys.is_empty()
-            && cmd
-                .key()
-                .is_some_and(|k| self.pending_keys.contains(&dinomo_log::key_hash(k)));
+        let conflicts =
+            !self.pending_keys.is_empty() && hash.is_some_and(|h| self.pending_keys.contains(&h));
         if conflicts || matches!(cmd, Command::MergeAll | Command::Own(_)) {
             self.flush();
             if self.broken
@@ -477,7 +479,7 @@ impl Worker {
             }
         }
         let result = match cmd {
-            Command::Data(op) => return self.data(op, reply),
+            Command::Data(op) => return self.data(op, hash.unwrap_or_default(), reply),
             Command::MergeAll => self.merge_all().map(|_| Reply::Applied(true)),
             Command::Own(own) => self.install_ownership(own).map(|_| Reply::Applied(true)),
             Command::Stats => Ok(Reply::Stats(Box::new(self.snapshot()))),
@@ -495,9 +497,9 @@ impl Worker {
 
     /// Serves a data operation. Reads are answered now; a write is appended to the log and answered after its
     /// group commit.
-    fn data(&mut self, op: DataOp, reply: Responder) {
+    fn data(&mut self, op: DataOp, hash: u64, reply: Responder) {
         if let Some(cell) = self.ownership.as_ref().and_then(|o| o.cell(op.key())) {
-            let result = self.shared(op, cell);
+            let result = self.shared(op, hash, cell);
             let _ = reply.send(result);
             return;
         }
@@ -507,25 +509,27 @@ impl Worker {
                 .and_then(|_| self.lookup(&key))
                 .map(Reply::Value),
             DataOp::Set(key, value) => {
-                return self.write(key, Some(value), reply, Reply::Applied(true));
+                return self.write(key, hash, Some(value), reply, Reply::Applied(true));
             }
             DataOp::Insert(key, value) => match self.read_for_write(&key) {
                 Ok(Some(_)) => Ok(Reply::Applied(false)),
-                Ok(None) => return self.write(key, Some(value), reply, Reply::Applied(true)),
+                Ok(None) => return self.write(key, hash, Some(value), reply, Reply::Applied(true)),
                 Err(e) => Err(e),
             },
             DataOp::Update(key, value) => match self.read_for_write(&key) {
                 Ok(None) => Ok(Reply::Applied(false)),
-                Ok(Some(_)) => return self.write(key, Some(value), reply, Reply::Applied(true)),
+                Ok(Some(_)) => {
+                    return self.write(key, hash, Some(value), reply, Reply::Applied(true));
+                }
                 Err(e) => Err(e),
             },
             DataOp::GetSet(key, value) => match self.read_for_write(&key) {
-                Ok(old) => return self.write(key, Some(value), reply, Reply::Value(old)),
+                Ok(old) => return self.write(key, hash, Some(value), reply, Reply::Value(old)),
                 Err(e) => Err(e),
             },
             DataOp::Delete(key) => match self.read_for_write(&key) {
                 Ok(None) => Ok(Reply::Applied(false)),
-                Ok(Some(_)) => return self.write(key, None, reply, Reply::Applied(true)),
+                Ok(Some(_)) => return self.write(key, hash, None, reply, Reply::Applied(true)),
                 Err(e) => Err(e),
             },
             DataOp::Incr(key, delta) => match self.read_for_write(&key) {
@@ -533,6 +537,7 @@ impl Worker {
                     Some(n) => {
                         return self.write(
                             key,
+                            hash,
                             Some(n.to_string().into_bytes()),
                             reply,
                             Reply::Int(n),
@@ -547,7 +552,7 @@ impl Worker {
                     let mut value = old.unwrap_or_default();
                     value.extend_from_slice(&suffix);
                     let len = value.len() as i64;
-                    return self.write(key, Some(value), reply, Reply::Int(len));
+                    return self.write(key, hash, Some(value), reply, Reply::Int(len));
                 }
                 Err(e) => Err(e),
             },
@@ -623,7 +628,6 @@ impl Worker {
             }
         }
         for (method, cell) in changes {
-            self.cache_forget_all_shared(own);
             let sealed_len = self.active.as_ref().map(|a| a.buf.len() as u64);
             let merged: proto::Merged = self
                 .ep
@@ -643,17 +647,10 @@ impl Worker {
         Ok(())
     }
 
-    /// Drops every key shared under `own` from the cache.
-    fn cache_forget_all_shared(&mut self, own: &dyn Ownership) {
-        for (key, _) in own.shared_keys() {
-            self.cache.invalidate(&key);
-        }
-    }
-
     /// Serves an operation on a shared key through its cell: a read is one READ of the cell and one of the entry;
     /// a write appends an entry to this thread's log, commits it, and CASes the cell from the reference it read to
     /// the new entry (a delete CASes it to 0), retrying from the read when another owner got there first.
-    fn shared(&mut self, op: DataOp, cell: u64) -> Result<Reply, KnError> {
+    fn shared(&mut self, op: DataOp, hash: u64, cell: u64) -> Result<Reply, KnError> {
         self.stats.shared_ops += 1;
         self.check_key(op.key())?;
         // Pending writes of other keys are committed first, so this thread's log stays in order.
@@ -676,7 +673,6 @@ impl Worker {
                             max: self.cfg.max_value_len,
                         });
                     }
-                    let hash = dinomo_log::key_hash(op.key());
                     let (entry, _) = self.append(Op::Put, op.key(), hash, v)?;
                     self.write_through()?;
                     entry.raw()
@@ -779,14 +775,6 @@ impl Worker {
         s.miss_cost = self.cache.miss_cost();
         (s.busy_ns, s.wall_ns) = self.occupancy.totals();
         s
-    }
-
-    /// Counts an access of a data request's key for the monitoring epoch.
-    #[inline]
-    fn note_access(&mut self, cmd: &Command) {
-        if let (Some(sketch), Command::Data(op)) = (&mut self.key_sketch, cmd) {
-            sketch.record(op.key());
-        }
     }
 
     /// The statistics of the monitoring epoch that ends now; the next one starts.
@@ -926,8 +914,16 @@ impl Worker {
     // ---------------------------------------------------------------------------------------------------------
     // Writes
 
-    /// Appends a put (`value` Some) or delete to the log; the reply goes out after the group commit.
-    fn write(&mut self, key: Vec<u8>, value: Option<Vec<u8>>, reply: Responder, ack: Reply) {
+    /// Appends a put (`value` Some) or delete of `key` (whose [`dinomo_log::key_hash`] is `hash`) to the log; the
+    /// reply goes out after the group commit.
+    fn write(
+        &mut self,
+        key: Vec<u8>,
+        hash: u64,
+        value: Option<Vec<u8>>,
+        reply: Responder,
+        ack: Reply,
+    ) {
         if let Err(e) = self.check_key(&key) {
             let _ = reply.send(Err(e));
             return;
@@ -942,7 +938,6 @@ impl Worker {
             return;
         }
         let op = if value.is_some() { Op::Put } else { Op::Delete };
-        let hash = dinomo_log::key_hash(&key);
         let (entry, seq) = match self.append(op, &key, hash, value.as_deref().unwrap_or(&[])) {
             Ok(x) => x,
             Err(e) => {
@@ -1306,8 +1301,13 @@ impl DirectWorker {
                 tag: 0,
                 tx: self.reply_tx.clone(),
             };
-            self.worker
-                .write(k.to_vec(), Some(v.to_vec()), reply, Reply::Applied(true));
+            self.worker.write(
+                k.to_vec(),
+                dinomo_log::key_hash(k),
+                Some(v.to_vec()),
+                reply,
+                Reply::Applied(true),
+            );
         }
         self.worker.flush();
         for (_, r) in self.reply_rx.try_iter() {
