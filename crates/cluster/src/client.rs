@@ -277,7 +277,7 @@ impl Client {
     pub(crate) fn target(&mut self, key: &[u8]) -> Option<(NodeId, String)> {
         let r = self.routing.as_ref()?;
         // Any owner serves a shared key, reads and writes alike (writes CAS its cell).
-        let pick = if !r.cells.is_empty() && r.cells.contains_key(key) {
+        let pick = if r.cells.contains_key(key) {
             let owners = r.ring.owners(key);
             self.rng = self.rng.wrapping_mul(6364136223846793005).wrapping_add(1);
             let n = owners.len().max(1);

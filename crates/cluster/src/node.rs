@@ -78,7 +78,7 @@ impl Ownership for RingOwnership {
 
     fn owns(&self, key: &[u8]) -> bool {
         // Only a key with a cell is served by more than its primary: without one, two owners' logs would race.
-        if !self.cells.is_empty() && self.cells.contains_key(key) {
+        if self.cells.contains_key(key) {
             self.ring.is_owner(self.node, key)
         } else {
             self.ring.primary(key) == Some(self.node)
@@ -86,9 +86,6 @@ impl Ownership for RingOwnership {
     }
 
     fn cell(&self, key: &[u8]) -> Option<u64> {
-        if self.cells.is_empty() {
-            return None;
-        }
         self.cells.get(key).copied()
     }
 

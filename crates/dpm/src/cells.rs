@@ -259,8 +259,13 @@ impl CellTable {
     /// Sets the cell word of `slot` (persisted).
     pub fn set_word(&self, slot: u32, value: u64) -> Result<(), ProcessorError> {
         self.word(slot)?.store(value, Ordering::Release);
-        self.pool.persist(self.slot_offset(slot), 8);
+        self.persist_word(slot);
         Ok(())
+    }
+
+    /// Persists the cell word of `slot` after it was changed in place.
+    pub fn persist_word(&self, slot: u32) {
+        self.pool.persist(self.slot_offset(slot), 8);
     }
 
     /// Sets `key` aside in a slot (the same one again if it has one); returns the slot.

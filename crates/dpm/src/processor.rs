@@ -1052,11 +1052,8 @@ impl Inner {
         req: &proto::ReserveCell,
     ) -> Result<proto::CellReserved, ProcessorError> {
         let mut cells = self.cells.lock().expect("cells lock");
+        // A retired cell not released yet is still the key's: activation reuses it.
         let slot = cells.reserve(&req.key)?;
-        if cells.get(slot).map(|c| c.state) == Some(CellState::Retired) {
-            // Shared again before the cluster released it: it is still this key's, and activation reuses it.
-            debug!(slot, "a retired cell is reserved again");
-        }
         Ok(proto::CellReserved {
             cell: cells.cell_offset(slot),
         })
@@ -1072,12 +1069,17 @@ impl Inner {
             })
     }
 
-    fn activate_cell(&self, req: &proto::ShareKey) -> Result<proto::Merged, ProcessorError> {
-        let merged = self.merge_all(&proto::MergeAll {
+    /// Seals and merges the log of the sharing change's caller.
+    fn merge_caller(&self, req: &proto::ShareKey) -> Result<proto::Merged, ProcessorError> {
+        self.merge_all(&proto::MergeAll {
             log_id: req.log_id,
             session: req.session,
             sealed_len: req.sealed_len,
-        })?;
+        })
+    }
+
+    fn activate_cell(&self, req: &proto::ShareKey) -> Result<proto::Merged, ProcessorError> {
+        let merged = self.merge_caller(req)?;
         let mut cells = self.cells.lock().expect("cells lock");
         let slot = Self::cell_slot(&cells, req.cell)?;
         let cell = cells.get(slot).expect("used slot").clone();
@@ -1099,11 +1101,7 @@ impl Inner {
     }
 
     fn deactivate_cell(&self, req: &proto::ShareKey) -> Result<proto::Merged, ProcessorError> {
-        let merged = self.merge_all(&proto::MergeAll {
-            log_id: req.log_id,
-            session: req.session,
-            sealed_len: req.sealed_len,
-        })?;
+        let merged = self.merge_caller(req)?;
         let slot = Self::cell_slot(&self.cells.lock().expect("cells lock"), req.cell)?;
         self.unshare(slot)?;
         Ok(merged)
@@ -1164,7 +1162,7 @@ impl Inner {
             })?;
             dead.extend(old.filter(|o| *o != r));
         }
-        cells.set_word(slot, cells::RETIRED)?;
+        cells.persist_word(slot);
         cells.get_mut(slot).expect("used slot").live = None;
         cells.set_state(slot, CellState::Retired)?;
         self.shared_active.fetch_sub(1, Ordering::AcqRel);
@@ -1176,17 +1174,19 @@ impl Inner {
 
     fn release_cell(&self, req: &proto::ReleaseCell) -> Result<(), ProcessorError> {
         let mut cells = self.cells.lock().expect("cells lock");
-        let Some(slot) = cells.slot_at(req.cell).filter(|s| cells.get(*s).is_some()) else {
+        let Some((slot, state)) = cells
+            .slot_at(req.cell)
+            .and_then(|s| cells.get(s))
+            .map(|c| (c.slot, c.state))
+        else {
             return Ok(());
         };
-        match cells.get(slot).map(|c| c.state) {
-            Some(CellState::Retired) | Some(CellState::Reserved) => {
-                cells.set_state(slot, CellState::Free)
-            }
-            Some(CellState::Active) => Err(ProcessorError::Config(
+        match state {
+            CellState::Retired | CellState::Reserved => cells.set_state(slot, CellState::Free),
+            CellState::Active => Err(ProcessorError::Config(
                 "the cell's key is still shared".into(),
             )),
-            _ => Ok(()),
+            CellState::Free => Ok(()),
         }
     }
 
