@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use dinomo_cluster::{Client, ClientConfig, ClientError, LocalCluster, LocalClusterConfig};
+use dinomo_cluster::{Client, ClientConfig, ClientError, LocalCluster};
 use dinomo_lincheck::{CheckConfig, Op, Outcome, Recorder, Verdict, check};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -56,82 +56,87 @@ fn step(cl: &mut Client, rec: &Recorder, client: u32, n: u64, rng: &mut StdRng) 
     }
 }
 
-/// Six clients running [`step`] until `stop` (bounded in count and time); each returns how many operations it ran.
-fn spawn_clients(
-    seeds: &[String],
-    rec: &Arc<Recorder>,
-    stop: &Arc<AtomicBool>,
-) -> Vec<std::thread::JoinHandle<u64>> {
-    (0..6u32)
-        .map(|c| {
-            let (rec, stop, seeds) = (rec.clone(), stop.clone(), seeds.to_vec());
-            std::thread::spawn(move || {
-                let mut cl = Client::connect(ClientConfig {
-                    seeds,
-                    op_timeout: Duration::from_secs(3),
-                    ..ClientConfig::default()
-                })
-                .expect("client");
-                let mut rng = StdRng::seed_from_u64(0xd1 + u64::from(c));
-                let start = Instant::now();
-                let mut n = 0;
-                while !stop.load(Ordering::Acquire)
-                    && n < 20_000
-                    && start.elapsed() < Duration::from_secs(30)
-                {
-                    step(&mut cl, &rec, c, n, &mut rng);
-                    n += 1;
-                }
-                n
-            })
-        })
-        .collect()
+/// Six clients running [`step`] against a cluster, recording every operation.
+struct Load {
+    rec: Arc<Recorder>,
+    stop: Arc<AtomicBool>,
+    seeds: Vec<String>,
+    clients: Vec<std::thread::JoinHandle<u64>>,
 }
 
-/// Stops the clients, reads every key once more (recorded), and checks the history.
-fn finish(
-    clients: Vec<std::thread::JoinHandle<u64>>,
-    seeds: Vec<String>,
-    rec: &Recorder,
-    stop: &AtomicBool,
-) -> anyhow::Result<()> {
-    stop.store(true, Ordering::Release);
-    let ops: u64 = clients
-        .into_iter()
-        .map(|t| t.join().expect("client thread"))
-        .sum();
-    eprintln!("{ops} operations recorded");
-    let mut reader = Client::connect(ClientConfig {
-        seeds,
-        ..ClientConfig::default()
-    })?;
-    for k in (0..PLAIN_KEYS).map(plain).chain((0..COUNTERS).map(counter)) {
-        let t = rec.invoke(99, Op::Get(k.clone()));
-        let v = reader.get(&k)?;
-        rec.complete(t, Outcome::Value(v));
+impl Load {
+    /// Starts the clients; each runs until [`Load::finish`] (bounded in count and time).
+    fn start(cluster: &LocalCluster) -> Load {
+        let rec = Arc::new(Recorder::new());
+        let stop = Arc::new(AtomicBool::new(false));
+        let seeds = vec![cluster.rn_addr().to_string()];
+        let clients = (0..6u32)
+            .map(|c| {
+                let (rec, stop, seeds) = (rec.clone(), stop.clone(), seeds.clone());
+                std::thread::spawn(move || {
+                    let mut cl = Client::connect(ClientConfig {
+                        seeds,
+                        op_timeout: Duration::from_secs(3),
+                        ..ClientConfig::default()
+                    })
+                    .expect("client");
+                    let mut rng = StdRng::seed_from_u64(0xd1 + u64::from(c));
+                    let start = Instant::now();
+                    let mut n = 0;
+                    while !stop.load(Ordering::Acquire)
+                        && n < 20_000
+                        && start.elapsed() < Duration::from_secs(30)
+                    {
+                        step(&mut cl, &rec, c, n, &mut rng);
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        Load {
+            rec,
+            stop,
+            seeds,
+            clients,
+        }
     }
-    assert!(ops > 500, "only {ops} operations ran");
-    let history = rec.history();
-    match check(&history, &CheckConfig::default())? {
-        Verdict::Linearizable => Ok(()),
-        other => {
-            let path = std::env::temp_dir().join("dinomo-nonlinearizable-history.json");
-            let _ = history.save(&path);
-            panic!("{other:?} (history saved to {})", path.display());
+
+    /// Stops the clients, reads every key once more (recorded), and checks the history.
+    fn finish(self) -> anyhow::Result<()> {
+        self.stop.store(true, Ordering::Release);
+        let ops: u64 = self
+            .clients
+            .into_iter()
+            .map(|t| t.join().expect("client thread"))
+            .sum();
+        eprintln!("{ops} operations recorded");
+        let mut reader = Client::connect(ClientConfig {
+            seeds: self.seeds,
+            ..ClientConfig::default()
+        })?;
+        for k in (0..PLAIN_KEYS).map(plain).chain((0..COUNTERS).map(counter)) {
+            let t = self.rec.invoke(99, Op::Get(k.clone()));
+            let v = reader.get(&k)?;
+            self.rec.complete(t, Outcome::Value(v));
+        }
+        assert!(ops > 500, "only {ops} operations ran");
+        let history = self.rec.history();
+        match check(&history, &CheckConfig::default())? {
+            Verdict::Linearizable => Ok(()),
+            other => {
+                let path = std::env::temp_dir().join("dinomo-nonlinearizable-history.json");
+                let _ = history.save(&path);
+                panic!("{other:?} (history saved to {})", path.display());
+            }
         }
     }
 }
 
 #[test]
 fn histories_across_adds_removes_and_crashes_are_linearizable() -> anyhow::Result<()> {
-    let mut cluster = LocalCluster::start(LocalClusterConfig {
-        kns: 3,
-        ..common::small_cluster(3)
-    })?;
-    let rec = Arc::new(Recorder::new());
-    let stop = Arc::new(AtomicBool::new(false));
-    let seeds = vec![cluster.rn_addr().to_string()];
-    let clients = spawn_clients(&seeds, &rec, &stop);
+    let mut cluster = LocalCluster::start(common::small_cluster(3))?;
+    let load = Load::start(&cluster);
 
     let pause = Duration::from_millis(300);
     std::thread::sleep(pause);
@@ -157,7 +162,7 @@ fn histories_across_adds_removes_and_crashes_are_linearizable() -> anyhow::Resul
     let kinds: Vec<_> = cluster.mnode().events().iter().map(|e| e.kind).collect();
     // Three initial joins, then add, remove, crash, add, crash.
     assert_eq!(kinds.len(), 8, "reconfigurations: {kinds:?}");
-    finish(clients, seeds, &rec, &stop)?;
+    load.finish()?;
     cluster.stop();
     Ok(())
 }
@@ -166,14 +171,8 @@ fn histories_across_adds_removes_and_crashes_are_linearizable() -> anyhow::Resul
 /// shared across a join and a crash, and go back to one owner, all under load.
 #[test]
 fn histories_with_keys_shared_and_unshared_under_load_are_linearizable() -> anyhow::Result<()> {
-    let mut cluster = LocalCluster::start(LocalClusterConfig {
-        kns: 3,
-        ..common::small_cluster(3)
-    })?;
-    let rec = Arc::new(Recorder::new());
-    let stop = Arc::new(AtomicBool::new(false));
-    let seeds = vec![cluster.rn_addr().to_string()];
-    let clients = spawn_clients(&seeds, &rec, &stop);
+    let mut cluster = LocalCluster::start(common::small_cluster(3))?;
+    let load = Load::start(&cluster);
 
     let pause = Duration::from_millis(250);
     let m = |c: &LocalCluster, key: Vec<u8>, r: u32| c.mnode().set_replication(&key, r);
@@ -208,7 +207,7 @@ fn histories_with_keys_shared_and_unshared_under_load_are_linearizable() -> anyh
         .sum::<Result<u64, _>>()?;
     assert!(shared > 100, "only {shared} operations went through cells");
     assert_eq!(cluster.processor().stats().shared_keys, 0);
-    finish(clients, seeds, &rec, &stop)?;
+    load.finish()?;
     cluster.stop();
     Ok(())
 }

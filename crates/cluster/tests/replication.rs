@@ -3,6 +3,7 @@
 use std::time::{Duration, Instant};
 
 use dinomo_cluster::{Client, ClientConfig, LocalCluster, LocalClusterConfig, ReconfigKind};
+use dinomo_kn::WorkerStats;
 
 mod common;
 
@@ -13,21 +14,23 @@ fn client(cluster: &LocalCluster) -> anyhow::Result<Client> {
     })?)
 }
 
-/// Shared operations each node's workers served so far.
-fn shared_ops(cluster: &LocalCluster) -> anyhow::Result<Vec<u64>> {
+/// A worker counter summed over each node's workers, node by node.
+fn per_node(cluster: &LocalCluster, counter: fn(&WorkerStats) -> u64) -> anyhow::Result<Vec<u64>> {
     cluster
         .nodes()
         .iter()
-        .map(|n| Ok(n.worker_stats()?.iter().map(|s| s.shared_ops).sum()))
+        .map(|n| Ok(n.worker_stats()?.iter().map(counter).sum()))
         .collect()
+}
+
+/// Round trips the workers of every node made so far.
+fn worker_round_trips(cluster: &LocalCluster) -> anyhow::Result<u64> {
+    Ok(per_node(cluster, |s| s.round_trips)?.iter().sum())
 }
 
 #[test]
 fn a_shared_key_keeps_its_value_spreads_its_load_and_counts_exactly() -> anyhow::Result<()> {
-    let cluster = LocalCluster::start(LocalClusterConfig {
-        kns: 3,
-        ..common::small_cluster(3)
-    })?;
+    let cluster = LocalCluster::start(common::small_cluster(3))?;
     let mut c = client(&cluster)?;
     c.set(b"hot", b"before")?;
     c.set(b"ctr", b"10")?;
@@ -52,7 +55,7 @@ fn a_shared_key_keeps_its_value_spreads_its_load_and_counts_exactly() -> anyhow:
             assert_eq!(r.get(b"hot")?.as_deref(), Some(&b"before"[..]));
         }
     }
-    let spread = shared_ops(&cluster)?;
+    let spread = per_node(&cluster, |s| s.shared_ops)?;
     assert!(
         spread.iter().filter(|&&n| n > 0).count() >= 2,
         "reads of a shared key reach several owners: {spread:?}"
@@ -123,10 +126,7 @@ fn a_shared_key_keeps_its_value_spreads_its_load_and_counts_exactly() -> anyhow:
 
 #[test]
 fn shared_keys_survive_joins_failures_and_unsharing_after_them() -> anyhow::Result<()> {
-    let mut cluster = LocalCluster::start(LocalClusterConfig {
-        kns: 3,
-        ..common::small_cluster(3)
-    })?;
+    let mut cluster = LocalCluster::start(common::small_cluster(3))?;
     let mut c = client(&cluster)?;
     for i in 0..8u32 {
         c.set(format!("hot{i}").as_bytes(), format!("v{i}").as_bytes())?;
@@ -181,7 +181,6 @@ fn a_shared_key_survives_a_restart_of_the_whole_cluster() -> anyhow::Result<()> 
     let dir = tempfile::tempdir()?;
     let cfg = || LocalClusterConfig {
         pool_path: Some(dir.path().join("pool")),
-        kns: 2,
         ..common::small_cluster(2)
     };
     {
@@ -208,10 +207,7 @@ fn a_shared_key_survives_a_restart_of_the_whole_cluster() -> anyhow::Result<()> 
 #[test]
 fn overwritten_values_of_a_shared_key_are_recycled_and_the_live_one_is_kept() -> anyhow::Result<()>
 {
-    let cluster = LocalCluster::start(LocalClusterConfig {
-        kns: 2,
-        ..common::small_cluster(2)
-    })?;
+    let cluster = LocalCluster::start(common::small_cluster(2))?;
     let mut c = client(&cluster)?;
     cluster.mnode().set_replication(b"big", 2)?;
     let value = |n: u32| {
@@ -239,21 +235,9 @@ fn overwritten_values_of_a_shared_key_are_recycled_and_the_live_one_is_kept() ->
     Ok(())
 }
 
-/// Round trips the workers of every node made so far.
-fn worker_round_trips(cluster: &LocalCluster) -> anyhow::Result<u64> {
-    let mut total = 0;
-    for n in cluster.nodes().iter() {
-        total += n.worker_stats()?.iter().map(|s| s.round_trips).sum::<u64>();
-    }
-    Ok(total)
-}
-
 #[test]
 fn a_shared_read_is_two_round_trips_and_a_blind_write_three() -> anyhow::Result<()> {
-    let cluster = LocalCluster::start(LocalClusterConfig {
-        kns: 2,
-        ..common::small_cluster(2)
-    })?;
+    let cluster = LocalCluster::start(common::small_cluster(2))?;
     let mut c = client(&cluster)?;
     c.set(b"hot", b"v")?;
     cluster.mnode().set_replication(b"hot", 2)?;
@@ -266,11 +250,7 @@ fn a_shared_read_is_two_round_trips_and_a_blind_write_three() -> anyhow::Result<
     assert_eq!(reads, 200, "READ of the cell, READ of the entry");
     // Every owner's thread gets its first log segment (one more call) before the count starts.
     for _ in 0..1000 {
-        let writes: Vec<u64> = cluster
-            .nodes()
-            .iter()
-            .map(|n| Ok(n.worker_stats()?.iter().map(|s| s.writes).sum()))
-            .collect::<anyhow::Result<_>>()?;
+        let writes = per_node(&cluster, |s| s.writes)?;
         if writes.iter().all(|&w| w > 0) {
             break;
         }
