@@ -492,3 +492,33 @@ pub(crate) fn call_once(
         .map_err(|e| format!("{addr}: {e}"))?;
     Ok(r.body)
 }
+
+/// [`call_once`] to every `(node, address)` in parallel; `answer` turns each node's reply into its result.
+pub(crate) fn call_each<T: Send>(
+    targets: &[(NodeId, String)],
+    body: &RequestBody,
+    timeout: Duration,
+    answer: impl Fn(NodeId, &str, ResponseBody) -> Result<T, String> + Sync,
+) -> Vec<(NodeId, Result<T, String>)> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = targets
+            .iter()
+            .map(|(n, addr)| {
+                let answer = &answer;
+                (
+                    *n,
+                    s.spawn(move || answer(*n, addr, call_once(addr, body, timeout)?)),
+                )
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|(n, h)| {
+                let r = h
+                    .join()
+                    .unwrap_or_else(|_| Err("call thread panicked".into()));
+                (n, r)
+            })
+            .collect()
+    })
+}

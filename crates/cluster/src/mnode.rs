@@ -22,7 +22,7 @@ use dinomo_ring::{NodeId, Ring};
 use serde::Serialize;
 use tracing::{info, warn};
 
-use crate::client::call_once;
+use crate::client::call_each;
 use crate::wire::{RequestBody, ResponseBody, Routing};
 use crate::{ClusterError, ClusterRecord, MemberInfo, member_node};
 
@@ -607,33 +607,15 @@ impl State {
         targets: &[(NodeId, String)],
     ) -> Result<(), ClusterError> {
         let body = RequestBody::Install(routing.clone());
-        let timeout = self.cfg.install_timeout;
-        let results: Vec<(NodeId, Result<(), String>)> = std::thread::scope(|s| {
-            let handles: Vec<_> = targets
-                .iter()
-                .map(|(n, addr)| {
-                    let body = &body;
-                    (
-                        *n,
-                        s.spawn(move || match call_once(addr, body, timeout) {
-                            Ok(ResponseBody::Done) => Ok(()),
-                            Ok(other) => Err(format!("{other:?}")),
-                            Err(e) => Err(e),
-                        }),
-                    )
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|(n, h)| {
-                    (
-                        n,
-                        h.join()
-                            .unwrap_or_else(|_| Err("install thread panicked".into())),
-                    )
-                })
-                .collect()
-        });
+        let results = call_each(
+            targets,
+            &body,
+            self.cfg.install_timeout,
+            |_, _, r| match r {
+                ResponseBody::Done => Ok(()),
+                other => Err(format!("{other:?}")),
+            },
+        );
         let mut failed = Vec::new();
         for (n, r) in results {
             match r {

@@ -11,7 +11,7 @@ use dinomo_ring::{NodeId, Ring};
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use crate::client::call_once;
+use crate::client::call_each;
 use crate::latency::{LatencyHistogram, LatencyObservation, LatencySummary};
 use crate::node::NodeShared;
 use crate::policy::ClusterSample;
@@ -142,41 +142,27 @@ pub(crate) fn collect_epoch(
     routing: &Routing,
     timeout: Duration,
 ) -> Vec<(NodeId, Result<NodeEpochStats, String>)> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = routing
-            .ring
-            .nodes()
-            .filter_map(|n| routing.addrs.get(&n).map(|a| (n, a.clone())))
-            .map(|(n, addr)| {
-                (
-                    n,
-                    s.spawn(
-                        move || match call_once(&addr, &RequestBody::EpochStats, timeout)? {
-                            ResponseBody::EpochStats(st) if st.node == n => {
-                                st.validate()?;
-                                Ok(*st)
-                            }
-                            ResponseBody::EpochStats(st) => Err(format!(
-                                "{addr} answered as node {} instead of {n}",
-                                st.node
-                            )),
-                            other => Err(format!("{addr}: unexpected reply {other:?}")),
-                        },
-                    ),
-                )
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|(n, h)| {
-                (
-                    n,
-                    h.join()
-                        .unwrap_or_else(|_| Err("collection thread panicked".into())),
-                )
-            })
-            .collect()
-    })
+    let targets: Vec<(NodeId, String)> = routing
+        .ring
+        .nodes()
+        .filter_map(|n| routing.addrs.get(&n).map(|a| (n, a.clone())))
+        .collect();
+    call_each(
+        &targets,
+        &RequestBody::EpochStats,
+        timeout,
+        |n, addr, r| match r {
+            ResponseBody::EpochStats(st) if st.node == n => {
+                st.validate()?;
+                Ok(*st)
+            }
+            ResponseBody::EpochStats(st) => Err(format!(
+                "{addr} answered as node {} instead of {n}",
+                st.node
+            )),
+            other => Err(format!("{addr}: unexpected reply {other:?}")),
+        },
+    )
 }
 
 /// The nodes' epoch statistics gathered over one decision period.
