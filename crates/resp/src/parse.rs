@@ -6,6 +6,8 @@
 //! and a large argument is copied once, as it arrives. Errors carry the text redis-server sends; after one the
 //! connection must be closed, since the stream cannot be resynchronised.
 
+use crate::reply::{Protocol, ReplyWriter};
+
 /// Default of [`ParseLimits::max_bulk_len`]: Redis's `proto-max-bulk-len` (512 MiB).
 pub const DEFAULT_MAX_BULK_LEN: usize = 512 << 20;
 /// Default of [`ParseLimits::max_multibulk_len`]: arguments of one request (1,048,576).
@@ -312,16 +314,11 @@ enum Inline {
 
 /// Appends a request as clients send it: an array of bulk strings.
 pub fn encode_request<A: AsRef<[u8]>>(args: &[A], out: &mut Vec<u8>) {
-    out.push(b'*');
-    crate::reply::push_int(out, args.len() as i64);
-    out.extend_from_slice(b"\r\n");
+    // The same bytes as a RESP2 reply of an array of bulk strings.
+    let mut w = ReplyWriter::new(out, Protocol::Resp2);
+    w.array(args.len());
     for a in args {
-        let a = a.as_ref();
-        out.push(b'$');
-        crate::reply::push_int(out, a.len() as i64);
-        out.extend_from_slice(b"\r\n");
-        out.extend_from_slice(a);
-        out.extend_from_slice(b"\r\n");
+        w.bulk(a.as_ref());
     }
 }
 
