@@ -145,16 +145,6 @@ impl RequestParser {
         }
     }
 
-    /// The limits it enforces.
-    pub fn limits(&self) -> &ParseLimits {
-        &self.limits
-    }
-
-    /// Whether part of a request has been consumed and the rest is awaited.
-    pub fn in_request(&self) -> bool {
-        self.partial.is_some()
-    }
-
     /// Reads the next request from the front of `input`. Returns how many bytes it consumed (the caller drops
     /// them before the next call) and the request's arguments once complete, `Ok(None)` when more input is needed
     /// (what was consumed is kept), or the error to reply with before closing the connection. `authenticated`:
