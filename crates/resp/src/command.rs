@@ -718,9 +718,11 @@ pub fn lookup(name: &[u8]) -> Option<&'static CommandSpec> {
 }
 
 /// The subcommand `name` (any case) of `container`.
-pub fn lookup_subcommand(container: &CommandSpec, name: &[u8]) -> Option<&'static CommandSpec> {
-    let spec = lookup(container.name.as_bytes())?;
-    spec.subcommands.iter().find(|s| {
+pub fn lookup_subcommand(
+    container: &'static CommandSpec,
+    name: &[u8],
+) -> Option<&'static CommandSpec> {
+    container.subcommands.iter().find(|s| {
         s.name
             .split_once('|')
             .is_some_and(|(_, sub)| sub.as_bytes().eq_ignore_ascii_case(name))
