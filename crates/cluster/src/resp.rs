@@ -138,33 +138,32 @@ fn data_op(op: &Op) -> DataOp {
     }
 }
 
-/// The result of `op` from what the store answered.
-fn output(
-    op: &Op,
-    value: Option<Option<Vec<u8>>>,
-    applied: Option<bool>,
-    int: Option<i64>,
-) -> OpResult {
-    match (op, value, applied, int) {
-        (Op::Exists(_), Some(v), _, _) => Ok(Output::Applied(v.is_some())),
-        (Op::Get(_) | Op::GetSet(..), Some(v), _, _) => Ok(Output::Value(v)),
-        (Op::Set(..) | Op::Insert(..) | Op::Update(..) | Op::Delete(_), _, Some(a), _) => {
-            Ok(Output::Applied(a))
-        }
-        (Op::Incr(..) | Op::Append(..), _, _, Some(n)) => Ok(Output::Int(n)),
-        _ => Err(BackendError::Unavailable(
-            "the KV node answered with a reply of the wrong kind".into(),
-        )),
+/// The result of `op` from the store's answer, which must be of the kind `op` is answered with.
+fn output(op: &Op, answer: Output) -> OpResult {
+    match (op, answer) {
+        (Op::Exists(_), Output::Value(v)) => Ok(Output::Applied(v.is_some())),
+        (Op::Get(_) | Op::GetSet(..), value @ Output::Value(_)) => Ok(value),
+        (
+            Op::Set(..) | Op::Insert(..) | Op::Update(..) | Op::Delete(_),
+            applied @ Output::Applied(_),
+        ) => Ok(applied),
+        (Op::Incr(..) | Op::Append(..), int @ Output::Int(_)) => Ok(int),
+        _ => Err(wrong_kind()),
     }
 }
 
+fn wrong_kind() -> BackendError {
+    BackendError::Unavailable("the KV node answered with a reply of the wrong kind".into())
+}
+
 fn from_reply(op: &Op, r: Reply) -> OpResult {
-    match r {
-        Reply::Value(v) => output(op, Some(v), None, None),
-        Reply::Applied(a) => output(op, None, Some(a), None),
-        Reply::Int(n) => output(op, None, None, Some(n)),
-        Reply::Stats(_) | Reply::Epoch(_) => output(op, None, None, None),
-    }
+    let answer = match r {
+        Reply::Value(v) => Output::Value(v),
+        Reply::Applied(a) => Output::Applied(a),
+        Reply::Int(n) => Output::Int(n),
+        Reply::Stats(_) | Reply::Epoch(_) => return Err(wrong_kind()),
+    };
+    output(op, answer)
 }
 
 fn from_kn_error(op: &Op, e: KnError) -> BackendError {
@@ -235,18 +234,16 @@ impl NodeConn {
                     };
                 }
                 Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
+                    let why = format!(
+                        "no reply from the KV node's worker within {:?}",
+                        self.worker_timeout
+                    );
                     for &i in &self.local {
                         if !answered[i] {
                             results[i] = Err(if ops[i].is_write() {
-                                BackendError::Indeterminate(format!(
-                                    "no reply from the KV node's worker within {:?}",
-                                    self.worker_timeout
-                                ))
+                                BackendError::Indeterminate(why.clone())
                             } else {
-                                BackendError::Unavailable(format!(
-                                    "no reply from the KV node's worker within {:?}",
-                                    self.worker_timeout
-                                ))
+                                BackendError::Unavailable(why.clone())
                             });
                         }
                     }
@@ -283,9 +280,9 @@ impl NodeConn {
         for &i in &self.remote {
             let op = &ops[i];
             results[i] = match client.request(RequestBody::Data(data_op(op))) {
-                Ok(ResponseBody::Value(v)) => output(op, Some(v), None, None),
-                Ok(ResponseBody::Applied(a)) => output(op, None, Some(a), None),
-                Ok(ResponseBody::Int(n)) => output(op, None, None, Some(n)),
+                Ok(ResponseBody::Value(v)) => output(op, Output::Value(v)),
+                Ok(ResponseBody::Applied(a)) => output(op, Output::Applied(a)),
+                Ok(ResponseBody::Int(n)) => output(op, Output::Int(n)),
                 Ok(other) => Err(BackendError::Unavailable(format!(
                     "unexpected reply from the owner: {other:?}"
                 ))),

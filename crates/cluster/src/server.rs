@@ -6,6 +6,7 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, select, unbounded};
 use dinomo_kn::{Command, DataOp, KnError, Reply, Tagged};
@@ -72,7 +73,15 @@ impl Server {
                         if stop.load(Ordering::Acquire) {
                             return;
                         }
-                        let Ok(stream) = stream else { continue };
+                        let stream = match stream {
+                            Ok(s) => s,
+                            Err(e) => {
+                                debug!(error = %e, "accept failed");
+                                // Out of descriptors, typically: give connections a moment to close.
+                                std::thread::sleep(Duration::from_millis(5));
+                                continue;
+                            }
+                        };
                         if live.load(Ordering::Acquire) >= limits.max_connections {
                             debug!("connection limit reached; closing a new connection");
                             continue;
@@ -84,13 +93,13 @@ impl Server {
                             all.push(c);
                         }
                         live.fetch_add(1, Ordering::AcqRel);
-                        let (service, live, limits) =
-                            (service.clone(), live.clone(), limits.clone());
+                        let slot = LiveSlot(live.clone());
+                        let (service, limits) = (service.clone(), limits.clone());
                         let spawned = std::thread::Builder::new()
                             .name("dinomo-conn".into())
                             .spawn(move || {
+                                let _slot = slot;
                                 serve_connection(stream, &*service, &limits);
-                                live.fetch_sub(1, Ordering::AcqRel);
                             });
                         if spawned.is_err() {
                             warn!("cannot start a connection thread");
@@ -128,6 +137,16 @@ impl Drop for Server {
             let _ = t.join();
         }
         self.cut_all_connections();
+    }
+}
+
+/// A served connection's place in the count of live ones, given back however its thread ends, or when the
+/// thread could not be started.
+struct LiveSlot(Arc<AtomicUsize>);
+
+impl Drop for LiveSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

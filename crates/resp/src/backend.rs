@@ -208,11 +208,11 @@ impl MemoryBackend {
         }
     }
 
-    fn check(&self, value: &[u8]) -> Result<(), BackendError> {
+    /// Refuses a value of `len` bytes beyond the limit.
+    fn check(&self, len: usize) -> Result<(), BackendError> {
         match self.max_value_len {
-            Some(max) if value.len() > max => Err(BackendError::Invalid(format!(
-                "value of {} bytes exceeds the limit of {max} bytes",
-                value.len()
+            Some(max) if len > max => Err(BackendError::Invalid(format!(
+                "value of {len} bytes exceeds the limit of {max} bytes"
             ))),
             _ => Ok(()),
         }
@@ -223,12 +223,12 @@ impl MemoryBackend {
             Op::Get(k) => Output::Value(map.get(&k).cloned()),
             Op::Exists(k) => Output::Applied(map.contains_key(&k)),
             Op::Set(k, v) => {
-                self.check(&v)?;
+                self.check(v.len())?;
                 map.insert(k, v);
                 Output::Applied(true)
             }
             Op::Insert(k, v) => {
-                self.check(&v)?;
+                self.check(v.len())?;
                 let absent = !map.contains_key(&k);
                 if absent {
                     map.insert(k, v);
@@ -236,7 +236,7 @@ impl MemoryBackend {
                 Output::Applied(absent)
             }
             Op::Update(k, v) => {
-                self.check(&v)?;
+                self.check(v.len())?;
                 match map.get_mut(&k) {
                     Some(old) => {
                         *old = v;
@@ -246,7 +246,7 @@ impl MemoryBackend {
                 }
             }
             Op::GetSet(k, v) => {
-                self.check(&v)?;
+                self.check(v.len())?;
                 Output::Value(map.insert(k, v))
             }
             Op::Delete(k) => Output::Applied(map.remove(&k).is_some()),
@@ -256,14 +256,7 @@ impl MemoryBackend {
                 Output::Int(n)
             }
             Op::Append(k, suffix) => {
-                let new_len = map.get(&k).map_or(0, Vec::len) + suffix.len();
-                if let Some(max) = self.max_value_len
-                    && new_len > max
-                {
-                    return Err(BackendError::Invalid(format!(
-                        "value of {new_len} bytes exceeds the limit of {max} bytes"
-                    )));
-                }
+                self.check(map.get(&k).map_or(0, Vec::len) + suffix.len())?;
                 let v = map.entry(k).or_default();
                 v.extend_from_slice(&suffix);
                 Output::Int(v.len() as i64)

@@ -190,6 +190,16 @@ const WRITE_FAST: &[&str] = &["@write", "@string", "@fast"];
 const CONNECTION: &[&str] = &["@slow", "@connection"];
 const CONNECTION_FAST: &[&str] = &["@fast", "@connection"];
 const CONNECTION_FLAGS: &[&str] = &["noscript", "loading", "stale"];
+const LOADING_STALE: &[&str] = &["loading", "stale"];
+/// `HELLO` and `AUTH`: they run before authentication.
+const HANDSHAKE_FLAGS: &[&str] = &[
+    "noscript",
+    "loading",
+    "stale",
+    "fast",
+    "no_auth",
+    "allow_busy",
+];
 
 use CommandId as C;
 
@@ -234,7 +244,7 @@ static CLIENT_SUBCOMMANDS: [CommandSpec; 6] = [
         C::ClientSetInfo,
         "client|setinfo",
         4,
-        &["noscript", "loading", "stale"],
+        CONNECTION_FLAGS,
         NO_KEYS,
         CONNECTION,
         "connection",
@@ -258,7 +268,7 @@ static CLIENT_SUBCOMMANDS: [CommandSpec; 6] = [
         C::ClientHelp,
         "client|help",
         2,
-        &["loading", "stale"],
+        LOADING_STALE,
         NO_KEYS,
         CONNECTION,
         "connection",
@@ -273,7 +283,7 @@ static COMMAND_SUBCOMMANDS: [CommandSpec; 5] = [
         C::CommandCount,
         "command|count",
         2,
-        &["loading", "stale"],
+        LOADING_STALE,
         NO_KEYS,
         CONNECTION,
         "server",
@@ -285,7 +295,7 @@ static COMMAND_SUBCOMMANDS: [CommandSpec; 5] = [
         C::CommandDocs,
         "command|docs",
         -2,
-        &["loading", "stale"],
+        LOADING_STALE,
         NO_KEYS,
         CONNECTION,
         "server",
@@ -297,7 +307,7 @@ static COMMAND_SUBCOMMANDS: [CommandSpec; 5] = [
         C::CommandInfo,
         "command|info",
         -2,
-        &["loading", "stale"],
+        LOADING_STALE,
         NO_KEYS,
         CONNECTION,
         "server",
@@ -309,7 +319,7 @@ static COMMAND_SUBCOMMANDS: [CommandSpec; 5] = [
         C::CommandList,
         "command|list",
         2,
-        &["loading", "stale"],
+        LOADING_STALE,
         NO_KEYS,
         CONNECTION,
         "server",
@@ -321,7 +331,7 @@ static COMMAND_SUBCOMMANDS: [CommandSpec; 5] = [
         C::CommandHelp,
         "command|help",
         2,
-        &["loading", "stale"],
+        LOADING_STALE,
         NO_KEYS,
         CONNECTION,
         "server",
@@ -348,7 +358,7 @@ static CONFIG_SUBCOMMANDS: [CommandSpec; 2] = [
         C::ConfigHelp,
         "config|help",
         2,
-        &["loading", "stale"],
+        LOADING_STALE,
         NO_KEYS,
         &["@slow"],
         "server",
@@ -580,14 +590,7 @@ pub static COMMANDS: [CommandSpec; 26] = [
         C::Hello,
         "hello",
         -1,
-        &[
-            "noscript",
-            "loading",
-            "stale",
-            "fast",
-            "no_auth",
-            "allow_busy",
-        ],
+        HANDSHAKE_FLAGS,
         NO_KEYS,
         CONNECTION_FAST,
         "connection",
@@ -599,14 +602,7 @@ pub static COMMANDS: [CommandSpec; 26] = [
         C::Auth,
         "auth",
         -2,
-        &[
-            "noscript",
-            "loading",
-            "stale",
-            "fast",
-            "no_auth",
-            "allow_busy",
-        ],
+        HANDSHAKE_FLAGS,
         NO_KEYS,
         CONNECTION_FAST,
         "connection",
@@ -637,7 +633,7 @@ pub static COMMANDS: [CommandSpec; 26] = [
         C::Info,
         "info",
         -1,
-        &["loading", "stale"],
+        LOADING_STALE,
         NO_KEYS,
         &["@slow", "@dangerous"],
         "server",
@@ -678,7 +674,7 @@ pub static COMMANDS: [CommandSpec; 26] = [
             C::Command,
             "command",
             -1,
-            &["loading", "stale"],
+            LOADING_STALE,
             NO_KEYS,
             CONNECTION,
             "server",
@@ -718,9 +714,11 @@ pub fn lookup(name: &[u8]) -> Option<&'static CommandSpec> {
 }
 
 /// The subcommand `name` (any case) of `container`.
-pub fn lookup_subcommand(container: &CommandSpec, name: &[u8]) -> Option<&'static CommandSpec> {
-    let spec = lookup(container.name.as_bytes())?;
-    spec.subcommands.iter().find(|s| {
+pub fn lookup_subcommand(
+    container: &'static CommandSpec,
+    name: &[u8],
+) -> Option<&'static CommandSpec> {
+    container.subcommands.iter().find(|s| {
         s.name
             .split_once('|')
             .is_some_and(|(_, sub)| sub.as_bytes().eq_ignore_ascii_case(name))

@@ -6,6 +6,8 @@
 //! and a large argument is copied once, as it arrives. Errors carry the text redis-server sends; after one the
 //! connection must be closed, since the stream cannot be resynchronised.
 
+use crate::reply::{Protocol, ReplyWriter};
+
 /// Default of [`ParseLimits::max_bulk_len`]: Redis's `proto-max-bulk-len` (512 MiB).
 pub const DEFAULT_MAX_BULK_LEN: usize = 512 << 20;
 /// Default of [`ParseLimits::max_multibulk_len`]: arguments of one request (1,048,576).
@@ -143,16 +145,6 @@ impl RequestParser {
         }
     }
 
-    /// The limits it enforces.
-    pub fn limits(&self) -> &ParseLimits {
-        &self.limits
-    }
-
-    /// Whether part of a request has been consumed and the rest is awaited.
-    pub fn in_request(&self) -> bool {
-        self.partial.is_some()
-    }
-
     /// Reads the next request from the front of `input`. Returns how many bytes it consumed (the caller drops
     /// them before the next call) and the request's arguments once complete, `Ok(None)` when more input is needed
     /// (what was consumed is kept), or the error to reply with before closing the connection. `authenticated`:
@@ -176,19 +168,15 @@ impl RequestParser {
                         Inline::Error(used, e) => return (pos + used, Err(e)),
                     }
                 }
-                // A line is too long whether or not its end has arrived, so the outcome does not depend on how
-                // the input was split into reads.
-                let cr = find(rest, b'\r');
-                if cr.unwrap_or(rest.len()) > self.limits.max_inline_len {
-                    return (pos, Err(ProtocolError::MultibulkCountTooBig));
-                }
-                let Some(cr) = cr else {
-                    return (pos, Ok(None));
+                let cr = match length_line(
+                    rest,
+                    self.limits.max_inline_len,
+                    ProtocolError::MultibulkCountTooBig,
+                ) {
+                    Ok(Some(cr)) => cr,
+                    Ok(None) => return (pos, Ok(None)),
+                    Err(e) => return (pos, Err(e)),
                 };
-                // Like Redis, the byte after `\r` is taken as the `\n` without looking at it.
-                if cr + 2 > rest.len() {
-                    return (pos, Ok(None));
-                }
                 let count = match parse_i64(&rest[1..cr]) {
                     Some(n)
                         if n <= i64::from(i32::MAX)
@@ -219,16 +207,15 @@ impl RequestParser {
             while p.remaining > 0 {
                 if p.bulk.is_none() {
                     let rest = &input[pos..];
-                    let cr = find(rest, b'\r');
-                    if cr.unwrap_or(rest.len()) > limits.max_inline_len {
-                        return (pos, Err(ProtocolError::BulkCountTooBig));
-                    }
-                    let Some(cr) = cr else {
-                        return (pos, Ok(None));
+                    let cr = match length_line(
+                        rest,
+                        limits.max_inline_len,
+                        ProtocolError::BulkCountTooBig,
+                    ) {
+                        Ok(Some(cr)) => cr,
+                        Ok(None) => return (pos, Ok(None)),
+                        Err(e) => return (pos, Err(e)),
                     };
-                    if cr + 2 > rest.len() {
-                        return (pos, Ok(None));
-                    }
                     if rest[0] != b'$' {
                         return (pos, Err(ProtocolError::ExpectedBulk(rest[0])));
                     }
@@ -312,17 +299,28 @@ enum Inline {
 
 /// Appends a request as clients send it: an array of bulk strings.
 pub fn encode_request<A: AsRef<[u8]>>(args: &[A], out: &mut Vec<u8>) {
-    out.push(b'*');
-    crate::reply::push_int(out, args.len() as i64);
-    out.extend_from_slice(b"\r\n");
+    // The same bytes as a RESP2 reply of an array of bulk strings.
+    let mut w = ReplyWriter::new(out, Protocol::Resp2);
+    w.array(args.len());
     for a in args {
-        let a = a.as_ref();
-        out.push(b'$');
-        crate::reply::push_int(out, a.len() as i64);
-        out.extend_from_slice(b"\r\n");
-        out.extend_from_slice(a);
-        out.extend_from_slice(b"\r\n");
+        w.bulk(a.as_ref());
     }
+}
+
+/// Where the `\r` of the length line at the front of `rest` is, once the line has arrived (`None` until then), or
+/// `too_big` when the line is longer than `max`. A line is too long whether or not its end has arrived, so the
+/// outcome does not depend on how the input was split into reads. Like Redis, the byte after `\r` is taken as
+/// the `\n` without looking at it, but it must have arrived.
+fn length_line(
+    rest: &[u8],
+    max: usize,
+    too_big: ProtocolError,
+) -> Result<Option<usize>, ProtocolError> {
+    let cr = find(rest, b'\r');
+    if cr.unwrap_or(rest.len()) > max {
+        return Err(too_big);
+    }
+    Ok(cr.filter(|&cr| cr + 2 <= rest.len()))
 }
 
 fn find(haystack: &[u8], byte: u8) -> Option<usize> {
@@ -379,19 +377,27 @@ pub fn split_args(line: &[u8]) -> Option<Vec<Vec<u8>>> {
         if i >= line.len() {
             return Some(args);
         }
-        let (mut in_double, mut in_single) = (false, false);
+        // The quote the argument is inside of, if any.
+        let mut quote = None;
         let mut current = Vec::new();
         loop {
             let c = at(i);
-            if in_double {
-                if c == b'\\'
-                    && at(i + 1) == b'x'
-                    && at(i + 2).is_ascii_hexdigit()
-                    && at(i + 3).is_ascii_hexdigit()
+            match quote {
+                None => match c {
+                    b' ' | b'\n' | b'\r' | b'\t' | 0 => break,
+                    b'"' | b'\'' => quote = Some(c),
+                    _ => current.push(c),
+                },
+                Some(b'"')
+                    if c == b'\\'
+                        && at(i + 1) == b'x'
+                        && at(i + 2).is_ascii_hexdigit()
+                        && at(i + 3).is_ascii_hexdigit() =>
                 {
                     current.push(hex(at(i + 2)) * 16 + hex(at(i + 3)));
                     i += 3;
-                } else if c == b'\\' && at(i + 1) != 0 {
+                }
+                Some(b'"') if c == b'\\' && at(i + 1) != 0 => {
                     i += 1;
                     current.push(match at(i) {
                         b'n' => b'\n',
@@ -401,39 +407,21 @@ pub fn split_args(line: &[u8]) -> Option<Vec<Vec<u8>>> {
                         b'a' => 0x07,
                         other => other,
                     });
-                } else if c == b'"' {
-                    if at(i + 1) != 0 && !is_space(at(i + 1)) {
-                        return None;
-                    }
-                    i += 1;
-                    break;
-                } else if c == 0 {
-                    return None;
-                } else {
-                    current.push(c);
                 }
-            } else if in_single {
-                if c == b'\\' && at(i + 1) == b'\'' {
+                Some(b'\'') if c == b'\\' && at(i + 1) == b'\'' => {
                     i += 1;
                     current.push(b'\'');
-                } else if c == b'\'' {
+                }
+                Some(q) if c == q => {
                     if at(i + 1) != 0 && !is_space(at(i + 1)) {
                         return None;
                     }
                     i += 1;
                     break;
-                } else if c == 0 {
-                    return None;
-                } else {
-                    current.push(c);
                 }
-            } else {
-                match c {
-                    b' ' | b'\n' | b'\r' | b'\t' | 0 => break,
-                    b'"' => in_double = true,
-                    b'\'' => in_single = true,
-                    _ => current.push(c),
-                }
+                // The line ended inside the quotes.
+                Some(_) if c == 0 => return None,
+                Some(_) => current.push(c),
             }
             if c != 0 {
                 i += 1;

@@ -72,11 +72,7 @@ impl<'a> ReplyWriter<'a> {
 
     /// `$len` and the bytes.
     pub fn bulk(&mut self, data: &[u8]) {
-        self.out.push(b'$');
-        push_int(self.out, data.len() as i64);
-        self.out.extend_from_slice(b"\r\n");
-        self.out.extend_from_slice(data);
-        self.out.extend_from_slice(b"\r\n");
+        self.blob(b'$', data);
     }
 
     /// A missing value: `$-1` in RESP2, `_` in RESP3.
@@ -166,9 +162,7 @@ impl<'a> ReplyWriter<'a> {
         match self.proto {
             Protocol::Resp2 => self.bulk(text),
             Protocol::Resp3 => {
-                self.out.push(b'=');
-                push_int(self.out, text.len() as i64 + 4);
-                self.out.extend_from_slice(b"\r\n");
+                self.header(b'=', text.len() + 4);
                 self.out.extend_from_slice(format);
                 self.out.push(b':');
                 self.out.extend_from_slice(text);
@@ -181,13 +175,7 @@ impl<'a> ReplyWriter<'a> {
     pub fn bulk_error(&mut self, text: &[u8]) {
         match self.proto {
             Protocol::Resp2 => self.error(text),
-            Protocol::Resp3 => {
-                self.out.push(b'!');
-                push_int(self.out, text.len() as i64);
-                self.out.extend_from_slice(b"\r\n");
-                self.out.extend_from_slice(text);
-                self.out.extend_from_slice(b"\r\n");
-            }
+            Protocol::Resp3 => self.blob(b'!', text),
         }
     }
 
@@ -202,6 +190,13 @@ impl<'a> ReplyWriter<'a> {
     fn header(&mut self, kind: u8, len: usize) {
         self.out.push(kind);
         push_int(self.out, len as i64);
+        self.out.extend_from_slice(b"\r\n");
+    }
+
+    /// A length-prefixed string: `kind`, the length, then the bytes.
+    fn blob(&mut self, kind: u8, data: &[u8]) {
+        self.header(kind, data.len());
+        self.out.extend_from_slice(data);
         self.out.extend_from_slice(b"\r\n");
     }
 }
@@ -220,7 +215,7 @@ fn push_line(out: &mut Vec<u8>, text: &[u8]) {
 }
 
 /// Appends the decimal form of `n` without going through the formatting machinery (it is on every reply).
-pub(crate) fn push_int(out: &mut Vec<u8>, n: i64) {
+fn push_int(out: &mut Vec<u8>, n: i64) {
     let mut buf = [0u8; 20];
     let mut i = buf.len();
     let mut v = n.unsigned_abs();

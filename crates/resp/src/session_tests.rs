@@ -4,22 +4,33 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::backend::{BackendError, MemoryBackend, Op, OpResult};
+use crate::backend::{BackendConn, BackendError, MemoryBackend, Op, OpResult};
 use crate::parse::{ParseLimits, RequestParser};
 
 /// A connection without a socket: requests go through the parser and the session as the server runs them.
-struct Client {
-    session: Session<MemoryBackend>,
+struct Client<C: BackendConn = MemoryBackend> {
+    session: Session<C>,
     parser: RequestParser,
     closed: bool,
 }
 
 impl Client {
     fn new(config: ServerConfig, store: &MemoryBackend) -> Client {
+        Client::on(config, store.clone())
+    }
+
+    fn plain() -> Client {
+        Client::new(ServerConfig::default(), &MemoryBackend::new())
+    }
+}
+
+impl<C: BackendConn> Client<C> {
+    /// A connection whose commands run on `conn`.
+    fn on(config: ServerConfig, conn: C) -> Client<C> {
         let shared = Arc::new(Shared::new(config, 6379));
         Client {
             session: Session::new(
-                store.clone(),
+                conn,
                 shared,
                 "127.0.0.1:50000".into(),
                 "127.0.0.1:6379".into(),
@@ -27,10 +38,6 @@ impl Client {
             parser: RequestParser::new(ParseLimits::default()),
             closed: false,
         }
-    }
-
-    fn plain() -> Client {
-        Client::new(ServerConfig::default(), &MemoryBackend::new())
     }
 
     /// Sends `input` (any number of requests) and returns everything replied.
@@ -664,7 +671,7 @@ fn glob_patterns_follow_redis() {
 #[derive(Clone)]
 struct Failing;
 
-impl crate::backend::BackendConn for Failing {
+impl BackendConn for Failing {
     fn execute(&mut self, ops: &mut Vec<Op>, results: &mut Vec<OpResult>) {
         results.clear();
         for op in ops.drain(..) {
@@ -683,17 +690,8 @@ impl crate::backend::BackendConn for Failing {
 
 #[test]
 fn writes_of_unknown_outcome_are_errors_never_ok() {
-    let shared = Arc::new(Shared::new(ServerConfig::default(), 6379));
-    let mut s = Session::new(Failing, shared, String::new(), String::new());
-    let mut parser = RequestParser::new(ParseLimits::default());
-    let mut run = |line: &str| {
-        let mut out = Vec::new();
-        let input = format!("{line}\r\n");
-        let (_, r) = parser.parse(input.as_bytes(), true);
-        s.handle(r.unwrap().unwrap(), &mut out);
-        s.flush(&mut out);
-        String::from_utf8(out).unwrap()
-    };
+    let mut c = Client::on(ServerConfig::default(), Failing);
+    let mut run = |line: &str| String::from_utf8(c.send(format!("{line}\r\n").as_bytes())).unwrap();
     let unknown = "-ERR write outcome unknown, it may or may not have been applied: the memory node went away\r\n";
     for write in [
         "set k v",

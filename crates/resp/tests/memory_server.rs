@@ -72,6 +72,15 @@ impl Conn {
     }
 }
 
+/// Waits up to 10 s for the server to count no more than `n` open connections; fails with `why` if it never does.
+fn wait_for_connected_clients(s: &RespServer, n: usize, why: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.stats().connected_clients > n {
+        assert!(Instant::now() < deadline, "{why}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 fn bulk(b: &[u8]) -> Value {
     Value::Bulk(b.to_vec())
 }
@@ -152,14 +161,7 @@ fn the_client_limit_refuses_extra_connections() {
     assert_eq!(s.stats().rejected_connections, 1);
     // Once a client leaves, a new one gets in.
     drop(a);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while s.stats().connected_clients > 1 {
-        assert!(
-            Instant::now() < deadline,
-            "the closed connection was never noticed"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for_connected_clients(&s, 1, "the closed connection was never noticed");
     let mut d = Conn::open(s.local_addr());
     assert_eq!(d.call(&[b"PING"]), Value::Simple(b"PONG".to_vec()));
 }
@@ -248,12 +250,5 @@ fn abusive_clients_do_not_disturb_others() {
     );
     assert!(nested.closed());
     assert_eq!(good.call(&[b"GET", b"k"]), bulk(b"v"));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while s.stats().connected_clients > 1 {
-        assert!(
-            Instant::now() < deadline,
-            "connections of vanished clients stay open"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for_connected_clients(&s, 1, "connections of vanished clients stay open");
 }
