@@ -36,6 +36,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::format::rate;
 use crate::svg;
 use crate::ycsb_run::YcsbReport;
 use crate::ycsb_run::report::series_label;
@@ -868,19 +869,6 @@ pub fn project(
         series,
         warnings,
     })
-}
-
-/// "3.21M", "812.3k", "950".
-fn rate(v: f64) -> String {
-    if v >= 1e9 {
-        format!("{:.2}G", v / 1e9)
-    } else if v >= 1e6 {
-        format!("{:.2}M", v / 1e6)
-    } else if v >= 1e3 {
-        format!("{:.1}k", v / 1e3)
-    } else {
-        format!("{v:.0}")
-    }
 }
 
 /// A number without needless digits: 2, 0.0084, 25M.
