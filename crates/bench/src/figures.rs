@@ -758,7 +758,7 @@ fn elastic_command(o: &ElasticOptions, out: &Path) -> String {
         "dinomo bench elastic --scenario {} --kns {} --kn-threads {} --keys {} --value-size {} --clients {} \
          --workload {} --distribution {} --before-ms {} --after-ms {} --bucket-ms {} --lease-ms {} \
          --heartbeat-ms {}",
-        scenario_name(o.scenario),
+        o.scenario.name(),
         o.kns,
         o.kn_threads,
         o.keys,
@@ -783,21 +783,12 @@ fn elastic_command(o: &ElasticOptions, out: &Path) -> String {
     s
 }
 
-fn scenario_name(s: Scenario) -> &'static str {
-    match s {
-        Scenario::Add => "add",
-        Scenario::Remove => "remove",
-        Scenario::Failure => "failure",
-        Scenario::Replicate => "replicate",
-    }
-}
-
 fn run_scenario(
     o: &ElasticOptions,
     files: &mut Files,
     progress: &mut dyn FnMut(&str),
 ) -> anyhow::Result<ElasticReport> {
-    let name = scenario_name(o.scenario);
+    let name = o.scenario.name();
     let r = run_elastic(o, |s| progress(&format!("{name}: {s}")))?;
     files.write(
         &format!("elastic-{name}.json"),

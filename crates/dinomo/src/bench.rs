@@ -330,7 +330,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             let report = dinomo_bench::run_elastic(&opts, |step| eprintln!("elastic: {step}"))?;
             std::fs::create_dir_all(&a.out)
                 .with_context(|| format!("creating {}", a.out.display()))?;
-            let name = format!("elastic-{}", format!("{:?}", a.scenario).to_lowercase());
+            let name = format!("elastic-{}", a.scenario.name());
             let json = serde_json::to_string_pretty(&report)?;
             std::fs::write(a.out.join(format!("{name}.json")), &json)?;
             std::fs::write(a.out.join(format!("{name}.csv")), report.to_csv())?;
