@@ -487,7 +487,8 @@ fn ycsb_command(o: &YcsbOptions, kns: &[usize], out: &Path) -> String {
     s
 }
 
-fn mean(v: &[f64]) -> Option<f64> {
+fn mean(values: impl IntoIterator<Item = f64>) -> Option<f64> {
+    let v: Vec<f64> = values.into_iter().collect();
     (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
 }
 
@@ -538,54 +539,32 @@ fn figure5(
     let at = |n: usize| -> Vec<&YcsbReport> { runs.iter().filter(|r| r.kv_nodes == n).collect() };
     let first = at(1);
     let last = at(largest);
-    let rt_last = mean(
-        &last
-            .iter()
-            .map(|r| r.resources.per_op.round_trips)
-            .collect::<Vec<_>>(),
-    );
-    let value_hits = |rs: &[&YcsbReport]| {
-        mean(
-            &rs.iter()
-                .filter_map(|r| r.cache.ratios.map(|h| h.value))
-                .collect::<Vec<_>>(),
-        )
-    };
+    let rt_last = mean(last.iter().map(|r| r.resources.per_op.round_trips));
+    let value_hits =
+        |rs: &[&YcsbReport]| mean(rs.iter().filter_map(|r| r.cache.ratios.map(|h| h.value)));
     let (v1, vn) = (value_hits(&first), value_hits(&last));
-    let scaling = mean(
-        &figure5_workloads(scale)
-            .iter()
-            .filter_map(|(_, w)| {
-                let ops = |n: usize| {
-                    runs.iter()
-                        .find(|r| r.kv_nodes == n && r.options.workload == *w)
-                        .map(|r| r.measured.ops_per_s)
-                };
-                match (ops(1), ops(largest)) {
-                    (Some(a), Some(b)) if a > 0.0 => Some(b / a),
-                    _ => None,
-                }
-            })
-            .collect::<Vec<_>>(),
-    );
-    let model_scaling = mean(
-        &paper
-            .series
-            .iter()
-            .filter_map(|s| {
-                let first = s.points.first()?;
-                let last = s.points.last()?;
-                (first.predicted_ops_per_s > 0.0)
-                    .then(|| last.predicted_ops_per_s / first.predicted_ops_per_s)
-            })
-            .collect::<Vec<_>>(),
-    );
+    let scaling = mean(figure5_workloads(scale).iter().filter_map(|(_, w)| {
+        let ops = |n: usize| {
+            runs.iter()
+                .find(|r| r.kv_nodes == n && r.options.workload == *w)
+                .map(|r| r.measured.ops_per_s)
+        };
+        match (ops(1), ops(largest)) {
+            (Some(a), Some(b)) if a > 0.0 => Some(b / a),
+            _ => None,
+        }
+    }));
+    let model_scaling = mean(paper.series.iter().filter_map(|s| {
+        let first = s.points.first()?;
+        let last = s.points.last()?;
+        (first.predicted_ops_per_s > 0.0)
+            .then(|| last.predicted_ops_per_s / first.predicted_ops_per_s)
+    }));
     let model16 = mean(
-        &paper
+        paper
             .series
             .iter()
-            .filter_map(|s| s.points.last().map(|p| p.predicted_ops_per_s))
-            .collect::<Vec<_>>(),
+            .filter_map(|s| s.points.last().map(|p| p.predicted_ops_per_s)),
     );
     let binds: Vec<String> = {
         let mut b: Vec<String> = paper
@@ -801,13 +780,12 @@ fn run_scenario(
 
 /// Mean throughput over the first `window` after the event (as much of it as the run has), over the baseline.
 fn window_over_baseline(r: &ElasticReport, window_ms: f64) -> Option<f64> {
-    let after: Vec<f64> = r
-        .timeline
-        .iter()
-        .filter(|b| b.t_ms >= r.event_at_ms - 1e-9 && b.t_ms < r.event_at_ms + window_ms)
-        .map(|b| b.ops_per_s)
-        .collect();
-    let m = mean(&after)?;
+    let m = mean(
+        r.timeline
+            .iter()
+            .filter(|b| b.t_ms >= r.event_at_ms - 1e-9 && b.t_ms < r.event_at_ms + window_ms)
+            .map(|b| b.ops_per_s),
+    )?;
     (r.baseline_ops_per_s > 0.0).then(|| m / r.baseline_ops_per_s)
 }
 
