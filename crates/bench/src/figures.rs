@@ -253,6 +253,22 @@ impl Files {
         }
         Ok(())
     }
+
+    /// A benchmark's result as `stem.json`, its table as `stem.csv` and its plot as `stem.svg`.
+    fn write_results(
+        &mut self,
+        stem: &str,
+        result: &impl Serialize,
+        csv: &str,
+        svg: &str,
+    ) -> anyhow::Result<()> {
+        self.write(
+            &format!("{stem}.json"),
+            &serde_json::to_string_pretty(result)?,
+        )?;
+        self.write(&format!("{stem}.csv"), csv)?;
+        self.write(&format!("{stem}.svg"), svg)
+    }
 }
 
 fn cores() -> usize {
@@ -314,9 +330,7 @@ fn figure3(
 ) -> anyhow::Result<FigureReport> {
     let opts = dac_options(scale);
     let report = run_dac(&opts, |s| progress(&format!("figure 3: {s}")))?;
-    files.write("dac.json", &serde_json::to_string_pretty(&report)?)?;
-    files.write("dac.csv", &report.to_csv())?;
-    files.write("dac.svg", &report.to_svg())?;
+    files.write_results("dac", &report, &report.to_csv(), &report.to_svg())?;
     let differs = format!(
         "{} keys, not 30M; {} KV-node worker, not 16; fabric emulated at {} ns per round trip",
         opts.keys, opts.threads, opts.injected_latency_ns
@@ -509,13 +523,7 @@ fn figure5(
                 progress(&format!("figure 5: {step}"));
             }
         })?;
-        let stem = sweep.file_stem();
-        files.write(
-            &format!("{stem}.json"),
-            &serde_json::to_string_pretty(&sweep)?,
-        )?;
-        files.write(&format!("{stem}.csv"), &sweep.to_csv())?;
-        files.write(&format!("{stem}.svg"), &sweep.to_svg())?;
+        files.write_results(&sweep.file_stem(), &sweep, &sweep.to_csv(), &sweep.to_svg())?;
         commands.push(ycsb_command(&opts, &kns, &files.dir));
         runs.extend(sweep.runs);
     }
@@ -676,10 +684,7 @@ fn figure5(
 
 fn write_projection(files: &mut Files, stem: &str, p: &Projection) -> anyhow::Result<()> {
     files.write(&format!("{stem}.txt"), &p.table())?;
-    files.write(&format!("{stem}.json"), &serde_json::to_string_pretty(p)?)?;
-    files.write(&format!("{stem}.csv"), &p.to_csv())?;
-    files.write(&format!("{stem}.svg"), &p.to_svg())?;
-    Ok(())
+    files.write_results(stem, p, &p.to_csv(), &p.to_svg())
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -769,12 +774,7 @@ fn run_scenario(
 ) -> anyhow::Result<ElasticReport> {
     let name = o.scenario.name();
     let r = run_elastic(o, |s| progress(&format!("{name}: {s}")))?;
-    files.write(
-        &format!("elastic-{name}.json"),
-        &serde_json::to_string_pretty(&r)?,
-    )?;
-    files.write(&format!("elastic-{name}.csv"), &r.to_csv())?;
-    files.write(&format!("elastic-{name}.svg"), &r.to_svg())?;
+    files.write_results(&format!("elastic-{name}"), &r, &r.to_csv(), &r.to_svg())?;
     Ok(r)
 }
 
