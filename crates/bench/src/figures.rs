@@ -210,7 +210,7 @@ pub fn run_figure(
         dir: dir.clone(),
         written: Vec::new(),
     };
-    let mut report = match figure {
+    let found = match figure {
         3 => figure3(scale, &mut files, progress)?,
         5 => figure5(scale, &mut files, progress)?,
         6 => figure6(scale, &mut files, progress)?,
@@ -221,21 +221,40 @@ pub fn run_figure(
             FIGURES.map(|f| f.to_string()).join(", ")
         ),
     };
-    report.commands.insert(
-        0,
-        format!(
-            "dinomo bench figure {figure} --scale {scale} --out {}",
-            out.display()
-        ),
-    );
+    let mut commands = vec![format!(
+        "dinomo bench figure {figure} --scale {scale} --out {}",
+        out.display()
+    )];
+    commands.extend(found.commands);
     let json_name = format!("figure{figure}.json");
     let md_name = format!("figure{figure}.md");
-    report.files = files.written.clone();
-    report.files.push(json_name.clone());
-    report.files.push(md_name.clone());
+    let mut written = files.written.clone();
+    written.push(json_name.clone());
+    written.push(md_name.clone());
+    let report = FigureReport {
+        figure,
+        title: found.title.into(),
+        scale,
+        host_cores: cores(),
+        commands,
+        rows: found.rows,
+        not_built: found.not_built,
+        differences: found.differences,
+        files: written,
+    };
     files.write(&json_name, &serde_json::to_string_pretty(&report)?)?;
     files.write(&md_name, &report.to_markdown())?;
     Ok(report)
+}
+
+/// What a recipe found; [`run_figure`] adds the figure, scale, host and files to make its report.
+struct Findings {
+    title: &'static str,
+    /// The benchmark commands the recipe amounts to.
+    commands: Vec<String>,
+    rows: Vec<Comparison>,
+    not_built: Vec<String>,
+    differences: Vec<String>,
 }
 
 /// Where a recipe writes, and what it wrote.
@@ -327,7 +346,7 @@ fn figure3(
     scale: Scale,
     files: &mut Files,
     progress: &mut dyn FnMut(&str),
-) -> anyhow::Result<FigureReport> {
+) -> anyhow::Result<Findings> {
     let opts = dac_options(scale);
     let report = run_dac(&opts, |s| progress(&format!("figure 3: {s}")))?;
     files.write_results("dac", &report, &report.to_csv(), &report.to_svg())?;
@@ -376,11 +395,8 @@ fn figure3(
         dac_over,
         differs,
     ));
-    Ok(FigureReport {
-        figure: 3,
-        title: "caching policies: read throughput as the cache grows from 1% to 16% of the data".into(),
-        scale,
-        host_cores: cores(),
+    Ok(Findings {
+        title: "caching policies: read throughput as the cache grows from 1% to 16% of the data",
         commands: vec![dac_command(&opts, &files.dir)],
         rows,
         not_built: Vec::new(),
@@ -392,7 +408,6 @@ fn figure3(
              costs only about 1.6× a shortcut"
                 .into(),
         ],
-        files: Vec::new(),
     })
 }
 
@@ -510,7 +525,7 @@ fn figure5(
     scale: Scale,
     files: &mut Files,
     progress: &mut dyn FnMut(&str),
-) -> anyhow::Result<FigureReport> {
+) -> anyhow::Result<Findings> {
     let mut runs: Vec<YcsbReport> = Vec::new();
     let mut commands = Vec::new();
     let mut largest = 0;
@@ -664,11 +679,8 @@ fn figure5(
             "the local profile (this machine's cores, in-process fabric) against every run above (projection-local.txt)",
         ),
     ];
-    Ok(FigureReport {
-        figure: 5,
-        title: "throughput against the number of KV nodes, YCSB with Zipf 0.99".into(),
-        scale,
-        host_cores: cores(),
+    Ok(Findings {
+        title: "throughput against the number of KV nodes, YCSB with Zipf 0.99",
         commands,
         rows,
         not_built: vec!["clover".into(), "dinomo-s".into(), "dinomo-n".into()],
@@ -678,7 +690,6 @@ fn figure5(
              saturate)"
                 .into(),
         ],
-        files: Vec::new(),
     })
 }
 
@@ -827,7 +838,7 @@ fn figure6(
     scale: Scale,
     files: &mut Files,
     progress: &mut dyn FnMut(&str),
-) -> anyhow::Result<FigureReport> {
+) -> anyhow::Result<Findings> {
     let zipf05 = Distribution::Zipfian { theta: 0.5 };
     let add_opts = elastic_options(scale, Scenario::Add, zipf05);
     let remove_opts = elastic_options(scale, Scenario::Remove, zipf05);
@@ -876,11 +887,8 @@ fn figure6(
              remove reconfigurations run at a fixed time",
         ),
     ];
-    Ok(FigureReport {
-        figure: 6,
-        title: "elasticity: a KV node joins and leaves under load (autoscaling, scaled stand-in)".into(),
-        scale,
-        host_cores: cores(),
+    Ok(Findings {
+        title: "elasticity: a KV node joins and leaves under load (autoscaling, scaled stand-in)",
         commands: vec![
             elastic_command(&add_opts, &files.dir),
             elastic_command(&remove_opts, &files.dir),
@@ -893,7 +901,6 @@ fn figure6(
              milliseconds shows"
                 .into(),
         ],
-        files: Vec::new(),
     })
 }
 
@@ -901,7 +908,7 @@ fn figure7(
     scale: Scale,
     files: &mut Files,
     progress: &mut dyn FnMut(&str),
-) -> anyhow::Result<FigureReport> {
+) -> anyhow::Result<Findings> {
     let opts = elastic_options(
         scale,
         Scenario::Replicate,
@@ -938,11 +945,8 @@ fn figure7(
             "dinomo-n",
         ),
     ];
-    Ok(FigureReport {
-        figure: 7,
-        title: "load balancing: selective replication of the hottest keys under Zipf 2".into(),
-        scale,
-        host_cores: cores(),
+    Ok(Findings {
+        title: "load balancing: selective replication of the hottest keys under Zipf 2",
         commands: vec![elastic_command(&opts, &files.dir)],
         rows,
         not_built: vec!["clover".into(), "dinomo-n".into()],
@@ -952,7 +956,6 @@ fn figure7(
              the gain comes only from more worker threads serving the key"
                 .into(),
         ],
-        files: Vec::new(),
     })
 }
 
@@ -960,7 +963,7 @@ fn figure8(
     scale: Scale,
     files: &mut Files,
     progress: &mut dyn FnMut(&str),
-) -> anyhow::Result<FigureReport> {
+) -> anyhow::Result<Findings> {
     let opts = elastic_options(
         scale,
         Scenario::Failure,
@@ -1015,16 +1018,12 @@ fn figure8(
             "dinomo-n, clover",
         ),
     ];
-    Ok(FigureReport {
-        figure: 8,
-        title: "fault tolerance: a KV node fails under load".into(),
-        scale,
-        host_cores: cores(),
+    Ok(Findings {
+        title: "fault tolerance: a KV node fails under load",
         commands: vec![elastic_command(&opts, &files.dir)],
         rows,
         not_built: vec!["dinomo-n".into(), "clover".into()],
         differences: vec![host_note()],
-        files: Vec::new(),
     })
 }
 
