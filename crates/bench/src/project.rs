@@ -729,9 +729,12 @@ pub struct Projection {
 }
 
 /// The measured demand nearest to `kv_nodes` (ties: the smaller node count).
-fn nearest(measured: &[Demand], kv_nodes: usize) -> Option<&Demand> {
+fn nearest<'a>(
+    measured: impl IntoIterator<Item = &'a Demand>,
+    kv_nodes: usize,
+) -> Option<&'a Demand> {
     measured
-        .iter()
+        .into_iter()
         .min_by_key(|d| (d.kv_nodes.abs_diff(kv_nodes), d.kv_nodes))
 }
 
@@ -834,12 +837,8 @@ pub fn project(
                     f64::INFINITY
                 }
             };
-            let others: Vec<Demand> = measured
-                .iter()
-                .filter(|o| o.kv_nodes != d.kv_nodes)
-                .cloned()
-                .collect();
-            let from_other = nearest(&others, d.kv_nodes).and_then(|o| {
+            let others = measured.iter().filter(|o| o.kv_nodes != d.kv_nodes);
+            let from_other = nearest(others, d.kv_nodes).and_then(|o| {
                 lowest(&ceilings(o, profile, d.kv_nodes)).map(|(p, _)| OtherPrediction {
                     from_kv_nodes: o.kv_nodes,
                     predicted_ops_per_s: p,
