@@ -34,6 +34,18 @@ pub enum Scenario {
     Replicate,
 }
 
+impl Scenario {
+    /// "add", "remove", "failure" or "replicate" (as `--scenario` takes it, and in file names).
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Add => "add",
+            Scenario::Remove => "remove",
+            Scenario::Failure => "failure",
+            Scenario::Replicate => "replicate",
+        }
+    }
+}
+
 impl std::str::FromStr for Scenario {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -380,18 +392,14 @@ pub fn run_elastic(
         .iter()
         .map(|b| b.ops_per_s)
         .fold(f64::INFINITY, f64::min);
-    let mut dip_end = 0;
-    for i in 0..after.len() {
-        if after[i..]
-            .iter()
-            .take(3)
-            .all(|b| b.ops_per_s >= 0.8 * baseline)
-        {
-            dip_end = i;
-            break;
-        }
-        dip_end = after.len();
-    }
+    let dip_end = (0..after.len())
+        .find(|&i| {
+            after[i..]
+                .iter()
+                .take(3)
+                .all(|b| b.ops_per_s >= 0.8 * baseline)
+        })
+        .unwrap_or(after.len());
     // The first `kns` events are the initial joins.
     let all = cluster.mnode().events();
     let reconfigurations = all[o.kns.min(all.len())..].to_vec();
@@ -447,7 +455,7 @@ impl ElasticReport {
                     .collect(),
             },
             svg::Series {
-                name: format!("{:?}", self.options.scenario).to_lowercase(),
+                name: self.options.scenario.name().into(),
                 points: vec![(self.event_at_ms, 0.0), (self.event_at_ms, peak / 1e3)],
             },
         ];

@@ -210,7 +210,7 @@ pub fn run_figure(
         dir: dir.clone(),
         written: Vec::new(),
     };
-    let mut report = match figure {
+    let found = match figure {
         3 => figure3(scale, &mut files, progress)?,
         5 => figure5(scale, &mut files, progress)?,
         6 => figure6(scale, &mut files, progress)?,
@@ -221,21 +221,40 @@ pub fn run_figure(
             FIGURES.map(|f| f.to_string()).join(", ")
         ),
     };
-    report.commands.insert(
-        0,
-        format!(
-            "dinomo bench figure {figure} --scale {scale} --out {}",
-            out.display()
-        ),
-    );
+    let mut commands = vec![format!(
+        "dinomo bench figure {figure} --scale {scale} --out {}",
+        out.display()
+    )];
+    commands.extend(found.commands);
     let json_name = format!("figure{figure}.json");
     let md_name = format!("figure{figure}.md");
-    report.files = files.written.clone();
-    report.files.push(json_name.clone());
-    report.files.push(md_name.clone());
+    let mut written = files.written.clone();
+    written.push(json_name.clone());
+    written.push(md_name.clone());
+    let report = FigureReport {
+        figure,
+        title: found.title.into(),
+        scale,
+        host_cores: cores(),
+        commands,
+        rows: found.rows,
+        not_built: found.not_built,
+        differences: found.differences,
+        files: written,
+    };
     files.write(&json_name, &serde_json::to_string_pretty(&report)?)?;
     files.write(&md_name, &report.to_markdown())?;
     Ok(report)
+}
+
+/// What a recipe found; [`run_figure`] adds the figure, scale, host and files to make its report.
+struct Findings {
+    title: &'static str,
+    /// The benchmark commands the recipe amounts to.
+    commands: Vec<String>,
+    rows: Vec<Comparison>,
+    not_built: Vec<String>,
+    differences: Vec<String>,
 }
 
 /// Where a recipe writes, and what it wrote.
@@ -252,6 +271,22 @@ impl Files {
             self.written.push(name.to_string());
         }
         Ok(())
+    }
+
+    /// A benchmark's result as `stem.json`, its table as `stem.csv` and its plot as `stem.svg`.
+    fn write_results(
+        &mut self,
+        stem: &str,
+        result: &impl Serialize,
+        csv: &str,
+        svg: &str,
+    ) -> anyhow::Result<()> {
+        self.write(
+            &format!("{stem}.json"),
+            &serde_json::to_string_pretty(result)?,
+        )?;
+        self.write(&format!("{stem}.csv"), csv)?;
+        self.write(&format!("{stem}.svg"), svg)
     }
 }
 
@@ -311,12 +346,10 @@ fn figure3(
     scale: Scale,
     files: &mut Files,
     progress: &mut dyn FnMut(&str),
-) -> anyhow::Result<FigureReport> {
+) -> anyhow::Result<Findings> {
     let opts = dac_options(scale);
     let report = run_dac(&opts, |s| progress(&format!("figure 3: {s}")))?;
-    files.write("dac.json", &serde_json::to_string_pretty(&report)?)?;
-    files.write("dac.csv", &report.to_csv())?;
-    files.write("dac.svg", &report.to_svg())?;
+    files.write_results("dac", &report, &report.to_csv(), &report.to_svg())?;
     let differs = format!(
         "{} keys, not 30M; {} KV-node worker, not 16; fabric emulated at {} ns per round trip",
         opts.keys, opts.threads, opts.injected_latency_ns
@@ -362,11 +395,8 @@ fn figure3(
         dac_over,
         differs,
     ));
-    Ok(FigureReport {
-        figure: 3,
-        title: "caching policies: read throughput as the cache grows from 1% to 16% of the data".into(),
-        scale,
-        host_cores: cores(),
+    Ok(Findings {
+        title: "caching policies: read throughput as the cache grows from 1% to 16% of the data",
         commands: vec![dac_command(&opts, &files.dir)],
         rows,
         not_built: Vec::new(),
@@ -378,7 +408,6 @@ fn figure3(
              costs only about 1.6× a shortcut"
                 .into(),
         ],
-        files: Vec::new(),
     })
 }
 
@@ -487,7 +516,8 @@ fn ycsb_command(o: &YcsbOptions, kns: &[usize], out: &Path) -> String {
     s
 }
 
-fn mean(v: &[f64]) -> Option<f64> {
+fn mean(values: impl IntoIterator<Item = f64>) -> Option<f64> {
+    let v: Vec<f64> = values.into_iter().collect();
     (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
 }
 
@@ -495,7 +525,7 @@ fn figure5(
     scale: Scale,
     files: &mut Files,
     progress: &mut dyn FnMut(&str),
-) -> anyhow::Result<FigureReport> {
+) -> anyhow::Result<Findings> {
     let mut runs: Vec<YcsbReport> = Vec::new();
     let mut commands = Vec::new();
     let mut largest = 0;
@@ -508,13 +538,7 @@ fn figure5(
                 progress(&format!("figure 5: {step}"));
             }
         })?;
-        let stem = sweep.file_stem();
-        files.write(
-            &format!("{stem}.json"),
-            &serde_json::to_string_pretty(&sweep)?,
-        )?;
-        files.write(&format!("{stem}.csv"), &sweep.to_csv())?;
-        files.write(&format!("{stem}.svg"), &sweep.to_svg())?;
+        files.write_results(&sweep.file_stem(), &sweep, &sweep.to_csv(), &sweep.to_svg())?;
         commands.push(ycsb_command(&opts, &kns, &files.dir));
         runs.extend(sweep.runs);
     }
@@ -538,54 +562,32 @@ fn figure5(
     let at = |n: usize| -> Vec<&YcsbReport> { runs.iter().filter(|r| r.kv_nodes == n).collect() };
     let first = at(1);
     let last = at(largest);
-    let rt_last = mean(
-        &last
-            .iter()
-            .map(|r| r.resources.per_op.round_trips)
-            .collect::<Vec<_>>(),
-    );
-    let value_hits = |rs: &[&YcsbReport]| {
-        mean(
-            &rs.iter()
-                .filter_map(|r| r.cache.ratios.map(|h| h.value))
-                .collect::<Vec<_>>(),
-        )
-    };
+    let rt_last = mean(last.iter().map(|r| r.resources.per_op.round_trips));
+    let value_hits =
+        |rs: &[&YcsbReport]| mean(rs.iter().filter_map(|r| r.cache.ratios.map(|h| h.value)));
     let (v1, vn) = (value_hits(&first), value_hits(&last));
-    let scaling = mean(
-        &figure5_workloads(scale)
-            .iter()
-            .filter_map(|(_, w)| {
-                let ops = |n: usize| {
-                    runs.iter()
-                        .find(|r| r.kv_nodes == n && r.options.workload == *w)
-                        .map(|r| r.measured.ops_per_s)
-                };
-                match (ops(1), ops(largest)) {
-                    (Some(a), Some(b)) if a > 0.0 => Some(b / a),
-                    _ => None,
-                }
-            })
-            .collect::<Vec<_>>(),
-    );
-    let model_scaling = mean(
-        &paper
-            .series
-            .iter()
-            .filter_map(|s| {
-                let first = s.points.first()?;
-                let last = s.points.last()?;
-                (first.predicted_ops_per_s > 0.0)
-                    .then(|| last.predicted_ops_per_s / first.predicted_ops_per_s)
-            })
-            .collect::<Vec<_>>(),
-    );
+    let scaling = mean(figure5_workloads(scale).iter().filter_map(|(_, w)| {
+        let ops = |n: usize| {
+            runs.iter()
+                .find(|r| r.kv_nodes == n && r.options.workload == *w)
+                .map(|r| r.measured.ops_per_s)
+        };
+        match (ops(1), ops(largest)) {
+            (Some(a), Some(b)) if a > 0.0 => Some(b / a),
+            _ => None,
+        }
+    }));
+    let model_scaling = mean(paper.series.iter().filter_map(|s| {
+        let first = s.points.first()?;
+        let last = s.points.last()?;
+        (first.predicted_ops_per_s > 0.0)
+            .then(|| last.predicted_ops_per_s / first.predicted_ops_per_s)
+    }));
     let model16 = mean(
-        &paper
+        paper
             .series
             .iter()
-            .filter_map(|s| s.points.last().map(|p| p.predicted_ops_per_s))
-            .collect::<Vec<_>>(),
+            .filter_map(|s| s.points.last().map(|p| p.predicted_ops_per_s)),
     );
     let binds: Vec<String> = {
         let mut b: Vec<String> = paper
@@ -677,11 +679,8 @@ fn figure5(
             "the local profile (this machine's cores, in-process fabric) against every run above (projection-local.txt)",
         ),
     ];
-    Ok(FigureReport {
-        figure: 5,
-        title: "throughput against the number of KV nodes, YCSB with Zipf 0.99".into(),
-        scale,
-        host_cores: cores(),
+    Ok(Findings {
+        title: "throughput against the number of KV nodes, YCSB with Zipf 0.99",
         commands,
         rows,
         not_built: vec!["clover".into(), "dinomo-s".into(), "dinomo-n".into()],
@@ -691,16 +690,12 @@ fn figure5(
              saturate)"
                 .into(),
         ],
-        files: Vec::new(),
     })
 }
 
 fn write_projection(files: &mut Files, stem: &str, p: &Projection) -> anyhow::Result<()> {
     files.write(&format!("{stem}.txt"), &p.table())?;
-    files.write(&format!("{stem}.json"), &serde_json::to_string_pretty(p)?)?;
-    files.write(&format!("{stem}.csv"), &p.to_csv())?;
-    files.write(&format!("{stem}.svg"), &p.to_svg())?;
-    Ok(())
+    files.write_results(stem, p, &p.to_csv(), &p.to_svg())
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -758,7 +753,7 @@ fn elastic_command(o: &ElasticOptions, out: &Path) -> String {
         "dinomo bench elastic --scenario {} --kns {} --kn-threads {} --keys {} --value-size {} --clients {} \
          --workload {} --distribution {} --before-ms {} --after-ms {} --bucket-ms {} --lease-ms {} \
          --heartbeat-ms {}",
-        scenario_name(o.scenario),
+        o.scenario.name(),
         o.kns,
         o.kn_threads,
         o.keys,
@@ -783,40 +778,25 @@ fn elastic_command(o: &ElasticOptions, out: &Path) -> String {
     s
 }
 
-fn scenario_name(s: Scenario) -> &'static str {
-    match s {
-        Scenario::Add => "add",
-        Scenario::Remove => "remove",
-        Scenario::Failure => "failure",
-        Scenario::Replicate => "replicate",
-    }
-}
-
 fn run_scenario(
     o: &ElasticOptions,
     files: &mut Files,
     progress: &mut dyn FnMut(&str),
 ) -> anyhow::Result<ElasticReport> {
-    let name = scenario_name(o.scenario);
+    let name = o.scenario.name();
     let r = run_elastic(o, |s| progress(&format!("{name}: {s}")))?;
-    files.write(
-        &format!("elastic-{name}.json"),
-        &serde_json::to_string_pretty(&r)?,
-    )?;
-    files.write(&format!("elastic-{name}.csv"), &r.to_csv())?;
-    files.write(&format!("elastic-{name}.svg"), &r.to_svg())?;
+    files.write_results(&format!("elastic-{name}"), &r, &r.to_csv(), &r.to_svg())?;
     Ok(r)
 }
 
 /// Mean throughput over the first `window` after the event (as much of it as the run has), over the baseline.
 fn window_over_baseline(r: &ElasticReport, window_ms: f64) -> Option<f64> {
-    let after: Vec<f64> = r
-        .timeline
-        .iter()
-        .filter(|b| b.t_ms >= r.event_at_ms - 1e-9 && b.t_ms < r.event_at_ms + window_ms)
-        .map(|b| b.ops_per_s)
-        .collect();
-    let m = mean(&after)?;
+    let m = mean(
+        r.timeline
+            .iter()
+            .filter(|b| b.t_ms >= r.event_at_ms - 1e-9 && b.t_ms < r.event_at_ms + window_ms)
+            .map(|b| b.ops_per_s),
+    )?;
     (r.baseline_ops_per_s > 0.0).then(|| m / r.baseline_ops_per_s)
 }
 
@@ -858,7 +838,7 @@ fn figure6(
     scale: Scale,
     files: &mut Files,
     progress: &mut dyn FnMut(&str),
-) -> anyhow::Result<FigureReport> {
+) -> anyhow::Result<Findings> {
     let zipf05 = Distribution::Zipfian { theta: 0.5 };
     let add_opts = elastic_options(scale, Scenario::Add, zipf05);
     let remove_opts = elastic_options(scale, Scenario::Remove, zipf05);
@@ -907,11 +887,8 @@ fn figure6(
              remove reconfigurations run at a fixed time",
         ),
     ];
-    Ok(FigureReport {
-        figure: 6,
-        title: "elasticity: a KV node joins and leaves under load (autoscaling, scaled stand-in)".into(),
-        scale,
-        host_cores: cores(),
+    Ok(Findings {
+        title: "elasticity: a KV node joins and leaves under load (autoscaling, scaled stand-in)",
         commands: vec![
             elastic_command(&add_opts, &files.dir),
             elastic_command(&remove_opts, &files.dir),
@@ -924,7 +901,6 @@ fn figure6(
              milliseconds shows"
                 .into(),
         ],
-        files: Vec::new(),
     })
 }
 
@@ -932,7 +908,7 @@ fn figure7(
     scale: Scale,
     files: &mut Files,
     progress: &mut dyn FnMut(&str),
-) -> anyhow::Result<FigureReport> {
+) -> anyhow::Result<Findings> {
     let opts = elastic_options(
         scale,
         Scenario::Replicate,
@@ -969,11 +945,8 @@ fn figure7(
             "dinomo-n",
         ),
     ];
-    Ok(FigureReport {
-        figure: 7,
-        title: "load balancing: selective replication of the hottest keys under Zipf 2".into(),
-        scale,
-        host_cores: cores(),
+    Ok(Findings {
+        title: "load balancing: selective replication of the hottest keys under Zipf 2",
         commands: vec![elastic_command(&opts, &files.dir)],
         rows,
         not_built: vec!["clover".into(), "dinomo-n".into()],
@@ -983,7 +956,6 @@ fn figure7(
              the gain comes only from more worker threads serving the key"
                 .into(),
         ],
-        files: Vec::new(),
     })
 }
 
@@ -991,7 +963,7 @@ fn figure8(
     scale: Scale,
     files: &mut Files,
     progress: &mut dyn FnMut(&str),
-) -> anyhow::Result<FigureReport> {
+) -> anyhow::Result<Findings> {
     let opts = elastic_options(
         scale,
         Scenario::Failure,
@@ -1046,16 +1018,12 @@ fn figure8(
             "dinomo-n, clover",
         ),
     ];
-    Ok(FigureReport {
-        figure: 8,
-        title: "fault tolerance: a KV node fails under load".into(),
-        scale,
-        host_cores: cores(),
+    Ok(Findings {
+        title: "fault tolerance: a KV node fails under load",
         commands: vec![elastic_command(&opts, &files.dir)],
         rows,
         not_built: vec!["dinomo-n".into(), "clover".into()],
         differences: vec![host_note()],
-        files: Vec::new(),
     })
 }
 

@@ -24,6 +24,7 @@
 mod dac;
 mod elastic;
 pub mod figures;
+mod format;
 mod key_stats;
 mod pingpong;
 pub mod project;

@@ -36,6 +36,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::format::rate;
 use crate::svg;
 use crate::ycsb_run::YcsbReport;
 use crate::ycsb_run::report::series_label;
@@ -728,9 +729,12 @@ pub struct Projection {
 }
 
 /// The measured demand nearest to `kv_nodes` (ties: the smaller node count).
-fn nearest(measured: &[Demand], kv_nodes: usize) -> Option<&Demand> {
+fn nearest<'a>(
+    measured: impl IntoIterator<Item = &'a Demand>,
+    kv_nodes: usize,
+) -> Option<&'a Demand> {
     measured
-        .iter()
+        .into_iter()
         .min_by_key(|d| (d.kv_nodes.abs_diff(kv_nodes), d.kv_nodes))
 }
 
@@ -833,12 +837,8 @@ pub fn project(
                     f64::INFINITY
                 }
             };
-            let others: Vec<Demand> = measured
-                .iter()
-                .filter(|o| o.kv_nodes != d.kv_nodes)
-                .cloned()
-                .collect();
-            let from_other = nearest(&others, d.kv_nodes).and_then(|o| {
+            let others = measured.iter().filter(|o| o.kv_nodes != d.kv_nodes);
+            let from_other = nearest(others, d.kv_nodes).and_then(|o| {
                 lowest(&ceilings(o, profile, d.kv_nodes)).map(|(p, _)| OtherPrediction {
                     from_kv_nodes: o.kv_nodes,
                     predicted_ops_per_s: p,
@@ -868,19 +868,6 @@ pub fn project(
         series,
         warnings,
     })
-}
-
-/// "3.21M", "812.3k", "950".
-fn rate(v: f64) -> String {
-    if v >= 1e9 {
-        format!("{:.2}G", v / 1e9)
-    } else if v >= 1e6 {
-        format!("{:.2}M", v / 1e6)
-    } else if v >= 1e3 {
-        format!("{:.1}k", v / 1e3)
-    } else {
-        format!("{v:.0}")
-    }
 }
 
 /// A number without needless digits: 2, 0.0084, 25M.

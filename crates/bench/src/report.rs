@@ -5,6 +5,7 @@ use std::io::{self, Write};
 use dinomo_fabric::VerbKind;
 use serde::{Deserialize, Serialize};
 
+use crate::format::rate;
 use crate::{FabricBenchOptions, Timing, TransportChoice, VerbCase};
 
 /// Target: in-process fabric ns/op at most this many times its raw reference.
@@ -318,7 +319,7 @@ impl FabricReport {
                 } else {
                     "no".to_string()
                 },
-                fmt_rate(c.ops_per_sec),
+                rate(c.ops_per_sec),
                 fmt_num(c.ns_per_op),
                 fmt_round_trips(c),
                 fmt_num(c.reference.ns_per_op),
@@ -344,8 +345,8 @@ impl FabricReport {
                     "{:<10}  {:<11}  {:>12}  {:>13}  {:>7}",
                     s.transport.name(),
                     s.case,
-                    fmt_rate(s.unbatched_ops_per_sec),
-                    fmt_rate(s.batched_ops_per_sec),
+                    rate(s.unbatched_ops_per_sec),
+                    rate(s.batched_ops_per_sec),
                     format!("{:.2}x", s.speedup)
                 )?;
             }
@@ -411,19 +412,6 @@ fn judge(
         met: passing == figures.len(),
         note,
     })
-}
-
-/// "45.21M", "812.3k", "950".
-fn fmt_rate(v: f64) -> String {
-    if v >= 1e9 {
-        format!("{:.2}G", v / 1e9)
-    } else if v >= 1e6 {
-        format!("{:.2}M", v / 1e6)
-    } else if v >= 1e3 {
-        format!("{:.1}k", v / 1e3)
-    } else {
-        format!("{v:.0}")
-    }
 }
 
 /// Two decimals below 10, one below 10 000, none above.

@@ -7,6 +7,11 @@ use dinomo_bench::figures::{FigureReport, Scale, run_figure};
 use dinomo_bench::project::Projection;
 use dinomo_bench::ycsb_run::load_reports;
 
+/// A JSON file the recipe wrote.
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<T> {
+    Ok(serde_json::from_str(&std::fs::read_to_string(path)?)?)
+}
+
 fn run(figure: u32, out: &Path) -> anyhow::Result<FigureReport> {
     let report = run_figure(figure, Scale::Tiny, out, &mut |_| {})?;
     assert_eq!(report.figure, figure);
@@ -22,9 +27,7 @@ fn run(figure: u32, out: &Path) -> anyhow::Result<FigureReport> {
         }
     }
     // The JSON summary reads back as written; the Markdown has a row per claim.
-    let back: FigureReport = serde_json::from_str(&std::fs::read_to_string(
-        dir.join(format!("figure{figure}.json")),
-    )?)?;
+    let back: FigureReport = read_json(&dir.join(format!("figure{figure}.json")))?;
     assert_eq!(back, report);
     let md = std::fs::read_to_string(dir.join(format!("figure{figure}.md")))?;
     assert_eq!(
@@ -59,9 +62,7 @@ fn row<'a>(r: &'a FigureReport, starts: &str) -> &'a dinomo_bench::figures::Comp
 fn figure3_caching_policies() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let r = run(3, dir.path())?;
-    let dac: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
-        dir.path().join("figure3/dac.json"),
-    )?)?;
+    let dac: serde_json::Value = read_json(&dir.path().join("figure3/dac.json"))?;
     // Six policies at five cache sizes.
     assert_eq!(dac["cases"].as_array().map(Vec::len), Some(30));
     let worst = row(&r, "DAC / best other policy")
@@ -97,8 +98,7 @@ fn figure5_scalability_with_projection() -> anyhow::Result<()> {
         assert_eq!(run.measured.ops, 300);
         assert_eq!(run.measured.errors.total(), 0, "{:?}", run.measured.errors);
     }
-    let paper: Projection =
-        serde_json::from_str(&std::fs::read_to_string(f.join("projection-paper.json"))?)?;
+    let paper: Projection = read_json(&f.join("projection-paper.json"))?;
     assert_eq!(paper.series.len(), 2);
     for s in &paper.series {
         assert_eq!(s.points.len(), 16);
@@ -106,8 +106,7 @@ fn figure5_scalability_with_projection() -> anyhow::Result<()> {
         assert!(s.points.iter().all(|p| p.predicted_ops_per_s > 0.0));
     }
     assert!(paper.model.starts_with("MODEL"));
-    let local: Projection =
-        serde_json::from_str(&std::fs::read_to_string(f.join("projection-local.json"))?)?;
+    let local: Projection = read_json(&f.join("projection-local.json"))?;
     assert!(local.series.iter().all(|s| s.points.len() == 2));
     assert!(std::fs::read_to_string(f.join("projection-paper.txt"))?.starts_with("MODEL"));
     // Systems that are not built are named, never measured.
@@ -127,9 +126,8 @@ fn figure6_add_and_remove() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let r = run(6, dir.path())?;
     for scenario in ["add", "remove"] {
-        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
-            dir.path().join(format!("figure6/elastic-{scenario}.json")),
-        )?)?;
+        let v: serde_json::Value =
+            read_json(&dir.path().join(format!("figure6/elastic-{scenario}.json")))?;
         assert!(
             v["baseline_ops_per_s"].as_f64().unwrap() > 0.0,
             "{scenario}"
@@ -149,9 +147,7 @@ fn figure6_add_and_remove() -> anyhow::Result<()> {
 fn figure7_selective_replication() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let r = run(7, dir.path())?;
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
-        dir.path().join("figure7/elastic-replicate.json"),
-    )?)?;
+    let v: serde_json::Value = read_json(&dir.path().join("figure7/elastic-replicate.json"))?;
     // The four hottest keys became shared: one reconfiguration each.
     assert_eq!(v["reconfigurations"].as_array().map(Vec::len), Some(4));
     let gain = row(&r, "throughput with the 4 hottest").ours_value.unwrap();

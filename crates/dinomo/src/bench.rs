@@ -11,6 +11,7 @@ use clap::{Args, Subcommand};
 use dinomo_bench::ycsb::{Distribution, Workload};
 use dinomo_bench::ycsb_run::{
     InProcessOptions, NativeOptions, PlotKind, Progress, System, TargetOptions, YcsbOptions,
+    YcsbReport,
 };
 use dinomo_bench::{DacBenchOptions, FabricBenchOptions, TransportChoice};
 use dinomo_cache::Policy;
@@ -328,13 +329,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 replication: a.replication,
             };
             let report = dinomo_bench::run_elastic(&opts, |step| eprintln!("elastic: {step}"))?;
-            std::fs::create_dir_all(&a.out)
-                .with_context(|| format!("creating {}", a.out.display()))?;
-            let name = format!("elastic-{}", format!("{:?}", a.scenario).to_lowercase());
+            let name = format!("elastic-{}", a.scenario.name());
             let json = serde_json::to_string_pretty(&report)?;
-            std::fs::write(a.out.join(format!("{name}.json")), &json)?;
-            std::fs::write(a.out.join(format!("{name}.csv")), report.to_csv())?;
-            std::fs::write(a.out.join(format!("{name}.svg")), report.to_svg())?;
+            write_outputs(&a.out, &name, &json, &report.to_csv(), &report.to_svg())?;
             if a.json {
                 println!("{json}");
             } else {
@@ -376,12 +373,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 seed: a.seed,
             };
             let report = dinomo_bench::run_dac(&opts, |step| eprintln!("dac: {step}"))?;
-            std::fs::create_dir_all(&a.out)
-                .with_context(|| format!("creating {}", a.out.display()))?;
             let json = serde_json::to_string_pretty(&report)?;
-            std::fs::write(a.out.join("dac.json"), &json)?;
-            std::fs::write(a.out.join("dac.csv"), report.to_csv())?;
-            std::fs::write(a.out.join("dac.svg"), report.to_svg())?;
+            write_outputs(&a.out, "dac", &json, &report.to_csv(), &report.to_svg())?;
             if a.json {
                 println!("{json}");
             } else {
@@ -710,12 +703,18 @@ fn ycsb(a: YcsbArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn plot(a: PlotArgs) -> anyhow::Result<()> {
+/// Every run in the JSON results of `bench ycsb` at `files`; at least one.
+fn load_runs(files: &[PathBuf]) -> anyhow::Result<Vec<YcsbReport>> {
     let mut runs = Vec::new();
-    for f in &a.files {
+    for f in files {
         runs.extend(dinomo_bench::ycsb_run::load_reports(f)?);
     }
-    anyhow::ensure!(!runs.is_empty(), "no runs in {:?}", a.files);
+    anyhow::ensure!(!runs.is_empty(), "no runs in {files:?}");
+    Ok(runs)
+}
+
+fn plot(a: PlotArgs) -> anyhow::Result<()> {
+    let runs = load_runs(&a.files)?;
     if let Some(dir) = a.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
@@ -727,11 +726,7 @@ fn plot(a: PlotArgs) -> anyhow::Result<()> {
 
 fn project(a: ProjectArgs) -> anyhow::Result<()> {
     use dinomo_bench::project::{ProfilePreset, ProfileSettings, project};
-    let mut runs = Vec::new();
-    for f in &a.files {
-        runs.extend(dinomo_bench::ycsb_run::load_reports(f)?);
-    }
-    anyhow::ensure!(!runs.is_empty(), "no runs in {:?}", a.files);
+    let runs = load_runs(&a.files)?;
     let base = match a.profile.parse::<ProfilePreset>() {
         Ok(preset) => ProfileSettings {
             base: Some(preset),

@@ -186,7 +186,8 @@ pub(crate) fn run(
             })
             .collect(),
     );
-    let mut backlog: Vec<Option<(u64, u64)>> = vec![None; seconds];
+    // Sealed segments waiting to be merged at each second's end.
+    let mut backlog: Vec<Option<u64>> = vec![None; seconds];
 
     let (start_snapshot, end_snapshot, window, outcomes) = std::thread::scope(|s| {
         let handles: Vec<_> = (0..opts.clients)
@@ -263,7 +264,7 @@ pub(crate) fn run(
                 ops_per_s: acc.ops as f64 / secs,
                 p50_us: acc.latency.value_at_quantile(0.5) as f64 / 1e3,
                 p99_us: acc.latency.value_at_quantile(0.99) as f64 / 1e3,
-                backlog_segments: backlog.get(k).copied().flatten().map(|b| b.0),
+                backlog_segments: backlog.get(k).copied().flatten(),
             }
         })
         .collect();
@@ -289,7 +290,7 @@ fn orchestrate(
     store: &dyn Store,
     control: &Control,
     timeline: &Mutex<Vec<SecondAcc>>,
-    backlog: &mut [Option<(u64, u64)>],
+    backlog: &mut [Option<u64>],
     progress: &mut dyn FnMut(Progress),
 ) -> anyhow::Result<(resources::Snapshot, resources::Snapshot, Duration)> {
     let failed = || control.failed.load(Ordering::Acquire);
@@ -349,7 +350,7 @@ fn orchestrate(
             if let Some(m) = store.memory_stats()
                 && let Some(slot) = backlog.get_mut(second - 1)
             {
-                *slot = Some((m.backlog_segments, m.backlog_bytes));
+                *slot = Some(m.backlog_segments);
             }
             if let Ok(t) = timeline.lock()
                 && let Some(acc) = t.get(second - 1)
@@ -385,7 +386,7 @@ fn orchestrate(
     }
     if let Some(m) = store.memory_stats() {
         let last = ((window.as_secs_f64().ceil() as usize).max(1) - 1).min(backlog.len() - 1);
-        backlog[last].get_or_insert((m.backlog_segments, m.backlog_bytes));
+        backlog[last].get_or_insert(m.backlog_segments);
     }
     let end_snapshot = store.snapshot().context("reading the store's counters")?;
     Ok((start_snapshot, end_snapshot, window))

@@ -17,6 +17,7 @@ use super::driver::latency_histogram;
 use super::resources::{CacheState, CpuRole, Deltas, WorkerTotals};
 use super::target::StoreError;
 use super::{TargetOptions, YcsbOptions};
+use crate::format::rate;
 use crate::svg;
 use crate::ycsb::OpKind;
 
@@ -535,17 +536,6 @@ pub(crate) fn assemble(
         merge,
         nodes,
         timeline,
-    }
-}
-
-/// "45.21M", "812.3k", "950".
-fn rate(v: f64) -> String {
-    if v >= 1e6 {
-        format!("{:.2}M", v / 1e6)
-    } else if v >= 1e3 {
-        format!("{:.1}k", v / 1e3)
-    } else {
-        format!("{v:.0}")
     }
 }
 

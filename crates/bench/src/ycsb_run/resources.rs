@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use dinomo_cache::CacheStats;
 use dinomo_dpm::ProcessorStats;
 use dinomo_kn::WorkerStats;
 use serde::{Deserialize, Serialize};
@@ -167,6 +168,7 @@ pub struct WorkerTotals {
 }
 
 impl WorkerTotals {
+    /// Adds one worker's counters from `before` (zero if it is new) to `after`.
     fn add_delta(&mut self, before: Option<&WorkerStats>, after: &WorkerStats) {
         let d = |f: fn(&WorkerStats) -> u64| f(after).saturating_sub(before.map_or(0, f));
         self.lookups += d(|s| s.lookups);
@@ -211,6 +213,20 @@ pub struct CacheState {
     pub evictions: u64,
 }
 
+impl CacheState {
+    /// Adds one worker's cache: its gauges at `after`, its counters from `before` (zero if it is new) to `after`.
+    fn add_delta(&mut self, before: Option<&CacheStats>, after: &CacheStats) {
+        let d = |f: fn(&CacheStats) -> u64| f(after).saturating_sub(before.map_or(0, f));
+        self.values += after.values;
+        self.shortcuts += after.shortcuts;
+        self.used_bytes += after.used_bytes;
+        self.budget_bytes += after.budget_bytes;
+        self.promotions += d(|s| s.promotions);
+        self.demotions += d(|s| s.demotions);
+        self.evictions += d(|s| s.evictions);
+    }
+}
+
 /// What changed between two snapshots.
 #[derive(Debug, Clone, Default)]
 pub struct Deltas {
@@ -235,16 +251,9 @@ pub fn diff(start: &Snapshot, end: &Snapshot) -> Deltas {
         for (i, t) in node.threads.iter().enumerate() {
             let b = before.and_then(|n| n.threads.get(i));
             totals.add_delta(b, t);
-            let d = |f: fn(&WorkerStats) -> u64| f(t).saturating_sub(b.map_or(0, f));
-            out.cache.values += t.cache.values;
-            out.cache.shortcuts += t.cache.shortcuts;
-            out.cache.used_bytes += t.cache.used_bytes;
-            out.cache.budget_bytes += t.cache.budget_bytes;
-            out.cache.promotions += d(|s| s.cache.promotions);
-            out.cache.demotions += d(|s| s.cache.demotions);
-            out.cache.evictions += d(|s| s.cache.evictions);
+            out.totals.add_delta(b, t);
+            out.cache.add_delta(b.map(|s| &s.cache), &t.cache);
         }
-        out.totals.add_totals(&totals);
         out.per_node.push((node.node_id, node.share, totals));
     }
     out.memory = start.memory.clone().zip(end.memory.clone());
@@ -253,25 +262,6 @@ pub fn diff(start: &Snapshot, end: &Snapshot) -> Deltas {
         _ => None,
     };
     out
-}
-
-impl WorkerTotals {
-    fn add_totals(&mut self, o: &WorkerTotals) {
-        self.lookups += o.lookups;
-        self.value_hits += o.value_hits;
-        self.shortcut_hits += o.shortcut_hits;
-        self.stale_shortcuts += o.stale_shortcuts;
-        self.log_hits += o.log_hits;
-        self.index_walks += o.index_walks;
-        self.index_walk_round_trips += o.index_walk_round_trips;
-        self.writes += o.writes;
-        self.commits += o.commits;
-        self.segments_sealed += o.segments_sealed;
-        self.merge_waits += o.merge_waits;
-        self.round_trips += o.round_trips;
-        self.bytes_out += o.bytes_out;
-        self.bytes_in += o.bytes_in;
-    }
 }
 
 #[cfg(test)]
