@@ -29,7 +29,7 @@ pub use autoscale::{
 pub use client::{Client, ClientConfig, ClientError};
 pub use local::{LocalCluster, LocalClusterConfig, MemoryNodeRpc, resp_address};
 pub use mnode::{MNode, MNodeConfig, ReconfigEvent, ReconfigKind};
-pub use node::{ClusterNode, NodeConfig};
+pub use node::{ClusterNode, NodeConfig, NodeStats};
 pub use pipeline::{Completion, PipelinedClient};
 pub use rn::RoutingNode;
 pub use server::{Server, ServerLimits};

@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use dinomo_fabric::Connector;
-use dinomo_kn::{Command, KnConfig, KnError, KvNode, LeaseGate, Ownership, Reply, Submitter};
+use dinomo_kn::{Command, KnConfig, KnError, KvNode, LeaseGate, Ownership, Submitter};
 use dinomo_meta::{LeaseId, MetaError, MetaStore};
 use dinomo_ring::{NodeId, Ring};
 use tracing::{info, warn};
@@ -94,6 +94,19 @@ impl Ownership for RingOwnership {
     }
 }
 
+/// What a KV node answers a `Stats` request with (as JSON).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct NodeStats {
+    /// The node.
+    pub node_id: NodeId,
+    /// The epoch of the routing table it serves under.
+    pub epoch: u64,
+    /// Its share of the ring.
+    pub share: f64,
+    /// Its workers' counters, in thread order (readers match threads across snapshots by position).
+    pub threads: Vec<dinomo_kn::WorkerStats>,
+}
+
 /// What the server threads of a node share.
 pub(crate) struct NodeShared {
     pub id: NodeId,
@@ -158,36 +171,16 @@ impl NodeShared {
         first_error.map_or(Ok(()), Err)
     }
 
-    pub(crate) fn stats_json(&self) -> Result<String, KnError> {
-        // Each worker's reply is tagged with its thread number, so the list is in thread order whatever order the
-        // replies arrive in (readers match threads across snapshots by position).
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let threads = self.submitter.threads();
-        for t in 0..threads {
-            self.submitter.send_to(t, Command::Stats, t as u64, &tx)?;
-        }
-        let mut all = vec![None; threads];
-        for _ in 0..threads {
-            match rx.recv() {
-                Ok((t, Ok(Reply::Stats(s)))) if (t as usize) < threads => {
-                    all[t as usize] = Some(*s)
-                }
-                Ok((_, Err(e))) => return Err(e),
-                _ => return Err(KnError::Stopped),
-            }
-        }
-        let all: Vec<_> = all
-            .into_iter()
-            .collect::<Option<_>>()
-            .ok_or(KnError::Stopped)?;
+    /// The node's statistics: its workers' counters, in thread order, and its place in the ring.
+    pub(crate) fn stats(&self) -> Result<NodeStats, KnError> {
+        let threads = self.submitter.handle().stats()?;
         let routing = self.routing();
-        Ok(serde_json::json!({
-            "node_id": self.id,
-            "epoch": routing.epoch(),
-            "share": routing.ring.share(self.id),
-            "threads": all,
+        Ok(NodeStats {
+            node_id: self.id,
+            epoch: routing.epoch(),
+            share: routing.ring.share(self.id),
+            threads,
         })
-        .to_string())
     }
 }
 
@@ -342,10 +335,7 @@ impl ClusterNode {
 
     /// The counters of the node's worker threads.
     pub fn worker_stats(&self) -> Result<Vec<dinomo_kn::WorkerStats>, KnError> {
-        match &self.kv {
-            Some(kv) => kv.handle().stats(),
-            None => Err(KnError::Stopped),
-        }
+        Ok(self.shared.stats()?.threads)
     }
 
     /// Handles for in-process use (the RESP front door).

@@ -258,8 +258,8 @@ impl Service for NodeShared {
     fn answer(&self, body: RequestBody) -> ResponseBody {
         match body {
             RequestBody::Routing => ResponseBody::Routing(self.routing()),
-            RequestBody::Stats => match self.stats_json() {
-                Ok(s) => ResponseBody::Stats(s),
+            RequestBody::Stats => match self.stats() {
+                Ok(s) => ResponseBody::Stats(serde_json::to_string(&s).unwrap_or_default()),
                 Err(e) => error_body(e),
             },
             RequestBody::Install(routing) => match self.install(routing) {

@@ -173,6 +173,11 @@ impl Submitter {
     pub fn threads(&self) -> usize {
         self.senders.len()
     }
+
+    /// A handle that issues requests through this submitter and waits for their replies.
+    pub fn handle(&self) -> KvHandle {
+        KvHandle::new(self.clone())
+    }
 }
 
 /// Issues requests to a [`KvNode`]'s workers and waits for their replies.

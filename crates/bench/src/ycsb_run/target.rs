@@ -8,13 +8,12 @@ use std::time::Duration;
 use anyhow::{Context, anyhow};
 use dinomo_cluster::wire::{RequestBody, ResponseBody};
 use dinomo_cluster::{
-    Client, ClientConfig, ClientError, LocalCluster, LocalClusterConfig, NodeConfig,
+    Client, ClientConfig, ClientError, LocalCluster, LocalClusterConfig, NodeConfig, NodeStats,
     PipelinedClient,
 };
 use dinomo_dpm::{Processor, ProcessorConfig, ProcessorStats};
 use dinomo_fabric::{Connector, Endpoint, Target};
-use dinomo_kn::{DataOp, KnConfig, WorkerStats};
-use serde::Deserialize;
+use dinomo_kn::{DataOp, KnConfig};
 
 use super::resources::{CpuTimes, NodeCounters, Snapshot};
 use super::{InProcessOptions, NativeOptions, Progress, TargetOptions, YcsbOptions};
@@ -214,15 +213,6 @@ impl DinomoStore {
     }
 }
 
-/// The statistics document a KV node answers `Stats` with.
-#[derive(Debug, Deserialize)]
-struct NodeStatsDoc {
-    node_id: u32,
-    #[serde(default)]
-    share: f64,
-    threads: Vec<WorkerStats>,
-}
-
 impl Store for DinomoStore {
     fn session(&self) -> anyhow::Result<Box<dyn Session>> {
         let c = PipelinedClient::connect(self.client.clone()).context("connecting a client")?;
@@ -242,7 +232,7 @@ impl Store for DinomoStore {
             let doc = stats
                 .node_stats(node)
                 .with_context(|| format!("statistics of KV node {node}"))?;
-            let doc: NodeStatsDoc = serde_json::from_str(&doc)
+            let doc: NodeStats = serde_json::from_str(&doc)
                 .with_context(|| format!("statistics of KV node {node} do not decode"))?;
             counters.push(NodeCounters {
                 node_id: doc.node_id,
