@@ -3,8 +3,8 @@
 
 use dinomo_bench::ycsb::{Distribution, OpKind, Workload};
 use dinomo_bench::ycsb_run::{
-    InProcessOptions, PlotKind, TargetOptions, YcsbOptions, YcsbReport, YcsbSweep, load_reports,
-    plot, run_sweep, run_ycsb,
+    InProcessOptions, PlotKind, System, TargetOptions, YcsbOptions, YcsbReport, YcsbSweep,
+    load_reports, plot, run_sweep, run_ycsb,
 };
 
 fn tiny(workload: Workload, distribution: Distribution, kns: usize) -> YcsbOptions {
@@ -127,6 +127,35 @@ fn workload_a_on_two_nodes_reports_sane_numbers() -> anyhow::Result<()> {
     assert_eq!(svg.matches("<polyline").count(), 4);
     assert!(r.to_csv().lines().count() > r.timeline.len());
     assert!(r.summary().contains("reads verified"));
+    Ok(())
+}
+
+/// `dinomo bench ycsb --system S` for every variant of the DINOMO paper built here, end to end.
+fn run_system(system: System) -> anyhow::Result<YcsbReport> {
+    let mut opts = tiny(Workload::B, Distribution::Zipfian { theta: 0.99 }, 2);
+    opts.system = system;
+    if let TargetOptions::InProcess(p) = &mut opts.target {
+        p.policy = system.default_policy();
+    }
+    let r = run_ycsb(&opts, &mut |_| {})?;
+    check_sane(&r, 2);
+    assert_eq!(r.system, system.name());
+    Ok(r)
+}
+
+#[test]
+fn dinomo_s_runs_end_to_end_and_pays_a_read_per_hit() -> anyhow::Result<()> {
+    let r = run_system(System::DinomoS)?;
+    // Every loaded record is cached, as a shortcut only: each hit is one READ of the value.
+    assert_eq!(r.cache.value_hits, 0);
+    assert!(r.cache.shortcut_hits > 0);
+    let reads = count(&r, OpKind::Read) as f64;
+    assert!(
+        r.resources.totals.round_trips as f64 >= r.cache.shortcut_hits as f64,
+        "{} round trips for {} shortcut hits of {reads} reads",
+        r.resources.totals.round_trips,
+        r.cache.shortcut_hits
+    );
     Ok(())
 }
 

@@ -17,6 +17,7 @@ mod resp;
 mod rn;
 mod server;
 mod stats;
+mod variant;
 pub mod wire;
 
 use dinomo_meta::{MetaError, MetaStore};
@@ -34,6 +35,7 @@ pub use pipeline::{Completion, PipelinedClient};
 pub use rn::RoutingNode;
 pub use server::{Server, ServerLimits};
 pub use stats::{NodeEpochStats, SampleWindow};
+pub use variant::Variant;
 pub use wire::Routing;
 
 /// What can go wrong running a cluster component.

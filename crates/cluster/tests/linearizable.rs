@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use dinomo_cluster::{Client, ClientConfig, ClientError, LocalCluster};
+use dinomo_cluster::{Client, ClientConfig, ClientError, LocalCluster, Variant};
 use dinomo_lincheck::{CheckConfig, Op, Outcome, Recorder, Verdict, check};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -133,9 +133,25 @@ impl Load {
     }
 }
 
+/// A cluster of `kns` nodes of `variant`.
+fn start(variant: Variant, kns: usize) -> anyhow::Result<LocalCluster> {
+    let mut cfg = common::small_cluster(kns);
+    variant.configure(&mut cfg);
+    Ok(LocalCluster::start(cfg)?)
+}
+
 #[test]
-fn histories_across_adds_removes_and_crashes_are_linearizable() -> anyhow::Result<()> {
-    let mut cluster = LocalCluster::start(common::small_cluster(3))?;
+fn dinomo_histories_across_adds_removes_and_crashes_are_linearizable() -> anyhow::Result<()> {
+    adds_removes_and_crashes(Variant::Dinomo)
+}
+
+#[test]
+fn dinomo_s_histories_across_adds_removes_and_crashes_are_linearizable() -> anyhow::Result<()> {
+    adds_removes_and_crashes(Variant::DinomoS)
+}
+
+fn adds_removes_and_crashes(variant: Variant) -> anyhow::Result<()> {
+    let mut cluster = start(variant, 3)?;
     let load = Load::start(&cluster);
 
     let pause = Duration::from_millis(300);
@@ -170,8 +186,19 @@ fn histories_across_adds_removes_and_crashes_are_linearizable() -> anyhow::Resul
 /// Hot keys become shared by several nodes (their values move into indirect cells that every owner CASes), stay
 /// shared across a join and a crash, and go back to one owner, all under load.
 #[test]
-fn histories_with_keys_shared_and_unshared_under_load_are_linearizable() -> anyhow::Result<()> {
-    let mut cluster = LocalCluster::start(common::small_cluster(3))?;
+fn dinomo_histories_with_keys_shared_and_unshared_under_load_are_linearizable() -> anyhow::Result<()>
+{
+    shared_and_unshared(Variant::Dinomo)
+}
+
+#[test]
+fn dinomo_s_histories_with_keys_shared_and_unshared_under_load_are_linearizable()
+-> anyhow::Result<()> {
+    shared_and_unshared(Variant::DinomoS)
+}
+
+fn shared_and_unshared(variant: Variant) -> anyhow::Result<()> {
+    let mut cluster = start(variant, 3)?;
     let load = Load::start(&cluster);
 
     let pause = Duration::from_millis(250);

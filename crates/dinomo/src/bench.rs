@@ -389,8 +389,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 /// Settings of `dinomo bench ycsb`.
 #[derive(Debug, Args)]
 pub struct YcsbArgs {
-    /// System under test (only dinomo is built so far; dinomo-s, dinomo-n, clover, directds, directds-c,
-    /// centralds, ditto and tac are named but not built yet).
+    /// System under test: dinomo, or dinomo-s (shortcut-only cache) of the DINOMO paper (dinomo-n, clover,
+    /// directds, directds-c, centralds, ditto and tac are named but not built yet).
     #[arg(long, default_value = "dinomo")]
     pub system: System,
     /// Where the store runs: in-process (a cluster started by this command) or native (a running cluster, reached
@@ -456,9 +456,10 @@ pub struct YcsbArgs {
     /// In-process: cache per KV node (split among its workers), e.g. 64MiB.
     #[arg(long, value_parser = parse_size, default_value = "64MiB")]
     pub cache_bytes: u64,
-    /// In-process: caching policy (dac, static-N, value-only, shortcut-only).
-    #[arg(long, default_value = "dac")]
-    pub policy: String,
+    /// In-process: caching policy (dac, static-N, value-only, shortcut-only); default: the system's (dac;
+    /// shortcut-only for dinomo-s, which takes no other).
+    #[arg(long)]
+    pub policy: Option<String>,
     /// In-process: busy-wait per fabric round trip, in nanoseconds.
     #[arg(long, default_value_t = 0)]
     pub latency_ns: u64,
@@ -572,7 +573,10 @@ fn ycsb_options(a: &YcsbArgs) -> anyhow::Result<YcsbOptions> {
                 kns: a.kns,
                 kn_threads: a.kn_threads,
                 cache_bytes: a.cache_bytes,
-                policy: a.policy.clone(),
+                policy: a
+                    .policy
+                    .clone()
+                    .unwrap_or_else(|| a.system.default_policy()),
                 latency_ns: a.latency_ns,
                 merge_threads: a.merge_threads,
                 pool_bytes: a.pool_bytes,
@@ -823,4 +827,44 @@ fn figure(a: FigureArgs) -> anyhow::Result<()> {
         eprintln!("wrote {}", path.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        ycsb: YcsbArgs,
+    }
+
+    fn options(args: &[&str]) -> anyhow::Result<YcsbOptions> {
+        let cli = Cli::try_parse_from(std::iter::once("ycsb").chain(args.iter().copied()))?;
+        let o = ycsb_options(&cli.ycsb)?;
+        o.validate()?;
+        Ok(o)
+    }
+
+    fn policy(o: &YcsbOptions) -> &str {
+        match &o.target {
+            TargetOptions::InProcess(p) => &p.policy,
+            TargetOptions::Native(_) => panic!("in-process"),
+        }
+    }
+
+    #[test]
+    fn the_system_picks_the_cache_policy_unless_one_is_given() {
+        let o = options(&[]).unwrap();
+        assert_eq!((o.system, policy(&o)), (System::Dinomo, "dac"));
+        let o = options(&["--system", "dinomo-s"]).unwrap();
+        assert_eq!((o.system, policy(&o)), (System::DinomoS, "shortcut-only"));
+        let o = options(&["--policy", "value-only"]).unwrap();
+        assert_eq!(policy(&o), "value-only");
+        let err = options(&["--system", "dinomo-s", "--policy", "dac"]).unwrap_err();
+        assert!(err.to_string().contains("shortcuts only"), "{err}");
+        let err = options(&["--system", "clover"]).unwrap_err();
+        assert!(err.to_string().contains("not built yet"), "{err}");
+    }
 }

@@ -13,6 +13,7 @@ use dinomo_cluster::policy::PolicyConfig;
 use dinomo_cluster::{
     AutoscaleConfig, Autoscaler, Client, ClientConfig, ClusterNode, LocalCluster,
     LocalClusterConfig, MNode, MNodeConfig, ManualScaler, NodeConfig, RoutingNode, ServerLimits,
+    Variant,
 };
 use dinomo_dpm::ProcessorConfig;
 use dinomo_fabric::{Connector, Target};
@@ -76,9 +77,10 @@ pub struct KnArgs {
     /// Cache bytes per KV node (values and shortcuts), e.g. 64MiB.
     #[arg(long, value_parser = parse_size, default_value = "64MiB")]
     pub cache: u64,
-    /// Cache policy: dac, static-N (N% values), value-only or shortcut-only.
-    #[arg(long, default_value = "dac")]
-    pub policy: Policy,
+    /// Cache policy: dac, static-N (N% values), value-only or shortcut-only (default dac; with `up --system
+    /// dinomo-s`, shortcut-only, the only one it takes).
+    #[arg(long)]
+    pub policy: Option<Policy>,
     /// Largest key, in bytes.
     #[arg(long, default_value_t = 4096)]
     pub max_key: usize,
@@ -115,7 +117,7 @@ impl KnArgs {
                 max_value_len: self.max_value as usize,
                 cache: CacheConfig {
                     budget_bytes: self.cache / self.threads.max(1) as u64,
-                    policy: self.policy,
+                    policy: self.policy.unwrap_or_default(),
                     ..CacheConfig::default()
                 },
                 ..KnConfig::default()
@@ -221,6 +223,9 @@ impl PolicyArgs {
 /// `dinomo up`.
 #[derive(Debug, Args)]
 pub struct UpArgs {
+    /// Which system of the DINOMO paper to run: dinomo, or dinomo-s (a shortcut-only cache).
+    #[arg(long, default_value = "dinomo")]
+    pub system: Variant,
     /// KV nodes.
     #[arg(long, default_value_t = 2)]
     pub kns: usize,
@@ -341,7 +346,12 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
     let signals = signals()?;
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating {}", args.data_dir.display()))?;
-    let cfg = LocalClusterConfig {
+    let policy = args
+        .system
+        .cache_policy(args.kn.policy)
+        .map_err(anyhow::Error::msg)
+        .context("--policy")?;
+    let mut cfg = LocalClusterConfig {
         pool_path: Some(args.data_dir.join("pool")),
         pool_size: args.pool_size,
         persist: args.persist,
@@ -361,8 +371,14 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         autoscale: args.policy.config()?,
         ..LocalClusterConfig::default()
     };
+    cfg.node.kn.cache.policy = policy;
+    args.system.configure(&mut cfg);
     let cluster = LocalCluster::start(cfg).context("starting the cluster")?;
-    println!("dinomo up: routing node on {}", cluster.rn_addr());
+    println!(
+        "dinomo up ({}): routing node on {}",
+        args.system,
+        cluster.rn_addr()
+    );
     for n in cluster.nodes().iter() {
         match n.resp_addr() {
             Some(resp) => println!(

@@ -38,18 +38,20 @@ pub const MAX_OUTSTANDING: usize = 4096;
 /// Longest measured phase, in seconds (the timeline keeps one entry per second).
 pub const MAX_SECONDS: f64 = 24.0 * 3600.0;
 
-/// The systems the benchmark knows. Only [`System::Dinomo`] is built so far; the others are named so that asking
-/// for one gives a clear answer.
+/// The systems the benchmark knows: DINOMO and the variants of the DINOMO paper built on the same code
+/// ([`dinomo_cluster::Variant`]). Systems of the papers that are not built yet are named in [`SYSTEMS_NOT_BUILT`]
+/// so that asking for one gives a clear answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum System {
     /// DINOMO: ownership partitioning, DAC, one-sided reads of the memory node's index.
     Dinomo,
+    /// DINOMO-S: DINOMO with a shortcut-only cache (every hit costs one READ).
+    DinomoS,
 }
 
 /// The systems of the papers that are not built yet.
-pub const SYSTEMS_NOT_BUILT: [&str; 8] = [
-    "dinomo-s",
+pub const SYSTEMS_NOT_BUILT: [&str; 7] = [
     "dinomo-n",
     "clover",
     "directds",
@@ -61,13 +63,27 @@ pub const SYSTEMS_NOT_BUILT: [&str; 8] = [
 
 impl System {
     /// Every system that can be run.
-    pub const BUILT: [System; 1] = [System::Dinomo];
+    pub const BUILT: [System; 2] = [System::Dinomo, System::DinomoS];
 
     /// Its name on the command line.
     pub fn name(self) -> &'static str {
+        self.variant().name()
+    }
+
+    /// The cluster variant that runs it.
+    pub fn variant(self) -> dinomo_cluster::Variant {
         match self {
-            System::Dinomo => "dinomo",
+            System::Dinomo => dinomo_cluster::Variant::Dinomo,
+            System::DinomoS => dinomo_cluster::Variant::DinomoS,
         }
+    }
+
+    /// The cache policy it runs with when none is asked for ("dac", or "shortcut-only" for DINOMO-S).
+    pub fn default_policy(self) -> String {
+        self.variant()
+            .cache_policy(None)
+            .map(|p| p.to_string())
+            .unwrap_or_else(|_| dinomo_cache::Policy::default().to_string())
     }
 }
 
@@ -287,7 +303,11 @@ impl YcsbOptions {
                 ensure!(p.kn_threads >= 1, "--kn-threads must be at least 1");
                 ensure!(p.merge_threads >= 1, "--merge-threads must be at least 1");
                 ensure!(p.lease_ms >= 10, "--lease-ms must be at least 10");
-                if let Err(e) = p.policy.parse::<dinomo_cache::Policy>() {
+                let policy = match p.policy.parse::<dinomo_cache::Policy>() {
+                    Ok(policy) => policy,
+                    Err(e) => bail!("--policy: {e}"),
+                };
+                if let Err(e) = self.system.variant().cache_policy(Some(policy)) {
                     bail!("--policy: {e}");
                 }
             }
@@ -374,9 +394,10 @@ mod tests {
     fn systems_not_built_are_named_in_the_error() {
         assert_eq!("dinomo".parse::<System>(), Ok(System::Dinomo));
         assert_eq!("DINOMO".parse::<System>(), Ok(System::Dinomo));
+        assert_eq!("dinomo-s".parse::<System>(), Ok(System::DinomoS));
         let err = "clover".parse::<System>().unwrap_err();
         assert!(
-            err.contains("clover is not built yet") && err.contains("dinomo-s"),
+            err.contains("clover is not built yet") && err.contains("available: dinomo, dinomo-s"),
             "{err}"
         );
         let err = "redis".parse::<System>().unwrap_err();
@@ -430,7 +451,22 @@ mod tests {
                 }),
                 ..ok.clone()
             },
+            // DINOMO-S caches shortcuts only.
+            YcsbOptions {
+                system: System::DinomoS,
+                ..ok.clone()
+            },
         ];
+        YcsbOptions {
+            system: System::DinomoS,
+            target: TargetOptions::InProcess(InProcessOptions {
+                policy: System::DinomoS.default_policy(),
+                ..InProcessOptions::default()
+            }),
+            ..ok.clone()
+        }
+        .validate()
+        .unwrap();
         for o in bad {
             assert!(o.validate().is_err(), "{o:?}");
         }

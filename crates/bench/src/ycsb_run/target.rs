@@ -86,8 +86,8 @@ pub fn open(
     match &opts.target {
         TargetOptions::InProcess(p) => {
             progress(Progress::Phase(format!(
-                "starting an in-process cluster: {} KV node(s) of {} worker(s)",
-                p.kns, p.kn_threads
+                "starting an in-process {} cluster: {} KV node(s) of {} worker(s)",
+                opts.system, p.kns, p.kn_threads
             )));
             Ok(Box::new(DinomoStore::in_process(p, opts, client)?))
         }
@@ -132,12 +132,16 @@ impl DinomoStore {
             .policy
             .parse()
             .map_err(|e| anyhow!("--policy {}: {e}", p.policy))?;
+        let variant = opts.system.variant();
+        let policy = variant
+            .cache_policy(Some(policy))
+            .map_err(|e| anyhow!("--policy: {e}"))?;
         let entry = (opts.key_bytes + opts.value_bytes + 64) as u64;
         let pool_size = p
             .pool_bytes
             .unwrap_or_else(|| (opts.records.saturating_mul(entry).saturating_mul(4)).max(1 << 30));
         let threads = p.kn_threads.max(1);
-        let cfg = LocalClusterConfig {
+        let mut cfg = LocalClusterConfig {
             pool_size,
             processor: ProcessorConfig {
                 merge_threads: p.merge_threads,
@@ -163,6 +167,7 @@ impl DinomoStore {
             injected_latency_ns: p.latency_ns,
             ..LocalClusterConfig::default()
         };
+        variant.configure(&mut cfg);
         let cluster = LocalCluster::start(cfg).context("starting the in-process cluster")?;
         let client = ClientConfig {
             seeds: vec![cluster.rn_addr().to_string()],
