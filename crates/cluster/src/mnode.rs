@@ -7,6 +7,10 @@
 //! their caches, and refuse them from then on); then the record is stored; then the nodes that gain keys install
 //! it. No data moves. A failed node's logs are taken over by the memory node (fenced and merged) before its keys
 //! are handed out.
+//!
+//! With a memory node partitioned per KV node (DINOMO-N, shared-nothing), data does move: once the keys' old owners
+//! stopped serving them (and before the record names their new owners), the memory node copies their entries into
+//! the new owners' partitions ([`proto::REBALANCE`]); each reconfiguration reports what moved.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,7 +19,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
-use dinomo_dpm::proto;
+use dinomo_dpm::{Partitioning, proto};
 use dinomo_fabric::{Connector, Endpoint};
 use dinomo_meta::{LeaseId, MetaError, MetaStore};
 use dinomo_ring::{NodeId, Ring};
@@ -90,6 +94,23 @@ pub struct ReconfigEvent {
     pub duration: Duration,
     /// Entries the memory node merged while taking over a failed node's logs.
     pub merged_entries: u64,
+    /// Keys whose data was copied into another node's partition (shared-nothing layout; 0 otherwise).
+    #[serde(default)]
+    pub moved_keys: u64,
+    /// Bytes of log entries written by those copies.
+    #[serde(default)]
+    pub moved_bytes: u64,
+    /// How long moving the data took, as the M-node waited for it (part of `duration`).
+    #[serde(default)]
+    pub move_duration: Duration,
+}
+
+/// What moving data between partitions did (nothing, with the shared index).
+#[derive(Debug, Default)]
+struct MovedData {
+    keys: u64,
+    bytes: u64,
+    took: Duration,
 }
 
 enum Admin {
@@ -122,11 +143,15 @@ impl MNode {
         let stop = Arc::new(AtomicBool::new(false));
         let resign = Arc::new(AtomicBool::new(true));
         let started = Instant::now();
+        // Moving a shared-nothing cluster's data may take as long as an install.
+        let mut dpm = dpm;
+        dpm.config.timeout = dpm.config.timeout.max(config.install_timeout);
         let mut state = State {
             lease: meta.grant(config.lease_ttl)?,
             cfg: config,
             meta,
             dpm,
+            partitioning: None,
             ep: None,
             installed: HashMap::new(),
             record_cache: None,
@@ -223,6 +248,8 @@ struct State {
     meta: Arc<dyn MetaStore>,
     dpm: Connector,
     ep: Option<Endpoint>,
+    /// The memory node's index layout, once asked.
+    partitioning: Option<Partitioning>,
     lease: LeaseId,
     /// The epoch each node (incarnation) is known to serve under.
     installed: HashMap<NodeId, (u64, u64)>,
@@ -410,6 +437,7 @@ impl State {
         let mut next = record;
         next.routing.ring.remove_node(dead);
         next.routing.addrs.remove(&dead);
+        let moved = self.move_data(&next.routing)?;
         next.store(&*self.meta, version)?;
         self.installed.remove(&dead);
         self.seen.remove(&dead);
@@ -422,6 +450,7 @@ impl State {
             &next.routing,
             noticed,
             taken.merged_entries,
+            &moved,
         );
         Ok(())
     }
@@ -442,9 +471,10 @@ impl State {
         next.routing.addrs.insert(id, info.addr);
         // The old owners give up the keys the new node takes before it may serve them.
         self.install(&next.routing, &old)?;
+        let moved = self.move_data(&next.routing)?;
         next.store(&*self.meta, version)?;
         self.install(&next.routing, &[id])?;
-        self.note(ReconfigKind::Add, id, &next.routing, noticed, 0);
+        self.note(ReconfigKind::Add, id, &next.routing, noticed, 0, &moved);
         Ok(())
     }
 
@@ -470,17 +500,24 @@ impl State {
             // The leaving node hands everything over (its log merged) before anyone else serves its keys.
             self.install_at(&next.routing, &[(id, info.addr.clone())])?;
         }
+        let moved = self.move_data(&next.routing)?;
         next.store(&*self.meta, version)?;
         self.installed.remove(&id);
         self.seen.remove(&id);
         let rest: Vec<NodeId> = next.routing.ring.nodes().collect();
         self.install(&next.routing, &rest)?;
-        self.note(ReconfigKind::Remove, id, &next.routing, noticed, 0);
+        self.note(ReconfigKind::Remove, id, &next.routing, noticed, 0, &moved);
         Ok(())
     }
 
     /// Selective replication: see [`MNode::set_replication`].
     fn replicate(&mut self, key: &[u8], factor: u32) -> Result<(), ClusterError> {
+        if self.partitioning()? == Partitioning::PerNode {
+            return Err(ClusterError::Reconfig(
+                "the memory node is partitioned per KV node (dinomo-n): keys cannot be shared by several nodes"
+                    .into(),
+            ));
+        }
         let noticed = Instant::now();
         let (record, version) = self.record()?;
         let ring = &record.routing.ring;
@@ -559,13 +596,21 @@ impl State {
                 &next.routing,
                 noticed,
                 0,
+                &MovedData::default(),
             );
             return Ok(());
         }
         next.store(&*self.meta, version)?;
         let all: Vec<NodeId> = next.routing.ring.nodes().collect();
         self.install(&next.routing, &all)?;
-        self.note(ReconfigKind::Replicate, primary, &next.routing, noticed, 0);
+        self.note(
+            ReconfigKind::Replicate,
+            primary,
+            &next.routing,
+            noticed,
+            0,
+            &MovedData::default(),
+        );
         Ok(())
     }
 
@@ -664,6 +709,45 @@ impl State {
         }
     }
 
+    /// The memory node's index layout (asked once: a pool keeps the layout it was formatted with).
+    fn partitioning(&mut self) -> Result<Partitioning, ClusterError> {
+        if let Some(p) = self.partitioning {
+            return Ok(p);
+        }
+        let layout: proto::Layout = self.dpm_call(proto::LAYOUT, &())?;
+        self.partitioning = Some(layout.partitioning);
+        Ok(layout.partitioning)
+    }
+
+    /// Shared-nothing layout: has the memory node copy the data of every key whose owner under `routing` differs
+    /// from the partition holding it into its owner's partition. The old owners must have stopped serving those
+    /// keys (their logs merged), and the new owners must not serve them yet. With the shared index nothing moves
+    /// and nothing is asked.
+    fn move_data(&mut self, routing: &Routing) -> Result<MovedData, ClusterError> {
+        if self.partitioning()? == Partitioning::Shared {
+            return Ok(MovedData::default());
+        }
+        let started = Instant::now();
+        let moved: proto::Rebalanced = self.dpm_call(
+            proto::REBALANCE,
+            &proto::Rebalance {
+                ring: routing.ring.clone(),
+            },
+        )?;
+        let took = started.elapsed();
+        info!(
+            keys = moved.keys,
+            bytes = moved.bytes,
+            ?took,
+            "data moved between partitions"
+        );
+        Ok(MovedData {
+            keys: moved.keys,
+            bytes: moved.bytes,
+            took,
+        })
+    }
+
     fn note(
         &self,
         kind: ReconfigKind,
@@ -671,6 +755,7 @@ impl State {
         routing: &Routing,
         noticed: Instant,
         merged: u64,
+        moved: &MovedData,
     ) {
         let e = ReconfigEvent {
             kind,
@@ -679,8 +764,11 @@ impl State {
             noticed_at: noticed.duration_since(self.started),
             duration: noticed.elapsed(),
             merged_entries: merged,
+            moved_keys: moved.keys,
+            moved_bytes: moved.bytes,
+            move_duration: moved.took,
         };
-        info!(?kind, node, epoch = e.epoch, took = ?e.duration, "reconfigured");
+        info!(?kind, node, epoch = e.epoch, took = ?e.duration, moved_bytes = e.moved_bytes, "reconfigured");
         self.events.lock().expect("events lock").push(e);
     }
 }

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use dinomo_dpm::Partitioning;
+
 use crate::LocalClusterConfig;
 
 /// Which of the DINOMO paper's systems a cluster is.
@@ -16,17 +18,30 @@ pub enum Variant {
     /// DINOMO-S: DINOMO with a shortcut-only cache. A KV node caches only where each of its values lives in the
     /// pool, so even a cache hit costs one READ of the value. Otherwise identical to DINOMO.
     DinomoS,
+    /// DINOMO-N: shared-nothing. The memory node keeps one index per KV node ([`Partitioning::PerNode`]), which
+    /// only that node reads; when keys change owner (a node joins, leaves or fails), their entries are copied into
+    /// the new owner's partition before it serves them. DAC as in DINOMO; no selective replication.
+    DinomoN,
 }
 
 impl Variant {
     /// Every variant, in the paper's order.
-    pub const ALL: [Variant; 2] = [Variant::Dinomo, Variant::DinomoS];
+    pub const ALL: [Variant; 3] = [Variant::Dinomo, Variant::DinomoS, Variant::DinomoN];
 
     /// Its name on the command line and in reports.
     pub fn name(self) -> &'static str {
         match self {
             Variant::Dinomo => "dinomo",
             Variant::DinomoS => "dinomo-s",
+            Variant::DinomoN => "dinomo-n",
+        }
+    }
+
+    /// How its memory node lays out the index.
+    pub fn partitioning(self) -> Partitioning {
+        match self {
+            Variant::Dinomo | Variant::DinomoS => Partitioning::Shared,
+            Variant::DinomoN => Partitioning::PerNode,
         }
     }
 
@@ -43,15 +58,20 @@ impl Variant {
             (Variant::DinomoS, Some(other)) => Err(format!(
                 "dinomo-s caches shortcuts only; it cannot run with the {other} cache policy"
             )),
-            (Variant::Dinomo, requested) => Ok(requested.unwrap_or_default()),
+            (Variant::Dinomo | Variant::DinomoN, requested) => Ok(requested.unwrap_or_default()),
         }
     }
 
-    /// Sets what makes `cfg` this variant, leaving every other setting as it is (DINOMO-S: the shortcut-only
-    /// cache). A caller that takes a cache policy from its user checks it with [`Variant::cache_policy`] first.
+    /// Sets what makes `cfg` this variant, leaving every other setting as it is: DINOMO-S, the shortcut-only
+    /// cache; DINOMO-N, the index partitioned per KV node and an autoscaler that never replicates keys. A caller
+    /// that takes a cache policy from its user checks it with [`Variant::cache_policy`] first.
     pub fn configure(self, cfg: &mut LocalClusterConfig) {
         if self == Variant::DinomoS {
             cfg.node.kn.cache.policy = dinomo_cache::Policy::ShortcutOnly;
+        }
+        cfg.processor.partitioning = self.partitioning();
+        if self == Variant::DinomoN {
+            cfg.autoscale.policy.selective_replication = false;
         }
     }
 }
@@ -111,6 +131,16 @@ mod tests {
         assert_eq!(cfg.node.kn.cache.policy, Policy::ShortcutOnly);
         let mut cfg = LocalClusterConfig::default();
         Variant::Dinomo.configure(&mut cfg);
+        assert_eq!(cfg.node.kn.cache.policy, Policy::Adaptive);
+        assert_eq!(cfg.processor.partitioning, Partitioning::Shared);
+    }
+
+    #[test]
+    fn dinomo_n_partitions_the_index_and_replicates_nothing() {
+        let mut cfg = LocalClusterConfig::default();
+        Variant::DinomoN.configure(&mut cfg);
+        assert_eq!(cfg.processor.partitioning, Partitioning::PerNode);
+        assert!(!cfg.autoscale.policy.selective_replication);
         assert_eq!(cfg.node.kn.cache.policy, Policy::Adaptive);
     }
 }

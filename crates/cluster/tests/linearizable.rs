@@ -150,6 +150,11 @@ fn dinomo_s_histories_across_adds_removes_and_crashes_are_linearizable() -> anyh
     adds_removes_and_crashes(Variant::DinomoS)
 }
 
+#[test]
+fn dinomo_n_histories_across_adds_removes_and_crashes_are_linearizable() -> anyhow::Result<()> {
+    adds_removes_and_crashes(Variant::DinomoN)
+}
+
 fn adds_removes_and_crashes(variant: Variant) -> anyhow::Result<()> {
     let mut cluster = start(variant, 3)?;
     let load = Load::start(&cluster);
@@ -175,9 +180,13 @@ fn adds_removes_and_crashes(variant: Variant) -> anyhow::Result<()> {
     cluster.crash_node(second)?;
     cluster.wait_until_serving(Duration::from_secs(10))?;
     std::thread::sleep(pause);
-    let kinds: Vec<_> = cluster.mnode().events().iter().map(|e| e.kind).collect();
+    let events = cluster.mnode().events();
+    let kinds: Vec<_> = events.iter().map(|e| e.kind).collect();
     // Three initial joins, then add, remove, crash, add, crash.
     assert_eq!(kinds.len(), 8, "reconfigurations: {kinds:?}");
+    // Shared-nothing: the keys' data moved with their ownership; otherwise nothing moved.
+    let moved: u64 = events.iter().map(|e| e.moved_keys).sum();
+    assert_eq!(moved > 0, variant == Variant::DinomoN, "{moved} keys moved");
     load.finish()?;
     cluster.stop();
     Ok(())

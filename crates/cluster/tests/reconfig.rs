@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use common::small_cluster;
 use dinomo_cluster::wire::{RequestBody, ResponseBody};
-use dinomo_cluster::{Client, ClientConfig, LocalCluster, ReconfigKind};
+use dinomo_cluster::{Client, ClientConfig, LocalCluster, ReconfigKind, Variant};
 
 mod common;
 
@@ -91,7 +91,31 @@ fn raw_call(addr: &str, body: RequestBody) -> anyhow::Result<ResponseBody> {
 
 #[test]
 fn adding_removing_and_crashing_nodes_moves_ownership_not_data() -> anyhow::Result<()> {
-    let mut c = LocalCluster::start(small_cluster(2))?;
+    let moved = add_remove_and_crash(Variant::Dinomo)?;
+    assert!(moved.iter().all(|&(keys, bytes)| keys == 0 && bytes == 0));
+    Ok(())
+}
+
+/// DINOMO-N, shared-nothing: the same reconfigurations copy the data of every key that changes owner into its new
+/// owner's partition, and report it.
+#[test]
+fn shared_nothing_moves_the_data_of_keys_that_change_owner() -> anyhow::Result<()> {
+    let moved = add_remove_and_crash(Variant::DinomoN)?;
+    // Add, remove, crash: each hands a share of the 400 keys to other nodes.
+    assert_eq!(moved.len(), 3);
+    for (keys, bytes) in moved {
+        assert!((20..400).contains(&keys), "{keys} keys moved");
+        assert!(bytes >= keys * 40, "{bytes} bytes for {keys} keys");
+    }
+    Ok(())
+}
+
+/// Writes 400 keys, adds, removes and crashes a node (every value read back after each), and returns what each of
+/// the three reconfigurations moved: (keys, bytes).
+fn add_remove_and_crash(variant: Variant) -> anyhow::Result<Vec<(u64, u64)>> {
+    let mut cfg = small_cluster(2);
+    variant.configure(&mut cfg);
+    let mut c = LocalCluster::start(cfg)?;
     let mut cl = client(&c);
     let n = 400;
     for i in 0..n {
@@ -120,22 +144,32 @@ fn adding_removing_and_crashing_nodes_moves_ownership_not_data() -> anyhow::Resu
     check_all(&mut cl, n, 2);
     c.wait_until_serving(Duration::from_secs(10))?;
 
-    let kinds: Vec<(ReconfigKind, u32)> = c
-        .mnode()
-        .events()
-        .iter()
-        .map(|e| (e.kind, e.node))
-        .collect();
+    let events = c.mnode().events();
+    let kinds: Vec<(ReconfigKind, u32)> = events.iter().map(|e| (e.kind, e.node)).collect();
     assert!(kinds.contains(&(ReconfigKind::Add, added)), "{kinds:?}");
     assert!(kinds.contains(&(ReconfigKind::Remove, first)), "{kinds:?}");
     assert!(
         kinds.contains(&(ReconfigKind::Failure, victim)),
         "{kinds:?}"
     );
-    // Ownership moved, data did not: three rounds of 400 small writes and three reconfigurations stay within a
-    // few log segments of pool space, nothing like a copy per move.
-    let grown = c.pool().space().used_bytes().saturating_sub(used_before);
-    assert!(grown < 8 << 20, "pool grew by {grown} bytes");
+    if variant != Variant::DinomoN {
+        // Ownership moved, data did not: three rounds of 400 small writes and three reconfigurations stay within
+        // a few log segments of pool space, nothing like a copy per move.
+        let grown = c.pool().space().used_bytes().saturating_sub(used_before);
+        assert!(grown < 8 << 20, "pool grew by {grown} bytes");
+    }
+    let stats = c.processor().stats();
+    // After the two initial joins (into an empty cluster): add, remove, crash.
+    let moved: Vec<(u64, u64)> = events
+        .iter()
+        .skip(2)
+        .map(|e| (e.moved_keys, e.moved_bytes))
+        .collect();
+    assert_eq!(
+        stats.migrated_keys,
+        moved.iter().map(|m| m.0).sum::<u64>(),
+        "{stats:?}"
+    );
     c.stop();
-    Ok(())
+    Ok(moved)
 }

@@ -1,7 +1,8 @@
 //! What each system of the DINOMO paper's evaluation costs per operation when nothing contends, read from the
 //! fabric's per-thread counters of the KV node's worker: DINOMO answers a read of a cached key from its value
-//! (no round trip); DINOMO-S caches only the shortcut, so the same read costs one READ. A write is one WRITE
-//! (its group commit) in every system.
+//! (no round trip); DINOMO-S caches only the shortcut, so the same read costs one READ; DINOMO-N, whose node reads
+//! its own partition of the index, costs what DINOMO costs when nothing moves. A write is one WRITE (its group
+//! commit) in every system.
 
 use dinomo_cluster::{Client, ClientConfig, LocalCluster, Variant};
 use dinomo_kn::WorkerStats;
@@ -64,5 +65,14 @@ fn dinomo_s_pays_one_read_per_cache_hit() -> anyhow::Result<()> {
     assert_eq!(s.cache.values, 0, "DINOMO-S never caches a value");
     assert!(s.shortcut_hits >= u64::from(OPS));
     assert_eq!(s.value_hits, 0);
+    Ok(())
+}
+
+#[test]
+fn dinomo_n_costs_what_dinomo_costs_on_its_own_partition() -> anyhow::Result<()> {
+    let (per_read, per_write, s) = round_trips(Variant::DinomoN)?;
+    assert_eq!(per_write, 1.0, "one WRITE per uncontended write");
+    assert_eq!(per_read, 0.0, "a value hit makes no round trip");
+    assert!(s.cache.values > 0);
     Ok(())
 }

@@ -30,6 +30,11 @@ pub fn owner_word(node_id: u32, thread: u32) -> u64 {
     (1 << 63) | (node_id as u64) << 32 | thread as u64
 }
 
+/// The KV node of a log's owner word.
+pub fn owner_node(owner: u64) -> u32 {
+    (owner >> 32) as u32 & 0x7fff_ffff
+}
+
 /// The directory in the pool.
 pub struct Directory {
     pool: Arc<Pool>,

@@ -8,12 +8,17 @@
 //!   per-segment invalidation counters, and recycle segments whose every entry is merged and superseded;
 //! - the [`cells`] of shared (selectively replicated) keys, whose values live behind indirect pointers that the
 //!   owners CAS, and which merges leave out of the index;
+//! - in the shared-nothing layout ([`Partitioning::PerNode`], DINOMO-N), one index per KV node ([`partitions`]),
+//!   and the rebalance that copies the entries of keys changing owner into their new owner's partition;
 //! - recovery when the pool is reopened: committed-but-unmerged entries are merged, torn ones are rejected by their
 //!   CRC, counters are rebuilt from the index, orphaned segments are freed.
 
 pub mod cells;
 pub mod directory;
+pub mod partitions;
 mod processor;
 pub mod proto;
 
-pub use processor::{Processor, ProcessorConfig, ProcessorError, ProcessorStats};
+pub use processor::{
+    MIGRATION_THREAD, Partitioning, Processor, ProcessorConfig, ProcessorError, ProcessorStats,
+};

@@ -2,23 +2,41 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use dinomo_fabric::{MemoryNode, RpcError, RpcHandler};
-use dinomo_index::{Index, IndexConfig, IndexError};
+use dinomo_index::{Anchor, Index, IndexConfig, IndexError};
 use dinomo_log::segment::{self, ScanEnd, field};
 use dinomo_log::{
-    ENTRY_HEADER_LEN, EntryHeader, EntryRef, HashMode, Op, SEGMENT_HEADER_LEN, SegmentHeader, tags,
+    ENTRY_HEADER_LEN, EntryHeader, EntryRef, EntryView, HashMode, Op, SEGMENT_HEADER_LEN,
+    SegmentHeader, encode_entry, entry_len, roots, tags,
 };
 use dinomo_pool::{Pool, PoolError};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
 use crate::cells::{self, CellState, CellTable};
-use crate::directory::{Directory, owner_word};
+use crate::directory::{Directory, owner_node, owner_word};
+use crate::partitions::PartitionTable;
 use crate::proto;
 
+/// The thread number of a KV node's migration log: the log into which the memory node copies the entries of keys
+/// that move into the node's partition (shared-nothing layout only). No KV-node thread may claim it.
+pub const MIGRATION_THREAD: u32 = u32::MAX;
+
+/// How the memory node lays out its index; fixed when the pool is formatted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Partitioning {
+    /// One index that every KV node reads (DINOMO): when keys change owner, ownership moves and the data stays.
+    #[default]
+    Shared,
+    /// One index per KV node, read by that node alone (DINOMO-N, shared-nothing): when keys change owner, their
+    /// entries are copied from the old owner's partition into the new owner's before the new owner serves them
+    /// ([`proto::REBALANCE`]). Keys cannot be shared by several nodes.
+    PerNode,
+}
 /// Settings of the processor.
 #[derive(Debug, Clone)]
 pub struct ProcessorConfig {
@@ -37,6 +55,11 @@ pub struct ProcessorConfig {
     pub shared_key_capacity: u32,
     /// Longest key that can be shared, fixed when the pool is formatted (default 240 bytes).
     pub shared_key_max_len: u32,
+    /// One shared index, or one per KV node (default shared); a pool opens only with the layout it was formatted
+    /// with.
+    pub partitioning: Partitioning,
+    /// KV nodes that can have a partition, fixed when a pool is formatted per node (default 1024).
+    pub partition_capacity: u32,
 }
 
 impl Default for ProcessorConfig {
@@ -49,6 +72,8 @@ impl Default for ProcessorConfig {
             index: IndexConfig::default(),
             shared_key_capacity: 1024,
             shared_key_max_len: 240,
+            partitioning: Partitioning::Shared,
+            partition_capacity: 1024,
         }
     }
 }
@@ -113,6 +138,15 @@ pub struct ProcessorStats {
     pub index_table_bytes: u64,
     /// Keys shared by several KV nodes through indirect cells.
     pub shared_keys: u64,
+    /// Index partitions (one per KV node in the shared-nothing layout; 0 with the shared index).
+    #[serde(default)]
+    pub partitions: u64,
+    /// Keys whose entries were copied into another partition because they changed owner, since start.
+    #[serde(default)]
+    pub migrated_keys: u64,
+    /// Bytes of log entries written by those copies, since start.
+    #[serde(default)]
+    pub migrated_bytes: u64,
 }
 
 struct SegInfo {
@@ -136,6 +170,8 @@ struct LogMeta {
 
 struct LogState {
     id: u32,
+    /// The index its entries merge into (the owner's partition in the shared-nothing layout).
+    index: Arc<Index>,
     /// Serializes merges of one log, so its entries reach the index in order.
     merge_lock: Mutex<()>,
     meta: Mutex<LogMeta>,
@@ -150,9 +186,138 @@ struct SegStat {
     invalid: u64,
 }
 
+/// The memory node's index: one shared by every KV node, or one per KV node.
+enum Indexes {
+    Shared(Arc<Index>),
+    PerNode {
+        table: PartitionTable,
+        by_node: RwLock<BTreeMap<u32, Arc<Index>>>,
+        config: IndexConfig,
+        /// Serializes the creation of partitions.
+        creating: Mutex<()>,
+    },
+}
+
+impl Indexes {
+    /// Opens (or formats) the layout `config` asks for; a pool formatted with the other layout is refused.
+    fn open(pool: &Arc<Pool>, config: &ProcessorConfig) -> Result<Indexes, ProcessorError> {
+        let table = PartitionTable::open(pool.clone())?;
+        match (config.partitioning, table) {
+            (Partitioning::Shared, None) => Ok(Indexes::Shared(Arc::new(Index::open_or_create(
+                pool.clone(),
+                &config.index,
+            )?))),
+            (Partitioning::Shared, Some(_)) => Err(ProcessorError::Config(
+                "the pool is partitioned per KV node (formatted for dinomo-n); open it with partitioning \
+                 per-node"
+                    .into(),
+            )),
+            (Partitioning::PerNode, None) => {
+                if pool.root(roots::INDEX)? != 0 || pool.root(roots::LOG_DIRECTORY)? != 0 {
+                    return Err(ProcessorError::Config(
+                        "the pool holds one shared index (formatted for dinomo); it cannot be opened \
+                         partitioned per KV node"
+                            .into(),
+                    ));
+                }
+                let table = PartitionTable::create(pool.clone(), config.partition_capacity)?;
+                Ok(Indexes::per_node(table, BTreeMap::new(), config))
+            }
+            (Partitioning::PerNode, Some(table)) => {
+                let mut by_node = BTreeMap::new();
+                for (slot, node) in table.partitions() {
+                    let anchor = Anchor::Word(table.index_anchor(slot));
+                    let index = Index::open_at(pool.clone(), &config.index, anchor)?;
+                    by_node.insert(node, Arc::new(index));
+                }
+                let live: Vec<&Index> = by_node.values().map(|i| &**i).collect();
+                dinomo_index::free_unreferenced(pool, &live);
+                Ok(Indexes::per_node(table, by_node, config))
+            }
+        }
+    }
+
+    fn per_node(
+        table: PartitionTable,
+        by_node: BTreeMap<u32, Arc<Index>>,
+        config: &ProcessorConfig,
+    ) -> Indexes {
+        Indexes::PerNode {
+            table,
+            by_node: RwLock::new(by_node),
+            config: config.index.clone(),
+            creating: Mutex::new(()),
+        }
+    }
+
+    fn partitioning(&self) -> Partitioning {
+        match self {
+            Indexes::Shared(_) => Partitioning::Shared,
+            Indexes::PerNode { .. } => Partitioning::PerNode,
+        }
+    }
+
+    /// The index KV node `node`'s logs merge into and it reads; a node's partition is created on first use.
+    fn for_node(&self, pool: &Arc<Pool>, node: u32) -> Result<Arc<Index>, ProcessorError> {
+        let (table, by_node, config, creating) = match self {
+            Indexes::Shared(index) => return Ok(index.clone()),
+            Indexes::PerNode {
+                table,
+                by_node,
+                config,
+                creating,
+            } => (table, by_node, config, creating),
+        };
+        if let Some(index) = by_node.read().expect("partitions lock").get(&node) {
+            return Ok(index.clone());
+        }
+        let _one = creating.lock().expect("partition creation lock");
+        if let Some(index) = by_node.read().expect("partitions lock").get(&node) {
+            return Ok(index.clone());
+        }
+        let slot = table.reserve(node)?;
+        let index = Arc::new(Index::create_at(
+            pool.clone(),
+            config,
+            Anchor::Word(table.index_anchor(slot)),
+        )?);
+        table.commit(slot, node);
+        info!(node, slot, "index partition created");
+        by_node
+            .write()
+            .expect("partitions lock")
+            .insert(node, index.clone());
+        Ok(index)
+    }
+
+    /// Every index, with the node whose partition it is (`None` for the shared index).
+    fn all(&self) -> Vec<(Option<u32>, Arc<Index>)> {
+        match self {
+            Indexes::Shared(index) => vec![(None, index.clone())],
+            Indexes::PerNode { by_node, .. } => by_node
+                .read()
+                .expect("partitions lock")
+                .iter()
+                .map(|(n, i)| (Some(*n), i.clone()))
+                .collect(),
+        }
+    }
+
+    /// The shared index, which keys shared by several KV nodes move out of and back into.
+    fn shared(&self) -> Result<&Index, ProcessorError> {
+        match self {
+            Indexes::Shared(index) => Ok(index),
+            Indexes::PerNode { .. } => Err(ProcessorError::Config(
+                "the pool is partitioned per KV node (dinomo-n): a key cannot be shared by several KV nodes"
+                    .into(),
+            )),
+        }
+    }
+}
+
 struct Inner {
     pool: Arc<Pool>,
-    index: Index,
+    indexes: Indexes,
     dir: Directory,
     /// Cells of shared keys. Lock order: a log's merge lock, then this.
     cells: Mutex<CellTable>,
@@ -169,6 +334,10 @@ struct Inner {
     recycled_segments: AtomicU64,
     recovered_entries: AtomicU64,
     torn_entries: AtomicU64,
+    /// One rebalance at a time; counting keys waits for it (a key is in two partitions for a moment).
+    rebalance_lock: Mutex<()>,
+    migrated_keys: AtomicU64,
+    migrated_bytes: AtomicU64,
 }
 
 /// The memory node's processor: owns the index and the logs' bookkeeping, runs the merge threads, answers the
@@ -195,7 +364,7 @@ impl Processor {
                 config.segment_size
             )));
         }
-        let index = Index::open_or_create(pool.clone(), &config.index)?;
+        let indexes = Indexes::open(&pool, config)?;
         let dir = match Directory::open(pool.clone())? {
             Some(d) => d,
             None => Directory::create(
@@ -218,7 +387,7 @@ impl Processor {
             .unwrap_or(1);
         let inner = Arc::new(Inner {
             pool,
-            index,
+            indexes,
             dir,
             cells: Mutex::new(cells),
             shared_active,
@@ -232,6 +401,9 @@ impl Processor {
             recycled_segments: AtomicU64::new(0),
             recovered_entries: AtomicU64::new(0),
             torn_entries: AtomicU64::new(0),
+            rebalance_lock: Mutex::new(()),
+            migrated_keys: AtomicU64::new(0),
+            migrated_bytes: AtomicU64::new(0),
         });
         inner.recover()?;
         let threads = (0..config.merge_threads)
@@ -260,9 +432,14 @@ impl Processor {
         Arc::new(Handler(self.inner.clone()))
     }
 
-    /// The index.
-    pub fn index(&self) -> &Index {
-        &self.inner.index
+    /// Keys in the index (every partition's, in the shared-nothing layout).
+    pub fn indexed_keys(&self) -> u64 {
+        self.inner.indexes.all().iter().map(|(_, i)| i.len()).sum()
+    }
+
+    /// The layout of the index.
+    pub fn partitioning(&self) -> Partitioning {
+        self.inner.indexes.partitioning()
     }
 
     /// Current statistics.
@@ -300,6 +477,11 @@ impl RpcHandler for Handler {
         match method {
             proto::OPEN_LOG => {
                 let req: proto::OpenLog = dinomo_fabric::decode(request)?;
+                if req.thread == MIGRATION_THREAD {
+                    return Err(RpcError::Failed(format!(
+                        "thread {MIGRATION_THREAD} names the memory node's migration log; no KV node may claim it"
+                    )));
+                }
                 dinomo_fabric::encode(&self.0.open_log(&req).map_err(fail)?, response)
             }
             proto::NEXT_SEGMENT => {
@@ -338,6 +520,16 @@ impl RpcHandler for Handler {
                 self.0.sync_cells(&req).map_err(fail)?;
                 dinomo_fabric::encode(&(), response)
             }
+            proto::REBALANCE => {
+                let req: proto::Rebalance = dinomo_fabric::decode(request)?;
+                dinomo_fabric::encode(&self.0.rebalance(&req).map_err(fail)?, response)
+            }
+            proto::LAYOUT => dinomo_fabric::encode(
+                &proto::Layout {
+                    partitioning: self.0.indexes.partitioning(),
+                },
+                response,
+            ),
             proto::RELEASE_CELL => {
                 let req: proto::ReleaseCell = dinomo_fabric::decode(request)?;
                 self.0.release_cell(&req).map_err(fail)?;
@@ -437,6 +629,111 @@ struct SegmentMerge {
     superseded: Vec<EntryRef>,
 }
 
+/// Writes copies of entries into a node's migration log the way a KV-node worker writes its log: entries are
+/// gathered locally and written a segment part at a time, segments are granted and sealed through the same calls.
+struct MigrationWriter<'a> {
+    inner: &'a Inner,
+    log_id: u32,
+    session: u64,
+    next_seq: u64,
+    /// The current segment: pool offset and bytes available for entries.
+    segment: Option<(u64, u64)>,
+    /// Entries of the current segment already in the pool.
+    written: u64,
+    /// Entries not written yet.
+    buf: Vec<u8>,
+    /// Bytes of entries appended in all.
+    bytes: u64,
+}
+
+impl<'a> MigrationWriter<'a> {
+    /// Entries are written to the pool whenever this many bytes are gathered.
+    const WRITE_CHUNK: usize = 1 << 20;
+
+    fn new(inner: &'a Inner, log: &proto::LogOpened) -> MigrationWriter<'a> {
+        MigrationWriter {
+            inner,
+            log_id: log.log_id,
+            session: log.session,
+            next_seq: log.next_seq,
+            segment: None,
+            written: 0,
+            buf: Vec::new(),
+            bytes: 0,
+        }
+    }
+
+    fn append(&mut self, key: &[u8], value: &[u8]) -> Result<(), ProcessorError> {
+        let len = entry_len(key.len(), value.len()) as u64;
+        let fits = |w: &Self| {
+            w.segment
+                .is_some_and(|(_, cap)| w.written + w.buf.len() as u64 + len <= cap)
+        };
+        if !fits(self) {
+            self.roll()?;
+            if !fits(self) {
+                return Err(ProcessorError::Config(format!(
+                    "an entry of {len} bytes does not fit in a log segment"
+                )));
+            }
+        }
+        encode_entry(
+            &mut self.buf,
+            Op::Put,
+            self.log_id,
+            self.next_seq,
+            key,
+            value,
+        );
+        self.next_seq += 1;
+        self.bytes += len;
+        if self.buf.len() >= Self::WRITE_CHUNK {
+            self.write_buffered()?;
+        }
+        Ok(())
+    }
+
+    fn write_buffered(&mut self) -> Result<(), ProcessorError> {
+        let Some((offset, _)) = self.segment else {
+            return Ok(());
+        };
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let at = offset + SEGMENT_HEADER_LEN as u64 + self.written;
+        self.inner.pool.write(at, &self.buf)?;
+        self.inner.pool.persist(at, self.buf.len() as u64);
+        self.written += self.buf.len() as u64;
+        self.buf.clear();
+        Ok(())
+    }
+
+    /// Seals the current segment (after writing what it holds) and starts a new one.
+    fn roll(&mut self) -> Result<(), ProcessorError> {
+        self.write_buffered()?;
+        let granted = self.inner.next_segment(&proto::NextSegment {
+            log_id: self.log_id,
+            session: self.session,
+            sealed_len: self.segment.map(|_| self.written),
+            first_seq: self.next_seq,
+        })?;
+        self.segment = Some((granted.offset, granted.capacity - SEGMENT_HEADER_LEN as u64));
+        self.written = 0;
+        Ok(())
+    }
+
+    /// Writes what is left, seals the log and merges all of it; returns the bytes of entries appended.
+    fn finish(mut self) -> Result<u64, ProcessorError> {
+        self.write_buffered()?;
+        self.inner.merge_all(&proto::MergeAll {
+            log_id: self.log_id,
+            session: self.session,
+            sealed_len: self.segment.map(|_| self.written),
+        })?;
+        Ok(self.bytes)
+    }
+}
+
 impl Inner {
     fn next_session(&self) -> u64 {
         self.session_counter.fetch_add(1, Ordering::Relaxed)
@@ -499,10 +796,12 @@ impl Inner {
             }
             segments.reverse();
             let merged_seq = self.dir.merged_seq(log_id);
+            let index = self.indexes.for_node(&self.pool, owner_node(owner))?;
             logs.insert(
                 log_id,
                 Arc::new(LogState {
                     id: log_id,
+                    index,
                     merge_lock: Mutex::new(()),
                     meta: Mutex::new(LogMeta {
                         owner,
@@ -552,7 +851,9 @@ impl Inner {
             }
         }
         let mut live: Vec<EntryRef> = Vec::new();
-        self.index.for_each(|_, r| live.push(r));
+        for (_, index) in self.indexes.all() {
+            index.for_each(|_, r| live.push(r));
+        }
         live.extend(
             self.cells
                 .lock()
@@ -577,7 +878,7 @@ impl Inner {
         info!(
             logs = logs.len(),
             recovered_entries = recovered,
-            index_entries = self.index.len(),
+            index_entries = self.indexes.all().iter().map(|(_, i)| i.len()).sum::<u64>(),
             "memory-node processor recovered"
         );
         Ok(())
@@ -644,10 +945,12 @@ impl Inner {
                 log
             }
             None => {
+                let index = self.indexes.for_node(&self.pool, req.node_id)?;
                 let mut logs = self.logs.write().expect("logs lock");
                 let id = self.dir.claim(owner)?;
                 let log = Arc::new(LogState {
                     id,
+                    index,
                     merge_lock: Mutex::new(()),
                     meta: Mutex::new(LogMeta {
                         owner,
@@ -669,6 +972,7 @@ impl Inner {
             merged_seq_offset: self.dir.merged_seq_offset(log.id),
             hash_mode: self.dir.hash_mode().to_word(),
             segment_size: self.dir.segment_size(),
+            index_header: log.index.header_offset(),
         })
     }
 
@@ -765,7 +1069,7 @@ impl Inner {
             .values()
             .filter(|l| {
                 let owner = l.meta.lock().expect("log lock").owner;
-                owner >> 63 == 1 && (owner >> 32) as u32 & 0x7fff_ffff == req.node_id
+                owner >> 63 == 1 && owner_node(owner) == req.node_id
             })
             .cloned()
             .collect();
@@ -813,7 +1117,9 @@ impl Inner {
                     }
                 }
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    self.index.reclaim_retired();
+                    for (_, index) in self.indexes.all() {
+                        index.reclaim_retired();
+                    }
                 }
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
             }
@@ -844,7 +1150,7 @@ impl Inner {
             };
             self.read_entries(offset, len, &mut scratch.data)?;
             let result = self.merge_segment(
-                log.id,
+                log,
                 offset,
                 &scratch.data,
                 first_seq,
@@ -918,16 +1224,17 @@ impl Inner {
         dead
     }
 
-    /// Applies the entries of one segment after `merged_seq` to the index.
+    /// Applies the entries of one segment of `log` after `merged_seq` to the log's index.
     fn merge_segment(
         &self,
-        log_id: u32,
+        log: &LogState,
         offset: u64,
         data: &[u8],
         first_seq: u64,
         merged_seq: u64,
         scratch: &mut Vec<u8>,
     ) -> Result<SegmentMerge, (SegmentMerge, ProcessorError)> {
+        let (index, log_id) = (&*log.index, log.id);
         let mode = self.dir.hash_mode();
         let mut m = SegmentMerge::default();
         let mut error = None;
@@ -964,19 +1271,16 @@ impl Inner {
             let hash = mode.hash(e.key);
             let pool = &self.pool;
             let old = match e.header.op {
-                Op::Put => match self
-                    .index
-                    .upsert(hash, r, |c| entry_has_key(pool, c, e.key, scratch))
-                {
-                    Ok(old) => old,
-                    Err(err) => {
-                        error = Some(ProcessorError::Index(err));
-                        return;
+                Op::Put => {
+                    match index.upsert(hash, r, |c| entry_has_key(pool, c, e.key, scratch)) {
+                        Ok(old) => old,
+                        Err(err) => {
+                            error = Some(ProcessorError::Index(err));
+                            return;
+                        }
                     }
-                },
-                Op::Delete => self
-                    .index
-                    .remove(hash, |c| entry_has_key(pool, c, e.key, scratch)),
+                }
+                Op::Delete => index.remove(hash, |c| entry_has_key(pool, c, e.key, scratch)),
             };
             // Replaying an entry that is already in the index replaces it with itself: nothing is superseded.
             if let Some(old) = old
@@ -1051,6 +1355,7 @@ impl Inner {
         &self,
         req: &proto::ReserveCell,
     ) -> Result<proto::CellReserved, ProcessorError> {
+        self.indexes.shared()?;
         let mut cells = self.cells.lock().expect("cells lock");
         // A retired cell not released yet is still the key's: activation reuses it.
         let slot = cells.reserve(&req.key)?;
@@ -1079,6 +1384,7 @@ impl Inner {
     }
 
     fn activate_cell(&self, req: &proto::ShareKey) -> Result<proto::Merged, ProcessorError> {
+        let index = self.indexes.shared()?;
         let merged = self.merge_caller(req)?;
         let mut cells = self.cells.lock().expect("cells lock");
         let slot = Self::cell_slot(&cells, req.cell)?;
@@ -1089,7 +1395,7 @@ impl Inner {
         // The key's value moves from the index into the cell: from now on the cell is its only reference.
         let hash = self.dir.hash_mode().hash(&cell.key);
         let mut scratch = Vec::new();
-        let current = self.index.remove(hash, |c| {
+        let current = index.remove(hash, |c| {
             entry_has_key(&self.pool, c, &cell.key, &mut scratch)
         });
         cells.set_word(slot, current.map_or(0, EntryRef::raw))?;
@@ -1140,6 +1446,7 @@ impl Inner {
     /// Moves the value of the shared key of `slot` back into the index and retires the cell. Every log that may
     /// hold the key's entries must be merged.
     fn unshare(&self, slot: u32) -> Result<(), ProcessorError> {
+        let index = self.indexes.shared()?;
         let mut cells = self.cells.lock().expect("cells lock");
         let cell = cells.get(slot).expect("used slot").clone();
         if cell.state != CellState::Active {
@@ -1157,7 +1464,7 @@ impl Inner {
         if let Some(r) = EntryRef::from_raw(current) {
             let hash = self.dir.hash_mode().hash(&cell.key);
             let mut scratch = Vec::new();
-            let old = self.index.upsert(hash, r, |c| {
+            let old = index.upsert(hash, r, |c| {
                 entry_has_key(&self.pool, c, &cell.key, &mut scratch)
             })?;
             dead.extend(old.filter(|o| *o != r));
@@ -1207,7 +1514,103 @@ impl Inner {
         self.recycle(&gone)
     }
 
+    /// Shared-nothing layout: copies every key whose owner under `req.ring` is not the node whose partition
+    /// holds it into its owner's partition, then removes it from the old one (see [`proto::Rebalance`]). The
+    /// shared layout moves nothing.
+    fn rebalance(&self, req: &proto::Rebalance) -> Result<proto::Rebalanced, ProcessorError> {
+        let mut out = proto::Rebalanced::default();
+        if self.indexes.partitioning() == Partitioning::Shared {
+            return Ok(out);
+        }
+        let _one = self.rebalance_lock.lock().expect("rebalance lock");
+        let started = Instant::now();
+        let mut header = [0u8; ENTRY_HEADER_LEN];
+        let mut key = Vec::new();
+        for (node, index) in self.indexes.all() {
+            let Some(node) = node else { continue };
+            out.partitions += 1;
+            let mut refs = Vec::new();
+            index.for_each(|_, r| refs.push(r));
+            let mut moves: BTreeMap<u32, Vec<EntryRef>> = BTreeMap::new();
+            for r in refs {
+                self.pool.read(r.offset(), &mut header)?;
+                let h = EntryHeader::parse(&header).map_err(|e| {
+                    ProcessorError::Corrupt(format!(
+                        "partition of node {node}: the index names an entry at {:#x} that does not parse: {e}",
+                        r.offset()
+                    ))
+                })?;
+                key.resize(usize::from(h.key_len), 0);
+                self.pool
+                    .read(r.offset() + ENTRY_HEADER_LEN as u64, &mut key)?;
+                match req.ring.primary(&key) {
+                    Some(owner) if owner != node => moves.entry(owner).or_default().push(r),
+                    _ => {}
+                }
+            }
+            for (owner, refs) in moves {
+                let (keys, bytes) = self.move_entries(&index, owner, &refs)?;
+                debug!(from = node, to = owner, keys, bytes, "entries moved");
+                out.keys += keys;
+                out.bytes += bytes;
+            }
+        }
+        out.nanos = started.elapsed().as_nanos() as u64;
+        self.migrated_keys.fetch_add(out.keys, Ordering::Relaxed);
+        self.migrated_bytes.fetch_add(out.bytes, Ordering::Relaxed);
+        info!(
+            keys = out.keys,
+            bytes = out.bytes,
+            partitions = out.partitions,
+            took = ?started.elapsed(),
+            "partitions rebalanced"
+        );
+        Ok(out)
+    }
+
+    /// Copies the entries `refs` of partition `from` into the migration log of node `to`, merges that log into
+    /// `to`'s partition, and only then removes them from `from` (a crash in between leaves a key in both, never in
+    /// neither; the next rebalance moves it again). Returns the keys moved and the bytes written.
+    fn move_entries(
+        &self,
+        from: &Index,
+        to: u32,
+        refs: &[EntryRef],
+    ) -> Result<(u64, u64), ProcessorError> {
+        let log = self.open_log(&proto::OpenLog {
+            node_id: to,
+            thread: MIGRATION_THREAD,
+        })?;
+        let mode = self.dir.hash_mode();
+        let mut writer = MigrationWriter::new(self, &log);
+        let mut moved = Vec::with_capacity(refs.len());
+        let mut entry = Vec::new();
+        for &r in refs {
+            entry.resize(r.len() as usize, 0);
+            self.pool.read(r.offset(), &mut entry)?;
+            let e = EntryView::parse(&entry).map_err(|e| {
+                ProcessorError::Corrupt(format!(
+                    "the index names an entry at {:#x} that does not parse: {e}",
+                    r.offset()
+                ))
+            })?;
+            writer.append(e.key, e.value)?;
+            moved.push((mode.hash(e.key), r));
+        }
+        let bytes = writer.finish()?;
+        let mut dead = Vec::with_capacity(moved.len());
+        for &(hash, r) in &moved {
+            if let Some(old) = from.remove(hash, |c| c == r) {
+                dead.push(old);
+            }
+        }
+        self.invalidate(&dead)?;
+        Ok((moved.len() as u64, bytes))
+    }
+
     fn count_keys(&self) -> Result<u64, ProcessorError> {
+        // A key being moved between partitions is in both for a moment.
+        let _no_rebalance = self.rebalance_lock.lock().expect("rebalance lock");
         let mut logs: Vec<Arc<LogState>> = self
             .logs
             .read()
@@ -1221,10 +1624,11 @@ impl Inner {
             .iter()
             .map(|l| l.merge_lock.lock().expect("merge lock"))
             .collect();
-        let indexed = self.index.len();
-        // Whether each key with unmerged entries has a value after its last one. Ownership moves only after the
-        // previous owner's log is merged, so a key's unmerged entries are all in one log, in sequence order.
-        let mut present_after: HashMap<Vec<u8>, bool> = HashMap::new();
+        let indexed: u64 = self.indexes.all().iter().map(|(_, i)| i.len()).sum();
+        // Whether each key with unmerged entries has a value after its last one, and the index its log merges
+        // into. Ownership moves only after the previous owner's log is merged, so a key's unmerged entries are all
+        // in one log, in sequence order.
+        let mut present_after: HashMap<Vec<u8>, (bool, Arc<Index>)> = HashMap::new();
         let mut data = Vec::new();
         for log in &logs {
             let (segments, merged_seq) = {
@@ -1247,7 +1651,8 @@ impl Inner {
                 self.read_entries(offset, len, &mut data)?;
                 segment::scan(&data, log.id, first_seq, |_, e| {
                     if e.header.seq > merged_seq {
-                        present_after.insert(e.key.to_vec(), e.header.op == Op::Put);
+                        present_after
+                            .insert(e.key.to_vec(), (e.header.op == Op::Put, log.index.clone()));
                     }
                 });
             }
@@ -1267,9 +1672,8 @@ impl Inner {
         let mode = self.dir.hash_mode();
         let mut scratch = Vec::new();
         let (mut added, mut removed) = (0u64, 0u64);
-        for (key, present) in &present_after {
-            let indexed = self
-                .index
+        for (key, (present, index)) in &present_after {
+            let indexed = index
                 .get(mode.hash(key), |c| {
                     entry_has_key(&self.pool, c, key, &mut scratch)
                 })
@@ -1309,9 +1713,14 @@ impl Inner {
         s.torn_entries = self.torn_entries.load(Ordering::Relaxed);
         s.pool_used_bytes = space.used_bytes();
         s.pool_free_bytes = space.free_bytes();
-        let is = self.index.stats();
-        s.index_entries = is.entries;
-        s.index_table_bytes = is.table_bytes;
+        for (node, index) in self.indexes.all() {
+            let is = index.stats();
+            s.index_entries += is.entries;
+            s.index_table_bytes += is.table_bytes;
+            s.partitions += u64::from(node.is_some());
+        }
+        s.migrated_keys = self.migrated_keys.load(Ordering::Relaxed);
+        s.migrated_bytes = self.migrated_bytes.load(Ordering::Relaxed);
         s
     }
 }

@@ -28,6 +28,10 @@ pub const RELEASE_CELL: u16 = 9;
 pub const SYNC_CELLS: u16 = 10;
 /// `()` → [`KeyCount`].
 pub const COUNT_KEYS: u16 = 11;
+/// [`Rebalance`] → [`Rebalanced`].
+pub const REBALANCE: u16 = 12;
+/// `()` → [`Layout`].
+pub const LAYOUT: u16 = 13;
 
 /// Claims (or reclaims after a restart) the log of one KV-node thread. Whatever that log holds unmerged is merged
 /// before the reply, so the caller starts from an index that has all of its earlier writes.
@@ -54,6 +58,9 @@ pub struct LogOpened {
     pub hash_mode: u32,
     /// Bytes of a segment (header included) this memory node hands out.
     pub segment_size: u64,
+    /// Pool offset of the header of the index the log merges into, which the node reads (the node's own partition
+    /// in the shared-nothing layout).
+    pub index_header: u64,
 }
 
 /// Seals the log's current segment at `sealed_len` bytes of entries (when there is one) and asks for a new one
@@ -170,4 +177,34 @@ pub struct SyncCells {
 pub struct KeyCount {
     /// Keys with a value.
     pub keys: u64,
+}
+
+/// Shared-nothing layout (DINOMO-N): moves every key to the partition of its owner under `ring`. Each partition's
+/// index is walked; the entry of every key another node owns is copied into that node's migration log, which is
+/// merged into its partition, and then removed from the old partition. Sent by the M-node once the keys' old owners
+/// stopped serving them and merged their logs, and before their new owners start. The shared layout moves nothing.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Rebalance {
+    /// The routing table the partitions must match.
+    pub ring: dinomo_ring::Ring,
+}
+
+/// Reply to [`Rebalance`]: what moved.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rebalanced {
+    /// Keys copied into another partition.
+    pub keys: u64,
+    /// Bytes of log entries written by those copies.
+    pub bytes: u64,
+    /// Partitions walked.
+    pub partitions: u32,
+    /// How long the memory node took, in nanoseconds.
+    pub nanos: u64,
+}
+
+/// Reply to [`LAYOUT`]: how the memory node lays out its index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layout {
+    /// One shared index, or one per KV node.
+    pub partitioning: crate::Partitioning,
 }

@@ -206,16 +206,106 @@ fn free_strays(pool: &Pool, extents: &[Extent], keep_header: u64, keep_table: u6
     freed
 }
 
+/// Where the pool records an index's header: the word that names it. Most pools have one index, in root slot
+/// [`roots::INDEX`]; a pool partitioned per KV node keeps one index per node, each named by a word of the
+/// partition table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Anchor {
+    /// A root slot of the pool.
+    Root(usize),
+    /// An 8-byte aligned word in the pool's data area.
+    Word(u64),
+}
+
+impl Anchor {
+    fn load(self, pool: &Pool) -> Result<u64, PoolError> {
+        match self {
+            Anchor::Root(slot) => pool.root(slot),
+            Anchor::Word(offset) => Ok(pool.atomic_u64(offset)?.load(Ordering::Acquire)),
+        }
+    }
+
+    /// Stores `new` if the word holds `expected` (persisted); returns what it held.
+    fn compare_and_set(self, pool: &Pool, expected: u64, new: u64) -> Result<u64, PoolError> {
+        match self {
+            Anchor::Root(slot) => pool.cas_root(slot, expected, new),
+            Anchor::Word(offset) => {
+                let prev = match pool.atomic_u64(offset)?.compare_exchange(
+                    expected,
+                    new,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(v) | Err(v) => v,
+                };
+                if prev == expected {
+                    persist(pool, offset, 8);
+                }
+                Ok(prev)
+            }
+        }
+    }
+}
+
+/// Frees every index extent of `pool` that none of the `live` indexes uses: a pool that holds several indexes
+/// ([`Anchor::Word`]) calls it once all of them are open, in place of the cleanup [`Index::open`] does for a
+/// pool's only index. `live` lists each open index's [`Index::header_offset`] and current table
+/// ([`Index::current`]). Returns how many extents were freed.
+pub fn free_unreferenced(pool: &Pool, live: &[&Index]) -> usize {
+    let keep: std::collections::HashSet<u64> = live
+        .iter()
+        .flat_map(|i| [i.header_offset(), i.current().table])
+        .collect();
+    let mut freed = 0;
+    for e in pool.allocated() {
+        let index_extent = e.tag == tags::INDEX_TABLE || e.tag == tags::INDEX_HEADER;
+        if !index_extent || keep.contains(&e.offset) {
+            continue;
+        }
+        match pool.free(e.offset) {
+            Ok(()) => {
+                freed += 1;
+                tracing::info!(offset = e.offset, tag = e.tag, "freed stray index extent");
+            }
+            Err(err) => {
+                tracing::warn!(offset = e.offset, error = %err, "could not free stray index extent")
+            }
+        }
+    }
+    freed
+}
+
 impl Index {
     /// Creates an empty index in `pool` and records it in root slot [`roots::INDEX`]. Fails when the slot is
     /// already set. Index extents left by an interrupted creation are freed first.
     pub fn create(pool: Arc<Pool>, cfg: &IndexConfig) -> Result<Index, IndexError> {
+        Index::create_anchored(pool, cfg, Anchor::Root(roots::INDEX), true)
+    }
+
+    /// Creates an empty index in `pool` and records it in `anchor`, which must hold 0. Unlike [`Index::create`]
+    /// it leaves other index extents alone: the pool may hold other indexes (see [`free_unreferenced`]).
+    pub fn create_at(
+        pool: Arc<Pool>,
+        cfg: &IndexConfig,
+        anchor: Anchor,
+    ) -> Result<Index, IndexError> {
+        Index::create_anchored(pool, cfg, anchor, false)
+    }
+
+    fn create_anchored(
+        pool: Arc<Pool>,
+        cfg: &IndexConfig,
+        anchor: Anchor,
+        only_index: bool,
+    ) -> Result<Index, IndexError> {
         cfg.validate()?;
-        let root = pool.root(roots::INDEX)?;
+        let root = anchor.load(&pool)?;
         if root != 0 {
             return Err(IndexError::AlreadyExists(root));
         }
-        free_strays(&pool, &pool.allocated(), 0, 0);
+        if only_index {
+            free_strays(&pool, &pool.allocated(), 0, 0);
+        }
         let header_ext = pool_alloc(&pool, HEADER_LEN, tags::INDEX_HEADER)?;
         let header = header_ext.offset;
         let table = match build_table(
@@ -240,7 +330,7 @@ impl Index {
         .encode(table.word);
         pool.write(header, &bytes)?;
         persist(&pool, header, HEADER_LEN);
-        let prev = pool.cas_root(roots::INDEX, 0, header)?;
+        let prev = anchor.compare_and_set(&pool, 0, header)?;
         if prev != 0 {
             let _ = pool.free(table.offset);
             let _ = pool.free(header);
@@ -259,8 +349,27 @@ impl Index {
     /// chain, then frees index extents that are not current (an interrupted resize, tables retired before a
     /// restart). A damaged index is refused with a clear error before anything is changed.
     pub fn open(pool: Arc<Pool>, cfg: &IndexConfig) -> Result<Index, IndexError> {
+        Index::open_anchored(pool, cfg, Anchor::Root(roots::INDEX), true)
+    }
+
+    /// Opens the index recorded in `anchor`, validated as [`Index::open`] does, but leaves every other index
+    /// extent alone: the pool may hold other indexes (see [`free_unreferenced`]).
+    pub fn open_at(
+        pool: Arc<Pool>,
+        cfg: &IndexConfig,
+        anchor: Anchor,
+    ) -> Result<Index, IndexError> {
+        Index::open_anchored(pool, cfg, anchor, false)
+    }
+
+    fn open_anchored(
+        pool: Arc<Pool>,
+        cfg: &IndexConfig,
+        anchor: Anchor,
+        only_index: bool,
+    ) -> Result<Index, IndexError> {
         cfg.validate()?;
-        let header = pool.root(roots::INDEX)?;
+        let header = anchor.load(&pool)?;
         if header == 0 {
             return Err(IndexError::NotFound);
         }
@@ -336,7 +445,11 @@ impl Index {
             );
         }
         // Validation is complete: from here on the pool may be changed.
-        let freed = free_strays(&pool, &extents, header, cw.table);
+        let freed = if only_index {
+            free_strays(&pool, &extents, header, cw.table)
+        } else {
+            0
+        };
         tracing::info!(
             header,
             table = cw.table,

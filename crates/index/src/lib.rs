@@ -64,7 +64,7 @@ mod remote;
 use std::time::Duration;
 
 pub use dinomo_log::EntryRef;
-pub use index::Index;
+pub use index::{Anchor, Index, free_unreferenced};
 pub use remote::{REMOTE_MAX_ATTEMPTS, RemoteIndex};
 
 /// Settings of an index.

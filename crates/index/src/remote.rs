@@ -34,16 +34,12 @@ fn word_at(b: &[u8]) -> u64 {
 }
 
 impl RemoteIndex {
-    /// Finds the index through root slot [`roots::INDEX`] (in the "roots" region), reads and checks its header, then
-    /// the current table's header.
+    /// Finds the index through root slot [`roots::INDEX`] (in the "roots" region), then connects as
+    /// [`RemoteIndex::connect_at`] does.
     pub fn connect(ep: &mut Endpoint) -> Result<RemoteIndex, RemoteIndexError> {
         let roots_region = ep
             .region(ROOTS_REGION)
             .ok_or(RemoteIndexError::NoRegion(ROOTS_REGION))?
-            .clone();
-        let data = ep
-            .region(DATA_REGION)
-            .ok_or(RemoteIndexError::NoRegion(DATA_REGION))?
             .clone();
         let mut b = [0u8; 8];
         ep.read(
@@ -54,13 +50,23 @@ impl RemoteIndex {
         if header == 0 {
             return Err(RemoteIndexError::NotFound);
         }
+        RemoteIndex::connect_at(ep, header)
+    }
+
+    /// Reads and checks the index header at pool offset `header`, then the current table's header. For a pool with
+    /// several indexes (one per KV node), whose headers the memory node names.
+    pub fn connect_at(ep: &mut Endpoint, header: u64) -> Result<RemoteIndex, RemoteIndexError> {
+        let data = ep
+            .region(DATA_REGION)
+            .ok_or(RemoteIndexError::NoRegion(DATA_REGION))?
+            .clone();
         let corrupt = |reason: String| RemoteIndexError::Corrupt {
             offset: header,
             reason,
         };
         if header % 64 != 0 || header < data.start || header + HEADER_LEN > data.end() {
             return Err(corrupt(
-                "the root slot points outside the data region".into(),
+                "the index header lies outside the data region".into(),
             ));
         }
         let mut hb = [0u8; HEADER_LEN as usize];

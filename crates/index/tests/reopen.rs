@@ -9,7 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use dinomo_index::{EntryRef, Index, IndexConfig, IndexError, RemoteIndex, RemoteIndexError};
+use dinomo_index::{
+    Anchor, EntryRef, Index, IndexConfig, IndexError, RemoteIndex, RemoteIndexError,
+    free_unreferenced,
+};
 use dinomo_log::{roots, tags};
 use dinomo_pool::{PersistMode, Pool, PoolOptions};
 
@@ -281,6 +284,68 @@ fn missing_index_is_reported_and_open_or_create_creates() {
         ),
         Err(IndexError::InvalidConfig(_))
     ));
+}
+
+/// A pool can hold several indexes, each named by a word of the pool: they keep their own keys across a reopen,
+/// opening one leaves the others' tables alone, and what none of them uses is freed once all are open.
+#[test]
+fn indexes_anchored_in_pool_words_live_side_by_side() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pool");
+    let cfg = tiny(0.25);
+    let anchors = {
+        let pool = create_pool(&path);
+        let words = pool.alloc_bytes(64, 0x7f).unwrap();
+        let anchors = [Anchor::Word(words.offset), Anchor::Word(words.offset + 8)];
+        for (n, anchor) in anchors.iter().enumerate() {
+            let index = Index::create_at(pool.clone(), &cfg, *anchor).unwrap();
+            // Enough keys to resize: the replaced tables must not be mistaken for the other index's.
+            for k in 0..400u64 {
+                index
+                    .upsert(hash(k), eref(k, n as u64 + 1), |e| key_of(e) == k)
+                    .unwrap();
+            }
+            assert!(matches!(
+                Index::create_at(pool.clone(), &cfg, *anchor),
+                Err(IndexError::AlreadyExists(_))
+            ));
+        }
+        // An interrupted creation leaves a header nothing names.
+        pool.alloc_bytes(64, tags::INDEX_HEADER).unwrap();
+        pool.close().unwrap();
+        anchors
+    };
+    let pool = open_pool(&path);
+    let opened: Vec<Index> = anchors
+        .iter()
+        .map(|a| Index::open_at(pool.clone(), &cfg, *a).unwrap())
+        .collect();
+    for (n, index) in opened.iter().enumerate() {
+        assert_eq!(index.len(), 400);
+        for k in 0..400u64 {
+            assert_eq!(
+                index.get(hash(k), |e| key_of(e) == k),
+                Some(eref(k, n as u64 + 1))
+            );
+        }
+    }
+    let live: Vec<&Index> = opened.iter().collect();
+    assert!(free_unreferenced(&pool, &live) >= 1, "the stray header");
+    let index_extents = pool
+        .allocated()
+        .into_iter()
+        .filter(|e| e.tag == tags::INDEX_HEADER || e.tag == tags::INDEX_TABLE)
+        .count();
+    assert_eq!(index_extents, 4, "each index keeps its header and table");
+    // A KV node reaches either one by its header.
+    let node = node(&pool);
+    let mut ep = in_process(&node);
+    for index in &opened {
+        let mut remote = RemoteIndex::connect_at(&mut ep, index.header_offset()).unwrap();
+        let mut out = Vec::new();
+        remote.candidates(&mut ep, hash(7), &mut out).unwrap();
+        assert!(out.contains(&index.get(hash(7), |e| key_of(e) == 7).unwrap()));
+    }
 }
 
 /// CRC32C (Castagnoli), bitwise: the index header's checksum.

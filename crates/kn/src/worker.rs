@@ -353,7 +353,9 @@ fn claim_log(
             cfg.max_key_len, cfg.max_value_len
         )));
     }
-    let remote = RemoteIndex::connect(ep).map_err(|e| KnError::Corrupt(e.to_string()))?;
+    // The index this log merges into: the shared one, or this node's own partition (shared-nothing layout).
+    let remote = RemoteIndex::connect_at(ep, log.index_header)
+        .map_err(|e| KnError::Corrupt(e.to_string()))?;
     Ok((log, hash_mode, remote))
 }
 

@@ -44,7 +44,7 @@ fn counts_merged_backlogged_and_open_entries_exactly() -> anyhow::Result<()> {
 
     kv.set(b"first", b"1")?;
     assert_eq!(
-        store.processor().index().len(),
+        store.processor().indexed_keys(),
         0,
         "the write is only in the open segment"
     );
@@ -86,7 +86,7 @@ fn counts_merged_backlogged_and_open_entries_exactly() -> anyhow::Result<()> {
         if round == 10 {
             kv.merge_all()?;
             assert_eq!(
-                store.processor().index().len(),
+                store.processor().indexed_keys(),
                 model.len() as u64,
                 "merged"
             );
@@ -129,7 +129,7 @@ fn the_count_survives_a_restart_of_everything() -> anyhow::Result<()> {
     let store = cfg(path)?;
     assert_eq!(store.processor().count_keys()?, 400);
     assert_eq!(
-        store.processor().index().len(),
+        store.processor().indexed_keys(),
         400,
         "recovery merged it all"
     );

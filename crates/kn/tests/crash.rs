@@ -1,6 +1,6 @@
 //! A process writing at full speed is SIGKILLed at random moments; after each restart every acknowledged write
 //! reads back with its last acknowledged value (or the one write per key that was in flight), and no torn value is
-//! ever returned.
+//! ever returned; with the memory node's index shared, and partitioned per KV node (DINOMO-N's layout).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -9,22 +9,24 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dinomo_dpm::ProcessorConfig;
+use dinomo_dpm::{Partitioning, ProcessorConfig};
 use dinomo_kn::{Embedded, EmbeddedConfig, KnConfig};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 const WRITERS: u32 = 4;
 const KEYS_PER_WRITER: u32 = 64;
-const ROUNDS: usize = 20;
+/// Where the child finds the layout to open its pool with ("per-node" or "shared").
+const LAYOUT_VAR: &str = "DINOMO_KN_CRASH_LAYOUT";
 
-fn config(path: &Path) -> EmbeddedConfig {
+fn config(path: &Path, partitioning: Partitioning) -> EmbeddedConfig {
     EmbeddedConfig {
         pool_path: Some(path.to_path_buf()),
         pool_size: 64 << 20,
         pool_segment_size: 64 << 10,
         processor: ProcessorConfig {
             segment_size: 64 << 10,
+            partitioning,
             ..ProcessorConfig::default()
         },
         kn: KnConfig {
@@ -63,7 +65,11 @@ fn crash_child() {
     let Ok(path) = std::env::var("DINOMO_KN_CRASH_CHILD") else {
         return;
     };
-    let store = Embedded::open(&config(Path::new(&path))).expect("open store");
+    let partitioning = match std::env::var(LAYOUT_VAR).as_deref() {
+        Ok("per-node") => Partitioning::PerNode,
+        _ => Partitioning::Shared,
+    };
+    let store = Embedded::open(&config(Path::new(&path), partitioning)).expect("open store");
     let out = Arc::new(Mutex::new(std::io::stdout()));
     let threads: Vec<_> = (0..WRITERS)
         .map(|w| {
@@ -100,16 +106,30 @@ fn crash_child() {
 
 #[test]
 fn sigkill_at_random_moments_loses_no_acknowledged_write() -> anyhow::Result<()> {
+    kill_and_check(Partitioning::Shared, 20)
+}
+
+#[test]
+fn sigkill_with_the_index_partitioned_per_node_loses_no_acknowledged_write() -> anyhow::Result<()> {
+    kill_and_check(Partitioning::PerNode, 8)
+}
+
+fn kill_and_check(partitioning: Partitioning, rounds: usize) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("crash.pool");
+    let layout = match partitioning {
+        Partitioning::Shared => "shared",
+        Partitioning::PerNode => "per-node",
+    };
     let mut rng = StdRng::seed_from_u64(0xd170);
     // Last acknowledged version per (writer, key).
     let mut acked: HashMap<(u32, u32), u64> = HashMap::new();
     let mut total_acks = 0u64;
-    for round in 0..ROUNDS {
+    for round in 0..rounds {
         let mut child = Command::new(std::env::current_exe()?)
             .args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
             .env("DINOMO_KN_CRASH_CHILD", &path)
+            .env(LAYOUT_VAR, layout)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()?;
@@ -145,7 +165,7 @@ fn sigkill_at_random_moments_loses_no_acknowledged_write() -> anyhow::Result<()>
             total_acks += 1;
         }
 
-        let store = Embedded::open(&config(&path))?;
+        let store = Embedded::open(&config(&path, partitioning))?;
         let h = store.handle();
         for w in 0..WRITERS {
             for i in 0..KEYS_PER_WRITER {
@@ -175,9 +195,10 @@ fn sigkill_at_random_moments_loses_no_acknowledged_write() -> anyhow::Result<()>
             stats.backlog_segments, 0,
             "recovery merged everything: {stats:?}"
         );
+        assert_eq!(store.processor().partitioning(), partitioning);
     }
     assert!(
-        total_acks > ROUNDS as u64 * 10,
+        total_acks > rounds as u64 * 10,
         "the children wrote too little to test anything: {total_acks}"
     );
     Ok(())

@@ -1,12 +1,13 @@
 //! The store against a HashMap model: random inserts, updates, upserts, deletes and gets with random keys and
 //! sizes (empty values included), with tiny segments, tiny caches and a hash that collides on purpose, so that
-//! merging, recycling, eviction, promotion, demotion and restarts all happen.
+//! merging, recycling, eviction, promotion, demotion and restarts all happen; with the memory node's index shared
+//! or partitioned per KV node (DINOMO-N's layout).
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use dinomo_cache::{CacheConfig, Policy};
-use dinomo_dpm::ProcessorConfig;
+use dinomo_dpm::{Partitioning, ProcessorConfig};
 use dinomo_index::IndexConfig;
 use dinomo_kn::{Embedded, EmbeddedConfig, KnConfig};
 use dinomo_log::HashMode;
@@ -15,7 +16,12 @@ use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
-fn tiny_config(pool: Option<&Path>, policy: Policy, cache_bytes: u64) -> EmbeddedConfig {
+fn tiny_config(
+    pool: Option<&Path>,
+    policy: Policy,
+    cache_bytes: u64,
+    partitioning: Partitioning,
+) -> EmbeddedConfig {
     EmbeddedConfig {
         pool_path: pool.map(Path::to_path_buf),
         pool_size: 16 << 20,
@@ -30,6 +36,7 @@ fn tiny_config(pool: Option<&Path>, policy: Policy, cache_bytes: u64) -> Embedde
                 initial_buckets: 2,
                 ..IndexConfig::default()
             },
+            partitioning,
             ..ProcessorConfig::default()
         },
         kn: KnConfig {
@@ -93,10 +100,15 @@ fn op_strategy() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn run(ops: &[Op], policy: Policy, cache_bytes: u64) -> anyhow::Result<()> {
+fn run(
+    ops: &[Op],
+    policy: Policy,
+    cache_bytes: u64,
+    partitioning: Partitioning,
+) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("model.pool");
-    let cfg = tiny_config(Some(&path), policy, cache_bytes);
+    let cfg = tiny_config(Some(&path), policy, cache_bytes, partitioning);
     let mut store = Embedded::open(&cfg)?;
     let mut h = store.handle();
     let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
@@ -223,15 +235,16 @@ proptest! {
     fn agrees_with_a_hashmap(ops in proptest::collection::vec(op_strategy(), 1..400),
                              policy in prop_oneof![Just(Policy::Adaptive), Just(Policy::ValueOnly),
                                                    Just(Policy::ShortcutOnly), Just(Policy::Static { value_percent: 50 })],
-                             cache in prop_oneof![Just(0u64), Just(1024u64), Just(8192u64)]) {
-        run(&ops, policy, cache).unwrap();
+                             cache in prop_oneof![Just(0u64), Just(1024u64), Just(8192u64)],
+                             partitioning in prop_oneof![Just(Partitioning::Shared), Just(Partitioning::PerNode)]) {
+        run(&ops, policy, cache, partitioning).unwrap();
     }
 }
 
 /// One long seeded run that must exercise every mechanism, checked through the counters.
 #[test]
 fn long_run_merges_recycles_and_moves_cache_entries() -> anyhow::Result<()> {
-    let cfg = tiny_config(None, Policy::Adaptive, 6000);
+    let cfg = tiny_config(None, Policy::Adaptive, 6000, Partitioning::Shared);
     let store = Embedded::open(&cfg)?;
     let h = store.handle();
     let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
