@@ -3,6 +3,10 @@
 //! length, and for a crash the time from the kill until every key the dead node owned is served again. The
 //! `replicate` scenario is Figure 7 scaled: under a skewed load, the hottest keys become shared by several nodes
 //! (selective replication), and the report gives the throughput after against before.
+//!
+//! Any system built on the cluster runs it ([`ElasticOptions::system`]): for DINOMO-N (shared-nothing) the report
+//! also gives the data the reconfiguration moved between partitions and how long that took. After the run every
+//! record is read back and checked, so a reconfiguration that lost or damaged data fails the report.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,7 +22,10 @@ use dinomo_kn::KnConfig;
 use serde::Serialize;
 
 use crate::svg;
-use crate::ycsb::{Distribution, OpGenerator, OpKind, Workload, fill_value, key_bytes};
+use crate::ycsb::{
+    Distribution, OpGenerator, OpKind, Workload, fill_value, key_bytes, verify_value,
+};
+use crate::ycsb_run::System;
 
 /// What happens in the middle of the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -64,6 +71,8 @@ impl std::str::FromStr for Scenario {
 /// Settings of one run.
 #[derive(Debug, Clone, Serialize)]
 pub struct ElasticOptions {
+    /// The system under test (default DINOMO).
+    pub system: System,
     /// The event.
     pub scenario: Scenario,
     /// KV nodes at the start.
@@ -103,6 +112,7 @@ pub struct ElasticOptions {
 impl Default for ElasticOptions {
     fn default() -> Self {
         ElasticOptions {
+            system: System::Dinomo,
             scenario: Scenario::Failure,
             kns: 4,
             kn_threads: 1,
@@ -158,12 +168,24 @@ pub struct ElasticReport {
     pub noticed_after_ms: Option<f64>,
     /// The reconfigurations the M-node performed during the run.
     pub reconfigurations: Vec<ReconfigEvent>,
+    /// Keys whose data the reconfigurations copied into another node's partition (DINOMO-N; 0 otherwise).
+    pub moved_keys: u64,
+    /// Bytes of log entries those copies wrote.
+    pub moved_bytes: u64,
+    /// How long the M-node waited for the data to move, ms.
+    pub move_ms: f64,
+    /// Records read back and checked after the run (every one loaded).
+    pub values_checked: u64,
+    /// Of those, records that were gone.
+    pub values_missing: u64,
+    /// Of those, records whose value was not one the run wrote for them.
+    pub values_corrupt: u64,
     /// The timeline.
     pub timeline: Vec<Bucket>,
 }
 
 fn cluster_config(o: &ElasticOptions) -> LocalClusterConfig {
-    LocalClusterConfig {
+    let mut cfg = LocalClusterConfig {
         pool_size: (o.keys * (o.value_size as u64 + 64) * 4).max(512 << 20),
         processor: ProcessorConfig {
             merge_threads: 2,
@@ -187,7 +209,54 @@ fn cluster_config(o: &ElasticOptions) -> LocalClusterConfig {
         },
         injected_latency_ns: o.latency_ns,
         ..LocalClusterConfig::default()
+    };
+    o.system.variant().configure(&mut cfg);
+    cfg
+}
+
+impl ElasticOptions {
+    /// The stem of the run's files: `elastic-SCENARIO`, with the system's name after `elastic-` for systems other
+    /// than DINOMO.
+    pub fn file_stem(&self) -> String {
+        match self.system {
+            System::Dinomo => format!("elastic-{}", self.scenario.name()),
+            other => format!("elastic-{}-{}", other.name(), self.scenario.name()),
+        }
     }
+}
+
+/// What reading every record back found: (checked, missing, corrupt).
+fn check_every_value(o: &ElasticOptions, cfg: &ClientConfig) -> anyhow::Result<(u64, u64, u64)> {
+    let readers = o.clients.clamp(1, 4) as u64;
+    let handles: Vec<_> = (0..readers)
+        .map(|c| {
+            let (cfg, keys) = (cfg.clone(), o.keys);
+            std::thread::spawn(move || -> anyhow::Result<(u64, u64, u64)> {
+                let mut cl = Client::connect(cfg)?;
+                let mut k = Vec::new();
+                let (mut checked, mut missing, mut corrupt) = (0, 0, 0);
+                for id in (c..keys).step_by(readers as usize) {
+                    key_bytes(id, 8, &mut k)?;
+                    checked += 1;
+                    match cl
+                        .get(&k)
+                        .with_context(|| format!("reading record {id} back"))?
+                    {
+                        None => missing += 1,
+                        Some(v) if verify_value(id, &v).is_err() => corrupt += 1,
+                        Some(_) => {}
+                    }
+                }
+                Ok((checked, missing, corrupt))
+            })
+        })
+        .collect();
+    let mut total = (0, 0, 0);
+    for h in handles {
+        let (c, m, x) = h.join().map_err(|_| anyhow::anyhow!("reader panicked"))??;
+        total = (total.0 + c, total.1 + m, total.2 + x);
+    }
+    Ok(total)
 }
 
 /// Runs one scenario.
@@ -201,6 +270,10 @@ pub fn run_elastic(
     );
     anyhow::ensure!(o.clients >= 1 && o.keys >= 1, "need clients and keys");
     anyhow::ensure!(!o.bucket.is_zero(), "bucket width must be positive");
+    anyhow::ensure!(
+        !(o.scenario == Scenario::Replicate && o.system == System::DinomoN),
+        "dinomo-n has no selective replication: the replicate scenario runs on dinomo or dinomo-s"
+    );
     let mut cluster = LocalCluster::start(cluster_config(o)).context("starting the cluster")?;
     let seeds = vec![cluster.rn_addr().to_string()];
     let client_cfg = ClientConfig {
@@ -403,6 +476,8 @@ pub fn run_elastic(
     // The first `kns` events are the initial joins.
     let all = cluster.mnode().events();
     let reconfigurations = all[o.kns.min(all.len())..].to_vec();
+    progress(&format!("reading all {} keys back", o.keys));
+    let (values_checked, values_missing, values_corrupt) = check_every_value(o, &client_cfg)?;
     cluster.stop();
     Ok(ElasticReport {
         options: o.clone(),
@@ -423,7 +498,16 @@ pub fn run_elastic(
                 .find(|e| e.kind == dinomo_cluster::ReconfigKind::Failure)
                 .map(|e| e.noticed_at.saturating_sub(k).as_secs_f64() * 1e3)
         }),
+        moved_keys: reconfigurations.iter().map(|e| e.moved_keys).sum(),
+        moved_bytes: reconfigurations.iter().map(|e| e.moved_bytes).sum(),
+        move_ms: reconfigurations
+            .iter()
+            .map(|e| e.move_duration.as_secs_f64() * 1e3)
+            .sum(),
         reconfigurations,
+        values_checked,
+        values_missing,
+        values_corrupt,
         timeline,
     })
 }
@@ -471,7 +555,8 @@ impl ElasticReport {
     /// A one-paragraph summary for people.
     pub fn summary(&self) -> String {
         let mut s = format!(
-            "{:?} at {:.0} ms: baseline {:.0} ops/s, lowest bucket {:.0} ops/s, below 80% for {:.0} ms, settled at {:.0} ops/s ({:.2}x the baseline)",
+            "{}: {:?} at {:.0} ms: baseline {:.0} ops/s, lowest bucket {:.0} ops/s, below 80% for {:.0} ms, settled at {:.0} ops/s ({:.2}x the baseline)",
+            self.options.system,
             self.options.scenario,
             self.event_at_ms,
             self.baseline_ops_per_s,
@@ -495,6 +580,25 @@ impl ElasticReport {
                 e.node,
                 e.epoch,
                 e.duration.as_secs_f64() * 1e3
+            ));
+            if e.moved_keys > 0 {
+                s.push_str(&format!(
+                    ", {:.1} ms of it moving {} keys ({} bytes) between partitions",
+                    e.move_duration.as_secs_f64() * 1e3,
+                    e.moved_keys,
+                    e.moved_bytes
+                ));
+            }
+        }
+        s.push_str(&format!(
+            "\n  afterwards {} of {} records read back intact",
+            self.values_checked - self.values_missing - self.values_corrupt,
+            self.values_checked
+        ));
+        if self.values_missing + self.values_corrupt > 0 {
+            s.push_str(&format!(
+                " — DATA LOST: {} missing, {} corrupt",
+                self.values_missing, self.values_corrupt
             ));
         }
         s

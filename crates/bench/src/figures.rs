@@ -785,7 +785,7 @@ fn run_scenario(
 ) -> anyhow::Result<ElasticReport> {
     let name = o.scenario.name();
     let r = run_elastic(o, |s| progress(&format!("{name}: {s}")))?;
-    files.write_results(&format!("elastic-{name}"), &r, &r.to_csv(), &r.to_svg())?;
+    files.write_results(&o.file_stem(), &r, &r.to_csv(), &r.to_svg())?;
     Ok(r)
 }
 

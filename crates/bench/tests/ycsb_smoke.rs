@@ -160,6 +160,19 @@ fn dinomo_s_runs_end_to_end_and_pays_a_read_per_hit() -> anyhow::Result<()> {
 }
 
 #[test]
+fn dinomo_n_runs_end_to_end_on_partitioned_memory() -> anyhow::Result<()> {
+    let r = run_system(System::DinomoN)?;
+    // Two nodes, each with its own partition of the index; the records loaded through each node stay in it.
+    let merge = r
+        .merge
+        .as_ref()
+        .expect("the in-process memory node is read");
+    assert!(r.cache.value_hits > 0);
+    assert_eq!(merge.partitions, 2, "{merge:?}");
+    Ok(())
+}
+
+#[test]
 fn inserts_and_read_modify_writes_read_back_what_they_wrote() -> anyhow::Result<()> {
     // D: reads favour the newest inserts, which must already be readable; F: the read of each read-modify-write.
     for (workload, distribution) in [

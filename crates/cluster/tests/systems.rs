@@ -76,3 +76,23 @@ fn dinomo_n_costs_what_dinomo_costs_on_its_own_partition() -> anyhow::Result<()>
     assert!(s.cache.values > 0);
     Ok(())
 }
+
+/// DINOMO-N has no selective replication: asking to share a key is refused with a clear error, and the key stays
+/// with its one owner.
+#[test]
+fn dinomo_n_refuses_to_share_a_key() -> anyhow::Result<()> {
+    let mut cfg = common::small_cluster(2);
+    Variant::DinomoN.configure(&mut cfg);
+    let c = LocalCluster::start(cfg)?;
+    let mut cl = Client::connect(ClientConfig {
+        seeds: vec![c.rn_addr().to_string()],
+        ..ClientConfig::default()
+    })?;
+    cl.set(b"hot", b"v")?;
+    let err = c.mnode().set_replication(b"hot", 2).unwrap_err();
+    assert!(err.to_string().contains("dinomo-n"), "{err}");
+    assert_eq!(cl.get(b"hot")?, Some(b"v".to_vec()));
+    assert_eq!(c.processor().stats().shared_keys, 0);
+    c.stop();
+    Ok(())
+}

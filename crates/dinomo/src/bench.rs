@@ -158,6 +158,9 @@ pub struct FigureArgs {
 /// Settings of `dinomo bench elastic`.
 #[derive(Debug, Args)]
 pub struct ElasticArgs {
+    /// System under test: dinomo, dinomo-s or dinomo-n (which reports the data each reconfiguration moved).
+    #[arg(long, default_value = "dinomo")]
+    pub system: System,
     /// What happens mid-run: add, remove, failure or replicate (the hottest keys become shared).
     #[arg(long, default_value = "failure")]
     pub scenario: dinomo_bench::Scenario,
@@ -212,7 +215,7 @@ pub struct ElasticArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
-    /// Folder for elastic-SCENARIO.json, .csv and .svg.
+    /// Folder for elastic-SCENARIO.json, .csv and .svg (elastic-SYSTEM-SCENARIO.* for systems other than dinomo).
     #[arg(long, default_value = "results/elastic")]
     pub out: PathBuf,
 }
@@ -310,6 +313,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         Which::Elastic(a) => {
             let opts = dinomo_bench::ElasticOptions {
+                system: a.system,
                 scenario: a.scenario,
                 kns: a.kns,
                 kn_threads: a.kn_threads,
@@ -329,7 +333,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 replication: a.replication,
             };
             let report = dinomo_bench::run_elastic(&opts, |step| eprintln!("elastic: {step}"))?;
-            let name = format!("elastic-{}", a.scenario.name());
+            let name = opts.file_stem();
             let json = serde_json::to_string_pretty(&report)?;
             write_outputs(&a.out, &name, &json, &report.to_csv(), &report.to_svg())?;
             if a.json {
@@ -389,8 +393,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 /// Settings of `dinomo bench ycsb`.
 #[derive(Debug, Args)]
 pub struct YcsbArgs {
-    /// System under test: dinomo, or dinomo-s (shortcut-only cache) of the DINOMO paper (dinomo-n, clover,
-    /// directds, directds-c, centralds, ditto and tac are named but not built yet).
+    /// System under test: dinomo, dinomo-s (shortcut-only cache) or dinomo-n (shared-nothing: one index partition
+    /// per KV node) of the DINOMO paper (clover, directds, directds-c, centralds, ditto and tac are named but not
+    /// built yet).
     #[arg(long, default_value = "dinomo")]
     pub system: System,
     /// Where the store runs: in-process (a cluster started by this command) or native (a running cluster, reached

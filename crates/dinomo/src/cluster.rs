@@ -223,7 +223,10 @@ impl PolicyArgs {
 /// `dinomo up`.
 #[derive(Debug, Args)]
 pub struct UpArgs {
-    /// Which system of the DINOMO paper to run: dinomo, or dinomo-s (a shortcut-only cache).
+    /// Which system of the DINOMO paper to run: dinomo, dinomo-s (a shortcut-only cache) or dinomo-n
+    /// (shared-nothing: one index partition per KV node, data moved when ownership changes). A pool keeps the index
+    /// layout it was formatted with: dinomo-n opens only a pool formatted for it, the others only one formatted
+    /// for them.
     #[arg(long, default_value = "dinomo")]
     pub system: Variant,
     /// KV nodes.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
-use dinomo_dpm::{Processor, ProcessorConfig};
+use dinomo_dpm::{Partitioning, Processor, ProcessorConfig};
 use dinomo_fabric::{MemoryNode, NodeConfig, Server, ServerConfig};
 use dinomo_pool::{PersistMode, Pool, PoolOptions};
 
@@ -68,10 +68,24 @@ pub struct DpmArgs {
     /// Logs (KV-node threads) the pool can hold (fixed when the pool is first formatted).
     #[arg(long, default_value_t = 4096)]
     pub max_logs: u32,
+    /// Index layout, fixed when the pool is first formatted: shared (one index every KV node reads: dinomo and
+    /// dinomo-s) or per-node (one partition per KV node, data moved when keys change owner: dinomo-n).
+    #[arg(long, default_value = "shared", value_parser = parse_partitioning)]
+    pub partitioning: Partitioning,
     /// Serve the pool as plain registered memory, without the data plane (no index, logs or merge threads): for
     /// fabric tests and benchmarks that use the memory directly.
     #[arg(long)]
     pub fabric_only: bool,
+}
+
+fn parse_partitioning(s: &str) -> Result<Partitioning, String> {
+    match s {
+        "shared" => Ok(Partitioning::Shared),
+        "per-node" => Ok(Partitioning::PerNode),
+        other => Err(format!(
+            "unknown index layout {other:?} (shared or per-node)"
+        )),
+    }
 }
 
 /// Runs the memory node until a termination signal, then closes the pool cleanly.
@@ -111,6 +125,7 @@ pub fn run(args: DpmArgs) -> anyhow::Result<()> {
             merge_threads: args.merge_threads,
             segment_size: args.log_segment_size,
             directory_capacity: args.max_logs,
+            partitioning: args.partitioning,
             ..ProcessorConfig::default()
         };
         let p = Processor::start(pool.clone(), &cfg).context("starting the data plane")?;

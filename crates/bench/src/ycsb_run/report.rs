@@ -319,6 +319,10 @@ pub struct MergeReport {
     pub merged_entries_per_s: f64,
     /// Times a KV-node write waited for the merge to catch up.
     pub merge_waits: u64,
+    /// Index partitions on the memory node when the phase ended (one per KV node for dinomo-n, 0 with one shared
+    /// index).
+    #[serde(default)]
+    pub partitions: u64,
 }
 
 /// One KV node's part.
@@ -467,6 +471,7 @@ pub(crate) fn assemble(
             merged_entries: merged,
             merged_entries_per_s: per_s(merged),
             merge_waits: t.merge_waits,
+            partitions: b.partitions,
         }
     });
     let node_work: u64 = deltas
