@@ -109,11 +109,30 @@ fn figure5_scalability_with_projection() -> anyhow::Result<()> {
     let local: Projection = read_json(&f.join("projection-local.json"))?;
     assert!(local.series.iter().all(|s| s.points.len() == 2));
     assert!(std::fs::read_to_string(f.join("projection-paper.txt"))?.starts_with("MODEL"));
-    // Systems that are not built are named, never measured.
-    for system in ["clover", "dinomo-s", "dinomo-n"] {
-        assert!(r.not_built.iter().any(|s| s == system), "{system}");
-    }
+    // Clover is not built: named, never measured. DINOMO-S and DINOMO-N ran the same sweeps.
+    assert_eq!(r.not_built, ["clover"]);
     assert_eq!(row(&r, "DINOMO / Clover").ours, "not built (clover)");
+    for system in ["dinomo-s", "dinomo-n"] {
+        let sweeps: Vec<&String> = r
+            .files
+            .iter()
+            .filter(|n| n.starts_with(&format!("ycsb-{system}-sweep")) && n.ends_with(".json"))
+            .collect();
+        assert_eq!(sweeps.len(), 2, "{system}: {:?}", r.files);
+        for name in sweeps {
+            for run in load_reports(&f.join(name))? {
+                assert_eq!(run.system, system);
+                assert_eq!(run.measured.errors.total(), 0, "{:?}", run.measured.errors);
+            }
+        }
+    }
+    assert!(row(&r, "DINOMO / DINOMO-N").ours_value.is_some());
+    let rt = row(&r, "DINOMO-S / DINOMO round trips").ours_value;
+    assert!(
+        rt.is_some_and(|x| x > 1.0),
+        "{rt:?}: DINOMO-S reads its values remotely"
+    );
+    assert!(row(&r, "DINOMO-S cache hit ratio").ours_value.is_some());
     let rt = row(&r, "fabric round trips per op")
         .ours_value
         .expect("measured");
@@ -125,9 +144,18 @@ fn figure5_scalability_with_projection() -> anyhow::Result<()> {
 fn figure6_add_and_remove() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let r = run(6, dir.path())?;
-    for scenario in ["add", "remove"] {
+    for scenario in ["add", "remove", "dinomo-n-add", "dinomo-n-remove"] {
         let v: serde_json::Value =
             read_json(&dir.path().join(format!("figure6/elastic-{scenario}.json")))?;
+        assert_eq!(v["values_missing"].as_u64(), Some(0), "{scenario}");
+        assert_eq!(v["values_corrupt"].as_u64(), Some(0), "{scenario}");
+        // Only the shared-nothing system moves data.
+        let moved = v["moved_keys"].as_u64().unwrap();
+        assert_eq!(
+            moved > 0,
+            scenario.starts_with("dinomo-n"),
+            "{scenario}: {moved}"
+        );
         assert!(
             v["baseline_ops_per_s"].as_f64().unwrap() > 0.0,
             "{scenario}"
@@ -140,6 +168,12 @@ fn figure6_add_and_remove() -> anyhow::Result<()> {
         );
     }
     assert!(row(&r, "what triggers").ours.contains("stand-in"));
+    assert!(
+        row(&r, "DINOMO-N when a KV node joins")
+            .ours
+            .contains("moved between partitions")
+    );
+    assert!(r.not_built.is_empty());
     Ok(())
 }
 
@@ -166,5 +200,14 @@ fn figure8_failure() -> anyhow::Result<()> {
         .ours_value
         .expect("the M-node handled it");
     assert!(handling > 0.0 && served >= handling, "{handling} {served}");
+    let n: serde_json::Value =
+        read_json(&dir.path().join("figure8/elastic-dinomo-n-failure.json"))?;
+    assert!(n["moved_keys"].as_u64().unwrap() > 0);
+    assert_eq!(n["values_missing"].as_u64(), Some(0));
+    let moving = row(&r, "DINOMO-N on the same failure")
+        .ours_value
+        .expect("measured");
+    assert_eq!(moving, n["move_ms"].as_f64().unwrap());
+    assert_eq!(r.not_built, ["clover"]);
     Ok(())
 }

@@ -140,6 +140,12 @@ fn run_system(system: System) -> anyhow::Result<YcsbReport> {
     let r = run_ycsb(&opts, &mut |_| {})?;
     check_sane(&r, 2);
     assert_eq!(r.system, system.name());
+    assert!(
+        r.file_stem()
+            .starts_with(&format!("ycsb-{}-b-", system.name())),
+        "{}",
+        r.file_stem()
+    );
     Ok(r)
 }
 

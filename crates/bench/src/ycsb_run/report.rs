@@ -568,8 +568,28 @@ fn bytes(v: u64) -> String {
 }
 
 impl YcsbReport {
-    /// A name for this run's files: `ycsb-a-zipf0.99-v1024-2kn`.
+    /// A name for this run's files: `ycsb-a-zipf0.99-v1024-2kn`, with the system after `ycsb-` for systems other
+    /// than DINOMO (`ycsb-dinomo-n-a-zipf0.99-v1024-2kn`).
     pub fn file_stem(&self) -> String {
+        format!(
+            "ycsb-{}{}-{}kn",
+            self.system_prefix(),
+            self.base_stem(),
+            self.kv_nodes
+        )
+    }
+
+    /// `SYSTEM-` for systems other than DINOMO, else nothing.
+    fn system_prefix(&self) -> String {
+        if self.system == "dinomo" {
+            String::new()
+        } else {
+            format!("{}-", self.system)
+        }
+    }
+
+    /// The workload, distribution and value size part of [`YcsbReport::file_stem`]: `a-zipf0.99-v1024`.
+    fn base_stem(&self) -> String {
         let dist = self
             .options
             .distribution
@@ -588,10 +608,7 @@ impl YcsbReport {
                 }
             })
             .collect();
-        format!(
-            "ycsb-{workload}-{dist}-v{}-{}kn",
-            self.options.value_bytes, self.kv_nodes
-        )
+        format!("{workload}-{dist}-v{}", self.options.value_bytes)
     }
 
     /// The workload line: "workload a (read 50%, update 50%)".
@@ -840,18 +857,19 @@ pub struct YcsbSweep {
 }
 
 impl YcsbSweep {
-    /// A name for the sweep's files: `ycsb-sweep-a-zipf0.99-v1024-1-2-4kn`.
+    /// A name for the sweep's files: `ycsb-sweep-a-zipf0.99-v1024-1-2-4kn` (`ycsb-dinomo-n-sweep-...` for systems
+    /// other than DINOMO).
     pub fn file_stem(&self) -> String {
         let Some(first) = self.runs.first() else {
             return "ycsb-sweep".to_string();
         };
         let nodes: Vec<String> = self.runs.iter().map(|r| r.kv_nodes.to_string()).collect();
-        let stem = first.file_stem();
-        let base = stem
-            .strip_prefix("ycsb-")
-            .and_then(|s| s.rsplit_once('-'))
-            .map_or(stem.as_str(), |(b, _)| b);
-        format!("ycsb-sweep-{base}-{}kn", nodes.join("-"))
+        format!(
+            "ycsb-{}sweep-{}-{}kn",
+            first.system_prefix(),
+            first.base_stem(),
+            nodes.join("-")
+        )
     }
 
     /// One line per run.
