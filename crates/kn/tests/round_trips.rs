@@ -56,6 +56,16 @@ fn shortcut_hit_costs_one_round_trip() {
 
 #[test]
 fn uncached_lookup_walks_the_index() {
+    uncached_lookup(dinomo_dpm::Partitioning::Shared);
+}
+
+/// A KV node of DINOMO-N reads its own partition of the index: the same walk, the same round trips.
+#[test]
+fn uncached_lookup_walks_the_nodes_own_partition() {
+    uncached_lookup(dinomo_dpm::Partitioning::PerNode);
+}
+
+fn uncached_lookup(partitioning: dinomo_dpm::Partitioning) {
     // No cache at all: after the log is merged, every lookup walks the index.
     let s = Embedded::open(&EmbeddedConfig {
         kn: KnConfig {
@@ -65,6 +75,10 @@ fn uncached_lookup_walks_the_index() {
                 ..CacheConfig::default()
             },
             ..KnConfig::default()
+        },
+        processor: dinomo_dpm::ProcessorConfig {
+            partitioning,
+            ..dinomo_dpm::ProcessorConfig::default()
         },
         ..EmbeddedConfig::default()
     })
@@ -81,8 +95,12 @@ fn uncached_lookup_walks_the_index() {
         (2..=3).contains(&rts),
         "an uncached lookup took {rts} round trips"
     );
-    assert_eq!(h.stats().unwrap()[0].index_walks, 1);
+    let before = round_trips(&h);
+    assert_eq!(h.get(b"k").unwrap().as_deref(), Some(&b"value"[..]));
+    assert_eq!(round_trips(&h) - before, 2, "bucket, then entry");
+    assert_eq!(h.stats().unwrap()[0].index_walks, 2);
     assert_eq!(h.get(b"missing").unwrap(), None);
+    assert_eq!(s.processor().partitioning(), partitioning);
 }
 
 #[test]
