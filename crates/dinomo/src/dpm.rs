@@ -169,8 +169,12 @@ pub fn run(args: DpmArgs) -> anyhow::Result<()> {
             None => ", fabric only".to_string(),
             Some(p) => {
                 let s = p.stats();
+                let layout = match p.partitioning() {
+                    Partitioning::Shared => "one shared index".to_string(),
+                    Partitioning::PerNode => format!("{} index partitions", s.partitions),
+                };
                 format!(
-                    ", {} logs, {} keys, {} entries recovered",
+                    ", {} logs, {layout}, {} keys, {} entries recovered",
                     s.logs, s.index_entries, s.recovered_entries
                 )
             }

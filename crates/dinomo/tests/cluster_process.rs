@@ -1,6 +1,8 @@
 //! A cluster of real processes on loopback — `dinomo dpm`, three `dinomo kn`, `dinomo rn` and `dinomo mnode` — in
 //! which a KV node is SIGKILLed under load: its keys are served again by the others (the memory node merged its
-//! log), every acknowledged write is there, and a node started later joins.
+//! log), every acknowledged write is there, and a node started later joins. Once with the memory node's index shared
+//! (DINOMO), once partitioned per KV node (`--partitioning per-node`, DINOMO-N: the keys' data moves between the
+//! nodes' partitions).
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -42,9 +44,11 @@ fn start(args: &[&str]) -> anyhow::Result<Proc> {
     Ok(Proc { child, banner })
 }
 
-fn dpm(pool: &Path) -> anyhow::Result<(Proc, String)> {
+fn dpm(pool: &Path, partitioning: &str) -> anyhow::Result<(Proc, String)> {
     let p = start(&[
         "dpm",
+        "--partitioning",
+        partitioning,
         "--listen",
         "127.0.0.1:0",
         "--size",
@@ -93,8 +97,23 @@ fn value(i: u32, v: u32) -> Vec<u8> {
 
 #[test]
 fn a_sigkilled_kv_node_is_replaced_without_losing_acknowledged_writes() -> anyhow::Result<()> {
+    kill_and_join("shared")
+}
+
+#[test]
+fn a_sigkilled_shared_nothing_kv_node_is_replaced_without_losing_acknowledged_writes()
+-> anyhow::Result<()> {
+    kill_and_join("per-node")
+}
+
+fn kill_and_join(partitioning: &str) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let (_dpm, dpm_addr) = dpm(&dir.path().join("pool"))?;
+    let (dpm_proc, dpm_addr) = dpm(&dir.path().join("pool"), partitioning)?;
+    let layout = match partitioning {
+        "per-node" => "0 index partitions",
+        _ => "one shared index",
+    };
+    assert!(dpm_proc.banner.contains(layout), "{}", dpm_proc.banner);
     let _m = start(&["mnode", "--dpm", &dpm_addr, "--lease-ms", "500"])?;
     let rn = start(&["rn", "--dpm", &dpm_addr, "--listen", "127.0.0.1:0"])?;
     let rn_addr = rn

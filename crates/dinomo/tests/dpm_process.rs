@@ -286,7 +286,7 @@ fn kv_node_over_tcp_survives_a_memory_node_sigkill() {
     );
     assert!(
         dpm.banner
-            .contains("2 logs, 499 keys, 501 entries recovered"),
+            .contains("2 logs, one shared index, 499 keys, 501 entries recovered"),
         "{}",
         dpm.banner
     );
