@@ -1,6 +1,8 @@
 //! The elastic cluster (paper §3.4–3.5): KV nodes that serve only the keys they own, routing nodes that tell
 //! clients who owns what, a native client that caches routing and follows refusals, and the management node that
-//! moves ownership (never data) when nodes join, leave or fail.
+//! moves ownership (never data) when nodes join, leave or fail. The same parts run the paper's variants
+//! ([`Variant`]): DINOMO-S (shortcut-only caches) and DINOMO-N (shared-nothing, where the M-node has the memory
+//! node move the data of the keys that change owner).
 //!
 //! The cluster record — the ring with its epoch and the nodes' addresses — lives in a [`dinomo_meta::MetaStore`]:
 //! embedded (served by the memory node and persisted in its pool) or etcd.

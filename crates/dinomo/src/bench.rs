@@ -865,6 +865,8 @@ mod tests {
         assert_eq!((o.system, policy(&o)), (System::Dinomo, "dac"));
         let o = options(&["--system", "dinomo-s"]).unwrap();
         assert_eq!((o.system, policy(&o)), (System::DinomoS, "shortcut-only"));
+        let o = options(&["--system", "dinomo-n"]).unwrap();
+        assert_eq!((o.system, policy(&o)), (System::DinomoN, "dac"));
         let o = options(&["--policy", "value-only"]).unwrap();
         assert_eq!(policy(&o), "value-only");
         let err = options(&["--system", "dinomo-s", "--policy", "dac"]).unwrap_err();

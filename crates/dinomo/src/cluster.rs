@@ -525,6 +525,32 @@ mod tests {
         policy: PolicyArgs,
     }
 
+    #[derive(Debug, Parser)]
+    struct UpCli {
+        #[command(flatten)]
+        up: UpArgs,
+    }
+
+    #[test]
+    fn up_runs_the_system_it_is_asked_for() {
+        let up = |args: &[&str]| {
+            UpCli::try_parse_from(std::iter::once("up").chain(args.iter().copied()))
+        };
+        assert_eq!(up(&[]).unwrap().up.system, Variant::Dinomo);
+        let n = up(&["--system", "dinomo-n"]).unwrap().up;
+        assert_eq!(n.system, Variant::DinomoN);
+        assert_eq!(
+            n.system.cache_policy(n.kn.policy),
+            Ok(Policy::Adaptive),
+            "DINOMO-N caches with DAC"
+        );
+        let s = up(&["--system", "dinomo-s", "--policy", "value-only"])
+            .unwrap()
+            .up;
+        assert!(s.system.cache_policy(s.kn.policy).is_err());
+        assert!(up(&["--system", "clover"]).is_err());
+    }
+
     #[test]
     fn policy_flags_default_to_the_policy_defaults() {
         let cfg = Cli::parse_from(["dinomo"]).policy.config().unwrap();

@@ -208,15 +208,15 @@ impl Indexes {
                 &config.index,
             )?))),
             (Partitioning::Shared, Some(_)) => Err(ProcessorError::Config(
-                "the pool is partitioned per KV node (formatted for dinomo-n); open it with partitioning \
-                 per-node"
+                "the pool is partitioned per KV node (formatted for dinomo-n); it opens only with partitioning \
+                 per-node (dinomo up --system dinomo-n, dinomo dpm --partitioning per-node)"
                     .into(),
             )),
             (Partitioning::PerNode, None) => {
                 if pool.root(roots::INDEX)? != 0 || pool.root(roots::LOG_DIRECTORY)? != 0 {
                     return Err(ProcessorError::Config(
-                        "the pool holds one shared index (formatted for dinomo); it cannot be opened \
-                         partitioned per KV node"
+                        "the pool holds one shared index (formatted for dinomo or dinomo-s); it opens only with \
+                         partitioning shared (dinomo up --system dinomo|dinomo-s, dinomo dpm --partitioning shared)"
                             .into(),
                     ));
                 }
