@@ -525,7 +525,14 @@ impl State {
                 vec![primary]
             };
             if let Err(e) = self.install(&next.routing, &first) {
-                self.roll_back(&record, version, &next, &first);
+                // Undone at the node (its value back in the index), a cell reserved for this change is freed.
+                if self.roll_back(&record, version, &next, &first)
+                    && !record.routing.cells.contains_key(key)
+                    && let Err(e) =
+                        self.dpm_call::<_, ()>(proto::RELEASE_CELL, &proto::ReleaseCell { cell })
+                {
+                    warn!(error = %e, "freeing the cell of a rolled-back sharing change failed");
+                }
                 return Err(e);
             }
         } else {
@@ -570,24 +577,30 @@ impl State {
     }
 
     /// After a sharing change failed at `nodes`: they get the previous table again under a newer epoch (undoing
-    /// what they did), and that is stored. A node that cannot be reached is left to failure handling.
+    /// what they did, including changes of theirs that failed halfway), and that is stored. A node that cannot be
+    /// reached is left to failure handling. True when every node installed the previous table.
     fn roll_back(
         &mut self,
         record: &ClusterRecord,
         version: Option<u64>,
         attempted: &ClusterRecord,
         nodes: &[NodeId],
-    ) {
+    ) -> bool {
         let mut back = record.clone();
         back.routing
             .ring
             .set_epoch_at_least(attempted.routing.epoch() + 1);
-        if let Err(e) = self.install(&back.routing, nodes) {
-            warn!(error = %e, "rolling back a sharing change failed");
-        }
+        let undone = match self.install(&back.routing, nodes) {
+            Ok(()) => true,
+            Err(e) => {
+                warn!(error = %e, "rolling back a sharing change failed");
+                false
+            }
+        };
         if let Err(e) = back.store(&*self.meta, version) {
             warn!(error = %e, "storing the rolled-back record failed");
         }
+        undone
     }
 
     /// Has every node in `nodes` serve under `routing`, in parallel; fails if any could not.

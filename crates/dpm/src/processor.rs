@@ -1083,6 +1083,12 @@ impl Inner {
         let mut cells = self.cells.lock().expect("cells lock");
         let slot = Self::cell_slot(&cells, req.cell)?;
         let cell = cells.get(slot).expect("used slot").clone();
+        if cell.key != req.key {
+            return Err(ProcessorError::Config(format!(
+                "the cell at {:#x} belongs to another key",
+                req.cell
+            )));
+        }
         if cell.state == CellState::Active {
             return Ok(merged);
         }
@@ -1102,8 +1108,16 @@ impl Inner {
 
     fn deactivate_cell(&self, req: &proto::ShareKey) -> Result<proto::Merged, ProcessorError> {
         let merged = self.merge_caller(req)?;
-        let slot = Self::cell_slot(&self.cells.lock().expect("cells lock"), req.cell)?;
-        self.unshare(slot)?;
+        let slot = {
+            let cells = self.cells.lock().expect("cells lock");
+            cells
+                .slot_at(req.cell)
+                .filter(|s| cells.get(*s).is_some_and(|c| c.key == req.key))
+        };
+        // A cell no longer in use for the key holds nothing of it: the key is in the index already.
+        if let Some(slot) = slot {
+            self.unshare(slot)?;
+        }
         Ok(merged)
     }
 
