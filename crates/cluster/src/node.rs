@@ -19,7 +19,8 @@ use crate::wire::Routing;
 use crate::{ClusterError, MemberInfo, member_name};
 
 /// Settings of a cluster KV node.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct NodeConfig {
     /// This node's id: it names the node in the ring and its logs on the memory node. A node that restarts with
     /// the same id takes its logs back (the memory node merges them first).
@@ -28,12 +29,15 @@ pub struct NodeConfig {
     pub listen: SocketAddr,
     /// The address other processes use to reach it, when it differs from the bound one.
     pub advertise: Option<String>,
-    /// Worker settings (`kn.node_id` is replaced by `node_id`).
+    /// Worker settings (`kn.node_id` is replaced by `node_id`); `workers` in configuration files.
+    #[serde(rename = "workers")]
     pub kn: KnConfig,
     /// Liveness lease: a node that misses its heartbeats this long is declared failed, and it stops serving by
     /// itself once it could not renew for this long. Default 200 ms.
+    #[serde(with = "humantime_serde")]
     pub lease_ttl: Duration,
     /// Heartbeat period; well under `lease_ttl`. Default 40 ms.
+    #[serde(with = "humantime_serde")]
     pub heartbeat: Duration,
     /// Server limits.
     pub limits: ServerLimits,

@@ -18,7 +18,8 @@ use crate::wire::{
 };
 
 /// Limits of a server.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ServerLimits {
     /// Largest request frame accepted. Default [`crate::wire::DEFAULT_MAX_FRAME`].
     pub max_frame: u32,

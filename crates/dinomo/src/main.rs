@@ -2,6 +2,7 @@
 
 mod bench;
 mod cluster;
+mod config;
 mod dpm;
 mod size;
 
@@ -31,6 +32,8 @@ enum Command {
     Kv(cluster::KvArgs),
     /// Run a benchmark.
     Bench(bench::BenchArgs),
+    /// Print the default configuration file, or check one.
+    Config(config::ConfigCmdArgs),
 }
 
 fn main() {
@@ -50,6 +53,7 @@ fn main() {
         Command::Mnode(args) => cluster::mnode(args),
         Command::Kv(args) => cluster::kv(args),
         Command::Bench(args) => bench::run(args),
+        Command::Config(args) => config::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
