@@ -9,6 +9,7 @@ mod autoscale;
 mod client;
 pub mod latency;
 mod local;
+pub mod metrics;
 mod mnode;
 mod node;
 mod pipeline;

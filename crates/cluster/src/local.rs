@@ -317,6 +317,19 @@ impl LocalCluster {
         self.connector()
     }
 
+    /// Metrics of the whole cluster: every KV node running now, the memory node, the cluster record's ring, the
+    /// M-node and this process's fabric counters.
+    pub fn metrics(&self) -> Vec<Arc<dyn crate::metrics::MetricsSource>> {
+        use crate::metrics::{FabricMetrics, ProcessorMetrics, RecordMetrics};
+        vec![
+            Arc::new(LocalNodeMetrics(self.scaler.clone())),
+            Arc::new(ProcessorMetrics(self.processor.clone())),
+            Arc::new(RecordMetrics(self.meta_store())),
+            Arc::new(self.mnode().metrics()),
+            Arc::new(FabricMetrics),
+        ]
+    }
+
     /// Stops everything cleanly.
     pub fn stop(mut self) {
         self.shutdown();
@@ -335,6 +348,19 @@ impl LocalCluster {
         }
         self.processor.shutdown();
         let _ = self.pool.sync_all();
+    }
+}
+
+/// The metrics of the KV nodes of a local cluster, whichever run at the time of a scrape.
+struct LocalNodeMetrics(Arc<LocalScaler>);
+
+impl crate::metrics::MetricsSource for LocalNodeMetrics {
+    fn collect(&self, out: &mut crate::metrics::Exposition) {
+        // Read outside the lock, so a scrape never holds up starting or stopping a node.
+        let nodes: Vec<_> = self.0.nodes().iter().map(ClusterNode::metrics).collect();
+        for n in nodes {
+            n.collect(out);
+        }
     }
 }
 

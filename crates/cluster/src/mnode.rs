@@ -193,6 +193,14 @@ impl MNode {
         self.started
     }
 
+    /// The M-node's metrics, for a [`crate::metrics::MetricsServer`].
+    pub fn metrics(&self) -> crate::metrics::MNodeMetrics {
+        crate::metrics::MNodeMetrics {
+            leading: self.leading.clone(),
+            events: self.events.clone(),
+        }
+    }
+
     /// The reconfigurations so far.
     pub fn events(&self) -> Vec<ReconfigEvent> {
         self.events.lock().expect("events lock").clone()

@@ -337,6 +337,18 @@ impl ClusterNode {
         self.gate.is_open()
     }
 
+    /// The node's metrics, for a [`crate::metrics::MetricsServer`]; they read the node while it runs.
+    pub fn metrics(&self) -> crate::metrics::NodeMetrics {
+        crate::metrics::NodeMetrics {
+            shared: self.shared.clone(),
+            gate: self.gate.clone(),
+            resp: self
+                .resp
+                .as_ref()
+                .map(dinomo_resp::RespServer::stats_handle),
+        }
+    }
+
     /// The counters of the node's worker threads.
     pub fn worker_stats(&self) -> Result<Vec<dinomo_kn::WorkerStats>, KnError> {
         Ok(self.shared.stats()?.threads)

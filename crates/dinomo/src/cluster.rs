@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use dinomo_cache::Policy;
+use dinomo_cluster::metrics::{FabricMetrics, MetricsSource, RecordMetrics};
 use dinomo_cluster::{
     AutoscaleConfig, Autoscaler, Client, ClientConfig, ClusterNode, LocalCluster,
     LocalClusterConfig, MNode, ManualScaler, NodeConfig, RoutingNode,
@@ -562,7 +563,10 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
     if cluster.autoscaler().is_some() {
         println!("  autoscaler on (the M-node adds and removes KV nodes to keep the latency SLOs)");
     }
+    let metrics = cfg.metrics.serve(|| cluster.metrics())?;
     wait_for_signal(signals);
+    // The endpoint reads the cluster: it goes first.
+    drop(metrics);
     cluster.stop();
     println!("dinomo up stopped cleanly");
     Ok(())
@@ -578,7 +582,11 @@ pub fn kn(args: KnCmdArgs) -> anyhow::Result<()> {
     if let Some(resp) = node.resp_addr() {
         println!("  Redis protocol on {resp}");
     }
+    let metrics = cfg
+        .metrics
+        .serve(|| vec![Arc::new(node.metrics()), Arc::new(FabricMetrics)])?;
     wait_for_signal(signals);
+    drop(metrics);
     node.stop();
     println!("dinomo kn stopped cleanly");
     Ok(())
@@ -594,7 +602,11 @@ pub fn rn(args: RnArgs) -> anyhow::Result<()> {
         cfg.rn.limits.clone(),
     )?;
     println!("dinomo rn listening on {}", rn.local_addr());
+    let metrics = cfg
+        .metrics
+        .serve(|| vec![Arc::new(rn.metrics()), Arc::new(FabricMetrics)])?;
     wait_for_signal(signals);
+    drop(metrics);
     drop(rn);
     println!("dinomo rn stopped cleanly");
     Ok(())
@@ -609,6 +621,7 @@ pub fn mnode(args: MnodeArgs) -> anyhow::Result<()> {
         meta.clone(),
         connector(&cfg),
     )?);
+    let record: Arc<dyn MetricsSource> = Arc::new(RecordMetrics(meta.clone()));
     // This M-node cannot start KV-node processes: the policy removes nodes and changes replication, and an
     // add it decides on is logged as refused (start a `dinomo kn` by hand).
     let autoscaler = if cfg.autoscale.enabled {
@@ -630,7 +643,11 @@ pub fn mnode(args: MnodeArgs) -> anyhow::Result<()> {
             ""
         }
     );
+    let metrics = cfg
+        .metrics
+        .serve(|| vec![Arc::new(m.metrics()), record, Arc::new(FabricMetrics)])?;
     wait_for_signal(signals);
+    drop(metrics);
     drop(autoscaler);
     drop(m);
     println!("dinomo mnode stopped cleanly");

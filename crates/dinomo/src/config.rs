@@ -41,6 +41,8 @@ pub struct Config {
     pub autoscale: AutoscaleConfig,
     /// `dinomo up`: the whole cluster in one process.
     pub up: UpConfig,
+    /// The Prometheus endpoint of every process.
+    pub metrics: MetricsConfig,
 }
 
 impl Default for Config {
@@ -63,6 +65,7 @@ impl Default for Config {
             mnode: MNodeConfig::default(),
             autoscale: AutoscaleConfig::default(),
             up: UpConfig::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 }
@@ -187,389 +190,181 @@ impl Default for UpConfig {
     }
 }
 
+/// The Prometheus endpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Where `/metrics` is served over HTTP; unset: not served.
+    pub listen: Option<SocketAddr>,
+    /// Scrapes served at once; more are closed.
+    pub max_connections: usize,
+    /// Bound on reading a request and writing its answer.
+    #[serde(with = "humantime_serde")]
+    pub io_timeout: Duration,
+    /// Longest request head (request line and headers) accepted.
+    pub max_request_bytes: usize,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        let d = dinomo_cluster::metrics::HttpConfig::default();
+        MetricsConfig {
+            listen: None,
+            max_connections: d.max_connections,
+            io_timeout: d.io_timeout,
+            max_request_bytes: d.max_request_bytes,
+        }
+    }
+}
+
+impl MetricsConfig {
+    /// The HTTP server's settings, when metrics are served.
+    pub fn http(&self) -> Option<dinomo_cluster::metrics::HttpConfig> {
+        self.listen
+            .map(|listen| dinomo_cluster::metrics::HttpConfig {
+                listen,
+                max_connections: self.max_connections,
+                io_timeout: self.io_timeout,
+                max_request_bytes: self.max_request_bytes,
+            })
+    }
+
+    /// Starts the endpoint when one is configured, and says where it listens.
+    pub fn serve(
+        &self,
+        sources: impl FnOnce() -> Vec<std::sync::Arc<dyn dinomo_cluster::metrics::MetricsSource>>,
+    ) -> anyhow::Result<Option<dinomo_cluster::metrics::MetricsServer>> {
+        let Some(http) = self.http() else {
+            return Ok(None);
+        };
+        let listen = http.listen;
+        let server = dinomo_cluster::metrics::MetricsServer::start(http, sources())
+            .with_context(|| format!("serving metrics on {listen}"))?;
+        println!("  metrics on http://{}/metrics", server.local_addr());
+        Ok(Some(server))
+    }
+}
+
 /// What each key of the file means, in file order. Optional keys, absent from the defaults, carry an example.
+#[rustfmt::skip]
 const DOCS: &[(&str, &str)] = &[
-    (
-        "pool.path",
-        "pool file of the memory node (`dpm --pool`, `up --data-dir` DIR/pool); created with its directory when missing",
-    ),
-    (
-        "pool.size",
-        "bytes of a new pool (ignored when the file exists)",
-    ),
-    (
-        "pool.segment_size",
-        "allocation unit of a new pool in bytes (dpm; `up` uses processor.segment_size, at most 8 MiB)",
-    ),
-    (
-        "pool.persist.mode",
-        "durability: volatile, periodic (msync every interval_ms), durable (msync per write) or dax",
-    ),
-    (
-        "pool.persist.interval_ms",
-        "milliseconds between background msyncs (mode = periodic only)",
-    ),
-    (
-        "processor.merge_threads",
-        "threads merging KV nodes' logs into the index",
-    ),
-    (
-        "processor.directory_capacity",
-        "KV-node thread logs the pool can hold (fixed when the pool is formatted)",
-    ),
-    (
-        "processor.segment_size",
-        "bytes of a log segment (fixed when the pool is formatted)",
-    ),
-    (
-        "processor.shared_key_capacity",
-        "keys that can be shared by several KV nodes at once (fixed when the pool is formatted)",
-    ),
-    (
-        "processor.shared_key_max_len",
-        "longest key that can be shared, in bytes (fixed when the pool is formatted)",
-    ),
-    (
-        "processor.index.initial_buckets",
-        "primary buckets of a new index (a power of two)",
-    ),
-    (
-        "processor.index.max_load",
-        "share of the index's slots in use before it doubles",
-    ),
-    (
-        "processor.index.overflow_per_bucket",
-        "spare overflow buckets per primary bucket of a new table",
-    ),
-    (
-        "processor.index.retire_grace",
-        "how long a replaced index table stays allocated for lookups under way",
-    ),
-    (
-        "dpm.fabric_only",
-        "serve raw registered memory without the data plane (fabric tests and benchmarks)",
-    ),
+    ("pool.path", "pool file of the memory node (`dpm --pool`, `up --data-dir` DIR/pool); created with its directory when missing"),
+    ("pool.size", "bytes of a new pool (ignored when the file exists)"),
+    ("pool.segment_size", "allocation unit of a new pool in bytes (dpm; `up` uses processor.segment_size, at most 8 MiB)"),
+    ("pool.persist.mode", "durability: volatile, periodic (msync every interval_ms), durable (msync per write) or dax"),
+    ("pool.persist.interval_ms", "milliseconds between background msyncs (mode = periodic only)"),
+    ("processor.merge_threads", "threads merging KV nodes' logs into the index"),
+    ("processor.directory_capacity", "KV-node thread logs the pool can hold (fixed when the pool is formatted)"),
+    ("processor.segment_size", "bytes of a log segment (fixed when the pool is formatted)"),
+    ("processor.shared_key_capacity", "keys that can be shared by several KV nodes at once (fixed when the pool is formatted)"),
+    ("processor.shared_key_max_len", "longest key that can be shared, in bytes (fixed when the pool is formatted)"),
+    ("processor.index.initial_buckets", "primary buckets of a new index (a power of two)"),
+    ("processor.index.max_load", "share of the index's slots in use before it doubles"),
+    ("processor.index.overflow_per_bucket", "spare overflow buckets per primary bucket of a new table"),
+    ("processor.index.retire_grace", "how long a replaced index table stays allocated for lookups under way"),
+    ("dpm.fabric_only", "serve raw registered memory without the data plane (fabric tests and benchmarks)"),
     ("dpm.server.listen", "fabric address of the memory node"),
-    (
-        "dpm.server.allow_non_loopback",
-        "permit a non-loopback listen address (needs fabric.token)",
-    ),
-    (
-        "dpm.server.max_connections",
-        "fabric connections served at once; more are refused in the handshake",
-    ),
-    (
-        "dpm.server.handshake_timeout",
-        "time a new fabric connection has to complete its handshake",
-    ),
-    (
-        "dpm.node.max_message_len",
-        "largest payload of one verb or RPC in bytes",
-    ),
-    (
-        "dpm.node.rpc_threads",
-        "processor threads serving two-sided calls",
-    ),
-    (
-        "dpm.node.rpc_queue",
-        "two-sided calls queued before callers wait",
-    ),
+    ("dpm.server.allow_non_loopback", "permit a non-loopback listen address (needs fabric.token)"),
+    ("dpm.server.max_connections", "fabric connections served at once; more are refused in the handshake"),
+    ("dpm.server.handshake_timeout", "time a new fabric connection has to complete its handshake"),
+    ("dpm.node.max_message_len", "largest payload of one verb or RPC in bytes"),
+    ("dpm.node.rpc_threads", "processor threads serving two-sided calls"),
+    ("dpm.node.rpc_queue", "two-sided calls queued before callers wait"),
     ("dpm.meta.max_record_len", "largest cluster record in bytes"),
     ("dpm.meta.max_info_len", "largest member info in bytes"),
-    (
-        "dpm.meta.max_name_len",
-        "longest member, election or candidate name in bytes",
-    ),
+    ("dpm.meta.max_name_len", "longest member, election or candidate name in bytes"),
     ("dpm.meta.max_leases", "live leases at once"),
     ("dpm.meta.max_members", "registered members at once"),
     ("dpm.meta.max_elections", "elections with a leader at once"),
     ("dpm.meta.max_ttl", "longest lease"),
-    (
-        "fabric.token",
-        "shared secret of the memory node's fabric (also DINOMO_CLUSTER_TOKEN)",
-    ),
-    (
-        "fabric.endpoint.injected_latency_ns",
-        "busy-wait added per fabric round trip, in ns (emulates a µs-scale network)",
-    ),
-    (
-        "fabric.endpoint.timeout",
-        "how long a fabric round trip may take before the connection is given up",
-    ),
-    (
-        "fabric.endpoint.connect_timeout",
-        "how long connecting to the memory node and the handshake may take",
-    ),
-    (
-        "cluster.dpm",
-        "address of the memory node for kn, rn and mnode",
-    ),
-    (
-        "cluster.etcd",
-        "etcd endpoints keeping the cluster record, leases and election (empty: the memory node)",
-    ),
+    ("fabric.token", "shared secret of the memory node's fabric (also DINOMO_CLUSTER_TOKEN)"),
+    ("fabric.endpoint.injected_latency_ns", "busy-wait added per fabric round trip, in ns (emulates a µs-scale network)"),
+    ("fabric.endpoint.timeout", "how long a fabric round trip may take before the connection is given up"),
+    ("fabric.endpoint.connect_timeout", "how long connecting to the memory node and the handshake may take"),
+    ("cluster.dpm", "address of the memory node for kn, rn and mnode"),
+    ("cluster.etcd", "etcd endpoints keeping the cluster record, leases and election (empty: the memory node)"),
     ("cluster.etcd_prefix", "key prefix in etcd"),
-    (
-        "kn.node_id",
-        "this KV node's id: it names its logs, so a restart with the same id takes them back (kn)",
-    ),
-    (
-        "kn.listen",
-        "native-protocol address of the KV node (kn; `up` picks free ports)",
-    ),
-    (
-        "kn.advertise",
-        "address other processes use to reach the KV node, when it differs from the bound one (example)",
-    ),
-    (
-        "kn.lease_ttl",
-        "liveness lease: a node silent this long is declared failed and stops serving itself",
-    ),
+    ("kn.node_id", "this KV node's id: it names its logs, so a restart with the same id takes them back (kn)"),
+    ("kn.listen", "native-protocol address of the KV node (kn; `up` picks free ports)"),
+    ("kn.advertise", "address other processes use to reach the KV node, when it differs from the bound one (example)"),
+    ("kn.lease_ttl", "liveness lease: a node silent this long is declared failed and stops serving itself"),
     ("kn.heartbeat", "heartbeat period (well under lease_ttl)"),
-    (
-        "kn.resp_listen",
-        "Redis-protocol address of the KV node (kn; unset: no RESP; `up` uses up.resp_listen) (example)",
-    ),
-    (
-        "kn.resp_forward_clients",
-        "native clients the Redis connections share to forward keys of other nodes",
-    ),
-    (
-        "kn.workers.threads",
-        "worker threads, each owning a share of the node's keys",
-    ),
-    (
-        "kn.workers.max_key_len",
-        "largest key in bytes (at most 65535)",
-    ),
-    (
-        "kn.workers.max_value_len",
-        "largest value in bytes (a largest key and value must fit in one log segment)",
-    ),
-    (
-        "kn.workers.max_unmerged_segments",
-        "sealed segments a worker may have unmerged before its writes wait",
-    ),
-    (
-        "kn.workers.merge_wait_timeout",
-        "how long a write waits for the memory node to merge before it fails",
-    ),
-    (
-        "kn.workers.max_batch",
-        "requests a worker takes for one group commit",
-    ),
-    (
-        "kn.workers.queue_depth",
-        "requests that may wait in a worker's queue",
-    ),
-    (
-        "kn.workers.shared_cas_attempts",
-        "attempts of a write to a shared key before it gives up under contention",
-    ),
-    (
-        "kn.workers.cache.budget_bytes",
-        "cache bytes per worker thread (--cache is per node and divided among the workers)",
-    ),
-    (
-        "kn.workers.cache.policy",
-        "cache policy: dac, static-N (N% values), value-only or shortcut-only",
-    ),
-    (
-        "kn.workers.cache.initial_miss_cost",
-        "round trips per miss assumed until misses are measured",
-    ),
-    (
-        "kn.workers.cache.miss_cost_weight",
-        "weight of a new sample in the moving average of round trips per miss",
-    ),
-    (
-        "kn.workers.key_stats.enabled",
-        "whether workers keep key-access statistics for the M-node's policy",
-    ),
-    (
-        "kn.workers.key_stats.heavy_hitters",
-        "counters of the heavy-hitter summary (1..=65536)",
-    ),
-    (
-        "kn.workers.key_stats.distinct_precision",
-        "log2 of the distinct-key estimator's registers (4..=18)",
-    ),
-    (
-        "kn.workers.key_stats.f2_depth",
-        "rows of the F2 estimator (1..=16)",
-    ),
-    (
-        "kn.workers.key_stats.f2_width",
-        "counters per row of the F2 estimator, a power of two (16..=65536)",
-    ),
-    (
-        "kn.workers.key_stats.max_tracked_keys",
-        "keys counted exactly at the node's request (its replicated keys)",
-    ),
-    (
-        "kn.limits.max_frame",
-        "largest native-protocol request frame in bytes",
-    ),
-    (
-        "kn.limits.max_connections",
-        "native-protocol connections served at once",
-    ),
-    (
-        "kn.resp.requirepass",
-        "password of the `default` Redis user (also DINOMO_REQUIREPASS; unset: no AUTH) (example)",
-    ),
-    (
-        "kn.resp.protected_mode",
-        "refuse a non-loopback Redis address without a password",
-    ),
-    (
-        "kn.resp.max_clients",
-        "Redis clients served at once per KV node",
-    ),
-    (
-        "kn.resp.idle_timeout",
-        "close a Redis client idle this long (0s: never)",
-    ),
-    (
-        "kn.resp.max_pipeline",
-        "pipelined Redis requests run together before their replies are written",
-    ),
-    (
-        "kn.resp.limits.max_bulk_len",
-        "longest Redis argument in bytes (proto-max-bulk-len)",
-    ),
-    (
-        "kn.resp.limits.max_multibulk_len",
-        "most arguments in one Redis request",
-    ),
-    (
-        "kn.resp.limits.max_inline_len",
-        "longest inline Redis command in bytes",
-    ),
-    (
-        "kn.resp.limits.max_request_bytes",
-        "most bytes of one Redis request (client-query-buffer-limit)",
-    ),
-    (
-        "rn.listen",
-        "address of the routing node (clients start here)",
-    ),
-    (
-        "rn.refresh",
-        "how often the routing node re-reads the cluster record",
-    ),
-    (
-        "rn.limits.max_frame",
-        "largest request frame the routing node accepts, in bytes",
-    ),
-    (
-        "rn.limits.max_connections",
-        "connections the routing node serves at once",
-    ),
-    (
-        "mnode.name",
-        "this M-node's name in the election (unique per M-node)",
-    ),
-    (
-        "mnode.lease_ttl",
-        "leadership lease: a standby takes over this long after the leader stops",
-    ),
-    (
-        "mnode.check_interval",
-        "how often the M-node checks leases and membership",
-    ),
-    (
-        "mnode.install_timeout",
-        "bound on one call to a KV node during reconfiguration",
-    ),
+    ("kn.resp_listen", "Redis-protocol address of the KV node (kn; unset: no RESP; `up` uses up.resp_listen) (example)"),
+    ("kn.resp_forward_clients", "native clients the Redis connections share to forward keys of other nodes"),
+    ("kn.workers.threads", "worker threads, each owning a share of the node's keys"),
+    ("kn.workers.max_key_len", "largest key in bytes (at most 65535)"),
+    ("kn.workers.max_value_len", "largest value in bytes (a largest key and value must fit in one log segment)"),
+    ("kn.workers.max_unmerged_segments", "sealed segments a worker may have unmerged before its writes wait"),
+    ("kn.workers.merge_wait_timeout", "how long a write waits for the memory node to merge before it fails"),
+    ("kn.workers.max_batch", "requests a worker takes for one group commit"),
+    ("kn.workers.queue_depth", "requests that may wait in a worker's queue"),
+    ("kn.workers.shared_cas_attempts", "attempts of a write to a shared key before it gives up under contention"),
+    ("kn.workers.cache.budget_bytes", "cache bytes per worker thread (--cache is per node and divided among the workers)"),
+    ("kn.workers.cache.policy", "cache policy: dac, static-N (N% values), value-only or shortcut-only"),
+    ("kn.workers.cache.initial_miss_cost", "round trips per miss assumed until misses are measured"),
+    ("kn.workers.cache.miss_cost_weight", "weight of a new sample in the moving average of round trips per miss"),
+    ("kn.workers.key_stats.enabled", "whether workers keep key-access statistics for the M-node's policy"),
+    ("kn.workers.key_stats.heavy_hitters", "counters of the heavy-hitter summary (1..=65536)"),
+    ("kn.workers.key_stats.distinct_precision", "log2 of the distinct-key estimator's registers (4..=18)"),
+    ("kn.workers.key_stats.f2_depth", "rows of the F2 estimator (1..=16)"),
+    ("kn.workers.key_stats.f2_width", "counters per row of the F2 estimator, a power of two (16..=65536)"),
+    ("kn.workers.key_stats.max_tracked_keys", "keys counted exactly at the node's request (its replicated keys)"),
+    ("kn.limits.max_frame", "largest native-protocol request frame in bytes"),
+    ("kn.limits.max_connections", "native-protocol connections served at once"),
+    ("kn.resp.requirepass", "password of the `default` Redis user (also DINOMO_REQUIREPASS; unset: no AUTH) (example)"),
+    ("kn.resp.protected_mode", "refuse a non-loopback Redis address without a password"),
+    ("kn.resp.max_clients", "Redis clients served at once per KV node"),
+    ("kn.resp.idle_timeout", "close a Redis client idle this long (0s: never)"),
+    ("kn.resp.max_pipeline", "pipelined Redis requests run together before their replies are written"),
+    ("kn.resp.limits.max_bulk_len", "longest Redis argument in bytes (proto-max-bulk-len)"),
+    ("kn.resp.limits.max_multibulk_len", "most arguments in one Redis request"),
+    ("kn.resp.limits.max_inline_len", "longest inline Redis command in bytes"),
+    ("kn.resp.limits.max_request_bytes", "most bytes of one Redis request (client-query-buffer-limit)"),
+    ("rn.listen", "address of the routing node (clients start here)"),
+    ("rn.refresh", "how often the routing node re-reads the cluster record"),
+    ("rn.limits.max_frame", "largest request frame the routing node accepts, in bytes"),
+    ("rn.limits.max_connections", "connections the routing node serves at once"),
+    ("mnode.name", "this M-node's name in the election (unique per M-node)"),
+    ("mnode.lease_ttl", "leadership lease: a standby takes over this long after the leader stops"),
+    ("mnode.check_interval", "how often the M-node checks leases and membership"),
+    ("mnode.install_timeout", "bound on one call to a KV node during reconfiguration"),
     ("mnode.vnodes", "virtual nodes per KV node in a new ring"),
-    (
-        "mnode.failure_grace",
-        "time unregistered ring members get to come back after an M-node starts leading",
-    ),
-    (
-        "autoscale.enabled",
-        "run the policy loop (Table 4): add and remove KV nodes, replicate hot keys",
-    ),
-    (
-        "autoscale.monitoring_epoch",
-        "how often the KV nodes' statistics are collected (at most the decision period)",
-    ),
-    (
-        "autoscale.collect_timeout",
-        "bound on collecting one node's statistics",
-    ),
+    ("mnode.failure_grace", "time unregistered ring members get to come back after an M-node starts leading"),
+    ("autoscale.enabled", "run the policy loop (Table 4): add and remove KV nodes, replicate hot keys"),
+    ("autoscale.monitoring_epoch", "how often the KV nodes' statistics are collected (at most the decision period)"),
+    ("autoscale.collect_timeout", "bound on collecting one node's statistics"),
     ("autoscale.max_events", "policy events kept for inspection"),
     ("autoscale.policy.avg_latency_slo", "average-latency SLO"),
-    (
-        "autoscale.policy.tail_latency_slo",
-        "99th-percentile latency SLO",
-    ),
-    (
-        "autoscale.policy.over_utilization_lower_bound",
-        "occupancy above which a KV node is over-utilized",
-    ),
-    (
-        "autoscale.policy.under_utilization_upper_bound",
-        "occupancy below which a KV node is under-utilized",
-    ),
-    (
-        "autoscale.policy.hotness_sigmas",
-        "a key is hot above mean + this many standard deviations of access frequency",
-    ),
-    (
-        "autoscale.policy.coldness_sigmas",
-        "a replicated key is cold below mean - this many standard deviations",
-    ),
+    ("autoscale.policy.tail_latency_slo", "99th-percentile latency SLO"),
+    ("autoscale.policy.over_utilization_lower_bound", "occupancy above which a KV node is over-utilized"),
+    ("autoscale.policy.under_utilization_upper_bound", "occupancy below which a KV node is under-utilized"),
+    ("autoscale.policy.hotness_sigmas", "a key is hot above mean + this many standard deviations of access frequency"),
+    ("autoscale.policy.coldness_sigmas", "a replicated key is cold below mean - this many standard deviations"),
     ("autoscale.policy.decision_period", "time between decisions"),
-    (
-        "autoscale.policy.grace_period",
-        "no node is added or removed this long after a membership change",
-    ),
-    (
-        "autoscale.policy.min_nodes",
-        "fewest KV nodes the policy leaves",
-    ),
-    (
-        "autoscale.policy.max_nodes",
-        "most KV nodes the policy adds up to",
-    ),
-    (
-        "autoscale.policy.max_replication",
-        "highest replication factor of a hot key (never above the node count)",
-    ),
-    (
-        "autoscale.policy.max_replication_changes",
-        "most replication changes in one decision",
-    ),
-    (
-        "autoscale.policy.autoscaling",
-        "whether the policy adds and removes nodes",
-    ),
-    (
-        "autoscale.policy.selective_replication",
-        "whether the policy replicates hot keys and de-replicates cold ones",
-    ),
+    ("autoscale.policy.grace_period", "no node is added or removed this long after a membership change"),
+    ("autoscale.policy.min_nodes", "fewest KV nodes the policy leaves"),
+    ("autoscale.policy.max_nodes", "most KV nodes the policy adds up to"),
+    ("autoscale.policy.max_replication", "highest replication factor of a hot key (never above the node count)"),
+    ("autoscale.policy.max_replication_changes", "most replication changes in one decision"),
+    ("autoscale.policy.autoscaling", "whether the policy adds and removes nodes"),
+    ("autoscale.policy.selective_replication", "whether the policy replicates hot keys and de-replicates cold ones"),
     ("up.kns", "KV nodes `up` starts"),
-    (
-        "up.resp",
-        "whether `up`'s KV nodes serve the Redis protocol",
-    ),
-    (
-        "up.resp_listen",
-        "Redis-protocol addresses of `up`'s KV nodes, one per node; later nodes take the next ports",
-    ),
-    (
-        "up.node_start_timeout",
-        "how long starting a KV node may take until it serves",
-    ),
+    ("up.resp", "whether `up`'s KV nodes serve the Redis protocol"),
+    ("up.resp_listen", "Redis-protocol addresses of `up`'s KV nodes, one per node; later nodes take the next ports"),
+    ("up.node_start_timeout", "how long starting a KV node may take until it serves"),
+    ("metrics.listen", "address serving Prometheus metrics at /metrics over HTTP (unset: off) (example)"),
+    ("metrics.max_connections", "metrics scrapes served at once; more are closed"),
+    ("metrics.io_timeout", "bound on reading a metrics request and writing its answer"),
+    ("metrics.max_request_bytes", "longest HTTP request head accepted by the metrics endpoint"),
 ];
 
 /// Examples for the optional keys, printed commented out in the defaults.
+#[rustfmt::skip]
 const EXAMPLES: &[(&str, &str)] = &[
     ("kn.advertise", "\"10.0.0.5:7301\""),
     ("kn.resp_listen", "\"127.0.0.1:6379\""),
     ("kn.resp.requirepass", "\"secret\""),
+    ("metrics.listen", "\"127.0.0.1:9100\""),
 ];
 
 fn doc(path: &str) -> Option<&'static str> {
@@ -815,6 +610,9 @@ impl Config {
         if self.pool.size == 0 {
             check("pool.size", Err("must be above zero".into()));
         }
+        if self.metrics.max_connections == 0 {
+            check("metrics.max_connections", Err("must be at least 1".into()));
+        }
         if self.dpm.node.max_message_len == 0 {
             check("dpm.node.max_message_len", Err("must be above zero".into()));
         }
@@ -835,18 +633,26 @@ impl Config {
     }
 }
 
-/// `--config FILE`, on every command that starts a process.
+/// `--config FILE` and `--metrics-listen ADDR`, on every command that starts a process.
 #[derive(Debug, Clone, Default, Args)]
 pub struct ConfigArgs {
     /// Configuration file (TOML; see `dinomo config defaults`). Flags given here override it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9100 (port 0: any free port)
+    /// [metrics.listen; default off].
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl ConfigArgs {
-    /// The file's settings, or the defaults.
+    /// The file's settings (or the defaults) with the metrics flag applied.
     pub fn load(&self) -> anyhow::Result<Loaded> {
-        load_or_default(self.config.as_deref())
+        let mut loaded = load_or_default(self.config.as_deref())?;
+        if let Some(listen) = self.metrics_listen {
+            loaded.config.metrics.listen = Some(listen);
+        }
+        Ok(loaded)
     }
 
     /// Where the settings came from, for error messages.
@@ -951,7 +757,7 @@ mod tests {
             .join("\n");
         let c = parse("examples", &uncommented).unwrap().config;
         assert_eq!(c.kn.resp.requirepass.as_deref(), Some("secret"));
-        assert!(c.kn.resp_listen.is_some());
+        assert!(c.kn.resp_listen.is_some() && c.metrics.listen.is_some());
     }
 
     #[test]

@@ -210,8 +210,13 @@ pub fn run(args: DpmArgs) -> anyhow::Result<()> {
             }
         },
     );
+    let metrics = cfg.metrics.serve(|| match &processor {
+        Some(p) => vec![Arc::new(dinomo_cluster::metrics::ProcessorMetrics(p.clone())) as _],
+        None => Vec::new(),
+    })?;
     let signal = signals.forever().next();
     tracing::info!(?signal, "stopping memory node");
+    drop(metrics);
     server.shutdown();
     if let Some(p) = processor {
         p.shutdown();

@@ -104,6 +104,24 @@ pub struct ServerStats {
     pub error_replies: u64,
 }
 
+/// Reads a server's counters; see [`RespServer::stats_handle`]. After the server stops they stay as they were.
+#[derive(Clone)]
+pub struct StatsHandle(Arc<Shared>);
+
+impl StatsHandle {
+    /// The counters now.
+    pub fn stats(&self) -> ServerStats {
+        let k = &self.0.counters;
+        ServerStats {
+            connected_clients: k.connected_clients.load(Ordering::Acquire),
+            connections_received: k.connections_received.load(Ordering::Relaxed),
+            rejected_connections: k.rejected_connections.load(Ordering::Relaxed),
+            commands_processed: k.commands_processed.load(Ordering::Relaxed),
+            error_replies: k.error_replies.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// A running RESP server; dropping it stops accepting and closes every connection.
 pub struct RespServer {
     addr: SocketAddr,
@@ -161,14 +179,12 @@ impl RespServer {
 
     /// Its counters.
     pub fn stats(&self) -> ServerStats {
-        let k = &self.shared.counters;
-        ServerStats {
-            connected_clients: k.connected_clients.load(Ordering::Acquire),
-            connections_received: k.connections_received.load(Ordering::Relaxed),
-            rejected_connections: k.rejected_connections.load(Ordering::Relaxed),
-            commands_processed: k.commands_processed.load(Ordering::Relaxed),
-            error_replies: k.error_replies.load(Ordering::Relaxed),
-        }
+        self.stats_handle().stats()
+    }
+
+    /// A handle that reads its counters, for whoever reports them without owning the server.
+    pub fn stats_handle(&self) -> StatsHandle {
+        StatsHandle(self.shared.clone())
     }
 
     /// Closes every open connection (the listener keeps accepting).
