@@ -18,6 +18,7 @@ mod resp;
 mod rn;
 mod server;
 mod stats;
+pub mod status;
 pub mod wire;
 
 use dinomo_meta::{MetaError, MetaStore};

@@ -124,6 +124,8 @@ pub(crate) struct NodeShared {
     pub(crate) queue_order: RwLock<()>,
     /// Latency reports and tracked keys for the M-node's policy.
     pub(crate) policy_stats: crate::stats::NodePolicyStats,
+    /// The memory node, for the administrative requests that ask about it.
+    pub(crate) memory: Connector,
 }
 
 impl NodeShared {
@@ -173,6 +175,13 @@ impl NodeShared {
         }
         *self.routing.write().expect("routing lock") = routing;
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// The memory node's statistics, asked on a connection of their own (an administrative request, rare).
+    pub(crate) fn memory_stats(&self) -> Result<dinomo_dpm::ProcessorStats, String> {
+        let mut ep = self.memory.connect().map_err(|e| e.to_string())?;
+        ep.call(dinomo_dpm::proto::STATS, &())
+            .map_err(|e| e.to_string())
     }
 
     /// The node's statistics: its workers' counters, in thread order, and its place in the ring.
@@ -239,6 +248,7 @@ impl ClusterNode {
             install_lock: std::sync::Mutex::new(()),
             queue_order: RwLock::new(()),
             policy_stats: Default::default(),
+            memory: connector.clone(),
         });
         let server = Server::start(
             config.listen,

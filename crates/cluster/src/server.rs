@@ -279,6 +279,13 @@ impl Service for NodeShared {
                 Ok(s) => ResponseBody::EpochStats(Box::new(s)),
                 Err(e) => error_body(e),
             },
+            RequestBody::MemoryStats => match self.memory_stats() {
+                Ok(s) => ResponseBody::Stats(serde_json::to_string(&s).unwrap_or_default()),
+                Err(message) => ResponseBody::Error {
+                    kind: ErrorKind::Unavailable,
+                    message: format!("the memory node's statistics: {message}"),
+                },
+            },
             other => ResponseBody::Error {
                 kind: ErrorKind::Invalid,
                 message: format!("unexpected request {other:?}"),

@@ -459,6 +459,39 @@ impl MnodeArgs {
     }
 }
 
+/// `dinomo status`: the cluster at a glance.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// A routing node (or any KV node).
+    #[arg(long, default_value = "127.0.0.1:7200")]
+    pub seed: String,
+    /// Milliseconds over which each node's load and hit ratio are sampled.
+    #[arg(long, default_value_t = 1000)]
+    pub window_ms: u64,
+    /// Milliseconds each node may take to answer.
+    #[arg(long, default_value_t = 2000)]
+    pub timeout_ms: u64,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn status(args: StatusArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.timeout_ms > 0, "--timeout-ms must be above zero");
+    let s = dinomo_cluster::status::collect(
+        &args.seed,
+        Duration::from_millis(args.window_ms),
+        Duration::from_millis(args.timeout_ms),
+    )
+    .with_context(|| format!("asking {} for the cluster", args.seed))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        print!("{}", s.table());
+    }
+    Ok(())
+}
+
 /// `dinomo kv`: one operation against a running cluster.
 #[derive(Debug, Args)]
 pub struct KvArgs {

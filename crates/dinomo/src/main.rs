@@ -30,6 +30,8 @@ enum Command {
     Mnode(cluster::MnodeArgs),
     /// One operation against a running cluster.
     Kv(cluster::KvArgs),
+    /// The cluster at a glance: nodes, shares, load, hit ratios, pool use, ring epoch.
+    Status(cluster::StatusArgs),
     /// Run a benchmark.
     Bench(bench::BenchArgs),
     /// Print the default configuration file, or check one.
@@ -52,6 +54,7 @@ fn main() {
         Command::Rn(args) => cluster::rn(args),
         Command::Mnode(args) => cluster::mnode(args),
         Command::Kv(args) => cluster::kv(args),
+        Command::Status(args) => cluster::status(args),
         Command::Bench(args) => bench::run(args),
         Command::Config(args) => config::run(args),
     };
