@@ -9,6 +9,7 @@ mod autoscale;
 mod client;
 pub mod latency;
 mod local;
+pub mod metrics;
 mod mnode;
 mod node;
 mod pipeline;
@@ -17,6 +18,7 @@ mod resp;
 mod rn;
 mod server;
 mod stats;
+pub mod status;
 pub mod wire;
 
 use dinomo_meta::{MetaError, MetaStore};

@@ -30,20 +30,25 @@ use crate::{ClusterError, ClusterRecord, MemberInfo, member_node};
 pub const ELECTION: &str = "mnode";
 
 /// Settings of an M-node.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct MNodeConfig {
     /// This M-node's name in the election.
     pub name: String,
     /// Its leadership lease; a standby takes over this long after the leader stops renewing. Default 1 s.
+    #[serde(with = "humantime_serde")]
     pub lease_ttl: Duration,
     /// How often it checks leases and membership. Default 5 ms.
+    #[serde(with = "humantime_serde")]
     pub check_interval: Duration,
     /// Bound on one call to a KV node during reconfiguration. Default 10 s (a node may merge its log first).
+    #[serde(with = "humantime_serde")]
     pub install_timeout: Duration,
     /// Virtual nodes per KV node in a new ring. Default [`dinomo_ring::DEFAULT_VNODES`].
     pub vnodes: u32,
     /// After it starts leading, how long ring members that are not registered get to come back before they are
     /// declared failed (a restarted cluster's nodes register one by one). Default 2 s.
+    #[serde(with = "humantime_serde")]
     pub failure_grace: Duration,
 }
 
@@ -186,6 +191,14 @@ impl MNode {
     /// When it started: [`ReconfigEvent::noticed_at`] counts from here.
     pub fn started(&self) -> Instant {
         self.started
+    }
+
+    /// The M-node's metrics, for a [`crate::metrics::MetricsServer`].
+    pub fn metrics(&self) -> crate::metrics::MNodeMetrics {
+        crate::metrics::MNodeMetrics {
+            leading: self.leading.clone(),
+            events: self.events.clone(),
+        }
     }
 
     /// The reconfigurations so far.

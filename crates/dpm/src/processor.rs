@@ -19,8 +19,9 @@ use crate::cells::{self, CellState, CellTable};
 use crate::directory::{Directory, owner_word};
 use crate::proto;
 
-/// Settings of the processor.
-#[derive(Debug, Clone)]
+/// Settings of the processor. The hash mode exists for tests and is left out of configuration files.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ProcessorConfig {
     /// Threads merging logs into the index (default 4).
     pub merge_threads: usize,
@@ -29,6 +30,7 @@ pub struct ProcessorConfig {
     /// Bytes of a log segment, header included, fixed when the pool is formatted (default 8 MiB).
     pub segment_size: u64,
     /// Key hash of the index, fixed when the pool is formatted (default XXH3; tests force collisions).
+    #[serde(skip)]
     pub hash_mode: HashMode,
     /// Index settings.
     pub index: IndexConfig,

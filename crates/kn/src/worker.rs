@@ -209,9 +209,72 @@ pub(crate) struct Request {
     pub reply: Responder,
 }
 
+/// Data operations a worker served, by kind (refused ones not included).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct OpCounts {
+    /// GET.
+    pub get: u64,
+    /// Upserts.
+    pub set: u64,
+    /// Writes only when absent.
+    pub insert: u64,
+    /// Writes only when present.
+    pub update: u64,
+    /// Writes replying with the previous value.
+    pub getset: u64,
+    /// Deletes.
+    pub delete: u64,
+    /// Increments.
+    pub incr: u64,
+    /// Appends.
+    pub append: u64,
+}
+
+impl OpCounts {
+    /// Each kind with its count, named as in the metrics.
+    pub fn by_kind(&self) -> [(&'static str, u64); 8] {
+        [
+            ("get", self.get),
+            ("set", self.set),
+            ("insert", self.insert),
+            ("update", self.update),
+            ("getset", self.getset),
+            ("delete", self.delete),
+            ("incr", self.incr),
+            ("append", self.append),
+        ]
+    }
+
+    /// Operations of every kind.
+    pub fn total(&self) -> u64 {
+        self.by_kind().iter().map(|(_, n)| n).sum()
+    }
+
+    fn count(&mut self, op: &DataOp) {
+        let n = match op {
+            DataOp::Get(_) => &mut self.get,
+            DataOp::Set(..) => &mut self.set,
+            DataOp::Insert(..) => &mut self.insert,
+            DataOp::Update(..) => &mut self.update,
+            DataOp::GetSet(..) => &mut self.getset,
+            DataOp::Delete(_) => &mut self.delete,
+            DataOp::Incr(..) => &mut self.incr,
+            DataOp::Append(..) => &mut self.append,
+        };
+        *n += 1;
+    }
+}
+
 /// Counters of one worker thread.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct WorkerStats {
+    /// Data operations served, by kind.
+    #[serde(default)]
+    pub ops: OpCounts,
+    /// Requests refused because the key is not this node's under its routing table.
+    #[serde(default)]
+    pub not_owner: u64,
     /// Lookups served (GET and the existence checks of conditional writes).
     pub lookups: u64,
     /// Lookups answered from a cached value.
@@ -455,6 +518,7 @@ impl Worker {
         if let (Some(own), Some(key)) = (&self.ownership, cmd.key())
             && !own.owns(key)
         {
+            self.stats.not_owner += 1;
             let _ = reply.send(Err(KnError::NotOwner { epoch: own.epoch() }));
             return;
         }
@@ -510,6 +574,7 @@ impl Worker {
     /// Serves a data operation. Reads are answered now; a write is appended to the log and answered after its
     /// group commit.
     fn data(&mut self, op: DataOp, hash: u64, reply: Responder) {
+        self.stats.ops.count(&op);
         if let Some(cell) = self.ownership.as_ref().and_then(|o| o.cell(op.key())) {
             let result = self.shared(op, hash, cell);
             let _ = reply.send(result);
