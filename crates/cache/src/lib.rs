@@ -104,7 +104,8 @@ pub(crate) fn grow_for_push<T>(v: &mut Vec<T>) {
 }
 
 /// Configuration of one [`Dac`].
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct CacheConfig {
     /// Bytes the cache may charge for its entries (see [`Dac::value_entry_bytes`]).
     pub budget_bytes: u64,

@@ -92,15 +92,18 @@ impl Scaler for ManualScaler {
 }
 
 /// Settings of the autoscaler.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct AutoscaleConfig {
     /// Whether the leading M-node runs the policy loop (default false).
     pub enabled: bool,
     /// The policy.
     pub policy: PolicyConfig,
     /// How often the KV nodes' statistics are collected (default 5 s; at most the decision period).
+    #[serde(with = "humantime_serde")]
     pub monitoring_epoch: Duration,
     /// Bound on collecting one node's statistics (default 2 s).
+    #[serde(with = "humantime_serde")]
     pub collect_timeout: Duration,
     /// Policy events kept for [`Autoscaler::events`] (default 1024; older ones are dropped).
     pub max_events: usize,

@@ -134,6 +134,25 @@ impl LatencyHistogram {
         Ok(())
     }
 
+    /// The sum of the latencies recorded, in nanoseconds (saturating).
+    pub fn sum_ns(&self) -> u64 {
+        self.sum_ns
+    }
+
+    /// Latencies of at most `2^k - 1` ns for each `k` of `powers`: exact, because a power of two starts a bucket.
+    pub fn counts_below_powers_of_two(
+        &self,
+        powers: std::ops::RangeInclusive<u32>,
+    ) -> Vec<(u64, u64)> {
+        powers
+            .map(|k| {
+                let bound = 1u64.checked_shl(k).map_or(u64::MAX, |p| p - 1);
+                let below = bucket_of(bound) + 1;
+                (bound, self.counts[..below].iter().sum())
+            })
+            .collect()
+    }
+
     /// Empties it.
     pub fn clear(&mut self) {
         self.counts.fill(0);
@@ -215,6 +234,18 @@ impl From<&LatencyHistogram> for LatencyObservation {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn counts_below_powers_of_two_are_exact() {
+        let mut h = LatencyHistogram::new();
+        for v in [0, 1, 1023, 1024, 1025, 2047, 2048, 1 << 20, u64::MAX] {
+            h.record(v);
+        }
+        let c = h.counts_below_powers_of_two(10..=12);
+        assert_eq!(c, vec![(1023, 3), (2047, 6), (4095, 7)]);
+        let all = h.counts_below_powers_of_two(64..=64);
+        assert_eq!(all, vec![(u64::MAX, 9)]);
+    }
 
     #[test]
     fn buckets_cover_u64_in_order() {

@@ -11,6 +11,7 @@ mod autoscale;
 mod client;
 pub mod latency;
 mod local;
+pub mod metrics;
 mod mnode;
 mod node;
 mod pipeline;
@@ -19,6 +20,7 @@ mod resp;
 mod rn;
 mod server;
 mod stats;
+pub mod status;
 mod variant;
 pub mod wire;
 

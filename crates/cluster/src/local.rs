@@ -65,6 +65,14 @@ pub struct LocalClusterConfig {
     pub mnode: MNodeConfig,
     /// Routing node address. Default 127.0.0.1:0.
     pub rn_listen: SocketAddr,
+    /// How often the routing node re-reads the cluster record. Default 2 ms.
+    pub rn_refresh: Duration,
+    /// The routing node's server limits.
+    pub rn_limits: ServerLimits,
+    /// The memory node's fabric side (message limit, processor threads).
+    pub memory_node: FabricNodeConfig,
+    /// Limits of the cluster record kept in the pool.
+    pub meta: MetaConfig,
     /// Injected fabric latency per round trip (ns), to emulate a µs-scale network. Default 0.
     pub injected_latency_ns: u64,
     /// Where the KV nodes serve the Redis protocol, in the order they start: the i-th node started listens on
@@ -88,6 +96,10 @@ impl Default for LocalClusterConfig {
             node: NodeConfig::default(),
             mnode: MNodeConfig::default(),
             rn_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            rn_refresh: Duration::from_millis(2),
+            rn_limits: ServerLimits::default(),
+            memory_node: FabricNodeConfig::default(),
+            meta: MetaConfig::default(),
             injected_latency_ns: 0,
             resp_listen: Vec::new(),
             autoscale: AutoscaleConfig::default(),
@@ -139,8 +151,8 @@ impl LocalCluster {
         let pool = Arc::new(pool);
         let processor = Processor::start(pool.clone(), &cfg.processor)
             .map_err(|e| ClusterError::Io(format!("memory node: {e}")))?;
-        let meta = EmbeddedMeta::open(pool.clone(), MetaConfig::default())?;
-        let memory = MemoryNode::new(pool.clone(), FabricNodeConfig::default());
+        let meta = EmbeddedMeta::open(pool.clone(), cfg.meta.clone())?;
+        let memory = MemoryNode::new(pool.clone(), cfg.memory_node.clone());
         memory.set_rpc_handler(Arc::new(MemoryNodeRpc::new(
             processor.rpc_handler(),
             meta.clone(),
@@ -177,8 +189,8 @@ impl LocalCluster {
         c.rn = Some(RoutingNode::start(
             c.cfg.rn_listen,
             c.meta_store(),
-            Duration::from_millis(2),
-            ServerLimits::default(),
+            c.cfg.rn_refresh,
+            c.cfg.rn_limits.clone(),
         )?);
         // Nodes of an earlier run come back with their ids (and so their logs).
         let known: Vec<NodeId> = ClusterRecord::load(&*c.meta)?
@@ -305,6 +317,19 @@ impl LocalCluster {
         self.connector()
     }
 
+    /// Metrics of the whole cluster: every KV node running now, the memory node, the cluster record's ring, the
+    /// M-node and this process's fabric counters.
+    pub fn metrics(&self) -> Vec<Arc<dyn crate::metrics::MetricsSource>> {
+        use crate::metrics::{FabricMetrics, ProcessorMetrics, RecordMetrics};
+        vec![
+            Arc::new(LocalNodeMetrics(self.scaler.clone())),
+            Arc::new(ProcessorMetrics(self.processor.clone())),
+            Arc::new(RecordMetrics(self.meta_store())),
+            Arc::new(self.mnode().metrics()),
+            Arc::new(FabricMetrics),
+        ]
+    }
+
     /// Stops everything cleanly.
     pub fn stop(mut self) {
         self.shutdown();
@@ -323,6 +348,19 @@ impl LocalCluster {
         }
         self.processor.shutdown();
         let _ = self.pool.sync_all();
+    }
+}
+
+/// The metrics of the KV nodes of a local cluster, whichever run at the time of a scrape.
+struct LocalNodeMetrics(Arc<LocalScaler>);
+
+impl crate::metrics::MetricsSource for LocalNodeMetrics {
+    fn collect(&self, out: &mut crate::metrics::Exposition) {
+        // Read outside the lock, so a scrape never holds up starting or stopping a node.
+        let nodes: Vec<_> = self.0.nodes().iter().map(ClusterNode::metrics).collect();
+        for n in nodes {
+            n.collect(out);
+        }
     }
 }
 

@@ -34,20 +34,25 @@ use crate::{ClusterError, ClusterRecord, MemberInfo, member_node};
 pub const ELECTION: &str = "mnode";
 
 /// Settings of an M-node.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct MNodeConfig {
     /// This M-node's name in the election.
     pub name: String,
     /// Its leadership lease; a standby takes over this long after the leader stops renewing. Default 1 s.
+    #[serde(with = "humantime_serde")]
     pub lease_ttl: Duration,
     /// How often it checks leases and membership. Default 5 ms.
+    #[serde(with = "humantime_serde")]
     pub check_interval: Duration,
     /// Bound on one call to a KV node during reconfiguration. Default 10 s (a node may merge its log first).
+    #[serde(with = "humantime_serde")]
     pub install_timeout: Duration,
     /// Virtual nodes per KV node in a new ring. Default [`dinomo_ring::DEFAULT_VNODES`].
     pub vnodes: u32,
     /// After it starts leading, how long ring members that are not registered get to come back before they are
     /// declared failed (a restarted cluster's nodes register one by one). Default 2 s.
+    #[serde(with = "humantime_serde")]
     pub failure_grace: Duration,
 }
 
@@ -211,6 +216,14 @@ impl MNode {
     /// When it started: [`ReconfigEvent::noticed_at`] counts from here.
     pub fn started(&self) -> Instant {
         self.started
+    }
+
+    /// The M-node's metrics, for a [`crate::metrics::MetricsServer`].
+    pub fn metrics(&self) -> crate::metrics::MNodeMetrics {
+        crate::metrics::MNodeMetrics {
+            leading: self.leading.clone(),
+            events: self.events.clone(),
+        }
     }
 
     /// The reconfigurations so far.
@@ -562,7 +575,14 @@ impl State {
                 vec![primary]
             };
             if let Err(e) = self.install(&next.routing, &first) {
-                self.roll_back(&record, version, &next, &first);
+                // Undone at the node (its value back in the index), a cell reserved for this change is freed.
+                if self.roll_back(&record, version, &next, &first)
+                    && !record.routing.cells.contains_key(key)
+                    && let Err(e) =
+                        self.dpm_call::<_, ()>(proto::RELEASE_CELL, &proto::ReleaseCell { cell })
+                {
+                    warn!(error = %e, "freeing the cell of a rolled-back sharing change failed");
+                }
                 return Err(e);
             }
         } else {
@@ -615,24 +635,30 @@ impl State {
     }
 
     /// After a sharing change failed at `nodes`: they get the previous table again under a newer epoch (undoing
-    /// what they did), and that is stored. A node that cannot be reached is left to failure handling.
+    /// what they did, including changes of theirs that failed halfway), and that is stored. A node that cannot be
+    /// reached is left to failure handling. True when every node installed the previous table.
     fn roll_back(
         &mut self,
         record: &ClusterRecord,
         version: Option<u64>,
         attempted: &ClusterRecord,
         nodes: &[NodeId],
-    ) {
+    ) -> bool {
         let mut back = record.clone();
         back.routing
             .ring
             .set_epoch_at_least(attempted.routing.epoch() + 1);
-        if let Err(e) = self.install(&back.routing, nodes) {
-            warn!(error = %e, "rolling back a sharing change failed");
-        }
+        let undone = match self.install(&back.routing, nodes) {
+            Ok(()) => true,
+            Err(e) => {
+                warn!(error = %e, "rolling back a sharing change failed");
+                false
+            }
+        };
         if let Err(e) = back.store(&*self.meta, version) {
             warn!(error = %e, "storing the rolled-back record failed");
         }
+        undone
     }
 
     /// Has every node in `nodes` serve under `routing`, in parallel; fails if any could not.

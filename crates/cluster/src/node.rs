@@ -19,7 +19,8 @@ use crate::wire::Routing;
 use crate::{ClusterError, MemberInfo, member_name};
 
 /// Settings of a cluster KV node.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct NodeConfig {
     /// This node's id: it names the node in the ring and its logs on the memory node. A node that restarts with
     /// the same id takes its logs back (the memory node merges them first).
@@ -28,12 +29,15 @@ pub struct NodeConfig {
     pub listen: SocketAddr,
     /// The address other processes use to reach it, when it differs from the bound one.
     pub advertise: Option<String>,
-    /// Worker settings (`kn.node_id` is replaced by `node_id`).
+    /// Worker settings (`kn.node_id` is replaced by `node_id`); `workers` in configuration files.
+    #[serde(rename = "workers")]
     pub kn: KnConfig,
     /// Liveness lease: a node that misses its heartbeats this long is declared failed, and it stops serving by
     /// itself once it could not renew for this long. Default 200 ms.
+    #[serde(with = "humantime_serde")]
     pub lease_ttl: Duration,
     /// Heartbeat period; well under `lease_ttl`. Default 40 ms.
+    #[serde(with = "humantime_serde")]
     pub heartbeat: Duration,
     /// Server limits.
     pub limits: ServerLimits,
@@ -120,6 +124,8 @@ pub(crate) struct NodeShared {
     pub(crate) queue_order: RwLock<()>,
     /// Latency reports and tracked keys for the M-node's policy.
     pub(crate) policy_stats: crate::stats::NodePolicyStats,
+    /// The memory node, for the administrative requests that ask about it.
+    pub(crate) memory: Connector,
 }
 
 impl NodeShared {
@@ -169,6 +175,13 @@ impl NodeShared {
         }
         *self.routing.write().expect("routing lock") = routing;
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// The memory node's statistics, asked on a connection of their own (an administrative request, rare).
+    pub(crate) fn memory_stats(&self) -> Result<dinomo_dpm::ProcessorStats, String> {
+        let mut ep = self.memory.connect().map_err(|e| e.to_string())?;
+        ep.call(dinomo_dpm::proto::STATS, &())
+            .map_err(|e| e.to_string())
     }
 
     /// The node's statistics: its workers' counters, in thread order, and its place in the ring.
@@ -235,6 +248,7 @@ impl ClusterNode {
             install_lock: std::sync::Mutex::new(()),
             queue_order: RwLock::new(()),
             policy_stats: Default::default(),
+            memory: connector.clone(),
         });
         let server = Server::start(
             config.listen,
@@ -331,6 +345,18 @@ impl ClusterNode {
     /// Whether its lease still allows it to serve.
     pub fn is_serving(&self) -> bool {
         self.gate.is_open()
+    }
+
+    /// The node's metrics, for a [`crate::metrics::MetricsServer`]; they read the node while it runs.
+    pub fn metrics(&self) -> crate::metrics::NodeMetrics {
+        crate::metrics::NodeMetrics {
+            shared: self.shared.clone(),
+            gate: self.gate.clone(),
+            resp: self
+                .resp
+                .as_ref()
+                .map(dinomo_resp::RespServer::stats_handle),
+        }
     }
 
     /// The counters of the node's worker threads.

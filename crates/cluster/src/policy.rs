@@ -26,11 +26,14 @@ use tracing::{debug, info};
 use crate::latency::LatencyObservation;
 
 /// Settings of the policy; the defaults are the paper's (§5 "Policy variables").
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct PolicyConfig {
     /// Average-latency SLO (default 1.2 ms).
+    #[serde(with = "humantime_serde")]
     pub avg_latency_slo: Duration,
     /// Tail (99th-percentile) latency SLO (default 16 ms).
+    #[serde(with = "humantime_serde")]
     pub tail_latency_slo: Duration,
     /// Over-utilization lower bound: a node whose occupancy is above it is over-utilized (default 0.20).
     pub over_utilization_lower_bound: f64,
@@ -42,8 +45,10 @@ pub struct PolicyConfig {
     /// is never below 0, so a replicated key nobody accessed is always cold).
     pub coldness_sigmas: f64,
     /// How often the engine decides (default 10 s).
+    #[serde(with = "humantime_serde")]
     pub decision_period: Duration,
     /// No node is added or removed this long after the previous membership change (default 90 s).
+    #[serde(with = "humantime_serde")]
     pub grace_period: Duration,
     /// Fewest KV nodes the policy leaves (default 1).
     pub min_nodes: usize,

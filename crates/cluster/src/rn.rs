@@ -16,8 +16,15 @@ use crate::server::{Server, ServerLimits, Service};
 use crate::wire::{ErrorKind, RequestBody, ResponseBody, Routing};
 use crate::{ClusterError, ClusterRecord};
 
-struct RoutingService {
+pub(crate) struct RoutingService {
     routing: RwLock<Option<Routing>>,
+}
+
+impl RoutingService {
+    /// The table it serves now.
+    pub(crate) fn current(&self) -> Option<Routing> {
+        self.routing.read().expect("routing lock").clone()
+    }
 }
 
 impl Service for RoutingService {
@@ -51,6 +58,7 @@ impl Service for RoutingService {
 
 /// A running routing node.
 pub struct RoutingNode {
+    service: Arc<RoutingService>,
     server: Option<Server>,
     stop: Arc<AtomicBool>,
     poller: Option<JoinHandle<()>>,
@@ -71,7 +79,7 @@ impl RoutingNode {
             .map_err(|e| ClusterError::Io(format!("cannot listen on {listen}: {e}")))?;
         let stop = Arc::new(AtomicBool::new(false));
         let poller = {
-            let stop = stop.clone();
+            let (stop, service) = (stop.clone(), service.clone());
             std::thread::Builder::new()
                 .name("dinomo-rn-refresh".into())
                 .spawn(move || {
@@ -94,10 +102,16 @@ impl RoutingNode {
                 .map_err(|e| ClusterError::Io(e.to_string()))?
         };
         Ok(RoutingNode {
+            service,
             server: Some(server),
             stop,
             poller: Some(poller),
         })
+    }
+
+    /// The routing node's metrics, for a [`crate::metrics::MetricsServer`].
+    pub fn metrics(&self) -> crate::metrics::RoutingMetrics {
+        crate::metrics::RoutingMetrics(self.service.clone())
     }
 
     /// Where it listens.

@@ -18,7 +18,8 @@ use crate::wire::{
 };
 
 /// Limits of a server.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ServerLimits {
     /// Largest request frame accepted. Default [`crate::wire::DEFAULT_MAX_FRAME`].
     pub max_frame: u32,
@@ -277,6 +278,13 @@ impl Service for NodeShared {
             RequestBody::EpochStats => match self.epoch_stats() {
                 Ok(s) => ResponseBody::EpochStats(Box::new(s)),
                 Err(e) => error_body(e),
+            },
+            RequestBody::MemoryStats => match self.memory_stats() {
+                Ok(s) => ResponseBody::Stats(serde_json::to_string(&s).unwrap_or_default()),
+                Err(message) => ResponseBody::Error {
+                    kind: ErrorKind::Unavailable,
+                    message: format!("the memory node's statistics: {message}"),
+                },
             },
             other => ResponseBody::Error {
                 kind: ErrorKind::Invalid,

@@ -59,6 +59,8 @@ impl NodeEpochStats {
 pub(crate) struct NodePolicyStats {
     /// Latencies clients reported since the last collection.
     latency: Mutex<LatencyHistogram>,
+    /// Every latency clients reported since the node started (its metrics).
+    latency_total: Mutex<LatencyHistogram>,
     /// The keys the workers count exactly (the replicated keys of the table last installed).
     tracked: Mutex<Vec<Vec<u8>>>,
 }
@@ -70,7 +72,21 @@ impl NodeShared {
             .latency
             .lock()
             .expect("latency lock")
+            .merge(report)?;
+        self.policy_stats
+            .latency_total
+            .lock()
+            .expect("latency lock")
             .merge(report)
+    }
+
+    /// Every latency clients reported since the node started.
+    pub(crate) fn reported_latency(&self) -> LatencyHistogram {
+        self.policy_stats
+            .latency_total
+            .lock()
+            .expect("latency lock")
+            .clone()
     }
 
     /// The statistics of the monitoring epoch that ends now: every worker's, merged, and the latency reports

@@ -61,6 +61,9 @@ pub enum RequestBody {
     LatencyReport(LatencySummary),
     /// M-node only: the node's statistics of the monitoring epoch that ends now (a new one starts).
     EpochStats,
+    /// The statistics of the KV node's memory node (pool space, merge backlog, index), which the node fetches
+    /// with the memory node's `STATS` call; answered with `Stats`, a JSON `ProcessorStats`.
+    MemoryStats,
 }
 
 impl RequestBody {

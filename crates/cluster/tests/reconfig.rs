@@ -1,6 +1,7 @@
 //! An in-process cluster over loopback: ownership, refusals, and adding, removing and crashing KV nodes with the
 //! data staying where it is.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::small_cluster;
@@ -169,6 +170,21 @@ fn add_remove_and_crash(variant: Variant) -> anyhow::Result<Vec<(u64, u64)>> {
         stats.migrated_keys,
         moved.iter().map(|m| m.0).sum::<u64>(),
         "{stats:?}"
+    );
+    // The M-node's metrics count what every reconfiguration moved.
+    let text = dinomo_cluster::metrics::render(&[Arc::new(c.mnode().metrics())]);
+    let counter = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{name} missing from\n{text}"))
+    };
+    assert_eq!(
+        counter("dinomo_mnode_moved_keys_total"),
+        events.iter().map(|e| e.moved_keys).sum::<u64>()
+    );
+    assert_eq!(
+        counter("dinomo_mnode_moved_bytes_total"),
+        events.iter().map(|e| e.moved_bytes).sum::<u64>()
     );
     c.stop();
     Ok(moved)

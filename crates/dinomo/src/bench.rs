@@ -562,7 +562,7 @@ fn ycsb_options(a: &YcsbArgs) -> anyhow::Result<YcsbOptions> {
             TargetOptions::Native(NativeOptions {
                 seeds,
                 dpm: a.dpm.clone(),
-                token: a.token.value.clone(),
+                token: a.token.value.clone().unwrap_or_default(),
             })
         }
         _ => {

@@ -1,5 +1,8 @@
 //! `dinomo up`, `dinomo kn`, `dinomo rn`, `dinomo mnode` and `dinomo kv`: a whole cluster in one process, or its
 //! parts as separate processes that meet through the memory node (or etcd).
+//!
+//! Every flag of a process-starting command is optional: a flag given overrides the configuration file
+//! (`--config`), which overrides the defaults ([`Config::default`]).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,50 +11,68 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use dinomo_cache::{CacheConfig, Policy};
-use dinomo_cluster::policy::PolicyConfig;
+use dinomo_cache::Policy;
+use dinomo_cluster::metrics::{FabricMetrics, MetricsSource, RecordMetrics};
 use dinomo_cluster::{
     AutoscaleConfig, Autoscaler, Client, ClientConfig, ClusterNode, LocalCluster,
-    LocalClusterConfig, MNode, MNodeConfig, ManualScaler, NodeConfig, RoutingNode, ServerLimits,
-    Variant,
+    LocalClusterConfig, MNode, ManualScaler, NodeConfig, RoutingNode, Variant,
 };
-use dinomo_dpm::ProcessorConfig;
-use dinomo_fabric::{Connector, Target};
-use dinomo_kn::KnConfig;
+use dinomo_fabric::{Connector, EndpointConfig, Target};
 use dinomo_meta::{MetaStore, RemoteMeta};
 use dinomo_pool::PersistMode;
 
+use crate::config::{Config, ConfigArgs, ConfigErrors};
 use crate::size::parse_size;
 
 /// Where the cluster metadata lives.
-#[derive(Debug, Args, Clone)]
+#[derive(Debug, Args, Clone, Default)]
 pub struct MetaArgs {
-    /// The memory node (`dinomo dpm`) to use; it also keeps the cluster record unless --etcd is given.
-    #[arg(long, default_value = "127.0.0.1:7100")]
-    pub dpm: SocketAddr,
-    /// Keep the cluster record, leases and the M-node election in etcd instead (comma-separated endpoints).
+    /// The memory node (`dinomo dpm`) to use; it also keeps the cluster record unless --etcd is given
+    /// [cluster.dpm; default 127.0.0.1:7100].
+    #[arg(long)]
+    pub dpm: Option<SocketAddr>,
+    /// Keep the cluster record, leases and the M-node election in etcd instead (comma-separated endpoints)
+    /// [cluster.etcd].
     #[arg(long, value_delimiter = ',')]
-    pub etcd: Vec<String>,
-    /// Key prefix in etcd.
-    #[arg(long, default_value = "/dinomo/")]
-    pub etcd_prefix: String,
+    pub etcd: Option<Vec<String>>,
+    /// Key prefix in etcd [cluster.etcd_prefix; default /dinomo/].
+    #[arg(long)]
+    pub etcd_prefix: Option<String>,
     #[command(flatten)]
     pub token: crate::dpm::ClusterToken,
 }
 
 impl MetaArgs {
-    fn connector(&self) -> Connector {
-        let mut c = Connector::new(Target::Tcp(self.dpm));
-        c.config.cluster_token = self.token.value.clone();
-        c
-    }
-
-    fn store(&self) -> anyhow::Result<Arc<dyn MetaStore>> {
-        if self.etcd.is_empty() {
-            return Ok(Arc::new(RemoteMeta::new(self.connector())));
+    fn apply(&self, cfg: &mut Config) {
+        if let Some(dpm) = self.dpm {
+            cfg.cluster.dpm = dpm;
         }
-        etcd_store(&self.etcd, &self.etcd_prefix)
+        if let Some(etcd) = &self.etcd {
+            cfg.cluster.etcd = etcd.clone();
+        }
+        if let Some(prefix) = &self.etcd_prefix {
+            cfg.cluster.etcd_prefix = prefix.clone();
+        }
+        self.token.apply(cfg);
     }
+}
+
+/// The memory node's fabric as the settings describe it.
+pub fn connector(cfg: &Config) -> Connector {
+    Connector {
+        target: Target::Tcp(cfg.cluster.dpm),
+        config: EndpointConfig {
+            cluster_token: cfg.fabric.token.clone(),
+            ..cfg.fabric.endpoint.clone()
+        },
+    }
+}
+
+fn store(cfg: &Config) -> anyhow::Result<Arc<dyn MetaStore>> {
+    if cfg.cluster.etcd.is_empty() {
+        return Ok(Arc::new(RemoteMeta::new(connector(cfg))));
+    }
+    etcd_store(&cfg.cluster.etcd, &cfg.cluster.etcd_prefix)
 }
 
 #[cfg(feature = "etcd")]
@@ -69,117 +90,131 @@ fn etcd_store(_: &[String], _: &str) -> anyhow::Result<Arc<dyn MetaStore>> {
 }
 
 /// KV-node settings shared by `up` and `kn`.
-#[derive(Debug, Args, Clone)]
+#[derive(Debug, Args, Clone, Default)]
 pub struct KnArgs {
-    /// Worker threads per KV node.
-    #[arg(long, default_value_t = 2)]
-    pub threads: usize,
-    /// Cache bytes per KV node (values and shortcuts), e.g. 64MiB.
-    #[arg(long, value_parser = parse_size, default_value = "64MiB")]
-    pub cache: u64,
-    /// Cache policy: dac, static-N (N% values), value-only or shortcut-only (default dac; with `up --system
-    /// dinomo-s`, shortcut-only, the only one it takes).
+    /// Worker threads per KV node [kn.workers.threads; default 2].
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Cache bytes per KV node (values and shortcuts), e.g. 64MiB, divided among its workers
+    /// [kn.workers.cache.budget_bytes per worker; default 32MiB each].
+    #[arg(long, value_parser = parse_size)]
+    pub cache: Option<u64>,
+    /// Cache policy: dac, static-N (N% values), value-only or shortcut-only [kn.workers.cache.policy; default dac;
+    /// with `up --system dinomo-s`, shortcut-only, the only one it takes].
     #[arg(long)]
     pub policy: Option<Policy>,
-    /// Largest key, in bytes.
-    #[arg(long, default_value_t = 4096)]
-    pub max_key: usize,
-    /// Largest value, e.g. 1MiB.
-    #[arg(long, value_parser = parse_size, default_value = "1MiB")]
-    pub max_value: u64,
-    /// Liveness lease in milliseconds: a node silent this long is declared failed (and stops serving itself).
-    #[arg(long, default_value_t = 200)]
-    pub lease_ms: u64,
-    /// Heartbeat period in milliseconds.
-    #[arg(long, default_value_t = 40)]
-    pub heartbeat_ms: u64,
+    /// Largest key, in bytes [kn.workers.max_key_len; default 4096].
+    #[arg(long)]
+    pub max_key: Option<usize>,
+    /// Largest value, e.g. 1MiB [kn.workers.max_value_len; default 1MiB].
+    #[arg(long, value_parser = parse_size)]
+    pub max_value: Option<u64>,
+    /// Liveness lease in milliseconds: a node silent this long is declared failed (and stops serving itself)
+    /// [kn.lease_ttl; default 200].
+    #[arg(long)]
+    pub lease_ms: Option<u64>,
+    /// Heartbeat period in milliseconds [kn.heartbeat; default 40].
+    #[arg(long)]
+    pub heartbeat_ms: Option<u64>,
     /// Password Redis clients must give (AUTH, or HELLO ... AUTH default <password>); without one, RESP refuses
-    /// to listen on a non-loopback address (Redis's protected mode).
-    #[arg(long, env = "DINOMO_REQUIREPASS")]
+    /// to listen on a non-loopback address (Redis's protected mode) [kn.resp.requirepass].
+    #[arg(long, env = "DINOMO_REQUIREPASS", hide_env_values = true)]
     pub requirepass: Option<String>,
-    /// Redis clients served at once per KV node; more are refused.
-    #[arg(long, default_value_t = dinomo_resp::server::DEFAULT_MAX_CLIENTS)]
-    pub resp_max_clients: usize,
-    /// Seconds after which an idle Redis client is disconnected (0: never).
-    #[arg(long, default_value_t = 0)]
-    pub resp_timeout: u64,
+    /// Redis clients served at once per KV node; more are refused [kn.resp.max_clients; default 10000].
+    #[arg(long)]
+    pub resp_max_clients: Option<usize>,
+    /// Seconds after which an idle Redis client is disconnected (0: never) [kn.resp.idle_timeout; default 0].
+    #[arg(long)]
+    pub resp_timeout: Option<u64>,
 }
 
 impl KnArgs {
-    fn node_config(&self, node_id: u32, listen: SocketAddr) -> NodeConfig {
-        NodeConfig {
-            node_id,
-            listen,
-            advertise: None,
-            kn: KnConfig {
-                threads: self.threads,
-                max_key_len: self.max_key,
-                max_value_len: self.max_value as usize,
-                cache: CacheConfig {
-                    budget_bytes: self.cache / self.threads.max(1) as u64,
-                    policy: self.policy.unwrap_or_default(),
-                    ..CacheConfig::default()
-                },
-                ..KnConfig::default()
-            },
-            lease_ttl: Duration::from_millis(self.lease_ms),
-            heartbeat: Duration::from_millis(self.heartbeat_ms),
-            limits: ServerLimits::default(),
-            resp_listen: None,
-            resp: dinomo_resp::ServerConfig {
-                requirepass: self.requirepass.clone(),
-                max_clients: self.resp_max_clients,
-                idle_timeout: Duration::from_secs(self.resp_timeout),
-                ..dinomo_resp::ServerConfig::default()
-            },
-            ..NodeConfig::default()
+    fn apply(&self, node: &mut NodeConfig) -> anyhow::Result<()> {
+        let kn = &mut node.kn;
+        if let Some(t) = self.threads {
+            kn.threads = t;
         }
+        if let Some(bytes) = self.cache {
+            kn.cache.budget_bytes = bytes / kn.threads.max(1) as u64;
+        }
+        if let Some(p) = self.policy {
+            kn.cache.policy = p;
+        }
+        if let Some(k) = self.max_key {
+            kn.max_key_len = k;
+        }
+        if let Some(v) = self.max_value {
+            kn.max_value_len =
+                usize::try_from(v).context("--max-value does not fit this machine's memory")?;
+        }
+        if let Some(ms) = self.lease_ms {
+            node.lease_ttl = Duration::from_millis(ms);
+        }
+        if let Some(ms) = self.heartbeat_ms {
+            node.heartbeat = Duration::from_millis(ms);
+        }
+        if let Some(p) = &self.requirepass {
+            node.resp.requirepass = Some(p.clone());
+        }
+        if let Some(n) = self.resp_max_clients {
+            node.resp.max_clients = n;
+        }
+        if let Some(s) = self.resp_timeout {
+            node.resp.idle_timeout = Duration::from_secs(s);
+        }
+        Ok(())
     }
 }
 
 /// The M-node's policy (paper §3.5, Table 4): shared by `up` and `mnode`. The defaults are the paper's.
-#[derive(Debug, Args, Clone)]
+#[derive(Debug, Args, Clone, Default)]
 pub struct PolicyArgs {
-    /// Run the policy loop: add and remove KV nodes (and replicate hot keys) to keep the latency SLOs.
+    /// Run the policy loop: add and remove KV nodes (and replicate hot keys) to keep the latency SLOs
+    /// [autoscale.enabled].
     #[arg(long)]
     pub autoscale: bool,
-    /// Average-latency SLO in milliseconds.
-    #[arg(long, default_value_t = 1.2)]
-    pub slo_avg_ms: f64,
-    /// 99th-percentile latency SLO in milliseconds.
-    #[arg(long, default_value_t = 16.0)]
-    pub slo_p99_ms: f64,
-    /// Occupancy (busy share) above which a KV node is over-utilized.
-    #[arg(long, default_value_t = 0.20)]
-    pub over_utilization: f64,
-    /// Occupancy below which a KV node is under-utilized.
-    #[arg(long, default_value_t = 0.10)]
-    pub under_utilization: f64,
-    /// A key is hot above mean + N standard deviations of the access frequency.
-    #[arg(long, default_value_t = 3.0)]
-    pub hot_sigmas: f64,
-    /// A replicated key is cold below mean - N standard deviations.
-    #[arg(long, default_value_t = 1.0)]
-    pub cold_sigmas: f64,
-    /// Seconds between decisions.
-    #[arg(long, default_value_t = 10.0)]
-    pub decision_s: f64,
-    /// Seconds after a membership change before the policy adds or removes another node.
-    #[arg(long, default_value_t = 90.0)]
-    pub grace_s: f64,
-    /// Seconds between collections of the KV nodes' statistics (at most the decision period).
-    #[arg(long, default_value_t = 5.0)]
-    pub epoch_s: f64,
-    /// Fewest KV nodes the policy leaves.
-    #[arg(long, default_value_t = 1)]
-    pub min_kns: usize,
-    /// Most KV nodes the policy adds up to.
-    #[arg(long, default_value_t = 16)]
-    pub max_kns: usize,
-    /// Highest replication factor for a hot key.
-    #[arg(long, default_value_t = 8)]
-    pub max_replication: u32,
-    /// Leave replication alone (only add and remove nodes).
+    /// Average-latency SLO in milliseconds [autoscale.policy.avg_latency_slo; default 1.2].
+    #[arg(long)]
+    pub slo_avg_ms: Option<f64>,
+    /// 99th-percentile latency SLO in milliseconds [autoscale.policy.tail_latency_slo; default 16].
+    #[arg(long)]
+    pub slo_p99_ms: Option<f64>,
+    /// Occupancy (busy share) above which a KV node is over-utilized
+    /// [autoscale.policy.over_utilization_lower_bound; default 0.20].
+    #[arg(long)]
+    pub over_utilization: Option<f64>,
+    /// Occupancy below which a KV node is under-utilized [autoscale.policy.under_utilization_upper_bound; default
+    /// 0.10].
+    #[arg(long)]
+    pub under_utilization: Option<f64>,
+    /// A key is hot above mean + N standard deviations of the access frequency [autoscale.policy.hotness_sigmas;
+    /// default 3].
+    #[arg(long)]
+    pub hot_sigmas: Option<f64>,
+    /// A replicated key is cold below mean - N standard deviations [autoscale.policy.coldness_sigmas; default 1].
+    #[arg(long)]
+    pub cold_sigmas: Option<f64>,
+    /// Seconds between decisions [autoscale.policy.decision_period; default 10].
+    #[arg(long)]
+    pub decision_s: Option<f64>,
+    /// Seconds after a membership change before the policy adds or removes another node
+    /// [autoscale.policy.grace_period; default 90].
+    #[arg(long)]
+    pub grace_s: Option<f64>,
+    /// Seconds between collections of the KV nodes' statistics (at most the decision period)
+    /// [autoscale.monitoring_epoch; default 5].
+    #[arg(long)]
+    pub epoch_s: Option<f64>,
+    /// Fewest KV nodes the policy leaves [autoscale.policy.min_nodes; default 1].
+    #[arg(long)]
+    pub min_kns: Option<usize>,
+    /// Most KV nodes the policy adds up to [autoscale.policy.max_nodes; default 16].
+    #[arg(long)]
+    pub max_kns: Option<usize>,
+    /// Highest replication factor for a hot key [autoscale.policy.max_replication; default 8].
+    #[arg(long)]
+    pub max_replication: Option<u32>,
+    /// Leave replication alone (only add and remove nodes) [autoscale.policy.selective_replication = false].
     #[arg(long)]
     pub no_selective_replication: bool,
 }
@@ -192,118 +227,292 @@ fn seconds(what: &str, s: f64) -> anyhow::Result<Duration> {
 }
 
 impl PolicyArgs {
-    /// The autoscaler settings these flags describe (checked).
-    pub fn config(&self) -> anyhow::Result<AutoscaleConfig> {
-        let cfg = AutoscaleConfig {
-            enabled: self.autoscale,
-            policy: PolicyConfig {
-                avg_latency_slo: seconds("--slo-avg-ms", self.slo_avg_ms / 1e3)?,
-                tail_latency_slo: seconds("--slo-p99-ms", self.slo_p99_ms / 1e3)?,
-                over_utilization_lower_bound: self.over_utilization,
-                under_utilization_upper_bound: self.under_utilization,
-                hotness_sigmas: self.hot_sigmas,
-                coldness_sigmas: self.cold_sigmas,
-                decision_period: seconds("--decision-s", self.decision_s)?,
-                grace_period: Duration::try_from_secs_f64(self.grace_s)
-                    .with_context(|| format!("--grace-s must be seconds, not {}", self.grace_s))?,
-                min_nodes: self.min_kns,
-                max_nodes: self.max_kns,
-                max_replication: self.max_replication,
-                selective_replication: !self.no_selective_replication,
-                ..PolicyConfig::default()
-            },
-            monitoring_epoch: seconds("--epoch-s", self.epoch_s)?,
-            ..AutoscaleConfig::default()
-        };
-        cfg.validate().map_err(anyhow::Error::msg)?;
-        Ok(cfg)
+    /// Applies the flags given to `cfg` (checked with the rest of the configuration).
+    pub fn apply(&self, cfg: &mut AutoscaleConfig) -> anyhow::Result<()> {
+        let p = &mut cfg.policy;
+        if self.autoscale {
+            cfg.enabled = true;
+        }
+        if let Some(ms) = self.slo_avg_ms {
+            p.avg_latency_slo = seconds("--slo-avg-ms", ms / 1e3)?;
+        }
+        if let Some(ms) = self.slo_p99_ms {
+            p.tail_latency_slo = seconds("--slo-p99-ms", ms / 1e3)?;
+        }
+        if let Some(o) = self.over_utilization {
+            p.over_utilization_lower_bound = o;
+        }
+        if let Some(u) = self.under_utilization {
+            p.under_utilization_upper_bound = u;
+        }
+        if let Some(s) = self.hot_sigmas {
+            p.hotness_sigmas = s;
+        }
+        if let Some(s) = self.cold_sigmas {
+            p.coldness_sigmas = s;
+        }
+        if let Some(s) = self.decision_s {
+            p.decision_period = seconds("--decision-s", s)?;
+        }
+        if let Some(s) = self.grace_s {
+            p.grace_period = Duration::try_from_secs_f64(s)
+                .with_context(|| format!("--grace-s must be seconds, not {s}"))?;
+        }
+        if let Some(n) = self.min_kns {
+            p.min_nodes = n;
+        }
+        if let Some(n) = self.max_kns {
+            p.max_nodes = n;
+        }
+        if let Some(r) = self.max_replication {
+            p.max_replication = r;
+        }
+        if self.no_selective_replication {
+            p.selective_replication = false;
+        }
+        if let Some(s) = self.epoch_s {
+            cfg.monitoring_epoch = seconds("--epoch-s", s)?;
+        }
+        Ok(())
     }
 }
 
 /// `dinomo up`.
-#[derive(Debug, Args)]
+#[derive(Debug, Args, Default)]
 pub struct UpArgs {
     /// Which system of the DINOMO paper to run: dinomo, dinomo-s (a shortcut-only cache) or dinomo-n
     /// (shared-nothing: one index partition per KV node, data moved when ownership changes). A pool keeps the index
     /// layout it was formatted with: dinomo-n opens only a pool formatted for it, the others only one formatted
-    /// for them.
-    #[arg(long, default_value = "dinomo")]
-    pub system: Variant,
-    /// KV nodes.
-    #[arg(long, default_value_t = 2)]
-    pub kns: usize,
-    /// Data directory (the pool file lives here); a restart on it serves everything written before.
-    #[arg(long, default_value = "dinomo-data")]
-    pub data_dir: PathBuf,
-    /// Size of a new pool, e.g. 1GiB.
-    #[arg(long, value_parser = parse_size, default_value = "1GiB")]
-    pub pool_size: u64,
-    /// Durability: volatile, periodic (msync every second), durable or dax.
-    #[arg(long, default_value = "periodic")]
-    pub persist: PersistMode,
-    /// Routing-node address (clients start here).
-    #[arg(long, default_value = "127.0.0.1:7200")]
-    pub rn_listen: SocketAddr,
-    /// Injected fabric latency per round trip in nanoseconds (emulates a µs-scale network on one host).
-    #[arg(long, default_value_t = 0)]
-    pub latency_ns: u64,
+    /// for them [up.system; default dinomo].
+    #[arg(long)]
+    pub system: Option<Variant>,
+    /// KV nodes [up.kns; default 2].
+    #[arg(long)]
+    pub kns: Option<usize>,
+    /// Data directory: the pool file is DIR/pool, and a restart on it serves everything written before
+    /// [pool.path; default dinomo-data/pool].
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Size of a new pool, e.g. 1GiB [pool.size; default 1GiB].
+    #[arg(long, value_parser = parse_size)]
+    pub pool_size: Option<u64>,
+    /// Durability: volatile, periodic (msync every second), durable or dax [pool.persist; default periodic].
+    #[arg(long)]
+    pub persist: Option<PersistMode>,
+    /// Routing-node address (clients start here) [rn.listen; default 127.0.0.1:7200].
+    #[arg(long)]
+    pub rn_listen: Option<SocketAddr>,
+    /// Injected fabric latency per round trip in nanoseconds (emulates a µs-scale network on one host)
+    /// [fabric.endpoint.injected_latency_ns; default 0].
+    #[arg(long)]
+    pub latency_ns: Option<u64>,
     /// Where the KV nodes serve the Redis protocol: one address per node (comma-separated); nodes beyond the
-    /// list take the ports after the last one (port 0: any free port each).
-    #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:6379")]
-    pub resp_listen: Vec<SocketAddr>,
-    /// Serve no Redis protocol.
+    /// list take the ports after the last one (port 0: any free port each) [up.resp_listen; default
+    /// 127.0.0.1:6379].
+    #[arg(long, value_delimiter = ',')]
+    pub resp_listen: Option<Vec<SocketAddr>>,
+    /// Serve no Redis protocol [up.resp = false].
     #[arg(long)]
     pub no_resp: bool,
     #[command(flatten)]
     pub kn: KnArgs,
     #[command(flatten)]
     pub policy: PolicyArgs,
+    #[command(flatten)]
+    pub config: ConfigArgs,
+}
+
+impl UpArgs {
+    /// The settings: the defaults, then the configuration file, then the flags given.
+    pub fn settings(&self) -> anyhow::Result<Config> {
+        let loaded = self.config.load()?;
+        let mut cfg = loaded.config.clone();
+        if let Some(system) = self.system {
+            cfg.up.system = system;
+        }
+        if let Some(n) = self.kns {
+            cfg.up.kns = n;
+        }
+        if let Some(dir) = &self.data_dir {
+            cfg.pool.path = dir.join("pool");
+        }
+        if let Some(size) = self.pool_size {
+            cfg.pool.size = size;
+        }
+        if let Some(p) = self.persist {
+            cfg.pool.persist = p;
+        }
+        if let Some(l) = self.rn_listen {
+            cfg.rn.listen = l;
+        }
+        if let Some(ns) = self.latency_ns {
+            cfg.fabric.endpoint.injected_latency_ns = ns;
+        }
+        if let Some(l) = &self.resp_listen {
+            cfg.up.resp_listen = l.clone();
+        }
+        if self.no_resp {
+            cfg.up.resp = false;
+        }
+        self.kn.apply(&mut cfg.kn)?;
+        self.policy.apply(&mut cfg.autoscale)?;
+        // The system sets what the file and the flags left alone; what they set must suit it.
+        let set = |key: &str| {
+            loaded.file_sets(key) || (key == "kn.workers.cache.policy" && self.kn.policy.is_some())
+        };
+        let errors = cfg.apply_system(set);
+        if !errors.is_empty() {
+            return Err(ConfigErrors {
+                source: self.config.source(),
+                errors,
+            }
+            .into());
+        }
+        Ok(cfg.checked(&self.config.source())?)
+    }
 }
 
 /// `dinomo kn`.
-#[derive(Debug, Args)]
+#[derive(Debug, Args, Default)]
 pub struct KnCmdArgs {
-    /// This node's id (it names its logs: a restart with the same id takes them back).
+    /// This node's id (it names its logs: a restart with the same id takes them back) [kn.node_id; required here
+    /// or in the file].
     #[arg(long)]
-    pub node_id: u32,
-    /// Native-protocol address.
-    #[arg(long, default_value = "127.0.0.1:7300")]
-    pub listen: SocketAddr,
-    /// Serve the Redis protocol on this address too.
+    pub node_id: Option<u32>,
+    /// Native-protocol address [kn.listen; default 127.0.0.1:0].
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Serve the Redis protocol on this address too [kn.resp_listen].
     #[arg(long)]
     pub resp_listen: Option<SocketAddr>,
     #[command(flatten)]
     pub meta: MetaArgs,
     #[command(flatten)]
     pub kn: KnArgs,
+    #[command(flatten)]
+    pub config: ConfigArgs,
+}
+
+impl KnCmdArgs {
+    /// The settings: the defaults, then the configuration file, then the flags given.
+    pub fn settings(&self) -> anyhow::Result<Config> {
+        let loaded = self.config.load()?;
+        if self.node_id.is_none() && !loaded.file_sets("kn.node_id") {
+            anyhow::bail!(
+                "a KV node needs an id: give --node-id, or kn.node_id in the configuration file"
+            );
+        }
+        let mut cfg = loaded.config;
+        if let Some(id) = self.node_id {
+            cfg.kn.node_id = id;
+        }
+        if let Some(l) = self.listen {
+            cfg.kn.listen = l;
+        }
+        if let Some(l) = self.resp_listen {
+            cfg.kn.resp_listen = Some(l);
+        }
+        self.meta.apply(&mut cfg);
+        self.kn.apply(&mut cfg.kn)?;
+        Ok(cfg.checked(&self.config.source())?)
+    }
 }
 
 /// `dinomo rn`.
-#[derive(Debug, Args)]
+#[derive(Debug, Args, Default)]
 pub struct RnArgs {
-    /// Address to serve routing on.
-    #[arg(long, default_value = "127.0.0.1:7200")]
-    pub listen: SocketAddr,
-    /// How often to re-read the cluster record, in milliseconds.
-    #[arg(long, default_value_t = 5)]
-    pub refresh_ms: u64,
+    /// Address to serve routing on [rn.listen; default 127.0.0.1:7200].
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// How often to re-read the cluster record, in milliseconds [rn.refresh; default 5].
+    #[arg(long)]
+    pub refresh_ms: Option<u64>,
     #[command(flatten)]
     pub meta: MetaArgs,
+    #[command(flatten)]
+    pub config: ConfigArgs,
+}
+
+impl RnArgs {
+    /// The settings: the defaults, then the configuration file, then the flags given.
+    pub fn settings(&self) -> anyhow::Result<Config> {
+        let mut cfg = self.config.load()?.config;
+        if let Some(l) = self.listen {
+            cfg.rn.listen = l;
+        }
+        if let Some(ms) = self.refresh_ms {
+            cfg.rn.refresh = Duration::from_millis(ms);
+        }
+        self.meta.apply(&mut cfg);
+        Ok(cfg.checked(&self.config.source())?)
+    }
 }
 
 /// `dinomo mnode`.
-#[derive(Debug, Args)]
+#[derive(Debug, Args, Default)]
 pub struct MnodeArgs {
-    /// Name in the M-node election (unique per M-node).
-    #[arg(long, default_value = "mnode-1")]
-    pub name: String,
-    /// Leadership lease in milliseconds (a standby takes over this long after the leader dies).
-    #[arg(long, default_value_t = 1000)]
-    pub lease_ms: u64,
+    /// Name in the M-node election (unique per M-node) [mnode.name; default mnode-1].
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Leadership lease in milliseconds (a standby takes over this long after the leader dies)
+    /// [mnode.lease_ttl; default 1000].
+    #[arg(long)]
+    pub lease_ms: Option<u64>,
     #[command(flatten)]
     pub meta: MetaArgs,
     #[command(flatten)]
     pub policy: PolicyArgs,
+    #[command(flatten)]
+    pub config: ConfigArgs,
+}
+
+impl MnodeArgs {
+    /// The settings: the defaults, then the configuration file, then the flags given.
+    pub fn settings(&self) -> anyhow::Result<Config> {
+        let mut cfg = self.config.load()?.config;
+        if let Some(n) = &self.name {
+            cfg.mnode.name = n.clone();
+        }
+        if let Some(ms) = self.lease_ms {
+            cfg.mnode.lease_ttl = Duration::from_millis(ms);
+        }
+        self.meta.apply(&mut cfg);
+        self.policy.apply(&mut cfg.autoscale)?;
+        Ok(cfg.checked(&self.config.source())?)
+    }
+}
+
+/// `dinomo status`: the cluster at a glance.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// A routing node (or any KV node).
+    #[arg(long, default_value = "127.0.0.1:7200")]
+    pub seed: String,
+    /// Milliseconds over which each node's load and hit ratio are sampled.
+    #[arg(long, default_value_t = 1000)]
+    pub window_ms: u64,
+    /// Milliseconds each node may take to answer.
+    #[arg(long, default_value_t = 2000)]
+    pub timeout_ms: u64,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn status(args: StatusArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.timeout_ms > 0, "--timeout-ms must be above zero");
+    let s = dinomo_cluster::status::collect(
+        &args.seed,
+        Duration::from_millis(args.window_ms),
+        Duration::from_millis(args.timeout_ms),
+    )
+    .with_context(|| format!("asking {} for the cluster", args.seed))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        print!("{}", s.table());
+    }
+    Ok(())
 }
 
 /// `dinomo kv`: one operation against a running cluster.
@@ -345,43 +554,52 @@ fn wait_for_signal(mut s: signal_hook::iterator::Signals) {
     tracing::info!(?signal, "stopping");
 }
 
+/// The in-process cluster the settings describe.
+pub fn local_cluster_config(cfg: &Config) -> LocalClusterConfig {
+    LocalClusterConfig {
+        pool_path: Some(cfg.pool.path.clone()),
+        pool_size: cfg.pool.size,
+        persist: cfg.pool.persist,
+        processor: cfg.processor.clone(),
+        kns: cfg.up.kns,
+        // Each KV node listens on a free port; the routing table tells clients where.
+        node: NodeConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            ..cfg.kn.clone()
+        },
+        mnode: cfg.mnode.clone(),
+        rn_listen: cfg.rn.listen,
+        rn_refresh: cfg.rn.refresh,
+        rn_limits: cfg.rn.limits.clone(),
+        memory_node: cfg.dpm.node.clone(),
+        meta: cfg.dpm.meta.clone(),
+        injected_latency_ns: cfg.fabric.endpoint.injected_latency_ns,
+        resp_listen: if cfg.up.resp {
+            cfg.up.resp_listen.clone()
+        } else {
+            Vec::new()
+        },
+        autoscale: cfg.autoscale.clone(),
+        node_start_timeout: cfg.up.node_start_timeout,
+    }
+}
+
+/// Creates the directory a pool file lives in.
+pub fn create_parent_dir(path: &std::path::Path) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    Ok(())
+}
+
 pub fn up(args: UpArgs) -> anyhow::Result<()> {
     let signals = signals()?;
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("creating {}", args.data_dir.display()))?;
-    let policy = args
-        .system
-        .cache_policy(args.kn.policy)
-        .map_err(anyhow::Error::msg)
-        .context("--policy")?;
-    let mut cfg = LocalClusterConfig {
-        pool_path: Some(args.data_dir.join("pool")),
-        pool_size: args.pool_size,
-        persist: args.persist,
-        processor: ProcessorConfig::default(),
-        kns: args.kns,
-        node: args
-            .kn
-            .node_config(0, SocketAddr::from(([127, 0, 0, 1], 0))),
-        mnode: MNodeConfig::default(),
-        rn_listen: args.rn_listen,
-        injected_latency_ns: args.latency_ns,
-        resp_listen: if args.no_resp {
-            Vec::new()
-        } else {
-            args.resp_listen.clone()
-        },
-        autoscale: args.policy.config()?,
-        ..LocalClusterConfig::default()
-    };
-    cfg.node.kn.cache.policy = policy;
-    args.system.configure(&mut cfg);
-    let cluster = LocalCluster::start(cfg).context("starting the cluster")?;
-    println!(
-        "dinomo up ({}): routing node on {}",
-        args.system,
-        cluster.rn_addr()
-    );
+    let cfg = args.settings()?;
+    create_parent_dir(&cfg.pool.path)?;
+    let cluster =
+        LocalCluster::start(local_cluster_config(&cfg)).context("starting the cluster")?;
+    println!("dinomo up: routing node on {}", cluster.rn_addr());
+    println!("  system {}", cfg.up.system);
     for n in cluster.nodes().iter() {
         match n.resp_addr() {
             Some(resp) => println!(
@@ -395,14 +613,17 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
     let s = cluster.processor().stats();
     println!(
         "  memory node: pool {} ({} keys, {} bytes free)",
-        args.data_dir.join("pool").display(),
+        cfg.pool.path.display(),
         s.index_entries,
         s.pool_free_bytes
     );
     if cluster.autoscaler().is_some() {
         println!("  autoscaler on (the M-node adds and removes KV nodes to keep the latency SLOs)");
     }
+    let metrics = cfg.metrics.serve(|| cluster.metrics())?;
     wait_for_signal(signals);
+    // The endpoint reads the cluster: it goes first.
+    drop(metrics);
     cluster.stop();
     println!("dinomo up stopped cleanly");
     Ok(())
@@ -410,18 +631,19 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
 
 pub fn kn(args: KnCmdArgs) -> anyhow::Result<()> {
     let signals = signals()?;
-    let meta = args.meta.store()?;
-    let config = NodeConfig {
-        resp_listen: args.resp_listen,
-        ..args.kn.node_config(args.node_id, args.listen)
-    };
-    let node =
-        ClusterNode::start(config, args.meta.connector(), meta).context("starting the KV node")?;
+    let cfg = args.settings()?;
+    let meta = store(&cfg)?;
+    let node = ClusterNode::start(cfg.kn.clone(), connector(&cfg), meta)
+        .context("starting the KV node")?;
     println!("dinomo kn {} listening on {}", node.id(), node.addr());
     if let Some(resp) = node.resp_addr() {
         println!("  Redis protocol on {resp}");
     }
+    let metrics = cfg
+        .metrics
+        .serve(|| vec![Arc::new(node.metrics()), Arc::new(FabricMetrics)])?;
     wait_for_signal(signals);
+    drop(metrics);
     node.stop();
     println!("dinomo kn stopped cleanly");
     Ok(())
@@ -429,14 +651,19 @@ pub fn kn(args: KnCmdArgs) -> anyhow::Result<()> {
 
 pub fn rn(args: RnArgs) -> anyhow::Result<()> {
     let signals = signals()?;
+    let cfg = args.settings()?;
     let rn = RoutingNode::start(
-        args.listen,
-        args.meta.store()?,
-        Duration::from_millis(args.refresh_ms),
-        ServerLimits::default(),
+        cfg.rn.listen,
+        store(&cfg)?,
+        cfg.rn.refresh,
+        cfg.rn.limits.clone(),
     )?;
     println!("dinomo rn listening on {}", rn.local_addr());
+    let metrics = cfg
+        .metrics
+        .serve(|| vec![Arc::new(rn.metrics()), Arc::new(FabricMetrics)])?;
     wait_for_signal(signals);
+    drop(metrics);
     drop(rn);
     println!("dinomo rn stopped cleanly");
     Ok(())
@@ -444,22 +671,19 @@ pub fn rn(args: RnArgs) -> anyhow::Result<()> {
 
 pub fn mnode(args: MnodeArgs) -> anyhow::Result<()> {
     let signals = signals()?;
-    let autoscale = args.policy.config()?;
-    let meta = args.meta.store()?;
+    let cfg = args.settings()?;
+    let meta = store(&cfg)?;
     let m = Arc::new(MNode::start(
-        MNodeConfig {
-            name: args.name.clone(),
-            lease_ttl: Duration::from_millis(args.lease_ms),
-            ..MNodeConfig::default()
-        },
+        cfg.mnode.clone(),
         meta.clone(),
-        args.meta.connector(),
+        connector(&cfg),
     )?);
+    let record: Arc<dyn MetricsSource> = Arc::new(RecordMetrics(meta.clone()));
     // This M-node cannot start KV-node processes: the policy removes nodes and changes replication, and an
     // add it decides on is logged as refused (start a `dinomo kn` by hand).
-    let autoscaler = if autoscale.enabled {
+    let autoscaler = if cfg.autoscale.enabled {
         Some(Autoscaler::start(
-            autoscale,
+            cfg.autoscale.clone(),
             meta,
             m.clone(),
             Arc::new(ManualScaler),
@@ -469,14 +693,18 @@ pub fn mnode(args: MnodeArgs) -> anyhow::Result<()> {
     };
     println!(
         "dinomo mnode {} running{}",
-        args.name,
+        cfg.mnode.name,
         if autoscaler.is_some() {
             " with the autoscaler"
         } else {
             ""
         }
     );
+    let metrics = cfg
+        .metrics
+        .serve(|| vec![Arc::new(m.metrics()), record, Arc::new(FabricMetrics)])?;
     wait_for_signal(signals);
+    drop(metrics);
     drop(autoscaler);
     drop(m);
     println!("dinomo mnode stopped cleanly");
@@ -520,43 +748,123 @@ mod tests {
     use clap::Parser;
 
     #[derive(Debug, Parser)]
-    struct Cli {
+    struct Up {
         #[command(flatten)]
-        policy: PolicyArgs,
+        args: UpArgs,
     }
 
     #[derive(Debug, Parser)]
-    struct UpCli {
+    struct Kn {
         #[command(flatten)]
-        up: UpArgs,
+        args: KnCmdArgs,
+    }
+
+    #[derive(Debug, Parser)]
+    struct Mnode {
+        #[command(flatten)]
+        args: MnodeArgs,
+    }
+
+    fn up(argv: &[&str]) -> anyhow::Result<Config> {
+        Up::try_parse_from(std::iter::once("dinomo").chain(argv.iter().copied()))?
+            .args
+            .settings()
+    }
+
+    fn kn(argv: &[&str]) -> anyhow::Result<Config> {
+        Kn::try_parse_from(std::iter::once("dinomo").chain(argv.iter().copied()))?
+            .args
+            .settings()
     }
 
     #[test]
     fn up_runs_the_system_it_is_asked_for() {
-        let up = |args: &[&str]| {
-            UpCli::try_parse_from(std::iter::once("up").chain(args.iter().copied()))
-        };
-        assert_eq!(up(&[]).unwrap().up.system, Variant::Dinomo);
-        let n = up(&["--system", "dinomo-n"]).unwrap().up;
-        assert_eq!(n.system, Variant::DinomoN);
+        use dinomo_dpm::Partitioning;
+        let cfg = up(&[]).unwrap();
+        assert_eq!(cfg.up.system, Variant::Dinomo);
+        assert_eq!(cfg.processor.partitioning, Partitioning::Shared);
+        let n = up(&["--system", "dinomo-n"]).unwrap();
+        assert_eq!(n.up.system, Variant::DinomoN);
+        assert_eq!(n.processor.partitioning, Partitioning::PerNode);
+        assert!(!n.autoscale.policy.selective_replication);
         assert_eq!(
-            n.system.cache_policy(n.kn.policy),
-            Ok(Policy::Adaptive),
+            n.kn.kn.cache.policy,
+            Policy::Adaptive,
             "DINOMO-N caches with DAC"
         );
-        let s = up(&["--system", "dinomo-s", "--policy", "value-only"])
-            .unwrap()
-            .up;
-        assert!(s.system.cache_policy(s.kn.policy).is_err());
+        let s = up(&["--system", "dinomo-s"]).unwrap();
+        assert_eq!(s.kn.kn.cache.policy, Policy::ShortcutOnly);
+        assert_eq!(s.processor.partitioning, Partitioning::Shared);
+        let e = format!(
+            "{:#}",
+            up(&["--system", "dinomo-s", "--policy", "value-only"]).unwrap_err()
+        );
+        assert!(
+            e.contains("kn.workers.cache.policy") && e.contains("shortcuts only"),
+            "{e}"
+        );
+        assert!(up(&["--system", "dinomo-s", "--policy", "shortcut-only"]).is_ok());
         assert!(up(&["--system", "clover"]).is_err());
     }
 
     #[test]
+    fn the_system_comes_from_the_file_and_refuses_settings_it_cannot_run_with() {
+        use dinomo_dpm::Partitioning;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("dinomo.toml");
+        let with = |text: &str, argv: &[&str]| {
+            std::fs::write(&file, text).unwrap();
+            let mut all = vec!["--config", file.to_str().unwrap()];
+            all.extend_from_slice(argv);
+            up(&all).map_err(|e| format!("{e:#}"))
+        };
+        let n = with("[up]\nsystem = \"dinomo-n\"\n", &[]).unwrap();
+        assert_eq!(n.processor.partitioning, Partitioning::PerNode);
+        // A flag overrides the file's system, and the layout follows it.
+        let d = with("[up]\nsystem = \"dinomo-n\"\n", &["--system", "dinomo"]).unwrap();
+        assert_eq!(d.processor.partitioning, Partitioning::Shared);
+        assert!(d.autoscale.policy.selective_replication);
+        // Settings the file gives explicitly must suit the system.
+        let e = with(
+            "[up]\nsystem = \"dinomo-n\"\n[processor]\npartitioning = \"shared\"\n",
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.contains("processor.partitioning:"), "{e}");
+        let e = with("[processor]\npartitioning = \"per-node\"\n", &[]).unwrap_err();
+        assert!(
+            e.contains("processor.partitioning:") && e.contains("dinomo-n"),
+            "{e}"
+        );
+        let e = with(
+            "[up]\nsystem = \"dinomo-n\"\n[autoscale.policy]\nselective_replication = true\n",
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.contains("autoscale.policy.selective_replication:"), "{e}");
+        let e = with(
+            "[up]\nsystem = \"dinomo-s\"\n[kn.workers.cache]\npolicy = \"dac\"\n",
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.contains("kn.workers.cache.policy:"), "{e}");
+        // A flag can put right what the file got wrong.
+        assert!(
+            with(
+                "[up]\nsystem = \"dinomo-s\"\n[kn.workers.cache]\npolicy = \"dac\"\n",
+                &["--policy", "shortcut-only"],
+            )
+            .is_ok()
+        );
+        let e = with("[up]\nsystem = \"clover\"\n", &[]).unwrap_err();
+        assert!(e.contains("up.system:"), "{e}");
+    }
+
+    #[test]
     fn policy_flags_default_to_the_policy_defaults() {
-        let cfg = Cli::parse_from(["dinomo"]).policy.config().unwrap();
-        assert_eq!(cfg, AutoscaleConfig::default());
-        let cfg = Cli::parse_from([
-            "dinomo",
+        let cfg = up(&[]).unwrap();
+        assert_eq!(cfg.autoscale, AutoscaleConfig::default());
+        let cfg = up(&[
             "--autoscale",
             "--slo-avg-ms",
             "0.5",
@@ -564,15 +872,162 @@ mod tests {
             "0",
             "--no-selective-replication",
         ])
-        .policy
-        .config()
         .unwrap();
-        assert!(cfg.enabled && !cfg.policy.selective_replication);
-        assert_eq!(cfg.policy.avg_latency_slo, Duration::from_micros(500));
-        assert!(cfg.policy.grace_period.is_zero());
-        let bad = Cli::parse_from(["dinomo", "--under-utilization", "0.5"]);
-        assert!(bad.policy.config().is_err());
-        let negative = Cli::try_parse_from(["dinomo", "--slo-p99-ms=-1"]).unwrap();
-        assert!(negative.policy.config().is_err());
+        assert!(cfg.autoscale.enabled && !cfg.autoscale.policy.selective_replication);
+        assert_eq!(
+            cfg.autoscale.policy.avg_latency_slo,
+            Duration::from_micros(500)
+        );
+        assert!(cfg.autoscale.policy.grace_period.is_zero());
+        assert!(up(&["--under-utilization", "0.5"]).is_err());
+        assert!(up(&["--slo-p99-ms=-1"]).is_err());
+        let m = Mnode::try_parse_from(["dinomo", "--epoch-s", "20"]).unwrap();
+        let e = m.args.settings().unwrap_err().to_string();
+        assert!(e.contains("autoscale:"), "{e}");
+    }
+
+    #[test]
+    fn no_flags_and_no_file_give_the_defaults() {
+        let cfg = up(&[]).unwrap();
+        assert_eq!(cfg, Config::default());
+        // What `dinomo up` ran with before it had a configuration file.
+        assert_eq!(
+            cfg.kn.kn.threads * cfg.kn.kn.cache.budget_bytes as usize,
+            64 << 20
+        );
+        assert_eq!(cfg.pool.path, PathBuf::from("dinomo-data/pool"));
+        assert_eq!(cfg.up.resp_listen, vec!["127.0.0.1:6379".parse().unwrap()]);
+    }
+
+    #[test]
+    fn flags_override_the_file_which_overrides_the_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("dinomo.toml");
+        std::fs::write(
+            &file,
+            r#"
+[up]
+kns = 5
+resp = false
+[pool]
+path = "/srv/dinomo/pool"
+[kn]
+node_id = 7
+lease_ttl = "300ms"
+[kn.workers]
+threads = 4
+[kn.workers.cache]
+budget_bytes = 1048576
+[kn.resp]
+requirepass = "from-file"
+[autoscale.policy]
+avg_latency_slo = "3ms"
+grace_period = "10s"
+[rn]
+listen = "127.0.0.1:7299"
+"#,
+        )
+        .unwrap();
+        let path = file.to_str().unwrap();
+        // The file over the defaults.
+        let cfg = up(&["--config", path]).unwrap();
+        assert_eq!(cfg.up.kns, 5);
+        assert!(!cfg.up.resp);
+        assert_eq!(cfg.pool.path, PathBuf::from("/srv/dinomo/pool"));
+        assert_eq!(cfg.kn.kn.threads, 4);
+        assert_eq!(cfg.kn.kn.cache.budget_bytes, 1 << 20);
+        assert_eq!(cfg.kn.lease_ttl, Duration::from_millis(300));
+        assert_eq!(cfg.kn.resp.requirepass.as_deref(), Some("from-file"));
+        assert_eq!(
+            cfg.autoscale.policy.avg_latency_slo,
+            Duration::from_millis(3)
+        );
+        assert_eq!(cfg.rn.listen, "127.0.0.1:7299".parse().unwrap());
+        // Keys the file leaves out keep their defaults.
+        let d = Config::default();
+        assert_eq!(cfg.kn.heartbeat, d.kn.heartbeat);
+        assert_eq!(cfg.kn.kn.max_key_len, d.kn.kn.max_key_len);
+        assert_eq!(
+            cfg.autoscale.policy.tail_latency_slo,
+            d.autoscale.policy.tail_latency_slo
+        );
+        assert_eq!(cfg.pool.size, d.pool.size);
+
+        // Flags over the file.
+        let cfg = up(&[
+            "--config",
+            path,
+            "--kns",
+            "3",
+            "--threads",
+            "8",
+            "--cache",
+            "64MiB",
+            "--slo-avg-ms",
+            "0.5",
+            "--lease-ms",
+            "250",
+            "--data-dir",
+            "/tmp/d",
+            "--requirepass",
+            "from-flag",
+        ])
+        .unwrap();
+        assert_eq!(cfg.up.kns, 3);
+        assert_eq!(cfg.kn.kn.threads, 8);
+        assert_eq!(cfg.kn.kn.cache.budget_bytes, 8 << 20, "--cache is per node");
+        assert_eq!(
+            cfg.autoscale.policy.avg_latency_slo,
+            Duration::from_micros(500)
+        );
+        assert_eq!(cfg.kn.lease_ttl, Duration::from_millis(250));
+        assert_eq!(cfg.pool.path, PathBuf::from("/tmp/d/pool"));
+        assert_eq!(cfg.kn.resp.requirepass.as_deref(), Some("from-flag"));
+        // What no flag named still comes from the file.
+        assert_eq!(cfg.autoscale.policy.grace_period, Duration::from_secs(10));
+        assert_eq!(cfg.rn.listen, "127.0.0.1:7299".parse().unwrap());
+        assert!(!cfg.up.resp);
+
+        // `kn` takes its id from the file, or a flag over it.
+        assert_eq!(kn(&["--config", path]).unwrap().kn.node_id, 7);
+        assert_eq!(
+            kn(&["--config", path, "--node-id", "9"])
+                .unwrap()
+                .kn
+                .node_id,
+            9
+        );
+    }
+
+    #[test]
+    fn a_kv_node_needs_an_id() {
+        let e = kn(&[]).unwrap_err().to_string();
+        assert!(e.contains("--node-id"), "{e}");
+        let cfg = kn(&["--node-id", "3", "--dpm", "127.0.0.1:7111"]).unwrap();
+        assert_eq!(cfg.kn.node_id, 3);
+        assert_eq!(cfg.cluster.dpm, "127.0.0.1:7111".parse().unwrap());
+        assert_eq!(cfg.kn.listen, "127.0.0.1:7300".parse().unwrap());
+    }
+
+    #[test]
+    fn bad_files_are_refused_with_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("bad.toml");
+        std::fs::write(&file, "[kn.workers]\nthreads = \"many\"\n").unwrap();
+        let e = format!(
+            "{:#}",
+            up(&["--config", file.to_str().unwrap()]).unwrap_err()
+        );
+        assert!(e.contains("kn.workers.threads"), "{e}");
+        std::fs::write(&file, "[kn]\nlease_ttl = \"40ms\"\n").unwrap();
+        let e = format!(
+            "{:#}",
+            up(&["--config", file.to_str().unwrap()]).unwrap_err()
+        );
+        assert!(e.contains("kn.heartbeat"), "{e}");
+        // A flag can put right what the file got wrong.
+        assert!(up(&["--config", file.to_str().unwrap(), "--heartbeat-ms", "10"]).is_ok());
+        let missing = dir.path().join("missing.toml");
+        assert!(up(&["--config", missing.to_str().unwrap()]).is_err());
     }
 }

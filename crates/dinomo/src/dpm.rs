@@ -6,98 +6,155 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
-use dinomo_dpm::{Partitioning, Processor, ProcessorConfig};
-use dinomo_fabric::{MemoryNode, NodeConfig, Server, ServerConfig};
+use dinomo_dpm::{Partitioning, Processor};
+use dinomo_fabric::{MemoryNode, NodeConfig, Server};
 use dinomo_pool::{PersistMode, Pool, PoolOptions};
 
+use crate::config::{Config, ConfigArgs};
 use crate::size::parse_size;
 
 /// The memory node's shared secret: the dpm requires it of every fabric connection, and every process that
 /// connects presents it.
-#[derive(Debug, Clone, Args)]
+#[derive(Debug, Clone, Default, Args)]
 pub struct ClusterToken {
-    /// Shared secret of the memory node's fabric; also read from DINOMO_CLUSTER_TOKEN.
+    /// Shared secret of the memory node's fabric; also read from DINOMO_CLUSTER_TOKEN [fabric.token].
     #[arg(
         long = "token",
         value_name = "TOKEN",
         env = "DINOMO_CLUSTER_TOKEN",
-        default_value = "",
         hide_env_values = true
     )]
-    pub value: String,
+    pub value: Option<String>,
 }
 
-/// Settings of `dinomo dpm`.
-#[derive(Debug, Args)]
+impl ClusterToken {
+    /// Sets the token when one was given.
+    pub fn apply(&self, cfg: &mut Config) {
+        if let Some(t) = &self.value {
+            cfg.fabric.token = t.clone();
+        }
+    }
+}
+
+/// Settings of `dinomo dpm`. Each flag overrides the configuration file.
+#[derive(Debug, Args, Default)]
 pub struct DpmArgs {
-    /// Address to serve the fabric on. Non-loopback addresses need --allow-non-loopback and a cluster token.
-    #[arg(long, default_value = "127.0.0.1:7100")]
-    pub listen: SocketAddr,
-    /// Pool file; created with --size if it does not exist.
+    /// Address to serve the fabric on. Non-loopback addresses need --allow-non-loopback and a cluster token
+    /// [dpm.server.listen; default 127.0.0.1:7100].
     #[arg(long)]
-    pub pool: PathBuf,
-    /// Size of a new pool (ignored when the file exists), e.g. 1GiB.
-    #[arg(long, value_parser = parse_size, default_value = "1GiB")]
-    pub size: u64,
-    /// Allocation unit of a new pool (the log segment size), e.g. 8MiB.
-    #[arg(long, value_parser = parse_size, default_value = "8MiB")]
-    pub segment_size: u64,
-    /// Durability: volatile, periodic (msync every second), durable (msync per write) or dax.
-    #[arg(long, default_value = "periodic")]
-    pub persist: PersistMode,
+    pub listen: Option<SocketAddr>,
+    /// Pool file; created with --size if it does not exist [pool.path; default dinomo-data/pool].
+    #[arg(long)]
+    pub pool: Option<PathBuf>,
+    /// Size of a new pool (ignored when the file exists), e.g. 1GiB [pool.size; default 1GiB].
+    #[arg(long, value_parser = parse_size)]
+    pub size: Option<u64>,
+    /// Allocation unit of a new pool, e.g. 8MiB [pool.segment_size; default 8MiB].
+    #[arg(long, value_parser = parse_size)]
+    pub segment_size: Option<u64>,
+    /// Durability: volatile, periodic (msync every second), durable (msync per write) or dax [pool.persist;
+    /// default periodic].
+    #[arg(long)]
+    pub persist: Option<PersistMode>,
     #[command(flatten)]
     pub token: ClusterToken,
-    /// Allow listening on addresses other than loopback.
+    /// Allow listening on addresses other than loopback [dpm.server.allow_non_loopback].
     #[arg(long)]
     pub allow_non_loopback: bool,
-    /// Fabric connections served at once.
-    #[arg(long, default_value_t = 1024)]
-    pub max_connections: usize,
-    /// Largest payload of one verb or RPC, e.g. 64MiB.
-    #[arg(long, value_parser = parse_size, default_value = "64MiB")]
-    pub max_message: u64,
-    /// Processor threads serving two-sided calls.
-    #[arg(long, default_value_t = 2)]
-    pub rpc_threads: usize,
-    /// Threads merging KV nodes' logs into the index.
-    #[arg(long, default_value_t = 4)]
-    pub merge_threads: usize,
-    /// Bytes of a log segment (fixed when the pool is first formatted), e.g. 8MiB.
-    #[arg(long, value_parser = parse_size, default_value = "8MiB")]
-    pub log_segment_size: u64,
-    /// Logs (KV-node threads) the pool can hold (fixed when the pool is first formatted).
-    #[arg(long, default_value_t = 4096)]
-    pub max_logs: u32,
+    /// Fabric connections served at once [dpm.server.max_connections; default 1024].
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+    /// Largest payload of one verb or RPC, e.g. 64MiB [dpm.node.max_message_len; default 64MiB].
+    #[arg(long, value_parser = parse_size)]
+    pub max_message: Option<u64>,
+    /// Processor threads serving two-sided calls [dpm.node.rpc_threads; default 2].
+    #[arg(long)]
+    pub rpc_threads: Option<usize>,
+    /// Threads merging KV nodes' logs into the index [processor.merge_threads; default 4].
+    #[arg(long)]
+    pub merge_threads: Option<usize>,
+    /// Bytes of a log segment (fixed when the pool is first formatted), e.g. 8MiB [processor.segment_size;
+    /// default 8MiB].
+    #[arg(long, value_parser = parse_size)]
+    pub log_segment_size: Option<u64>,
+    /// Logs (KV-node threads) the pool can hold (fixed when the pool is first formatted)
+    /// [processor.directory_capacity; default 4096].
+    #[arg(long)]
+    pub max_logs: Option<u32>,
     /// Index layout, fixed when the pool is first formatted: shared (one index every KV node reads: dinomo and
-    /// dinomo-s) or per-node (one partition per KV node, data moved when keys change owner: dinomo-n).
-    #[arg(long, default_value = "shared", value_parser = parse_partitioning)]
-    pub partitioning: Partitioning,
+    /// dinomo-s) or per-node (one partition per KV node, data moved when keys change owner: dinomo-n)
+    /// [processor.partitioning; default shared].
+    #[arg(long)]
+    pub partitioning: Option<Partitioning>,
     /// Serve the pool as plain registered memory, without the data plane (no index, logs or merge threads): for
-    /// fabric tests and benchmarks that use the memory directly.
+    /// fabric tests and benchmarks that use the memory directly [dpm.fabric_only].
     #[arg(long)]
     pub fabric_only: bool,
+    #[command(flatten)]
+    pub config: ConfigArgs,
 }
 
-fn parse_partitioning(s: &str) -> Result<Partitioning, String> {
-    match s {
-        "shared" => Ok(Partitioning::Shared),
-        "per-node" => Ok(Partitioning::PerNode),
-        other => Err(format!(
-            "unknown index layout {other:?} (shared or per-node)"
-        )),
+impl DpmArgs {
+    /// The settings: the defaults, then the configuration file, then the flags given.
+    pub fn settings(&self) -> anyhow::Result<Config> {
+        let mut cfg = self.config.load()?.config;
+        if let Some(l) = self.listen {
+            cfg.dpm.server.listen = l;
+        }
+        if let Some(p) = &self.pool {
+            cfg.pool.path = p.clone();
+        }
+        if let Some(s) = self.size {
+            cfg.pool.size = s;
+        }
+        if let Some(s) = self.segment_size {
+            cfg.pool.segment_size = s;
+        }
+        if let Some(p) = self.persist {
+            cfg.pool.persist = p;
+        }
+        self.token.apply(&mut cfg);
+        if self.allow_non_loopback {
+            cfg.dpm.server.allow_non_loopback = true;
+        }
+        if let Some(n) = self.max_connections {
+            cfg.dpm.server.max_connections = n;
+        }
+        if let Some(m) = self.max_message {
+            cfg.dpm.node.max_message_len = u32::try_from(m)
+                .ok()
+                .filter(|&m| m > 0)
+                .context("--max-message must be between 1 byte and 4 GiB - 1")?;
+        }
+        if let Some(n) = self.rpc_threads {
+            cfg.dpm.node.rpc_threads = n;
+        }
+        if let Some(n) = self.merge_threads {
+            cfg.processor.merge_threads = n;
+        }
+        if let Some(s) = self.log_segment_size {
+            cfg.processor.segment_size = s;
+        }
+        if let Some(n) = self.max_logs {
+            cfg.processor.directory_capacity = n;
+        }
+        if let Some(p) = self.partitioning {
+            cfg.processor.partitioning = p;
+        }
+        if self.fabric_only {
+            cfg.dpm.fabric_only = true;
+        }
+        Ok(cfg.checked(&self.config.source())?)
     }
 }
 
 /// Runs the memory node until a termination signal, then closes the pool cleanly.
 pub fn run(args: DpmArgs) -> anyhow::Result<()> {
-    let max_message_len = u32::try_from(args.max_message)
-        .ok()
-        .filter(|&m| m > 0)
-        .context("--max-message must be between 1 byte and 4 GiB - 1")?;
+    let cfg = args.settings()?;
     let opts = PoolOptions {
-        size: args.size,
-        segment_size: args.segment_size,
-        persist: args.persist,
+        size: cfg.pool.size,
+        segment_size: cfg.pool.segment_size,
+        persist: cfg.pool.persist,
     };
     // Register the signal handlers first so that a signal during start-up still stops us cleanly.
     let mut signals = signal_hook::iterator::Signals::new([
@@ -105,53 +162,38 @@ pub fn run(args: DpmArgs) -> anyhow::Result<()> {
         signal_hook::consts::SIGTERM,
     ])
     .context("installing signal handlers")?;
-    let (pool, report) = Pool::open_or_create(&args.pool, &opts)
-        .with_context(|| format!("opening pool {}", args.pool.display()))?;
+    let pool_path = &cfg.pool.path;
+    crate::cluster::create_parent_dir(pool_path)?;
+    let (pool, report) = Pool::open_or_create(pool_path, &opts)
+        .with_context(|| format!("opening pool {}", pool_path.display()))?;
     let pool = Arc::new(pool);
     let layout = *pool.layout();
     let node = MemoryNode::new(
         pool.clone(),
         NodeConfig {
-            cluster_token: args.token.value,
-            max_message_len,
-            rpc_threads: args.rpc_threads,
-            ..NodeConfig::default()
+            cluster_token: cfg.fabric.token.clone(),
+            ..cfg.dpm.node.clone()
         },
     );
-    let processor = if args.fabric_only {
+    let processor = if cfg.dpm.fabric_only {
         None
     } else {
-        let cfg = ProcessorConfig {
-            merge_threads: args.merge_threads,
-            segment_size: args.log_segment_size,
-            directory_capacity: args.max_logs,
-            partitioning: args.partitioning,
-            ..ProcessorConfig::default()
-        };
-        let p = Processor::start(pool.clone(), &cfg).context("starting the data plane")?;
+        let p =
+            Processor::start(pool.clone(), &cfg.processor).context("starting the data plane")?;
         // The cluster record lives in this pool; KV nodes, routing nodes and M-nodes reach it over the fabric.
-        let meta =
-            dinomo_meta::EmbeddedMeta::open(pool.clone(), dinomo_meta::MetaConfig::default())
-                .context("opening the cluster metadata")?;
+        let meta = dinomo_meta::EmbeddedMeta::open(pool.clone(), cfg.dpm.meta.clone())
+            .context("opening the cluster metadata")?;
         node.set_rpc_handler(Arc::new(dinomo_cluster::MemoryNodeRpc::new(
             p.rpc_handler(),
             meta,
         )));
         Some(p)
     };
-    let mut server = Server::start(
-        node.clone(),
-        ServerConfig {
-            listen: args.listen,
-            allow_non_loopback: args.allow_non_loopback,
-            max_connections: args.max_connections,
-            ..ServerConfig::default()
-        },
-    )?;
+    let mut server = Server::start(node.clone(), cfg.dpm.server.clone())?;
     println!(
         "dinomo dpm listening on {} (pool {}, {} segments of {} bytes, {}, opened {}{})",
         server.local_addr(),
-        args.pool.display(),
+        pool_path.display(),
         layout.segment_count,
         layout.segment_size,
         match pool.persist_mode() {
@@ -180,8 +222,13 @@ pub fn run(args: DpmArgs) -> anyhow::Result<()> {
             }
         },
     );
+    let metrics = cfg.metrics.serve(|| match &processor {
+        Some(p) => vec![Arc::new(dinomo_cluster::metrics::ProcessorMetrics(p.clone())) as _],
+        None => Vec::new(),
+    })?;
     let signal = signals.forever().next();
     tracing::info!(?signal, "stopping memory node");
+    drop(metrics);
     server.shutdown();
     if let Some(p) = processor {
         p.shutdown();

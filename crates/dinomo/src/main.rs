@@ -2,6 +2,7 @@
 
 mod bench;
 mod cluster;
+mod config;
 mod dpm;
 mod size;
 
@@ -29,8 +30,12 @@ enum Command {
     Mnode(cluster::MnodeArgs),
     /// One operation against a running cluster.
     Kv(cluster::KvArgs),
+    /// The cluster at a glance: nodes, shares, load, hit ratios, pool use, ring epoch.
+    Status(cluster::StatusArgs),
     /// Run a benchmark.
     Bench(bench::BenchArgs),
+    /// Print the default configuration file, or check one.
+    Config(config::ConfigCmdArgs),
 }
 
 fn main() {
@@ -49,7 +54,9 @@ fn main() {
         Command::Rn(args) => cluster::rn(args),
         Command::Mnode(args) => cluster::mnode(args),
         Command::Kv(args) => cluster::kv(args),
+        Command::Status(args) => cluster::status(args),
         Command::Bench(args) => bench::run(args),
+        Command::Config(args) => config::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

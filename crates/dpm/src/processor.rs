@@ -37,8 +37,37 @@ pub enum Partitioning {
     /// ([`proto::REBALANCE`]). Keys cannot be shared by several nodes.
     PerNode,
 }
-/// Settings of the processor.
-#[derive(Debug, Clone)]
+
+impl Partitioning {
+    /// Its name on the command line and in configuration files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Partitioning::Shared => "shared",
+            Partitioning::PerNode => "per-node",
+        }
+    }
+}
+
+impl std::fmt::Display for Partitioning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Partitioning {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Partitioning, String> {
+        [Partitioning::Shared, Partitioning::PerNode]
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| format!("unknown index layout {s:?} (shared or per-node)"))
+    }
+}
+
+/// Settings of the processor. The hash mode exists for tests and is left out of configuration files.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ProcessorConfig {
     /// Threads merging logs into the index (default 4).
     pub merge_threads: usize,
@@ -47,6 +76,7 @@ pub struct ProcessorConfig {
     /// Bytes of a log segment, header included, fixed when the pool is formatted (default 8 MiB).
     pub segment_size: u64,
     /// Key hash of the index, fixed when the pool is formatted (default XXH3; tests force collisions).
+    #[serde(skip)]
     pub hash_mode: HashMode,
     /// Index settings.
     pub index: IndexConfig,
@@ -1389,6 +1419,12 @@ impl Inner {
         let mut cells = self.cells.lock().expect("cells lock");
         let slot = Self::cell_slot(&cells, req.cell)?;
         let cell = cells.get(slot).expect("used slot").clone();
+        if cell.key != req.key {
+            return Err(ProcessorError::Config(format!(
+                "the cell at {:#x} belongs to another key",
+                req.cell
+            )));
+        }
         if cell.state == CellState::Active {
             return Ok(merged);
         }
@@ -1408,8 +1444,16 @@ impl Inner {
 
     fn deactivate_cell(&self, req: &proto::ShareKey) -> Result<proto::Merged, ProcessorError> {
         let merged = self.merge_caller(req)?;
-        let slot = Self::cell_slot(&self.cells.lock().expect("cells lock"), req.cell)?;
-        self.unshare(slot)?;
+        let slot = {
+            let cells = self.cells.lock().expect("cells lock");
+            cells
+                .slot_at(req.cell)
+                .filter(|s| cells.get(*s).is_some_and(|c| c.key == req.key))
+        };
+        // A cell no longer in use for the key holds nothing of it: the key is in the index already.
+        if let Some(slot) = slot {
+            self.unshare(slot)?;
+        }
         Ok(merged)
     }
 

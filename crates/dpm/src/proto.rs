@@ -142,7 +142,9 @@ pub struct CellReserved {
 /// Sent by the thread of the key's exclusive owner, which serves nothing meanwhile. [`ACTIVATE_CELL`]: the
 /// caller's log is sealed at `sealed_len` and merged, then the key's value moves from the index into its cell and
 /// the key is shared from then on. [`DEACTIVATE_CELL`]: the caller's log is sealed and merged (every other owner
-/// has merged its log already), then the cell's value moves back into the index and the cell is retired.
+/// has merged its log already), then the cell's value moves back into the index and the cell is retired. Both are
+/// idempotent; deactivating a cell that no longer holds the key (retired, freed, or reserved for another key)
+/// does nothing.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ShareKey {
     /// The caller's log.
@@ -153,6 +155,8 @@ pub struct ShareKey {
     pub sealed_len: Option<u64>,
     /// The key's cell, from [`CellReserved`].
     pub cell: u64,
+    /// The key, checked against the cell's: a cell freed and reserved again for another key is not touched.
+    pub key: Vec<u8>,
 }
 
 /// Frees a retired cell once no routing table in use names it any more.

@@ -17,16 +17,21 @@ use crate::wire::{
     self, FLAG_LAST, HandshakeReply, REQ_HEADER, RESP_HEADER, ReqHeader, RespHeader, op, status,
 };
 
-/// Settings of a client endpoint.
-#[derive(Debug, Clone)]
+/// Settings of a client endpoint. Configuration files hold the cluster token elsewhere (it is shared with the
+/// memory node), so it is left out here.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct EndpointConfig {
     /// Secret presented in the handshake. Default: empty.
+    #[serde(skip)]
     pub cluster_token: String,
     /// Busy-wait added to every round trip, to emulate a microsecond-scale fabric on one host. Default 0.
     pub injected_latency_ns: u64,
     /// How long a round trip may take before the endpoint gives up on the connection. Default 5 s.
+    #[serde(with = "humantime_serde")]
     pub timeout: Duration,
     /// How long connecting and the handshake may take. Default 2 s.
+    #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
 }
 

@@ -16,10 +16,13 @@ pub const DATA_REGION: &str = "data";
 /// Name of the read-only region covering the pool's root slots.
 pub const ROOTS_REGION: &str = "roots";
 
-/// Settings of a memory node's fabric side.
-#[derive(Debug, Clone)]
+/// Settings of a memory node's fabric side. Configuration files hold the cluster token elsewhere (it is shared
+/// with the endpoints), so it is left out here.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct NodeConfig {
     /// Shared secret every connection must present. Default: empty (accepted only on loopback listeners).
+    #[serde(skip)]
     pub cluster_token: String,
     /// Largest payload of one verb or RPC body, in bytes. Default 64 MiB.
     pub max_message_len: u32,

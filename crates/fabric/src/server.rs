@@ -14,7 +14,8 @@ use crate::node::MemoryNode;
 use crate::wire::{self, FLAG_LAST, HandshakeReply, REQ_HEADER, ReqHeader, RespHeader, op, status};
 
 /// Settings of the TCP server.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
     /// Address to listen on. Default 127.0.0.1:7100.
     pub listen: SocketAddr,
@@ -23,6 +24,7 @@ pub struct ServerConfig {
     /// Connections served at once; more are refused in the handshake. Default 1024.
     pub max_connections: usize,
     /// Time a new connection has to complete its handshake. Default 2 s.
+    #[serde(with = "humantime_serde")]
     pub handshake_timeout: Duration,
 }
 

@@ -68,7 +68,8 @@ pub use index::{Anchor, Index, free_unreferenced};
 pub use remote::{REMOTE_MAX_ATTEMPTS, RemoteIndex};
 
 /// Settings of an index.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct IndexConfig {
     /// Primary buckets of the first table (a power of two). Default 1024. Used only when creating.
     pub initial_buckets: u64,
@@ -78,6 +79,7 @@ pub struct IndexConfig {
     /// Spare overflow buckets per primary bucket in each new table. Default 0.25.
     pub overflow_per_bucket: f64,
     /// How long a replaced table stays allocated, so that lookups already under way finish on it. Default 2 s.
+    #[serde(with = "humantime_serde")]
     pub retire_grace: Duration,
 }
 

@@ -4,10 +4,13 @@ use dinomo_cache::CacheConfig;
 
 use crate::hotkeys::KeyStatsConfig;
 
-/// Settings of a KV node.
-#[derive(Debug, Clone)]
+/// Settings of a KV node. Configuration files give the node's identity with the cluster node's settings, so it is
+/// left out here.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct KnConfig {
     /// Identity of the node; its threads' logs are found by it after a restart (default 1).
+    #[serde(skip)]
     pub node_id: u32,
     /// Worker threads, each owning a share of the keys (default 2).
     pub threads: usize,
@@ -21,6 +24,7 @@ pub struct KnConfig {
     /// Sealed segments a thread may have waiting to be merged before its writes wait (default 2).
     pub max_unmerged_segments: usize,
     /// How long a write waits for the memory node to merge before it fails (default 10 s).
+    #[serde(with = "humantime_serde")]
     pub merge_wait_timeout: Duration,
     /// Requests a worker takes from its queue for one group commit (default 128).
     pub max_batch: usize,

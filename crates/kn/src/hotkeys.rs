@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 /// Settings of the key-access statistics of each worker thread.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct KeyStatsConfig {
     /// Whether workers keep the statistics at all (default true).
     pub enabled: bool,

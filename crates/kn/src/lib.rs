@@ -26,5 +26,6 @@ pub use hotkeys::{
 };
 pub use node::{KvHandle, KvNode, Submitter, thread_for_key};
 pub use worker::{
-    Command, DataOp, DirectWorker, EpochStats, LeaseGate, Ownership, Reply, Tagged, WorkerStats,
+    Command, DataOp, DirectWorker, EpochStats, LeaseGate, OpCounts, Ownership, Reply, Tagged,
+    WorkerStats,
 };

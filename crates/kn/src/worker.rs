@@ -209,9 +209,72 @@ pub(crate) struct Request {
     pub reply: Responder,
 }
 
+/// Data operations a worker served, by kind (refused ones not included).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct OpCounts {
+    /// GET.
+    pub get: u64,
+    /// Upserts.
+    pub set: u64,
+    /// Writes only when absent.
+    pub insert: u64,
+    /// Writes only when present.
+    pub update: u64,
+    /// Writes replying with the previous value.
+    pub getset: u64,
+    /// Deletes.
+    pub delete: u64,
+    /// Increments.
+    pub incr: u64,
+    /// Appends.
+    pub append: u64,
+}
+
+impl OpCounts {
+    /// Each kind with its count, named as in the metrics.
+    pub fn by_kind(&self) -> [(&'static str, u64); 8] {
+        [
+            ("get", self.get),
+            ("set", self.set),
+            ("insert", self.insert),
+            ("update", self.update),
+            ("getset", self.getset),
+            ("delete", self.delete),
+            ("incr", self.incr),
+            ("append", self.append),
+        ]
+    }
+
+    /// Operations of every kind.
+    pub fn total(&self) -> u64 {
+        self.by_kind().iter().map(|(_, n)| n).sum()
+    }
+
+    fn count(&mut self, op: &DataOp) {
+        let n = match op {
+            DataOp::Get(_) => &mut self.get,
+            DataOp::Set(..) => &mut self.set,
+            DataOp::Insert(..) => &mut self.insert,
+            DataOp::Update(..) => &mut self.update,
+            DataOp::GetSet(..) => &mut self.getset,
+            DataOp::Delete(_) => &mut self.delete,
+            DataOp::Incr(..) => &mut self.incr,
+            DataOp::Append(..) => &mut self.append,
+        };
+        *n += 1;
+    }
+}
+
 /// Counters of one worker thread.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct WorkerStats {
+    /// Data operations served, by kind.
+    #[serde(default)]
+    pub ops: OpCounts,
+    /// Requests refused because the key is not this node's under its routing table.
+    #[serde(default)]
+    pub not_owner: u64,
     /// Lookups served (GET and the existence checks of conditional writes).
     pub lookups: u64,
     /// Lookups answered from a cached value.
@@ -318,6 +381,9 @@ pub(crate) struct Worker {
     broken: bool,
     /// The cluster's ownership map (`None`: this node serves every key).
     ownership: Option<Arc<dyn Ownership>>,
+    /// Sharing changes `(key, cell)` of an install that failed partway: the memory node may hold any of these keys
+    /// in either state, so this worker serves none of them until an install brings each to what its map says.
+    unsettled_sharing: Vec<(Vec<u8>, u64)>,
     /// The node's liveness lease (`None`: not part of a cluster).
     lease: Option<Arc<LeaseGate>>,
     stats: WorkerStats,
@@ -402,6 +468,7 @@ impl Worker {
             read_buf: Vec::new(),
             broken: false,
             ownership,
+            unsettled_sharing: Vec::new(),
             lease,
             stats: WorkerStats::default(),
             occupancy: Occupancy::new(),
@@ -453,7 +520,16 @@ impl Worker {
         if let (Some(own), Some(key)) = (&self.ownership, cmd.key())
             && !own.owns(key)
         {
+            self.stats.not_owner += 1;
             let _ = reply.send(Err(KnError::NotOwner { epoch: own.epoch() }));
+            return;
+        }
+        if !self.unsettled_sharing.is_empty()
+            && let Some(key) = cmd.key()
+            && self.unsettled_sharing.iter().any(|(k, _)| k == key)
+        {
+            let epoch = self.ownership.as_ref().map_or(0, |o| o.epoch());
+            let _ = reply.send(Err(KnError::NotOwner { epoch }));
             return;
         }
         // The key's hash, once: the access statistics, the conflict check and the log all use it.
@@ -500,6 +576,7 @@ impl Worker {
     /// Serves a data operation. Reads are answered now; a write is appended to the log and answered after its
     /// group commit.
     fn data(&mut self, op: DataOp, hash: u64, reply: Responder) {
+        self.stats.ops.count(&op);
         if let Some(cell) = self.ownership.as_ref().and_then(|o| o.cell(op.key())) {
             let result = self.shared(op, hash, cell);
             let _ = reply.send(result);
@@ -610,42 +687,51 @@ impl Worker {
     /// Keys of this thread that stop or start being shared under `own` while this node is their only owner on one
     /// side of the change: when a key becomes shared, its former sole owner moves its value into the cell; when it
     /// stops, its new sole owner moves the value back into the index (every other owner merged its log first).
+    ///
+    /// Both calls are idempotent at the memory node, so the changes of an earlier install that failed partway
+    /// (including one whose call took effect but whose reply was lost) are settled here by bringing each such key
+    /// to the state `own` gives it, whatever the previous map said. If a call fails, every change of this install
+    /// stays unsettled and its keys are refused until a later install succeeds.
     fn change_sharing(&mut self, own: &dyn Ownership) -> Result<(), KnError> {
         let Some(old) = self.ownership.clone() else {
             return Ok(());
         };
-        let threads = self.cfg.threads;
-        let mine = |k: &[u8]| crate::node::thread_for_key(k, threads) == self.thread as usize;
-        let before = old.shared_keys();
-        let after = own.shared_keys();
-        let mut changes = Vec::new();
-        for (key, cell) in &after {
-            if mine(key) && old.owns(key) && old.cell(key).is_none() {
-                changes.push((proto::ACTIVATE_CELL, *cell));
-            }
-        }
-        for (key, cell) in &before {
-            if mine(key) && own.owns(key) && own.cell(key).is_none() {
-                changes.push((proto::DEACTIVATE_CELL, *cell));
-            }
-        }
-        for (method, cell) in changes {
+        let changes = sharing_changes(&*old, own, &self.unsettled_sharing, |k: &[u8]| {
+            crate::node::thread_for_key(k, self.cfg.threads) == self.thread as usize
+        });
+        for (key, method, cell) in &changes {
             let sealed_len = self.active.as_ref().map(|a| a.buf.len() as u64);
-            let merged: proto::Merged = self
-                .ep
-                .call(
-                    method,
-                    &proto::ShareKey {
-                        log_id: self.log.log_id,
-                        session: self.log.session,
-                        sealed_len,
-                        cell,
-                    },
-                )
-                .map_err(|e| self.fail_rpc(e))?;
-            self.seal_active();
-            self.note_merged(merged.merged_seq);
+            let result = self.ep.call::<_, proto::Merged>(
+                *method,
+                &proto::ShareKey {
+                    log_id: self.log.log_id,
+                    session: self.log.session,
+                    sealed_len,
+                    cell: *cell,
+                    key: key.clone(),
+                },
+            );
+            match result {
+                Ok(merged) => {
+                    self.seal_active();
+                    self.note_merged(merged.merged_seq);
+                }
+                Err(e) => {
+                    warn!(
+                        thread = self.thread,
+                        epoch = own.epoch(),
+                        error = %e,
+                        "a sharing change failed; its keys wait for the next install"
+                    );
+                    self.unsettled_sharing = changes
+                        .into_iter()
+                        .map(|(key, _, cell)| (key, cell))
+                        .collect();
+                    return Err(self.fail_rpc(e));
+                }
+            }
         }
+        self.unsettled_sharing.clear();
         Ok(())
     }
 
@@ -1205,6 +1291,48 @@ enum Outcome {
     Write(Option<Vec<u8>>, Reply),
 }
 
+/// The sharing calls (`ACTIVATE_CELL` / `DEACTIVATE_CELL` with the cell) a worker makes when its map changes from
+/// `old` to `new`, for the keys `mine` accepts, plus those that settle `unsettled` (changes of a failed install,
+/// which may stand either way at the memory node). Deactivations come first, so that a key whose cell changed is
+/// moved out of its old cell before it moves into the new one.
+fn sharing_changes(
+    old: &dyn Ownership,
+    new: &dyn Ownership,
+    unsettled: &[(Vec<u8>, u64)],
+    mine: impl Fn(&[u8]) -> bool,
+) -> Vec<(Vec<u8>, u16, u64)> {
+    let mut deactivate = Vec::new();
+    let mut activate = Vec::new();
+    let is_unsettled = |key: &[u8]| unsettled.iter().any(|(k, _)| k.as_slice() == key);
+    for (key, cell) in unsettled {
+        if new.cell(key) != Some(*cell) {
+            deactivate.push((key.clone(), proto::DEACTIVATE_CELL, *cell));
+        }
+    }
+    let mut settled: Vec<&[u8]> = Vec::new();
+    for (key, _) in unsettled {
+        if settled.contains(&key.as_slice()) {
+            continue;
+        }
+        settled.push(key);
+        if let Some(c) = new.cell(key) {
+            activate.push((key.clone(), proto::ACTIVATE_CELL, c));
+        }
+    }
+    for (key, cell) in new.shared_keys() {
+        if mine(&key) && !is_unsettled(&key) && old.owns(&key) && old.cell(&key).is_none() {
+            activate.push((key, proto::ACTIVATE_CELL, cell));
+        }
+    }
+    for (key, cell) in old.shared_keys() {
+        if mine(&key) && !is_unsettled(&key) && new.owns(&key) && new.cell(&key).is_none() {
+            deactivate.push((key, proto::DEACTIVATE_CELL, cell));
+        }
+    }
+    deactivate.extend(activate);
+    deactivate
+}
+
 /// Whether `op` on a shared key needs the current value, not only whether there is one.
 fn needs_value(op: &DataOp) -> bool {
     matches!(
@@ -1345,6 +1473,64 @@ mod tests {
     use super::*;
     use dinomo_dpm::{Processor, ProcessorConfig};
     use dinomo_fabric::{MemoryNode, NodeConfig, Server, ServerConfig, Target};
+
+    struct Map(Vec<(&'static [u8], u64)>);
+
+    impl Ownership for Map {
+        fn epoch(&self) -> u64 {
+            1
+        }
+        fn owns(&self, _key: &[u8]) -> bool {
+            true
+        }
+        fn cell(&self, key: &[u8]) -> Option<u64> {
+            self.0.iter().find(|(k, _)| *k == key).map(|(_, c)| *c)
+        }
+        fn shared_keys(&self) -> Vec<(Vec<u8>, u64)> {
+            self.0.iter().map(|(k, c)| (k.to_vec(), *c)).collect()
+        }
+    }
+
+    #[test]
+    fn sharing_changes_settle_unsettled_keys_to_the_new_map() {
+        let all = |_: &[u8]| true;
+        let calls = |old: &Map, new: &Map, unsettled: &[(&[u8], u64)]| {
+            let unsettled: Vec<(Vec<u8>, u64)> =
+                unsettled.iter().map(|(k, c)| (k.to_vec(), *c)).collect();
+            sharing_changes(old, new, &unsettled, all)
+                .into_iter()
+                .map(|(k, m, c)| (String::from_utf8(k).unwrap(), m, c))
+                .collect::<Vec<_>>()
+        };
+        let (on, off) = (proto::ACTIVATE_CELL, proto::DEACTIVATE_CELL);
+        // Plain diffs: newly shared keys are activated, keys no longer shared deactivated, the rest left alone.
+        assert_eq!(
+            calls(
+                &Map(vec![(b"a", 8), (b"b", 16)]),
+                &Map(vec![(b"b", 16), (b"c", 24)]),
+                &[]
+            ),
+            vec![("a".into(), off, 8), ("c".into(), on, 24)]
+        );
+        // An unsettled key goes to the new map's state even when the old map already agreed with it.
+        assert_eq!(
+            calls(&Map(vec![]), &Map(vec![]), &[(b"a", 8)]),
+            vec![("a".into(), off, 8)]
+        );
+        assert_eq!(
+            calls(&Map(vec![(b"a", 8)]), &Map(vec![(b"a", 8)]), &[(b"a", 8)]),
+            vec![("a".into(), on, 8)]
+        );
+        // A key whose cell changed leaves the old cell before it enters the new one, once.
+        assert_eq!(
+            calls(
+                &Map(vec![]),
+                &Map(vec![(b"a", 32)]),
+                &[(b"a", 8), (b"a", 32)]
+            ),
+            vec![("a".into(), off, 8), ("a".into(), on, 32)]
+        );
+    }
 
     /// A write waiting for its group commit when the connection breaks under a read of the same batch must not be
     /// acknowledged unless it really reached the memory node.

@@ -115,7 +115,8 @@ pub trait MetaStore: Send + Sync {
 }
 
 /// Limits of a metadata store. Requests beyond them fail with [`MetaError::Invalid`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct MetaConfig {
     /// Largest cluster record, in bytes. Default 16 MiB.
     pub max_record_len: usize,
@@ -130,6 +131,7 @@ pub struct MetaConfig {
     /// Elections with a leader at once. Default 1024.
     pub max_elections: usize,
     /// Longest lease TTL. Default 1 hour.
+    #[serde(with = "humantime_serde")]
     pub max_ttl: Duration,
 }
 

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// What `persist(range)` does, and so what survives which failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case", tag = "mode")]
+#[serde(rename_all = "kebab-case", tag = "mode", deny_unknown_fields)]
 pub enum PersistMode {
     /// Nothing: the shared file mapping already survives a killed process; a power loss may lose recent writes.
     Volatile,

@@ -23,6 +23,6 @@ pub mod value;
 pub use backend::{Backend, BackendConn, BackendError, MemoryBackend, Op, OpResult, Output};
 pub use parse::{ParseLimits, ProtocolError, RequestParser, encode_request};
 pub use reply::{Protocol, ReplyWriter};
-pub use server::{RespServer, ServerConfig, ServerError, ServerStats};
+pub use server::{RespServer, ServerConfig, ServerError, ServerStats, StatsHandle};
 pub use session::REDIS_COMPAT_VERSION;
 pub use value::{Value, ValueError, ValueLimits};

@@ -26,7 +26,8 @@ const BIG_ARG: usize = 32 << 10;
 const MAX_PREALLOCATED_ARGS: usize = 1024;
 
 /// Bounds on what a client may send.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ParseLimits {
     /// Longest argument (bulk string). Default [`DEFAULT_MAX_BULK_LEN`].
     pub max_bulk_len: usize,

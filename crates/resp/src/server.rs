@@ -25,10 +25,13 @@ const READ_CHUNK: usize = 64 << 10;
 /// Buffers that grew beyond this for one large request or reply are given back afterwards.
 const KEEP_BUFFER: usize = 1 << 20;
 
-/// Settings of a RESP server.
-#[derive(Debug, Clone)]
+/// Settings of a RESP server. In configuration files the address and the thread names are left out: whoever
+/// starts the server sets them.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
     /// Address to listen on. Default 127.0.0.1:6379.
+    #[serde(skip)]
     pub listen: SocketAddr,
     /// The password of the `default` user (Redis's `requirepass`); `None` lets every client in. Default `None`.
     pub requirepass: Option<String>,
@@ -38,6 +41,7 @@ pub struct ServerConfig {
     /// `maxclients`). Default [`DEFAULT_MAX_CLIENTS`].
     pub max_clients: usize,
     /// Closes a connection idle this long (Redis's `timeout`); zero never does. Default 0.
+    #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
     /// Bounds on requests: argument length, argument count, inline length, request size.
     pub limits: ParseLimits,
@@ -45,6 +49,7 @@ pub struct ServerConfig {
     /// Default [`DEFAULT_MAX_PIPELINE`].
     pub max_pipeline: usize,
     /// Prefix of thread names. Default `dinomo-resp`.
+    #[serde(skip)]
     pub name: String,
 }
 
@@ -97,6 +102,24 @@ pub struct ServerStats {
     pub commands_processed: u64,
     /// Error replies sent.
     pub error_replies: u64,
+}
+
+/// Reads a server's counters; see [`RespServer::stats_handle`]. After the server stops they stay as they were.
+#[derive(Clone)]
+pub struct StatsHandle(Arc<Shared>);
+
+impl StatsHandle {
+    /// The counters now.
+    pub fn stats(&self) -> ServerStats {
+        let k = &self.0.counters;
+        ServerStats {
+            connected_clients: k.connected_clients.load(Ordering::Acquire),
+            connections_received: k.connections_received.load(Ordering::Relaxed),
+            rejected_connections: k.rejected_connections.load(Ordering::Relaxed),
+            commands_processed: k.commands_processed.load(Ordering::Relaxed),
+            error_replies: k.error_replies.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// A running RESP server; dropping it stops accepting and closes every connection.
@@ -156,14 +179,12 @@ impl RespServer {
 
     /// Its counters.
     pub fn stats(&self) -> ServerStats {
-        let k = &self.shared.counters;
-        ServerStats {
-            connected_clients: k.connected_clients.load(Ordering::Acquire),
-            connections_received: k.connections_received.load(Ordering::Relaxed),
-            rejected_connections: k.rejected_connections.load(Ordering::Relaxed),
-            commands_processed: k.commands_processed.load(Ordering::Relaxed),
-            error_replies: k.error_replies.load(Ordering::Relaxed),
-        }
+        self.stats_handle().stats()
+    }
+
+    /// A handle that reads its counters, for whoever reports them without owning the server.
+    pub fn stats_handle(&self) -> StatsHandle {
+        StatsHandle(self.shared.clone())
     }
 
     /// Closes every open connection (the listener keeps accepting).

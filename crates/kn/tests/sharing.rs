@@ -1,0 +1,190 @@
+//! Sharing changes that fail partway (selective replication, paper §3.4). A worker installing a new ownership map
+//! moves keys into or out of their indirect cells one call at a time; when one call fails, the keys moved before it
+//! stand in the new state at the memory node while the worker still holds the old map. Such keys must be refused
+//! until an install settles them, and an install of either map (the rollback or a retry) must settle them: no write
+//! may go to a key the memory node and the worker disagree about, and no value may be stranded in a cell.
+
+use std::sync::Arc;
+
+use dinomo_cache::CacheConfig;
+use dinomo_dpm::{Processor, ProcessorConfig, proto};
+use dinomo_fabric::{Connector, MemoryNode, NodeConfig, Target};
+use dinomo_kn::{Command, KnConfig, KnError, KvNode, Ownership};
+use dinomo_pool::Pool;
+
+/// One node owning every key; `shared` lists keys shared through a cell.
+struct Table {
+    epoch: u64,
+    shared: Vec<(Vec<u8>, u64)>,
+}
+
+impl Ownership for Table {
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+    fn owns(&self, _key: &[u8]) -> bool {
+        true
+    }
+    fn cell(&self, key: &[u8]) -> Option<u64> {
+        self.shared
+            .iter()
+            .find(|(k, _)| k.as_slice() == key)
+            .map(|(_, c)| *c)
+    }
+    fn shared_keys(&self) -> Vec<(Vec<u8>, u64)> {
+        self.shared.clone()
+    }
+}
+
+struct Setup {
+    processor: Arc<Processor>,
+    connector: Connector,
+    kn: KvNode,
+}
+
+impl Setup {
+    fn start() -> anyhow::Result<Setup> {
+        let pool = Arc::new(Pool::anonymous(64 << 20, 16 << 10)?);
+        let processor = Processor::start(
+            pool.clone(),
+            &ProcessorConfig {
+                segment_size: 16 << 10,
+                ..ProcessorConfig::default()
+            },
+        )?;
+        let node = MemoryNode::new(pool, NodeConfig::default());
+        processor.serve(&node);
+        let connector = Connector::new(Target::InProcess(node));
+        // No cache: every read goes to the pool, so a value stranded in a cell shows as a missing key.
+        let kn = KvNode::start(
+            KnConfig {
+                threads: 1,
+                max_value_len: 2048,
+                cache: CacheConfig {
+                    budget_bytes: 0,
+                    ..CacheConfig::default()
+                },
+                ..KnConfig::default()
+            },
+            connector.clone(),
+        )?;
+        Ok(Setup {
+            processor,
+            connector,
+            kn,
+        })
+    }
+
+    fn install(&self, epoch: u64, shared: &[(&[u8], u64)]) -> Result<(), KnError> {
+        let own: Arc<dyn Ownership> = Arc::new(Table {
+            epoch,
+            shared: shared.iter().map(|(k, c)| (k.to_vec(), *c)).collect(),
+        });
+        let (tx, rx) = crossbeam_channel::unbounded();
+        self.kn
+            .submitter()
+            .broadcast(|| Command::Own(own.clone()), 0, &tx)?;
+        let mut result = Ok(());
+        for _ in 0..self.kn.threads() {
+            if let (_, Err(e)) = rx.recv().map_err(|_| KnError::Stopped)? {
+                result = Err(e);
+            }
+        }
+        result
+    }
+
+    fn reserve(&self, key: &[u8]) -> anyhow::Result<u64> {
+        let mut ep = self.connector.connect()?;
+        let r: proto::CellReserved = ep.call(
+            proto::RESERVE_CELL,
+            &proto::ReserveCell { key: key.to_vec() },
+        )?;
+        Ok(r.cell)
+    }
+
+    fn shared_at_memory_node(&self) -> u64 {
+        self.processor.stats().shared_keys
+    }
+}
+
+/// Not the offset of any cell: the memory node refuses to share a key through it, which fails the install after
+/// the changes listed before it took effect.
+const NO_CELL: u64 = 1;
+
+fn refused(r: Result<impl std::fmt::Debug, KnError>) -> bool {
+    matches!(r, Err(KnError::NotOwner { .. }))
+}
+
+/// Shares `alpha` and `beta` in one install whose second call fails: `alpha`'s value is in its cell by then.
+fn fail_partway(s: &Setup) -> anyhow::Result<u64> {
+    s.install(1, &[])?;
+    let kv = s.kn.handle();
+    kv.set(b"alpha", b"a1")?;
+    kv.set(b"beta", b"b1")?;
+    let alpha_cell = s.reserve(b"alpha")?;
+    let err = s
+        .install(2, &[(b"alpha", alpha_cell), (b"beta", NO_CELL)])
+        .expect_err("beta cannot be shared through a cell that does not exist");
+    assert!(
+        !refused(Err::<(), _>(err)),
+        "the install failed at the memory node"
+    );
+    assert_eq!(
+        s.shared_at_memory_node(),
+        1,
+        "alpha moved into its cell before beta's change failed"
+    );
+    // The worker still holds the map of epoch 1, which says alpha is its own: serving alpha that way would read
+    // an index that no longer has it and write where no owner of the cell would look.
+    assert!(refused(kv.get(b"alpha")), "alpha is unsettled");
+    assert!(refused(kv.set(b"alpha", b"lost")), "alpha is unsettled");
+    assert!(
+        refused(kv.get(b"beta")),
+        "beta's change may or may not have happened"
+    );
+    assert_eq!(kv.get(b"gamma")?, None, "other keys are served");
+    Ok(alpha_cell)
+}
+
+#[test]
+fn a_rollback_install_moves_a_half_shared_value_back() -> anyhow::Result<()> {
+    let s = Setup::start()?;
+    fail_partway(&s)?;
+    let kv = s.kn.handle();
+
+    // The M-node rolls the change back: the previous map again, under a newer epoch.
+    s.install(3, &[])?;
+    assert_eq!(s.shared_at_memory_node(), 0, "alpha is back in the index");
+    assert_eq!(kv.get(b"alpha")?, Some(b"a1".to_vec()));
+    assert_eq!(kv.get(b"beta")?, Some(b"b1".to_vec()));
+    kv.set(b"alpha", b"a2")?;
+    let (tx, rx) = crossbeam_channel::unbounded();
+    s.kn.submitter().broadcast(|| Command::MergeAll, 0, &tx)?;
+    rx.recv()?.1?;
+    assert_eq!(kv.get(b"alpha")?, Some(b"a2".to_vec()));
+    assert_eq!(s.processor.count_keys()?, 2);
+    Ok(())
+}
+
+#[test]
+fn a_retried_install_finishes_the_sharing_change() -> anyhow::Result<()> {
+    let s = Setup::start()?;
+    let alpha_cell = fail_partway(&s)?;
+    let kv = s.kn.handle();
+
+    // The change is retried with a cell for beta; alpha's change, done already, is repeated harmlessly.
+    let beta_cell = s.reserve(b"beta")?;
+    s.install(3, &[(b"alpha", alpha_cell), (b"beta", beta_cell)])?;
+    assert_eq!(s.shared_at_memory_node(), 2);
+    assert_eq!(kv.get(b"alpha")?, Some(b"a1".to_vec()));
+    assert_eq!(kv.get(b"beta")?, Some(b"b1".to_vec()));
+    kv.set(b"alpha", b"a3")?;
+    assert_eq!(kv.get(b"alpha")?, Some(b"a3".to_vec()));
+
+    // Unsharing both brings the newest values back into the index.
+    s.install(4, &[])?;
+    assert_eq!(s.shared_at_memory_node(), 0);
+    assert_eq!(kv.get(b"alpha")?, Some(b"a3".to_vec()));
+    assert_eq!(kv.get(b"beta")?, Some(b"b1".to_vec()));
+    Ok(())
+}
