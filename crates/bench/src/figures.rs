@@ -570,17 +570,25 @@ fn figure5(
         files.dir.display()
     ));
 
-    let at = |n: usize| -> Vec<&YcsbReport> { runs.iter().filter(|r| r.kv_nodes == n).collect() };
+    let at =
+        |n: usize| -> Vec<&YcsbReport> { runs.iter().filter(|r| r.kv_nodes == Some(n)).collect() };
     let first = at(1);
     let last = at(largest);
-    let rt_last = mean(last.iter().map(|r| r.resources.per_op.round_trips));
-    let value_hits =
-        |rs: &[&YcsbReport]| mean(rs.iter().filter_map(|r| r.cache.ratios.map(|h| h.value)));
+    let rt_last = mean(
+        last.iter()
+            .filter_map(|r| r.resources.as_ref().map(|x| x.per_op.round_trips)),
+    );
+    let value_hits = |rs: &[&YcsbReport]| {
+        mean(
+            rs.iter()
+                .filter_map(|r| r.cache.as_ref()?.ratios.map(|h| h.value)),
+        )
+    };
     let (v1, vn) = (value_hits(&first), value_hits(&last));
     let scaling = mean(figure5_workloads(scale).iter().filter_map(|(_, w)| {
         let ops = |n: usize| {
             runs.iter()
-                .find(|r| r.kv_nodes == n && r.options.workload == *w)
+                .find(|r| r.kv_nodes == Some(n) && r.options.workload == *w)
                 .map(|r| r.measured.ops_per_s)
         };
         match (ops(1), ops(largest)) {

@@ -3,7 +3,8 @@
 //!
 //! Everything a model needs per operation is in [`YcsbReport::resources`]: fabric round trips and bytes, lookups and
 //! writes reaching the KV nodes, group commits, and CPU time by role (KV-node workers, KV-node network threads,
-//! memory-node merge and RPC threads, the benchmark's clients) when the cluster runs in this process.
+//! memory-node merge and RPC threads, the benchmark's clients) when the cluster runs in this process. A target that
+//! cannot read a store's counters (a RESP server) leaves those parts out (`None`), never reports them as zero.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -15,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::driver::latency_histogram;
 use super::resources::{CacheState, CpuRole, Deltas, WorkerTotals};
-use super::target::StoreError;
+use super::target::{ServerIdentity, StoreError};
 use super::{TargetOptions, YcsbOptions};
 use crate::format::rate;
 use crate::svg;
@@ -364,12 +365,16 @@ pub struct YcsbReport {
     pub host: Host,
     /// Its settings.
     pub options: YcsbOptions,
-    /// The system ("dinomo").
+    /// The system: "dinomo", or over RESP what the server says it is ("dinomo", "redis"; "resp" when it does
+    /// not say).
     pub system: String,
-    /// "in-process" or "native".
+    /// The server's version as it reports it (RESP targets).
+    #[serde(default)]
+    pub server_version: Option<String>,
+    /// "in-process", "native" or "resp".
     pub target: String,
-    /// KV nodes serving at the end.
-    pub kv_nodes: usize,
+    /// KV nodes serving at the end; `None` when the target cannot tell (RESP).
+    pub kv_nodes: Option<usize>,
     /// Worker threads per KV node, when known.
     pub kn_threads: Option<usize>,
     /// The load phase, if there was one.
@@ -378,13 +383,13 @@ pub struct YcsbReport {
     pub measured: Measured,
     /// Latency of every operation.
     pub latency: Latency,
-    /// Resources, in all and per operation.
-    pub resources: Resources,
-    /// Where lookups were answered.
-    pub cache: CacheReport,
+    /// Resources, in all and per operation; `None` when the KV nodes' counters cannot be read (RESP).
+    pub resources: Option<Resources>,
+    /// Where lookups were answered; `None` when the KV nodes' counters cannot be read (RESP).
+    pub cache: Option<CacheReport>,
     /// The memory node's merging, when it can be read.
     pub merge: Option<MergeReport>,
-    /// Each KV node.
+    /// Each KV node (none when their counters cannot be read).
     pub nodes: Vec<NodeReport>,
     /// Per second.
     pub timeline: Vec<Second>,
@@ -398,7 +403,8 @@ fn ratio(a: u64, b: u64) -> f64 {
 #[allow(clippy::too_many_arguments, reason = "one call site, each part named")]
 pub(crate) fn assemble(
     opts: &YcsbOptions,
-    kv_nodes: usize,
+    identity: Option<ServerIdentity>,
+    kv_nodes: Option<usize>,
     kn_threads: Option<usize>,
     load: Option<LoadResult>,
     outcomes: Outcomes,
@@ -488,6 +494,11 @@ pub(crate) fn assemble(
             bytes_in: n.bytes_in,
         })
         .collect();
+    let seen = deltas.kv_counters;
+    let (system, server_version) = match identity {
+        Some(id) => (id.system, id.version),
+        None => (opts.system.name().to_string(), None),
+    };
     YcsbReport {
         tool: "dinomo bench ycsb".into(),
         version: env!("CARGO_PKG_VERSION").into(),
@@ -497,7 +508,8 @@ pub(crate) fn assemble(
             os: std::env::consts::OS.into(),
         },
         options: opts.clone(),
-        system: opts.system.name().into(),
+        system,
+        server_version,
         target: opts.target.name().into(),
         kv_nodes,
         kn_threads,
@@ -517,13 +529,13 @@ pub(crate) fn assemble(
             },
         },
         latency: Latency::of(&outcomes.all),
-        resources: Resources {
+        resources: seen.then(|| Resources {
             totals: t,
             cpu_ns: cpu,
             per_op,
             writes_per_commit: ratio(t.writes, t.commits),
-        },
-        cache: CacheReport {
+        }),
+        cache: seen.then_some(CacheReport {
             lookups: t.lookups,
             value_hits: t.value_hits,
             shortcut_hits: t.shortcut_hits,
@@ -532,7 +544,7 @@ pub(crate) fn assemble(
             stale_shortcuts: t.stale_shortcuts,
             ratios,
             state: deltas.cache,
-        },
+        }),
         merge,
         nodes,
         timeline,
@@ -563,7 +575,7 @@ fn bytes(v: u64) -> String {
 }
 
 impl YcsbReport {
-    /// A name for this run's files: `ycsb-a-zipf0.99-v1024-2kn`.
+    /// A name for this run's files: `ycsb-a-zipf0.99-v1024-2kn`, or over RESP `ycsb-a-zipf0.99-v1024-resp-redis`.
     pub fn file_stem(&self) -> String {
         let dist = self
             .options
@@ -583,9 +595,28 @@ impl YcsbReport {
                 }
             })
             .collect();
+        let target = match self.kv_nodes {
+            Some(n) => format!("{n}kn"),
+            None => {
+                let system: String = self
+                    .system
+                    .chars()
+                    .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+                    .collect();
+                format!("{}-{system}", self.target)
+            }
+        };
         format!(
-            "ycsb-{workload}-{dist}-v{}-{}kn",
-            self.options.value_bytes, self.kv_nodes
+            "ycsb-{workload}-{dist}-v{}-{target}",
+            self.options.value_bytes
+        )
+    }
+
+    /// "2 KV node(s)", or "KV nodes unknown".
+    fn nodes_text(&self) -> String {
+        self.kv_nodes.map_or_else(
+            || "KV nodes unknown".to_string(),
+            |n| format!("{n} KV node(s)"),
         )
     }
 
@@ -617,19 +648,27 @@ impl YcsbReport {
         );
         let target = match &o.target {
             TargetOptions::InProcess(p) => format!(
-                "{} in-process: {} KV node(s) × {} worker(s), {} cache per node ({}), fabric latency {} ns",
+                "{} in-process: {} × {} worker(s), {} cache per node ({}), fabric latency {} ns",
                 self.system,
-                self.kv_nodes,
+                self.nodes_text(),
                 p.kn_threads,
                 bytes(p.cache_bytes),
                 p.policy,
                 p.latency_ns
             ),
             TargetOptions::Native(n) => format!(
-                "{} at {}: {} KV node(s)",
+                "{} at {}: {}",
                 self.system,
                 n.seeds.join(", "),
-                self.kv_nodes
+                self.nodes_text()
+            ),
+            TargetOptions::Resp(r) => format!(
+                "{}{} over RESP at {}",
+                self.system,
+                self.server_version
+                    .as_ref()
+                    .map_or(String::new(), |v| format!(" {v}")),
+                r.addrs.join(", ")
             ),
         };
         let _ = writeln!(
@@ -685,7 +724,15 @@ impl YcsbReport {
                 us(k.latency.p999_us)
             );
         }
-        let p = &self.resources.per_op;
+        let (Some(resources), Some(c)) = (&self.resources, &self.cache) else {
+            let _ = writeln!(
+                s,
+                "server:  its counters are not collected through RESP: no round trips, cache hits, merge backlog or \
+                 server CPU time"
+            );
+            return s;
+        };
+        let p = &resources.per_op;
         let _ = writeln!(
             s,
             "per op:  {:.3} fabric round trips, {:.0} B out, {:.0} B in; {:.3} lookups, {:.3} writes in {:.3} group commits ({:.1} writes each)",
@@ -695,7 +742,7 @@ impl YcsbReport {
             p.lookups,
             p.writes,
             p.commits,
-            self.resources.writes_per_commit
+            resources.writes_per_commit
         );
         if let (Some(w), Some(n), Some(mm), Some(mr), Some(c)) = (
             p.kn_worker_cpu_us,
@@ -714,7 +761,6 @@ impl YcsbReport {
                 us(c)
             );
         }
-        let c = &self.cache;
         match c.ratios {
             Some(r) => {
                 let _ = writeln!(
@@ -805,8 +851,11 @@ impl YcsbReport {
             },
         ];
         let title = format!(
-            "YCSB {} {}, {} KV node(s)",
-            self.options.workload, self.options.distribution, self.kv_nodes
+            "YCSB {} {}, {}, {}",
+            self.options.workload,
+            self.options.distribution,
+            self.system,
+            self.nodes_text()
         );
         svg::render(&[
             svg::Panel {
@@ -840,7 +889,14 @@ impl YcsbSweep {
         let Some(first) = self.runs.first() else {
             return "ycsb-sweep".to_string();
         };
-        let nodes: Vec<String> = self.runs.iter().map(|r| r.kv_nodes.to_string()).collect();
+        let nodes: Vec<String> = self
+            .runs
+            .iter()
+            .map(|r| {
+                r.kv_nodes
+                    .map_or_else(|| "x".to_string(), |n| n.to_string())
+            })
+            .collect();
         let stem = first.file_stem();
         let base = stem
             .strip_prefix("ycsb-")
@@ -864,25 +920,27 @@ impl YcsbSweep {
             "miss",
             "errors"
         );
+        // What a run could not see is shown as "-".
+        let pct =
+            |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{:.1}%", v * 100.0));
         for r in &self.runs {
-            let h = r.cache.ratios.unwrap_or(HitRatios {
-                value: 0.0,
-                shortcut: 0.0,
-                log: 0.0,
-                miss: 0.0,
-            });
+            let h = r.cache.as_ref().and_then(|c| c.ratios);
             let _ = writeln!(
                 s,
-                "{:>5}  {:>10}  {:>8}  {:>8}  {:>7.3}  {:>5.1}%  {:>5.1}%  {:>5.1}%  {:>5.1}%  {:>6}",
-                r.kv_nodes,
+                "{:>5}  {:>10}  {:>8}  {:>8}  {:>7}  {:>6}  {:>6}  {:>6}  {:>6}  {:>6}",
+                r.kv_nodes
+                    .map_or_else(|| "-".to_string(), |n| n.to_string()),
                 rate(r.measured.ops_per_s),
                 us(r.latency.p50_us),
                 us(r.latency.p99_us),
-                r.resources.per_op.round_trips,
-                h.value * 100.0,
-                h.shortcut * 100.0,
-                h.log * 100.0,
-                h.miss * 100.0,
+                r.resources.as_ref().map_or_else(
+                    || "-".to_string(),
+                    |x| format!("{:.3}", x.per_op.round_trips)
+                ),
+                pct(h.map(|h| h.value)),
+                pct(h.map(|h| h.shortcut)),
+                pct(h.map(|h| h.log)),
+                pct(h.map(|h| h.miss)),
                 r.measured.errors.total()
             );
         }
@@ -895,20 +953,22 @@ impl YcsbSweep {
             "kv_nodes,ops_per_s,p50_us,p90_us,p99_us,p999_us,round_trips_per_op,bytes_out_per_op,bytes_in_per_op,value_hit,shortcut_hit,log_hit,miss,errors\n",
         );
         for r in &self.runs {
-            let h = r.cache.ratios;
+            let h = r.cache.as_ref().and_then(|c| c.ratios);
+            let per = r.resources.as_ref().map(|x| &x.per_op);
             let f = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.4}"));
+            let f1 = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.1}"));
             let _ = writeln!(
                 s,
-                "{},{:.0},{:.1},{:.1},{:.1},{:.1},{:.4},{:.1},{:.1},{},{},{},{},{}",
-                r.kv_nodes,
+                "{},{:.0},{:.1},{:.1},{:.1},{:.1},{},{},{},{},{},{},{},{}",
+                r.kv_nodes.map_or(String::new(), |n| n.to_string()),
                 r.measured.ops_per_s,
                 r.latency.p50_us,
                 r.latency.p90_us,
                 r.latency.p99_us,
                 r.latency.p999_us,
-                r.resources.per_op.round_trips,
-                r.resources.per_op.bytes_out,
-                r.resources.per_op.bytes_in,
+                f(per.map(|p| p.round_trips)),
+                f1(per.map(|p| p.bytes_out)),
+                f1(per.map(|p| p.bytes_in)),
                 f(h.map(|h| h.value)),
                 f(h.map(|h| h.shortcut)),
                 f(h.map(|h| h.log)),
@@ -972,10 +1032,11 @@ pub(crate) fn series_label(r: &YcsbReport) -> String {
     label
 }
 
-/// Runs grouped into series by [`series_label`], each sorted by node count.
+/// Runs grouped into series by [`series_label`], each sorted by node count; runs whose node count is unknown
+/// (RESP) cannot be placed on that axis and are left out.
 fn series_of(runs: &[YcsbReport]) -> BTreeMap<String, Vec<&YcsbReport>> {
     let mut groups: BTreeMap<String, Vec<&YcsbReport>> = BTreeMap::new();
-    for r in runs {
+    for r in runs.iter().filter(|r| r.kv_nodes.is_some()) {
         groups.entry(series_label(r)).or_default().push(r);
     }
     for g in groups.values_mut() {
@@ -997,17 +1058,20 @@ fn plot_panels(kinds: &[PlotKind], runs: &[YcsbReport]) -> String {
     for &kind in kinds {
         let mut series = Vec::new();
         for (label, g) in &groups {
-            let points = |f: &dyn Fn(&YcsbReport) -> f64| -> Vec<(f64, f64)> {
-                g.iter().map(|r| (r.kv_nodes as f64, f(r))).collect()
+            // A run that could not see a quantity has no point for it.
+            let points = |f: &dyn Fn(&YcsbReport) -> Option<f64>| -> Vec<(f64, f64)> {
+                g.iter()
+                    .filter_map(|r| Some((r.kv_nodes? as f64, f(r)?)))
+                    .collect()
             };
             match kind {
                 PlotKind::Nodes => series.push(svg::Series {
                     name: label.clone(),
-                    points: points(&|r| r.measured.ops_per_s / 1e3),
+                    points: points(&|r| Some(r.measured.ops_per_s / 1e3)),
                 }),
                 PlotKind::RoundTrips => series.push(svg::Series {
                     name: label.clone(),
-                    points: points(&|r| r.resources.per_op.round_trips),
+                    points: points(&|r| r.resources.as_ref().map(|x| x.per_op.round_trips)),
                 }),
                 PlotKind::HitRatios => {
                     type Pick = fn(&HitRatios) -> f64;
@@ -1024,7 +1088,10 @@ fn plot_panels(kinds: &[PlotKind], runs: &[YcsbReport]) -> String {
                             } else {
                                 name.to_string()
                             },
-                            points: points(&|r| r.cache.ratios.as_ref().map_or(0.0, pick) * 100.0),
+                            points: points(&|r| {
+                                let c = r.cache.as_ref()?;
+                                Some(c.ratios.as_ref().map_or(0.0, pick) * 100.0)
+                            }),
                         });
                     }
                 }
