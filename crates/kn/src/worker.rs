@@ -237,11 +237,15 @@ pub struct OpCounts {
     pub incr: u64,
     /// Appends.
     pub append: u64,
+    /// Existence probes (EXISTS).
+    pub exists: u64,
+    /// Length probes (STRLEN).
+    pub strlen: u64,
 }
 
 impl OpCounts {
     /// Each kind with its count, named as in the metrics.
-    pub fn by_kind(&self) -> [(&'static str, u64); 8] {
+    pub fn by_kind(&self) -> [(&'static str, u64); 10] {
         [
             ("get", self.get),
             ("set", self.set),
@@ -251,6 +255,8 @@ impl OpCounts {
             ("delete", self.delete),
             ("incr", self.incr),
             ("append", self.append),
+            ("exists", self.exists),
+            ("strlen", self.strlen),
         ]
     }
 
@@ -269,6 +275,8 @@ impl OpCounts {
             DataOp::Delete(_) => &mut self.delete,
             DataOp::Incr(..) => &mut self.incr,
             DataOp::Append(..) => &mut self.append,
+            DataOp::Exists(_) => &mut self.exists,
+            DataOp::Strlen(_) => &mut self.strlen,
         };
         *n += 1;
     }
