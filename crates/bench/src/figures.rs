@@ -584,17 +584,25 @@ fn figure5(
         files.dir.display()
     ));
 
-    let at = |n: usize| -> Vec<&YcsbReport> { runs.iter().filter(|r| r.kv_nodes == n).collect() };
+    let at =
+        |n: usize| -> Vec<&YcsbReport> { runs.iter().filter(|r| r.kv_nodes == Some(n)).collect() };
     let first = at(1);
     let last = at(largest);
-    let rt_last = mean(last.iter().map(|r| r.resources.per_op.round_trips));
-    let value_hits =
-        |rs: &[&YcsbReport]| mean(rs.iter().filter_map(|r| r.cache.ratios.map(|h| h.value)));
+    let rt_last = mean(
+        last.iter()
+            .filter_map(|r| r.resources.as_ref().map(|x| x.per_op.round_trips)),
+    );
+    let value_hits = |rs: &[&YcsbReport]| {
+        mean(
+            rs.iter()
+                .filter_map(|r| r.cache.as_ref()?.ratios.map(|h| h.value)),
+        )
+    };
     let (v1, vn) = (value_hits(&first), value_hits(&last));
     let scaling = mean(figure5_workloads(scale).iter().filter_map(|(_, w)| {
         let ops = |n: usize| {
             runs.iter()
-                .find(|r| r.kv_nodes == n && r.options.workload == *w)
+                .find(|r| r.kv_nodes == Some(n) && r.options.workload == *w)
                 .map(|r| r.measured.ops_per_s)
         };
         match (ops(1), ops(largest)) {
@@ -716,8 +724,9 @@ fn figure5_system_rows(
 ) -> anyhow::Result<Vec<Comparison>> {
     let workloads = figure5_workloads(scale);
     let run = |system: System, w: Workload| {
-        runs.iter()
-            .find(|r| r.system == system.name() && r.kv_nodes == largest && r.options.workload == w)
+        runs.iter().find(|r| {
+            r.system == system.name() && r.kv_nodes == Some(largest) && r.options.workload == w
+        })
     };
     let scaled = format!("{largest} KV nodes at most, not 16; {}", host_note());
 
@@ -744,7 +753,7 @@ fn figure5_system_rows(
         mean(
             workloads
                 .iter()
-                .filter_map(|(_, w)| run(system, *w).map(|r| r.resources.per_op.round_trips)),
+                .filter_map(|(_, w)| Some(run(system, *w)?.resources.as_ref()?.per_op.round_trips)),
         )
     };
     let (rt_s, rt_d) = (mean_rt(System::DinomoS), mean_rt(System::Dinomo));
@@ -752,16 +761,20 @@ fn figure5_system_rows(
         (Some(s), Some(d)) if d > 0.0 => Some(s / d),
         _ => None,
     };
-    let hits_s = mean(
-        workloads
-            .iter()
-            .filter_map(|(_, w)| run(System::DinomoS, *w)?.cache.ratios.map(|h| 1.0 - h.miss)),
-    );
-    let values_s = mean(
-        workloads
-            .iter()
-            .filter_map(|(_, w)| run(System::DinomoS, *w)?.cache.ratios.map(|h| h.value)),
-    );
+    let hits_s = mean(workloads.iter().filter_map(|(_, w)| {
+        run(System::DinomoS, *w)?
+            .cache
+            .as_ref()?
+            .ratios
+            .map(|h| 1.0 - h.miss)
+    }));
+    let values_s = mean(workloads.iter().filter_map(|(_, w)| {
+        run(System::DinomoS, *w)?
+            .cache
+            .as_ref()?
+            .ratios
+            .map(|h| h.value)
+    }));
 
     // MODEL: where DINOMO-S stops scaling on the paper's hardware, read-only.
     let read_only: Vec<YcsbReport> = runs

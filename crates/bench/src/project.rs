@@ -471,13 +471,15 @@ pub struct Demand {
 }
 
 impl Demand {
-    /// What `r` measured per operation.
-    pub fn of(r: &YcsbReport) -> Demand {
-        let p = &r.resources.per_op;
+    /// What `r` measured per operation; `None` when its node count or its resources are unknown (a run through
+    /// RESP).
+    pub fn of(r: &YcsbReport) -> Option<Demand> {
+        let kv_nodes = r.kv_nodes?;
+        let resources = r.resources.as_ref()?;
+        let p = &resources.per_op;
         let sum = |parts: &[Option<f64>]| -> Option<f64> { parts.iter().copied().sum() };
         let ops = r.measured.ops.max(1) as f64;
-        let total = r
-            .resources
+        let total = resources
             .cpu_ns
             .as_ref()
             .map(|c| c.values().sum::<u64>() as f64 / 1e3 / ops);
@@ -487,8 +489,8 @@ impl Demand {
         } else {
             (busiest * r.nodes.len() as f64).max(1.0)
         };
-        Demand {
-            kv_nodes: r.kv_nodes,
+        Some(Demand {
+            kv_nodes,
             runs: 1,
             measured_ops_per_s: r.measured.ops_per_s,
             round_trips: p.round_trips,
@@ -500,7 +502,7 @@ impl Demand {
             imbalance,
             clients: r.options.clients,
             outstanding: r.options.outstanding,
-        }
+        })
     }
 
     /// The mean of several demands of one node count.
@@ -750,13 +752,15 @@ pub fn project(
             "the largest node count must be 1 to {MAX_PROJECTED_KNS} (got {max_kns})"
         )));
     }
-    let usable: Vec<&YcsbReport> = runs
+    // A run through RESP cannot see the resources the model is built from.
+    let usable: Vec<(&YcsbReport, Demand)> = runs
         .iter()
-        .filter(|r| r.measured.ops > 0 && r.kv_nodes > 0)
+        .filter(|r| r.measured.ops > 0 && r.kv_nodes.is_some_and(|n| n > 0))
+        .filter_map(|r| Some((r, Demand::of(r)?)))
         .collect();
     if usable.is_empty() {
         return Err(ProjectError::NoRuns(format!(
-            "{} run(s) given, none completed an operation",
+            "{} run(s) given, none completed an operation with the KV nodes' counters read",
             runs.len()
         )));
     }
@@ -764,12 +768,12 @@ pub fn project(
     let skipped = runs.len() - usable.len();
     if skipped > 0 {
         warnings.push(format!(
-            "{skipped} run(s) without completed operations left out"
+            "{skipped} run(s) without completed operations or without the KV nodes' counters (RESP) left out"
         ));
     }
     let no_cpu = usable
         .iter()
-        .filter(|r| r.resources.cpu_ns.is_none())
+        .filter(|(r, _)| r.resources.as_ref().is_some_and(|x| x.cpu_ns.is_none()))
         .count();
     if no_cpu > 0 {
         warnings.push(format!(
@@ -777,7 +781,7 @@ pub fn project(
              for them, so the prediction can only be higher than the truth"
         ));
     }
-    let mut hosts: Vec<usize> = usable.iter().map(|r| r.host.cores).collect();
+    let mut hosts: Vec<usize> = usable.iter().map(|(r, _)| r.host.cores).collect();
     hosts.sort_unstable();
     hosts.dedup();
     if hosts.len() > 1 {
@@ -786,7 +790,7 @@ pub fn project(
              compare"
         ));
     }
-    let errors: u64 = usable.iter().map(|r| r.measured.errors.total()).sum();
+    let errors: u64 = usable.iter().map(|(r, _)| r.measured.errors.total()).sum();
     if errors > 0 {
         warnings.push(format!(
             "the runs had {errors} failed operation(s): their throughput counts only completed ones"
@@ -794,13 +798,13 @@ pub fn project(
     }
 
     let mut groups: BTreeMap<String, BTreeMap<usize, Vec<Demand>>> = BTreeMap::new();
-    for r in &usable {
+    for (r, demand) in usable {
         groups
             .entry(series_label(r))
             .or_default()
-            .entry(r.kv_nodes)
+            .entry(demand.kv_nodes)
             .or_default()
-            .push(Demand::of(r));
+            .push(demand);
     }
     let mut series = Vec::new();
     for (label, by_nodes) in groups {

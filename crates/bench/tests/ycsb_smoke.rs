@@ -62,7 +62,11 @@ fn check_sane(r: &YcsbReport, kns: usize) {
     assert!(l.mean_us <= l.max_us);
     // Nothing else ran, and nothing was in flight when the counters were read: the KV nodes saw exactly the
     // measured operations.
-    let t = &r.resources.totals;
+    let resources = r
+        .resources
+        .as_ref()
+        .expect("the KV nodes' counters are read");
+    let t = &resources.totals;
     assert_eq!(
         t.lookups,
         count(r, OpKind::Read) + count(r, OpKind::ReadModifyWrite)
@@ -76,7 +80,7 @@ fn check_sane(r: &YcsbReport, kns: usize) {
         assert!(t.round_trips >= t.commits, "a commit is a round trip");
         assert!(t.bytes_out > t.writes * 64, "the values were written");
     }
-    let c = &r.cache;
+    let c = r.cache.as_ref().expect("the KV nodes' caches are read");
     assert_eq!(c.lookups, t.lookups);
     assert_eq!(
         c.value_hits + c.shortcut_hits + c.log_hits + c.misses,
@@ -90,17 +94,17 @@ fn check_sane(r: &YcsbReport, kns: usize) {
         let sum = h.value + h.shortcut + h.log + h.miss;
         assert!((sum - 1.0).abs() < 1e-9, "hit ratios sum to {sum}");
     }
-    let per = &r.resources.per_op;
+    let per = &resources.per_op;
     assert!((per.lookups * m.ops as f64 - t.lookups as f64).abs() < 1e-6);
     assert!(r.merge.is_some(), "the in-process memory node is read");
     // Nanosecond thread times (schedstat); the clock-tick fallback is too coarse for so short a run.
     if std::path::Path::new("/proc/thread-self/schedstat").exists() {
-        let cpu = r.resources.cpu_ns.as_ref().expect("thread CPU times");
+        let cpu = resources.cpu_ns.as_ref().expect("thread CPU times");
         assert!(cpu.values().sum::<u64>() > 0);
         assert!(per.kn_worker_cpu_us.unwrap() > 0.0, "{cpu:?}");
         assert!(per.client_cpu_us.unwrap() > 0.0, "{cpu:?}");
     }
-    assert_eq!(r.kv_nodes, kns);
+    assert_eq!(r.kv_nodes, Some(kns));
     assert_eq!(r.nodes.len(), kns);
     let shares: f64 = r.nodes.iter().map(|n| n.load_share).sum();
     assert!((shares - 1.0).abs() < 1e-9, "{shares}");
@@ -153,14 +157,19 @@ fn run_system(system: System) -> anyhow::Result<YcsbReport> {
 fn dinomo_s_runs_end_to_end_and_pays_a_read_per_hit() -> anyhow::Result<()> {
     let r = run_system(System::DinomoS)?;
     // Every loaded record is cached, as a shortcut only: each hit is one READ of the value.
-    assert_eq!(r.cache.value_hits, 0);
-    assert!(r.cache.shortcut_hits > 0);
+    let cache = r.cache.as_ref().expect("the KV nodes' caches are read");
+    let resources = r
+        .resources
+        .as_ref()
+        .expect("the workers' counters are read");
+    assert_eq!(cache.value_hits, 0);
+    assert!(cache.shortcut_hits > 0);
     let reads = count(&r, OpKind::Read) as f64;
     assert!(
-        r.resources.totals.round_trips as f64 >= r.cache.shortcut_hits as f64,
+        resources.totals.round_trips as f64 >= cache.shortcut_hits as f64,
         "{} round trips for {} shortcut hits of {reads} reads",
-        r.resources.totals.round_trips,
-        r.cache.shortcut_hits
+        resources.totals.round_trips,
+        cache.shortcut_hits
     );
     Ok(())
 }
@@ -173,7 +182,8 @@ fn dinomo_n_runs_end_to_end_on_partitioned_memory() -> anyhow::Result<()> {
         .merge
         .as_ref()
         .expect("the in-process memory node is read");
-    assert!(r.cache.value_hits > 0);
+    let cache = r.cache.as_ref().expect("the KV nodes' caches are read");
+    assert!(cache.value_hits > 0);
     assert_eq!(merge.partitions, 2, "{merge:?}");
     Ok(())
 }
@@ -201,7 +211,7 @@ fn a_sweep_runs_each_node_count_and_plots_them() -> anyhow::Result<()> {
     let sweep: YcsbSweep = run_sweep(&opts, &[1, 2], &mut |_| {})?;
     assert_eq!(
         sweep.runs.iter().map(|r| r.kv_nodes).collect::<Vec<_>>(),
-        [1, 2]
+        [Some(1), Some(2)]
     );
     for r in &sweep.runs {
         assert_eq!(r.measured.ops, 200);
@@ -247,16 +257,23 @@ fn a_running_cluster_is_measured_over_the_network() -> anyhow::Result<()> {
     let m = &r.measured;
     assert_eq!((m.ops, m.errors.total()), (400, 0), "{:?}", m.errors);
     assert_eq!(m.reads_verified, count(&r, OpKind::Read));
-    assert_eq!(r.cache.lookups, count(&r, OpKind::Read));
-    assert_eq!(r.resources.totals.writes, count(&r, OpKind::Update));
-    assert_eq!((r.target.as_str(), r.kv_nodes), ("native", 2));
+    let resources = r
+        .resources
+        .as_ref()
+        .expect("the KV nodes' counters are read");
+    assert_eq!(
+        r.cache.as_ref().map(|c| c.lookups),
+        Some(count(&r, OpKind::Read))
+    );
+    assert_eq!(resources.totals.writes, count(&r, OpKind::Update));
+    assert_eq!((r.target.as_str(), r.kv_nodes), ("native", Some(2)));
     assert_eq!(
         r.kn_threads,
         Some(2),
         "the default workers, as the nodes' statistics list them"
     );
     // Neither the memory node (no --dpm) nor thread CPU times (another process) can be read from here.
-    assert!(r.merge.is_none() && r.resources.cpu_ns.is_none());
+    assert!(r.merge.is_none() && resources.cpu_ns.is_none());
     // A second run finds the records the first one loaded.
     let again = YcsbOptions {
         load: false,

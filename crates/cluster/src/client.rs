@@ -170,6 +170,19 @@ impl Client {
         }
     }
 
+    /// Whether `key` has a value (the value does not cross the network).
+    pub fn exists(&mut self, key: &[u8]) -> Result<bool, ClientError> {
+        self.applied(RequestBody::Data(DataOp::Exists(key.to_vec())))
+    }
+
+    /// The length of the value at `key`, 0 when absent (the value does not cross the network).
+    pub fn strlen(&mut self, key: &[u8]) -> Result<u64, ClientError> {
+        match self.request(RequestBody::Data(DataOp::Strlen(key.to_vec())))? {
+            ResponseBody::Int(n) => u64::try_from(n).map_err(|_| unexpected(ResponseBody::Int(n))),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Upsert.
     pub fn set(&mut self, key: &[u8], value: &[u8]) -> Result<(), ClientError> {
         self.applied(RequestBody::Data(DataOp::Set(key.to_vec(), value.to_vec())))
@@ -221,6 +234,13 @@ impl Client {
             self.latency.record(started.elapsed().as_nanos() as u64);
         }
         result
+    }
+
+    /// Counts the latency of a request sent another way (pipelined, on behalf of this client) in the next report.
+    pub(crate) fn record_latency(&mut self, latency: Duration) {
+        if self.cfg.report_latency {
+            self.latency.record(latency.as_nanos() as u64);
+        }
     }
 
     fn request_once(&mut self, body: RequestBody) -> Result<ResponseBody, ClientError> {

@@ -501,6 +501,8 @@ fn add_ops(a: &dinomo_kn::OpCounts, b: &dinomo_kn::OpCounts) -> dinomo_kn::OpCou
         delete: a.delete + b.delete,
         incr: a.incr + b.incr,
         append: a.append + b.append,
+        exists: a.exists + b.exists,
+        strlen: a.strlen + b.strlen,
     }
 }
 

@@ -8,13 +8,18 @@
 //! keys may complete in any order, as across the nodes of a Redis Cluster. Multi-key commands (`MGET`, `MSET`,
 //! `DEL`, `EXISTS`) are one operation per key, so `MSET` of keys on several nodes is not atomic.
 //!
+//! A pipeline's operations on keys owned elsewhere are forwarded together: in waves that each hold the next
+//! operation of every such key, sent at once (one round trip to each owner, not one per operation) and all
+//! answered before the next wave, so a key's operations still apply in order.
+//!
 //! A write whose outcome is unknown (the node lost the memory node or its lease mid-write, or a forwarded write
 //! got no reply) is answered with an error, never with success.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, unbounded};
 use dinomo_fabric::{Connector, Endpoint};
@@ -24,6 +29,7 @@ use dinomo_resp::{Backend, BackendConn, BackendError, Op, OpResult, Output};
 use crate::ClusterError;
 use crate::client::{Client, ClientConfig, ClientError};
 use crate::node::{NodeConfig, NodeShared};
+use crate::pipeline::PipelinedClient;
 use crate::wire::{RequestBody, ResponseBody};
 
 /// How long a queued operation may take at this node's workers before it is reported as failed: beyond the
@@ -70,7 +76,7 @@ pub(crate) fn start(
 }
 
 /// Native clients shared by a node's RESP connections, each connected on first use.
-type Forwarders = Arc<Vec<Mutex<Option<Client>>>>;
+type Forwarders = Arc<Vec<Mutex<Option<PipelinedClient>>>>;
 
 struct NodeBackend {
     shared: Arc<NodeShared>,
@@ -127,7 +133,10 @@ struct NodeConn {
 
 fn data_op(op: &Op) -> DataOp {
     match op.clone() {
-        Op::Get(k) | Op::Exists(k) => DataOp::Get(k),
+        Op::Get(k) => DataOp::Get(k),
+        // Probes: the KV path answers without the value, so none crosses a thread or the network.
+        Op::Exists(k) => DataOp::Exists(k),
+        Op::Strlen(k) => DataOp::Strlen(k),
         Op::Set(k, v) => DataOp::Set(k, v),
         Op::Insert(k, v) => DataOp::Insert(k, v),
         Op::Update(k, v) => DataOp::Update(k, v),
@@ -141,13 +150,12 @@ fn data_op(op: &Op) -> DataOp {
 /// The result of `op` from the store's answer, which must be of the kind `op` is answered with.
 fn output(op: &Op, answer: Output) -> OpResult {
     match (op, answer) {
-        (Op::Exists(_), Output::Value(v)) => Ok(Output::Applied(v.is_some())),
         (Op::Get(_) | Op::GetSet(..), value @ Output::Value(_)) => Ok(value),
         (
-            Op::Set(..) | Op::Insert(..) | Op::Update(..) | Op::Delete(_),
+            Op::Exists(_) | Op::Set(..) | Op::Insert(..) | Op::Update(..) | Op::Delete(_),
             applied @ Output::Applied(_),
         ) => Ok(applied),
-        (Op::Incr(..) | Op::Append(..), int @ Output::Int(_)) => Ok(int),
+        (Op::Incr(..) | Op::Append(..) | Op::Strlen(_), int @ Output::Int(_)) => Ok(int),
         _ => Err(wrong_kind()),
     }
 }
@@ -169,6 +177,7 @@ fn from_reply(op: &Op, r: Reply) -> OpResult {
 fn from_kn_error(op: &Op, e: KnError) -> BackendError {
     match e {
         KnError::NotAnInteger => BackendError::NotAnInteger,
+        KnError::IncrOverflow => BackendError::Overflow,
         KnError::KeyTooLarge { .. } | KnError::ValueTooLarge { .. } | KnError::Config(_) => {
             BackendError::Invalid(e.to_string())
         }
@@ -182,6 +191,7 @@ fn from_client_error(e: ClientError) -> BackendError {
         ClientError::Invalid(m) if m == KnError::NotAnInteger.to_string() => {
             BackendError::NotAnInteger
         }
+        ClientError::Invalid(m) if m == KnError::IncrOverflow.to_string() => BackendError::Overflow,
         ClientError::Invalid(m) => BackendError::Invalid(m),
         ClientError::Indeterminate(m) => BackendError::Indeterminate(m),
         ClientError::Unavailable(m) => BackendError::Unavailable(m),
@@ -253,8 +263,9 @@ impl NodeConn {
         }
     }
 
-    /// Sends the ops at `self.remote` (sorted) to their owners, one after another, through a shared client: a
-    /// free one if there is, else this connection's own turn at its first choice.
+    /// Sends the ops at `self.remote` (sorted) to their owners through a shared client (a free one if there is,
+    /// else this connection's own turn at its first choice), in waves (see [`waves`]): a wave's ops are sent
+    /// together and all answered before the next wave is sent.
     fn run_remote(&mut self, ops: &[Op], results: &mut [OpResult]) {
         let n = self.forwarders.len();
         let free = (0..n).find_map(|k| self.forwarders[(self.forwarder + k) % n].try_lock().ok());
@@ -266,7 +277,7 @@ impl NodeConn {
         };
         if slot.is_none() {
             match Client::connect(self.forward_config.clone()) {
-                Ok(c) => *slot = Some(c),
+                Ok(c) => *slot = Some(PipelinedClient::from_client(c)),
                 Err(e) => {
                     let e = from_client_error(e);
                     for &i in &self.remote {
@@ -277,19 +288,61 @@ impl NodeConn {
             }
         }
         let client = slot.as_mut().expect("connected above");
-        for &i in &self.remote {
-            let op = &ops[i];
-            results[i] = match client.request(RequestBody::Data(data_op(op))) {
-                Ok(ResponseBody::Value(v)) => output(op, Output::Value(v)),
-                Ok(ResponseBody::Applied(a)) => output(op, Output::Applied(a)),
-                Ok(ResponseBody::Int(n)) => output(op, Output::Int(n)),
-                Ok(other) => Err(BackendError::Unavailable(format!(
-                    "unexpected reply from the owner: {other:?}"
-                ))),
-                Err(e) => Err(from_client_error(e)),
-            };
+        if let [i] = self.remote[..] {
+            // One op: the one-at-a-time client, without the pipeline's bookkeeping.
+            results[i] = forwarded(
+                &ops[i],
+                client.client().request(RequestBody::Data(data_op(&ops[i]))),
+            );
+            return;
+        }
+        for wave in waves(ops, &self.remote) {
+            let sent = Instant::now();
+            for &i in &wave {
+                if let Err(e) = client.submit(i as u64, RequestBody::Data(data_op(&ops[i]))) {
+                    results[i] = Err(from_client_error(e));
+                }
+            }
+            // Every submitted op completes by its deadline, so this ends.
+            while let Some(c) = client.next_completion() {
+                client.client().record_latency(sent.elapsed());
+                let i = c.tag as usize;
+                if let (Some(op), Some(r)) = (ops.get(i), results.get_mut(i)) {
+                    *r = forwarded(op, c.result);
+                }
+            }
         }
     }
+}
+
+/// The result of `op` from its owner's answer.
+fn forwarded(op: &Op, answer: Result<ResponseBody, ClientError>) -> OpResult {
+    match answer {
+        Ok(ResponseBody::Value(v)) => output(op, Output::Value(v)),
+        Ok(ResponseBody::Applied(a)) => output(op, Output::Applied(a)),
+        Ok(ResponseBody::Int(n)) => output(op, Output::Int(n)),
+        Ok(other) => Err(BackendError::Unavailable(format!(
+            "unexpected reply from the owner: {other:?}"
+        ))),
+        Err(e) => Err(from_client_error(e)),
+    }
+}
+
+/// The ops at `remote` (in order) in waves: each op goes in the wave after the one holding the previous op on its
+/// key, so a wave has at most one op per key, and a key's ops are in successive waves in their order. Most
+/// pipelines touch each key once and make one wave.
+fn waves(ops: &[Op], remote: &[usize]) -> Vec<Vec<usize>> {
+    let mut waves: Vec<Vec<usize>> = Vec::new();
+    let mut next: HashMap<&[u8], usize> = HashMap::with_capacity(remote.len());
+    for &i in remote {
+        let w = next.entry(ops[i].key()).or_insert(0);
+        if *w == waves.len() {
+            waves.push(Vec::new());
+        }
+        waves[*w].push(i);
+        *w += 1;
+    }
+    waves
 }
 
 impl BackendConn for NodeConn {
@@ -390,6 +443,14 @@ mod tests {
             from_client_error(ClientError::Invalid(KnError::NotAnInteger.to_string())),
             BackendError::NotAnInteger
         );
+        assert_eq!(
+            from_client_error(ClientError::Invalid(KnError::IncrOverflow.to_string())),
+            BackendError::Overflow
+        );
+        assert_eq!(
+            from_kn_error(&set, KnError::IncrOverflow),
+            BackendError::Overflow
+        );
         assert!(matches!(
             from_client_error(ClientError::Unavailable("down".into())),
             BackendError::Unavailable(_)
@@ -397,21 +458,46 @@ mod tests {
     }
 
     #[test]
+    fn forwarded_ops_go_in_waves_of_distinct_keys_in_order() {
+        let get = |k: &str| Op::Get(k.as_bytes().to_vec());
+        let set = |k: &str| Op::Set(k.as_bytes().to_vec(), b"v".to_vec());
+        let ops = [
+            set("a"),
+            get("b"),
+            get("local"),
+            get("a"),
+            set("c"),
+            set("a"),
+            get("c"),
+        ];
+        // Index 2 was served here; the others go, each key's ops in later and later waves.
+        let remote = [0, 1, 3, 4, 5, 6];
+        assert_eq!(
+            waves(&ops, &remote),
+            vec![vec![0, 1, 4], vec![3, 6], vec![5]]
+        );
+        // Distinct keys: one wave, one round trip to each owner.
+        assert_eq!(waves(&ops, &[0, 1, 4]), vec![vec![0, 1, 4]]);
+        assert!(waves(&ops, &[]).is_empty());
+    }
+
+    #[test]
     fn replies_map_by_operation() {
         let exists = Op::Exists(b"k".to_vec());
         assert_eq!(
-            from_reply(&exists, Reply::Value(Some(b"v".to_vec()))),
+            from_reply(&exists, Reply::Applied(true)),
             Ok(Output::Applied(true))
         );
-        assert_eq!(
-            from_reply(&exists, Reply::Value(None)),
-            Ok(Output::Applied(false))
-        );
+        // A probe answered with the value would mean the value crossed over after all.
+        assert!(from_reply(&exists, Reply::Value(Some(b"v".to_vec()))).is_err());
+        let strlen = Op::Strlen(b"k".to_vec());
+        assert_eq!(from_reply(&strlen, Reply::Int(3)), Ok(Output::Int(3)));
+        assert!(matches!(data_op(&strlen), DataOp::Strlen(k) if k == b"k"));
         assert_eq!(
             from_reply(&Op::Incr(b"k".to_vec(), 1), Reply::Int(5)),
             Ok(Output::Int(5))
         );
         assert!(from_reply(&Op::Incr(b"k".to_vec(), 1), Reply::Applied(true)).is_err());
-        assert!(matches!(data_op(&exists), DataOp::Get(k) if k == b"k"));
+        assert!(matches!(data_op(&exists), DataOp::Exists(k) if k == b"k"));
     }
 }

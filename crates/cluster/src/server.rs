@@ -243,6 +243,7 @@ pub(crate) fn error_body(e: KnError) -> ResponseBody {
         KnError::KeyTooLarge { .. }
         | KnError::ValueTooLarge { .. }
         | KnError::NotAnInteger
+        | KnError::IncrOverflow
         | KnError::Config(_) => ErrorKind::Invalid,
         // Not applied: the client may try again.
         KnError::Contended { .. } => ErrorKind::Unavailable,

@@ -206,6 +206,8 @@ mod tests {
                 RequestBody::Data(DataOp::Set(key.clone(), value.clone())),
                 RequestBody::Data(DataOp::Incr(key.clone(), delta)),
                 RequestBody::Data(DataOp::Append(key.clone(), value.clone())),
+                RequestBody::Data(DataOp::Exists(key.clone())),
+                RequestBody::Data(DataOp::Strlen(key.clone())),
                 RequestBody::Ping,
                 RequestBody::LatencyReport(LatencySummary {
                     count: 1,

@@ -82,13 +82,22 @@ fn a_shared_key_keeps_its_value_spreads_its_load_and_counts_exactly() -> anyhow:
         t.join().expect("incr thread")?;
     }
     assert_eq!(c.get(b"ctr")?.as_deref(), Some(&b"1010"[..]));
+    // An increment past i64::MAX is refused with Redis's text and changes nothing.
+    let overflow = c.incr(b"ctr", i64::MAX);
+    assert!(
+        matches!(&overflow, Err(dinomo_cluster::ClientError::Invalid(m)) if m == "increment or decrement would overflow"),
+        "{overflow:?}"
+    );
+    assert_eq!(c.get(b"ctr")?.as_deref(), Some(&b"1010"[..]));
 
-    // Conditional writes and deletes through the cell.
+    // Conditional writes, probes and deletes through the cell.
     assert!(!c.insert(b"hot", b"no")?);
     assert!(c.update(b"hot", b"after")?);
     assert_eq!(c.get(b"hot")?.as_deref(), Some(&b"after"[..]));
+    assert_eq!((c.exists(b"hot")?, c.strlen(b"hot")?), (true, 5));
     assert!(c.delete(b"hot")?);
     assert_eq!(c.get(b"hot")?, None);
+    assert_eq!((c.exists(b"hot")?, c.strlen(b"hot")?), (false, 0));
     assert_eq!(cluster.processor().count_keys()?, 51);
     assert!(c.insert(b"hot", b"again")?);
 

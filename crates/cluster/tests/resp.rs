@@ -277,3 +277,110 @@ fn pipelines_keep_their_order_while_nodes_join_and_leave() -> anyhow::Result<()>
     }
     Ok(())
 }
+
+/// The first key named `prefix-N` whose primary owner is `node`.
+fn key_owned_by(c: &LocalCluster, node: dinomo_ring::NodeId, prefix: &str) -> Vec<u8> {
+    let routing = c.nodes()[0].routing();
+    (0..10_000)
+        .map(|i| format!("{prefix}-{i}").into_bytes())
+        .find(|k| routing.ring.primary(k) == Some(node))
+        .expect("some key of every node")
+}
+
+fn err(text: &str) -> Value {
+    Value::Error(text.as_bytes().to_vec())
+}
+
+#[test]
+fn probes_and_increment_errors_answer_like_redis_here_and_forwarded() -> anyhow::Result<()> {
+    let c = cluster(2)?;
+    let addr = resp_addrs(&c)[0];
+    let here = c.nodes()[0].id();
+    let there = c.nodes()[1].id();
+    let mut conn = Conn::open(addr);
+    for owner in [here, there] {
+        let k = key_owned_by(&c, owner, "probe");
+        let absent = key_owned_by(&c, owner, "absent");
+        // An empty value exists; an absent key does not; STRLEN of either is 0.
+        assert_eq!(conn.call(&[b"SET", &k, b""]), ok());
+        assert_eq!(conn.call(&[b"EXISTS", &k]), Value::Integer(1));
+        assert_eq!(conn.call(&[b"STRLEN", &k]), Value::Integer(0));
+        assert_eq!(conn.call(&[b"EXISTS", &absent]), Value::Integer(0));
+        assert_eq!(conn.call(&[b"STRLEN", &absent]), Value::Integer(0));
+        assert_eq!(conn.call(&[b"SET", &k, b"hello"]), ok());
+        assert_eq!(conn.call(&[b"STRLEN", &k]), Value::Integer(5));
+        assert_eq!(conn.call(&[b"EXISTS", &k, &absent, &k]), Value::Integer(2));
+
+        // Overflow, either way, leaves the value as it was.
+        let n = key_owned_by(&c, owner, "n");
+        let max = i64::MAX.to_string();
+        let min = i64::MIN.to_string();
+        assert_eq!(conn.call(&[b"SET", &n, max.as_bytes()]), ok());
+        let overflow = err("ERR increment or decrement would overflow");
+        assert_eq!(conn.call(&[b"INCR", &n]), overflow);
+        assert_eq!(conn.call(&[b"INCRBY", &n, b"5"]), overflow);
+        assert_eq!(conn.call(&[b"GET", &n]), bulk(max.as_bytes()));
+        assert_eq!(conn.call(&[b"SET", &n, min.as_bytes()]), ok());
+        assert_eq!(conn.call(&[b"DECR", &n]), overflow);
+        assert_eq!(conn.call(&[b"DECRBY", &n, b"1"]), overflow);
+        assert_eq!(conn.call(&[b"GET", &n]), bulk(min.as_bytes()));
+        assert_eq!(
+            conn.call(&[b"INCRBY", &n, max.as_bytes()]),
+            Value::Integer(-1)
+        );
+        // Not an integer: the stored value, or the argument.
+        let not_int = err("ERR value is not an integer or out of range");
+        assert_eq!(conn.call(&[b"INCR", &k]), not_int);
+        assert_eq!(conn.call(&[b"INCRBY", &n, b"1.5"]), not_int);
+        assert_eq!(conn.call(&[b"GET", &k]), bulk(b"hello"));
+    }
+    Ok(())
+}
+
+#[test]
+fn a_pipeline_mixing_local_and_forwarded_keys_is_answered_in_order() -> anyhow::Result<()> {
+    let c = cluster(2)?;
+    let addr = resp_addrs(&c)[0];
+    // One at a time: `nodes()` holds the cluster's lock while its guard lives.
+    let here = c.nodes()[0].id();
+    let there = c.nodes()[1].id();
+    let routing = c.nodes()[0].routing();
+    // Keys of both nodes, interleaved.
+    let keys: Vec<Vec<u8>> = (0..60).map(|i| format!("mixed-{i}").into_bytes()).collect();
+    let owners: std::collections::BTreeSet<_> = keys
+        .iter()
+        .filter_map(|k| routing.ring.primary(k))
+        .collect();
+    assert_eq!(owners, [here, there].into_iter().collect());
+    let mut conn = Conn::open(addr);
+    for round in 0..3 {
+        // Every key several times in one pipeline, each command's reply depending on the ones before it on that
+        // key, so a reply out of order or an operation applied out of order shows.
+        let mut wire = Vec::new();
+        let mut want = Vec::new();
+        for (i, k) in keys.iter().enumerate() {
+            let v = format!("{round}-{i}");
+            let counter = [k.as_slice(), b"-n"].concat();
+            let requests: [(Vec<&[u8]>, Value); 9] = [
+                (vec![b"SET", k, v.as_bytes()], ok()),
+                (vec![b"GET", k], bulk(v.as_bytes())),
+                (vec![b"APPEND", k, b"+"], Value::Integer(v.len() as i64 + 1)),
+                (vec![b"STRLEN", k], Value::Integer(v.len() as i64 + 1)),
+                (vec![b"INCR", &counter], Value::Integer(round * 2 + 1)),
+                (vec![b"INCR", &counter], Value::Integer(round * 2 + 2)),
+                (vec![b"DEL", k], Value::Integer(1)),
+                (vec![b"EXISTS", k], Value::Integer(0)),
+                (vec![b"GET", k], Value::NullBulk),
+            ];
+            for (args, reply) in requests {
+                encode_request(&args, &mut wire);
+                want.push(reply);
+            }
+        }
+        conn.stream.write_all(&wire)?;
+        for (n, w) in want.iter().enumerate() {
+            assert_eq!(&conn.read(), w, "reply {n} of round {round}");
+        }
+    }
+    Ok(())
+}

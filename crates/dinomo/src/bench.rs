@@ -10,8 +10,8 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use dinomo_bench::ycsb::{Distribution, Workload};
 use dinomo_bench::ycsb_run::{
-    InProcessOptions, NativeOptions, PlotKind, Progress, System, TargetOptions, YcsbOptions,
-    YcsbReport,
+    InProcessOptions, NativeOptions, PlotKind, Progress, RespOptions, System, TargetOptions,
+    YcsbOptions, YcsbReport,
 };
 use dinomo_bench::{DacBenchOptions, FabricBenchOptions, TransportChoice};
 use dinomo_cache::Policy;
@@ -398,10 +398,11 @@ pub struct YcsbArgs {
     /// built yet).
     #[arg(long, default_value = "dinomo")]
     pub system: System,
-    /// Where the store runs: in-process (a cluster started by this command) or native (a running cluster, reached
-    /// through --seed HOST:PORT).
-    #[arg(long, default_value = "in-process", value_parser = ["in-process", "native"])]
-    pub target: String,
+    /// Where the store runs: in-process (a cluster started by this command), native (a running cluster, reached
+    /// through --seed HOST:PORT) or resp (any server speaking the Redis protocol, at --resp HOST:PORT). Default:
+    /// resp when --resp is given, else in-process.
+    #[arg(long, value_parser = ["in-process", "native", "resp"])]
+    pub target: Option<String>,
     /// YCSB workload: a, b, c, d, f, w, insert-only, or a mix such as read=0.9,update=0.1.
     #[arg(long, default_value = "a")]
     pub workload: Workload,
@@ -483,6 +484,19 @@ pub struct YcsbArgs {
     /// Native: the memory node's fabric address, to report its merge backlog.
     #[arg(long)]
     pub dpm: Option<String>,
+    /// RESP: a server speaking the Redis protocol (a `dinomo up` RESP port, a redis-server); repeat to spread the
+    /// clients' connections over several.
+    #[arg(long = "resp", value_name = "HOST:PORT")]
+    pub resp: Vec<String>,
+    /// RESP: the password every connection sends with AUTH; also read from DINOMO_RESP_PASSWORD.
+    #[arg(
+        long,
+        value_name = "P",
+        env = "DINOMO_RESP_PASSWORD",
+        default_value = "",
+        hide_env_values = true
+    )]
+    pub password: String,
     #[command(flatten)]
     pub token: crate::dpm::ClusterToken,
     /// Folder for the JSON report, the timeline CSV and an SVG plot.
@@ -553,7 +567,36 @@ fn ycsb_options(a: &YcsbArgs) -> anyhow::Result<YcsbOptions> {
             ),
         }
     }
-    let target = match a.target.as_str() {
+    let target_name = match (&a.target, a.resp.is_empty()) {
+        (Some(t), _) => t.as_str(),
+        (None, false) => "resp",
+        (None, true) => "in-process",
+    };
+    if target_name != "resp" {
+        anyhow::ensure!(
+            a.resp.is_empty(),
+            "--resp names a RESP server: use it with --target resp (or without --target)"
+        );
+        anyhow::ensure!(
+            a.password.is_empty(),
+            "--password is sent to a RESP server: use it with --resp"
+        );
+    }
+    let target = match target_name {
+        "resp" => {
+            anyhow::ensure!(
+                a.sweep_kns.is_empty(),
+                "--sweep-kns starts in-process clusters; it cannot be used with --target resp"
+            );
+            anyhow::ensure!(
+                seeds.is_empty() && a.dpm.is_none(),
+                "--seed HOST:PORT and --dpm are for --target native; a RESP server is named with --resp"
+            );
+            TargetOptions::Resp(RespOptions {
+                addrs: a.resp.clone(),
+                password: a.password.clone(),
+            })
+        }
         "native" => {
             anyhow::ensure!(
                 a.sweep_kns.is_empty(),
@@ -855,7 +898,7 @@ mod tests {
     fn policy(o: &YcsbOptions) -> &str {
         match &o.target {
             TargetOptions::InProcess(p) => &p.policy,
-            TargetOptions::Native(_) => panic!("in-process"),
+            other => panic!("expected an in-process target, got {}", other.name()),
         }
     }
 

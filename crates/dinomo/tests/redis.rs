@@ -304,6 +304,32 @@ try:
 except redis.ResponseError as e:
     assert "EX" in str(e), e
 assert a.dbsize() == b.dbsize() == 1 + 64 + 1 + 1000 + 1 + 1
+# One pipeline touching keys of both nodes several times each: the replies come back in order, and each key's
+# commands apply in order.
+p = a.pipeline(transaction=False)
+for i in range(200):
+    k = "mix%d" % i
+    p.set(k, "v%d" % i)
+    p.append(k, "+")
+    p.strlen(k)
+    p.exists(k)
+    p.get(k)
+    p.delete(k)
+    p.exists(k)
+    p.strlen(k)
+r = p.execute()
+for i in range(200):
+    v = ("v%d" % i).encode() + b"+"
+    assert r[8 * i:8 * i + 8] == [True, len(v), len(v), 1, v, 1, 0, 0], (i, r[8 * i:8 * i + 8])
+# Increments past the 64-bit range are refused with Redis's text, and change nothing.
+assert b.set("edge", 2 ** 63 - 1)
+for op in (lambda: a.incr("edge"), lambda: a.incrby("edge", 2), lambda: b.decrby("edge", -1)):
+    try:
+        op()
+        raise SystemExit("an increment past i64::MAX succeeded")
+    except redis.ResponseError as e:
+        assert "increment or decrement would overflow" in str(e), e
+assert a.get("edge") == str(2 ** 63 - 1).encode()
 print("ok")
 "#;
     let args = vec![
@@ -390,5 +416,122 @@ fn garbage_and_vanishing_clients_do_not_disturb_others() -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
     exchange(&mut good, b"DEL k\r\n", b":1\r\n");
+    Ok(())
+}
+
+/// A redis-server on a free loopback port, without persistence, stopped when dropped.
+struct RedisServer {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl RedisServer {
+    fn start() -> anyhow::Result<RedisServer> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "redis-server: {e} (scripts/test installs the Debian packages the tests need)"
+                )
+            })?;
+        let mut server = RedisServer {
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while cli(server.addr, &["PING"]).ok().as_deref() != Some("PONG\n") {
+            if let Some(status) = server.child.try_wait()? {
+                anyhow::bail!("redis-server exited: {status}");
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "redis-server did not answer in time"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(server)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends `requests` as one pipeline and reads one reply per request.
+fn pipeline(addr: SocketAddr, requests: &[Vec<&[u8]>]) -> anyhow::Result<Vec<dinomo_resp::Value>> {
+    use dinomo_resp::{Value, ValueLimits};
+    let mut s = connect(addr);
+    let mut wire = Vec::new();
+    for r in requests {
+        dinomo_resp::encode_request(r, &mut wire);
+    }
+    s.write_all(&wire)?;
+    let (mut buf, mut replies) = (Vec::new(), Vec::new());
+    let mut chunk = [0u8; 65536];
+    while replies.len() < requests.len() {
+        match Value::parse(&buf, &ValueLimits::default())? {
+            Some((v, used)) => {
+                buf.drain(..used);
+                replies.push(v);
+            }
+            None => {
+                let n = s.read(&mut chunk)?;
+                anyhow::ensure!(n > 0, "{addr} closed the connection");
+                buf.extend_from_slice(&chunk[..n]);
+            }
+        }
+    }
+    Ok(replies)
+}
+
+#[test]
+fn probes_and_increment_errors_match_redis_server_reply_for_reply() -> anyhow::Result<()> {
+    let up = up(&[])?;
+    let redis = RedisServer::start()?;
+    let (max, min) = (i64::MAX.to_string(), i64::MIN.to_string());
+    let mut requests: Vec<Vec<&[u8]>> = Vec::new();
+    // Keys of both KV nodes: the node asked serves some and forwards the others.
+    let keys: Vec<String> = (0..12).map(|i| format!("k{i}")).collect();
+    for k in &keys {
+        let k = k.as_bytes();
+        requests.extend([
+            vec![b"SET".as_slice(), k, b""],
+            vec![b"EXISTS", k],
+            vec![b"STRLEN", k],
+            vec![b"APPEND", k, b"abc"],
+            vec![b"STRLEN", k],
+            vec![b"INCR", k],
+            vec![b"SET", k, max.as_bytes()],
+            vec![b"INCR", k],
+            vec![b"INCRBY", k, b"1"],
+            vec![b"DECRBY", k, b"-1"],
+            vec![b"GET", k],
+            vec![b"SET", k, min.as_bytes()],
+            vec![b"DECR", k],
+            vec![b"DECRBY", k, b"1"],
+            vec![b"INCRBY", k, max.as_bytes()],
+            vec![b"INCRBY", k, b"1x"],
+            vec![b"DEL", k],
+            vec![b"EXISTS", k, k],
+            vec![b"STRLEN", k],
+            vec![b"GET", k],
+        ]);
+    }
+    let mine = pipeline(up.resp[0], &requests)?;
+    let theirs = pipeline(redis.addr, &requests)?;
+    for ((r, m), t) in requests.iter().zip(&mine).zip(&theirs) {
+        let shown: Vec<String> = r.iter().map(|a| a.escape_ascii().to_string()).collect();
+        assert_eq!(m, t, "{shown:?}: dinomo answered {m:?}, redis-server {t:?}");
+    }
     Ok(())
 }

@@ -55,9 +55,12 @@ pub enum KnError {
         /// Attempts made.
         attempts: u32,
     },
-    /// The stored value is not a decimal 64-bit integer, or the result would overflow.
+    /// The stored value is not a decimal 64-bit integer (Redis's text, which the RESP front door answers with).
     #[error("value is not an integer or out of range")]
     NotAnInteger,
+    /// An increment whose result does not fit in 64 bits; nothing was written (Redis's text).
+    #[error("increment or decrement would overflow")]
+    IncrOverflow,
 }
 
 impl KnError {

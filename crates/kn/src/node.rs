@@ -223,6 +223,19 @@ impl KvHandle {
         }
     }
 
+    /// Whether `key` has a value (the value is not copied out).
+    pub fn exists(&self, key: &[u8]) -> Result<bool, KnError> {
+        self.applied(DataOp::Exists(key.to_vec()))
+    }
+
+    /// The length of the value at `key` (absent = 0; the value is not copied out).
+    pub fn strlen(&self, key: &[u8]) -> Result<u64, KnError> {
+        match self.data(DataOp::Strlen(key.to_vec()))? {
+            Reply::Int(n) => Ok(n as u64),
+            _ => unreachable!("a STRLEN is answered with a length"),
+        }
+    }
+
     fn applied(&self, op: DataOp) -> Result<bool, KnError> {
         match self.data(op)? {
             Reply::Applied(a) => Ok(a),

@@ -105,13 +105,21 @@ pub enum DataOp {
     Incr(Vec<u8>, i64),
     /// Appends to the value (absent = empty) and replies with the new length.
     Append(Vec<u8>, Vec<u8>),
+    /// Replies whether the key has a value, without the value.
+    Exists(Vec<u8>),
+    /// Replies with the length of the key's value (absent = 0), without the value.
+    Strlen(Vec<u8>),
 }
 
 impl DataOp {
     /// The key the operation is about.
     pub fn key(&self) -> &[u8] {
         match self {
-            DataOp::Get(k) | DataOp::Delete(k) | DataOp::Incr(k, _) => k,
+            DataOp::Get(k)
+            | DataOp::Exists(k)
+            | DataOp::Strlen(k)
+            | DataOp::Delete(k)
+            | DataOp::Incr(k, _) => k,
             DataOp::Set(k, _)
             | DataOp::Insert(k, _)
             | DataOp::Update(k, _)
@@ -122,7 +130,7 @@ impl DataOp {
 
     /// Whether the operation may change data.
     pub fn is_write(&self) -> bool {
-        !matches!(self, DataOp::Get(_))
+        !matches!(self, DataOp::Get(_) | DataOp::Exists(_) | DataOp::Strlen(_))
     }
 }
 
@@ -169,7 +177,7 @@ pub enum Reply {
     Value(Option<Vec<u8>>),
     /// Whether a write applied.
     Applied(bool),
-    /// An integer result (INCR) or a length (APPEND).
+    /// An integer result (INCR) or a length (APPEND, STRLEN).
     Int(i64),
     /// Counters.
     Stats(Box<WorkerStats>),
@@ -229,11 +237,15 @@ pub struct OpCounts {
     pub incr: u64,
     /// Appends.
     pub append: u64,
+    /// Existence probes (EXISTS).
+    pub exists: u64,
+    /// Length probes (STRLEN).
+    pub strlen: u64,
 }
 
 impl OpCounts {
     /// Each kind with its count, named as in the metrics.
-    pub fn by_kind(&self) -> [(&'static str, u64); 8] {
+    pub fn by_kind(&self) -> [(&'static str, u64); 10] {
         [
             ("get", self.get),
             ("set", self.set),
@@ -243,6 +255,8 @@ impl OpCounts {
             ("delete", self.delete),
             ("incr", self.incr),
             ("append", self.append),
+            ("exists", self.exists),
+            ("strlen", self.strlen),
         ]
     }
 
@@ -261,6 +275,8 @@ impl OpCounts {
             DataOp::Delete(_) => &mut self.delete,
             DataOp::Incr(..) => &mut self.incr,
             DataOp::Append(..) => &mut self.append,
+            DataOp::Exists(_) => &mut self.exists,
+            DataOp::Strlen(_) => &mut self.strlen,
         };
         *n += 1;
     }
@@ -587,6 +603,14 @@ impl Worker {
                 .check_key(&key)
                 .and_then(|_| self.lookup(&key))
                 .map(Reply::Value),
+            DataOp::Exists(key) => self
+                .check_key(&key)
+                .and_then(|_| self.lookup_with(&key, <[u8]>::len))
+                .map(|len| Reply::Applied(len.is_some())),
+            DataOp::Strlen(key) => self
+                .check_key(&key)
+                .and_then(|_| self.lookup_with(&key, <[u8]>::len))
+                .map(|len| Reply::Int(len.unwrap_or(0) as i64)),
             DataOp::Set(key, value) => {
                 return self.write(key, hash, Some(value), reply, Reply::Applied(true));
             }
@@ -613,7 +637,7 @@ impl Worker {
             },
             DataOp::Incr(key, delta) => match self.read_for_write(&key) {
                 Ok(old) => match incremented(old.as_deref(), delta) {
-                    Some(n) => {
+                    Ok(n) => {
                         return self.write(
                             key,
                             hash,
@@ -622,7 +646,7 @@ impl Worker {
                             Reply::Int(n),
                         );
                     }
-                    None => Err(KnError::NotAnInteger),
+                    Err(e) => Err(e),
                 },
                 Err(e) => Err(e),
             },
@@ -880,16 +904,26 @@ impl Worker {
 
     /// The value of `key`, through the cache, the unmerged log and the index, in that order.
     fn lookup(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, KnError> {
+        self.lookup_with(key, <[u8]>::to_vec)
+    }
+
+    /// Looks `key` up like [`Self::lookup`], answering with `of` of its value: a probe (`EXISTS`, `STRLEN`) copies
+    /// no value that is cached here.
+    fn lookup_with<T>(
+        &mut self,
+        key: &[u8],
+        of: impl FnOnce(&[u8]) -> T,
+    ) -> Result<Option<T>, KnError> {
         self.stats.lookups += 1;
         match self.cache.lookup(key) {
             Lookup::Value { value, .. } => {
                 self.stats.value_hits += 1;
-                return Ok(Some(value.to_vec()));
+                return Ok(Some(of(value)));
             }
             Lookup::Shortcut(sc) => {
                 if let Some(value) = self.read_shortcut(key, sc)? {
                     self.stats.shortcut_hits += 1;
-                    return Ok(Some(value));
+                    return Ok(Some(of(&value)));
                 }
                 self.stats.stale_shortcuts += 1;
                 self.cache.stale_shortcut(key);
@@ -898,9 +932,9 @@ impl Worker {
         }
         if let Some(found) = self.unmerged_lookup(key) {
             self.stats.log_hits += 1;
-            return Ok(found);
+            return Ok(found.map(|v| of(&v)));
         }
-        self.index_walk(key)
+        Ok(self.index_walk(key)?.map(|v| of(&v)))
     }
 
     /// Follows a shortcut with one READ; `None` when the entry there is no longer this key's.
@@ -1337,13 +1371,19 @@ fn sharing_changes(
 fn needs_value(op: &DataOp) -> bool {
     matches!(
         op,
-        DataOp::Get(_) | DataOp::GetSet(..) | DataOp::Incr(..) | DataOp::Append(..)
+        DataOp::Get(_)
+            | DataOp::Strlen(_)
+            | DataOp::GetSet(..)
+            | DataOp::Incr(..)
+            | DataOp::Append(..)
     )
 }
 
 fn shared_outcome(op: &DataOp, current: Option<Vec<u8>>) -> Outcome {
     match op {
         DataOp::Get(_) => Outcome::Done(Ok(Reply::Value(current))),
+        DataOp::Exists(_) => Outcome::Done(Ok(Reply::Applied(current.is_some()))),
+        DataOp::Strlen(_) => Outcome::Done(Ok(Reply::Int(current.map_or(0, |v| v.len()) as i64))),
         DataOp::Set(_, v) => Outcome::Write(Some(v.clone()), Reply::Applied(true)),
         DataOp::Insert(_, v) => match current {
             Some(_) => Outcome::Done(Ok(Reply::Applied(false))),
@@ -1359,8 +1399,8 @@ fn shared_outcome(op: &DataOp, current: Option<Vec<u8>>) -> Outcome {
             None => Outcome::Done(Ok(Reply::Applied(false))),
         },
         DataOp::Incr(_, delta) => match incremented(current.as_deref(), *delta) {
-            Some(n) => Outcome::Write(Some(n.to_string().into_bytes()), Reply::Int(n)),
-            None => Outcome::Done(Err(KnError::NotAnInteger)),
+            Ok(n) => Outcome::Write(Some(n.to_string().into_bytes()), Reply::Int(n)),
+            Err(e) => Outcome::Done(Err(e)),
         },
         DataOp::Append(_, suffix) => {
             let mut v = current.unwrap_or_default();
@@ -1371,22 +1411,22 @@ fn shared_outcome(op: &DataOp, current: Option<Vec<u8>>) -> Outcome {
     }
 }
 
-/// `old` (a decimal integer, absent = 0) plus `delta`; `None` when `old` is not a canonical decimal 64-bit integer
-/// or the sum overflows.
-fn incremented(old: Option<&[u8]>, delta: i64) -> Option<i64> {
+/// `old` (a decimal integer, absent = 0) plus `delta`: [`KnError::NotAnInteger`] when `old` is not a canonical
+/// decimal 64-bit integer, [`KnError::IncrOverflow`] when the sum does not fit.
+fn incremented(old: Option<&[u8]>, delta: i64) -> Result<i64, KnError> {
     let n = match old {
         None => 0,
         Some(b) => {
-            let s = std::str::from_utf8(b).ok()?;
-            let n: i64 = s.parse().ok()?;
+            let s = std::str::from_utf8(b).map_err(|_| KnError::NotAnInteger)?;
+            let n: i64 = s.parse().map_err(|_| KnError::NotAnInteger)?;
             // Only the canonical spelling counts ("+1", "01" and " 1" are not integers here).
             if n.to_string() != s {
-                return None;
+                return Err(KnError::NotAnInteger);
             }
             n
         }
     };
-    n.checked_add(delta)
+    n.checked_add(delta).ok_or(KnError::IncrOverflow)
 }
 
 /// One worker driven directly by the calling thread, without a queue: for benchmarks that measure the data path

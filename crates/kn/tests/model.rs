@@ -61,6 +61,7 @@ enum Op {
     Update(u8, usize),
     Delete(u8),
     Get(u8),
+    Probe(u8),
     GetSet(u8, usize),
     Incr(u8, i64),
     Append(u8, usize),
@@ -92,6 +93,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         2 => (any::<u8>().prop_map(|k| k % 48), size).prop_map(|(k, s)| Op::Update(k, s)),
         2 => any::<u8>().prop_map(|k| Op::Delete(k % 48)),
         8 => any::<u8>().prop_map(|k| Op::Get(k % 48)),
+        2 => any::<u8>().prop_map(|k| Op::Probe(k % 48)),
         1 => (any::<u8>().prop_map(|k| k % 48), 0usize..64).prop_map(|(k, s)| Op::GetSet(k, s)),
         1 => (any::<u8>().prop_map(|k| k % 48), -3i64..4).prop_map(|(k, d)| Op::Incr(k, d)),
         1 => (any::<u8>().prop_map(|k| k % 48), 0usize..64).prop_map(|(k, s)| Op::Append(k, s)),
@@ -163,19 +165,21 @@ fn run(
             }
             Op::Incr(k, delta) => {
                 let old = model.get(&key(k)).cloned();
-                let expected = match &old {
-                    None => Some(delta),
+                let current = match &old {
+                    None => Some(0),
                     Some(b) => std::str::from_utf8(b)
                         .ok()
-                        .and_then(|s| s.parse::<i64>().ok().filter(|n| n.to_string() == s))
-                        .and_then(|n| n.checked_add(delta)),
+                        .and_then(|s| s.parse::<i64>().ok().filter(|n| n.to_string() == s)),
                 };
+                // `Some(None)`: an integer, but the sum overflows.
+                let expected = current.map(|n| n.checked_add(delta));
                 match (h.incr(&key(k), delta), expected) {
-                    (Ok(n), Some(e)) => {
+                    (Ok(n), Some(Some(e))) => {
                         assert_eq!(n, e, "incr at op {i}");
                         model.insert(key(k), n.to_string().into_bytes());
                     }
                     (Err(dinomo_kn::KnError::NotAnInteger), None) => {}
+                    (Err(dinomo_kn::KnError::IncrOverflow), Some(None)) => {}
                     (got, e) => panic!("incr of {old:?} at op {i}: got {got:?}, expected {e:?}"),
                 }
             }
@@ -205,6 +209,15 @@ fn run(
                     h.get(&key(k))?,
                     model.get(&key(k)).cloned(),
                     "get of {:?} at op {i}",
+                    key(k)
+                );
+            }
+            Op::Probe(k) => {
+                let want = model.get(&key(k));
+                assert_eq!(
+                    (h.exists(&key(k))?, h.strlen(&key(k))?),
+                    (want.is_some(), want.map_or(0, |v| v.len() as u64)),
+                    "exists and strlen of {:?} at op {i}",
                     key(k)
                 );
             }

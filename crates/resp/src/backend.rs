@@ -26,13 +26,15 @@ pub enum Op {
     Incr(Vec<u8>, i64),
     /// Appends to the value (none = empty); the new length.
     Append(Vec<u8>, Vec<u8>),
+    /// The length of the value (none = 0), without the value.
+    Strlen(Vec<u8>),
 }
 
 impl Op {
     /// The key.
     pub fn key(&self) -> &[u8] {
         match self {
-            Op::Get(k) | Op::Exists(k) | Op::Delete(k) | Op::Incr(k, _) => k,
+            Op::Get(k) | Op::Exists(k) | Op::Strlen(k) | Op::Delete(k) | Op::Incr(k, _) => k,
             Op::Set(k, _) | Op::Insert(k, _) | Op::Update(k, _) | Op::GetSet(k, _) => k,
             Op::Append(k, _) => k,
         }
@@ -40,7 +42,7 @@ impl Op {
 
     /// Whether it may change data.
     pub fn is_write(&self) -> bool {
-        !matches!(self, Op::Get(_) | Op::Exists(_))
+        !matches!(self, Op::Get(_) | Op::Exists(_) | Op::Strlen(_))
     }
 }
 
@@ -51,7 +53,7 @@ pub enum Output {
     Value(Option<Vec<u8>>),
     /// Whether it held or applied (`Exists`, `Set`, `Insert`, `Update`, `Delete`).
     Applied(bool),
-    /// A number (`Incr`, `Append`).
+    /// A number (`Incr`, `Append`, `Strlen`).
     Int(i64),
 }
 
@@ -157,6 +159,14 @@ pub trait BackendConn: Send + 'static {
         }
     }
 
+    /// The length of the value at `key` (none = 0).
+    fn strlen(&mut self, key: &[u8]) -> Result<i64, BackendError> {
+        match self.run(Op::Strlen(key.to_vec()))? {
+            Output::Int(n) => Ok(n),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Appends to the value at `key`; the new length.
     fn append(&mut self, key: &[u8], suffix: &[u8]) -> Result<i64, BackendError> {
         match self.run(Op::Append(key.to_vec(), suffix.to_vec()))? {
@@ -222,6 +232,7 @@ impl MemoryBackend {
         Ok(match op {
             Op::Get(k) => Output::Value(map.get(&k).cloned()),
             Op::Exists(k) => Output::Applied(map.contains_key(&k)),
+            Op::Strlen(k) => Output::Int(map.get(&k).map_or(0, Vec::len) as i64),
             Op::Set(k, v) => {
                 self.check(v.len())?;
                 map.insert(k, v);
@@ -304,6 +315,7 @@ mod tests {
         assert_eq!(m.incr(b"k", 1), Ok(42));
         assert_eq!(m.incr(b"k", i64::MAX), Err(BackendError::Overflow));
         assert_eq!(m.append(b"k", b"x"), Ok(3));
+        assert_eq!((m.strlen(b"k"), m.strlen(b"absent")), (Ok(3), Ok(0)));
         assert_eq!(m.incr(b"k", 1), Err(BackendError::NotAnInteger));
         assert!(matches!(
             m.append(b"k", b"123456"),

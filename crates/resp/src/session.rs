@@ -99,10 +99,8 @@ enum Deferred {
     Values,
     /// `+OK` once all applied (`MSET`).
     AllOk,
-    /// A number (`INCR`, `APPEND`).
+    /// A number (`INCR`, `APPEND`, `STRLEN`).
     Int,
-    /// The value's length (`STRLEN`).
-    Len,
 }
 
 enum Pending {
@@ -288,7 +286,7 @@ impl<C: BackendConn> Session<C> {
             }
             CommandId::Strlen => {
                 let key = take(&mut args, 1);
-                self.defer(Deferred::Len, [Op::Get(key)]);
+                self.defer(Deferred::Int, [Op::Strlen(key)]);
             }
             CommandId::Ping => match args.len() {
                 1 => self.reply(out, |w| w.simple(b"PONG")),
@@ -932,9 +930,6 @@ impl<C: BackendConn> Session<C> {
             }
             (Deferred::AllOk, _) => w.ok(),
             (Deferred::Int, Some(Output::Int(n))) => w.integer(*n),
-            (Deferred::Len, Some(Output::Value(v))) => {
-                w.integer(v.as_ref().map_or(0, Vec::len) as i64)
-            }
             (_, o) => {
                 counts.errors += 1;
                 w.err(&format!("the store answered with an unexpected {o:?}"));

@@ -270,9 +270,16 @@ pub(crate) fn run(
         .collect();
     let (kv_nodes, kn_threads) = store.layout();
     // A running cluster does not say how its nodes were started, but its statistics list their workers.
-    let kn_threads = kn_threads.or_else(|| end_snapshot.nodes.first().map(|n| n.threads.len()));
+    let kn_threads = kn_threads.or_else(|| {
+        end_snapshot
+            .nodes
+            .as_ref()
+            .and_then(|n| n.first())
+            .map(|n| n.threads.len())
+    });
     Ok(report::assemble(
         opts,
+        store.identity(),
         kv_nodes,
         kn_threads,
         load_result,

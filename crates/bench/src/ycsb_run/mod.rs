@@ -1,6 +1,7 @@
 //! `dinomo bench ycsb`: YCSB workloads against a store, measured end to end.
 //!
-//! A run starts (or reaches) the store under test ([`target`]), loads `records` records with pipelined writes,
+//! A run starts (or reaches) the store under test ([`target`]: DINOMO in this process or over its native protocol,
+//! or any server speaking the Redis protocol), loads `records` records with pipelined writes,
 //! then drives `clients` closed-loop client threads, each keeping up to `outstanding` operations in flight, through
 //! a warm-up and a measured phase. It reports throughput, latency percentiles (HdrHistogram), what each operation
 //! cost the system — fabric round trips and bytes, KV-node and memory-node CPU time, group commits — the cache's
@@ -11,11 +12,13 @@
 //!
 //! Resource figures are deltas of the counters the system keeps, taken just before the measured phase starts and
 //! just after it ends, divided by the operations completed in it; the operations in flight across either edge
-//! (at most `clients × outstanding`) make them approximate by that much.
+//! (at most `clients × outstanding`) make them approximate by that much. A target that cannot read them (a RESP
+//! server, [`resp`]) reports them as absent.
 
 mod driver;
 pub mod report;
 mod resources;
+pub mod resp;
 pub mod target;
 
 use std::time::Duration;
@@ -29,7 +32,7 @@ use crate::ycsb::{
 
 pub use report::{PlotKind, YcsbReport, YcsbSweep, load_reports, plot};
 pub use resources::CpuRole;
-pub use target::{Session, Store, StoreError, StoreOp, StoreReply};
+pub use target::{ServerIdentity, Session, Store, StoreError, StoreOp, StoreReply};
 
 /// Most client threads a run may have.
 pub const MAX_CLIENTS: usize = 4096;
@@ -128,14 +131,18 @@ pub enum TargetOptions {
     InProcess(InProcessOptions),
     /// A running cluster, reached over the network through its routing nodes.
     Native(NativeOptions),
+    /// Any server speaking the Redis protocol (a dinomo KV node's RESP port, a redis-server), through `GET` and
+    /// `SET`. Its internal counters cannot be read: the report leaves them out.
+    Resp(RespOptions),
 }
 
 impl TargetOptions {
-    /// "in-process" or "native".
+    /// "in-process", "native" or "resp".
     pub fn name(&self) -> &'static str {
         match self {
             TargetOptions::InProcess(_) => "in-process",
             TargetOptions::Native(_) => "native",
+            TargetOptions::Resp(_) => "resp",
         }
     }
 }
@@ -191,6 +198,16 @@ pub struct NativeOptions {
     pub token: String,
 }
 
+/// Settings of a RESP server.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RespOptions {
+    /// Its addresses (HOST:PORT); client sessions take them in turn, one connection each.
+    pub addrs: Vec<String>,
+    /// The password sent with `AUTH` on every connection; empty for none (never written to reports).
+    #[serde(skip)]
+    pub password: String,
+}
+
 /// Settings of one run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct YcsbOptions {
@@ -210,7 +227,8 @@ pub struct YcsbOptions {
     pub value_bytes: usize,
     /// Closed-loop client threads. Default 8.
     pub clients: usize,
-    /// Operations each client keeps in flight (pipelined over one connection per node). Default 1.
+    /// Operations each client keeps in flight (pipelined over one connection per node, or over its one RESP
+    /// connection). Default 1.
     pub outstanding: usize,
     /// Warm-up before the measured phase, in seconds. Default 2.
     pub warmup_secs: f64,
@@ -317,6 +335,12 @@ impl YcsbOptions {
                 ensure!(
                     !n.seeds.is_empty(),
                     "--target native needs the address of a routing node (--seed HOST:PORT)"
+                );
+            }
+            TargetOptions::Resp(r) => {
+                ensure!(
+                    !r.addrs.is_empty(),
+                    "--target resp needs the address of a RESP server (--resp HOST:PORT)"
                 );
             }
         }
@@ -445,6 +469,10 @@ mod tests {
             },
             YcsbOptions {
                 target: TargetOptions::Native(NativeOptions::default()),
+                ..ok.clone()
+            },
+            YcsbOptions {
+                target: TargetOptions::Resp(RespOptions::default()),
                 ..ok.clone()
             },
             YcsbOptions {

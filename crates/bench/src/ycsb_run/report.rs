@@ -3,7 +3,8 @@
 //!
 //! Everything a model needs per operation is in [`YcsbReport::resources`]: fabric round trips and bytes, lookups and
 //! writes reaching the KV nodes, group commits, and CPU time by role (KV-node workers, KV-node network threads,
-//! memory-node merge and RPC threads, the benchmark's clients) when the cluster runs in this process.
+//! memory-node merge and RPC threads, the benchmark's clients) when the cluster runs in this process. A target that
+//! cannot read a store's counters (a RESP server) leaves those parts out (`None`), never reports them as zero.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -15,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::driver::latency_histogram;
 use super::resources::{CacheState, CpuRole, Deltas, WorkerTotals};
-use super::target::StoreError;
+use super::target::{ServerIdentity, StoreError};
 use super::{TargetOptions, YcsbOptions};
 use crate::format::rate;
 use crate::svg;
@@ -368,12 +369,16 @@ pub struct YcsbReport {
     pub host: Host,
     /// Its settings.
     pub options: YcsbOptions,
-    /// The system ("dinomo").
+    /// The system: "dinomo", or over RESP what the server says it is ("dinomo", "redis"; "resp" when it does
+    /// not say).
     pub system: String,
-    /// "in-process" or "native".
+    /// The server's version as it reports it (RESP targets).
+    #[serde(default)]
+    pub server_version: Option<String>,
+    /// "in-process", "native" or "resp".
     pub target: String,
-    /// KV nodes serving at the end.
-    pub kv_nodes: usize,
+    /// KV nodes serving at the end; `None` when the target cannot tell (RESP).
+    pub kv_nodes: Option<usize>,
     /// Worker threads per KV node, when known.
     pub kn_threads: Option<usize>,
     /// The load phase, if there was one.
@@ -382,13 +387,13 @@ pub struct YcsbReport {
     pub measured: Measured,
     /// Latency of every operation.
     pub latency: Latency,
-    /// Resources, in all and per operation.
-    pub resources: Resources,
-    /// Where lookups were answered.
-    pub cache: CacheReport,
+    /// Resources, in all and per operation; `None` when the KV nodes' counters cannot be read (RESP).
+    pub resources: Option<Resources>,
+    /// Where lookups were answered; `None` when the KV nodes' counters cannot be read (RESP).
+    pub cache: Option<CacheReport>,
     /// The memory node's merging, when it can be read.
     pub merge: Option<MergeReport>,
-    /// Each KV node.
+    /// Each KV node (none when their counters cannot be read).
     pub nodes: Vec<NodeReport>,
     /// Per second.
     pub timeline: Vec<Second>,
@@ -402,7 +407,8 @@ fn ratio(a: u64, b: u64) -> f64 {
 #[allow(clippy::too_many_arguments, reason = "one call site, each part named")]
 pub(crate) fn assemble(
     opts: &YcsbOptions,
-    kv_nodes: usize,
+    identity: Option<ServerIdentity>,
+    kv_nodes: Option<usize>,
     kn_threads: Option<usize>,
     load: Option<LoadResult>,
     outcomes: Outcomes,
@@ -493,6 +499,11 @@ pub(crate) fn assemble(
             bytes_in: n.bytes_in,
         })
         .collect();
+    let seen = deltas.kv_counters;
+    let (system, server_version) = match identity {
+        Some(id) => (id.system, id.version),
+        None => (opts.system.name().to_string(), None),
+    };
     YcsbReport {
         tool: "dinomo bench ycsb".into(),
         version: env!("CARGO_PKG_VERSION").into(),
@@ -502,7 +513,8 @@ pub(crate) fn assemble(
             os: std::env::consts::OS.into(),
         },
         options: opts.clone(),
-        system: opts.system.name().into(),
+        system,
+        server_version,
         target: opts.target.name().into(),
         kv_nodes,
         kn_threads,
@@ -522,13 +534,13 @@ pub(crate) fn assemble(
             },
         },
         latency: Latency::of(&outcomes.all),
-        resources: Resources {
+        resources: seen.then(|| Resources {
             totals: t,
             cpu_ns: cpu,
             per_op,
             writes_per_commit: ratio(t.writes, t.commits),
-        },
-        cache: CacheReport {
+        }),
+        cache: seen.then_some(CacheReport {
             lookups: t.lookups,
             value_hits: t.value_hits,
             shortcut_hits: t.shortcut_hits,
@@ -537,7 +549,7 @@ pub(crate) fn assemble(
             stale_shortcuts: t.stale_shortcuts,
             ratios,
             state: deltas.cache,
-        },
+        }),
         merge,
         nodes,
         timeline,
@@ -569,14 +581,13 @@ fn bytes(v: u64) -> String {
 
 impl YcsbReport {
     /// A name for this run's files: `ycsb-a-zipf0.99-v1024-2kn`, with the system after `ycsb-` for systems other
-    /// than DINOMO (`ycsb-dinomo-n-a-zipf0.99-v1024-2kn`).
+    /// than DINOMO (`ycsb-dinomo-n-a-zipf0.99-v1024-2kn`), or over RESP, where the server names itself,
+    /// `ycsb-a-zipf0.99-v1024-resp-redis`.
     pub fn file_stem(&self) -> String {
-        format!(
-            "ycsb-{}{}-{}kn",
-            self.system_prefix(),
-            self.base_stem(),
-            self.kv_nodes
-        )
+        match self.kv_nodes {
+            Some(n) => format!("ycsb-{}{}-{n}kn", self.system_prefix(), self.base_stem()),
+            None => format!("ycsb-{}-{}", self.base_stem(), self.target_part()),
+        }
     }
 
     /// `SYSTEM-` for systems other than DINOMO, else nothing.
@@ -586,6 +597,16 @@ impl YcsbReport {
         } else {
             format!("{}-", self.system)
         }
+    }
+
+    /// `TARGET-SYSTEM` (`resp-redis`), for a target that cannot tell its KV nodes.
+    fn target_part(&self) -> String {
+        let system: String = self
+            .system
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+            .collect();
+        format!("{}-{system}", self.target)
     }
 
     /// The workload, distribution and value size part of [`YcsbReport::file_stem`]: `a-zipf0.99-v1024`.
@@ -609,6 +630,14 @@ impl YcsbReport {
             })
             .collect();
         format!("{workload}-{dist}-v{}", self.options.value_bytes)
+    }
+
+    /// "2 KV node(s)", or "KV nodes unknown".
+    fn nodes_text(&self) -> String {
+        self.kv_nodes.map_or_else(
+            || "KV nodes unknown".to_string(),
+            |n| format!("{n} KV node(s)"),
+        )
     }
 
     /// The workload line: "workload a (read 50%, update 50%)".
@@ -639,19 +668,27 @@ impl YcsbReport {
         );
         let target = match &o.target {
             TargetOptions::InProcess(p) => format!(
-                "{} in-process: {} KV node(s) × {} worker(s), {} cache per node ({}), fabric latency {} ns",
+                "{} in-process: {} × {} worker(s), {} cache per node ({}), fabric latency {} ns",
                 self.system,
-                self.kv_nodes,
+                self.nodes_text(),
                 p.kn_threads,
                 bytes(p.cache_bytes),
                 p.policy,
                 p.latency_ns
             ),
             TargetOptions::Native(n) => format!(
-                "{} at {}: {} KV node(s)",
+                "{} at {}: {}",
                 self.system,
                 n.seeds.join(", "),
-                self.kv_nodes
+                self.nodes_text()
+            ),
+            TargetOptions::Resp(r) => format!(
+                "{}{} over RESP at {}",
+                self.system,
+                self.server_version
+                    .as_ref()
+                    .map_or(String::new(), |v| format!(" {v}")),
+                r.addrs.join(", ")
             ),
         };
         let _ = writeln!(
@@ -707,7 +744,15 @@ impl YcsbReport {
                 us(k.latency.p999_us)
             );
         }
-        let p = &self.resources.per_op;
+        let (Some(resources), Some(c)) = (&self.resources, &self.cache) else {
+            let _ = writeln!(
+                s,
+                "server:  its counters are not collected through RESP: no round trips, cache hits, merge backlog or \
+                 server CPU time"
+            );
+            return s;
+        };
+        let p = &resources.per_op;
         let _ = writeln!(
             s,
             "per op:  {:.3} fabric round trips, {:.0} B out, {:.0} B in; {:.3} lookups, {:.3} writes in {:.3} group commits ({:.1} writes each)",
@@ -717,7 +762,7 @@ impl YcsbReport {
             p.lookups,
             p.writes,
             p.commits,
-            self.resources.writes_per_commit
+            resources.writes_per_commit
         );
         if let (Some(w), Some(n), Some(mm), Some(mr), Some(c)) = (
             p.kn_worker_cpu_us,
@@ -736,7 +781,6 @@ impl YcsbReport {
                 us(c)
             );
         }
-        let c = &self.cache;
         match c.ratios {
             Some(r) => {
                 let _ = writeln!(
@@ -827,8 +871,11 @@ impl YcsbReport {
             },
         ];
         let title = format!(
-            "YCSB {} {}, {} KV node(s)",
-            self.options.workload, self.options.distribution, self.kv_nodes
+            "YCSB {} {}, {}, {}",
+            self.options.workload,
+            self.options.distribution,
+            self.system,
+            self.nodes_text()
         );
         svg::render(&[
             svg::Panel {
@@ -863,13 +910,22 @@ impl YcsbSweep {
         let Some(first) = self.runs.first() else {
             return "ycsb-sweep".to_string();
         };
-        let nodes: Vec<String> = self.runs.iter().map(|r| r.kv_nodes.to_string()).collect();
-        format!(
-            "ycsb-{}sweep-{}-{}kn",
-            first.system_prefix(),
-            first.base_stem(),
-            nodes.join("-")
-        )
+        let nodes: Vec<String> = self
+            .runs
+            .iter()
+            .map(|r| {
+                r.kv_nodes
+                    .map_or_else(|| "x".to_string(), |n| n.to_string())
+            })
+            .collect();
+        let (prefix, base) = match first.kv_nodes {
+            Some(_) => (first.system_prefix(), first.base_stem()),
+            None => (
+                String::new(),
+                format!("{}-{}", first.base_stem(), first.target),
+            ),
+        };
+        format!("ycsb-{prefix}sweep-{base}-{}kn", nodes.join("-"))
     }
 
     /// One line per run.
@@ -887,25 +943,27 @@ impl YcsbSweep {
             "miss",
             "errors"
         );
+        // What a run could not see is shown as "-".
+        let pct =
+            |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{:.1}%", v * 100.0));
         for r in &self.runs {
-            let h = r.cache.ratios.unwrap_or(HitRatios {
-                value: 0.0,
-                shortcut: 0.0,
-                log: 0.0,
-                miss: 0.0,
-            });
+            let h = r.cache.as_ref().and_then(|c| c.ratios);
             let _ = writeln!(
                 s,
-                "{:>5}  {:>10}  {:>8}  {:>8}  {:>7.3}  {:>5.1}%  {:>5.1}%  {:>5.1}%  {:>5.1}%  {:>6}",
-                r.kv_nodes,
+                "{:>5}  {:>10}  {:>8}  {:>8}  {:>7}  {:>6}  {:>6}  {:>6}  {:>6}  {:>6}",
+                r.kv_nodes
+                    .map_or_else(|| "-".to_string(), |n| n.to_string()),
                 rate(r.measured.ops_per_s),
                 us(r.latency.p50_us),
                 us(r.latency.p99_us),
-                r.resources.per_op.round_trips,
-                h.value * 100.0,
-                h.shortcut * 100.0,
-                h.log * 100.0,
-                h.miss * 100.0,
+                r.resources.as_ref().map_or_else(
+                    || "-".to_string(),
+                    |x| format!("{:.3}", x.per_op.round_trips)
+                ),
+                pct(h.map(|h| h.value)),
+                pct(h.map(|h| h.shortcut)),
+                pct(h.map(|h| h.log)),
+                pct(h.map(|h| h.miss)),
                 r.measured.errors.total()
             );
         }
@@ -918,20 +976,22 @@ impl YcsbSweep {
             "kv_nodes,ops_per_s,p50_us,p90_us,p99_us,p999_us,round_trips_per_op,bytes_out_per_op,bytes_in_per_op,value_hit,shortcut_hit,log_hit,miss,errors\n",
         );
         for r in &self.runs {
-            let h = r.cache.ratios;
+            let h = r.cache.as_ref().and_then(|c| c.ratios);
+            let per = r.resources.as_ref().map(|x| &x.per_op);
             let f = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.4}"));
+            let f1 = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.1}"));
             let _ = writeln!(
                 s,
-                "{},{:.0},{:.1},{:.1},{:.1},{:.1},{:.4},{:.1},{:.1},{},{},{},{},{}",
-                r.kv_nodes,
+                "{},{:.0},{:.1},{:.1},{:.1},{:.1},{},{},{},{},{},{},{},{}",
+                r.kv_nodes.map_or(String::new(), |n| n.to_string()),
                 r.measured.ops_per_s,
                 r.latency.p50_us,
                 r.latency.p90_us,
                 r.latency.p99_us,
                 r.latency.p999_us,
-                r.resources.per_op.round_trips,
-                r.resources.per_op.bytes_out,
-                r.resources.per_op.bytes_in,
+                f(per.map(|p| p.round_trips)),
+                f1(per.map(|p| p.bytes_out)),
+                f1(per.map(|p| p.bytes_in)),
                 f(h.map(|h| h.value)),
                 f(h.map(|h| h.shortcut)),
                 f(h.map(|h| h.log)),
@@ -995,10 +1055,11 @@ pub(crate) fn series_label(r: &YcsbReport) -> String {
     label
 }
 
-/// Runs grouped into series by [`series_label`], each sorted by node count.
+/// Runs grouped into series by [`series_label`], each sorted by node count; runs whose node count is unknown
+/// (RESP) cannot be placed on that axis and are left out.
 fn series_of(runs: &[YcsbReport]) -> BTreeMap<String, Vec<&YcsbReport>> {
     let mut groups: BTreeMap<String, Vec<&YcsbReport>> = BTreeMap::new();
-    for r in runs {
+    for r in runs.iter().filter(|r| r.kv_nodes.is_some()) {
         groups.entry(series_label(r)).or_default().push(r);
     }
     for g in groups.values_mut() {
@@ -1020,17 +1081,20 @@ fn plot_panels(kinds: &[PlotKind], runs: &[YcsbReport]) -> String {
     for &kind in kinds {
         let mut series = Vec::new();
         for (label, g) in &groups {
-            let points = |f: &dyn Fn(&YcsbReport) -> f64| -> Vec<(f64, f64)> {
-                g.iter().map(|r| (r.kv_nodes as f64, f(r))).collect()
+            // A run that could not see a quantity has no point for it.
+            let points = |f: &dyn Fn(&YcsbReport) -> Option<f64>| -> Vec<(f64, f64)> {
+                g.iter()
+                    .filter_map(|r| Some((r.kv_nodes? as f64, f(r)?)))
+                    .collect()
             };
             match kind {
                 PlotKind::Nodes => series.push(svg::Series {
                     name: label.clone(),
-                    points: points(&|r| r.measured.ops_per_s / 1e3),
+                    points: points(&|r| Some(r.measured.ops_per_s / 1e3)),
                 }),
                 PlotKind::RoundTrips => series.push(svg::Series {
                     name: label.clone(),
-                    points: points(&|r| r.resources.per_op.round_trips),
+                    points: points(&|r| r.resources.as_ref().map(|x| x.per_op.round_trips)),
                 }),
                 PlotKind::HitRatios => {
                     type Pick = fn(&HitRatios) -> f64;
@@ -1047,7 +1111,10 @@ fn plot_panels(kinds: &[PlotKind], runs: &[YcsbReport]) -> String {
                             } else {
                                 name.to_string()
                             },
-                            points: points(&|r| r.cache.ratios.as_ref().map_or(0.0, pick) * 100.0),
+                            points: points(&|r| {
+                                let c = r.cache.as_ref()?;
+                                Some(c.ratios.as_ref().map_or(0.0, pick) * 100.0)
+                            }),
                         });
                     }
                 }

@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 /// The store's counters at one moment.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
-    /// Every KV node in the routing table.
-    pub nodes: Vec<NodeCounters>,
+    /// Every KV node in the routing table; `None` when the target cannot read them (a RESP server).
+    pub nodes: Option<Vec<NodeCounters>>,
     /// The memory node's processor, if it can be read.
     pub memory: Option<ProcessorStats>,
     /// Thread CPU times of this process, if the cluster runs in it.
@@ -230,6 +230,9 @@ impl CacheState {
 /// What changed between two snapshots.
 #[derive(Debug, Clone, Default)]
 pub struct Deltas {
+    /// Whether the KV nodes' counters were read at both ends; when not, the totals, nodes and caches below are
+    /// empty and mean nothing.
+    pub kv_counters: bool,
     /// All KV nodes together.
     pub totals: WorkerTotals,
     /// Each KV node: id, key-space share, its counters.
@@ -245,16 +248,19 @@ pub struct Deltas {
 /// The counters' changes from `start` to `end`, matched by node id and thread.
 pub fn diff(start: &Snapshot, end: &Snapshot) -> Deltas {
     let mut out = Deltas::default();
-    for node in &end.nodes {
-        let before = start.nodes.iter().find(|n| n.node_id == node.node_id);
-        let mut totals = WorkerTotals::default();
-        for (i, t) in node.threads.iter().enumerate() {
-            let b = before.and_then(|n| n.threads.get(i));
-            totals.add_delta(b, t);
-            out.totals.add_delta(b, t);
-            out.cache.add_delta(b.map(|s| &s.cache), &t.cache);
+    if let (Some(start_nodes), Some(end_nodes)) = (&start.nodes, &end.nodes) {
+        out.kv_counters = true;
+        for node in end_nodes {
+            let before = start_nodes.iter().find(|n| n.node_id == node.node_id);
+            let mut totals = WorkerTotals::default();
+            for (i, t) in node.threads.iter().enumerate() {
+                let b = before.and_then(|n| n.threads.get(i));
+                totals.add_delta(b, t);
+                out.totals.add_delta(b, t);
+                out.cache.add_delta(b.map(|s| &s.cache), &t.cache);
+            }
+            out.per_node.push((node.node_id, node.share, totals));
         }
-        out.per_node.push((node.node_id, node.share, totals));
     }
     out.memory = start.memory.clone().zip(end.memory.clone());
     out.cpu = match (&start.cpu, &end.cpu) {
@@ -280,15 +286,15 @@ mod tests {
     #[test]
     fn deltas_match_nodes_and_threads() {
         let start = Snapshot {
-            nodes: vec![NodeCounters {
+            nodes: Some(vec![NodeCounters {
                 node_id: 1,
                 share: 0.5,
                 threads: vec![worker(10, 5, 100), worker(20, 0, 200)],
-            }],
+            }]),
             ..Snapshot::default()
         };
         let end = Snapshot {
-            nodes: vec![
+            nodes: Some(vec![
                 NodeCounters {
                     node_id: 1,
                     share: 0.5,
@@ -300,7 +306,7 @@ mod tests {
                     share: 0.5,
                     threads: vec![worker(7, 7, 0)],
                 },
-            ],
+            ]),
             ..Snapshot::default()
         };
         let d = diff(&start, &end);
@@ -310,7 +316,10 @@ mod tests {
         assert_eq!(d.totals.misses(), 22 - 12);
         assert_eq!(d.per_node.len(), 2);
         assert_eq!(d.per_node[0].2.lookups, 15);
-        assert!(d.memory.is_none() && d.cpu.is_none());
+        assert!(d.kv_counters && d.memory.is_none() && d.cpu.is_none());
+        // A target that cannot read the KV nodes says so rather than reporting zeros.
+        let unseen = diff(&Snapshot::default(), &Snapshot::default());
+        assert!(!unseen.kv_counters && unseen.per_node.is_empty());
     }
 
     #[test]

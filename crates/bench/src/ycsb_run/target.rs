@@ -1,6 +1,7 @@
 //! The store under test, as the benchmark sees it: sessions that pipeline gets and sets, and snapshots of the
 //! counters the store keeps. DINOMO over its native protocol implements it, started in this process or running
-//! elsewhere; another front door (RESP) or another system implements [`Store`] and [`Session`] the same way.
+//! elsewhere; any server speaking the Redis protocol implements them in [`super::resp`], and another system would
+//! implement [`Store`] and [`Session`] the same way.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,6 +17,7 @@ use dinomo_fabric::{Connector, Endpoint, Target};
 use dinomo_kn::{DataOp, KnConfig};
 
 use super::resources::{CpuTimes, NodeCounters, Snapshot};
+use super::resp::RespStore;
 use super::{InProcessOptions, NativeOptions, Progress, TargetOptions, YcsbOptions};
 
 /// One operation a benchmark client sends.
@@ -60,17 +62,30 @@ pub trait Session: Send {
     fn outstanding(&self) -> usize;
 }
 
+/// What the server under test says it is, when the target can ask.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerIdentity {
+    /// "dinomo", "redis", or "resp" for a server that does not say.
+    pub system: String,
+    /// Its version, as it reports it.
+    pub version: Option<String>,
+}
+
 /// The store under test.
 pub trait Store: Send + Sync {
     /// A new client session.
     fn session(&self) -> anyhow::Result<Box<dyn Session>>;
     /// The store's counters now: every KV node's workers, the memory node's processor and the process's thread
-    /// CPU times where they can be read.
+    /// CPU times, each where it can be read.
     fn snapshot(&self) -> anyhow::Result<Snapshot>;
     /// The memory node's processor statistics alone (cheap; sampled every second), if they can be read.
     fn memory_stats(&self) -> Option<ProcessorStats>;
-    /// How many KV nodes serve, and with how many worker threads each (if known).
-    fn layout(&self) -> (usize, Option<usize>);
+    /// How many KV nodes serve, and with how many worker threads each, where known.
+    fn layout(&self) -> (Option<usize>, Option<usize>);
+    /// What the server says it is; `None` when the target is known without asking (DINOMO over its own protocol).
+    fn identity(&self) -> Option<ServerIdentity> {
+        None
+    }
 }
 
 /// Starts or reaches the store `opts` asks for.
@@ -97,6 +112,17 @@ pub fn open(
                 n.seeds.join(", ")
             )));
             Ok(Box::new(DinomoStore::native(n, client)?))
+        }
+        TargetOptions::Resp(r) => {
+            progress(Progress::Phase(format!(
+                "connecting to the RESP server at {}",
+                r.addrs.join(", ")
+            )));
+            Ok(Box::new(RespStore::open(
+                r,
+                opts.op_timeout(),
+                opts.value_bytes,
+            )?))
         }
     }
 }
@@ -247,7 +273,7 @@ impl Store for DinomoStore {
         }
         drop(stats);
         Ok(Snapshot {
-            nodes: counters,
+            nodes: Some(counters),
             memory: self.memory_stats(),
             cpu,
         })
@@ -264,13 +290,12 @@ impl Store for DinomoStore {
         }
     }
 
-    fn layout(&self) -> (usize, Option<usize>) {
+    fn layout(&self) -> (Option<usize>, Option<usize>) {
         let nodes = self
             .stats
             .lock()
             .ok()
-            .and_then(|s| s.routing().map(|r| r.ring.len()))
-            .unwrap_or(0);
+            .and_then(|s| s.routing().map(|r| r.ring.len()));
         (nodes, self.kn_threads)
     }
 }
