@@ -1,0 +1,1 @@
+//! CentralDS (pDPM §4.3).
