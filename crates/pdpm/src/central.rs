@@ -89,9 +89,17 @@ impl CentralLayout {
     }
 
     fn check(&self) -> Result<(), PdpmError> {
-        if self.blocks == 0 || self.blocks > u32::MAX as u64 || self.max_key > u16::MAX as u32 {
+        let area = self
+            .blocks
+            .checked_mul(self.block_len())
+            .and_then(|n| n.checked_add(HEADER_LEN));
+        if self.blocks == 0
+            || self.blocks > u32::MAX as u64
+            || self.max_key > u16::MAX as u32
+            || area.is_none()
+        {
             return Err(PdpmError::Config(format!(
-                "block area needs 0 < blocks < 2^32 and max_key <= 65535: {self:?}"
+                "block area needs 0 < blocks < 2^32, max_key <= 65535 and a size that fits 64 bits: {self:?}"
             )));
         }
         Ok(())
@@ -951,5 +959,45 @@ mod tests {
         }
         let h = l.encode();
         assert_eq!(CentralLayout::decode(&h), Ok(l));
+    }
+
+    #[test]
+    fn commits_of_blocks_not_granted_to_the_client_are_refused() {
+        use dinomo_fabric::{NodeConfig, Target};
+        let pool = Arc::new(Pool::anonymous(8 << 20, 1 << 20).unwrap());
+        format(
+            &pool,
+            &CentralLayout {
+                blocks: 8,
+                ..CentralLayout::default()
+            },
+        )
+        .unwrap();
+        let node = MemoryNode::new(pool, NodeConfig::default());
+        let coordinator = Coordinator::new(
+            &[Connector::new(Target::InProcess(node))],
+            CoordinatorConfig::default(),
+        )
+        .unwrap();
+        let granted = coordinator.grant(1, 2).unwrap();
+        let commit = |client: u32, location: Location| {
+            coordinator.commit(CommitRequest {
+                client,
+                key: b"k".to_vec(),
+                location,
+                version: 7,
+            })
+        };
+        // Another client's grant, a block never granted, a location of the wrong size.
+        assert!(commit(2, granted[0].clone()).is_err());
+        let never = BlockRef { node: 0, block: 7 };
+        assert!(granted.iter().all(|l| l.0[0] != never));
+        assert!(commit(1, Location(vec![never])).is_err());
+        assert!(commit(1, Location(vec![])).is_err());
+        // The rightful commit succeeds once, and the same blocks cannot be committed twice.
+        commit(1, granted[0].clone()).unwrap();
+        assert!(commit(1, granted[0].clone()).is_err());
+        assert_eq!(coordinator.lookup(b"k").map(|c| c.version), Some(7));
+        assert_eq!(coordinator.free_blocks(), vec![6]);
     }
 }

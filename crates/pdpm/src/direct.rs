@@ -103,9 +103,18 @@ impl DirectLayout {
     }
 
     fn check(&self) -> Result<(), PdpmError> {
-        if self.slots == 0 || self.replication == 0 || self.max_key > u16::MAX as u32 {
+        let table = (self.replication as u64)
+            .checked_mul(self.slots)
+            .and_then(|n| n.checked_mul(self.slot_len()))
+            .and_then(|n| n.checked_add(HEADER_LEN));
+        if self.slots == 0
+            || self.replication == 0
+            || self.max_key > u16::MAX as u32
+            || table.is_none()
+        {
             return Err(PdpmError::Config(format!(
-                "slot table needs slots > 0, replication > 0 and max_key <= 65535: {self:?}"
+                "slot table needs slots > 0, replication > 0, max_key <= 65535 and a size that fits 64 bits: \
+                 {self:?}"
             )));
         }
         Ok(())
