@@ -206,7 +206,13 @@ fn concurrent_increments_are_never_lost_and_reads_are_never_torn() -> Result<()>
             for t in 0..THREADS {
                 let connectors = n.connectors(false);
                 handles.push(s.spawn(move || -> Result<()> {
-                    let mut c = DirectClient::connect(&connectors, DirectSettings::default())?;
+                    // No client crashes here: a lease far above any scheduling stall on a loaded machine.
+                    let settings = DirectSettings {
+                        lock_lease: Duration::from_secs(60),
+                        lock_wait: Duration::from_secs(120),
+                        ..DirectSettings::default()
+                    };
+                    let mut c = DirectClient::connect(&connectors, settings)?;
                     for i in 0..INCREMENTS {
                         let key = counters[(t + i) % 2];
                         c.update(key, |old| {
