@@ -228,7 +228,12 @@ fn concurrent_increments_are_never_lost_and_reads_are_never_torn() -> Result<()>
             // A reader checks every value it sees is whole: 16 equal words, never decreasing.
             let connectors = n.connectors(false);
             handles.push(s.spawn(move || -> Result<()> {
-                let mut c = DirectClient::connect(&connectors, DirectSettings::default())?;
+                let settings = DirectSettings {
+                    lock_lease: Duration::from_secs(60),
+                    lock_wait: Duration::from_secs(120),
+                    ..DirectSettings::default()
+                };
+                let mut c = DirectClient::connect(&connectors, settings)?;
                 let mut last = [0u64; 2];
                 for _ in 0..200 {
                     for (i, key) in counters.iter().enumerate() {
