@@ -1,0 +1,1040 @@
+//! DirectDS and DirectDS-C (pDPM §4.2): compute nodes access memory nodes only with one-sided verbs.
+//!
+//! **Placement.** A key's primary memory node is `hash(key) mod M`; its replicas are the next `R − 1` nodes. Each
+//! memory node holds one slot table (anchored in root slot [`crate::roots::DIRECT_TABLE`]) with `R` sections of
+//! `slots` slots: section `j` of node `n` mirrors the slots of node `n − j`, so a key lives at the same slot index
+//! in section 0 of its primary and section `j` of its `j`-th replica. The slot index is found by linear probing
+//! from a second hash on the primary; the key is stored in the slot, and a slot once given to a key stays with it
+//! (a delete writes a tombstone), so the key → slot mapping a client caches (the paper's compute-node metadata)
+//! never goes stale.
+//!
+//! **Slot.** `[lock word: 8 B][committed copy][redo copy]`, each copy `[word0: 8][key len: 2][flags: 2][value len:
+//! 4][key][value]` plus, for DirectDS, `word0` again in the next aligned word after the value: word0 is a marker
+//! unique to the write (client id and sequence), so a copy is whole iff its first and last 8 bytes match (writes
+//! land in increasing address order and persistent memory fails atomically per aligned 8 bytes). For DirectDS-C word0 holds a CRC32C
+//! of the rest. An all-zero word0 is a copy never written.
+//!
+//! **Write** (6 round trips with R = 1, 2 carrying data; Table 1): CAS the primary's lock word, WRITE the redo
+//! copies, READ their last bytes (persistence validation), WRITE the committed copies, validate, WRITE 0 to the lock.
+//! With `R` replicas every step reaches the `R` nodes one after another (the fabric has no multi-endpoint post), so
+//! the fabric counts `2 + 4R` round trips while the protocol still has 6 steps ([`DirectClient::protocol_steps`]).
+//! **Read**: DirectDS locks, READs the committed copy and unlocks (3); DirectDS-C READs and checks the CRC,
+//! retrying a torn copy (1).
+//!
+//! **Recovery.** A lock word unchanged for longer than the lease belongs to a crashed client. The client that
+//! takes it over (CAS from the stale value) restores the slot: a whole committed copy stays (the old value, or the
+//! new one if the crashed write had finished it); a torn committed copy means the crashed write had validated its
+//! redo copy and started to commit, so the redo copy is copied over it. The result is then written to the replicas.
+//! DirectDS reads take the lock and so recover; a DirectDS-C read that finds a whole committed copy does not touch
+//! the lock, so a crashed writer's replicas are brought in line by the next writer (or by a read that kept finding
+//! a torn copy and fell back to locking).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use dinomo_fabric::{Batch, Connector, DATA_REGION, Endpoint, ROOTS_REGION, RegionInfo};
+use dinomo_pool::Pool;
+use serde::{Deserialize, Serialize};
+
+use crate::{PdpmError, PdpmStore, hash, new_client_id, roots, tags};
+
+const MAGIC: &[u8; 8] = b"PDPMDIR1";
+const FORMAT_VERSION: u32 = 1;
+const HEADER_LEN: u64 = 64;
+const COPY_HEADER: usize = 16;
+const FLAG_VALUE: u16 = 1;
+const FLAG_TOMBSTONE: u16 = 2;
+/// Set in word0 of a DirectDS-C copy so that a written copy never has word0 == 0.
+const CRC_PRESENT: u64 = 1 << 32;
+/// Seed of the hash that picks the slot (the node hash uses the settings' seed).
+const SLOT_SEED: u64 = 0x5107_5107_5107_5107;
+
+/// How a copy proves it is whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Flavor {
+    /// DirectDS: the same unique 8-byte marker at the start and the end; reads lock.
+    Markers,
+    /// DirectDS-C: a CRC32C of the copy; reads are lock-free.
+    Crc,
+}
+
+/// The geometry of a memory node's slot table, fixed when it is formatted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DirectLayout {
+    /// Markers (DirectDS) or CRC (DirectDS-C). Default markers.
+    pub flavor: Flavor,
+    /// Slots per section (keys whose primary is this node, and likewise per replica section). Default 16384.
+    pub slots: u64,
+    /// Longest key in bytes (at most 65535). Default 64.
+    pub max_key: u32,
+    /// Longest value in bytes. Default 1024.
+    pub max_value: u32,
+    /// Copies of every key, on consecutive memory nodes (sections per table). Default 1.
+    pub replication: u32,
+}
+
+impl Default for DirectLayout {
+    fn default() -> Self {
+        DirectLayout {
+            flavor: Flavor::Markers,
+            slots: 16384,
+            max_key: 64,
+            max_value: 1024,
+            replication: 1,
+        }
+    }
+}
+
+impl DirectLayout {
+    /// Bytes of one copy, rounded to 8.
+    pub fn copy_len(&self) -> u64 {
+        (COPY_HEADER as u64 + self.max_key as u64 + self.max_value as u64 + 8).next_multiple_of(8)
+    }
+
+    /// Bytes of one slot: the lock word and two copies.
+    pub fn slot_len(&self) -> u64 {
+        8 + 2 * self.copy_len()
+    }
+
+    /// Bytes of the whole table on one memory node.
+    pub fn table_len(&self) -> u64 {
+        HEADER_LEN + self.replication as u64 * self.slots * self.slot_len()
+    }
+
+    fn check(&self) -> Result<(), PdpmError> {
+        let table = (self.replication as u64)
+            .checked_mul(self.slots)
+            .and_then(|n| n.checked_mul(self.slot_len()))
+            .and_then(|n| n.checked_add(HEADER_LEN));
+        if self.slots == 0
+            || self.replication == 0
+            || self.max_key > u16::MAX as u32
+            || table.is_none()
+        {
+            return Err(PdpmError::Config(format!(
+                "slot table needs slots > 0, replication > 0, max_key <= 65535 and a size that fits 64 bits: \
+                 {self:?}"
+            )));
+        }
+        Ok(())
+    }
+
+    fn encode(&self) -> [u8; HEADER_LEN as usize] {
+        let mut h = [0u8; HEADER_LEN as usize];
+        h[0..8].copy_from_slice(MAGIC);
+        h[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        let flavor: u32 = match self.flavor {
+            Flavor::Markers => 1,
+            Flavor::Crc => 2,
+        };
+        h[12..16].copy_from_slice(&flavor.to_le_bytes());
+        h[16..24].copy_from_slice(&self.slots.to_le_bytes());
+        h[24..28].copy_from_slice(&self.max_key.to_le_bytes());
+        h[28..32].copy_from_slice(&self.max_value.to_le_bytes());
+        h[32..36].copy_from_slice(&self.replication.to_le_bytes());
+        h[40..48].copy_from_slice(&self.slot_len().to_le_bytes());
+        let crc = crc32c::crc32c(&h[..60]);
+        h[60..64].copy_from_slice(&crc.to_le_bytes());
+        h
+    }
+
+    fn decode(h: &[u8]) -> Result<DirectLayout, String> {
+        if h.len() < HEADER_LEN as usize || &h[0..8] != MAGIC {
+            return Err("no DirectDS slot table (bad magic)".into());
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(h[o..o + 4].try_into().unwrap_or([0; 4]));
+        let u64_at = |o: usize| u64::from_le_bytes(h[o..o + 8].try_into().unwrap_or([0; 8]));
+        if crc32c::crc32c(&h[..60]) != u32_at(60) {
+            return Err("slot table header fails its checksum".into());
+        }
+        if u32_at(8) != FORMAT_VERSION {
+            return Err(format!("slot table format version {} unknown", u32_at(8)));
+        }
+        let flavor = match u32_at(12) {
+            1 => Flavor::Markers,
+            2 => Flavor::Crc,
+            f => return Err(format!("unknown flavor {f}")),
+        };
+        let layout = DirectLayout {
+            flavor,
+            slots: u64_at(16),
+            max_key: u32_at(24),
+            max_value: u32_at(28),
+            replication: u32_at(32),
+        };
+        layout.check().map_err(|e| e.to_string())?;
+        if layout.slot_len() != u64_at(40) {
+            return Err("slot length in the header does not match its geometry".into());
+        }
+        Ok(layout)
+    }
+}
+
+/// Formats a memory node's pool with an empty slot table and anchors it in its root slot. Refuses a pool that
+/// already has one.
+pub fn format(pool: &Pool, layout: &DirectLayout) -> Result<(), PdpmError> {
+    layout.check()?;
+    if pool.root(roots::DIRECT_TABLE)? != 0 {
+        return Err(PdpmError::Layout {
+            node: 0,
+            why: "the pool already has a DirectDS slot table".into(),
+        });
+    }
+    let extent = pool.alloc_bytes(layout.table_len(), tags::DIRECT_TABLE)?;
+    // Extents are not zeroed, and an all-zero slot is an unused one.
+    let zeros = vec![0u8; 1 << 20];
+    let mut at = extent.offset;
+    let end = extent.offset + layout.table_len();
+    while at < end {
+        let n = (end - at).min(zeros.len() as u64);
+        pool.write(at, &zeros[..n as usize])?;
+        at += n;
+    }
+    pool.write(extent.offset, &layout.encode())?;
+    pool.persist(extent.offset, layout.table_len());
+    // The root word commits the format.
+    pool.set_root(roots::DIRECT_TABLE, extent.offset)?;
+    Ok(())
+}
+
+/// Settings of a DirectDS client.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DirectSettings {
+    /// A lock word unchanged for this long is taken to belong to a crashed client and is taken over, with
+    /// recovery. Must exceed the longest time a live client holds a lock. Default 1 s.
+    #[serde(with = "humantime_serde")]
+    pub lock_lease: Duration,
+    /// How long to wait for a lock held by a live client before giving up. Default 10 s.
+    #[serde(with = "humantime_serde")]
+    pub lock_wait: Duration,
+    /// Slots probed for a key before the table counts as full. Default 64.
+    pub max_probe: u32,
+    /// DirectDS-C: lock-free reads that may find a torn copy before the read takes the lock (which recovers a
+    /// slot left torn by a crashed client). Default 64.
+    pub torn_retries: u32,
+    /// Post each WRITE together with its validating READ (one round trip instead of two; the fabric executes a
+    /// batch in order). Default false: the paper's protocol.
+    pub fuse_validation: bool,
+    /// Seed of the hash that picks a key's primary memory node. Default 0.
+    pub node_seed: u64,
+    /// Key → slot entries a client caches before it starts over. Default 1,048,576.
+    pub max_cached_slots: usize,
+}
+
+impl Default for DirectSettings {
+    fn default() -> Self {
+        DirectSettings {
+            lock_lease: Duration::from_secs(1),
+            lock_wait: Duration::from_secs(10),
+            max_probe: 64,
+            torn_retries: 64,
+            fuse_validation: false,
+            node_seed: 0,
+            max_cached_slots: 1 << 20,
+        }
+    }
+}
+
+/// Where a crash is injected into a write (for crash tests): the write stops there and leaves the lock held, as
+/// a client that died at that point would.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrashPoint {
+    /// The lock is taken; nothing written.
+    AfterLock,
+    /// Only the first `bytes` of the primary's redo copy were written.
+    RedoTorn {
+        /// Bytes written.
+        bytes: usize,
+    },
+    /// The redo copies are written, not validated.
+    AfterRedo,
+    /// The redo copies are validated.
+    AfterRedoValidated,
+    /// Only the first `bytes` of the primary's committed copy were written.
+    CommittedTorn {
+        /// Bytes written.
+        bytes: usize,
+    },
+    /// The committed copies are written, not validated.
+    AfterCommitted,
+    /// Everything but the unlock.
+    AfterCommittedValidated,
+}
+
+/// What a copy holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Copy {
+    /// Never written.
+    Empty,
+    /// Whole: the key and its value (`None`: a tombstone).
+    Whole {
+        key: Vec<u8>,
+        value: Option<Vec<u8>>,
+    },
+    /// Partly written.
+    Torn,
+}
+
+struct NodeTable {
+    data: RegionInfo,
+    /// Pool offset of slot 0 of section 0.
+    slots_base: u64,
+}
+
+/// One compute-node thread's DirectDS or DirectDS-C client.
+pub struct DirectClient {
+    eps: Vec<Endpoint>,
+    tables: Vec<NodeTable>,
+    layout: DirectLayout,
+    settings: DirectSettings,
+    id: u32,
+    seq: u32,
+    cache: HashMap<Vec<u8>, u64>,
+    steps: u64,
+    batch: Batch,
+}
+
+impl std::fmt::Debug for DirectClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectClient")
+            .field("nodes", &self.eps.len())
+            .field("layout", &self.layout)
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+enum LockOutcome {
+    Free,
+    TookOverStale,
+}
+
+impl DirectClient {
+    /// Connects to every memory node (in order: node `i` is `connectors[i]`) and reads their slot tables, which
+    /// must share one geometry.
+    pub fn connect(
+        connectors: &[Connector],
+        settings: DirectSettings,
+    ) -> Result<DirectClient, PdpmError> {
+        if connectors.is_empty() {
+            return Err(PdpmError::Config("no memory nodes".into()));
+        }
+        if settings.max_probe == 0 {
+            return Err(PdpmError::Config("max_probe must be at least 1".into()));
+        }
+        let mut eps = Vec::with_capacity(connectors.len());
+        let mut tables = Vec::with_capacity(connectors.len());
+        let mut layout: Option<DirectLayout> = None;
+        for (node, c) in connectors.iter().enumerate() {
+            let mut ep = c.connect()?;
+            let (table, l) = read_table(&mut ep, node)?;
+            match &layout {
+                Some(first) if *first != l => {
+                    return Err(PdpmError::Layout {
+                        node,
+                        why: format!("slot table {l:?} differs from node 0's {first:?}"),
+                    });
+                }
+                _ => layout = Some(l),
+            }
+            eps.push(ep);
+            tables.push(table);
+        }
+        let layout = layout.unwrap_or_default();
+        if layout.replication as usize > connectors.len() {
+            return Err(PdpmError::Config(format!(
+                "replication {} needs at least that many memory nodes, have {}",
+                layout.replication,
+                connectors.len()
+            )));
+        }
+        Ok(DirectClient {
+            eps,
+            tables,
+            layout,
+            settings,
+            id: new_client_id(),
+            seq: 0,
+            cache: HashMap::new(),
+            steps: 0,
+            batch: Batch::new(),
+        })
+    }
+
+    /// The tables' geometry.
+    pub fn layout(&self) -> &DirectLayout {
+        &self.layout
+    }
+
+    /// Protocol steps taken so far: round trips as the paper counts them, where the verbs of one step to several
+    /// replicas go out in parallel.
+    pub fn protocol_steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// The memory node holding `key`'s primary copy.
+    pub fn primary_of(&self, key: &[u8]) -> usize {
+        (hash(key, self.settings.node_seed) % self.eps.len() as u64) as usize
+    }
+
+    /// The committed copy of `key` on each of its replicas, primary first, read lock-free: the value, `None` for
+    /// no value, or an error for a torn copy. For audits and tests; `key`'s slot must be known to this client.
+    pub fn replica_values(&mut self, key: &[u8]) -> Result<Vec<Option<Vec<u8>>>, PdpmError> {
+        let primary = self.primary_of(key);
+        let Some(&slot) = self.cache.get(key) else {
+            return Err(PdpmError::Config(
+                "the key's slot is not known to this client".into(),
+            ));
+        };
+        let nodes: Vec<(usize, u32)> = self.replicas(primary).collect();
+        let mut out = Vec::with_capacity(nodes.len());
+        for (node, section) in nodes {
+            let addr = self.committed_addr(node, section, slot);
+            match self.read_copy_at(node, addr)? {
+                Copy::Empty => out.push(None),
+                Copy::Whole { key: k, value } if k == key => out.push(value),
+                Copy::Whole { .. } => {
+                    return Err(PdpmError::Layout {
+                        node,
+                        why: format!("replica slot {slot} holds another key"),
+                    });
+                }
+                Copy::Torn => return Err(PdpmError::Unrecoverable { node, slot }),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Atomically replaces `key`'s value with `f(current)` under its lock (`None` from `f` deletes it). One more
+    /// round trip than a put: the current value is read under the lock.
+    pub fn update<F>(&mut self, key: &[u8], f: F) -> Result<(), PdpmError>
+    where
+        F: FnOnce(Option<&[u8]>) -> Option<Vec<u8>>,
+    {
+        self.check_key(key)?;
+        let (slot, current) = self.lock_for_write(key)?;
+        let current = match current {
+            Some(c) => c,
+            None => self.read_committed(self.primary_of(key), slot)?,
+        };
+        let old = match &current {
+            Copy::Whole { value, .. } => value.as_deref(),
+            _ => None,
+        };
+        let new = f(old);
+        if let Some(v) = &new {
+            if let Err(e) = self.check_value(v) {
+                self.unlock(key, slot)?;
+                return Err(e);
+            }
+        }
+        if new.is_none() && !matches!(current, Copy::Whole { value: Some(_), .. }) {
+            return self.unlock(key, slot);
+        }
+        self.write_locked(key, slot, new.as_deref(), None)
+    }
+
+    /// Runs a put up to `point` and stops there with the lock held, as a client that crashed would; the client
+    /// should be dropped afterwards. For crash tests.
+    pub fn put_crashing(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        point: CrashPoint,
+    ) -> Result<(), PdpmError> {
+        self.check_key(key)?;
+        self.check_value(value)?;
+        let (slot, _) = self.lock_for_write(key)?;
+        self.write_locked(key, slot, Some(value), Some(point))
+    }
+
+    fn check_key(&self, key: &[u8]) -> Result<(), PdpmError> {
+        if key.len() > self.layout.max_key as usize {
+            return Err(PdpmError::KeyTooLarge {
+                len: key.len(),
+                max: self.layout.max_key as usize,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_value(&self, value: &[u8]) -> Result<(), PdpmError> {
+        if value.len() > self.layout.max_value as usize {
+            return Err(PdpmError::ValueTooLarge {
+                len: value.len(),
+                max: self.layout.max_value as usize,
+            });
+        }
+        Ok(())
+    }
+
+    fn copy_len(&self) -> u64 {
+        self.layout.copy_len()
+    }
+
+    /// Pool offset of `slot`'s lock word in `section` on `node`.
+    fn slot_offset(&self, node: usize, section: u32, slot: u64) -> u64 {
+        self.tables[node].slots_base
+            + (section as u64 * self.layout.slots + slot) * self.layout.slot_len()
+    }
+
+    fn lock_addr(&self, node: usize, slot: u64) -> dinomo_fabric::RemoteAddr {
+        self.tables[node].data.at(self.slot_offset(node, 0, slot))
+    }
+
+    fn committed_addr(&self, node: usize, section: u32, slot: u64) -> dinomo_fabric::RemoteAddr {
+        self.tables[node]
+            .data
+            .at(self.slot_offset(node, section, slot) + 8)
+    }
+
+    fn redo_addr(&self, node: usize, section: u32, slot: u64) -> dinomo_fabric::RemoteAddr {
+        self.tables[node]
+            .data
+            .at(self.slot_offset(node, section, slot) + 8 + self.copy_len())
+    }
+
+    /// The nodes holding `key` (primary first) with their section numbers.
+    fn replicas(&self, primary: usize) -> impl Iterator<Item = (usize, u32)> + use<> {
+        let m = self.eps.len();
+        (0..self.layout.replication).map(move |j| ((primary + j as usize) % m, j))
+    }
+
+    fn first_slot(&self, key: &[u8]) -> u64 {
+        hash(key, SLOT_SEED) % self.layout.slots
+    }
+
+    fn next_unique(&mut self) -> u64 {
+        self.seq = self.seq.wrapping_add(1);
+        ((self.id as u64) << 32) | self.seq as u64
+    }
+
+    /// Acquires the lock of `slot` on the primary `node`; a lock word that stays unchanged for the lease is taken
+    /// over and the slot recovered.
+    fn lock(&mut self, node: usize, slot: u64) -> Result<LockOutcome, PdpmError> {
+        let mine = self.next_unique();
+        let addr = self.lock_addr(node, slot);
+        let start = Instant::now();
+        let mut seen: Option<(u64, Instant)> = None;
+        let mut attempt: u32 = 0;
+        loop {
+            self.steps += 1;
+            let prev = self.eps[node].cas(addr, 0, mine)?;
+            if prev == 0 {
+                return Ok(LockOutcome::Free);
+            }
+            match seen {
+                Some((v, since)) if v == prev && since.elapsed() >= self.settings.lock_lease => {
+                    self.steps += 1;
+                    if self.eps[node].cas(addr, prev, mine)? == prev {
+                        tracing::warn!(node, slot, stale = prev, "taking over a stale lock");
+                        self.recover_slot(node, slot)?;
+                        return Ok(LockOutcome::TookOverStale);
+                    }
+                    seen = None;
+                }
+                Some((v, _)) if v == prev => {}
+                _ => seen = Some((prev, Instant::now())),
+            }
+            if start.elapsed() > self.settings.lock_wait {
+                return Err(PdpmError::LockTimeout {
+                    node,
+                    slot,
+                    waited_ms: start.elapsed().as_millis() as u64,
+                });
+            }
+            backoff(attempt);
+            attempt = attempt.saturating_add(1);
+        }
+    }
+
+    fn unlock_slot(&mut self, node: usize, slot: u64) -> Result<(), PdpmError> {
+        self.steps += 1;
+        let addr = self.lock_addr(node, slot);
+        self.eps[node].write(addr, &0u64.to_le_bytes())?;
+        Ok(())
+    }
+
+    fn unlock(&mut self, key: &[u8], slot: u64) -> Result<(), PdpmError> {
+        let node = self.primary_of(key);
+        self.unlock_slot(node, slot)
+    }
+
+    fn read_copy_at(
+        &mut self,
+        node: usize,
+        addr: dinomo_fabric::RemoteAddr,
+    ) -> Result<Copy, PdpmError> {
+        let mut buf = vec![0u8; self.copy_len() as usize];
+        self.steps += 1;
+        self.eps[node].read(addr, &mut buf)?;
+        Ok(parse_copy(self.layout.flavor, &self.layout, &buf))
+    }
+
+    fn read_committed(&mut self, node: usize, slot: u64) -> Result<Copy, PdpmError> {
+        let addr = self.committed_addr(node, 0, slot);
+        self.read_copy_at(node, addr)
+    }
+
+    fn remember(&mut self, key: &[u8], slot: u64) {
+        if self.cache.len() >= self.settings.max_cached_slots {
+            self.cache.clear();
+        }
+        self.cache.insert(key.to_vec(), slot);
+    }
+
+    /// Takes the lock of `key`'s slot, finding (and, for a new key, claiming) the slot if this client does not
+    /// know it yet. Returns the slot and, when it had to look, the committed copy it read under the lock.
+    fn lock_for_write(&mut self, key: &[u8]) -> Result<(u64, Option<Copy>), PdpmError> {
+        let node = self.primary_of(key);
+        if let Some(&slot) = self.cache.get(key) {
+            self.lock(node, slot)?;
+            return Ok((slot, None));
+        }
+        let first = self.first_slot(key);
+        for i in 0..self.settings.max_probe as u64 {
+            let slot = (first + i) % self.layout.slots;
+            self.lock(node, slot)?;
+            let copy = match self.read_committed(node, slot) {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = self.unlock_slot(node, slot);
+                    return Err(e);
+                }
+            };
+            match &copy {
+                // An empty slot becomes the key's only once a write fills it (see `write_locked`).
+                Copy::Empty => return Ok((slot, Some(copy))),
+                Copy::Whole { key: k, .. } if k == key => {
+                    self.remember(key, slot);
+                    return Ok((slot, Some(copy)));
+                }
+                Copy::Whole { .. } => self.unlock_slot(node, slot)?,
+                Copy::Torn => {
+                    // Under a lock that was released (or recovered) a committed copy is whole.
+                    self.unlock_slot(node, slot)?;
+                    return Err(PdpmError::Unrecoverable { node, slot });
+                }
+            }
+        }
+        Err(PdpmError::TableFull {
+            probes: self.settings.max_probe,
+        })
+    }
+
+    /// The write protocol on a locked slot; `value == None` writes a tombstone.
+    fn write_locked(
+        &mut self,
+        key: &[u8],
+        slot: u64,
+        value: Option<&[u8]>,
+        crash: Option<CrashPoint>,
+    ) -> Result<(), PdpmError> {
+        let primary = self.primary_of(key);
+        let marker = self.next_unique();
+        let copy = encode_copy(self.layout.flavor, marker, key, value);
+        let tail = copy.len() as u64 - 8;
+        let nodes: Vec<(usize, u32)> = self.replicas(primary).collect();
+        let r = self.write_phases(&nodes, slot, &copy, tail, crash);
+        if r.is_ok() {
+            self.remember(key, slot);
+        }
+        match (r, crash) {
+            (Ok(true), _) => Ok(()),
+            (Ok(false), None) => self.unlock_slot(primary, slot),
+            (Ok(false), Some(_)) => Ok(()),
+            (Err(e), _) => Err(e),
+        }
+    }
+
+    /// Writes the redo copies, validates, writes the committed copies, validates. Returns Ok(true) when it
+    /// stopped at a crash point (lock left held).
+    fn write_phases(
+        &mut self,
+        nodes: &[(usize, u32)],
+        slot: u64,
+        copy: &[u8],
+        tail: u64,
+        crash: Option<CrashPoint>,
+    ) -> Result<bool, PdpmError> {
+        if crash == Some(CrashPoint::AfterLock) {
+            return Ok(true);
+        }
+        for phase in [Phase::Redo, Phase::Committed] {
+            let torn = match (phase, crash) {
+                (Phase::Redo, Some(CrashPoint::RedoTorn { bytes })) => Some(bytes),
+                (Phase::Committed, Some(CrashPoint::CommittedTorn { bytes })) => Some(bytes),
+                _ => None,
+            };
+            if let Some(bytes) = torn {
+                let (node, section) = nodes[0];
+                let addr = self.phase_addr(phase, node, section, slot);
+                self.eps[node].write(addr, &copy[..bytes.min(copy.len())])?;
+                return Ok(true);
+            }
+            let stop_after_write = matches!(
+                (phase, crash),
+                (Phase::Redo, Some(CrashPoint::AfterRedo))
+                    | (Phase::Committed, Some(CrashPoint::AfterCommitted))
+            );
+            if self.settings.fuse_validation && !stop_after_write {
+                self.steps += 1;
+                for &(node, section) in nodes {
+                    let addr = self.phase_addr(phase, node, section, slot);
+                    self.batch.clear();
+                    self.batch.write(addr, copy);
+                    let check = self.batch.read(addr.offset_by(tail), 8);
+                    self.eps[node].post(&mut self.batch)?;
+                    self.validate(
+                        node,
+                        slot,
+                        self.batch.read_data(check),
+                        &copy[tail as usize..],
+                    )?;
+                }
+            } else {
+                self.steps += 1;
+                for &(node, section) in nodes {
+                    let addr = self.phase_addr(phase, node, section, slot);
+                    self.eps[node].write(addr, copy)?;
+                }
+                if stop_after_write {
+                    return Ok(true);
+                }
+                self.steps += 1;
+                for &(node, section) in nodes {
+                    let addr = self.phase_addr(phase, node, section, slot);
+                    let mut last = [0u8; 8];
+                    self.eps[node].read(addr.offset_by(tail), &mut last)?;
+                    self.validate(node, slot, &last, &copy[tail as usize..])?;
+                }
+            }
+            let done = matches!(
+                (phase, crash),
+                (Phase::Redo, Some(CrashPoint::AfterRedoValidated))
+                    | (Phase::Committed, Some(CrashPoint::AfterCommittedValidated))
+            );
+            if done {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    fn validate(&self, node: usize, slot: u64, got: &[u8], want: &[u8]) -> Result<(), PdpmError> {
+        if got != want {
+            return Err(PdpmError::Layout {
+                node,
+                why: format!("slot {slot}: validation read does not see the bytes just written"),
+            });
+        }
+        Ok(())
+    }
+
+    fn phase_addr(
+        &self,
+        phase: Phase,
+        node: usize,
+        section: u32,
+        slot: u64,
+    ) -> dinomo_fabric::RemoteAddr {
+        match phase {
+            Phase::Redo => self.redo_addr(node, section, slot),
+            Phase::Committed => self.committed_addr(node, section, slot),
+        }
+    }
+
+    /// Restores a slot whose lock this client took over from a crashed client (the lock is held).
+    fn recover_slot(&mut self, primary: usize, slot: u64) -> Result<(), PdpmError> {
+        let len = self.copy_len() as usize;
+        let mut committed = vec![0u8; len];
+        let mut redo = vec![0u8; len];
+        let caddr = self.committed_addr(primary, 0, slot);
+        let raddr = self.redo_addr(primary, 0, slot);
+        self.eps[primary].read(caddr, &mut committed)?;
+        let image = match parse_copy(self.layout.flavor, &self.layout, &committed) {
+            Copy::Empty | Copy::Whole { .. } => committed,
+            Copy::Torn => {
+                self.eps[primary].read(raddr, &mut redo)?;
+                if !matches!(
+                    parse_copy(self.layout.flavor, &self.layout, &redo),
+                    Copy::Whole { .. }
+                ) {
+                    return Err(PdpmError::Unrecoverable {
+                        node: primary,
+                        slot,
+                    });
+                }
+                self.eps[primary].write(caddr, &redo)?;
+                let mut check = vec![0u8; len];
+                self.eps[primary].read(caddr, &mut check)?;
+                self.validate(primary, slot, &check, &redo)?;
+                redo
+            }
+        };
+        // Replicas follow the primary's outcome.
+        let others: Vec<(usize, u32)> = self.replicas(primary).skip(1).collect();
+        for (node, section) in others {
+            let addr = self.committed_addr(node, section, slot);
+            self.eps[node].write(addr, &image)?;
+            let mut check = vec![0u8; len];
+            self.eps[node].read(addr, &mut check)?;
+            self.validate(node, slot, &check, &image)?;
+        }
+        tracing::info!(
+            primary,
+            slot,
+            "recovered a slot left locked by a crashed client"
+        );
+        Ok(())
+    }
+
+    /// Finds `key`'s slot and reads its committed copy. DirectDS reads under the lock; DirectDS-C reads lock-free.
+    fn lookup(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, PdpmError> {
+        let node = self.primary_of(key);
+        let cached = self.cache.get(key).copied();
+        let first = self.first_slot(key);
+        let probes = if cached.is_some() {
+            1
+        } else {
+            self.settings.max_probe as u64
+        };
+        for i in 0..probes {
+            let slot = cached.unwrap_or((first + i) % self.layout.slots);
+            let copy = self.read_slot(node, slot)?;
+            match copy {
+                Copy::Empty => return Ok(None),
+                Copy::Whole { key: k, value } if k == key => {
+                    self.remember(key, slot);
+                    return Ok(value);
+                }
+                Copy::Whole { .. } if cached.is_some() => {
+                    return Err(PdpmError::Layout {
+                        node,
+                        why: format!("slot {slot} cached for a key now holds another key"),
+                    });
+                }
+                Copy::Whole { .. } => {}
+                Copy::Torn => return Err(PdpmError::Unrecoverable { node, slot }),
+            }
+        }
+        Ok(None)
+    }
+
+    /// The committed copy of one slot, read the flavor's way.
+    fn read_slot(&mut self, node: usize, slot: u64) -> Result<Copy, PdpmError> {
+        if self.layout.flavor == Flavor::Crc {
+            for attempt in 0..self.settings.torn_retries {
+                match self.read_committed(node, slot)? {
+                    Copy::Torn => backoff(attempt),
+                    c => return Ok(c),
+                }
+            }
+            tracing::debug!(
+                node,
+                slot,
+                "lock-free reads kept seeing a torn copy; locking"
+            );
+        }
+        self.lock(node, slot)?;
+        let r = self.read_committed(node, slot);
+        self.unlock_slot(node, slot)?;
+        r
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Redo,
+    Committed,
+}
+
+impl PdpmStore for DirectClient {
+    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, PdpmError> {
+        self.check_key(key)?;
+        self.lookup(key)
+    }
+
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), PdpmError> {
+        self.check_key(key)?;
+        self.check_value(value)?;
+        let (slot, _) = self.lock_for_write(key)?;
+        self.write_locked(key, slot, Some(value), None)
+    }
+
+    fn delete(&mut self, key: &[u8]) -> Result<(), PdpmError> {
+        self.update(key, |_| None)
+    }
+}
+
+fn backoff(attempt: u32) {
+    if attempt < 8 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(10 * u64::from(attempt.min(100))));
+    }
+}
+
+fn read_table(ep: &mut Endpoint, node: usize) -> Result<(NodeTable, DirectLayout), PdpmError> {
+    let layout_err = |why: &str| PdpmError::Layout {
+        node,
+        why: why.to_string(),
+    };
+    let roots_region = ep
+        .region(ROOTS_REGION)
+        .ok_or_else(|| layout_err("no roots region"))?
+        .clone();
+    let data = ep
+        .region(DATA_REGION)
+        .ok_or_else(|| layout_err("no data region"))?
+        .clone();
+    let mut word = [0u8; 8];
+    ep.read(
+        roots_region.at(roots_region.start + 8 * roots::DIRECT_TABLE as u64),
+        &mut word,
+    )?;
+    let base = u64::from_le_bytes(word);
+    if base == 0 {
+        return Err(layout_err("not formatted for DirectDS (root slot empty)"));
+    }
+    let mut header = [0u8; HEADER_LEN as usize];
+    ep.read(data.at(base), &mut header)?;
+    let layout = DirectLayout::decode(&header).map_err(|why| layout_err(&why))?;
+    if base + layout.table_len() > data.end() || base < data.start {
+        return Err(layout_err("slot table lies outside the data region"));
+    }
+    Ok((
+        NodeTable {
+            data,
+            slots_base: base + HEADER_LEN,
+        },
+        layout,
+    ))
+}
+
+fn encode_copy(flavor: Flavor, marker: u64, key: &[u8], value: Option<&[u8]>) -> Vec<u8> {
+    let vlen = value.map_or(0, <[u8]>::len);
+    let mut c = Vec::with_capacity(COPY_HEADER + key.len() + vlen + 8);
+    c.extend_from_slice(&[0u8; 8]);
+    c.extend_from_slice(&(key.len() as u16).to_le_bytes());
+    let flags = if value.is_some() {
+        FLAG_VALUE
+    } else {
+        FLAG_TOMBSTONE
+    };
+    c.extend_from_slice(&flags.to_le_bytes());
+    c.extend_from_slice(&(vlen as u32).to_le_bytes());
+    c.extend_from_slice(key);
+    c.extend_from_slice(value.unwrap_or(&[]));
+    let word0 = match flavor {
+        Flavor::Markers => {
+            // The trailer is 8-byte aligned: persistent memory fails atomically per aligned 8 bytes, so a torn
+            // write never leaves half a trailer that happens to match.
+            c.resize(c.len().next_multiple_of(8), 0);
+            c.extend_from_slice(&marker.to_le_bytes());
+            marker
+        }
+        Flavor::Crc => CRC_PRESENT | u64::from(crc32c::crc32c(&c[8..])),
+    };
+    c[0..8].copy_from_slice(&word0.to_le_bytes());
+    c
+}
+
+fn parse_copy(flavor: Flavor, layout: &DirectLayout, b: &[u8]) -> Copy {
+    if b.len() < COPY_HEADER {
+        return Copy::Torn;
+    }
+    let word0 = u64::from_le_bytes(b[0..8].try_into().unwrap_or([0; 8]));
+    if word0 == 0 {
+        return Copy::Empty;
+    }
+    let klen = u16::from_le_bytes([b[8], b[9]]) as usize;
+    let flags = u16::from_le_bytes([b[10], b[11]]);
+    let vlen = u32::from_le_bytes(b[12..16].try_into().unwrap_or([0; 4])) as usize;
+    if klen > layout.max_key as usize
+        || vlen > layout.max_value as usize
+        || !(flags == FLAG_VALUE || (flags == FLAG_TOMBSTONE && vlen == 0))
+    {
+        return Copy::Torn;
+    }
+    let end = COPY_HEADER + klen + vlen;
+    let whole = match flavor {
+        Flavor::Markers => {
+            let trailer = end.next_multiple_of(8);
+            trailer + 8 <= b.len() && b[trailer..trailer + 8] == word0.to_le_bytes()
+        }
+        Flavor::Crc => {
+            end <= b.len()
+                && word0 >> 32 == 1
+                && u64::from(crc32c::crc32c(&b[8..end])) == word0 & 0xffff_ffff
+        }
+    };
+    if !whole {
+        return Copy::Torn;
+    }
+    Copy::Whole {
+        key: b[COPY_HEADER..COPY_HEADER + klen].to_vec(),
+        value: (flags == FLAG_VALUE).then(|| b[COPY_HEADER + klen..end].to_vec()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_round_trip_and_every_proper_prefix_is_torn() {
+        let layout = DirectLayout::default();
+        for flavor in [Flavor::Markers, Flavor::Crc] {
+            let old = encode_copy(flavor, 0x1_0000_0001, b"key", Some(b"old value here"));
+            let new = encode_copy(flavor, 0x1_0000_0002, b"key", Some(b"a new value!"));
+            let mut image = vec![0u8; layout.copy_len() as usize];
+            image[..old.len()].copy_from_slice(&old);
+            assert_eq!(
+                parse_copy(flavor, &layout, &image),
+                Copy::Whole {
+                    key: b"key".to_vec(),
+                    value: Some(b"old value here".to_vec())
+                }
+            );
+            // DirectDS assumes 8-byte power-fail atomicity (its trailer is one aligned word); a CRC catches any cut.
+            let step = if flavor == Flavor::Markers { 8 } else { 1 };
+            for cut in (step..new.len()).step_by(step) {
+                let mut torn = image.clone();
+                torn[..cut].copy_from_slice(&new[..cut]);
+                assert_eq!(
+                    parse_copy(flavor, &layout, &torn),
+                    Copy::Torn,
+                    "{flavor:?} cut {cut}"
+                );
+            }
+            let tomb = encode_copy(flavor, 0x1_0000_0003, b"key", None);
+            image[..tomb.len()].copy_from_slice(&tomb);
+            assert_eq!(
+                parse_copy(flavor, &layout, &image),
+                Copy::Whole {
+                    key: b"key".to_vec(),
+                    value: None
+                }
+            );
+            assert_eq!(parse_copy(flavor, &layout, &[0u8; 64]), Copy::Empty);
+        }
+    }
+
+    #[test]
+    fn header_round_trips_and_rejects_damage() {
+        let l = DirectLayout {
+            flavor: Flavor::Crc,
+            slots: 100,
+            max_key: 16,
+            max_value: 40,
+            replication: 2,
+        };
+        let mut h = l.encode();
+        assert_eq!(DirectLayout::decode(&h), Ok(l));
+        h[20] ^= 1;
+        assert!(DirectLayout::decode(&h).is_err());
+    }
+}

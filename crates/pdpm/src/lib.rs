@@ -1,0 +1,136 @@
+//! The pDPM baselines (Tsai, Shan, Zhang, "Disaggregating Persistent Memory and Controlling Them Remotely",
+//! USENIX ATC 2020), built on dinomo's fabric and pool so that they can be measured beside DINOMO:
+//!
+//! - [`direct`]: **DirectDS** and **DirectDS-C** (§4.2): compute nodes reach memory nodes only with one-sided
+//!   verbs; every key has a fixed slot with a lock word, a committed copy and a redo copy on each of its replicas.
+//! - [`central`]: **CentralDS** (§4.3): a coordinator behind two-sided RPC keeps every key's location under a
+//!   per-key reader/writer lock and hands out space; values are written out of place.
+//!
+//! Every client is one compute-node thread with one endpoint per memory node and implements [`PdpmStore`].
+
+pub mod central;
+pub mod direct;
+
+use dinomo_fabric::FabricError;
+use dinomo_pool::PoolError;
+
+/// Pool root slots used by the baselines (the data plane uses 1 and 2).
+pub mod roots {
+    /// Offset of a memory node's DirectDS slot table.
+    pub const DIRECT_TABLE: usize = 8;
+    /// Offset of a memory node's CentralDS block area.
+    pub const CENTRAL_BLOCKS: usize = 9;
+}
+
+/// Allocation tags of the baselines' extents.
+pub mod tags {
+    /// A DirectDS slot table.
+    pub const DIRECT_TABLE: u16 = 0x40;
+    /// A CentralDS block area.
+    pub const CENTRAL_BLOCKS: u16 = 0x41;
+}
+
+/// The operations every baseline offers to one compute-node thread.
+pub trait PdpmStore {
+    /// The committed value of `key`, or `None` when it has none.
+    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, PdpmError>;
+    /// Writes `value` under `key`; on `Ok` the write is committed and persistent.
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), PdpmError>;
+    /// Removes `key` (a no-op when it has no value).
+    fn delete(&mut self, key: &[u8]) -> Result<(), PdpmError>;
+}
+
+/// Everything the baselines can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum PdpmError {
+    /// The fabric failed (a refused verb, a lost connection, an RPC error).
+    #[error("fabric: {0}")]
+    Fabric(#[from] FabricError),
+    /// The pool refused to format.
+    #[error("pool: {0}")]
+    Pool(#[from] PoolError),
+    /// The key is longer than the store's fixed slots allow.
+    #[error("key of {len} bytes is longer than the limit of {max} bytes")]
+    KeyTooLarge {
+        /// Length given.
+        len: usize,
+        /// The setting.
+        max: usize,
+    },
+    /// The value is longer than the store's fixed slots allow.
+    #[error("value of {len} bytes is longer than the limit of {max} bytes")]
+    ValueTooLarge {
+        /// Length given.
+        len: usize,
+        /// The setting.
+        max: usize,
+    },
+    /// No slot for a new key within the probe limit.
+    #[error(
+        "no free slot for the key within {probes} probes (the slot table is full around its hash)"
+    )]
+    TableFull {
+        /// The setting.
+        probes: u32,
+    },
+    /// A lock was held by a live client for longer than the wait limit.
+    #[error("lock of slot {slot} on memory node {node} not acquired within {waited_ms} ms")]
+    LockTimeout {
+        /// Memory node.
+        node: usize,
+        /// Slot index.
+        slot: u64,
+        /// How long it waited.
+        waited_ms: u64,
+    },
+    /// A read kept finding a copy being rewritten.
+    #[error(
+        "read of slot {slot} on memory node {node} kept seeing a torn copy ({attempts} attempts)"
+    )]
+    Contended {
+        /// Memory node.
+        node: usize,
+        /// Slot index.
+        slot: u64,
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// Memory-node content is not what the store wrote (not formatted, a different format, or damaged).
+    #[error("memory node {node}: {why}")]
+    Layout {
+        /// Memory node.
+        node: usize,
+        /// What is wrong.
+        why: String,
+    },
+    /// Neither copy of a slot is whole: the slot cannot be recovered.
+    #[error("slot {slot} on memory node {node} has no whole copy")]
+    Unrecoverable {
+        /// Memory node.
+        node: usize,
+        /// Slot index.
+        slot: u64,
+    },
+    /// The coordinator refused a request.
+    #[error("coordinator: {0}")]
+    Coordinator(String),
+    /// A setting is out of range.
+    #[error("invalid setting: {0}")]
+    Config(String),
+}
+
+/// The seeded hash that places keys on memory nodes and slots.
+#[inline]
+pub(crate) fn hash(key: &[u8], seed: u64) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(key, seed)
+}
+
+/// A nonzero 32-bit client identity: distinguishes lock owners and makes markers and versions unique.
+pub(crate) fn new_client_id() -> u32 {
+    loop {
+        let id: u32 = rand::random();
+        if id != 0 {
+            return id;
+        }
+    }
+}

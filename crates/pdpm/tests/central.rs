@@ -1,0 +1,337 @@
+//! CentralDS: round trips against Table 1 of the paper, a model test, concurrent writers whose readers never see
+//! a torn or foreign value, and a client that crashes mid-PUT.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use anyhow::Result;
+use common::{Nodes, TOKEN, traffic};
+use dinomo_fabric::{Connector, MemoryNode, NodeConfig, Server, ServerConfig, Target};
+use dinomo_pdpm::central::{
+    self, CentralClient, CentralCrash, CentralLayout, CentralSettings, Coordinator,
+    CoordinatorConfig,
+};
+use dinomo_pdpm::{PdpmError, PdpmStore};
+use dinomo_pool::Pool;
+use proptest::prelude::*;
+
+pub struct Setup {
+    pub memory: Nodes,
+    pub coordinator: Arc<Coordinator>,
+    pub host: Arc<MemoryNode>,
+    pub host_server: Server,
+}
+
+impl Setup {
+    pub fn new(memory_nodes: usize, blocks: u64, config: CoordinatorConfig) -> Setup {
+        let layout = CentralLayout {
+            blocks,
+            max_key: 32,
+            max_value: 256,
+        };
+        let memory = Nodes::new(memory_nodes, |pool| central::format(pool, &layout).unwrap());
+        let coordinator = Coordinator::new(&memory.connectors(false), config).unwrap();
+        // The coordinator's own node: its processor threads are the coordinator's thread pool.
+        let host = MemoryNode::new(
+            Arc::new(Pool::anonymous(4 << 20, 1 << 20).unwrap()),
+            NodeConfig {
+                cluster_token: TOKEN.into(),
+                rpc_threads: 4,
+                ..NodeConfig::default()
+            },
+        );
+        coordinator.serve(&host);
+        let host_server = Server::start(
+            host.clone(),
+            ServerConfig {
+                listen: "127.0.0.1:0".parse().unwrap(),
+                ..ServerConfig::default()
+            },
+        )
+        .unwrap();
+        Setup {
+            memory,
+            coordinator,
+            host,
+            host_server,
+        }
+    }
+
+    pub fn coordinator_connector(&self, tcp: bool) -> Connector {
+        let mut c = Connector::new(if tcp {
+            Target::Tcp(self.host_server.local_addr())
+        } else {
+            Target::InProcess(self.host.clone())
+        });
+        c.config.cluster_token = TOKEN.into();
+        c
+    }
+
+    pub fn client(&self, tcp: bool, settings: CentralSettings) -> CentralClient {
+        CentralClient::connect(
+            &self.coordinator_connector(tcp),
+            &self.memory.connectors(tcp),
+            settings,
+        )
+        .unwrap()
+    }
+}
+
+#[test]
+fn uncontended_round_trips_match_table_1() -> Result<()> {
+    let s = Setup::new(2, 64, CoordinatorConfig::default());
+    let mut c = s.client(false, CentralSettings::default());
+    c.refill()?;
+    // PUT: WRITE, validating READ, COMMIT.
+    let (r, t) = traffic(|| c.put(b"k", b"value"));
+    r?;
+    assert_eq!((t.round_trips, t.writes, t.reads, t.rpcs), (3, 1, 1, 1));
+    // GET: LOOKUP, READ.
+    let (r, t) = traffic(|| c.get(b"k"));
+    assert_eq!(r?.as_deref(), Some(&b"value"[..]));
+    assert_eq!((t.round_trips, t.reads, t.rpcs), (2, 1, 1));
+    // A missing key costs the LOOKUP only.
+    let (r, t) = traffic(|| c.get(b"missing"));
+    assert_eq!(r?, None);
+    assert_eq!(t.round_trips, 1);
+
+    let mut fused = s.client(
+        false,
+        CentralSettings {
+            fuse_validation: true,
+            ..CentralSettings::default()
+        },
+    );
+    fused.refill()?;
+    let (r, t) = traffic(|| fused.put(b"k", b"fused"));
+    r?;
+    assert_eq!(t.round_trips, 2);
+    assert_eq!(c.get(b"k")?.as_deref(), Some(&b"fused"[..]));
+    Ok(())
+}
+
+#[test]
+fn replicated_values_land_on_distinct_nodes_and_old_blocks_are_freed() -> Result<()> {
+    let s = Setup::new(
+        3,
+        16,
+        CoordinatorConfig {
+            replication: 2,
+            ..CoordinatorConfig::default()
+        },
+    );
+    let mut c = s.client(
+        false,
+        CentralSettings {
+            grant_batch: 1,
+            ..CentralSettings::default()
+        },
+    );
+    c.refill()?;
+    let (r, t) = traffic(|| c.put(b"a", b"one"));
+    r?;
+    // Two WRITEs, two READs, one COMMIT.
+    assert_eq!((t.round_trips, t.writes, t.reads, t.rpcs), (5, 2, 2, 1));
+    // Overwrites free the blocks they replace: 16 blocks per node are plenty for many writes of one key.
+    for i in 0..40u32 {
+        c.put(b"a", &i.to_le_bytes())?;
+    }
+    assert_eq!(c.get(b"a")?, Some(39u32.to_le_bytes().to_vec()));
+    let free: usize = s.coordinator.free_blocks().iter().sum();
+    assert_eq!(free, 3 * 16 - 2, "one value's two blocks in use");
+    c.delete(b"a")?;
+    assert_eq!(c.get(b"a")?, None);
+    assert_eq!(s.coordinator.free_blocks().iter().sum::<usize>(), 3 * 16);
+    Ok(())
+}
+
+#[test]
+fn oversized_values_and_a_full_store_are_refused_clearly() {
+    let s = Setup::new(1, 4, CoordinatorConfig::default());
+    let mut c = s.client(false, CentralSettings::default());
+    assert!(matches!(
+        c.put(b"k", &[0u8; 257]),
+        Err(PdpmError::ValueTooLarge { len: 257, max: 256 })
+    ));
+    assert!(matches!(
+        c.put(&[0u8; 33], b"v"),
+        Err(PdpmError::KeyTooLarge { .. })
+    ));
+    for i in 0..4u8 {
+        c.put(&[i], b"v").unwrap();
+    }
+    let e = c.put(b"fifth", b"v").unwrap_err();
+    assert!(e.to_string().contains("out of space"), "{e}");
+    // Deleting makes room again.
+    c.delete(&[0]).unwrap();
+    c.put(b"fifth", b"v").unwrap();
+    assert_eq!(c.get(b"fifth").unwrap().as_deref(), Some(&b"v"[..]));
+}
+
+#[test]
+fn garbage_rpcs_get_errors_and_the_coordinator_keeps_serving() -> Result<()> {
+    let s = Setup::new(1, 16, CoordinatorConfig::default());
+    let mut ep = s.coordinator_connector(true).connect()?;
+    let mut reply = Vec::new();
+    for method in [
+        central::method::GRANT,
+        central::method::COMMIT,
+        central::method::RELEASE,
+        central::method::LOOKUP,
+        0x7777,
+    ] {
+        assert!(ep.rpc(method, &[0xff; 40], &mut reply).is_err());
+    }
+    let mut c = s.client(true, CentralSettings::default());
+    c.put(b"k", b"v")?;
+    assert_eq!(c.get(b"k")?.as_deref(), Some(&b"v"[..]));
+    Ok(())
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Put(u8, Vec<u8>),
+    Get(u8),
+    Delete(u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0u8..12, proptest::collection::vec(any::<u8>(), 0..64)).prop_map(|(k, v)| Op::Put(k, v)),
+        (0u8..12).prop_map(Op::Get),
+        (0u8..12).prop_map(Op::Delete),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn one_client_matches_a_hashmap(ops in proptest::collection::vec(op(), 1..60)) {
+        let s = Setup::new(2, 32, CoordinatorConfig { replication: 2, ..CoordinatorConfig::default() });
+        let mut c = s.client(false, CentralSettings { grant_batch: 4, ..CentralSettings::default() });
+        let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+        for op in ops {
+            match op {
+                Op::Put(k, v) => {
+                    c.put(&[k], &v).unwrap();
+                    model.insert(vec![k], v);
+                }
+                Op::Get(k) => prop_assert_eq!(c.get(&[k]).unwrap(), model.get(&vec![k]).cloned()),
+                Op::Delete(k) => {
+                    c.delete(&[k]).unwrap();
+                    model.remove(&vec![k]);
+                }
+            }
+        }
+        prop_assert_eq!(s.coordinator.key_count(), model.len());
+        drop(c);
+        // Every block is either a live value's or free again (the dropped client gave its grants back).
+        let free: usize = s.coordinator.free_blocks().iter().sum();
+        prop_assert_eq!(free, 2 * 32 - 2 * model.len());
+    }
+}
+
+#[test]
+fn concurrent_writers_leave_one_of_their_values_and_readers_never_see_a_torn_one() -> Result<()> {
+    const WRITERS: usize = 4;
+    const WRITES: usize = 60;
+    // Few blocks, so that freed blocks are reused while readers are on their way to them.
+    let s = Setup::new(2, 24, CoordinatorConfig::default());
+    let value = |w: usize, i: usize| [(w * 1000 + i) as u64; 8].map(u64::to_le_bytes).concat();
+    std::thread::scope(|scope| -> Result<()> {
+        let mut handles = Vec::new();
+        for w in 0..WRITERS {
+            let s = &s;
+            handles.push(scope.spawn(move || -> Result<()> {
+                let mut c = s.client(
+                    false,
+                    CentralSettings {
+                        grant_batch: 2,
+                        ..CentralSettings::default()
+                    },
+                );
+                for i in 0..WRITES {
+                    c.put(b"shared", &value(w, i))?;
+                }
+                Ok(())
+            }));
+        }
+        for _ in 0..2 {
+            let s = &s;
+            handles.push(scope.spawn(move || -> Result<()> {
+                let mut c = s.client(false, CentralSettings::default());
+                for _ in 0..300 {
+                    if let Some(v) = c.get(b"shared")? {
+                        let words: Vec<u64> = v
+                            .chunks(8)
+                            .map(|w| u64::from_le_bytes(w.try_into().unwrap()))
+                            .collect();
+                        assert_eq!(words.len(), 8);
+                        assert!(words.iter().all(|x| *x == words[0]), "torn {words:?}");
+                        assert!(
+                            (words[0] as usize % 1000) < WRITES
+                                && (words[0] as usize / 1000) < WRITERS
+                        );
+                    }
+                }
+                Ok(())
+            }));
+        }
+        for h in handles {
+            h.join().unwrap()?;
+        }
+        Ok(())
+    })?;
+    let mut c = s.client(false, CentralSettings::default());
+    let last = c.get(b"shared")?.unwrap();
+    assert!(
+        (0..WRITERS).any(|w| last == value(w, WRITES - 1)),
+        "the last write of one writer wins"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_client_crashing_mid_put_leaves_the_old_value_and_its_blocks_can_be_reclaimed() -> Result<()> {
+    let s = Setup::new(
+        2,
+        32,
+        CoordinatorConfig {
+            replication: 2,
+            ..CoordinatorConfig::default()
+        },
+    );
+    let mut a = s.client(
+        false,
+        CentralSettings {
+            grant_batch: 2,
+            ..CentralSettings::default()
+        },
+    );
+    a.put(b"k", b"old")?;
+    for point in [CentralCrash::AfterWrite, CentralCrash::AfterValidate] {
+        let mut dying = s.client(
+            false,
+            CentralSettings {
+                grant_batch: 3,
+                ..CentralSettings::default()
+            },
+        );
+        dying.put_crashing(b"k", b"new", point)?;
+        let id = dying.id();
+        std::mem::forget(dying);
+        assert_eq!(a.get(b"k")?.as_deref(), Some(&b"old"[..]), "{point:?}");
+        assert_eq!(
+            s.coordinator.reclaim_grants(id),
+            6,
+            "three granted locations of two blocks"
+        );
+        a.put(b"k", b"next")?;
+        assert_eq!(a.get(b"k")?.as_deref(), Some(&b"next"[..]));
+        a.put(b"k", b"old")?;
+    }
+    Ok(())
+}

@@ -1,0 +1,76 @@
+//! Every baseline over the TCP transport on 127.0.0.1: the same answers and round trips as in-process.
+
+mod common;
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use common::{Nodes, TOKEN, traffic};
+use dinomo_fabric::{Connector, MemoryNode, NodeConfig, Server, ServerConfig, Target};
+use dinomo_pdpm::PdpmStore;
+use dinomo_pdpm::central::{
+    self, CentralClient, CentralLayout, CentralSettings, Coordinator, CoordinatorConfig,
+};
+use dinomo_pdpm::direct::{self, DirectClient, DirectLayout, DirectSettings, Flavor};
+use dinomo_pool::Pool;
+
+#[test]
+fn every_baseline_works_over_tcp_with_the_papers_round_trips() -> Result<()> {
+    for flavor in [Flavor::Markers, Flavor::Crc] {
+        let layout = DirectLayout {
+            flavor,
+            slots: 64,
+            replication: 2,
+            ..DirectLayout::default()
+        };
+        let n = Nodes::new(2, |pool| direct::format(pool, &layout).unwrap());
+        let mut c = DirectClient::connect(&n.connectors(true), DirectSettings::default())?;
+        let mut other = DirectClient::connect(&n.connectors(true), DirectSettings::default())?;
+        c.put(b"k", b"v1")?;
+        let steps = c.protocol_steps();
+        let (r, t) = traffic(|| c.put(b"k", &[9u8; 1000]));
+        r?;
+        assert_eq!((t.round_trips, c.protocol_steps() - steps), (10, 6));
+        let (r, t) = traffic(|| other.get(b"k"));
+        assert_eq!(r?, Some(vec![9u8; 1000]));
+        assert_eq!(t.round_trips, if flavor == Flavor::Markers { 3 } else { 1 });
+        other.delete(b"k")?;
+        assert_eq!(c.get(b"k")?, None);
+    }
+
+    let layout = CentralLayout {
+        blocks: 64,
+        ..CentralLayout::default()
+    };
+    let memory = Nodes::new(2, |pool| central::format(pool, &layout).unwrap());
+    let coordinator = Coordinator::new(&memory.connectors(true), CoordinatorConfig::default())?;
+    let host = MemoryNode::new(
+        Arc::new(Pool::anonymous(4 << 20, 1 << 20)?),
+        NodeConfig {
+            cluster_token: TOKEN.into(),
+            ..NodeConfig::default()
+        },
+    );
+    coordinator.serve(&host);
+    let server = Server::start(
+        host.clone(),
+        ServerConfig {
+            listen: "127.0.0.1:0".parse()?,
+            ..ServerConfig::default()
+        },
+    )?;
+    let mut coord = Connector::new(Target::Tcp(server.local_addr()));
+    coord.config.cluster_token = TOKEN.into();
+    let mut c =
+        CentralClient::connect(&coord, &memory.connectors(true), CentralSettings::default())?;
+    c.refill()?;
+    let (r, t) = traffic(|| c.put(b"k", &[3u8; 1000]));
+    r?;
+    assert_eq!(t.round_trips, 3);
+    let (r, t) = traffic(|| c.get(b"k"));
+    assert_eq!(r?, Some(vec![3u8; 1000]));
+    assert_eq!(t.round_trips, 2);
+    c.delete(b"k")?;
+    assert_eq!(c.get(b"k")?, None);
+    Ok(())
+}
