@@ -394,8 +394,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 #[derive(Debug, Args)]
 pub struct YcsbArgs {
     /// System under test: dinomo, dinomo-s (shortcut-only cache) or dinomo-n (shared-nothing: one index partition
-    /// per KV node) of the DINOMO paper (clover, directds, directds-c, centralds, ditto and tac are named but not
-    /// built yet).
+    /// per KV node) of the DINOMO paper, or the pDPM baselines directds, directds-c and centralds (in-process
+    /// only; --kns is then the number of compute nodes the clients are spread over, one pDPM client per client
+    /// thread). clover, ditto and tac are named but not built yet.
     #[arg(long, default_value = "dinomo")]
     pub system: System,
     /// Where the store runs: in-process (a cluster started by this command), native (a running cluster, reached
@@ -481,6 +482,16 @@ pub struct YcsbArgs {
     /// In-process: run once for each of these KV-node counts (e.g. 1,2,4) and write one combined result.
     #[arg(long, value_delimiter = ',')]
     pub sweep_kns: Vec<usize>,
+    /// pDPM baselines: memory nodes, each over its own pool.
+    #[arg(long, default_value_t = 1)]
+    pub memory_nodes: usize,
+    /// pDPM baselines: copies of every value, on distinct memory nodes.
+    #[arg(long, default_value_t = 1)]
+    pub replication: u32,
+    /// pDPM baselines: keys the slot tables (DirectDS) or block areas (CentralDS) are sized for (default: the
+    /// records plus --ops, twice the records without --ops, at least 1024).
+    #[arg(long)]
+    pub pdpm_keys: Option<u64>,
     /// Native: the memory node's fabric address, to report its merge backlog.
     #[arg(long)]
     pub dpm: Option<String>,
@@ -629,6 +640,9 @@ fn ycsb_options(a: &YcsbArgs) -> anyhow::Result<YcsbOptions> {
                 merge_threads: a.merge_threads,
                 pool_bytes: a.pool_bytes,
                 lease_ms: a.lease_ms,
+                memory_nodes: a.memory_nodes,
+                replication: a.replication,
+                pdpm_keys: a.pdpm_keys,
             })
         }
     };
@@ -916,5 +930,13 @@ mod tests {
         assert!(err.to_string().contains("shortcuts only"), "{err}");
         let err = options(&["--system", "clover"]).unwrap_err();
         assert!(err.to_string().contains("not built yet"), "{err}");
+        let o = options(&["--system", "centralds", "--memory-nodes", "2"]).unwrap();
+        assert_eq!((o.system, policy(&o)), (System::CentralDs, "none"));
+        let err = options(&["--system", "directds", "--policy", "dac"]).unwrap_err();
+        assert!(err.to_string().contains("has no cache"), "{err}");
+        let err = options(&["--system", "directds-c", "--replication", "2"]).unwrap_err();
+        assert!(err.to_string().contains("--replication"), "{err}");
+        let err = options(&["--memory-nodes", "2"]).unwrap_err();
+        assert!(err.to_string().contains("one memory node"), "{err}");
     }
 }

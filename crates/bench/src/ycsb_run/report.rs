@@ -389,7 +389,8 @@ pub struct YcsbReport {
     pub latency: Latency,
     /// Resources, in all and per operation; `None` when the KV nodes' counters cannot be read (RESP).
     pub resources: Option<Resources>,
-    /// Where lookups were answered; `None` when the KV nodes' counters cannot be read (RESP).
+    /// Where lookups were answered; `None` when the KV nodes' counters cannot be read (RESP) or the system has no
+    /// cache (the pDPM baselines).
     pub cache: Option<CacheReport>,
     /// The memory node's merging, when it can be read.
     pub merge: Option<MergeReport>,
@@ -540,7 +541,7 @@ pub(crate) fn assemble(
             per_op,
             writes_per_commit: ratio(t.writes, t.commits),
         }),
-        cache: seen.then_some(CacheReport {
+        cache: (seen && deltas.caches).then_some(CacheReport {
             lookups: t.lookups,
             value_hits: t.value_hits,
             shortcut_hits: t.shortcut_hits,
