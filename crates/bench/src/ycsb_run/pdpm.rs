@@ -90,7 +90,10 @@ fn capacity(opts: &YcsbOptions, p: &InProcessOptions) -> u64 {
 
 /// An anonymous pool holding an extent of `bytes` and the pool's own metadata.
 fn pool_for(bytes: u64) -> anyhow::Result<Arc<Pool>> {
-    let size = bytes.div_ceil(SEGMENT).saturating_add(2).saturating_mul(SEGMENT);
+    let size = bytes
+        .div_ceil(SEGMENT)
+        .saturating_add(2)
+        .saturating_mul(SEGMENT);
     Ok(Arc::new(Pool::anonymous(size, SEGMENT).with_context(
         || format!("creating a memory node's pool of {size} bytes"),
     )?))
@@ -406,13 +409,19 @@ mod tests {
             StoreError::Unavailable(_)
         ));
         let full = PdpmError::TableFull { probes: 64 };
-        assert!(matches!(store_error(full, true), StoreError::Unavailable(_)));
+        assert!(matches!(
+            store_error(full, true),
+            StoreError::Unavailable(_)
+        ));
         let torn = PdpmError::Contended {
             node: 0,
             slot: 1,
             attempts: 3,
         };
-        assert!(matches!(store_error(torn, false), StoreError::Unavailable(_)));
+        assert!(matches!(
+            store_error(torn, false),
+            StoreError::Unavailable(_)
+        ));
         let big = PdpmError::ValueTooLarge { len: 9, max: 8 };
         assert!(matches!(store_error(big, true), StoreError::Invalid(_)));
     }

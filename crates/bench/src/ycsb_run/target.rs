@@ -16,8 +16,8 @@ use dinomo_dpm::{Processor, ProcessorConfig, ProcessorStats};
 use dinomo_fabric::{Connector, Endpoint, Target};
 use dinomo_kn::{DataOp, KnConfig};
 
-use super::resources::{CpuTimes, NodeCounters, Snapshot};
 use super::pdpm::PdpmTarget;
+use super::resources::{CpuTimes, NodeCounters, Snapshot};
 use super::resp::RespStore;
 use super::{InProcessOptions, NativeOptions, Progress, TargetOptions, YcsbOptions};
 
