@@ -668,6 +668,14 @@ impl YcsbReport {
             o.seed
         );
         let target = match &o.target {
+            TargetOptions::InProcess(p) if o.system.is_pdpm() => format!(
+                "{} in-process: {} memory node(s), replication {}, {} compute node(s), no cache, fabric latency {} ns",
+                self.system,
+                p.memory_nodes,
+                p.replication,
+                self.kv_nodes.map_or("?".to_string(), |n| n.to_string()),
+                p.latency_ns
+            ),
             TargetOptions::InProcess(p) => format!(
                 "{} in-process: {} × {} worker(s), {} cache per node ({}), fabric latency {} ns",
                 self.system,
@@ -745,7 +753,7 @@ impl YcsbReport {
                 us(k.latency.p999_us)
             );
         }
-        let (Some(resources), Some(c)) = (&self.resources, &self.cache) else {
+        let Some(resources) = &self.resources else {
             let _ = writeln!(
                 s,
                 "server:  its counters are not collected through RESP: no round trips, cache hits, merge backlog or \
@@ -782,8 +790,11 @@ impl YcsbReport {
                 us(c)
             );
         }
-        match c.ratios {
-            Some(r) => {
+        match self.cache.as_ref().map(|c| (c, c.ratios)) {
+            None => {
+                let _ = writeln!(s, "cache:   none");
+            }
+            Some((c, Some(r))) => {
                 let _ = writeln!(
                     s,
                     "cache:   value {:.1}%, shortcut {:.1}%, log {:.1}%, miss {:.1}% of {} lookups; {} values and {} shortcuts cached ({} of {})",
@@ -798,7 +809,7 @@ impl YcsbReport {
                     bytes(c.state.budget_bytes)
                 );
             }
-            None => {
+            Some((_, None)) => {
                 let _ = writeln!(s, "cache:   no lookups");
             }
         }
@@ -819,12 +830,17 @@ impl YcsbReport {
                 .nodes
                 .iter()
                 .map(|n| {
-                    format!(
-                        "{}: {:.0}% of the work ({:.0}% of the keys)",
-                        n.node_id,
-                        n.load_share * 100.0,
-                        n.share * 100.0
-                    )
+                    if o.system.is_pdpm() {
+                        // Compute nodes own no part of the key space.
+                        format!("{}: {:.0}% of the work", n.node_id, n.load_share * 100.0)
+                    } else {
+                        format!(
+                            "{}: {:.0}% of the work ({:.0}% of the keys)",
+                            n.node_id,
+                            n.load_share * 100.0,
+                            n.share * 100.0
+                        )
+                    }
                 })
                 .collect();
             let _ = writeln!(s, "nodes:   {}", parts.join("; "));
