@@ -50,8 +50,9 @@ pub enum Which {
     /// each component's throughput ceiling and the predicted throughput for 1 to --max-kns KV nodes, with the
     /// component that binds; compared with the measured runs.
     Project(Box<ProjectArgs>),
-    /// Reproduces a figure of the DINOMO paper (3, 5, 6, 7 or 8, or all) scaled to this machine: runs the
-    /// benchmarks and writes their results, plots and a table of the paper's numbers beside ours to OUT/figureN/.
+    /// Reproduces a figure of the DINOMO paper (3, 5, 6, 7 or 8, or all), or the pDPM paper's Figure 7 (pdpm),
+    /// scaled to this machine: runs the benchmarks and writes their results, plots and a table of the paper's
+    /// numbers beside ours to OUT/figureN/ (OUT/pdpm-figure7/).
     Figure(FigureArgs),
 }
 
@@ -145,7 +146,8 @@ pub struct ProjectArgs {
 /// Settings of `dinomo bench figure`.
 #[derive(Debug, Args)]
 pub struct FigureArgs {
-    /// The figure: 3, 5, 6, 7, 8 or all.
+    /// The figure: 3, 5, 6, 7, 8 or all (the DINOMO paper's), or pdpm (the pDPM paper's Figure 7: the pDPM
+    /// baselines on YCSB, with and without replication; written to OUT/pdpm-figure7/).
     pub figure: String,
     /// tiny (seconds, a smoke run), small (a minute or two per figure) or full (several minutes per figure).
     #[arg(long, default_value = "small")]
@@ -861,12 +863,25 @@ fn project(a: ProjectArgs) -> anyhow::Result<()> {
 }
 
 fn figure(a: FigureArgs) -> anyhow::Result<()> {
-    use dinomo_bench::figures::{FIGURES, run_figure};
+    use dinomo_bench::figures::{FIGURES, PDPM_FIGURE, run_figure, run_pdpm_figure};
+    if a.figure.eq_ignore_ascii_case(PDPM_FIGURE) {
+        let report = run_pdpm_figure(a.scale, &a.out, &mut |s| eprintln!("{s}"))?;
+        println!("{}", report.to_markdown());
+        eprintln!(
+            "pdpm figure 7: wrote {}/pdpm-figure7/ ({})",
+            a.out.display(),
+            report.files.join(", ")
+        );
+        return Ok(());
+    }
     let figures: Vec<u32> = if a.figure.eq_ignore_ascii_case("all") {
         FIGURES.to_vec()
     } else {
         let n: u32 = a.figure.parse().map_err(|_| {
-            anyhow::anyhow!("figure: expected 3, 5, 6, 7, 8 or all, got {:?}", a.figure)
+            anyhow::anyhow!(
+                "figure: expected 3, 5, 6, 7, 8, all or pdpm, got {:?}",
+                a.figure
+            )
         })?;
         vec![n]
     };
