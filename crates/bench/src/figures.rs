@@ -1481,7 +1481,7 @@ pub fn run_pdpm_figure(
                 .map(|&s| {
                     format!(
                         "{s} {}",
-                        ops(name, replication, s).map_or("—".into(), |v| crate::format::rate(v))
+                        ops(name, replication, s).map_or("—".into(), crate::format::rate)
                     )
                 })
                 .collect();
