@@ -1318,13 +1318,15 @@ fn figure8(
 /// The name of the pDPM recipe on the command line (`dinomo bench figure pdpm`).
 pub const PDPM_FIGURE: &str = "pdpm";
 
-/// The pDPM paper's Figure 7 workloads (§5.2): read-only, 5% writes, 50% writes, write-only.
-fn pdpm_workloads(scale: Scale) -> Vec<(&'static str, Workload)> {
+/// The pDPM paper's Figure 7 workloads (§5.2): read-only, 5% writes, 50% writes, write-only; each with its name in
+/// the table and in file names.
+fn pdpm_workloads(scale: Scale) -> Vec<(&'static str, &'static str, Workload)> {
     let all = vec![
-        ("C (read-only)", Workload::C),
-        ("B (5% updates)", Workload::B),
-        ("A (50% updates)", Workload::A),
+        ("C (read-only)", "c", Workload::C),
+        ("B (5% updates)", "b", Workload::B),
+        ("A (50% updates)", "a", Workload::A),
         (
+            "write-only",
             "write-only",
             "update=1".parse().expect("a fixed mix parses"),
         ),
@@ -1420,7 +1422,7 @@ pub fn run_pdpm_figure(
     let mut csv = String::from(
         "workload,replication,system,ops_per_s,p50_us,p99_us,round_trips_per_op,bytes_per_op,errors\n",
     );
-    for (name, workload) in pdpm_workloads(scale) {
+    for (name, slug, workload) in pdpm_workloads(scale) {
         for replication in [1, 2] {
             for system in System::PDPM {
                 let opts = pdpm_options(scale, system, workload, replication);
@@ -1432,7 +1434,7 @@ pub fn run_pdpm_figure(
                         progress(&format!("pdpm figure 7: {step}"));
                     }
                 })?;
-                let stem = format!("{}-r{replication}", r.file_stem());
+                let stem = format!("ycsb-{system}-{slug}-r{replication}");
                 files.write(&format!("{stem}.json"), &serde_json::to_string_pretty(&r)?)?;
                 commands.push(pdpm_command(&opts, &files.dir));
                 let per_op = r.resources.as_ref().map(|x| &x.per_op);
@@ -1474,7 +1476,7 @@ pub fn run_pdpm_figure(
     let (read_only, write_only) = ("C (read-only)", "write-only");
     let contention = "Zipf 0.99 contention; uncontended Table 1 counts";
     let mut rows = Vec::new();
-    for (name, _) in pdpm_workloads(scale) {
+    for (name, _, _) in pdpm_workloads(scale) {
         for replication in [1, 2] {
             let parts: Vec<String> = System::PDPM
                 .iter()
