@@ -210,7 +210,9 @@ fn cluster_config(o: &ElasticOptions) -> LocalClusterConfig {
         injected_latency_ns: o.latency_ns,
         ..LocalClusterConfig::default()
     };
-    o.system.variant().configure(&mut cfg);
+    if let Some(variant) = o.system.variant() {
+        variant.configure(&mut cfg);
+    }
     cfg
 }
 
@@ -269,6 +271,11 @@ pub fn run_elastic(
         "removing or killing needs 2 or more KV nodes"
     );
     anyhow::ensure!(o.clients >= 1 && o.keys >= 1, "need clients and keys");
+    anyhow::ensure!(
+        !o.system.is_pdpm(),
+        "{} has no KV nodes to add, remove or kill: bench elastic runs dinomo, dinomo-s or dinomo-n",
+        o.system
+    );
     anyhow::ensure!(!o.bucket.is_zero(), "bucket width must be positive");
     anyhow::ensure!(
         !(o.scenario == Scenario::Replicate && o.system == System::DinomoN),

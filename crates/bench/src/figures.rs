@@ -28,6 +28,7 @@ use crate::project::{HardwareProfile, Projection, project};
 use crate::ycsb::{Distribution, Workload};
 use crate::ycsb_run::{
     InProcessOptions, PlotKind, System, TargetOptions, YcsbOptions, YcsbReport, plot, run_sweep,
+    run_ycsb,
 };
 use crate::{DacBenchOptions, DacReport, run_dac};
 
@@ -137,6 +138,9 @@ impl Comparison {
 pub struct FigureReport {
     /// The paper's figure number.
     pub figure: u32,
+    /// The paper the figure is from: "DINOMO" or "pDPM".
+    #[serde(default = "dinomo_paper")]
+    pub paper: String,
     /// What it shows.
     pub title: String,
     /// The scale it ran at.
@@ -155,6 +159,10 @@ pub struct FigureReport {
     pub files: Vec<String>,
 }
 
+fn dinomo_paper() -> String {
+    "DINOMO".into()
+}
+
 fn num(v: Option<f64>) -> String {
     match v {
         None => "—".into(),
@@ -167,8 +175,14 @@ fn num(v: Option<f64>) -> String {
 impl FigureReport {
     /// The report as Markdown: the commands, the table, what is not built and what differs.
     pub fn to_markdown(&self) -> String {
+        // The DINOMO paper's figures keep their plain heading.
+        let paper = if self.paper == dinomo_paper() {
+            String::new()
+        } else {
+            format!("{} ", self.paper)
+        };
         let mut s = format!(
-            "## Figure {}: {}\n\nScale `{}` on a {}-core machine.\n\n```sh\n",
+            "## {paper}Figure {}: {}\n\nScale `{}` on a {}-core machine.\n\n```sh\n",
             self.figure, self.title, self.scale, self.host_cores
         );
         for c in &self.commands {
@@ -233,6 +247,7 @@ pub fn run_figure(
     written.push(md_name.clone());
     let report = FigureReport {
         figure,
+        paper: dinomo_paper(),
         title: found.title.into(),
         scale,
         host_cores: cores(),
@@ -1295,6 +1310,310 @@ fn figure8(
         not_built: vec!["clover".into()],
         differences: vec![host_note()],
     })
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// pDPM Figure 7: the pDPM baselines' throughput on YCSB, with and without replication.
+
+/// The name of the pDPM recipe on the command line (`dinomo bench figure pdpm`).
+pub const PDPM_FIGURE: &str = "pdpm";
+
+/// The pDPM paper's Figure 7 workloads (§5.2): read-only, 5% writes, 50% writes, write-only; each with its name in
+/// the table and in file names.
+fn pdpm_workloads(scale: Scale) -> Vec<(&'static str, &'static str, Workload)> {
+    let all = vec![
+        ("C (read-only)", "c", Workload::C),
+        ("B (5% updates)", "b", Workload::B),
+        ("A (50% updates)", "a", Workload::A),
+        (
+            "write-only",
+            "write-only",
+            "update=1".parse().expect("a fixed mix parses"),
+        ),
+    ];
+    match scale {
+        Scale::Tiny => vec![all[0], all[3]],
+        _ => all,
+    }
+}
+
+/// The settings of one pDPM run: the paper's 4 CNs × 8 threads and 4 DPMs, scaled.
+fn pdpm_options(scale: Scale, system: System, workload: Workload, replication: u32) -> YcsbOptions {
+    let (records, memory_nodes, compute_nodes, clients, secs): (u64, usize, usize, usize, f64) =
+        match scale {
+            Scale::Tiny => (200, 2, 1, 2, 20.0),
+            Scale::Small => (20_000, 4, 2, 4, 2.0),
+            Scale::Full => (100_000, 4, 4, 8, 10.0),
+        };
+    let tiny = scale == Scale::Tiny;
+    YcsbOptions {
+        system,
+        target: TargetOptions::InProcess(InProcessOptions {
+            kns: compute_nodes,
+            policy: system.default_policy(),
+            memory_nodes,
+            replication,
+            ..InProcessOptions::default()
+        }),
+        workload,
+        distribution: Distribution::Zipfian { theta: 0.99 },
+        records,
+        value_bytes: 1024,
+        clients,
+        outstanding: 1,
+        warmup_secs: if tiny { 20.0 } else { 0.5 },
+        secs,
+        warmup_ops: tiny.then_some(400),
+        ops: tiny.then_some(300),
+        ..YcsbOptions::default()
+    }
+}
+
+fn pdpm_command(o: &YcsbOptions, out: &Path) -> String {
+    let TargetOptions::InProcess(p) = &o.target else {
+        return "dinomo bench ycsb ...".into();
+    };
+    let mut s = format!(
+        "dinomo bench ycsb --system {} --workload {} --distribution {} --records {} --value-bytes {} --clients {} \
+         --kns {} --memory-nodes {} --replication {}",
+        o.system,
+        o.workload,
+        o.distribution,
+        o.records,
+        o.value_bytes,
+        o.clients,
+        p.kns,
+        p.memory_nodes,
+        p.replication
+    );
+    match (o.warmup_ops, o.ops) {
+        (Some(w), Some(n)) => {
+            let _ = write!(s, " --warmup-ops {w} --ops {n}");
+        }
+        _ => {
+            let _ = write!(s, " --warmup-secs {} --secs {}", o.warmup_secs, o.secs);
+        }
+    }
+    let _ = write!(s, " --out {}", out.display());
+    s
+}
+
+/// Runs the pDPM paper's Figure 7 recipe at `scale`: DirectDS, DirectDS-C and CentralDS on YCSB C, B, A and
+/// write-only (C and write-only at the tiny scale), with one copy and with two, writing every run's report, a
+/// throughput table (`throughput.csv`) and `pdpm-figure7.json` / `.md` to `out/pdpm-figure7/`. SepDS (Clover) and
+/// Hotpot, which are not built, are listed as such.
+pub fn run_pdpm_figure(
+    scale: Scale,
+    out: &Path,
+    progress: &mut dyn FnMut(&str),
+) -> anyhow::Result<FigureReport> {
+    let dir = out.join("pdpm-figure7");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut files = Files {
+        dir: dir.clone(),
+        written: Vec::new(),
+    };
+    let mut commands = vec![format!(
+        "dinomo bench figure {PDPM_FIGURE} --scale {scale} --out {}",
+        out.display()
+    )];
+    // (workload name, replication, system, report)
+    let mut runs: Vec<(&'static str, u32, System, YcsbReport)> = Vec::new();
+    let mut csv = String::from(
+        "workload,replication,system,ops_per_s,p50_us,p99_us,round_trips_per_op,bytes_per_op,errors\n",
+    );
+    for (name, slug, workload) in pdpm_workloads(scale) {
+        for replication in [1, 2] {
+            for system in System::PDPM {
+                let opts = pdpm_options(scale, system, workload, replication);
+                progress(&format!(
+                    "pdpm figure 7: {system}, {name}, replication {replication}"
+                ));
+                let r = run_ycsb(&opts, &mut |p| {
+                    if let crate::ycsb_run::Progress::Phase(step) = p {
+                        progress(&format!("pdpm figure 7: {step}"));
+                    }
+                })?;
+                let stem = format!("ycsb-{system}-{slug}-r{replication}");
+                files.write(&format!("{stem}.json"), &serde_json::to_string_pretty(&r)?)?;
+                commands.push(pdpm_command(&opts, &files.dir));
+                let per_op = r.resources.as_ref().map(|x| &x.per_op);
+                let _ = writeln!(
+                    csv,
+                    "{name},{replication},{system},{:.0},{:.1},{:.1},{},{},{}",
+                    r.measured.ops_per_s,
+                    r.latency.p50_us,
+                    r.latency.p99_us,
+                    per_op.map_or(String::new(), |p| format!("{:.3}", p.round_trips)),
+                    per_op.map_or(String::new(), |p| format!(
+                        "{:.0}",
+                        p.bytes_out + p.bytes_in
+                    )),
+                    r.measured.errors.total()
+                );
+                runs.push((name, replication, system, r));
+            }
+        }
+    }
+    files.write("throughput.csv", &csv)?;
+    let find = |name: &str, replication: u32, system: System| {
+        runs.iter()
+            .find(|(n, r, s, _)| *n == name && *r == replication && *s == system)
+            .map(|(_, _, _, rep)| rep)
+    };
+    let ops = |name: &str, replication: u32, system: System| {
+        find(name, replication, system).map(|r| r.measured.ops_per_s)
+    };
+    let rt = |name: &str, system: System| {
+        find(name, 1, system)
+            .and_then(|r| r.resources.as_ref())
+            .map(|x| x.per_op.round_trips)
+    };
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    };
+    let (read_only, write_only) = ("C (read-only)", "write-only");
+    let contention = "Zipf 0.99 contention; uncontended Table 1 counts";
+    let mut rows = Vec::new();
+    for (name, _, _) in pdpm_workloads(scale) {
+        for replication in [1, 2] {
+            let parts: Vec<String> = System::PDPM
+                .iter()
+                .map(|&s| {
+                    format!(
+                        "{s} {}",
+                        ops(name, replication, s).map_or("—".into(), crate::format::rate)
+                    )
+                })
+                .collect();
+            rows.push(Comparison::new(
+                format!("throughput (ops/s), {name}, replication {replication}"),
+                "Figure 7 (bars; the text states no numbers)",
+                None,
+                format!("{}; sepds not built", parts.join(", ")),
+                None,
+                host_note(),
+            ));
+        }
+    }
+    let c_over_d = ratio(
+        ops(read_only, 1, System::DirectDsC),
+        ops(read_only, 1, System::DirectDs),
+    );
+    let c_over_central = ratio(
+        ops(read_only, 1, System::DirectDsC),
+        ops(read_only, 1, System::CentralDs),
+    );
+    let central_over_direct = ratio(
+        ops(write_only, 1, System::CentralDs),
+        ops(write_only, 1, System::DirectDs),
+    );
+    rows.extend([
+        Comparison::new(
+            "DirectDS-C / DirectDS throughput, read-only",
+            "> 1: DirectDS-C reads take no lock; DirectDS's locked reads are the worst under contention",
+            None,
+            num(c_over_d),
+            c_over_d,
+            host_note(),
+        ),
+        Comparison::new(
+            "DirectDS-C / CentralDS throughput, read-only",
+            "> 1: a CentralDS read is 2 RTTs and the coordinator is the bottleneck",
+            None,
+            num(c_over_central),
+            c_over_central,
+            host_note(),
+        ),
+        Comparison::new(
+            "CentralDS / DirectDS throughput, write-only",
+            "> 1: the DirectDS systems' locks are costly under contention",
+            None,
+            num(central_over_direct),
+            central_over_direct,
+            host_note(),
+        ),
+    ]);
+    for system in System::PDPM {
+        let r2 = ratio(ops(write_only, 2, system), ops(write_only, 1, system));
+        rows.push(Comparison::new(
+            format!("{system}: replication 2 / 1 throughput, write-only"),
+            "< 1: redundancy lowers write-heavy throughput",
+            None,
+            num(r2),
+            r2,
+            "our clients write the replicas one after another (the paper issues them in parallel)",
+        ));
+    }
+    for (system, read, write) in [
+        (System::DirectDs, 3.0, 6.0),
+        (System::DirectDsC, 1.0, 6.0),
+        (System::CentralDs, 2.0, 3.0),
+    ] {
+        let (r, w) = (rt(read_only, system), rt(write_only, system));
+        rows.push(Comparison::new(
+            format!("{system}: round trips per read, read-only (Table 1)"),
+            format!("{read}"),
+            Some(read),
+            num(r),
+            r,
+            contention,
+        ));
+        rows.push(Comparison::new(
+            format!("{system}: round trips per write, write-only (Table 1)"),
+            format!("{write}"),
+            Some(write),
+            num(w),
+            w,
+            if system == System::CentralDs {
+                format!(
+                    "{contention}; a GRANT call every 32 writes refills the client's free blocks"
+                )
+            } else {
+                contention.to_string()
+            },
+        ));
+    }
+    rows.push(Comparison::not_built(
+        "SepDS throughput",
+        "the best of all systems on every workload",
+        None,
+        "sepds (clover)",
+    ));
+    rows.push(Comparison::not_built(
+        "Hotpot throughput",
+        "orders of magnitude below the DPM stores",
+        None,
+        "hotpot",
+    ));
+    let figure = 7;
+    let json_name = "pdpm-figure7.json".to_string();
+    let md_name = "pdpm-figure7.md".to_string();
+    let mut written = files.written.clone();
+    written.push(json_name.clone());
+    written.push(md_name.clone());
+    let report = FigureReport {
+        figure,
+        paper: "pDPM".into(),
+        title: "DPM throughput and replication: DirectDS, DirectDS-C and CentralDS on YCSB, Zipf 0.99".into(),
+        scale,
+        host_cores: cores(),
+        commands,
+        rows,
+        not_built: vec!["sepds (clover)".into(), "hotpot".into()],
+        differences: vec![
+            host_note(),
+            "memory nodes and compute nodes are scaled down (the paper: 4 CNs × 8 threads, 4 DPMs, 100 000 \
+             records), and no fabric latency is injected, so a round trip costs far less than on RDMA"
+                .into(),
+            "replication degree 2 (the paper's text; its caption says three)".into(),
+        ],
+        files: written,
+    };
+    files.write(&json_name, &serde_json::to_string_pretty(&report)?)?;
+    files.write(&md_name, &report.to_markdown())?;
+    Ok(report)
 }
 
 #[cfg(test)]

@@ -50,8 +50,9 @@ pub enum Which {
     /// each component's throughput ceiling and the predicted throughput for 1 to --max-kns KV nodes, with the
     /// component that binds; compared with the measured runs.
     Project(Box<ProjectArgs>),
-    /// Reproduces a figure of the DINOMO paper (3, 5, 6, 7 or 8, or all) scaled to this machine: runs the
-    /// benchmarks and writes their results, plots and a table of the paper's numbers beside ours to OUT/figureN/.
+    /// Reproduces a figure of the DINOMO paper (3, 5, 6, 7 or 8, or all), or the pDPM paper's Figure 7 (pdpm),
+    /// scaled to this machine: runs the benchmarks and writes their results, plots and a table of the paper's
+    /// numbers beside ours to OUT/figureN/ (OUT/pdpm-figure7/).
     Figure(FigureArgs),
 }
 
@@ -145,7 +146,8 @@ pub struct ProjectArgs {
 /// Settings of `dinomo bench figure`.
 #[derive(Debug, Args)]
 pub struct FigureArgs {
-    /// The figure: 3, 5, 6, 7, 8 or all.
+    /// The figure: 3, 5, 6, 7, 8 or all (the DINOMO paper's), or pdpm (the pDPM paper's Figure 7: the pDPM
+    /// baselines on YCSB, with and without replication; written to OUT/pdpm-figure7/).
     pub figure: String,
     /// tiny (seconds, a smoke run), small (a minute or two per figure) or full (several minutes per figure).
     #[arg(long, default_value = "small")]
@@ -394,8 +396,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 #[derive(Debug, Args)]
 pub struct YcsbArgs {
     /// System under test: dinomo, dinomo-s (shortcut-only cache) or dinomo-n (shared-nothing: one index partition
-    /// per KV node) of the DINOMO paper (clover, directds, directds-c, centralds, ditto and tac are named but not
-    /// built yet).
+    /// per KV node) of the DINOMO paper, or the pDPM baselines directds, directds-c and centralds (in-process
+    /// only; --kns is then the number of compute nodes the clients are spread over, one pDPM client per client
+    /// thread). clover, ditto and tac are named but not built yet.
     #[arg(long, default_value = "dinomo")]
     pub system: System,
     /// Where the store runs: in-process (a cluster started by this command), native (a running cluster, reached
@@ -481,6 +484,16 @@ pub struct YcsbArgs {
     /// In-process: run once for each of these KV-node counts (e.g. 1,2,4) and write one combined result.
     #[arg(long, value_delimiter = ',')]
     pub sweep_kns: Vec<usize>,
+    /// pDPM baselines: memory nodes, each over its own pool.
+    #[arg(long, default_value_t = 1)]
+    pub memory_nodes: usize,
+    /// pDPM baselines: copies of every value, on distinct memory nodes.
+    #[arg(long, default_value_t = 1)]
+    pub replication: u32,
+    /// pDPM baselines: keys the slot tables (DirectDS) or block areas (CentralDS) are sized for (default: the
+    /// records plus --ops, twice the records without --ops, at least 1024).
+    #[arg(long)]
+    pub pdpm_keys: Option<u64>,
     /// Native: the memory node's fabric address, to report its merge backlog.
     #[arg(long)]
     pub dpm: Option<String>,
@@ -629,6 +642,9 @@ fn ycsb_options(a: &YcsbArgs) -> anyhow::Result<YcsbOptions> {
                 merge_threads: a.merge_threads,
                 pool_bytes: a.pool_bytes,
                 lease_ms: a.lease_ms,
+                memory_nodes: a.memory_nodes,
+                replication: a.replication,
+                pdpm_keys: a.pdpm_keys,
             })
         }
     };
@@ -847,12 +863,25 @@ fn project(a: ProjectArgs) -> anyhow::Result<()> {
 }
 
 fn figure(a: FigureArgs) -> anyhow::Result<()> {
-    use dinomo_bench::figures::{FIGURES, run_figure};
+    use dinomo_bench::figures::{FIGURES, PDPM_FIGURE, run_figure, run_pdpm_figure};
+    if a.figure.eq_ignore_ascii_case(PDPM_FIGURE) {
+        let report = run_pdpm_figure(a.scale, &a.out, &mut |s| eprintln!("{s}"))?;
+        println!("{}", report.to_markdown());
+        eprintln!(
+            "pdpm figure 7: wrote {}/pdpm-figure7/ ({})",
+            a.out.display(),
+            report.files.join(", ")
+        );
+        return Ok(());
+    }
     let figures: Vec<u32> = if a.figure.eq_ignore_ascii_case("all") {
         FIGURES.to_vec()
     } else {
         let n: u32 = a.figure.parse().map_err(|_| {
-            anyhow::anyhow!("figure: expected 3, 5, 6, 7, 8 or all, got {:?}", a.figure)
+            anyhow::anyhow!(
+                "figure: expected 3, 5, 6, 7, 8, all or pdpm, got {:?}",
+                a.figure
+            )
         })?;
         vec![n]
     };
@@ -916,5 +945,13 @@ mod tests {
         assert!(err.to_string().contains("shortcuts only"), "{err}");
         let err = options(&["--system", "clover"]).unwrap_err();
         assert!(err.to_string().contains("not built yet"), "{err}");
+        let o = options(&["--system", "centralds", "--memory-nodes", "2"]).unwrap();
+        assert_eq!((o.system, policy(&o)), (System::CentralDs, "none"));
+        let err = options(&["--system", "directds", "--policy", "dac"]).unwrap_err();
+        assert!(err.to_string().contains("has no cache"), "{err}");
+        let err = options(&["--system", "directds-c", "--replication", "2"]).unwrap_err();
+        assert!(err.to_string().contains("--replication"), "{err}");
+        let err = options(&["--memory-nodes", "2"]).unwrap_err();
+        assert!(err.to_string().contains("one memory node"), "{err}");
     }
 }

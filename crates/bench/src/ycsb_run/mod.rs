@@ -16,6 +16,7 @@
 //! server, [`resp`]) reports them as absent.
 
 mod driver;
+pub mod pdpm;
 pub mod report;
 mod resources;
 pub mod resp;
@@ -42,8 +43,8 @@ pub const MAX_OUTSTANDING: usize = 4096;
 pub const MAX_SECONDS: f64 = 24.0 * 3600.0;
 
 /// The systems the benchmark knows: DINOMO and the variants of the DINOMO paper built on the same code
-/// ([`dinomo_cluster::Variant`]). Systems of the papers that are not built yet are named in [`SYSTEMS_NOT_BUILT`]
-/// so that asking for one gives a clear answer.
+/// ([`dinomo_cluster::Variant`]), and the pDPM baselines of [`dinomo_pdpm`] ([`pdpm`]). Systems of the papers that
+/// are not built yet are named in [`SYSTEMS_NOT_BUILT`] so that asking for one gives a clear answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum System {
@@ -53,42 +54,69 @@ pub enum System {
     DinomoS,
     /// DINOMO-N: shared-nothing, one index partition per KV node; data moves when ownership does.
     DinomoN,
+    /// pDPM DirectDS: one-sided verbs only, per-key locks on the memory nodes; reads lock (3 round trips).
+    #[serde(rename = "directds")]
+    DirectDs,
+    /// pDPM DirectDS-C: DirectDS with CRC-checked, lock-free reads (1 round trip).
+    #[serde(rename = "directds-c")]
+    DirectDsC,
+    /// pDPM CentralDS: a coordinator behind RPC owns the metadata (a read is a LOOKUP and a READ).
+    #[serde(rename = "centralds")]
+    CentralDs,
 }
 
 /// The systems of the papers that are not built yet.
-pub const SYSTEMS_NOT_BUILT: [&str; 6] = [
-    "clover",
-    "directds",
-    "directds-c",
-    "centralds",
-    "ditto",
-    "tac",
-];
+pub const SYSTEMS_NOT_BUILT: [&str; 3] = ["clover", "ditto", "tac"];
 
 impl System {
     /// Every system that can be run.
-    pub const BUILT: [System; 3] = [System::Dinomo, System::DinomoS, System::DinomoN];
+    pub const BUILT: [System; 6] = [
+        System::Dinomo,
+        System::DinomoS,
+        System::DinomoN,
+        System::DirectDs,
+        System::DirectDsC,
+        System::CentralDs,
+    ];
+
+    /// The pDPM baselines.
+    pub const PDPM: [System; 3] = [System::DirectDs, System::DirectDsC, System::CentralDs];
 
     /// Its name on the command line.
     pub fn name(self) -> &'static str {
-        self.variant().name()
-    }
-
-    /// The cluster variant that runs it.
-    pub fn variant(self) -> dinomo_cluster::Variant {
         match self {
-            System::Dinomo => dinomo_cluster::Variant::Dinomo,
-            System::DinomoS => dinomo_cluster::Variant::DinomoS,
-            System::DinomoN => dinomo_cluster::Variant::DinomoN,
+            System::DirectDs => "directds",
+            System::DirectDsC => "directds-c",
+            System::CentralDs => "centralds",
+            dinomo => dinomo.variant().map_or("dinomo", |v| v.name()),
         }
     }
 
-    /// The cache policy it runs with when none is asked for ("dac", or "shortcut-only" for DINOMO-S).
+    /// The cluster variant that runs it; `None` for the pDPM baselines, which run no DINOMO cluster.
+    pub fn variant(self) -> Option<dinomo_cluster::Variant> {
+        match self {
+            System::Dinomo => Some(dinomo_cluster::Variant::Dinomo),
+            System::DinomoS => Some(dinomo_cluster::Variant::DinomoS),
+            System::DinomoN => Some(dinomo_cluster::Variant::DinomoN),
+            System::DirectDs | System::DirectDsC | System::CentralDs => None,
+        }
+    }
+
+    /// Whether it is one of the pDPM baselines.
+    pub fn is_pdpm(self) -> bool {
+        self.variant().is_none()
+    }
+
+    /// The cache policy it runs with when none is asked for ("dac", or "shortcut-only" for DINOMO-S; "none" for
+    /// the pDPM baselines, which have no cache).
     pub fn default_policy(self) -> String {
-        self.variant()
-            .cache_policy(None)
-            .map(|p| p.to_string())
-            .unwrap_or_else(|_| dinomo_cache::Policy::default().to_string())
+        match self.variant() {
+            None => pdpm::NO_CACHE.to_string(),
+            Some(v) => v
+                .cache_policy(None)
+                .map(|p| p.to_string())
+                .unwrap_or_else(|_| dinomo_cache::Policy::default().to_string()),
+        }
     }
 }
 
@@ -169,6 +197,26 @@ pub struct InProcessOptions {
     /// busy with the benchmark itself never takes a late heartbeat for a failure (failures are `bench elastic`'s
     /// subject).
     pub lease_ms: u64,
+    /// pDPM baselines: memory nodes, each over its own anonymous pool. Default 1 (DINOMO runs one memory node and
+    /// takes no other value).
+    #[serde(default = "one_usize")]
+    pub memory_nodes: usize,
+    /// pDPM baselines: copies of every value, on distinct memory nodes (at most `memory_nodes`). Default 1.
+    #[serde(default = "one_u32")]
+    pub replication: u32,
+    /// pDPM baselines: keys the store is sized for (slots of DirectDS, blocks of CentralDS); `None` sizes it from
+    /// the records and the operations: `records + ops` (twice the records without `ops`), at least 1024. Writes
+    /// of new keys beyond it may fail with "table full", counted as failed operations.
+    #[serde(default)]
+    pub pdpm_keys: Option<u64>,
+}
+
+fn one_usize() -> usize {
+    1
+}
+
+fn one_u32() -> u32 {
+    1
 }
 
 impl Default for InProcessOptions {
@@ -182,6 +230,9 @@ impl Default for InProcessOptions {
             merge_threads: 4,
             pool_bytes: None,
             lease_ms: 2000,
+            memory_nodes: 1,
+            replication: 1,
+            pdpm_keys: None,
         }
     }
 }
@@ -317,18 +368,35 @@ impl YcsbOptions {
             );
         }
         self.distribution.validate()?;
+        if self.system.is_pdpm() && !matches!(self.target, TargetOptions::InProcess(_)) {
+            bail!(
+                "{} runs in this process only (--target in-process): it has no server of its own",
+                self.system
+            );
+        }
         match &self.target {
             TargetOptions::InProcess(p) => {
                 ensure!(p.kns >= 1, "--kns must be at least 1");
                 ensure!(p.kn_threads >= 1, "--kn-threads must be at least 1");
                 ensure!(p.merge_threads >= 1, "--merge-threads must be at least 1");
                 ensure!(p.lease_ms >= 10, "--lease-ms must be at least 10");
-                let policy = match p.policy.parse::<dinomo_cache::Policy>() {
-                    Ok(policy) => policy,
-                    Err(e) => bail!("--policy: {e}"),
-                };
-                if let Err(e) = self.system.variant().cache_policy(Some(policy)) {
-                    bail!("--policy: {e}");
+                match self.system.variant() {
+                    Some(variant) => {
+                        ensure!(
+                            p.memory_nodes == 1 && p.replication == 1,
+                            "{} runs one memory node: --memory-nodes and --replication are for the pDPM \
+                             baselines (directds, directds-c, centralds)",
+                            self.system
+                        );
+                        let policy = match p.policy.parse::<dinomo_cache::Policy>() {
+                            Ok(policy) => policy,
+                            Err(e) => bail!("--policy: {e}"),
+                        };
+                        if let Err(e) = variant.cache_policy(Some(policy)) {
+                            bail!("--policy: {e}");
+                        }
+                    }
+                    None => pdpm::validate(self, p)?,
                 }
             }
             TargetOptions::Native(n) => {

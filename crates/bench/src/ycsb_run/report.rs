@@ -389,7 +389,8 @@ pub struct YcsbReport {
     pub latency: Latency,
     /// Resources, in all and per operation; `None` when the KV nodes' counters cannot be read (RESP).
     pub resources: Option<Resources>,
-    /// Where lookups were answered; `None` when the KV nodes' counters cannot be read (RESP).
+    /// Where lookups were answered; `None` when the KV nodes' counters cannot be read (RESP) or the system has no
+    /// cache (the pDPM baselines).
     pub cache: Option<CacheReport>,
     /// The memory node's merging, when it can be read.
     pub merge: Option<MergeReport>,
@@ -540,7 +541,7 @@ pub(crate) fn assemble(
             per_op,
             writes_per_commit: ratio(t.writes, t.commits),
         }),
-        cache: seen.then_some(CacheReport {
+        cache: (seen && deltas.caches).then_some(CacheReport {
             lookups: t.lookups,
             value_hits: t.value_hits,
             shortcut_hits: t.shortcut_hits,
@@ -667,6 +668,14 @@ impl YcsbReport {
             o.seed
         );
         let target = match &o.target {
+            TargetOptions::InProcess(p) if o.system.is_pdpm() => format!(
+                "{} in-process: {} memory node(s), replication {}, {} compute node(s), no cache, fabric latency {} ns",
+                self.system,
+                p.memory_nodes,
+                p.replication,
+                self.kv_nodes.map_or("?".to_string(), |n| n.to_string()),
+                p.latency_ns
+            ),
             TargetOptions::InProcess(p) => format!(
                 "{} in-process: {} × {} worker(s), {} cache per node ({}), fabric latency {} ns",
                 self.system,
@@ -744,7 +753,7 @@ impl YcsbReport {
                 us(k.latency.p999_us)
             );
         }
-        let (Some(resources), Some(c)) = (&self.resources, &self.cache) else {
+        let Some(resources) = &self.resources else {
             let _ = writeln!(
                 s,
                 "server:  its counters are not collected through RESP: no round trips, cache hits, merge backlog or \
@@ -781,8 +790,11 @@ impl YcsbReport {
                 us(c)
             );
         }
-        match c.ratios {
-            Some(r) => {
+        match self.cache.as_ref().map(|c| (c, c.ratios)) {
+            None => {
+                let _ = writeln!(s, "cache:   none");
+            }
+            Some((c, Some(r))) => {
                 let _ = writeln!(
                     s,
                     "cache:   value {:.1}%, shortcut {:.1}%, log {:.1}%, miss {:.1}% of {} lookups; {} values and {} shortcuts cached ({} of {})",
@@ -797,7 +809,7 @@ impl YcsbReport {
                     bytes(c.state.budget_bytes)
                 );
             }
-            None => {
+            Some((_, None)) => {
                 let _ = writeln!(s, "cache:   no lookups");
             }
         }
@@ -818,12 +830,17 @@ impl YcsbReport {
                 .nodes
                 .iter()
                 .map(|n| {
-                    format!(
-                        "{}: {:.0}% of the work ({:.0}% of the keys)",
-                        n.node_id,
-                        n.load_share * 100.0,
-                        n.share * 100.0
-                    )
+                    if o.system.is_pdpm() {
+                        // Compute nodes own no part of the key space.
+                        format!("{}: {:.0}% of the work", n.node_id, n.load_share * 100.0)
+                    } else {
+                        format!(
+                            "{}: {:.0}% of the work ({:.0}% of the keys)",
+                            n.node_id,
+                            n.load_share * 100.0,
+                            n.share * 100.0
+                        )
+                    }
                 })
                 .collect();
             let _ = writeln!(s, "nodes:   {}", parts.join("; "));

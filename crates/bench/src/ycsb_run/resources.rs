@@ -19,6 +19,9 @@ pub struct Snapshot {
     pub memory: Option<ProcessorStats>,
     /// Thread CPU times of this process, if the cluster runs in it.
     pub cpu: Option<CpuTimes>,
+    /// Whether the nodes have caches (DINOMO's KV nodes do; the pDPM baselines' compute nodes do not): without,
+    /// the report leaves the cache section out.
+    pub caches: bool,
 }
 
 /// One KV node's counters.
@@ -239,6 +242,8 @@ pub struct Deltas {
     pub per_node: Vec<(u32, f64, WorkerTotals)>,
     /// The caches at the end.
     pub cache: CacheState,
+    /// Whether the nodes have caches at both ends; when not, the cache counters mean nothing.
+    pub caches: bool,
     /// The memory node at the start and at the end.
     pub memory: Option<(ProcessorStats, ProcessorStats)>,
     /// CPU time by role.
@@ -250,6 +255,7 @@ pub fn diff(start: &Snapshot, end: &Snapshot) -> Deltas {
     let mut out = Deltas::default();
     if let (Some(start_nodes), Some(end_nodes)) = (&start.nodes, &end.nodes) {
         out.kv_counters = true;
+        out.caches = start.caches && end.caches;
         for node in end_nodes {
             let before = start_nodes.iter().find(|n| n.node_id == node.node_id);
             let mut totals = WorkerTotals::default();

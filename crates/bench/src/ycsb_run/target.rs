@@ -1,7 +1,7 @@
 //! The store under test, as the benchmark sees it: sessions that pipeline gets and sets, and snapshots of the
 //! counters the store keeps. DINOMO over its native protocol implements it, started in this process or running
-//! elsewhere; any server speaking the Redis protocol implements them in [`super::resp`], and another system would
-//! implement [`Store`] and [`Session`] the same way.
+//! elsewhere; any server speaking the Redis protocol implements them in [`super::resp`], the pDPM baselines in
+//! [`super::pdpm`], and another system would implement [`Store`] and [`Session`] the same way.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,6 +16,7 @@ use dinomo_dpm::{Processor, ProcessorConfig, ProcessorStats};
 use dinomo_fabric::{Connector, Endpoint, Target};
 use dinomo_kn::{DataOp, KnConfig};
 
+use super::pdpm::PdpmTarget;
 use super::resources::{CpuTimes, NodeCounters, Snapshot};
 use super::resp::RespStore;
 use super::{InProcessOptions, NativeOptions, Progress, TargetOptions, YcsbOptions};
@@ -99,6 +100,13 @@ pub fn open(
         ..ClientConfig::default()
     };
     match &opts.target {
+        TargetOptions::InProcess(p) if opts.system.is_pdpm() => {
+            progress(Progress::Phase(format!(
+                "starting an in-process {}: {} memory node(s), replication {}, {} compute node(s)",
+                opts.system, p.memory_nodes, p.replication, p.kns
+            )));
+            Ok(Box::new(PdpmTarget::start(opts, p)?))
+        }
         TargetOptions::InProcess(p) => {
             progress(Progress::Phase(format!(
                 "starting an in-process {} cluster: {} KV node(s) of {} worker(s)",
@@ -158,7 +166,10 @@ impl DinomoStore {
             .policy
             .parse()
             .map_err(|e| anyhow!("--policy {}: {e}", p.policy))?;
-        let variant = opts.system.variant();
+        let variant = opts
+            .system
+            .variant()
+            .ok_or_else(|| anyhow!("{} does not run on a DINOMO cluster", opts.system))?;
         let policy = variant
             .cache_policy(Some(policy))
             .map_err(|e| anyhow!("--policy: {e}"))?;
@@ -276,6 +287,7 @@ impl Store for DinomoStore {
             nodes: Some(counters),
             memory: self.memory_stats(),
             cpu,
+            caches: true,
         })
     }
 
