@@ -630,6 +630,25 @@ fn ycsb_options(a: &YcsbArgs) -> anyhow::Result<YcsbOptions> {
                 a.dpm.is_none(),
                 "--dpm is for --target native; an in-process cluster's memory node is read directly"
             );
+            if a.system.is_pdpm() {
+                // Settings of DINOMO's KV nodes and memory-node processor mean nothing to these stores: refuse them
+                // rather than run without them.
+                let defaults = InProcessOptions::default();
+                let ignored = [
+                    ("--kn-threads", a.kn_threads != defaults.kn_threads),
+                    ("--cache-bytes", a.cache_bytes != defaults.cache_bytes),
+                    ("--merge-threads", a.merge_threads != defaults.merge_threads),
+                    ("--pool-bytes", a.pool_bytes.is_some()),
+                    ("--lease-ms", a.lease_ms != defaults.lease_ms),
+                ];
+                if let Some((flag, _)) = ignored.iter().find(|(_, given)| *given) {
+                    anyhow::bail!(
+                        "{flag} configures DINOMO's KV nodes or memory node; {} has neither (its settings are \
+                         --kns, --memory-nodes, --replication, --pdpm-keys and --latency-ns)",
+                        a.system
+                    );
+                }
+            }
             TargetOptions::InProcess(InProcessOptions {
                 kns: a.kns,
                 kn_threads: a.kn_threads,
@@ -953,5 +972,16 @@ mod tests {
         assert!(err.to_string().contains("--replication"), "{err}");
         let err = options(&["--memory-nodes", "2"]).unwrap_err();
         assert!(err.to_string().contains("one memory node"), "{err}");
+        for flag in [
+            ["--kn-threads", "4"],
+            ["--cache-bytes", "1MiB"],
+            ["--merge-threads", "1"],
+            ["--pool-bytes", "1GiB"],
+            ["--lease-ms", "500"],
+        ] {
+            let err = options(&["--system", "directds", flag[0], flag[1]]).unwrap_err();
+            assert!(err.to_string().starts_with(flag[0]), "{err}");
+            assert!(options(&[flag[0], flag[1]]).is_ok(), "{flag:?} is DINOMO's");
+        }
     }
 }
