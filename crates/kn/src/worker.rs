@@ -614,49 +614,14 @@ impl Worker {
             DataOp::Set(key, value) => {
                 return self.write(key, hash, Some(value), reply, Reply::Applied(true));
             }
-            DataOp::Insert(key, value) => match self.read_for_write(&key) {
-                Ok(Some(_)) => Ok(Reply::Applied(false)),
-                Ok(None) => return self.write(key, hash, Some(value), reply, Reply::Applied(true)),
-                Err(e) => Err(e),
-            },
-            DataOp::Update(key, value) => match self.read_for_write(&key) {
-                Ok(None) => Ok(Reply::Applied(false)),
-                Ok(Some(_)) => {
-                    return self.write(key, hash, Some(value), reply, Reply::Applied(true));
-                }
-                Err(e) => Err(e),
-            },
-            DataOp::GetSet(key, value) => match self.read_for_write(&key) {
-                Ok(old) => return self.write(key, hash, Some(value), reply, Reply::Value(old)),
-                Err(e) => Err(e),
-            },
-            DataOp::Delete(key) => match self.read_for_write(&key) {
-                Ok(None) => Ok(Reply::Applied(false)),
-                Ok(Some(_)) => return self.write(key, hash, None, reply, Reply::Applied(true)),
-                Err(e) => Err(e),
-            },
-            DataOp::Incr(key, delta) => match self.read_for_write(&key) {
-                Ok(old) => match incremented(old.as_deref(), delta) {
-                    Ok(n) => {
-                        return self.write(
-                            key,
-                            hash,
-                            Some(n.to_string().into_bytes()),
-                            reply,
-                            Reply::Int(n),
-                        );
+            // Read-modify-writes: the current value decides what is written and answered.
+            op => match self.read_for_write(op.key()) {
+                Ok(current) => match outcome(op, current) {
+                    (key, Outcome::Write(value, ack)) => {
+                        return self.write(key, hash, value, reply, ack);
                     }
-                    Err(e) => Err(e),
+                    (_, Outcome::Done(r)) => r,
                 },
-                Err(e) => Err(e),
-            },
-            DataOp::Append(key, suffix) => match self.read_for_write(&key) {
-                Ok(old) => {
-                    let mut value = old.unwrap_or_default();
-                    value.extend_from_slice(&suffix);
-                    let len = value.len() as i64;
-                    return self.write(key, hash, Some(value), reply, Reply::Int(len));
-                }
                 Err(e) => Err(e),
             },
         };
@@ -773,7 +738,7 @@ impl Worker {
         let attempts = self.cfg.shared_cas_attempts.max(1);
         for _ in 0..attempts {
             let (seen, current) = self.read_cell(op.key(), cell, needs_value(&op))?;
-            let (new_value, reply) = match shared_outcome(&op, current) {
+            let (new_value, reply) = match outcome(op.clone(), current).1 {
                 Outcome::Done(r) => return r,
                 Outcome::Write(v, r) => (v, r),
             };
@@ -1317,7 +1282,7 @@ impl Worker {
     }
 }
 
-/// What an operation on a shared key does given the key's current value.
+/// What an operation does given its key's current value.
 enum Outcome {
     /// Nothing to write: the reply.
     Done(Result<Reply, KnError>),
@@ -1379,34 +1344,40 @@ fn needs_value(op: &DataOp) -> bool {
     )
 }
 
-fn shared_outcome(op: &DataOp, current: Option<Vec<u8>>) -> Outcome {
+/// What `op` does given its key's current value, with the key: the one decision of the exclusive and the shared
+/// (cell) paths.
+fn outcome(op: DataOp, current: Option<Vec<u8>>) -> (Vec<u8>, Outcome) {
+    let done = |r: Reply| Outcome::Done(Ok(r));
     match op {
-        DataOp::Get(_) => Outcome::Done(Ok(Reply::Value(current))),
-        DataOp::Exists(_) => Outcome::Done(Ok(Reply::Applied(current.is_some()))),
-        DataOp::Strlen(_) => Outcome::Done(Ok(Reply::Int(current.map_or(0, |v| v.len()) as i64))),
-        DataOp::Set(_, v) => Outcome::Write(Some(v.clone()), Reply::Applied(true)),
-        DataOp::Insert(_, v) => match current {
-            Some(_) => Outcome::Done(Ok(Reply::Applied(false))),
-            None => Outcome::Write(Some(v.clone()), Reply::Applied(true)),
+        DataOp::Get(k) => (k, done(Reply::Value(current))),
+        DataOp::Exists(k) => (k, done(Reply::Applied(current.is_some()))),
+        DataOp::Strlen(k) => (k, done(Reply::Int(current.map_or(0, |v| v.len()) as i64))),
+        DataOp::Set(k, v) => (k, Outcome::Write(Some(v), Reply::Applied(true))),
+        DataOp::Insert(k, v) => match current {
+            Some(_) => (k, done(Reply::Applied(false))),
+            None => (k, Outcome::Write(Some(v), Reply::Applied(true))),
         },
-        DataOp::Update(_, v) => match current {
-            Some(_) => Outcome::Write(Some(v.clone()), Reply::Applied(true)),
-            None => Outcome::Done(Ok(Reply::Applied(false))),
+        DataOp::Update(k, v) => match current {
+            Some(_) => (k, Outcome::Write(Some(v), Reply::Applied(true))),
+            None => (k, done(Reply::Applied(false))),
         },
-        DataOp::GetSet(_, v) => Outcome::Write(Some(v.clone()), Reply::Value(current)),
-        DataOp::Delete(_) => match current {
-            Some(_) => Outcome::Write(None, Reply::Applied(true)),
-            None => Outcome::Done(Ok(Reply::Applied(false))),
+        DataOp::GetSet(k, v) => (k, Outcome::Write(Some(v), Reply::Value(current))),
+        DataOp::Delete(k) => match current {
+            Some(_) => (k, Outcome::Write(None, Reply::Applied(true))),
+            None => (k, done(Reply::Applied(false))),
         },
-        DataOp::Incr(_, delta) => match incremented(current.as_deref(), *delta) {
-            Ok(n) => Outcome::Write(Some(n.to_string().into_bytes()), Reply::Int(n)),
-            Err(e) => Outcome::Done(Err(e)),
+        DataOp::Incr(k, delta) => match incremented(current.as_deref(), delta) {
+            Ok(n) => (
+                k,
+                Outcome::Write(Some(n.to_string().into_bytes()), Reply::Int(n)),
+            ),
+            Err(e) => (k, Outcome::Done(Err(e))),
         },
-        DataOp::Append(_, suffix) => {
+        DataOp::Append(k, suffix) => {
             let mut v = current.unwrap_or_default();
-            v.extend_from_slice(suffix);
+            v.extend_from_slice(&suffix);
             let len = v.len() as i64;
-            Outcome::Write(Some(v), Reply::Int(len))
+            (k, Outcome::Write(Some(v), Reply::Int(len)))
         }
     }
 }
