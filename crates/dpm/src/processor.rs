@@ -1394,14 +1394,11 @@ impl Inner {
         })
     }
 
-    /// The slot of `cell`, which must be in use.
-    fn cell_slot(cells: &CellTable, cell: u64) -> Result<u32, ProcessorError> {
+    /// The slot of `req`'s cell while that cell is in use for `req`'s key.
+    fn key_slot(cells: &CellTable, req: &proto::ShareKey) -> Option<u32> {
         cells
-            .slot_at(cell)
-            .filter(|s| cells.get(*s).is_some())
-            .ok_or_else(|| {
-                ProcessorError::Config(format!("no shared key has the cell at {cell:#x}"))
-            })
+            .slot_at(req.cell)
+            .filter(|s| cells.get(*s).is_some_and(|c| c.key == req.key))
     }
 
     /// Seals and merges the log of the sharing change's caller.
@@ -1417,14 +1414,13 @@ impl Inner {
         let index = self.indexes.shared()?;
         let merged = self.merge_caller(req)?;
         let mut cells = self.cells.lock().expect("cells lock");
-        let slot = Self::cell_slot(&cells, req.cell)?;
-        let cell = cells.get(slot).expect("used slot").clone();
-        if cell.key != req.key {
-            return Err(ProcessorError::Config(format!(
-                "the cell at {:#x} belongs to another key",
+        let slot = Self::key_slot(&cells, req).ok_or_else(|| {
+            ProcessorError::Config(format!(
+                "the cell at {:#x} is not in use for the key being shared",
                 req.cell
-            )));
-        }
+            ))
+        })?;
+        let cell = cells.get(slot).expect("used slot").clone();
         if cell.state == CellState::Active {
             return Ok(merged);
         }
@@ -1444,12 +1440,7 @@ impl Inner {
 
     fn deactivate_cell(&self, req: &proto::ShareKey) -> Result<proto::Merged, ProcessorError> {
         let merged = self.merge_caller(req)?;
-        let slot = {
-            let cells = self.cells.lock().expect("cells lock");
-            cells
-                .slot_at(req.cell)
-                .filter(|s| cells.get(*s).is_some_and(|c| c.key == req.key))
-        };
+        let slot = Self::key_slot(&self.cells.lock().expect("cells lock"), req);
         // A cell no longer in use for the key holds nothing of it: the key is in the index already.
         if let Some(slot) = slot {
             self.unshare(slot)?;
