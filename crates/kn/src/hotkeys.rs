@@ -21,8 +21,7 @@
 // MurmurHash3's 64-bit finaliser (the index's bucket mix): a bijective mix whose every output bit depends on
 // every input bit.
 use dinomo_index::layout::mix as fmix64;
-use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -111,25 +110,8 @@ pub fn sketch_hash_of(key_hash: u64) -> u64 {
     fmix64(key_hash ^ SKETCH_SEED)
 }
 
-/// A hasher for maps whose keys are already well-mixed 64-bit hashes.
-#[derive(Default)]
-struct PassThrough(u64);
-
-impl Hasher for PassThrough {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-type HashIndex<V> = HashMap<u64, V, BuildHasherDefault<PassThrough>>;
+/// A map keyed by already well-mixed 64-bit hashes, which it does not hash again.
+type HashIndex<V> = nohash_hasher::IntMap<u64, V>;
 
 /// A key and how often it was accessed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -638,6 +620,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use rand::{RngExt, SeedableRng, rngs::StdRng};
+    use std::collections::HashMap;
 
     fn key(i: u64) -> Vec<u8> {
         format!("key-{i}").into_bytes()

@@ -2,7 +2,6 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::bytes::{Shown, ShownValue};
 use crate::history::{Event, History, HistoryError};
@@ -325,24 +324,6 @@ fn mix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-/// A `Hasher` for keys that are already well-mixed hashes.
-#[derive(Default)]
-struct PassThrough(u64);
-
-impl Hasher for PassThrough {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = mix(self.0 ^ u64::from(b));
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
 /// A set of known operations in canonical form: `full` words of ones, then `window` (which does not end in a
 /// zero word), then zeros.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -354,9 +335,9 @@ struct KnownSet<'a> {
 /// Visited configurations. Each is chained under the hash of its whole (known set, unknown set, value), for exact
 /// matches, and once fully explored also under the hash of (known set, value), for the inclusion rule.
 struct Cache {
-    exact_heads: HashMap<u64, usize, BuildHasherDefault<PassThrough>>,
+    exact_heads: nohash_hasher::IntMap<u64, usize>,
     exact_next: Vec<usize>,
-    explored_heads: HashMap<u64, usize, BuildHasherDefault<PassThrough>>,
+    explored_heads: nohash_hasher::IntMap<u64, usize>,
     explored_next: Vec<usize>,
     explored_hash: Vec<u64>,
     state: Vec<ValueId>,
