@@ -393,8 +393,8 @@ impl Session for RespSession {
         {
             // Not sent: whatever it was, it did not happen.
             let e = match e {
-                StoreError::Invalid(m) => StoreError::Invalid(m),
-                other => StoreError::Unavailable(other.to_string()),
+                StoreError::Indeterminate(m) => StoreError::Unavailable(m),
+                other => other,
             };
             self.failed.push_back((tag, Err(e)));
             return Ok(());
