@@ -17,34 +17,15 @@ use dinomo_bench::ycsb_run::{
 use dinomo_cluster::{LocalCluster, LocalClusterConfig, NodeConfig};
 use dinomo_resp::{MemoryBackend, ParseLimits, RequestParser, RespServer, ServerConfig};
 
-fn tiny(workload: Workload, addrs: Vec<String>) -> YcsbOptions {
-    YcsbOptions {
-        target: TargetOptions::Resp(RespOptions {
-            addrs,
-            ..RespOptions::default()
-        }),
-        workload,
-        distribution: Distribution::Zipfian { theta: 0.99 },
-        records: 500,
-        value_bytes: 64,
-        clients: 2,
-        outstanding: 4,
-        // Operation counts, with generous time bounds that a healthy run never reaches.
-        warmup_ops: Some(100),
-        warmup_secs: 20.0,
-        ops: Some(400),
-        secs: 20.0,
-        seed: 11,
-        ..YcsbOptions::default()
-    }
-}
+mod common;
+use common::{count, tiny_run};
 
-fn count(r: &YcsbReport, kind: OpKind) -> u64 {
-    r.measured
-        .by_kind
-        .iter()
-        .find(|k| k.kind == kind)
-        .map_or(0, |k| k.ops)
+fn tiny(workload: Workload, addrs: Vec<String>) -> YcsbOptions {
+    let target = TargetOptions::Resp(RespOptions {
+        addrs,
+        ..RespOptions::default()
+    });
+    tiny_run(target, workload, Distribution::Zipfian { theta: 0.99 }, 11)
 }
 
 /// What a run through RESP must satisfy: every operation done, every read found its value, and what the target

@@ -7,39 +7,20 @@ use dinomo_bench::ycsb_run::{
     load_reports, plot, run_sweep, run_ycsb,
 };
 
-fn tiny(workload: Workload, distribution: Distribution, kns: usize) -> YcsbOptions {
-    YcsbOptions {
-        target: TargetOptions::InProcess(InProcessOptions {
-            kns,
-            // Two workers per node: the counters of each are matched across snapshots.
-            kn_threads: 2,
-            cache_bytes: 1 << 20,
-            merge_threads: 1,
-            pool_bytes: Some(256 << 20),
-            ..InProcessOptions::default()
-        }),
-        workload,
-        distribution,
-        records: 500,
-        value_bytes: 64,
-        clients: 2,
-        outstanding: 4,
-        // Operation counts, with generous time bounds that a healthy run never reaches.
-        warmup_ops: Some(100),
-        warmup_secs: 20.0,
-        ops: Some(400),
-        secs: 20.0,
-        seed: 7,
-        ..YcsbOptions::default()
-    }
-}
+mod common;
+use common::{count, tiny_run};
 
-fn count(r: &YcsbReport, kind: OpKind) -> u64 {
-    r.measured
-        .by_kind
-        .iter()
-        .find(|k| k.kind == kind)
-        .map_or(0, |k| k.ops)
+fn tiny(workload: Workload, distribution: Distribution, kns: usize) -> YcsbOptions {
+    let target = TargetOptions::InProcess(InProcessOptions {
+        kns,
+        // Two workers per node: the counters of each are matched across snapshots.
+        kn_threads: 2,
+        cache_bytes: 1 << 20,
+        merge_threads: 1,
+        pool_bytes: Some(256 << 20),
+        ..InProcessOptions::default()
+    });
+    tiny_run(target, workload, distribution, 7)
 }
 
 /// What every report must satisfy.

@@ -151,7 +151,10 @@ struct Conn {
     addr: SocketAddr,
     stream: TcpStream,
     out: Vec<u8>,
+    /// Received bytes in `..filled`; the room after them is kept for the next read, so it is zeroed only when
+    /// the buffer grows.
     input: Vec<u8>,
+    filled: usize,
     /// Where the next reply starts in `input`.
     start: usize,
     limits: ValueLimits,
@@ -180,6 +183,7 @@ impl Conn {
             stream,
             out: Vec::new(),
             input: Vec::new(),
+            filled: 0,
             start: 0,
             limits: limits.clone(),
         };
@@ -218,11 +222,11 @@ impl Conn {
     /// The next reply, reading until it has arrived.
     fn read(&mut self) -> Result<Value, String> {
         loop {
-            match Value::parse(&self.input[self.start..], &self.limits) {
+            match Value::parse(&self.input[self.start..self.filled], &self.limits) {
                 Ok(Some((v, used))) => {
                     self.start += used;
-                    if self.start == self.input.len() {
-                        self.input.clear();
+                    if self.start == self.filled {
+                        self.filled = 0;
                         self.start = 0;
                     }
                     return Ok(v);
@@ -237,21 +241,21 @@ impl Conn {
             }
             // Consumed replies are dropped before the buffer grows.
             if self.start > 0 {
-                self.input.drain(..self.start);
+                self.input.copy_within(self.start..self.filled, 0);
+                self.filled -= self.start;
                 self.start = 0;
             }
-            let len = self.input.len();
-            self.input.resize(len + READ_CHUNK, 0);
-            let n = self.stream.read(&mut self.input[len..]);
-            self.input.truncate(len + n.as_ref().map_or(0, |n| *n));
-            match n {
+            if self.input.len() < self.filled + READ_CHUNK {
+                self.input.resize(self.filled + READ_CHUNK, 0);
+            }
+            match self.stream.read(&mut self.input[self.filled..]) {
                 Ok(0) => {
                     return Err(format!(
                         "the RESP server at {} closed the connection",
                         self.addr
                     ));
                 }
-                Ok(_) => {}
+                Ok(n) => self.filled += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e)
                     if matches!(
@@ -389,8 +393,8 @@ impl Session for RespSession {
         {
             // Not sent: whatever it was, it did not happen.
             let e = match e {
-                StoreError::Invalid(m) => StoreError::Invalid(m),
-                other => StoreError::Unavailable(other.to_string()),
+                StoreError::Indeterminate(m) => StoreError::Unavailable(m),
+                other => other,
             };
             self.failed.push_back((tag, Err(e)));
             return Ok(());

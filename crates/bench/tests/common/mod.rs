@@ -1,0 +1,39 @@
+//! Setup shared by the `bench ycsb` tests that run a few hundred operations against a target.
+
+use dinomo_bench::ycsb::{Distribution, OpKind, Workload};
+use dinomo_bench::ycsb_run::{TargetOptions, YcsbOptions, YcsbReport};
+
+/// A tiny run against `target`: 500 records of 64 B, two clients with four operations in flight each, 100
+/// warm-up and 400 measured operations.
+pub fn tiny_run(
+    target: TargetOptions,
+    workload: Workload,
+    distribution: Distribution,
+    seed: u64,
+) -> YcsbOptions {
+    YcsbOptions {
+        target,
+        workload,
+        distribution,
+        records: 500,
+        value_bytes: 64,
+        clients: 2,
+        outstanding: 4,
+        // Operation counts, with generous time bounds that a healthy run never reaches.
+        warmup_ops: Some(100),
+        warmup_secs: 20.0,
+        ops: Some(400),
+        secs: 20.0,
+        seed,
+        ..YcsbOptions::default()
+    }
+}
+
+/// Measured operations of `kind` in `r`.
+pub fn count(r: &YcsbReport, kind: OpKind) -> u64 {
+    r.measured
+        .by_kind
+        .iter()
+        .find(|k| k.kind == kind)
+        .map_or(0, |k| k.ops)
+}
