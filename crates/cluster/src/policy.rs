@@ -377,6 +377,23 @@ impl PolicyEngine {
         decision
     }
 
+    /// The key statistics that replication changes are decided on; `None`, with the reason, when selective
+    /// replication is off or the sample has none.
+    fn replication_statistics<'a>(
+        &self,
+        sample: &'a ClusterSample,
+        reasons: &mut Vec<String>,
+    ) -> Option<&'a KeyFrequency> {
+        if !self.cfg.selective_replication {
+            reasons.push("selective replication is off".into());
+            return None;
+        }
+        if sample.keys.is_none() {
+            reasons.push("no key statistics: replication left alone".into());
+        }
+        sample.keys.as_ref()
+    }
+
     /// Raises the replication of keys accessed more than mean + hotness_sigmas·σ, by the ratio of the observed
     /// latency to its SLO (at least by one), up to the node count and `max_replication`.
     fn replicate_hot(
@@ -387,12 +404,7 @@ impl PolicyEngine {
         reasons: &mut Vec<String>,
     ) {
         let cfg = &self.cfg;
-        if !cfg.selective_replication {
-            reasons.push("selective replication is off".into());
-            return;
-        }
-        let Some(freq) = &sample.keys else {
-            reasons.push("no key statistics: replication left alone".into());
+        let Some(freq) = self.replication_statistics(sample, reasons) else {
             return;
         };
         let bound = freq.mean() + cfg.hotness_sigmas * freq.stddev();
@@ -434,12 +446,7 @@ impl PolicyEngine {
         if sample.replication.is_empty() {
             return;
         }
-        if !cfg.selective_replication {
-            reasons.push("selective replication is off".into());
-            return;
-        }
-        let Some(freq) = &sample.keys else {
-            reasons.push("no key statistics: replication left alone".into());
+        let Some(freq) = self.replication_statistics(sample, reasons) else {
             return;
         };
         let bound = (freq.mean() - cfg.coldness_sigmas * freq.stddev()).max(0.0);

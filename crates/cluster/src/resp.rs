@@ -131,19 +131,22 @@ struct NodeConn {
     answered: Vec<bool>,
 }
 
-fn data_op(op: &Op) -> DataOp {
-    match op.clone() {
-        Op::Get(k) => DataOp::Get(k),
+/// The store's operation for `op`, its key and value moved out: `op` keeps only its kind, which is all its result
+/// needs.
+fn take_data_op(op: &mut Op) -> DataOp {
+    use std::mem::take;
+    match op {
+        Op::Get(k) => DataOp::Get(take(k)),
         // Probes: the KV path answers without the value, so none crosses a thread or the network.
-        Op::Exists(k) => DataOp::Exists(k),
-        Op::Strlen(k) => DataOp::Strlen(k),
-        Op::Set(k, v) => DataOp::Set(k, v),
-        Op::Insert(k, v) => DataOp::Insert(k, v),
-        Op::Update(k, v) => DataOp::Update(k, v),
-        Op::GetSet(k, v) => DataOp::GetSet(k, v),
-        Op::Delete(k) => DataOp::Delete(k),
-        Op::Incr(k, d) => DataOp::Incr(k, d),
-        Op::Append(k, v) => DataOp::Append(k, v),
+        Op::Exists(k) => DataOp::Exists(take(k)),
+        Op::Strlen(k) => DataOp::Strlen(take(k)),
+        Op::Set(k, v) => DataOp::Set(take(k), take(v)),
+        Op::Insert(k, v) => DataOp::Insert(take(k), take(v)),
+        Op::Update(k, v) => DataOp::Update(take(k), take(v)),
+        Op::GetSet(k, v) => DataOp::GetSet(take(k), take(v)),
+        Op::Delete(k) => DataOp::Delete(take(k)),
+        Op::Incr(k, d) => DataOp::Incr(take(k), *d),
+        Op::Append(k, v) => DataOp::Append(take(k), take(v)),
     }
 }
 
@@ -208,7 +211,8 @@ impl NodeConn {
         {
             let _same_ownership = self.shared.queue_order.read().expect("queue order lock");
             for &i in &self.local {
-                let op = data_op(&ops[i]);
+                // A copy: an op this node turns out not to own is forwarded afterwards.
+                let op = take_data_op(&mut ops[i].clone());
                 match self
                     .shared
                     .submitter
@@ -265,8 +269,8 @@ impl NodeConn {
 
     /// Sends the ops at `self.remote` (sorted) to their owners through a shared client (a free one if there is,
     /// else this connection's own turn at its first choice), in waves (see [`waves`]): a wave's ops are sent
-    /// together and all answered before the next wave is sent.
-    fn run_remote(&mut self, ops: &[Op], results: &mut [OpResult]) {
+    /// together and all answered before the next wave is sent. Each op's key and value are moved into its request.
+    fn run_remote(&mut self, ops: &mut [Op], results: &mut [OpResult]) {
         let n = self.forwarders.len();
         let free = (0..n).find_map(|k| self.forwarders[(self.forwarder + k) % n].try_lock().ok());
         let mut slot = match free {
@@ -290,16 +294,16 @@ impl NodeConn {
         let client = slot.as_mut().expect("connected above");
         if let [i] = self.remote[..] {
             // One op: the one-at-a-time client, without the pipeline's bookkeeping.
-            results[i] = forwarded(
-                &ops[i],
-                client.client().request(RequestBody::Data(data_op(&ops[i]))),
-            );
+            let op = take_data_op(&mut ops[i]);
+            results[i] = forwarded(&ops[i], client.client().request(RequestBody::Data(op)));
             return;
         }
         for wave in waves(ops, &self.remote) {
             let sent = Instant::now();
             for &i in &wave {
-                if let Err(e) = client.submit(i as u64, RequestBody::Data(data_op(&ops[i]))) {
+                if let Err(e) =
+                    client.submit(i as u64, RequestBody::Data(take_data_op(&mut ops[i])))
+                {
                     results[i] = Err(from_client_error(e));
                 }
             }
@@ -492,12 +496,12 @@ mod tests {
         assert!(from_reply(&exists, Reply::Value(Some(b"v".to_vec()))).is_err());
         let strlen = Op::Strlen(b"k".to_vec());
         assert_eq!(from_reply(&strlen, Reply::Int(3)), Ok(Output::Int(3)));
-        assert!(matches!(data_op(&strlen), DataOp::Strlen(k) if k == b"k"));
+        assert!(matches!(take_data_op(&mut strlen.clone()), DataOp::Strlen(k) if k == b"k"));
         assert_eq!(
             from_reply(&Op::Incr(b"k".to_vec(), 1), Reply::Int(5)),
             Ok(Output::Int(5))
         );
         assert!(from_reply(&Op::Incr(b"k".to_vec(), 1), Reply::Applied(true)).is_err());
-        assert!(matches!(data_op(&exists), DataOp::Exists(k) if k == b"k"));
+        assert!(matches!(take_data_op(&mut exists.clone()), DataOp::Exists(k) if k == b"k"));
     }
 }

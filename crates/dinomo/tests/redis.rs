@@ -1,41 +1,27 @@
 //! Real Redis clients against a real `dinomo up` process: redis-cli and redis-benchmark (Debian's redis-tools),
 //! redis-py (Debian's python3-redis), and clients that send garbage or vanish while others are served.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use rand::{RngExt, SeedableRng};
 
+mod common;
+
 /// A running `dinomo up`, stopped with SIGINT when dropped.
 struct Up {
-    child: Child,
+    _process: common::Interrupted,
     resp: Vec<SocketAddr>,
     _dir: tempfile::TempDir,
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Starts `dinomo up` with two KV nodes serving RESP on free ports. Nothing here kills a node, so leases are
 /// long: a loaded machine must not make a node miss its heartbeats and fence itself.
 fn up(extra: &[&str]) -> anyhow::Result<Up> {
     let dir = tempfile::tempdir()?;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dinomo"))
+    let child = Command::new(env!("CARGO_BIN_EXE_dinomo"))
         .args([
             "up",
             "--kns",
@@ -58,26 +44,16 @@ fn up(extra: &[&str]) -> anyhow::Result<Up> {
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()?;
-    let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
     let mut resp = Vec::new();
-    let mut line = String::new();
-    loop {
-        line.clear();
-        if stdout.read_line(&mut line)? == 0 {
-            anyhow::bail!("dinomo up exited before it served: {:?}", child.wait()?);
-        }
-        if let Some((_, addr)) = line.trim().split_once("Redis protocol on ") {
+    let process = common::read_banner(child, |line| {
+        if let Some((_, addr)) = line.split_once("Redis protocol on ") {
             resp.push(addr.parse()?);
         }
-        if line.contains("memory node:") {
-            break;
-        }
-    }
+        Ok(line.contains("memory node:"))
+    })?;
     anyhow::ensure!(resp.len() == 2, "expected two RESP addresses, got {resp:?}");
-    // Keep draining stdout so the child never blocks on a full pipe.
-    std::thread::spawn(move || for _ in stdout.lines() {});
     Ok(Up {
-        child,
+        _process: process,
         resp,
         _dir: dir,
     })

@@ -1,9 +1,9 @@
 //! `dinomo up` started from a configuration file with its metrics endpoint on, then `dinomo status` and a scrape
 //! of `/metrics` against it while a client writes and reads.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -11,28 +11,14 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, ensure};
 use dinomo_cluster::{Client, ClientConfig};
 
+mod common;
+
 /// A running `dinomo up`, stopped with SIGINT when dropped.
 struct Up {
-    child: Child,
+    _process: common::Interrupted,
     rn: SocketAddr,
     metrics: SocketAddr,
     _dir: tempfile::TempDir,
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// `dinomo up` with three KV nodes, as its configuration file says; long leases, since nothing here kills a node.
@@ -54,7 +40,7 @@ heartbeat = "100ms"
 listen = "127.0.0.1:0"
 "#,
     )?;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dinomo"))
+    let child = Command::new(env!("CARGO_BIN_EXE_dinomo"))
         .args(["up", "--config"])
         .arg(&config)
         .arg("--data-dir")
@@ -64,15 +50,8 @@ listen = "127.0.0.1:0"
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()?;
-    let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
     let (mut rn, mut metrics, mut kns) = (None, None, 0);
-    let mut line = String::new();
-    while metrics.is_none() {
-        line.clear();
-        if stdout.read_line(&mut line)? == 0 {
-            anyhow::bail!("dinomo up exited before it served: {:?}", child.wait()?);
-        }
-        let l = line.trim();
+    let process = common::read_banner(child, |l| {
         if let Some(a) = l.strip_prefix("dinomo up: routing node on ") {
             rn = Some(a.parse()?);
         }
@@ -82,14 +61,14 @@ listen = "127.0.0.1:0"
         if let Some(a) = l.strip_prefix("metrics on http://") {
             metrics = Some(a.trim_end_matches("/metrics").parse()?);
         }
-    }
+        Ok(metrics.is_some())
+    })?;
     ensure!(
         kns == 3,
         "the file asked for 3 KV nodes, the banner shows {kns}"
     );
-    std::thread::spawn(move || for _ in stdout.lines() {});
     Ok(Up {
-        child,
+        _process: process,
         rn: rn.context("no routing node in the banner")?,
         metrics: metrics.context("no metrics address")?,
         _dir: dir,
