@@ -25,10 +25,8 @@ use dinomo_log::EntryRef;
 use dinomo_pool::Pool;
 
 use crate::ProcessorError;
+use crate::table_header::{HEADER_LEN, TableKind};
 
-const MAGIC: [u8; 8] = *b"DNMCELL1";
-const VERSION: u32 = 1;
-const HEADER_LEN: u64 = 64;
 const SLOT_HEADER_LEN: u64 = 16;
 
 /// The cell word of a key whose value went back to the index: readers and writers that still hold an old routing
@@ -39,6 +37,14 @@ pub const RETIRED: u64 = u64::MAX;
 pub const ROOT: usize = 4;
 /// Allocation tag of the cell table.
 pub const TAG: u16 = 0x12;
+
+const KIND: TableKind = TableKind {
+    name: "cell table",
+    magic: *b"DNMCELL1",
+    version: 1,
+    root: ROOT,
+    tag: TAG,
+};
 
 /// Where a cell is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,22 +113,15 @@ impl CellTable {
             ));
         }
         let slot_size = (SLOT_HEADER_LEN + max_key as u64).next_multiple_of(64);
-        let bytes = HEADER_LEN + capacity as u64 * slot_size;
-        let ext = pool.alloc_bytes(bytes, TAG)?;
-        pool.write(ext.offset, &vec![0u8; bytes as usize])?;
-        let mut h = [0u8; HEADER_LEN as usize];
-        h[0..8].copy_from_slice(&MAGIC);
-        h[8..12].copy_from_slice(&VERSION.to_le_bytes());
-        h[12..16].copy_from_slice(&(slot_size as u32).to_le_bytes());
-        h[16..24].copy_from_slice(&(capacity as u64).to_le_bytes());
-        let crc = crc32c::crc32c(&h[..24]);
-        h[24..28].copy_from_slice(&crc.to_le_bytes());
-        pool.write(ext.offset, &h)?;
-        pool.persist(ext.offset, bytes);
-        pool.set_root(ROOT, ext.offset)?;
+        let offset = KIND.format(
+            &pool,
+            slot_size as u32,
+            u64::from(capacity),
+            capacity as u64 * slot_size,
+        )?;
         Ok(CellTable {
             pool,
-            offset: ext.offset,
+            offset,
             slot_size,
             capacity,
             by_key: HashMap::new(),
@@ -131,27 +130,9 @@ impl CellTable {
     }
 
     fn open(pool: Arc<Pool>, offset: u64) -> Result<CellTable, ProcessorError> {
-        let corrupt =
-            |why: String| ProcessorError::Corrupt(format!("cell table at {offset:#x}: {why}"));
-        let mut h = [0u8; HEADER_LEN as usize];
-        pool.read(offset, &mut h)
-            .map_err(|_| corrupt("outside the pool".into()))?;
-        if h[0..8] != MAGIC {
-            return Err(corrupt("bad magic".into()));
-        }
-        let word = |r: std::ops::Range<usize>| {
-            let mut b = [0u8; 8];
-            b[..r.len()].copy_from_slice(&h[r]);
-            u64::from_le_bytes(b)
-        };
-        if word(24..28) as u32 != crc32c::crc32c(&h[..24]) {
-            return Err(corrupt("header checksum mismatch".into()));
-        }
-        if word(8..12) as u32 != VERSION {
-            return Err(corrupt(format!("unknown version {}", word(8..12))));
-        }
-        let slot_size = word(12..16);
-        let capacity = word(16..24);
+        let corrupt = |why: String| KIND.corrupt(offset, &why);
+        let (slot_size, capacity) = KIND.read(&pool, offset)?;
+        let slot_size = u64::from(slot_size);
         if slot_size < SLOT_HEADER_LEN + 1 || capacity == 0 || capacity > u32::MAX as u64 {
             return Err(corrupt(format!(
                 "slot size {slot_size} / capacity {capacity} out of range"

@@ -18,6 +18,7 @@ pub mod directory;
 pub mod partitions;
 mod processor;
 pub mod proto;
+mod table_header;
 
 pub use processor::{
     MIGRATION_THREAD, Partitioning, Processor, ProcessorConfig, ProcessorError, ProcessorStats,

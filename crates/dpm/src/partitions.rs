@@ -18,15 +18,20 @@ use std::sync::atomic::Ordering;
 use dinomo_pool::Pool;
 
 use crate::ProcessorError;
+use crate::table_header::{HEADER_LEN, TableKind};
 
 /// Root slot of the partition table.
 pub const ROOT: usize = 5;
 /// Allocation tag of the partition table.
 pub const TAG: u16 = 0x13;
 
-const MAGIC: [u8; 8] = *b"DNMPART1";
-const VERSION: u32 = 1;
-const HEADER_LEN: u64 = 64;
+const KIND: TableKind = TableKind {
+    name: "partition table",
+    magic: *b"DNMPART1",
+    version: 1,
+    root: ROOT,
+    tag: TAG,
+};
 const DESCRIPTOR_LEN: u64 = 16;
 const COMMITTED: u64 = 1 << 63;
 
@@ -45,21 +50,15 @@ impl PartitionTable {
                 "partition_capacity must be at least 1".into(),
             ));
         }
-        let bytes = HEADER_LEN + u64::from(capacity) * DESCRIPTOR_LEN;
-        let ext = pool.alloc_bytes(bytes, TAG)?;
-        pool.write(ext.offset, &vec![0u8; bytes as usize])?;
-        let mut h = [0u8; HEADER_LEN as usize];
-        h[0..8].copy_from_slice(&MAGIC);
-        h[8..12].copy_from_slice(&VERSION.to_le_bytes());
-        h[16..24].copy_from_slice(&u64::from(capacity).to_le_bytes());
-        let crc = crc32c::crc32c(&h[..24]);
-        h[24..28].copy_from_slice(&crc.to_le_bytes());
-        pool.write(ext.offset, &h)?;
-        pool.persist(ext.offset, bytes);
-        pool.set_root(ROOT, ext.offset)?;
+        let offset = KIND.format(
+            &pool,
+            0,
+            u64::from(capacity),
+            u64::from(capacity) * DESCRIPTOR_LEN,
+        )?;
         Ok(PartitionTable {
             pool,
-            offset: ext.offset,
+            offset,
             capacity,
         })
     }
@@ -70,25 +69,8 @@ impl PartitionTable {
         if offset == 0 {
             return Ok(None);
         }
-        let corrupt =
-            |why: &str| ProcessorError::Corrupt(format!("partition table at {offset:#x}: {why}"));
-        let mut h = [0u8; HEADER_LEN as usize];
-        pool.read(offset, &mut h)
-            .map_err(|_| corrupt("out of the pool"))?;
-        if h[0..8] != MAGIC {
-            return Err(corrupt("bad magic"));
-        }
-        let stored = u32::from_le_bytes(h[24..28].try_into().expect("4 bytes"));
-        if crc32c::crc32c(&h[..24]) != stored {
-            return Err(corrupt("header checksum mismatch"));
-        }
-        let version = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
-        if version != VERSION {
-            return Err(corrupt(&format!(
-                "format version {version}, this build reads {VERSION}"
-            )));
-        }
-        let capacity = u64::from_le_bytes(h[16..24].try_into().expect("8 bytes"));
+        let corrupt = |why: &str| KIND.corrupt(offset, why);
+        let (_, capacity) = KIND.read(&pool, offset)?;
         let capacity = u32::try_from(capacity).map_err(|_| corrupt("absurd capacity"))?;
         pool.check_range(offset, HEADER_LEN + u64::from(capacity) * DESCRIPTOR_LEN)
             .map_err(|_| corrupt("descriptors run past the pool"))?;
