@@ -8,6 +8,7 @@
 //!
 //! Every client is one compute-node thread with one endpoint per memory node and implements [`PdpmStore`].
 
+mod anchor;
 pub mod central;
 pub mod direct;
 
