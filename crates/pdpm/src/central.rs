@@ -31,7 +31,10 @@ use dinomo_pool::Pool;
 use serde::{Deserialize, Serialize};
 
 use crate::anchor::{self, Anchor, Anchored, HEADER_LEN, Located, le_u32, le_u64};
-use crate::{PdpmError, PdpmStore, hash, new_client_id, roots, tags};
+use crate::{
+    PdpmError, PdpmStore, check_key, check_value, hash, new_client_id, roots, tags, validate,
+    write_validated,
+};
 
 const BLOCK_HEADER: usize = 16;
 
@@ -638,21 +641,8 @@ impl CentralClient {
     }
 
     fn check(&self, key: &[u8], value: Option<&[u8]>) -> Result<(), PdpmError> {
-        if key.len() > self.layout.max_key as usize {
-            return Err(PdpmError::KeyTooLarge {
-                len: key.len(),
-                max: self.layout.max_key as usize,
-            });
-        }
-        if let Some(v) = value {
-            if v.len() > self.layout.max_value as usize {
-                return Err(PdpmError::ValueTooLarge {
-                    len: v.len(),
-                    max: self.layout.max_value as usize,
-                });
-            }
-        }
-        Ok(())
+        check_key(key, self.layout.max_key)?;
+        value.map_or(Ok(()), |v| check_value(v, self.layout.max_value))
     }
 
     fn block_addr(&self, b: BlockRef) -> Result<dinomo_fabric::RemoteAddr, PdpmError> {
@@ -732,11 +722,15 @@ impl CentralClient {
         let want = &block[tail as usize..];
         if self.settings.fuse_validation && crash.is_none() {
             for &(node, addr) in &addrs {
-                self.batch.clear();
-                self.batch.write(addr, block);
-                let check = self.batch.read(addr.offset_by(tail), 8);
-                self.eps[node].post(&mut self.batch)?;
-                validate(node, self.batch.read_data(check), want)?;
+                write_validated(
+                    &mut self.eps[node],
+                    &mut self.batch,
+                    node,
+                    None,
+                    addr,
+                    block,
+                    tail,
+                )?;
             }
             return Ok(());
         }
@@ -749,20 +743,10 @@ impl CentralClient {
         for &(node, addr) in &addrs {
             let mut last = [0u8; 8];
             self.eps[node].read(addr.offset_by(tail), &mut last)?;
-            validate(node, &last, want)?;
+            validate(node, None, &last, want)?;
         }
         Ok(())
     }
-}
-
-fn validate(node: usize, got: &[u8], want: &[u8]) -> Result<(), PdpmError> {
-    if got != want {
-        return Err(PdpmError::Layout {
-            node,
-            why: "validation read does not see the bytes just written".into(),
-        });
-    }
-    Ok(())
 }
 
 impl PdpmStore for CentralClient {

@@ -37,7 +37,10 @@ use dinomo_pool::Pool;
 use serde::{Deserialize, Serialize};
 
 use crate::anchor::{self, Anchor, Anchored, HEADER_LEN, Located, le_u32, le_u64};
-use crate::{PdpmError, PdpmStore, hash, new_client_id, roots, tags};
+use crate::{
+    PdpmError, PdpmStore, check_key, check_value, hash, new_client_id, roots, tags, validate,
+    write_validated,
+};
 
 const COPY_HEADER: usize = 16;
 const FLAG_VALUE: u16 = 1;
@@ -405,23 +408,11 @@ impl DirectClient {
     }
 
     fn check_key(&self, key: &[u8]) -> Result<(), PdpmError> {
-        if key.len() > self.layout.max_key as usize {
-            return Err(PdpmError::KeyTooLarge {
-                len: key.len(),
-                max: self.layout.max_key as usize,
-            });
-        }
-        Ok(())
+        check_key(key, self.layout.max_key)
     }
 
     fn check_value(&self, value: &[u8]) -> Result<(), PdpmError> {
-        if value.len() > self.layout.max_value as usize {
-            return Err(PdpmError::ValueTooLarge {
-                len: value.len(),
-                max: self.layout.max_value as usize,
-            });
-        }
-        Ok(())
+        check_value(value, self.layout.max_value)
     }
 
     fn copy_len(&self) -> u64 {
@@ -637,15 +628,14 @@ impl DirectClient {
                 self.steps += 1;
                 for &(node, section) in nodes {
                     let addr = self.phase_addr(phase, node, section, slot);
-                    self.batch.clear();
-                    self.batch.write(addr, copy);
-                    let check = self.batch.read(addr.offset_by(tail), 8);
-                    self.eps[node].post(&mut self.batch)?;
-                    self.validate(
+                    write_validated(
+                        &mut self.eps[node],
+                        &mut self.batch,
                         node,
-                        slot,
-                        self.batch.read_data(check),
-                        &copy[tail as usize..],
+                        Some(slot),
+                        addr,
+                        copy,
+                        tail,
                     )?;
                 }
             } else {
@@ -662,7 +652,7 @@ impl DirectClient {
                     let addr = self.phase_addr(phase, node, section, slot);
                     let mut last = [0u8; 8];
                     self.eps[node].read(addr.offset_by(tail), &mut last)?;
-                    self.validate(node, slot, &last, &copy[tail as usize..])?;
+                    validate(node, Some(slot), &last, &copy[tail as usize..])?;
                 }
             }
             let done = matches!(
@@ -675,16 +665,6 @@ impl DirectClient {
             }
         }
         Ok(false)
-    }
-
-    fn validate(&self, node: usize, slot: u64, got: &[u8], want: &[u8]) -> Result<(), PdpmError> {
-        if got != want {
-            return Err(PdpmError::Layout {
-                node,
-                why: format!("slot {slot}: validation read does not see the bytes just written"),
-            });
-        }
-        Ok(())
     }
 
     fn phase_addr(
@@ -724,7 +704,7 @@ impl DirectClient {
                 self.eps[primary].write(caddr, &redo)?;
                 let mut check = vec![0u8; len];
                 self.eps[primary].read(caddr, &mut check)?;
-                self.validate(primary, slot, &check, &redo)?;
+                validate(primary, Some(slot), &check, &redo)?;
                 redo
             }
         };
@@ -735,7 +715,7 @@ impl DirectClient {
             self.eps[node].write(addr, &image)?;
             let mut check = vec![0u8; len];
             self.eps[node].read(addr, &mut check)?;
-            self.validate(node, slot, &check, &image)?;
+            validate(node, Some(slot), &check, &image)?;
         }
         tracing::info!(
             primary,
