@@ -82,7 +82,8 @@ impl CentralLayout {
         (BLOCK_HEADER as u64 + self.max_key as u64 + self.max_value as u64 + 4).next_multiple_of(8)
     }
 
-    fn area_len(&self) -> u64 {
+    /// Bytes of the whole area on one memory node, its header included.
+    pub fn area_len(&self) -> u64 {
         HEADER_LEN + self.blocks * self.block_len()
     }
 
