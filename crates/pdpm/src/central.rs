@@ -755,8 +755,7 @@ impl PdpmStore for CentralClient {
         self.check(key, None)?;
         let len = self.layout.block_len() as usize;
         for _ in 0..=self.settings.read_retries {
-            let committed: Option<Committed> =
-                self.coordinator.call(method::LOOKUP, &key.to_vec())?;
+            let committed: Option<Committed> = self.coordinator.call(method::LOOKUP, &key)?;
             let Some(c) = committed else {
                 return Ok(None);
             };
@@ -793,7 +792,7 @@ impl PdpmStore for CentralClient {
 
     fn delete(&mut self, key: &[u8]) -> Result<(), PdpmError> {
         self.check(key, None)?;
-        let _: bool = self.coordinator.call(method::DELETE, &key.to_vec())?;
+        let _: bool = self.coordinator.call(method::DELETE, &key)?;
         Ok(())
     }
 }
