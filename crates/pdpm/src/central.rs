@@ -26,18 +26,16 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use dinomo_fabric::{
-    Batch, Connector, DATA_REGION, Endpoint, MemoryNode, ROOTS_REGION, RegionInfo, RpcError,
-    RpcHandler, decode, encode,
-};
+use dinomo_fabric::{Batch, Connector, Endpoint, MemoryNode, RpcError, RpcHandler, decode, encode};
 use dinomo_pool::Pool;
 use serde::{Deserialize, Serialize};
 
-use crate::{PdpmError, PdpmStore, hash, new_client_id, roots, tags};
+use crate::anchor::{self, Anchor, Anchored, HEADER_LEN, Located, le_u32, le_u64};
+use crate::{
+    PdpmError, PdpmStore, check_key, check_value, hash, new_client_id, roots, tags, validate,
+    write_validated,
+};
 
-const MAGIC: &[u8; 8] = b"PDPMCEN1";
-const FORMAT_VERSION: u32 = 1;
-const HEADER_LEN: u64 = 64;
 const BLOCK_HEADER: usize = 16;
 
 /// RPC methods of the coordinator.
@@ -84,7 +82,8 @@ impl CentralLayout {
         (BLOCK_HEADER as u64 + self.max_key as u64 + self.max_value as u64 + 4).next_multiple_of(8)
     }
 
-    fn area_len(&self) -> u64 {
+    /// Bytes of the whole area on one memory node, its header included.
+    pub fn area_len(&self) -> u64 {
         HEADER_LEN + self.blocks * self.block_len()
     }
 
@@ -104,55 +103,44 @@ impl CentralLayout {
         }
         Ok(())
     }
+}
 
-    fn encode(&self) -> [u8; HEADER_LEN as usize] {
-        let mut h = [0u8; HEADER_LEN as usize];
-        h[0..8].copy_from_slice(MAGIC);
-        h[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+impl Anchored for CentralLayout {
+    const ANCHOR: Anchor = Anchor {
+        root: roots::CENTRAL_BLOCKS,
+        tag: tags::CENTRAL_BLOCKS,
+        magic: b"PDPMCEN1",
+        version: 1,
+        store: "CentralDS",
+        what: "block area",
+    };
+
+    fn put_fields(&self, h: &mut [u8; HEADER_LEN as usize]) {
         h[16..24].copy_from_slice(&self.blocks.to_le_bytes());
         h[24..28].copy_from_slice(&self.max_key.to_le_bytes());
         h[28..32].copy_from_slice(&self.max_value.to_le_bytes());
-        let crc = crc32c::crc32c(&h[..60]);
-        h[60..64].copy_from_slice(&crc.to_le_bytes());
-        h
     }
 
-    fn decode(h: &[u8]) -> Result<CentralLayout, String> {
-        if h.len() < HEADER_LEN as usize || &h[0..8] != MAGIC {
-            return Err("no CentralDS block area (bad magic)".into());
-        }
-        let u32_at = |o: usize| u32::from_le_bytes(h[o..o + 4].try_into().unwrap_or([0; 4]));
-        if crc32c::crc32c(&h[..60]) != u32_at(60) {
-            return Err("block area header fails its checksum".into());
-        }
-        if u32_at(8) != FORMAT_VERSION {
-            return Err(format!("block area format version {} unknown", u32_at(8)));
-        }
+    fn get_fields(h: &[u8]) -> Result<CentralLayout, String> {
         let l = CentralLayout {
-            blocks: u64::from_le_bytes(h[16..24].try_into().unwrap_or([0; 8])),
-            max_key: u32_at(24),
-            max_value: u32_at(28),
+            blocks: le_u64(h, 16),
+            max_key: le_u32(h, 24),
+            max_value: le_u32(h, 28),
         };
         l.check().map_err(|e| e.to_string())?;
         Ok(l)
+    }
+
+    fn anchored_len(&self) -> u64 {
+        self.area_len()
     }
 }
 
 /// Formats a memory node's pool with a block area. Refuses a pool that already has one.
 pub fn format(pool: &Pool, layout: &CentralLayout) -> Result<(), PdpmError> {
     layout.check()?;
-    if pool.root(roots::CENTRAL_BLOCKS)? != 0 {
-        return Err(PdpmError::Layout {
-            node: 0,
-            why: "the pool already has a CentralDS block area".into(),
-        });
-    }
     // Blocks need no zeroing: a block is read only where the coordinator says a committed value is.
-    let extent = pool.alloc_bytes(layout.area_len(), tags::CENTRAL_BLOCKS)?;
-    pool.write(extent.offset, &layout.encode())?;
-    pool.persist(extent.offset, HEADER_LEN);
-    pool.set_root(roots::CENTRAL_BLOCKS, extent.offset)?;
-    Ok(())
+    anchor::format(pool, layout, false)
 }
 
 /// One block on one memory node.
@@ -291,21 +279,7 @@ impl Coordinator {
                 "shards and max_grant must be at least 1".into(),
             ));
         }
-        let mut layout: Option<CentralLayout> = None;
-        for (node, c) in connectors.iter().enumerate() {
-            let mut ep = c.connect()?;
-            let (_, l) = read_area(&mut ep, node)?;
-            match &layout {
-                Some(first) if *first != l => {
-                    return Err(PdpmError::Layout {
-                        node,
-                        why: format!("block area {l:?} differs from node 0's {first:?}"),
-                    });
-                }
-                _ => layout = Some(l),
-            }
-        }
-        let layout = layout.unwrap_or_default();
+        let (_, _, layout) = anchor::locate_all::<CentralLayout>(connectors)?;
         let free = (0..connectors.len())
             .map(|_| (0..layout.blocks as u32).rev().collect())
             .collect();
@@ -566,16 +540,12 @@ pub enum CentralCrash {
     AfterValidate,
 }
 
-struct Area {
-    data: RegionInfo,
-    blocks_base: u64,
-}
-
 /// One compute-node thread's CentralDS client.
 pub struct CentralClient {
     coordinator: Endpoint,
     eps: Vec<Endpoint>,
-    areas: Vec<Area>,
+    /// Each node's block area; its body starts with block 0.
+    areas: Vec<Located>,
     layout: CentralLayout,
     settings: CentralSettings,
     id: u32,
@@ -618,7 +588,7 @@ impl CentralClient {
         let mut areas = Vec::new();
         for (node, c) in memory_nodes.iter().enumerate() {
             let mut ep = c.connect()?;
-            let (area, l) = read_area(&mut ep, node)?;
+            let (area, l) = anchor::locate::<CentralLayout>(&mut ep, node)?;
             if l != reply.layout {
                 return Err(PdpmError::Layout {
                     node,
@@ -672,21 +642,8 @@ impl CentralClient {
     }
 
     fn check(&self, key: &[u8], value: Option<&[u8]>) -> Result<(), PdpmError> {
-        if key.len() > self.layout.max_key as usize {
-            return Err(PdpmError::KeyTooLarge {
-                len: key.len(),
-                max: self.layout.max_key as usize,
-            });
-        }
-        if let Some(v) = value {
-            if v.len() > self.layout.max_value as usize {
-                return Err(PdpmError::ValueTooLarge {
-                    len: v.len(),
-                    max: self.layout.max_value as usize,
-                });
-            }
-        }
-        Ok(())
+        check_key(key, self.layout.max_key)?;
+        value.map_or(Ok(()), |v| check_value(v, self.layout.max_value))
     }
 
     fn block_addr(&self, b: BlockRef) -> Result<dinomo_fabric::RemoteAddr, PdpmError> {
@@ -701,7 +658,7 @@ impl CentralClient {
         }
         Ok(area
             .data
-            .at(area.blocks_base + b.block as u64 * self.layout.block_len()))
+            .at(area.body + b.block as u64 * self.layout.block_len()))
     }
 
     fn put_inner(
@@ -766,11 +723,15 @@ impl CentralClient {
         let want = &block[tail as usize..];
         if self.settings.fuse_validation && crash.is_none() {
             for &(node, addr) in &addrs {
-                self.batch.clear();
-                self.batch.write(addr, block);
-                let check = self.batch.read(addr.offset_by(tail), 8);
-                self.eps[node].post(&mut self.batch)?;
-                validate(node, self.batch.read_data(check), want)?;
+                write_validated(
+                    &mut self.eps[node],
+                    &mut self.batch,
+                    node,
+                    None,
+                    addr,
+                    block,
+                    tail,
+                )?;
             }
             return Ok(());
         }
@@ -783,20 +744,10 @@ impl CentralClient {
         for &(node, addr) in &addrs {
             let mut last = [0u8; 8];
             self.eps[node].read(addr.offset_by(tail), &mut last)?;
-            validate(node, &last, want)?;
+            validate(node, None, &last, want)?;
         }
         Ok(())
     }
-}
-
-fn validate(node: usize, got: &[u8], want: &[u8]) -> Result<(), PdpmError> {
-    if got != want {
-        return Err(PdpmError::Layout {
-            node,
-            why: "validation read does not see the bytes just written".into(),
-        });
-    }
-    Ok(())
 }
 
 impl PdpmStore for CentralClient {
@@ -804,8 +755,7 @@ impl PdpmStore for CentralClient {
         self.check(key, None)?;
         let len = self.layout.block_len() as usize;
         for _ in 0..=self.settings.read_retries {
-            let committed: Option<Committed> =
-                self.coordinator.call(method::LOOKUP, &key.to_vec())?;
+            let committed: Option<Committed> = self.coordinator.call(method::LOOKUP, &key)?;
             let Some(c) = committed else {
                 return Ok(None);
             };
@@ -842,7 +792,7 @@ impl PdpmStore for CentralClient {
 
     fn delete(&mut self, key: &[u8]) -> Result<(), PdpmError> {
         self.check(key, None)?;
-        let _: bool = self.coordinator.call(method::DELETE, &key.to_vec())?;
+        let _: bool = self.coordinator.call(method::DELETE, &key)?;
         Ok(())
     }
 }
@@ -863,43 +813,6 @@ impl Drop for CentralClient {
             tracing::debug!(error = %e, "could not give granted blocks back");
         }
     }
-}
-
-fn read_area(ep: &mut Endpoint, node: usize) -> Result<(Area, CentralLayout), PdpmError> {
-    let layout_err = |why: &str| PdpmError::Layout {
-        node,
-        why: why.to_string(),
-    };
-    let roots_region = ep
-        .region(ROOTS_REGION)
-        .ok_or_else(|| layout_err("no roots region"))?
-        .clone();
-    let data = ep
-        .region(DATA_REGION)
-        .ok_or_else(|| layout_err("no data region"))?
-        .clone();
-    let mut word = [0u8; 8];
-    ep.read(
-        roots_region.at(roots_region.start + 8 * roots::CENTRAL_BLOCKS as u64),
-        &mut word,
-    )?;
-    let base = u64::from_le_bytes(word);
-    if base == 0 {
-        return Err(layout_err("not formatted for CentralDS (root slot empty)"));
-    }
-    let mut header = [0u8; HEADER_LEN as usize];
-    ep.read(data.at(base), &mut header)?;
-    let layout = CentralLayout::decode(&header).map_err(|why| layout_err(&why))?;
-    if base < data.start || base + layout.area_len() > data.end() {
-        return Err(layout_err("block area lies outside the data region"));
-    }
-    Ok((
-        Area {
-            data,
-            blocks_base: base + HEADER_LEN,
-        },
-        layout,
-    ))
 }
 
 fn encode_block(version: u64, key: &[u8], value: &[u8]) -> Vec<u8> {

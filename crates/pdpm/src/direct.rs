@@ -32,15 +32,16 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use dinomo_fabric::{Batch, Connector, DATA_REGION, Endpoint, ROOTS_REGION, RegionInfo};
+use dinomo_fabric::{Batch, Connector, Endpoint};
 use dinomo_pool::Pool;
 use serde::{Deserialize, Serialize};
 
-use crate::{PdpmError, PdpmStore, hash, new_client_id, roots, tags};
+use crate::anchor::{self, Anchor, Anchored, HEADER_LEN, Located, le_u32, le_u64};
+use crate::{
+    PdpmError, PdpmStore, check_key, check_value, hash, new_client_id, roots, tags, validate,
+    write_validated,
+};
 
-const MAGIC: &[u8; 8] = b"PDPMDIR1";
-const FORMAT_VERSION: u32 = 1;
-const HEADER_LEN: u64 = 64;
 const COPY_HEADER: usize = 16;
 const FLAG_VALUE: u16 = 1;
 const FLAG_TOMBSTONE: u16 = 2;
@@ -119,11 +120,19 @@ impl DirectLayout {
         }
         Ok(())
     }
+}
 
-    fn encode(&self) -> [u8; HEADER_LEN as usize] {
-        let mut h = [0u8; HEADER_LEN as usize];
-        h[0..8].copy_from_slice(MAGIC);
-        h[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+impl Anchored for DirectLayout {
+    const ANCHOR: Anchor = Anchor {
+        root: roots::DIRECT_TABLE,
+        tag: tags::DIRECT_TABLE,
+        magic: b"PDPMDIR1",
+        version: 1,
+        store: "DirectDS",
+        what: "slot table",
+    };
+
+    fn put_fields(&self, h: &mut [u8; HEADER_LEN as usize]) {
         let flavor: u32 = match self.flavor {
             Flavor::Markers => 1,
             Flavor::Crc => 2,
@@ -134,40 +143,30 @@ impl DirectLayout {
         h[28..32].copy_from_slice(&self.max_value.to_le_bytes());
         h[32..36].copy_from_slice(&self.replication.to_le_bytes());
         h[40..48].copy_from_slice(&self.slot_len().to_le_bytes());
-        let crc = crc32c::crc32c(&h[..60]);
-        h[60..64].copy_from_slice(&crc.to_le_bytes());
-        h
     }
 
-    fn decode(h: &[u8]) -> Result<DirectLayout, String> {
-        if h.len() < HEADER_LEN as usize || &h[0..8] != MAGIC {
-            return Err("no DirectDS slot table (bad magic)".into());
-        }
-        let u32_at = |o: usize| u32::from_le_bytes(h[o..o + 4].try_into().unwrap_or([0; 4]));
-        let u64_at = |o: usize| u64::from_le_bytes(h[o..o + 8].try_into().unwrap_or([0; 8]));
-        if crc32c::crc32c(&h[..60]) != u32_at(60) {
-            return Err("slot table header fails its checksum".into());
-        }
-        if u32_at(8) != FORMAT_VERSION {
-            return Err(format!("slot table format version {} unknown", u32_at(8)));
-        }
-        let flavor = match u32_at(12) {
+    fn get_fields(h: &[u8]) -> Result<DirectLayout, String> {
+        let flavor = match le_u32(h, 12) {
             1 => Flavor::Markers,
             2 => Flavor::Crc,
             f => return Err(format!("unknown flavor {f}")),
         };
         let layout = DirectLayout {
             flavor,
-            slots: u64_at(16),
-            max_key: u32_at(24),
-            max_value: u32_at(28),
-            replication: u32_at(32),
+            slots: le_u64(h, 16),
+            max_key: le_u32(h, 24),
+            max_value: le_u32(h, 28),
+            replication: le_u32(h, 32),
         };
         layout.check().map_err(|e| e.to_string())?;
-        if layout.slot_len() != u64_at(40) {
+        if layout.slot_len() != le_u64(h, 40) {
             return Err("slot length in the header does not match its geometry".into());
         }
         Ok(layout)
+    }
+
+    fn anchored_len(&self) -> u64 {
+        self.table_len()
     }
 }
 
@@ -175,27 +174,8 @@ impl DirectLayout {
 /// already has one.
 pub fn format(pool: &Pool, layout: &DirectLayout) -> Result<(), PdpmError> {
     layout.check()?;
-    if pool.root(roots::DIRECT_TABLE)? != 0 {
-        return Err(PdpmError::Layout {
-            node: 0,
-            why: "the pool already has a DirectDS slot table".into(),
-        });
-    }
-    let extent = pool.alloc_bytes(layout.table_len(), tags::DIRECT_TABLE)?;
     // Extents are not zeroed, and an all-zero slot is an unused one.
-    let zeros = vec![0u8; 1 << 20];
-    let mut at = extent.offset;
-    let end = extent.offset + layout.table_len();
-    while at < end {
-        let n = (end - at).min(zeros.len() as u64);
-        pool.write(at, &zeros[..n as usize])?;
-        at += n;
-    }
-    pool.write(extent.offset, &layout.encode())?;
-    pool.persist(extent.offset, layout.table_len());
-    // The root word commits the format.
-    pool.set_root(roots::DIRECT_TABLE, extent.offset)?;
-    Ok(())
+    anchor::format(pool, layout, true)
 }
 
 /// Settings of a DirectDS client.
@@ -277,16 +257,11 @@ enum Copy {
     Torn,
 }
 
-struct NodeTable {
-    data: RegionInfo,
-    /// Pool offset of slot 0 of section 0.
-    slots_base: u64,
-}
-
 /// One compute-node thread's DirectDS or DirectDS-C client.
 pub struct DirectClient {
     eps: Vec<Endpoint>,
-    tables: Vec<NodeTable>,
+    /// Each node's slot table; its body starts with slot 0 of section 0.
+    tables: Vec<Located>,
     layout: DirectLayout,
     settings: DirectSettings,
     id: u32,
@@ -324,25 +299,7 @@ impl DirectClient {
         if settings.max_probe == 0 {
             return Err(PdpmError::Config("max_probe must be at least 1".into()));
         }
-        let mut eps = Vec::with_capacity(connectors.len());
-        let mut tables = Vec::with_capacity(connectors.len());
-        let mut layout: Option<DirectLayout> = None;
-        for (node, c) in connectors.iter().enumerate() {
-            let mut ep = c.connect()?;
-            let (table, l) = read_table(&mut ep, node)?;
-            match &layout {
-                Some(first) if *first != l => {
-                    return Err(PdpmError::Layout {
-                        node,
-                        why: format!("slot table {l:?} differs from node 0's {first:?}"),
-                    });
-                }
-                _ => layout = Some(l),
-            }
-            eps.push(ep);
-            tables.push(table);
-        }
-        let layout = layout.unwrap_or_default();
+        let (eps, tables, layout) = anchor::locate_all::<DirectLayout>(connectors)?;
         if layout.replication as usize > connectors.len() {
             return Err(PdpmError::Config(format!(
                 "replication {} needs at least that many memory nodes, have {}",
@@ -451,23 +408,11 @@ impl DirectClient {
     }
 
     fn check_key(&self, key: &[u8]) -> Result<(), PdpmError> {
-        if key.len() > self.layout.max_key as usize {
-            return Err(PdpmError::KeyTooLarge {
-                len: key.len(),
-                max: self.layout.max_key as usize,
-            });
-        }
-        Ok(())
+        check_key(key, self.layout.max_key)
     }
 
     fn check_value(&self, value: &[u8]) -> Result<(), PdpmError> {
-        if value.len() > self.layout.max_value as usize {
-            return Err(PdpmError::ValueTooLarge {
-                len: value.len(),
-                max: self.layout.max_value as usize,
-            });
-        }
-        Ok(())
+        check_value(value, self.layout.max_value)
     }
 
     fn copy_len(&self) -> u64 {
@@ -476,7 +421,7 @@ impl DirectClient {
 
     /// Pool offset of `slot`'s lock word in `section` on `node`.
     fn slot_offset(&self, node: usize, section: u32, slot: u64) -> u64 {
-        self.tables[node].slots_base
+        self.tables[node].body
             + (section as u64 * self.layout.slots + slot) * self.layout.slot_len()
     }
 
@@ -683,15 +628,14 @@ impl DirectClient {
                 self.steps += 1;
                 for &(node, section) in nodes {
                     let addr = self.phase_addr(phase, node, section, slot);
-                    self.batch.clear();
-                    self.batch.write(addr, copy);
-                    let check = self.batch.read(addr.offset_by(tail), 8);
-                    self.eps[node].post(&mut self.batch)?;
-                    self.validate(
+                    write_validated(
+                        &mut self.eps[node],
+                        &mut self.batch,
                         node,
-                        slot,
-                        self.batch.read_data(check),
-                        &copy[tail as usize..],
+                        Some(slot),
+                        addr,
+                        copy,
+                        tail,
                     )?;
                 }
             } else {
@@ -708,7 +652,7 @@ impl DirectClient {
                     let addr = self.phase_addr(phase, node, section, slot);
                     let mut last = [0u8; 8];
                     self.eps[node].read(addr.offset_by(tail), &mut last)?;
-                    self.validate(node, slot, &last, &copy[tail as usize..])?;
+                    validate(node, Some(slot), &last, &copy[tail as usize..])?;
                 }
             }
             let done = matches!(
@@ -721,16 +665,6 @@ impl DirectClient {
             }
         }
         Ok(false)
-    }
-
-    fn validate(&self, node: usize, slot: u64, got: &[u8], want: &[u8]) -> Result<(), PdpmError> {
-        if got != want {
-            return Err(PdpmError::Layout {
-                node,
-                why: format!("slot {slot}: validation read does not see the bytes just written"),
-            });
-        }
-        Ok(())
     }
 
     fn phase_addr(
@@ -770,7 +704,7 @@ impl DirectClient {
                 self.eps[primary].write(caddr, &redo)?;
                 let mut check = vec![0u8; len];
                 self.eps[primary].read(caddr, &mut check)?;
-                self.validate(primary, slot, &check, &redo)?;
+                validate(primary, Some(slot), &check, &redo)?;
                 redo
             }
         };
@@ -781,7 +715,7 @@ impl DirectClient {
             self.eps[node].write(addr, &image)?;
             let mut check = vec![0u8; len];
             self.eps[node].read(addr, &mut check)?;
-            self.validate(node, slot, &check, &image)?;
+            validate(node, Some(slot), &check, &image)?;
         }
         tracing::info!(
             primary,
@@ -875,43 +809,6 @@ fn backoff(attempt: u32) {
     } else {
         std::thread::sleep(Duration::from_micros(10 * u64::from(attempt.min(100))));
     }
-}
-
-fn read_table(ep: &mut Endpoint, node: usize) -> Result<(NodeTable, DirectLayout), PdpmError> {
-    let layout_err = |why: &str| PdpmError::Layout {
-        node,
-        why: why.to_string(),
-    };
-    let roots_region = ep
-        .region(ROOTS_REGION)
-        .ok_or_else(|| layout_err("no roots region"))?
-        .clone();
-    let data = ep
-        .region(DATA_REGION)
-        .ok_or_else(|| layout_err("no data region"))?
-        .clone();
-    let mut word = [0u8; 8];
-    ep.read(
-        roots_region.at(roots_region.start + 8 * roots::DIRECT_TABLE as u64),
-        &mut word,
-    )?;
-    let base = u64::from_le_bytes(word);
-    if base == 0 {
-        return Err(layout_err("not formatted for DirectDS (root slot empty)"));
-    }
-    let mut header = [0u8; HEADER_LEN as usize];
-    ep.read(data.at(base), &mut header)?;
-    let layout = DirectLayout::decode(&header).map_err(|why| layout_err(&why))?;
-    if base + layout.table_len() > data.end() || base < data.start {
-        return Err(layout_err("slot table lies outside the data region"));
-    }
-    Ok((
-        NodeTable {
-            data,
-            slots_base: base + HEADER_LEN,
-        },
-        layout,
-    ))
 }
 
 fn encode_copy(flavor: Flavor, marker: u64, key: &[u8], value: Option<&[u8]>) -> Vec<u8> {

@@ -8,10 +8,11 @@
 //!
 //! Every client is one compute-node thread with one endpoint per memory node and implements [`PdpmStore`].
 
+mod anchor;
 pub mod central;
 pub mod direct;
 
-use dinomo_fabric::FabricError;
+use dinomo_fabric::{Batch, Endpoint, FabricError, RemoteAddr};
 use dinomo_pool::PoolError;
 
 /// Pool root slots used by the baselines (the data plane uses 1 and 2).
@@ -133,4 +134,65 @@ pub(crate) fn new_client_id() -> u32 {
             return id;
         }
     }
+}
+
+/// Refuses a key longer than the layout's `max`.
+pub(crate) fn check_key(key: &[u8], max: u32) -> Result<(), PdpmError> {
+    if key.len() > max as usize {
+        return Err(PdpmError::KeyTooLarge {
+            len: key.len(),
+            max: max as usize,
+        });
+    }
+    Ok(())
+}
+
+/// Refuses a value longer than the layout's `max`.
+pub(crate) fn check_value(value: &[u8], max: u32) -> Result<(), PdpmError> {
+    if value.len() > max as usize {
+        return Err(PdpmError::ValueTooLarge {
+            len: value.len(),
+            max: max as usize,
+        });
+    }
+    Ok(())
+}
+
+/// Persistence validation: the READ after a WRITE to memory node `node` (at `slot`, where the store has slots)
+/// must see the bytes written.
+pub(crate) fn validate(
+    node: usize,
+    slot: Option<u64>,
+    got: &[u8],
+    want: &[u8],
+) -> Result<(), PdpmError> {
+    if got == want {
+        return Ok(());
+    }
+    const WHY: &str = "validation read does not see the bytes just written";
+    Err(PdpmError::Layout {
+        node,
+        why: match slot {
+            Some(slot) => format!("slot {slot}: {WHY}"),
+            None => WHY.into(),
+        },
+    })
+}
+
+/// WRITEs `bytes` at `addr` and READs back its last 8 bytes (from `tail`) in the same round trip (the fabric
+/// executes a batch in order), then validates them.
+pub(crate) fn write_validated(
+    ep: &mut Endpoint,
+    batch: &mut Batch,
+    node: usize,
+    slot: Option<u64>,
+    addr: RemoteAddr,
+    bytes: &[u8],
+    tail: u64,
+) -> Result<(), PdpmError> {
+    batch.clear();
+    batch.write(addr, bytes);
+    let check = batch.read(addr.offset_by(tail), 8);
+    ep.post(batch)?;
+    validate(node, slot, batch.read_data(check), &bytes[tail as usize..])
 }

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use anyhow::Result;
-use common::{Nodes, TOKEN, traffic};
-use dinomo_fabric::{Connector, MemoryNode, NodeConfig, Server, ServerConfig, Target};
+use common::{Nodes, Op, connector, op, start_node, traffic};
+use dinomo_fabric::{Connector, MemoryNode, NodeConfig, Server};
 use dinomo_pdpm::central::{
     self, CentralClient, CentralCrash, CentralLayout, CentralSettings, Coordinator,
     CoordinatorConfig,
@@ -34,23 +34,14 @@ impl Setup {
         let memory = Nodes::new(memory_nodes, |pool| central::format(pool, &layout).unwrap());
         let coordinator = Coordinator::new(&memory.connectors(false), config).unwrap();
         // The coordinator's own node: its processor threads are the coordinator's thread pool.
-        let host = MemoryNode::new(
+        let (host, host_server) = start_node(
             Arc::new(Pool::anonymous(4 << 20, 1 << 20).unwrap()),
             NodeConfig {
-                cluster_token: TOKEN.into(),
                 rpc_threads: 4,
                 ..NodeConfig::default()
             },
         );
         coordinator.serve(&host);
-        let host_server = Server::start(
-            host.clone(),
-            ServerConfig {
-                listen: "127.0.0.1:0".parse().unwrap(),
-                ..ServerConfig::default()
-            },
-        )
-        .unwrap();
         Setup {
             memory,
             coordinator,
@@ -60,13 +51,7 @@ impl Setup {
     }
 
     pub fn coordinator_connector(&self, tcp: bool) -> Connector {
-        let mut c = Connector::new(if tcp {
-            Target::Tcp(self.host_server.local_addr())
-        } else {
-            Target::InProcess(self.host.clone())
-        });
-        c.config.cluster_token = TOKEN.into();
-        c
+        connector(&self.host, &self.host_server, tcp)
     }
 
     pub fn client(&self, tcp: bool, settings: CentralSettings) -> CentralClient {
@@ -188,21 +173,6 @@ fn garbage_rpcs_get_errors_and_the_coordinator_keeps_serving() -> Result<()> {
     c.put(b"k", b"v")?;
     assert_eq!(c.get(b"k")?.as_deref(), Some(&b"v"[..]));
     Ok(())
-}
-
-#[derive(Debug, Clone)]
-enum Op {
-    Put(u8, Vec<u8>),
-    Get(u8),
-    Delete(u8),
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        (0u8..12, proptest::collection::vec(any::<u8>(), 0..64)).prop_map(|(k, v)| Op::Put(k, v)),
-        (0u8..12).prop_map(Op::Get),
-        (0u8..12).prop_map(Op::Delete),
-    ]
 }
 
 proptest! {

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::Result;
-use common::{Nodes, traffic};
+use common::{Nodes, Op, op, traffic};
 use dinomo_pdpm::direct::{self, CrashPoint, DirectClient, DirectLayout, DirectSettings, Flavor};
 use dinomo_pdpm::{PdpmError, PdpmStore};
 use proptest::prelude::*;
@@ -141,21 +141,6 @@ fn unformatted_memory_nodes_are_refused() {
     assert!(matches!(e, PdpmError::Layout { .. }), "{e}");
 }
 
-#[derive(Debug, Clone)]
-enum Op {
-    Put(u8, Vec<u8>),
-    Get(u8),
-    Delete(u8),
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        (0u8..12, proptest::collection::vec(any::<u8>(), 0..64)).prop_map(|(k, v)| Op::Put(k, v)),
-        (0u8..12).prop_map(Op::Get),
-        (0u8..12).prop_map(Op::Delete),
-    ]
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
@@ -202,16 +187,17 @@ fn concurrent_increments_are_never_lost_and_reads_are_never_torn() -> Result<()>
         let n = nodes(2, &layout(flavor, 2));
         let counters = [b"c0".as_slice(), b"c1".as_slice()];
         std::thread::scope(|s| -> Result<()> {
+            // No client crashes here: a lease far above any scheduling stall on a loaded machine.
+            let settings = DirectSettings {
+                lock_lease: Duration::from_secs(60),
+                lock_wait: Duration::from_secs(120),
+                ..DirectSettings::default()
+            };
             let mut handles = Vec::new();
             for t in 0..THREADS {
                 let connectors = n.connectors(false);
+                let settings = settings.clone();
                 handles.push(s.spawn(move || -> Result<()> {
-                    // No client crashes here: a lease far above any scheduling stall on a loaded machine.
-                    let settings = DirectSettings {
-                        lock_lease: Duration::from_secs(60),
-                        lock_wait: Duration::from_secs(120),
-                        ..DirectSettings::default()
-                    };
                     let mut c = DirectClient::connect(&connectors, settings)?;
                     for i in 0..INCREMENTS {
                         let key = counters[(t + i) % 2];
@@ -228,11 +214,6 @@ fn concurrent_increments_are_never_lost_and_reads_are_never_torn() -> Result<()>
             // A reader checks every value it sees is whole: 16 equal words, never decreasing.
             let connectors = n.connectors(false);
             handles.push(s.spawn(move || -> Result<()> {
-                let settings = DirectSettings {
-                    lock_lease: Duration::from_secs(60),
-                    lock_wait: Duration::from_secs(120),
-                    ..DirectSettings::default()
-                };
                 let mut c = DirectClient::connect(&connectors, settings)?;
                 let mut last = [0u64; 2];
                 for _ in 0..200 {

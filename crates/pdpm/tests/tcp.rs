@@ -5,8 +5,8 @@ mod common;
 use std::sync::Arc;
 
 use anyhow::Result;
-use common::{Nodes, TOKEN, traffic};
-use dinomo_fabric::{Connector, MemoryNode, NodeConfig, Server, ServerConfig, Target};
+use common::{Nodes, connector, start_node, traffic};
+use dinomo_fabric::NodeConfig;
 use dinomo_pdpm::PdpmStore;
 use dinomo_pdpm::central::{
     self, CentralClient, CentralLayout, CentralSettings, Coordinator, CoordinatorConfig,
@@ -44,23 +44,12 @@ fn every_baseline_works_over_tcp_with_the_papers_round_trips() -> Result<()> {
     };
     let memory = Nodes::new(2, |pool| central::format(pool, &layout).unwrap());
     let coordinator = Coordinator::new(&memory.connectors(true), CoordinatorConfig::default())?;
-    let host = MemoryNode::new(
+    let (host, server) = start_node(
         Arc::new(Pool::anonymous(4 << 20, 1 << 20)?),
-        NodeConfig {
-            cluster_token: TOKEN.into(),
-            ..NodeConfig::default()
-        },
+        NodeConfig::default(),
     );
     coordinator.serve(&host);
-    let server = Server::start(
-        host.clone(),
-        ServerConfig {
-            listen: "127.0.0.1:0".parse()?,
-            ..ServerConfig::default()
-        },
-    )?;
-    let mut coord = Connector::new(Target::Tcp(server.local_addr()));
-    coord.config.cluster_token = TOKEN.into();
+    let coord = connector(&host, &server, true);
     let mut c =
         CentralClient::connect(&coord, &memory.connectors(true), CentralSettings::default())?;
     c.refill()?;

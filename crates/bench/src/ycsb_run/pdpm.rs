@@ -227,8 +227,7 @@ impl PdpmTarget {
                     pool
                 }
                 Geometry::Central(layout) => {
-                    let area = layout.blocks.saturating_mul(layout.block_len());
-                    let pool = pool_for(area.saturating_add(SEGMENT))?;
+                    let pool = pool_for(layout.area_len())?;
                     dinomo_pdpm::central::format(&pool, layout)
                         .context("formatting a CentralDS block area")?;
                     pool

@@ -8,6 +8,7 @@ use dinomo_fabric::{
     counters::thread_snapshot,
 };
 use dinomo_pool::Pool;
+use proptest::prelude::*;
 
 pub const TOKEN: &str = "pdpm-test-token";
 
@@ -24,24 +25,9 @@ impl Nodes {
         for _ in 0..count {
             let pool = Arc::new(Pool::anonymous(32 << 20, 1 << 20).unwrap());
             format(&pool);
-            let node = MemoryNode::new(
-                pool,
-                NodeConfig {
-                    cluster_token: TOKEN.into(),
-                    ..NodeConfig::default()
-                },
-            );
-            servers.push(
-                Server::start(
-                    node.clone(),
-                    ServerConfig {
-                        listen: "127.0.0.1:0".parse().unwrap(),
-                        ..ServerConfig::default()
-                    },
-                )
-                .unwrap(),
-            );
+            let (node, server) = start_node(pool, NodeConfig::default());
             nodes.push(node);
+            servers.push(server);
         }
         Nodes { nodes, servers }
     }
@@ -53,6 +39,26 @@ impl Nodes {
             .map(|(n, s)| connector(n, s, tcp))
             .collect()
     }
+}
+
+/// A memory node over `pool` with `config` (and the tests' cluster token), served on 127.0.0.1.
+pub fn start_node(pool: Arc<Pool>, config: NodeConfig) -> (Arc<MemoryNode>, Server) {
+    let node = MemoryNode::new(
+        pool,
+        NodeConfig {
+            cluster_token: TOKEN.into(),
+            ..config
+        },
+    );
+    let server = Server::start(
+        node.clone(),
+        ServerConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            ..ServerConfig::default()
+        },
+    )
+    .unwrap();
+    (node, server)
 }
 
 pub fn connector(node: &Arc<MemoryNode>, server: &Server, tcp: bool) -> Connector {
@@ -70,4 +76,20 @@ pub fn traffic<T>(f: impl FnOnce() -> T) -> (T, CounterSnapshot) {
     let before = thread_snapshot();
     let r = f();
     (r, thread_snapshot() - before)
+}
+
+/// One operation of a model test, on one of 12 keys.
+#[derive(Debug, Clone)]
+pub enum Op {
+    Put(u8, Vec<u8>),
+    Get(u8),
+    Delete(u8),
+}
+
+pub fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0u8..12, proptest::collection::vec(any::<u8>(), 0..64)).prop_map(|(k, v)| Op::Put(k, v)),
+        (0u8..12).prop_map(Op::Get),
+        (0u8..12).prop_map(Op::Delete),
+    ]
 }
