@@ -40,14 +40,6 @@ fn update_only() -> Workload {
     "update=1".parse().expect("a mix")
 }
 
-fn count(r: &YcsbReport, kind: OpKind) -> u64 {
-    r.measured
-        .by_kind
-        .iter()
-        .find(|k| k.kind == kind)
-        .map_or(0, |k| k.ops)
-}
-
 /// Runs `o` and checks what every run must satisfy; returns the report and the round trips per operation.
 fn run(o: &YcsbOptions) -> anyhow::Result<(YcsbReport, f64)> {
     let r = run_ycsb(o, &mut |_| {})?;
@@ -55,7 +47,7 @@ fn run(o: &YcsbOptions) -> anyhow::Result<(YcsbReport, f64)> {
     assert_eq!(r.system, o.system.name());
     assert_eq!(m.ops, OPS, "exactly the operations asked for");
     assert_eq!(m.errors.total(), 0, "{:?}", m.errors);
-    let reads = count(&r, OpKind::Read);
+    let reads = r.measured.ops_of(OpKind::Read);
     assert_eq!(
         m.reads_verified, reads,
         "every read returned a written value"
@@ -69,7 +61,7 @@ fn run(o: &YcsbOptions) -> anyhow::Result<(YcsbReport, f64)> {
     assert_eq!(res.totals.lookups, reads);
     assert_eq!(
         res.totals.writes,
-        count(&r, OpKind::Update) + count(&r, OpKind::Insert)
+        r.measured.ops_of(OpKind::Update) + r.measured.ops_of(OpKind::Insert)
     );
     assert!(res.totals.bytes_out > 0 && res.totals.bytes_in > 0);
     // No cache: the cache section is absent rather than zero.
@@ -98,7 +90,7 @@ fn directds_reads_in_three_round_trips_and_replicates_writes() -> anyhow::Result
     assert_eq!(rt, 10.0);
     // Concurrent clients on a mixed workload: no errors, and every operation at least its lock-free cost.
     let (r, rt) = run(&tiny(System::DirectDs, Workload::A, 2, 1))?;
-    let reads = count(&r, OpKind::Read) as f64;
+    let reads = r.measured.ops_of(OpKind::Read) as f64;
     assert!(
         rt >= (3.0 * reads + 6.0 * (OPS as f64 - reads)) / OPS as f64,
         "{rt}"

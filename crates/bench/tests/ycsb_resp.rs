@@ -18,7 +18,7 @@ use dinomo_cluster::{LocalCluster, LocalClusterConfig, NodeConfig};
 use dinomo_resp::{MemoryBackend, ParseLimits, RequestParser, RespServer, ServerConfig};
 
 mod common;
-use common::{count, tiny_run};
+use common::tiny_run;
 
 fn tiny(workload: Workload, addrs: Vec<String>) -> YcsbOptions {
     let target = TargetOptions::Resp(RespOptions {
@@ -37,7 +37,7 @@ fn check(r: &YcsbReport, system: &str) {
     assert_eq!(m.by_kind.iter().map(|k| k.ops).sum::<u64>(), m.ops);
     assert_eq!(
         m.reads_verified,
-        count(r, OpKind::Read) + count(r, OpKind::ReadModifyWrite),
+        r.measured.ops_of(OpKind::Read) + r.measured.ops_of(OpKind::ReadModifyWrite),
         "every read found a value its record was given"
     );
     assert_eq!(r.latency.samples, m.ops);
@@ -84,7 +84,7 @@ fn a_dinomo_cluster_is_measured_through_its_redis_ports() -> anyhow::Result<()> 
     let opts = tiny(Workload::A, addrs[..1].to_vec());
     let r = run_ycsb(&opts, &mut |_| {})?;
     check(&r, "dinomo");
-    assert!(count(&r, OpKind::Read) > 100 && count(&r, OpKind::Update) > 100);
+    assert!(r.measured.ops_of(OpKind::Read) > 100 && r.measured.ops_of(OpKind::Update) > 100);
 
     // The report reads back as written; its files are named by what was measured.
     let dir = tempfile::tempdir()?;
@@ -103,10 +103,10 @@ fn a_dinomo_cluster_is_measured_through_its_redis_ports() -> anyhow::Result<()> 
     assert!(r.load.is_none());
     let m = &r.measured;
     assert_eq!((m.ops, m.errors.total()), (400, 0), "{:?}", m.errors);
-    assert!(count(&r, OpKind::ReadModifyWrite) > 100);
+    assert!(r.measured.ops_of(OpKind::ReadModifyWrite) > 100);
     assert_eq!(
         m.reads_verified,
-        count(&r, OpKind::Read) + count(&r, OpKind::ReadModifyWrite)
+        r.measured.ops_of(OpKind::Read) + r.measured.ops_of(OpKind::ReadModifyWrite)
     );
     cluster.stop();
     Ok(())

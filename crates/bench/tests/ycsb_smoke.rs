@@ -8,7 +8,7 @@ use dinomo_bench::ycsb_run::{
 };
 
 mod common;
-use common::{count, tiny_run};
+use common::tiny_run;
 
 fn tiny(workload: Workload, distribution: Distribution, kns: usize) -> YcsbOptions {
     let target = TargetOptions::InProcess(InProcessOptions {
@@ -33,7 +33,7 @@ fn check_sane(r: &YcsbReport, kns: usize) {
     // Every read (and the read of every read-modify-write) returned a value the workload wrote for its record.
     assert_eq!(
         m.reads_verified,
-        count(r, OpKind::Read) + count(r, OpKind::ReadModifyWrite)
+        r.measured.ops_of(OpKind::Read) + r.measured.ops_of(OpKind::ReadModifyWrite)
     );
     let l = &r.latency;
     assert_eq!(l.samples, m.ops);
@@ -50,11 +50,13 @@ fn check_sane(r: &YcsbReport, kns: usize) {
     let t = &resources.totals;
     assert_eq!(
         t.lookups,
-        count(r, OpKind::Read) + count(r, OpKind::ReadModifyWrite)
+        r.measured.ops_of(OpKind::Read) + r.measured.ops_of(OpKind::ReadModifyWrite)
     );
     assert_eq!(
         t.writes,
-        count(r, OpKind::Update) + count(r, OpKind::Insert) + count(r, OpKind::ReadModifyWrite)
+        r.measured.ops_of(OpKind::Update)
+            + r.measured.ops_of(OpKind::Insert)
+            + r.measured.ops_of(OpKind::ReadModifyWrite)
     );
     if t.writes > 0 {
         assert!(t.commits >= 1 && t.commits <= t.writes);
@@ -99,7 +101,7 @@ fn workload_a_on_two_nodes_reports_sane_numbers() -> anyhow::Result<()> {
     let mut phases = Vec::new();
     let r = run_ycsb(&opts, &mut |p| phases.push(p))?;
     check_sane(&r, 2);
-    assert!(count(&r, OpKind::Read) > 100 && count(&r, OpKind::Update) > 100);
+    assert!(r.measured.ops_of(OpKind::Read) > 100 && r.measured.ops_of(OpKind::Update) > 100);
     assert!(!phases.is_empty());
 
     // The JSON report reads back as it was written, and the plot helper draws it.
@@ -145,7 +147,7 @@ fn dinomo_s_runs_end_to_end_and_pays_a_read_per_hit() -> anyhow::Result<()> {
         .expect("the workers' counters are read");
     assert_eq!(cache.value_hits, 0);
     assert!(cache.shortcut_hits > 0);
-    let reads = count(&r, OpKind::Read) as f64;
+    let reads = r.measured.ops_of(OpKind::Read) as f64;
     assert!(
         resources.totals.round_trips as f64 >= cache.shortcut_hits as f64,
         "{} round trips for {} shortcut hits of {reads} reads",
@@ -178,7 +180,7 @@ fn inserts_and_read_modify_writes_read_back_what_they_wrote() -> anyhow::Result<
     ] {
         let r = run_ycsb(&tiny(workload, distribution, 1), &mut |_| {})?;
         check_sane(&r, 1);
-        assert!(count(&r, OpKind::Insert) + count(&r, OpKind::ReadModifyWrite) > 0);
+        assert!(r.measured.ops_of(OpKind::Insert) + r.measured.ops_of(OpKind::ReadModifyWrite) > 0);
     }
     Ok(())
 }
@@ -237,16 +239,16 @@ fn a_running_cluster_is_measured_over_the_network() -> anyhow::Result<()> {
     let r = run_ycsb(&opts, &mut |_| {})?;
     let m = &r.measured;
     assert_eq!((m.ops, m.errors.total()), (400, 0), "{:?}", m.errors);
-    assert_eq!(m.reads_verified, count(&r, OpKind::Read));
+    assert_eq!(m.reads_verified, r.measured.ops_of(OpKind::Read));
     let resources = r
         .resources
         .as_ref()
         .expect("the KV nodes' counters are read");
     assert_eq!(
         r.cache.as_ref().map(|c| c.lookups),
-        Some(count(&r, OpKind::Read))
+        Some(r.measured.ops_of(OpKind::Read))
     );
-    assert_eq!(resources.totals.writes, count(&r, OpKind::Update));
+    assert_eq!(resources.totals.writes, r.measured.ops_of(OpKind::Update));
     assert_eq!((r.target.as_str(), r.kv_nodes), ("native", Some(2)));
     assert_eq!(
         r.kn_threads,

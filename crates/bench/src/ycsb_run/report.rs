@@ -225,6 +225,16 @@ pub struct Measured {
     pub errors: Errors,
 }
 
+impl Measured {
+    /// Operations of `kind` completed (0 when the workload has none).
+    pub fn ops_of(&self, kind: crate::ycsb::OpKind) -> u64 {
+        self.by_kind
+            .iter()
+            .find(|k| k.kind == kind)
+            .map_or(0, |k| k.ops)
+    }
+}
+
 /// Resources per operation of the measured phase.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PerOp {

@@ -1,7 +1,7 @@
 //! Setup shared by the `bench ycsb` tests that run a few hundred operations against a target.
 
-use dinomo_bench::ycsb::{Distribution, OpKind, Workload};
-use dinomo_bench::ycsb_run::{TargetOptions, YcsbOptions, YcsbReport};
+use dinomo_bench::ycsb::{Distribution, Workload};
+use dinomo_bench::ycsb_run::{TargetOptions, YcsbOptions};
 
 /// A tiny run against `target`: 500 records of 64 B, two clients with four operations in flight each, 100
 /// warm-up and 400 measured operations.
@@ -27,13 +27,4 @@ pub fn tiny_run(
         seed,
         ..YcsbOptions::default()
     }
-}
-
-/// Measured operations of `kind` in `r`.
-pub fn count(r: &YcsbReport, kind: OpKind) -> u64 {
-    r.measured
-        .by_kind
-        .iter()
-        .find(|k| k.kind == kind)
-        .map_or(0, |k| k.ops)
 }
