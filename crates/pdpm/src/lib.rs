@@ -41,6 +41,17 @@ pub trait PdpmStore {
     fn delete(&mut self, key: &[u8]) -> Result<(), PdpmError>;
 }
 
+/// What a read-modify-write ([`update`](PdpmStore) on a store that offers it) does with the key's current value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Leave the key as it is.
+    Keep,
+    /// Replace the value (or create the key).
+    Put(Vec<u8>),
+    /// Remove the key.
+    Delete,
+}
+
 /// Everything the baselines can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum PdpmError {
