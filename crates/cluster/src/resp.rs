@@ -108,6 +108,9 @@ impl Backend for NodeBackend {
             local: Vec::new(),
             remote: Vec::new(),
             answered: Vec::new(),
+            early: Vec::new(),
+            queued: 0,
+            started: false,
         }
     }
 }
@@ -129,6 +132,12 @@ struct NodeConn {
     local: Vec<usize>,
     remote: Vec<usize>,
     answered: Vec<bool>,
+    /// Ops of the started batch the workers refused at once, with why.
+    early: Vec<(usize, BackendError)>,
+    /// Ops of the started batch queued at the workers and not answered yet.
+    queued: usize,
+    /// A batch was started ([`BackendConn::start`]) and awaits [`BackendConn::finish`].
+    started: bool,
 }
 
 /// The store's operation for `op`, its key and value moved out: `op` keeps only its kind, which is all its result
@@ -202,31 +211,62 @@ fn from_client_error(e: ClientError) -> BackendError {
 }
 
 impl NodeConn {
-    /// Queues the ops at `self.local` at this node's workers and collects their results; refused ones join
-    /// `self.remote`.
-    fn run_local(&mut self, ops: &[Op], results: &mut [OpResult]) {
-        self.batch = self.batch.wrapping_add(1);
-        let tag = |i: usize| (u64::from(self.batch) << 32) | i as u64;
-        let mut queued = 0;
-        {
-            let _same_ownership = self.shared.queue_order.read().expect("queue order lock");
-            for &i in &self.local {
-                // A copy: an op this node turns out not to own is forwarded afterwards.
-                let op = take_data_op(&mut ops[i].clone());
-                match self
-                    .shared
-                    .submitter
-                    .submit(Command::Data(op), tag(i), &self.replies_tx)
-                {
-                    Ok(()) => queued += 1,
-                    Err(e) => results[i] = Err(from_kn_error(&ops[i], e)),
+    /// Splits `ops` by owner into `self.local` and `self.remote`.
+    fn route(&mut self, ops: &[Op]) {
+        self.local.clear();
+        self.remote.clear();
+        self.early.clear();
+        let node = self.shared.id;
+        let (local, remote) = (&mut self.local, &mut self.remote);
+        self.shared.with_routing(|r| {
+            for (i, op) in ops.iter().enumerate() {
+                // Like the native client: writes at the primary owner, reads at any owner.
+                let here = if op.is_write() {
+                    r.ring.primary(op.key()) == Some(node)
+                } else {
+                    r.ring.is_owner(node, op.key())
+                };
+                if here {
+                    local.push(i);
+                } else {
+                    remote.push(i);
                 }
             }
+        });
+    }
+
+    /// Queues the ops at `self.local` at this node's workers without waiting; [`NodeConn::collect_local`] takes
+    /// their results.
+    fn submit_local(&mut self, ops: &[Op]) {
+        self.batch = self.batch.wrapping_add(1);
+        let batch = self.batch;
+        let tag = |i: usize| (u64::from(batch) << 32) | i as u64;
+        self.queued = 0;
+        let _same_ownership = self.shared.queue_order.read().expect("queue order lock");
+        for &i in &self.local {
+            // A copy: an op this node turns out not to own is forwarded afterwards.
+            let op = take_data_op(&mut ops[i].clone());
+            match self
+                .shared
+                .submitter
+                .submit(Command::Data(op), tag(i), &self.replies_tx)
+            {
+                Ok(()) => self.queued += 1,
+                Err(e) => self.early.push((i, from_kn_error(&ops[i], e))),
+            }
         }
+    }
+
+    /// Collects the results of the ops [`NodeConn::submit_local`] queued; refused ones join `self.remote`.
+    fn collect_local(&mut self, ops: &[Op], results: &mut [OpResult]) {
         let answered = &mut self.answered;
         answered.clear();
         answered.resize(ops.len(), false);
-        while queued > 0 {
+        for (i, e) in self.early.drain(..) {
+            answered[i] = true;
+            results[i] = Err(e);
+        }
+        while self.queued > 0 {
             match self.replies_rx.recv_timeout(self.worker_timeout) {
                 Ok((t, r)) => {
                     if (t >> 32) as u32 != self.batch {
@@ -237,7 +277,7 @@ impl NodeConn {
                         continue;
                     }
                     answered[i] = true;
-                    queued -= 1;
+                    self.queued -= 1;
                     results[i] = match r {
                         Ok(reply) => from_reply(&ops[i], reply),
                         Err(KnError::NotOwner { .. }) => {
@@ -248,6 +288,7 @@ impl NodeConn {
                     };
                 }
                 Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
+                    self.queued = 0;
                     let why = format!(
                         "no reply from the KV node's worker within {:?}",
                         self.worker_timeout
@@ -351,30 +392,31 @@ fn waves(ops: &[Op], remote: &[usize]) -> Vec<Vec<usize>> {
 
 impl BackendConn for NodeConn {
     fn execute(&mut self, ops: &mut Vec<Op>, results: &mut Vec<OpResult>) {
+        self.start(ops);
+        self.finish(ops, results);
+    }
+
+    fn start(&mut self, ops: &mut Vec<Op>) {
+        self.route(ops);
+        if !self.local.is_empty() {
+            self.submit_local(ops);
+        }
+        self.started = true;
+    }
+
+    fn finish(&mut self, ops: &mut Vec<Op>, results: &mut Vec<OpResult>) {
+        if !std::mem::take(&mut self.started) {
+            self.route(ops);
+            if !self.local.is_empty() {
+                self.submit_local(ops);
+            }
+        }
         results.clear();
         results.resize_with(ops.len(), || {
             Err(BackendError::Unavailable("not run".into()))
         });
-        self.local.clear();
-        self.remote.clear();
-        let node = self.shared.id;
-        self.shared.with_routing(|r| {
-            for (i, op) in ops.iter().enumerate() {
-                // Like the native client: writes at the primary owner, reads at any owner.
-                let here = if op.is_write() {
-                    r.ring.primary(op.key()) == Some(node)
-                } else {
-                    r.ring.is_owner(node, op.key())
-                };
-                if here {
-                    self.local.push(i);
-                } else {
-                    self.remote.push(i);
-                }
-            }
-        });
         if !self.local.is_empty() {
-            self.run_local(ops, results);
+            self.collect_local(ops, results);
         }
         if !self.remote.is_empty() {
             // Refused ops joined the list after the ones routed away at once; each key's ops keep their order.

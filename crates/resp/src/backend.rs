@@ -97,6 +97,18 @@ pub trait BackendConn: Send + 'static {
     /// different keys may run concurrently.
     fn execute(&mut self, ops: &mut Vec<Op>, results: &mut Vec<OpResult>);
 
+    /// Starts `ops` without waiting for them, so a thread serving many connections can start every ready
+    /// connection's operations before it waits for any. [`BackendConn::finish`] with the same `ops` must follow
+    /// before any other call. The default starts nothing: `finish` runs them.
+    fn start(&mut self, ops: &mut Vec<Op>) {
+        let _ = ops;
+    }
+
+    /// Completes the ops [`BackendConn::start`] began, as [`BackendConn::execute`] would have run them.
+    fn finish(&mut self, ops: &mut Vec<Op>, results: &mut Vec<OpResult>) {
+        self.execute(ops, results);
+    }
+
     /// How many keys the store holds.
     fn dbsize(&mut self) -> Result<u64, BackendError>;
 

@@ -1,18 +1,24 @@
-//! The RESP server: an accept thread and one thread per connection. A connection thread reads what arrived,
-//! parses every complete request in it, runs their key operations together on the backend, and writes all the
-//! replies with one system call (pipelining).
+//! The RESP server: an accept thread and a few event-loop threads, each serving many connections (epoll through
+//! `mio`), as Redis serves them. A loop thread reads what arrived on every ready connection, parses every complete
+//! request, starts the key operations of all those connections at the backend together, then completes them and
+//! writes each connection's replies with one system call (pipelining). Starting every ready connection's
+//! operations before waiting for any lets a store with worker threads take them in one hand-off instead of one
+//! per connection.
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use mio::{Events, Interest, Poll, Token, Waker};
 
 use tracing::{debug, info, warn};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, BackendConn};
 use crate::parse::{ParseLimits, RequestParser};
 use crate::session::{Flow, Session, Shared};
 
@@ -20,6 +26,12 @@ use crate::session::{Flow, Session, Shared};
 pub const DEFAULT_MAX_CLIENTS: usize = 10_000;
 /// Default of [`ServerConfig::max_pipeline`].
 pub const DEFAULT_MAX_PIPELINE: usize = 1024;
+/// Default of [`ServerConfig::io_threads`].
+pub const DEFAULT_IO_THREADS: usize = 1;
+/// Readiness events taken from the kernel per wait.
+const EVENTS_PER_POLL: usize = 1024;
+/// The token of a loop's waker (connections are numbered from 0).
+const WAKER: Token = Token(usize::MAX);
 /// Bytes asked for per read.
 const READ_CHUNK: usize = 64 << 10;
 /// Buffers that grew beyond this for one large request or reply are given back afterwards.
@@ -48,6 +60,9 @@ pub struct ServerConfig {
     /// Requests of one pipeline run together before their replies are written (bounds the replies held back).
     /// Default [`DEFAULT_MAX_PIPELINE`].
     pub max_pipeline: usize,
+    /// Event-loop threads serving the connections (each connection stays on one; Redis's `io-threads`, but
+    /// each thread also runs the commands). Default [`DEFAULT_IO_THREADS`].
+    pub io_threads: usize,
     /// Prefix of thread names. Default `dinomo-resp`.
     #[serde(skip)]
     pub name: String,
@@ -63,6 +78,7 @@ impl Default for ServerConfig {
             idle_timeout: Duration::ZERO,
             limits: ParseLimits::default(),
             max_pipeline: DEFAULT_MAX_PIPELINE,
+            io_threads: DEFAULT_IO_THREADS,
             name: "dinomo-resp".into(),
         }
     }
@@ -129,6 +145,15 @@ pub struct RespServer {
     stop: Arc<AtomicBool>,
     conns: Arc<Mutex<HashMap<u64, TcpStream>>>,
     accept: Option<JoinHandle<()>>,
+    loops: Arc<Vec<LoopHandle>>,
+}
+
+/// How the accept thread and the server reach an event loop.
+struct LoopHandle {
+    /// New connections for the loop.
+    tx: Sender<(TcpStream, Connected)>,
+    waker: Arc<Waker>,
+    thread: Option<JoinHandle<()>>,
 }
 
 impl RespServer {
@@ -140,9 +165,9 @@ impl RespServer {
         {
             return Err(ServerError::ProtectedMode(config.listen));
         }
-        if config.max_clients == 0 || config.max_pipeline == 0 {
+        if config.max_clients == 0 || config.max_pipeline == 0 || config.io_threads == 0 {
             return Err(ServerError::Config(
-                "max_clients and max_pipeline must be at least 1".into(),
+                "max_clients, max_pipeline and io_threads must be at least 1".into(),
             ));
         }
         let io = |error| ServerError::Io {
@@ -155,11 +180,37 @@ impl RespServer {
         let stop = Arc::new(AtomicBool::new(false));
         let conns: Arc<Mutex<HashMap<u64, TcpStream>>> = Arc::default();
         let backend = Arc::new(backend);
+        let mut loops = Vec::with_capacity(config.io_threads);
+        for n in 0..config.io_threads {
+            let poll = Poll::new().map_err(io)?;
+            let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(io)?);
+            let (tx, rx) = channel();
+            let event_loop = EventLoop {
+                poll,
+                incoming: rx,
+                backend: backend.clone(),
+                shared: shared.clone(),
+                stop: stop.clone(),
+                conns: conns.clone(),
+                slots: Vec::new(),
+                free: Vec::new(),
+            };
+            let thread = std::thread::Builder::new()
+                .name(format!("{}-io{n}", config.name))
+                .spawn(move || event_loop.run())
+                .map_err(io)?;
+            loops.push(LoopHandle {
+                tx,
+                waker,
+                thread: Some(thread),
+            });
+        }
+        let loops = Arc::new(loops);
         let accept = {
-            let (shared, stop, conns) = (shared.clone(), stop.clone(), conns.clone());
+            let (shared, stop, loops) = (shared.clone(), stop.clone(), loops.clone());
             std::thread::Builder::new()
                 .name(format!("{}-accept", config.name))
-                .spawn(move || accept_loop(listener, backend, shared, stop, conns))
+                .spawn(move || accept_loop(listener, shared, stop, &loops))
                 .map_err(io)?
         };
         info!(%addr, "RESP server listening");
@@ -169,6 +220,7 @@ impl RespServer {
             stop,
             conns,
             accept: Some(accept),
+            loops,
         })
     }
 
@@ -209,16 +261,26 @@ impl Drop for RespServer {
             let _ = t.join();
         }
         self.cut_all_connections();
+        // The accept thread is gone, so this is the only holder of the loops' handles: each loop is woken, sees
+        // the stop flag and closes its connections.
+        if let Some(loops) = Arc::get_mut(&mut self.loops) {
+            for l in loops.iter_mut() {
+                let _ = l.waker.wake();
+                if let Some(t) = l.thread.take() {
+                    let _ = t.join();
+                }
+            }
+        }
     }
 }
 
-fn accept_loop<B: Backend>(
+fn accept_loop(
     listener: TcpListener,
-    backend: Arc<B>,
     shared: Arc<Shared>,
     stop: Arc<AtomicBool>,
-    conns: Arc<Mutex<HashMap<u64, TcpStream>>>,
+    loops: &[LoopHandle],
 ) {
+    let mut next = 0;
     for stream in listener.incoming() {
         if stop.load(Ordering::Acquire) {
             return;
@@ -240,37 +302,38 @@ fn accept_loop<B: Backend>(
             let _ = stream.shutdown(Shutdown::Both);
             continue;
         }
+        if let Err(e) = stream.set_nonblocking(true) {
+            debug!(error = %e, "cannot make a connection non-blocking; closing it");
+            continue;
+        }
+        let _ = stream.set_nodelay(true);
         k.connections_received.fetch_add(1, Ordering::Relaxed);
         k.connected_clients.fetch_add(1, Ordering::AcqRel);
         let guard = Connected {
             shared: shared.clone(),
-            conns: conns.clone(),
+            conns: None,
             key: None,
         };
-        let (backend, shared) = (backend.clone(), shared.clone());
-        let spawned = std::thread::Builder::new()
-            .name(format!("{}-conn", shared.config.name))
-            .spawn(move || serve(stream, &*backend, shared, guard));
-        if let Err(e) = spawned {
-            warn!(error = %e, "cannot start a connection thread");
+        // Round robin: every loop gets its share of the connections.
+        let l = &loops[next % loops.len()];
+        next = next.wrapping_add(1);
+        if l.tx.send((stream, guard)).is_err() || l.waker.wake().is_err() {
+            warn!("an event loop of the RESP server is gone; connection dropped");
         }
     }
 }
 
-/// Undoes a connection's registration however its thread ends.
+/// Undoes a connection's registration however it ends.
 struct Connected {
     shared: Arc<Shared>,
-    conns: Arc<Mutex<HashMap<u64, TcpStream>>>,
+    conns: Option<Arc<Mutex<HashMap<u64, TcpStream>>>>,
     key: Option<u64>,
 }
 
 impl Drop for Connected {
     fn drop(&mut self) {
-        if let Some(k) = self.key {
-            self.conns
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&k);
+        if let (Some(conns), Some(k)) = (&self.conns, self.key) {
+            conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
         }
         self.shared
             .counters
@@ -279,97 +342,323 @@ impl Drop for Connected {
     }
 }
 
-fn serve<B: Backend>(
-    mut stream: TcpStream,
-    backend: &B,
+/// One event-loop thread and the connections it serves, numbered by their slot.
+struct EventLoop<B: Backend> {
+    poll: Poll,
+    incoming: Receiver<(TcpStream, Connected)>,
+    backend: Arc<B>,
     shared: Arc<Shared>,
-    mut guard: Connected,
-) {
-    let _ = stream.set_nodelay(true);
-    let idle = shared.config.idle_timeout;
-    if !idle.is_zero() {
-        let _ = stream.set_read_timeout(Some(idle));
-    }
-    let peer = stream
-        .peer_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_default();
-    let local = stream
-        .local_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_default();
-    let mut session = Session::new(backend.connect(), shared.clone(), peer, local);
-    if let Ok(c) = stream.try_clone() {
-        let key = session.id();
-        guard
-            .conns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, c);
-        guard.key = Some(key);
-    }
-    let mut parser = RequestParser::new(shared.config.limits.clone());
-    let max_pipeline = shared.config.max_pipeline;
-    let counters = &shared.counters;
-    let mut input = Input::new();
-    let mut out: Vec<u8> = Vec::with_capacity(16 << 10);
-    loop {
-        let n = match stream.read(input.room()) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-            Err(e) => {
-                if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) {
-                    debug!("closing an idle RESP connection");
-                }
-                break;
-            }
-        };
-        input.filled(n);
-        counters
-            .net_input_bytes
-            .fetch_add(n as u64, Ordering::Relaxed);
-        let mut close = false;
-        let mut batch = 0;
-        loop {
-            let (used, parsed) = parser.parse(input.pending(), session.authenticated());
-            input.consume(used);
-            match parsed {
-                Ok(Some(args)) => {
-                    if session.handle(args, &mut out) == Flow::Close {
-                        close = true;
-                        break;
-                    }
-                    batch += 1;
-                    if batch >= max_pipeline {
-                        session.flush(&mut out);
-                        if !write_out(&mut stream, &mut out, counters) {
-                            return;
-                        }
-                        batch = 0;
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    debug!(error = %e, "protocol error; closing the connection");
-                    session.protocol_error(&e, &mut out);
-                    close = true;
-                    break;
-                }
-            }
-        }
-        session.flush(&mut out);
-        if !write_out(&mut stream, &mut out, counters) || close {
-            break;
-        }
-        if out.capacity() > KEEP_BUFFER {
-            out = Vec::with_capacity(16 << 10);
-        }
-        input.shrink();
-    }
-    let _ = stream.shutdown(Shutdown::Both);
+    stop: Arc<AtomicBool>,
+    conns: Arc<Mutex<HashMap<u64, TcpStream>>>,
+    slots: Vec<Option<Conn<B::Conn>>>,
+    free: Vec<usize>,
 }
 
+/// What serving a connection's input left to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// Its key operations were started: complete them and write the replies.
+    Started,
+    /// Nothing more now.
+    Wait,
+    /// Replies wait for the socket to take them.
+    Blocked,
+    /// Close it now.
+    Close,
+}
+
+impl<B: Backend> EventLoop<B> {
+    fn run(mut self) {
+        let mut events = Events::with_capacity(EVENTS_PER_POLL);
+        let idle = self.shared.config.idle_timeout;
+        // Idle connections are looked for a few times per timeout.
+        let sweep_every = (!idle.is_zero()).then(|| (idle / 4).max(Duration::from_millis(10)));
+        let mut last_sweep = Instant::now();
+        let mut started: Vec<usize> = Vec::new();
+        loop {
+            if let Err(e) = self.poll.poll(&mut events, sweep_every) {
+                if e.kind() == ErrorKind::Interrupted {
+                    continue;
+                }
+                warn!(error = %e, "RESP event loop failed; closing its connections");
+                return;
+            }
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            let now = Instant::now();
+            // First every ready connection's input: its requests parsed, its key operations started.
+            for event in events.iter() {
+                if event.token() == WAKER {
+                    self.adopt();
+                    continue;
+                }
+                let slot = event.token().0;
+                let Some(Some(conn)) = self.slots.get_mut(slot) else {
+                    continue;
+                };
+                conn.last_active = now;
+                // The peer hung up: read to the end, never trusting a short read to have emptied the socket.
+                let hup = event.is_read_closed() || event.is_error();
+                let step = if conn.out.is_empty() {
+                    conn.serve_input(&self.shared, hup)
+                } else {
+                    // Blocked on output: finish writing, then read what waited.
+                    match conn.write_out(&self.shared) {
+                        Ok(true) if conn.closing => Step::Close,
+                        Ok(true) => match conn.reregister(self.poll.registry(), slot, false) {
+                            Ok(()) => conn.serve_input(&self.shared, hup),
+                            Err(_) => Step::Close,
+                        },
+                        Ok(false) => Step::Wait,
+                        Err(()) => Step::Close,
+                    }
+                };
+                match step {
+                    Step::Started => started.push(slot),
+                    Step::Wait => {}
+                    Step::Blocked => {
+                        if conn.reregister(self.poll.registry(), slot, true).is_err() {
+                            self.close(slot);
+                        }
+                    }
+                    Step::Close => self.close(slot),
+                }
+            }
+            // Then their results and replies.
+            for slot in started.drain(..) {
+                let Some(Some(conn)) = self.slots.get_mut(slot) else {
+                    continue;
+                };
+                let step = conn.reply(&self.shared, self.poll.registry(), slot);
+                if step == Step::Close {
+                    self.close(slot);
+                }
+            }
+            if let Some(every) = sweep_every
+                && now.duration_since(last_sweep) >= every
+            {
+                last_sweep = now;
+                for slot in 0..self.slots.len() {
+                    if let Some(conn) = &self.slots[slot]
+                        && now.duration_since(conn.last_active) >= idle
+                    {
+                        debug!("closing an idle RESP connection");
+                        self.close(slot);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes the connections the accept thread handed over.
+    fn adopt(&mut self) {
+        while let Ok((stream, mut guard)) = self.incoming.try_recv() {
+            let peer = stream
+                .peer_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            let local = stream
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            let session = Session::new(self.backend.connect(), self.shared.clone(), peer, local);
+            if let Ok(c) = stream.try_clone() {
+                let key = session.id();
+                self.conns
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key, c);
+                guard.conns = Some(self.conns.clone());
+                guard.key = Some(key);
+            }
+            let slot = self.free.pop().unwrap_or_else(|| {
+                self.slots.push(None);
+                self.slots.len() - 1
+            });
+            let mut stream = mio::net::TcpStream::from_std(stream);
+            if let Err(e) =
+                self.poll
+                    .registry()
+                    .register(&mut stream, Token(slot), Interest::READABLE)
+            {
+                warn!(error = %e, "cannot watch a RESP connection; closing it");
+                self.free.push(slot);
+                continue;
+            }
+            self.slots[slot] = Some(Conn {
+                stream,
+                session,
+                parser: RequestParser::new(self.shared.config.limits.clone()),
+                input: Input::new(),
+                out: Vec::with_capacity(16 << 10),
+                written: 0,
+                closing: false,
+                last_active: Instant::now(),
+                _guard: guard,
+            });
+        }
+    }
+
+    fn close(&mut self, slot: usize) {
+        if let Some(mut conn) = self.slots.get_mut(slot).and_then(Option::take) {
+            let _ = self.poll.registry().deregister(&mut conn.stream);
+            let _ = conn.stream.shutdown(Shutdown::Both);
+            self.free.push(slot);
+        }
+    }
+}
+
+/// One client connection of an event loop.
+struct Conn<C: BackendConn> {
+    stream: mio::net::TcpStream,
+    session: Session<C>,
+    parser: RequestParser,
+    input: Input,
+    /// Replies not written yet: `out[written..]`.
+    out: Vec<u8>,
+    written: usize,
+    /// Closes once `out` is written (the client quit, sent malformed input, or hung up).
+    closing: bool,
+    last_active: Instant,
+    _guard: Connected,
+}
+
+impl<C: BackendConn> Conn<C> {
+    /// Reads what arrived and handles every complete request; the key operations of the last ones are started,
+    /// not waited for. Stops early, leaving the rest unread, when the socket does not take the replies of a full
+    /// pipeline ([`ServerConfig::max_pipeline`]). `hup`: the peer closed its side, so reading goes on to the end
+    /// of its input.
+    fn serve_input(&mut self, shared: &Shared, hup: bool) -> Step {
+        let max_pipeline = shared.config.max_pipeline;
+        let mut batch = 0;
+        let mut drained = false;
+        loop {
+            // What is buffered first, then more from the socket.
+            loop {
+                let (used, parsed) = self
+                    .parser
+                    .parse(self.input.pending(), self.session.authenticated());
+                self.input.consume(used);
+                match parsed {
+                    Ok(Some(args)) => {
+                        if self.session.handle(args, &mut self.out) == Flow::Close {
+                            self.closing = true;
+                            return self.started();
+                        }
+                        batch += 1;
+                        if batch >= max_pipeline {
+                            batch = 0;
+                            self.session.flush(&mut self.out);
+                            match self.write_out(shared) {
+                                Ok(true) => {}
+                                // The rest waits until the socket takes these replies.
+                                Ok(false) => return Step::Blocked,
+                                Err(()) => return Step::Close,
+                            }
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        debug!(error = %e, "protocol error; closing the connection");
+                        self.session.protocol_error(&e, &mut self.out);
+                        self.closing = true;
+                        return self.started();
+                    }
+                }
+            }
+            if drained {
+                return self.started();
+            }
+            let room = self.input.room();
+            let asked = room.len();
+            match self.stream.read(room) {
+                Ok(0) => {
+                    self.closing = true;
+                    return self.started();
+                }
+                Ok(n) => {
+                    self.input.filled(n);
+                    shared
+                        .counters
+                        .net_input_bytes
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                    // A short read emptied the socket (what arrives later raises a new event): parse what it
+                    // brought, and stop there, saving the read that would find nothing.
+                    drained = n < asked && !hup;
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return self.started(),
+                Err(_) => return Step::Close,
+            }
+        }
+    }
+
+    /// Starts the key operations handled so far, if any.
+    fn started(&mut self) -> Step {
+        self.session.start_ops();
+        Step::Started
+    }
+
+    /// Completes the started operations and writes every reply.
+    fn reply(&mut self, shared: &Shared, registry: &mio::Registry, slot: usize) -> Step {
+        self.session.flush(&mut self.out);
+        match self.write_out(shared) {
+            Ok(true) if self.closing => Step::Close,
+            Ok(true) => {
+                self.input.shrink();
+                if self.out.capacity() > KEEP_BUFFER {
+                    self.out = Vec::with_capacity(16 << 10);
+                }
+                Step::Wait
+            }
+            // The socket is full: wait until it takes more.
+            Ok(false) => match self.reregister(registry, slot, true) {
+                Ok(()) => Step::Blocked,
+                Err(_) => Step::Close,
+            },
+            Err(()) => Step::Close,
+        }
+    }
+
+    /// Writes what `out` holds; true when all of it went, false when the socket is full, `Err` when the connection
+    /// is gone.
+    fn write_out(&mut self, shared: &Shared) -> Result<bool, ()> {
+        while self.written < self.out.len() {
+            match self.stream.write(&self.out[self.written..]) {
+                Ok(0) => return Err(()),
+                Ok(n) => {
+                    self.written += n;
+                    shared
+                        .counters
+                        .net_output_bytes
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
+                Err(_) => return Err(()),
+            }
+        }
+        self.out.clear();
+        self.written = 0;
+        Ok(true)
+    }
+
+    /// Watches for room to write (`true`) or for input only.
+    fn reregister(
+        &mut self,
+        registry: &mio::Registry,
+        slot: usize,
+        writable: bool,
+    ) -> std::io::Result<()> {
+        let interest = if writable {
+            Interest::READABLE | Interest::WRITABLE
+        } else {
+            Interest::READABLE
+        };
+        registry.reregister(&mut self.stream, Token(slot), interest)
+    }
+}
 /// Received bytes not parsed yet, `data[start..end]`; the rest of `data` is room for the next read (zeroed once
 /// when the buffer grows, not before every read).
 struct Input {
@@ -424,21 +713,4 @@ impl Input {
             *self = Input::new();
         }
     }
-}
-
-/// Writes and clears `out`; false when the connection is gone.
-fn write_out(
-    stream: &mut TcpStream,
-    out: &mut Vec<u8>,
-    counters: &crate::session::Counters,
-) -> bool {
-    if out.is_empty() {
-        return true;
-    }
-    let ok = stream.write_all(out).is_ok();
-    counters
-        .net_output_bytes
-        .fetch_add(out.len() as u64, Ordering::Relaxed);
-    out.clear();
-    ok
 }

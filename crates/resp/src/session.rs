@@ -139,6 +139,8 @@ pub(crate) struct Session<C: BackendConn> {
     created: Instant,
     last_command: &'static str,
     ops: Vec<Op>,
+    /// `ops` were started at the backend ([`Session::start_ops`]) and await their completion.
+    started: bool,
     pending: Vec<Pending>,
     stash: Vec<u8>,
     results: Vec<OpResult>,
@@ -162,6 +164,7 @@ impl<C: BackendConn> Session<C> {
             created: Instant::now(),
             last_command: "NULL",
             ops: Vec::new(),
+            started: false,
             pending: Vec::new(),
             stash: Vec::new(),
             results: Vec::new(),
@@ -825,10 +828,22 @@ impl<C: BackendConn> Session<C> {
         self.reply(out, |w| w.verbatim(b"txt", text.as_bytes()));
     }
 
-    /// Runs the pending key operations and writes every reply not written yet, in request order.
+    /// Starts the pending key operations without waiting for them; the next [`Session::flush`] completes them.
+    pub(crate) fn start_ops(&mut self) {
+        if !self.started && !self.ops.is_empty() {
+            self.conn.start(&mut self.ops);
+            self.started = true;
+        }
+    }
+
+    /// Runs the pending key operations (or completes the started ones) and writes every reply not written yet,
+    /// in request order.
     pub(crate) fn flush(&mut self, out: &mut Vec<u8>) {
         if !self.pending.is_empty() {
-            if !self.ops.is_empty() {
+            if std::mem::take(&mut self.started) {
+                self.conn.finish(&mut self.ops, &mut self.results);
+                self.ops.clear();
+            } else if !self.ops.is_empty() {
                 self.conn.execute(&mut self.ops, &mut self.results);
                 self.ops.clear();
             }
