@@ -72,6 +72,8 @@ pub mod method {
     pub const DELETE: u16 = 0x4305;
     /// Give back granted blocks that will not be used.
     pub const RELEASE: u16 = 0x4306;
+    /// How many keys have a committed value.
+    pub const COUNT: u16 = 0x4307;
 }
 
 /// The block area of a memory node, fixed when it is formatted.
@@ -792,6 +794,7 @@ impl RpcHandler for Coordinator {
                 self.release(req)?;
                 encode(&(), response)
             }
+            method::COUNT => encode(&(self.key_count() as u64), response),
             other => Err(RpcError::UnknownMethod(other)),
         }
     }
@@ -902,6 +905,16 @@ impl CentralClient {
             granted: Vec::new(),
             batch: Batch::new(),
         })
+    }
+
+    /// Keys with a committed value, as the coordinator counts them (one RPC).
+    pub fn key_count(&mut self) -> Result<u64, PdpmError> {
+        Ok(self.coordinator.call(method::COUNT, &())?)
+    }
+
+    /// The block geometry of the memory nodes.
+    pub fn layout(&self) -> &CentralLayout {
+        &self.layout
     }
 
     /// This client's identity at the coordinator (for [`Coordinator::reclaim_grants`]).

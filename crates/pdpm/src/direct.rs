@@ -364,6 +364,42 @@ impl DirectClient {
         Ok(out)
     }
 
+    /// Keys with a value: a scan of every memory node's primary section, reading the committed copies lock-free in
+    /// large READs; a copy found being rewritten is read again the way a GET reads it. While writes go on, the
+    /// count is of no single instant.
+    pub fn key_count(&mut self) -> Result<u64, PdpmError> {
+        let slot_len = self.layout.slot_len();
+        let copy_len = self.copy_len() as usize;
+        let mut count = 0u64;
+        for node in 0..self.eps.len() {
+            let per_read =
+                (u64::from(self.eps[node].max_message_len()) / 2 / slot_len).clamp(1, 256);
+            let mut buf = Vec::new();
+            let mut first = 0u64;
+            while first < self.layout.slots {
+                let n = (self.layout.slots - first).min(per_read);
+                buf.resize((n * slot_len) as usize, 0);
+                let addr = self.tables[node].data.at(self.slot_offset(node, 0, first));
+                self.steps += 1;
+                self.eps[node].read(addr, &mut buf)?;
+                for i in 0..n {
+                    let at = (i * slot_len) as usize + 8;
+                    let copy =
+                        match parse_copy(self.layout.flavor, &self.layout, &buf[at..at + copy_len])
+                        {
+                            Copy::Torn => self.read_slot(node, first + i)?,
+                            c => c,
+                        };
+                    if matches!(copy, Copy::Whole { value: Some(_), .. }) {
+                        count += 1;
+                    }
+                }
+                first += n;
+            }
+        }
+        Ok(count)
+    }
+
     /// Runs a put up to `point` and stops there with the lock held, as a client that crashed would; the client
     /// should be dropped afterwards. For crash tests.
     pub fn put_crashing(

@@ -201,6 +201,7 @@ proptest! {
             }
         }
         prop_assert_eq!(s.coordinator.key_count(), model.len());
+        prop_assert_eq!(c.key_count().unwrap(), model.len() as u64);
         drop(c);
         // Every block is either a live value's or free again (the dropped client gave its grants back).
         let free: usize = s.coordinator.free_blocks().iter().sum();

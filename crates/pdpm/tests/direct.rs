@@ -181,6 +181,7 @@ proptest! {
             let key = format!("key-{k}").into_bytes();
             prop_assert_eq!(other.get(&key).unwrap(), model.get(&key).cloned());
         }
+        prop_assert_eq!(other.key_count().unwrap(), model.len() as u64);
     }
 }
 
