@@ -4,6 +4,7 @@ mod bench;
 mod cluster;
 mod config;
 mod dpm;
+mod pdpm;
 mod size;
 
 use clap::{Parser, Subcommand};
@@ -20,7 +21,8 @@ struct Cli {
 enum Command {
     /// Run a memory node: serve a persistent pool over the fabric.
     Dpm(dpm::DpmArgs),
-    /// Run a whole cluster in one process: memory node, KV nodes, routing node and M-node.
+    /// Run a whole cluster in one process: memory node, KV nodes, routing node and M-node (or a pDPM baseline:
+    /// its memory nodes, CentralDS's coordinator and a Redis listener).
     Up(cluster::UpArgs),
     /// Run a KV node that joins the cluster of a memory node.
     Kn(cluster::KnCmdArgs),

@@ -398,6 +398,11 @@ impl Coordinator {
         Ok(Arc::new(coordinator))
     }
 
+    /// The memory nodes' block geometry.
+    pub fn layout(&self) -> &CentralLayout {
+        &self.layout
+    }
+
     /// What this coordinator found on the memory nodes when it started.
     pub fn rebuilt(&self) -> Rebuilt {
         self.rebuilt
