@@ -358,8 +358,6 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
             if *coordinator.layout() != central {
                 return Err(mismatch(coordinator.layout(), &central));
             }
-            let rebuilt = coordinator.rebuilt();
-            tracing::info!(?rebuilt, "CentralDS coordinator started");
             // Its metadata is rebuilt at every start, so its own node needs no persistent pool.
             let host = MemoryNode::new(
                 Arc::new(Pool::anonymous(4 * SEGMENT, SEGMENT)?),

@@ -42,6 +42,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use dinomo_fabric::{Batch, Connector, Endpoint, MemoryNode, RpcError, RpcHandler, decode, encode};
 use dinomo_pool::Pool;
@@ -815,8 +816,14 @@ pub struct CentralSettings {
     pub read_retries: u32,
     /// Post the WRITE with its validating READ in one round trip (a PUT costs 2). Default false: the paper's 3.
     pub fuse_validation: bool,
-    /// Read-modify-writes whose conditional commit finds the key changed start over this many times. Default 64.
-    pub update_retries: u32,
+    /// How long a read-modify-write whose conditional commit keeps finding the key changed may go on starting
+    /// over (with randomized exponential backoff, up to `update_backoff_max` between attempts) before it gives up.
+    /// Default 10 s.
+    #[serde(with = "humantime_serde")]
+    pub update_wait: Duration,
+    /// Longest pause between two attempts of a read-modify-write. Default 1 ms.
+    #[serde(with = "humantime_serde")]
+    pub update_backoff_max: Duration,
 }
 
 impl Default for CentralSettings {
@@ -825,7 +832,8 @@ impl Default for CentralSettings {
             grant_batch: 32,
             read_retries: 16,
             fuse_validation: false,
-            update_retries: 64,
+            update_wait: Duration::from_secs(10),
+            update_backoff_max: Duration::from_millis(1),
         }
     }
 }
@@ -1131,14 +1139,17 @@ impl PdpmStore for CentralClient {
     }
 
     /// Optimistic: read (LOOKUP, READ), `f`, then a COMMIT or DELETE conditional on the version read; a conflict
-    /// starts over (so `f` may run again), up to `update_retries` times.
+    /// starts over (so `f` may run again) after a randomized, exponentially growing pause (contenders spread out,
+    /// so each gets its turn), for up to `update_wait`.
     fn update(
         &mut self,
         key: &[u8],
         f: &mut dyn FnMut(Option<&[u8]>) -> Change,
     ) -> Result<(), PdpmError> {
         self.check(key, None)?;
-        for _ in 0..=self.settings.update_retries {
+        let start = Instant::now();
+        let mut attempts = 0u32;
+        loop {
             let current = self.read_current(key)?;
             let expect = match &current {
                 Some((version, _)) => Expect::Version(*version),
@@ -1150,13 +1161,21 @@ impl PdpmStore for CentralClient {
                 Change::Delete if current.is_none() => true,
                 Change::Delete => self.delete_if(key, expect)? != Deleted::Conflict,
             };
+            attempts = attempts.saturating_add(1);
             if applied {
                 return Ok(());
             }
+            if start.elapsed() >= self.settings.update_wait {
+                return Err(PdpmError::Conflict {
+                    attempts,
+                    waited_ms: start.elapsed().as_millis() as u64,
+                });
+            }
+            let cap = (Duration::from_micros(1) * (1u32 << attempts.min(20)))
+                .min(self.settings.update_backoff_max);
+            let cap_ns = u64::try_from(cap.as_nanos()).unwrap_or(u64::MAX);
+            std::thread::sleep(Duration::from_nanos(rand::random_range(0..=cap_ns)));
         }
-        Err(PdpmError::Conflict {
-            attempts: self.settings.update_retries + 1,
-        })
     }
 }
 

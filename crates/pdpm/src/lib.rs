@@ -133,10 +133,14 @@ pub enum PdpmError {
         slot: u64,
     },
     /// A read-modify-write kept finding the key changed between its read and its conditional commit.
-    #[error("read-modify-write kept conflicting with other writers ({attempts} attempts)")]
+    #[error(
+        "read-modify-write kept conflicting with other writers ({attempts} attempts in {waited_ms} ms)"
+    )]
     Conflict {
         /// Attempts made.
         attempts: u32,
+        /// How long it went on.
+        waited_ms: u64,
     },
     /// The coordinator refused a request.
     #[error("coordinator: {0}")]
