@@ -23,7 +23,7 @@ enum Command {
     Dpm(dpm::DpmArgs),
     /// Run a whole cluster in one process: memory node, KV nodes, routing node and M-node (or a pDPM baseline:
     /// its memory nodes, CentralDS's coordinator and a Redis listener).
-    Up(cluster::UpArgs),
+    Up(Box<cluster::UpArgs>),
     /// Run a KV node that joins the cluster of a memory node.
     Kn(cluster::KnCmdArgs),
     /// Run a routing node.
@@ -51,7 +51,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Dpm(args) => dpm::run(args),
-        Command::Up(args) => cluster::up(args),
+        Command::Up(args) => cluster::up(*args),
         Command::Kn(args) => cluster::kn(args),
         Command::Rn(args) => cluster::rn(args),
         Command::Mnode(args) => cluster::mnode(args),
