@@ -304,8 +304,10 @@ pub struct Coordinator {
     nodes: usize,
     shards: Vec<Shard>,
     space: Mutex<Space>,
-    /// One endpoint per memory node, for stamping blocks (RPC threads take turns).
-    eps: Vec<Mutex<Endpoint>>,
+    /// The memory nodes, and per node the endpoints not in use (RPC threads stamping blocks take one each, so
+    /// they do not wait for each other; a new one is connected when none is spare).
+    connectors: Vec<Connector>,
+    spare: Vec<Mutex<Vec<Endpoint>>>,
     areas: Vec<Located>,
     /// The next commit's stamp.
     next_stamp: AtomicU64,
@@ -379,7 +381,8 @@ impl Coordinator {
                 free: Vec::new(),
                 granted: HashMap::new(),
             }),
-            eps: eps.into_iter().map(Mutex::new).collect(),
+            connectors: connectors.to_vec(),
+            spare: eps.into_iter().map(|ep| Mutex::new(vec![ep])).collect(),
             areas,
             next_stamp: AtomicU64::new(1),
             rebuilt: Mutex::new(Rebuilt::default()),
@@ -422,7 +425,7 @@ impl Coordinator {
         let mut out = Rebuilt::default();
         let mut max_stamp = 0u64;
         for node in 0..self.nodes {
-            let mut ep = self.ep(node);
+            let mut ep = self.connectors[node].connect()?;
             let per_read = (ep.max_message_len() as usize / 2 / block_len).clamp(1, 1024);
             let mut buf = Vec::new();
             let mut first = 0u64;
@@ -534,8 +537,24 @@ impl Coordinator {
         Ok(out)
     }
 
-    fn ep(&self, node: usize) -> std::sync::MutexGuard<'_, Endpoint> {
-        self.eps[node].lock().unwrap_or_else(|e| e.into_inner())
+    /// Runs `f` on an endpoint to memory node `node` that no other thread is using.
+    fn with_ep<T>(
+        &self,
+        node: usize,
+        f: impl FnOnce(&mut Endpoint) -> Result<T, PdpmError>,
+    ) -> Result<T, PdpmError> {
+        let spare = &self.spare[node];
+        let taken = spare.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut ep = match taken {
+            Some(ep) => ep,
+            None => self.connectors[node].connect()?,
+        };
+        let r = f(&mut ep);
+        // An endpoint whose verb failed is dropped: the next user connects afresh.
+        if r.is_ok() {
+            spare.lock().unwrap_or_else(|e| e.into_inner()).push(ep);
+        }
+        r
     }
 
     /// WRITEs `stamp` into a block's stamp word (persistent when the WRITE returns).
@@ -547,8 +566,10 @@ impl Coordinator {
         let addr = area
             .data
             .at(area.body + b.block as u64 * self.layout.block_len());
-        self.ep(b.node as usize).write(addr, &stamp.to_le_bytes())?;
-        Ok(())
+        self.with_ep(b.node as usize, |ep| {
+            ep.write(addr, &stamp.to_le_bytes())?;
+            Ok(())
+        })
     }
 
     /// Clears the stamps of a location's blocks and frees them.
