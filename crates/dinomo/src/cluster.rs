@@ -15,13 +15,14 @@ use dinomo_cache::Policy;
 use dinomo_cluster::metrics::{FabricMetrics, MetricsSource, RecordMetrics};
 use dinomo_cluster::{
     AutoscaleConfig, Autoscaler, Client, ClientConfig, ClusterNode, LocalCluster,
-    LocalClusterConfig, MNode, ManualScaler, NodeConfig, RoutingNode, Variant,
+    LocalClusterConfig, MNode, ManualScaler, NodeConfig, RoutingNode,
 };
 use dinomo_fabric::{Connector, EndpointConfig, Target};
 use dinomo_meta::{MetaStore, RemoteMeta};
 use dinomo_pool::PersistMode;
 
-use crate::config::{Config, ConfigArgs, ConfigErrors};
+use crate::config::{Config, ConfigArgs, ConfigErrors, UpSystem};
+use crate::pdpm::Baseline;
 use crate::size::parse_size;
 
 /// Where the cluster metadata lives.
@@ -103,10 +104,12 @@ pub struct KnArgs {
     /// with `up --system dinomo-s`, shortcut-only, the only one it takes].
     #[arg(long)]
     pub policy: Option<Policy>,
-    /// Largest key, in bytes [kn.workers.max_key_len; default 4096].
+    /// Largest key, in bytes [kn.workers.max_key_len; default 4096; for a pDPM baseline up.pdpm.max_key, default
+    /// 64].
     #[arg(long)]
     pub max_key: Option<usize>,
-    /// Largest value, e.g. 1MiB [kn.workers.max_value_len; default 1MiB].
+    /// Largest value, e.g. 1MiB [kn.workers.max_value_len; default 1MiB; for a pDPM baseline up.pdpm.max_value,
+    /// default 1KiB].
     #[arg(long, value_parser = parse_size)]
     pub max_value: Option<u64>,
     /// Liveness lease in milliseconds: a node silent this long is declared failed (and stops serving itself)
@@ -280,12 +283,24 @@ impl PolicyArgs {
 /// `dinomo up`.
 #[derive(Debug, Args, Default)]
 pub struct UpArgs {
-    /// Which system of the DINOMO paper to run: dinomo, dinomo-s (a shortcut-only cache) or dinomo-n
-    /// (shared-nothing: one index partition per KV node, data moved when ownership changes). A pool keeps the index
-    /// layout it was formatted with: dinomo-n opens only a pool formatted for it, the others only one formatted
-    /// for them [up.system; default dinomo].
+    /// Which system to run: dinomo, dinomo-s (a shortcut-only cache) or dinomo-n (shared-nothing: one index
+    /// partition per KV node, data moved when ownership changes) of the DINOMO paper; or a pDPM baseline:
+    /// directds, directds-c or centralds (its memory nodes and a Redis listener, see --memory-nodes). A pool keeps
+    /// the index layout it was formatted with: dinomo-n opens only a pool formatted for it, the others only one
+    /// formatted for them [up.system; default dinomo].
     #[arg(long)]
-    pub system: Option<Variant>,
+    pub system: Option<UpSystem>,
+    /// pDPM baselines only: memory nodes, each a pool file in the data directory [up.pdpm.memory_nodes; default
+    /// 1].
+    #[arg(long)]
+    pub memory_nodes: Option<usize>,
+    /// pDPM baselines only: copies of every value, on distinct memory nodes [up.pdpm.replication; default 1].
+    #[arg(long)]
+    pub replication: Option<u32>,
+    /// pDPM baselines only: keys the memory nodes are sized for when they are formatted [up.pdpm.keys; default
+    /// 16384].
+    #[arg(long)]
+    pub keys: Option<u64>,
     /// KV nodes [up.kns; default 2].
     #[arg(long)]
     pub kns: Option<usize>,
@@ -330,6 +345,23 @@ impl UpArgs {
         if let Some(system) = self.system {
             cfg.up.system = system;
         }
+        if let UpSystem::Pdpm(baseline) = cfg.up.system {
+            return self.pdpm_settings(cfg, baseline);
+        }
+        let pdpm_only: Vec<&str> = [
+            ("--memory-nodes", self.memory_nodes.is_some()),
+            ("--replication", self.replication.is_some()),
+            ("--keys", self.keys.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect();
+        anyhow::ensure!(
+            pdpm_only.is_empty(),
+            "{} applies only to the pDPM baselines (directds, directds-c, centralds), not to {}",
+            pdpm_only.join(", "),
+            cfg.up.system
+        );
         if let Some(n) = self.kns {
             cfg.up.kns = n;
         }
@@ -361,6 +393,115 @@ impl UpArgs {
             loaded.file_sets(key) || (key == "kn.workers.cache.policy" && self.kn.policy.is_some())
         };
         let errors = cfg.apply_system(set);
+        if !errors.is_empty() {
+            return Err(ConfigErrors {
+                source: self.config.source(),
+                errors,
+            }
+            .into());
+        }
+        Ok(cfg.checked(&self.config.source())?)
+    }
+}
+
+impl UpArgs {
+    /// The flags given that only the DINOMO systems have.
+    fn dinomo_only_flags(&self) -> Vec<&'static str> {
+        let (k, p) = (&self.kn, &self.policy);
+        [
+            ("--kns", self.kns.is_some()),
+            ("--pool-size", self.pool_size.is_some()),
+            ("--rn-listen", self.rn_listen.is_some()),
+            ("--no-resp", self.no_resp),
+            ("--threads", k.threads.is_some()),
+            ("--cache", k.cache.is_some()),
+            ("--policy", k.policy.is_some()),
+            ("--lease-ms", k.lease_ms.is_some()),
+            ("--heartbeat-ms", k.heartbeat_ms.is_some()),
+            ("--autoscale", p.autoscale),
+            ("--slo-avg-ms", p.slo_avg_ms.is_some()),
+            ("--slo-p99-ms", p.slo_p99_ms.is_some()),
+            ("--over-utilization", p.over_utilization.is_some()),
+            ("--under-utilization", p.under_utilization.is_some()),
+            ("--hot-sigmas", p.hot_sigmas.is_some()),
+            ("--cold-sigmas", p.cold_sigmas.is_some()),
+            ("--decision-s", p.decision_s.is_some()),
+            ("--grace-s", p.grace_s.is_some()),
+            ("--epoch-s", p.epoch_s.is_some()),
+            ("--min-kns", p.min_kns.is_some()),
+            ("--max-kns", p.max_kns.is_some()),
+            ("--max-replication", p.max_replication.is_some()),
+            ("--no-selective-replication", p.no_selective_replication),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect()
+    }
+
+    /// The settings of a pDPM baseline: the flags it shares with DINOMO (data directory, durability, fabric
+    /// latency, the Redis listener and its password and limits, key and value limits) and its own.
+    fn pdpm_settings(&self, mut cfg: Config, baseline: Baseline) -> anyhow::Result<Config> {
+        let refused = self.dinomo_only_flags();
+        anyhow::ensure!(
+            refused.is_empty(),
+            "{} applies only to the DINOMO systems (dinomo, dinomo-s, dinomo-n), not to {baseline}",
+            refused.join(", ")
+        );
+        if let Some(dir) = &self.data_dir {
+            cfg.pool.path = dir.join("pool");
+        }
+        if let Some(p) = self.persist {
+            cfg.pool.persist = p;
+        }
+        if let Some(ns) = self.latency_ns {
+            cfg.fabric.endpoint.injected_latency_ns = ns;
+        }
+        if let Some(l) = &self.resp_listen {
+            cfg.up.resp_listen = l.clone();
+        }
+        let pdpm = &mut cfg.up.pdpm;
+        if let Some(n) = self.memory_nodes {
+            pdpm.memory_nodes = n;
+        }
+        if let Some(r) = self.replication {
+            pdpm.replication = r;
+        }
+        if let Some(k) = self.keys {
+            pdpm.keys = k;
+        }
+        if let Some(k) = self.kn.max_key {
+            pdpm.max_key = u32::try_from(k).context("--max-key is too large")?;
+        }
+        if let Some(v) = self.kn.max_value {
+            pdpm.max_value = u32::try_from(v).context("--max-value is too large for a baseline")?;
+        }
+        let resp = &mut cfg.kn.resp;
+        if let Some(p) = &self.kn.requirepass {
+            resp.requirepass = Some(p.clone());
+        }
+        if let Some(n) = self.kn.resp_max_clients {
+            resp.max_clients = n;
+        }
+        if let Some(s) = self.kn.resp_timeout {
+            resp.idle_timeout = Duration::from_secs(s);
+        }
+        let mut errors = Vec::new();
+        if cfg.up.resp_listen.len() != 1 {
+            errors.push(format!(
+                "up.resp_listen: {baseline} serves the Redis protocol on one address, not {}",
+                cfg.up.resp_listen.len()
+            ));
+        }
+        if !cfg.up.resp {
+            errors.push(format!(
+                "up.resp: {baseline} is served only over the Redis protocol"
+            ));
+        }
+        if cfg.metrics.listen.is_some() {
+            errors.push(format!(
+                "metrics.listen: metrics are served for the DINOMO systems only, not for {baseline}"
+            ));
+        }
         if !errors.is_empty() {
             return Err(ConfigErrors {
                 source: self.config.source(),
@@ -595,6 +736,9 @@ pub fn create_parent_dir(path: &std::path::Path) -> anyhow::Result<()> {
 pub fn up(args: UpArgs) -> anyhow::Result<()> {
     let signals = signals()?;
     let cfg = args.settings()?;
+    if let UpSystem::Pdpm(baseline) = cfg.up.system {
+        return up_pdpm(&cfg, baseline, signals);
+    }
     create_parent_dir(&cfg.pool.path)?;
     let cluster =
         LocalCluster::start(local_cluster_config(&cfg)).context("starting the cluster")?;
@@ -625,6 +769,63 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
     // The endpoint reads the cluster: it goes first.
     drop(metrics);
     cluster.stop();
+    println!("dinomo up stopped cleanly");
+    Ok(())
+}
+
+/// `dinomo up` of a pDPM baseline.
+fn up_pdpm(
+    cfg: &Config,
+    baseline: Baseline,
+    signals: signal_hook::iterator::Signals,
+) -> anyhow::Result<()> {
+    let data_dir = cfg
+        .pool
+        .path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."))
+        .to_path_buf();
+    let listen = cfg
+        .up
+        .resp_listen
+        .first()
+        .copied()
+        .context("up.resp_listen is empty")?;
+    let (running, nodes) = crate::pdpm::start(crate::pdpm::StartOptions {
+        system: baseline,
+        pdpm: cfg.up.pdpm.clone(),
+        data_dir,
+        persist: cfg.pool.persist,
+        endpoint: EndpointConfig {
+            cluster_token: cfg.fabric.token.clone(),
+            ..cfg.fabric.endpoint.clone()
+        },
+        node: cfg.dpm.node.clone(),
+        resp: dinomo_resp::ServerConfig {
+            listen,
+            ..cfg.kn.resp.clone()
+        },
+    })
+    .with_context(|| format!("starting {baseline}"))?;
+    println!(
+        "dinomo up: {baseline}, Redis protocol on {}",
+        running.resp_addr()
+    );
+    for (i, n) in nodes.iter().enumerate() {
+        println!(
+            "  memory node {i}: pool {} ({})",
+            n.path.display(),
+            if n.formatted { "formatted" } else { "reopened" }
+        );
+    }
+    let p = &cfg.up.pdpm;
+    println!(
+        "  replication {}, keys up to {} bytes, values up to {} bytes",
+        p.replication, p.max_key, p.max_value
+    );
+    wait_for_signal(signals);
+    running.stop()?;
     println!("dinomo up stopped cleanly");
     Ok(())
 }
@@ -746,6 +947,7 @@ pub fn kv(args: KvArgs) -> anyhow::Result<()> {
 mod tests {
     use super::*;
     use clap::Parser;
+    use dinomo_cluster::Variant;
 
     #[derive(Debug, Parser)]
     struct Up {
@@ -778,13 +980,72 @@ mod tests {
     }
 
     #[test]
+    fn a_pdpm_baseline_takes_its_own_settings_and_refuses_dinomo_only_flags() {
+        let d = up(&[
+            "--system",
+            "centralds",
+            "--memory-nodes",
+            "3",
+            "--replication",
+            "2",
+            "--keys",
+            "100",
+            "--max-value",
+            "4KiB",
+            "--requirepass",
+            "pw",
+        ])
+        .unwrap();
+        assert_eq!(d.up.system, UpSystem::Pdpm(Baseline::CentralDs));
+        assert_eq!(
+            (
+                d.up.pdpm.memory_nodes,
+                d.up.pdpm.replication,
+                d.up.pdpm.keys,
+                d.up.pdpm.max_value
+            ),
+            (3, 2, 100, 4096)
+        );
+        assert_eq!(d.kn.resp.requirepass.as_deref(), Some("pw"));
+        for system in ["directds", "directds-c", "centralds"] {
+            let e = format!(
+                "{:#}",
+                up(&["--system", system, "--kns", "3", "--autoscale"]).unwrap_err()
+            );
+            assert!(
+                e.contains("--kns, --autoscale applies only to the DINOMO systems")
+                    && e.contains(system),
+                "{e}"
+            );
+        }
+        let e = format!(
+            "{:#}",
+            up(&["--system", "directds", "--replication", "2"]).unwrap_err()
+        );
+        assert!(e.contains("up.pdpm.replication"), "{e}");
+        let e = format!("{:#}", up(&["--memory-nodes", "2"]).unwrap_err());
+        assert!(e.contains("applies only to the pDPM baselines"), "{e}");
+        let e = format!(
+            "{:#}",
+            up(&[
+                "--system",
+                "directds",
+                "--resp-listen",
+                "127.0.0.1:1,127.0.0.1:2"
+            ])
+            .unwrap_err()
+        );
+        assert!(e.contains("up.resp_listen"), "{e}");
+    }
+
+    #[test]
     fn up_runs_the_system_it_is_asked_for() {
         use dinomo_dpm::Partitioning;
         let cfg = up(&[]).unwrap();
-        assert_eq!(cfg.up.system, Variant::Dinomo);
+        assert_eq!(cfg.up.system, UpSystem::Dinomo(Variant::Dinomo));
         assert_eq!(cfg.processor.partitioning, Partitioning::Shared);
         let n = up(&["--system", "dinomo-n"]).unwrap();
-        assert_eq!(n.up.system, Variant::DinomoN);
+        assert_eq!(n.up.system, UpSystem::Dinomo(Variant::DinomoN));
         assert_eq!(n.processor.partitioning, Partitioning::PerNode);
         assert!(!n.autoscale.policy.selective_replication);
         assert_eq!(

@@ -17,6 +17,8 @@ use dinomo_meta::MetaConfig;
 use dinomo_pool::PersistMode;
 use serde::{Deserialize, Serialize};
 
+use crate::pdpm::{Baseline, PdpmUpConfig};
+
 /// Everything a configuration file can hold.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -164,13 +166,78 @@ impl Default for RnConfig {
     }
 }
 
+/// What `dinomo up` runs: one of the DINOMO paper's systems, or a pDPM baseline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum UpSystem {
+    /// DINOMO, DINOMO-S or DINOMO-N.
+    Dinomo(Variant),
+    /// DirectDS, DirectDS-C or CentralDS.
+    Pdpm(Baseline),
+}
+
+impl Default for UpSystem {
+    fn default() -> Self {
+        UpSystem::Dinomo(Variant::Dinomo)
+    }
+}
+
+impl std::fmt::Display for UpSystem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UpSystem::Dinomo(v) => v.fmt(f),
+            UpSystem::Pdpm(b) => b.fmt(f),
+        }
+    }
+}
+
+impl std::str::FromStr for UpSystem {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<UpSystem, String> {
+        let lower = s.trim().to_ascii_lowercase();
+        if let Some(b) = Baseline::ALL.into_iter().find(|b| b.name() == lower) {
+            return Ok(UpSystem::Pdpm(b));
+        }
+        match lower.parse::<Variant>() {
+            Ok(v) => Ok(UpSystem::Dinomo(v)),
+            Err(_) => {
+                let names: Vec<&str> = Variant::ALL
+                    .iter()
+                    .map(|v| v.name())
+                    .chain(Baseline::ALL.iter().map(|b| b.name()))
+                    .collect();
+                Err(format!(
+                    "unknown system {s:?} (one of {})",
+                    names.join(", ")
+                ))
+            }
+        }
+    }
+}
+
+impl TryFrom<String> for UpSystem {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<UpSystem, String> {
+        s.parse()
+    }
+}
+
+impl From<UpSystem> for String {
+    fn from(s: UpSystem) -> String {
+        s.to_string()
+    }
+}
+
 /// `dinomo up`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct UpConfig {
-    /// Which system of the DINOMO paper it runs: it sets the cache policy, the index layout and whether keys are
-    /// replicated wherever the file and the flags leave them ([`Config::apply_system`]).
-    pub system: Variant,
+    /// Which system it runs. For a system of the DINOMO paper, it sets the cache policy, the index layout and
+    /// whether keys are replicated wherever the file and the flags leave them ([`Config::apply_system`]); a pDPM
+    /// baseline runs with `pdpm`.
+    pub system: UpSystem,
     /// KV nodes to start.
     pub kns: usize,
     /// Whether the KV nodes serve the Redis protocol.
@@ -180,16 +247,19 @@ pub struct UpConfig {
     /// How long starting a KV node may take.
     #[serde(with = "humantime_serde")]
     pub node_start_timeout: Duration,
+    /// A pDPM baseline's memory nodes, sizes and clients.
+    pub pdpm: PdpmUpConfig,
 }
 
 impl Default for UpConfig {
     fn default() -> Self {
         UpConfig {
-            system: Variant::Dinomo,
+            system: UpSystem::default(),
             kns: 2,
             resp: true,
             resp_listen: vec![SocketAddr::from(([127, 0, 0, 1], 6379))],
             node_start_timeout: Duration::from_secs(30),
+            pdpm: PdpmUpConfig::default(),
         }
     }
 }
@@ -355,11 +425,32 @@ const DOCS: &[(&str, &str)] = &[
     ("autoscale.policy.max_replication_changes", "most replication changes in one decision"),
     ("autoscale.policy.autoscaling", "whether the policy adds and removes nodes"),
     ("autoscale.policy.selective_replication", "whether the policy replicates hot keys and de-replicates cold ones"),
-    ("up.system", "system `up` runs: dinomo, dinomo-s (shortcut-only cache) or dinomo-n (shared-nothing); it sets the cache policy, index layout and replication the file leaves out"),
+    ("up.system", "system `up` runs: dinomo, dinomo-s (shortcut-only cache) or dinomo-n (shared-nothing), which set the cache policy, index layout and replication the file leaves out; or a pDPM baseline: directds, directds-c or centralds (run with up.pdpm)"),
     ("up.kns", "KV nodes `up` starts"),
     ("up.resp", "whether `up`'s KV nodes serve the Redis protocol"),
     ("up.resp_listen", "Redis-protocol addresses of `up`'s KV nodes, one per node; later nodes take the next ports"),
     ("up.node_start_timeout", "how long starting a KV node may take until it serves"),
+    ("up.pdpm.memory_nodes", "pDPM baseline: memory nodes, each a pool file SYSTEM-I.pool in the data directory (formatted on first start)"),
+    ("up.pdpm.replication", "pDPM baseline: copies of every value on distinct memory nodes (at most memory_nodes)"),
+    ("up.pdpm.keys", "pDPM baseline: keys the memory nodes are sized for when formatted (DirectDS: slots at load 1/2; CentralDS: blocks for a quarter more)"),
+    ("up.pdpm.max_key", "pDPM baseline: longest key in bytes (fixed when formatted; at most 65535)"),
+    ("up.pdpm.max_value", "pDPM baseline: longest value in bytes (fixed when formatted)"),
+    ("up.pdpm.grant_clients", "CentralDS: connected clients whose block grants each memory node has room for (fixed when formatted)"),
+    ("up.pdpm.coordinator_threads", "CentralDS: the coordinator's RPC threads"),
+    ("up.pdpm.coordinator_shards", "CentralDS: shards of the coordinator's key map"),
+    ("up.pdpm.max_grant", "CentralDS: most block locations one grant hands out"),
+    ("up.pdpm.direct.lock_lease", "DirectDS: a lock word unchanged this long belongs to a crashed client and is taken over, with recovery"),
+    ("up.pdpm.direct.lock_wait", "DirectDS: how long to wait for a lock held by a live client"),
+    ("up.pdpm.direct.max_probe", "DirectDS: slots probed for a key before the table counts as full"),
+    ("up.pdpm.direct.torn_retries", "DirectDS-C: lock-free reads that may find a torn copy before a read takes the lock"),
+    ("up.pdpm.direct.fuse_validation", "DirectDS: post each WRITE with its validating READ (one round trip less per step)"),
+    ("up.pdpm.direct.node_seed", "DirectDS: seed of the hash that picks a key's primary memory node"),
+    ("up.pdpm.direct.max_cached_slots", "DirectDS: key-to-slot entries a client caches before it starts over"),
+    ("up.pdpm.central.grant_batch", "CentralDS: block locations a client asks for per grant"),
+    ("up.pdpm.central.read_retries", "CentralDS: times a GET whose block was reused by a later write starts over"),
+    ("up.pdpm.central.fuse_validation", "CentralDS: post the WRITE with its validating READ (a PUT costs 2 round trips)"),
+    ("up.pdpm.central.update_wait", "CentralDS: how long a read-modify-write whose conditional commit keeps finding the key changed may start over before it fails"),
+    ("up.pdpm.central.update_backoff_max", "CentralDS: longest randomized pause between two attempts of a read-modify-write"),
     ("metrics.listen", "address serving Prometheus metrics at /metrics over HTTP (unset: off) (example)"),
     ("metrics.max_connections", "metrics scrapes served at once; more are closed"),
     ("metrics.io_timeout", "bound on reading a metrics request and writing its answer"),
@@ -630,6 +721,7 @@ impl Config {
                 Err("must be at least 1".into()),
             );
         }
+        errors.extend(self.up.pdpm.validate());
         errors
     }
 
@@ -639,7 +731,11 @@ impl Config {
     /// file or a flag gave it, in which case it must be one the system runs with. Returns the problems, each
     /// naming its key.
     pub fn apply_system(&mut self, set: impl Fn(&str) -> bool) -> Vec<String> {
-        let system = self.up.system;
+        let system = match self.up.system {
+            UpSystem::Dinomo(v) => v,
+            // A baseline has none of these parts; its own settings are checked by `validate`.
+            UpSystem::Pdpm(_) => return Vec::new(),
+        };
         let mut errors = Vec::new();
         const POLICY: &str = "kn.workers.cache.policy";
         let requested = set(POLICY).then_some(self.kn.kn.cache.policy);
@@ -906,6 +1002,30 @@ mod tests {
     }
 
     #[test]
+    fn a_pdpm_baseline_is_a_system_with_its_own_section() {
+        let loaded = parse(
+            "t",
+            "[up]\nsystem = \"directds-c\"\n[up.pdpm]\nmemory_nodes = 2\nreplication = 2\n\
+             [up.pdpm.direct]\nlock_wait = \"3s\"\n",
+        )
+        .unwrap();
+        let c = check(&loaded, "t").unwrap();
+        assert_eq!(c.up.system, UpSystem::Pdpm(Baseline::DirectDsC));
+        assert_eq!((c.up.pdpm.memory_nodes, c.up.pdpm.replication), (2, 2));
+        assert_eq!(c.up.pdpm.direct.lock_wait, Duration::from_secs(3));
+        // The defaults file round-trips the system's name.
+        let text = toml::to_string(&c).unwrap();
+        assert!(text.contains("system = \"directds-c\""), "{text}");
+        let e = check(&parse("t", "[up.pdpm]\nreplication = 3\n").unwrap(), "t")
+            .unwrap_err()
+            .errors
+            .join("\n");
+        assert!(e.contains("up.pdpm.replication"), "{e}");
+        let e = error_of("[up]\nsystem = \"sepds\"\n");
+        assert!(e.contains("up.system") && e.contains("centralds"), "{e}");
+    }
+
+    #[test]
     fn the_system_and_the_index_layout_are_keys() {
         use dinomo_dpm::Partitioning;
         let loaded = parse(
@@ -913,7 +1033,7 @@ mod tests {
             "[up]\nsystem = \"dinomo-n\"\n[processor]\npartition_capacity = 64\n",
         )
         .unwrap();
-        assert_eq!(loaded.config.up.system, Variant::DinomoN);
+        assert_eq!(loaded.config.up.system, UpSystem::Dinomo(Variant::DinomoN));
         assert_eq!(loaded.config.processor.partition_capacity, 64);
         // The system decides the layout and replication the file leaves out.
         let c = check(&loaded, "t").unwrap();

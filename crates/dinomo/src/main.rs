@@ -4,6 +4,7 @@ mod bench;
 mod cluster;
 mod config;
 mod dpm;
+mod pdpm;
 mod size;
 
 use clap::{Parser, Subcommand};
@@ -20,8 +21,9 @@ struct Cli {
 enum Command {
     /// Run a memory node: serve a persistent pool over the fabric.
     Dpm(dpm::DpmArgs),
-    /// Run a whole cluster in one process: memory node, KV nodes, routing node and M-node.
-    Up(cluster::UpArgs),
+    /// Run a whole cluster in one process: memory node, KV nodes, routing node and M-node (or a pDPM baseline:
+    /// its memory nodes, CentralDS's coordinator and a Redis listener).
+    Up(Box<cluster::UpArgs>),
     /// Run a KV node that joins the cluster of a memory node.
     Kn(cluster::KnCmdArgs),
     /// Run a routing node.
@@ -49,7 +51,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Dpm(args) => dpm::run(args),
-        Command::Up(args) => cluster::up(args),
+        Command::Up(args) => cluster::up(*args),
         Command::Kn(args) => cluster::kn(args),
         Command::Rn(args) => cluster::rn(args),
         Command::Mnode(args) => cluster::mnode(args),

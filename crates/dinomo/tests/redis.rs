@@ -3,7 +3,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rand::{RngExt, SeedableRng};
@@ -59,49 +59,7 @@ fn up(extra: &[&str]) -> anyhow::Result<Up> {
     })
 }
 
-/// Runs a program with a deadline; its output.
-fn run(program: &str, args: &[String], limit: Duration) -> anyhow::Result<Output> {
-    let mut child = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "{program}: {e} (scripts/test installs the Debian packages the tests need)"
-            )
-        })?;
-    let deadline = Instant::now() + limit;
-    loop {
-        if child.try_wait()?.is_some() {
-            return Ok(child.wait_with_output()?);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output()?;
-            anyhow::bail!(
-                "{program} {args:?} ran past {limit:?}; output: {}",
-                String::from_utf8_lossy(&out.stdout)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// `redis-cli -p PORT args...` (raw output, as when not on a terminal).
-fn cli(addr: SocketAddr, args: &[&str]) -> anyhow::Result<String> {
-    let mut all = vec![
-        "-h".to_string(),
-        addr.ip().to_string(),
-        "-p".into(),
-        addr.port().to_string(),
-    ];
-    all.extend(args.iter().map(|a| a.to_string()));
-    let out = run("redis-cli", &all, Duration::from_secs(30))?;
-    anyhow::ensure!(out.status.success(), "redis-cli {args:?}: {out:?}");
-    Ok(String::from_utf8(out.stdout)?)
-}
+use common::{cli, run};
 
 #[test]
 fn redis_cli_talks_to_every_node() -> anyhow::Result<()> {

@@ -6,8 +6,14 @@
 //! version under a per-key reader/writer lock, and hands out free blocks: the memory node with the most free
 //! blocks first (the paper's load balancing of writes).
 //!
-//! **Memory nodes** hold a block area (anchored in root slot [`crate::roots::CENTRAL_BLOCKS`]) of fixed-size
-//! blocks `[version: 8][key len: 2][0: 2][value len: 4][key][value][CRC32C: 4]`.
+//! **Memory nodes** hold a block area (anchored in root slot [`crate::roots::CENTRAL_BLOCKS`], zeroed when it is
+//! formatted) of fixed-size blocks `[stamp: 8][version: 8][key len: 2][0: 2][value len: 4][key][value][CRC32C: 4]`.
+//! The CRC covers version to value. The version is the writing client's (its id and sequence: it tells a GET that
+//! the block still holds the value it looked up). The stamp is the coordinator's: a client writes its block with
+//! stamp 0 (the first word, so a torn write never keeps an old stamp), and the coordinator, on COMMIT, WRITEs the
+//! next number of its commit counter there before it swaps the location; when it frees a block (an overwrite or a
+//! delete) it WRITEs 0 there first. So the committed blocks are exactly the whole ones with a nonzero stamp, and of
+//! two for one key (a crash between stamping the new and clearing the old) the higher stamp is the newer.
 //!
 //! **PUT** (3 round trips with R = 1; Table 1): the client WRITEs the block out of place into blocks granted to it
 //! in advance (a `GRANT` call refills `grant_batch` of them, off the per-write path), READs its tail to validate
@@ -17,14 +23,26 @@
 //! and CRC are checked, because a block freed by a later commit may be reused while a reader is on its way, and the
 //! GET starts over then.
 //!
+//! **Read-modify-write** ([`PdpmStore::update`]) is optimistic: the client reads the value as a GET does, runs
+//! `f`, writes the result out of place and sends a conditional COMMIT (or DELETE) that the coordinator applies only
+//! if the key's committed version is still the one read (or the key still has none); otherwise the client starts
+//! over, reusing its written blocks. Optimistic rather than a write lock held across the client's round trips,
+//! because a lock held by a client would need leases and recovery when the client dies, and would park the
+//! coordinator's RPC threads behind it; a failed condition costs only the conflicting client a retry.
+//!
 //! A client that crashes mid-PUT leaves the old value: nothing is visible before `COMMIT`. Its granted blocks stay
-//! out of the free list until [`Coordinator::reclaim_grants`] is called for it. The coordinator's metadata lives in
-//! its memory only: a coordinator restart loses it (the paper persists it in the coordinator's PM and replicates it
-//! to a backup coordinator; neither is built here).
+//! out of the free list until [`Coordinator::reclaim_grants`] is called for it (or the coordinator restarts).
+//!
+//! **Coordinator restart.** The coordinator's metadata lives in its memory, and [`Coordinator::new`] rebuilds it
+//! from the memory nodes: it scans every block area, keeps per key the whole blocks with the highest stamp (adding
+//! unstamped whole copies of the same write where a crash cut the stamping of replicas short), clears the stamps of
+//! superseded blocks and puts every other block on the free lists. (The paper instead persists the metadata in the
+//! coordinator's PM and replicates it to a backup coordinator.)
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use dinomo_fabric::{Batch, Connector, Endpoint, MemoryNode, RpcError, RpcHandler, decode, encode};
 use dinomo_pool::Pool;
@@ -32,11 +50,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::anchor::{self, Anchor, Anchored, HEADER_LEN, Located, le_u32, le_u64};
 use crate::{
-    PdpmError, PdpmStore, check_key, check_value, hash, new_client_id, roots, tags, validate,
-    write_validated,
+    Change, PdpmError, PdpmStore, check_key, check_value, hash, new_client_id, roots, tags,
+    validate, write_validated,
 };
 
-const BLOCK_HEADER: usize = 16;
+/// Bytes before the key: stamp, version, key length, zero, value length.
+const BLOCK_HEADER: usize = 24;
+/// Where the CRC starts covering (the stamp is rewritten in place by the coordinator).
+const SEALED_FROM: usize = 8;
 
 /// RPC methods of the coordinator.
 pub mod method {
@@ -48,10 +69,12 @@ pub mod method {
     pub const LOOKUP: u16 = 0x4303;
     /// Make a written location a key's committed value.
     pub const COMMIT: u16 = 0x4304;
-    /// Remove a key.
+    /// Remove a key (if its version is the one expected).
     pub const DELETE: u16 = 0x4305;
     /// Give back granted blocks that will not be used.
     pub const RELEASE: u16 = 0x4306;
+    /// How many keys have a committed value.
+    pub const COUNT: u16 = 0x4307;
 }
 
 /// The block area of a memory node, fixed when it is formatted.
@@ -110,7 +133,7 @@ impl Anchored for CentralLayout {
         root: roots::CENTRAL_BLOCKS,
         tag: tags::CENTRAL_BLOCKS,
         magic: b"PDPMCEN1",
-        version: 1,
+        version: 2,
         store: "CentralDS",
         what: "block area",
     };
@@ -139,8 +162,8 @@ impl Anchored for CentralLayout {
 /// Formats a memory node's pool with a block area. Refuses a pool that already has one.
 pub fn format(pool: &Pool, layout: &CentralLayout) -> Result<(), PdpmError> {
     layout.check()?;
-    // Blocks need no zeroing: a block is read only where the coordinator says a committed value is.
-    anchor::format(pool, layout, false)
+    // Zeroed: a coordinator that starts rebuilds its metadata from the stamps, and an extent may hold old bytes.
+    anchor::format(pool, layout, true)
 }
 
 /// One block on one memory node.
@@ -182,12 +205,51 @@ struct GrantRequest {
     count: u32,
 }
 
+/// The condition of a COMMIT or DELETE on the key's committed value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+enum Expect {
+    /// None (a plain PUT or DELETE).
+    Any,
+    /// The key has no value.
+    Absent,
+    /// The key's committed value has this version.
+    Version(u64),
+}
+
+impl Expect {
+    fn holds(self, committed: Option<&Committed>) -> bool {
+        match self {
+            Expect::Any => true,
+            Expect::Absent => committed.is_none(),
+            Expect::Version(v) => committed.is_some_and(|c| c.version == v),
+        }
+    }
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 struct CommitRequest {
     client: u32,
     key: Vec<u8>,
     location: Location,
     version: u64,
+    expect: Expect,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct DeleteRequest {
+    key: Vec<u8>,
+    expect: Expect,
+}
+
+/// What a DELETE did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+enum Deleted {
+    /// The condition failed; nothing changed.
+    Conflict,
+    /// The key had no value.
+    Absent,
+    /// The value is gone.
+    Removed,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -242,6 +304,34 @@ pub struct Coordinator {
     nodes: usize,
     shards: Vec<Shard>,
     space: Mutex<Space>,
+    /// The memory nodes, and per node the endpoints not in use (RPC threads stamping blocks take one each, so
+    /// they do not wait for each other; a new one is connected when none is spare).
+    connectors: Vec<Connector>,
+    spare: Vec<Mutex<Vec<Endpoint>>>,
+    areas: Vec<Located>,
+    /// The next commit's stamp.
+    next_stamp: AtomicU64,
+    rebuilt: Mutex<Rebuilt>,
+}
+
+/// What a coordinator found when it rebuilt its metadata from the memory nodes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rebuilt {
+    /// Keys with a committed value.
+    pub keys: usize,
+    /// Stamped blocks superseded by a newer commit of their key (their stamps were cleared).
+    pub superseded: usize,
+    /// Replica blocks whose stamping a crash had cut short (stamped now).
+    pub completed: usize,
+    /// Blocks with a stamp but not whole (damaged; freed).
+    pub damaged: usize,
+}
+
+/// A whole block found by the rebuild scan.
+struct Found {
+    stamp: u64,
+    version: u64,
+    blocks: Vec<BlockRef>,
 }
 
 impl std::fmt::Debug for Coordinator {
@@ -279,11 +369,8 @@ impl Coordinator {
                 "shards and max_grant must be at least 1".into(),
             ));
         }
-        let (_, _, layout) = anchor::locate_all::<CentralLayout>(connectors)?;
-        let free = (0..connectors.len())
-            .map(|_| (0..layout.blocks as u32).rev().collect())
-            .collect();
-        Ok(Arc::new(Coordinator {
+        let (eps, areas, layout) = anchor::locate_all::<CentralLayout>(connectors)?;
+        let coordinator = Coordinator {
             shards: (0..config.shards)
                 .map(|_| RwLock::new(HashMap::new()))
                 .collect(),
@@ -291,10 +378,211 @@ impl Coordinator {
             layout,
             nodes: connectors.len(),
             space: Mutex::new(Space {
-                free,
+                free: Vec::new(),
                 granted: HashMap::new(),
             }),
-        }))
+            connectors: connectors.to_vec(),
+            spare: eps.into_iter().map(|ep| Mutex::new(vec![ep])).collect(),
+            areas,
+            next_stamp: AtomicU64::new(1),
+            rebuilt: Mutex::new(Rebuilt::default()),
+        };
+        let rebuilt = coordinator.rebuild()?;
+        tracing::info!(
+            keys = rebuilt.keys,
+            superseded = rebuilt.superseded,
+            completed = rebuilt.completed,
+            damaged = rebuilt.damaged,
+            "CentralDS coordinator rebuilt its metadata from the memory nodes"
+        );
+        *coordinator
+            .rebuilt
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = rebuilt;
+        Ok(Arc::new(coordinator))
+    }
+
+    /// The memory nodes' block geometry.
+    pub fn layout(&self) -> &CentralLayout {
+        &self.layout
+    }
+
+    /// What this coordinator found on the memory nodes when it started.
+    pub fn rebuilt(&self) -> Rebuilt {
+        self.rebuilt
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Scans every memory node's blocks and rebuilds the key map, the free lists and the stamp counter.
+    fn rebuild(&self) -> Result<Rebuilt, PdpmError> {
+        let block_len = self.layout.block_len() as usize;
+        let mut found: HashMap<Vec<u8>, Found> = HashMap::new();
+        // Whole unstamped blocks by key and version: replicas of a write whose stamping was cut short.
+        let mut unstamped: HashMap<(Vec<u8>, u64), Vec<BlockRef>> = HashMap::new();
+        let mut stale: Vec<BlockRef> = Vec::new();
+        let mut out = Rebuilt::default();
+        let mut max_stamp = 0u64;
+        for node in 0..self.nodes {
+            let mut ep = self.connectors[node].connect()?;
+            let per_read = (ep.max_message_len() as usize / 2 / block_len).clamp(1, 1024);
+            let mut buf = Vec::new();
+            let mut first = 0u64;
+            while first < self.layout.blocks {
+                let n = (self.layout.blocks - first).min(per_read as u64);
+                buf.resize(n as usize * block_len, 0);
+                let area = &self.areas[node];
+                ep.read(
+                    area.data.at(area.body + first * self.layout.block_len()),
+                    &mut buf,
+                )?;
+                for (i, b) in buf.chunks_exact(block_len).enumerate() {
+                    let r = BlockRef {
+                        node: node as u16,
+                        block: (first + i as u64) as u32,
+                    };
+                    let stamp = le_u64(b, 0);
+                    let Some((version, key, _)) = parse_block(&self.layout, b) else {
+                        if stamp != 0 {
+                            out.damaged += 1;
+                            stale.push(r);
+                        }
+                        continue;
+                    };
+                    if stamp == 0 {
+                        unstamped
+                            .entry((key.to_vec(), version))
+                            .or_default()
+                            .push(r);
+                        continue;
+                    }
+                    max_stamp = max_stamp.max(stamp);
+                    match found.get_mut(key) {
+                        Some(f) if f.stamp == stamp => f.blocks.push(r),
+                        Some(f) if f.stamp > stamp => stale.push(r),
+                        Some(f) => {
+                            stale.append(&mut f.blocks);
+                            *f = Found {
+                                stamp,
+                                version,
+                                blocks: vec![r],
+                            };
+                        }
+                        None => {
+                            found.insert(
+                                key.to_vec(),
+                                Found {
+                                    stamp,
+                                    version,
+                                    blocks: vec![r],
+                                },
+                            );
+                        }
+                    }
+                }
+                first += n;
+            }
+        }
+        let mut used: HashSet<BlockRef> = HashSet::new();
+        let replication = self.config.replication as usize;
+        for (key, f) in found.iter_mut() {
+            if f.blocks.len() < replication
+                && let Some(extra) = unstamped.get(&(key.clone(), f.version))
+            {
+                for &r in extra {
+                    if f.blocks.len() >= replication || f.blocks.iter().any(|b| b.node == r.node) {
+                        continue;
+                    }
+                    self.write_stamp(r, f.stamp)?;
+                    f.blocks.push(r);
+                    out.completed += 1;
+                }
+            }
+            used.extend(f.blocks.iter().copied());
+        }
+        out.superseded = stale.len() - out.damaged;
+        for &r in &stale {
+            self.write_stamp(r, 0)?;
+        }
+        let mut free = vec![Vec::new(); self.nodes];
+        for (node, list) in free.iter_mut().enumerate() {
+            // Popped from the end: low blocks first.
+            for block in (0..self.layout.blocks as u32).rev() {
+                let r = BlockRef {
+                    node: node as u16,
+                    block,
+                };
+                if !used.contains(&r) {
+                    list.push(block);
+                }
+            }
+        }
+        out.keys = found.len();
+        for (key, f) in found {
+            let entry = Entry {
+                committed: Some(Committed {
+                    location: Location(f.blocks),
+                    version: f.version,
+                }),
+                detached: false,
+            };
+            self.shard(&key)
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key, Arc::new(RwLock::new(entry)));
+        }
+        self.lock_space().free = free;
+        self.next_stamp.store(max_stamp + 1, Ordering::Relaxed);
+        Ok(out)
+    }
+
+    /// Runs `f` on an endpoint to memory node `node` that no other thread is using.
+    fn with_ep<T>(
+        &self,
+        node: usize,
+        f: impl FnOnce(&mut Endpoint) -> Result<T, PdpmError>,
+    ) -> Result<T, PdpmError> {
+        let spare = &self.spare[node];
+        let taken = spare.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut ep = match taken {
+            Some(ep) => ep,
+            None => self.connectors[node].connect()?,
+        };
+        let r = f(&mut ep);
+        // An endpoint whose verb failed is dropped: the next user connects afresh.
+        if r.is_ok() {
+            spare.lock().unwrap_or_else(|e| e.into_inner()).push(ep);
+        }
+        r
+    }
+
+    /// WRITEs `stamp` into a block's stamp word (persistent when the WRITE returns).
+    fn write_stamp(&self, b: BlockRef, stamp: u64) -> Result<(), PdpmError> {
+        let area = self
+            .areas
+            .get(b.node as usize)
+            .ok_or_else(|| PdpmError::Coordinator(format!("no memory node {}", b.node)))?;
+        let addr = area
+            .data
+            .at(area.body + b.block as u64 * self.layout.block_len());
+        self.with_ep(b.node as usize, |ep| {
+            ep.write(addr, &stamp.to_le_bytes())?;
+            Ok(())
+        })
+    }
+
+    /// Clears the stamps of a location's blocks and frees them.
+    fn retire(&self, location: &Location) -> Result<(), PdpmError> {
+        let mut r = Ok(());
+        for &b in &location.0 {
+            if let Err(e) = self.write_stamp(b, 0) {
+                r = Err(e);
+            }
+        }
+        // Freed even when a clear failed: a client's write clears the stamp before it writes anything else.
+        self.free_location(location);
+        r
     }
 
     /// Serves this coordinator's RPCs on `host`'s processor threads.
@@ -413,15 +701,12 @@ impl Coordinator {
         e.committed.clone()
     }
 
-    fn commit(&self, req: CommitRequest) -> Result<(), RpcError> {
+    /// Makes a written location the key's committed value if `req.expect` holds: `Ok(false)` when it does not
+    /// (nothing changed; the blocks stay granted to the client).
+    fn commit(&self, req: CommitRequest) -> Result<bool, RpcError> {
         if req.key.len() > self.layout.max_key as usize {
             return Err(failed("key longer than the block limit"));
         }
-        self.take_granted(req.client, &req.location)?;
-        let new = Committed {
-            location: req.location,
-            version: req.version,
-        };
         loop {
             let entry = {
                 let mut shard = self
@@ -434,31 +719,64 @@ impl Coordinator {
             if e.detached {
                 continue;
             }
-            let old = e.committed.replace(new);
-            drop(e);
-            if let Some(old) = old {
-                self.free_location(&old.location);
+            if !req.expect.holds(e.committed.as_ref()) {
+                return Ok(false);
             }
-            return Ok(());
+            self.take_granted(req.client, &req.location)?;
+            // Stamped under the key's lock: a key's stamps grow in commit order.
+            let stamp = self.next_stamp.fetch_add(1, Ordering::Relaxed);
+            for &b in &req.location.0 {
+                if let Err(err) = self.write_stamp(b, stamp) {
+                    // Not committed: the blocks go back to the client's grant (a stamped one is superseded by
+                    // the key's next commit or cleared by a rebuild).
+                    self.lock_space()
+                        .granted
+                        .entry(req.client)
+                        .or_default()
+                        .extend(req.location.0.iter().copied());
+                    return Err(failed(format!("stamping the committed blocks: {err}")));
+                }
+            }
+            let old = e.committed.replace(Committed {
+                location: req.location,
+                version: req.version,
+            });
+            drop(e);
+            if let Some(old) = old
+                && let Err(err) = self.retire(&old.location)
+            {
+                // The new value is committed; a rebuild would still prefer its higher stamp.
+                tracing::warn!(error = %err, "could not clear the stamps of an overwritten value");
+            }
+            return Ok(true);
         }
     }
 
-    fn delete(&self, key: &[u8]) -> bool {
+    fn delete(&self, key: &[u8], expect: Expect) -> Result<Deleted, RpcError> {
         let mut shard = self.shard(key).write().unwrap_or_else(|e| e.into_inner());
-        let Some(entry) = shard.remove(key) else {
-            return false;
+        let Some(entry) = shard.get(key).cloned() else {
+            return Ok(if expect.holds(None) {
+                Deleted::Absent
+            } else {
+                Deleted::Conflict
+            });
         };
         let mut e = entry.write().unwrap_or_else(|e| e.into_inner());
+        if !expect.holds(e.committed.as_ref()) {
+            return Ok(Deleted::Conflict);
+        }
+        shard.remove(key);
         e.detached = true;
         let old = e.committed.take();
         drop(e);
         drop(shard);
         match old {
-            Some(old) => {
-                self.free_location(&old.location);
-                true
-            }
-            None => false,
+            // The delete is durable once the stamps are cleared: only then is it acknowledged.
+            Some(old) => self
+                .retire(&old.location)
+                .map(|()| Deleted::Removed)
+                .map_err(|err| failed(format!("clearing the deleted value's stamps: {err}"))),
+            None => Ok(Deleted::Absent),
         }
     }
 
@@ -492,18 +810,18 @@ impl RpcHandler for Coordinator {
             }
             method::COMMIT => {
                 let req: CommitRequest = decode(request)?;
-                self.commit(req)?;
-                encode(&(), response)
+                encode(&self.commit(req)?, response)
             }
             method::DELETE => {
-                let key: Vec<u8> = decode(request)?;
-                encode(&self.delete(&key), response)
+                let req: DeleteRequest = decode(request)?;
+                encode(&self.delete(&req.key, req.expect)?, response)
             }
             method::RELEASE => {
                 let req: ReleaseRequest = decode(request)?;
                 self.release(req)?;
                 encode(&(), response)
             }
+            method::COUNT => encode(&(self.key_count() as u64), response),
             other => Err(RpcError::UnknownMethod(other)),
         }
     }
@@ -519,6 +837,14 @@ pub struct CentralSettings {
     pub read_retries: u32,
     /// Post the WRITE with its validating READ in one round trip (a PUT costs 2). Default false: the paper's 3.
     pub fuse_validation: bool,
+    /// How long a read-modify-write whose conditional commit keeps finding the key changed may go on starting
+    /// over (with randomized exponential backoff, up to `update_backoff_max` between attempts) before it gives up.
+    /// Default 10 s.
+    #[serde(with = "humantime_serde")]
+    pub update_wait: Duration,
+    /// Longest pause between two attempts of a read-modify-write. Default 1 ms.
+    #[serde(with = "humantime_serde")]
+    pub update_backoff_max: Duration,
 }
 
 impl Default for CentralSettings {
@@ -527,6 +853,8 @@ impl Default for CentralSettings {
             grant_batch: 32,
             read_retries: 16,
             fuse_validation: false,
+            update_wait: Duration::from_secs(10),
+            update_backoff_max: Duration::from_millis(1),
         }
     }
 }
@@ -613,6 +941,16 @@ impl CentralClient {
         })
     }
 
+    /// Keys with a committed value, as the coordinator counts them (one RPC).
+    pub fn key_count(&mut self) -> Result<u64, PdpmError> {
+        Ok(self.coordinator.call(method::COUNT, &())?)
+    }
+
+    /// The block geometry of the memory nodes.
+    pub fn layout(&self) -> &CentralLayout {
+        &self.layout
+    }
+
     /// This client's identity at the coordinator (for [`Coordinator::reclaim_grants`]).
     pub fn id(&self) -> u32 {
         self.id
@@ -638,7 +976,8 @@ impl CentralClient {
         value: &[u8],
         point: CentralCrash,
     ) -> Result<(), PdpmError> {
-        self.put_inner(key, value, Some(point))
+        self.put_inner(key, value, Some(point), Expect::Any)
+            .map(|_| ())
     }
 
     fn check(&self, key: &[u8], value: Option<&[u8]>) -> Result<(), PdpmError> {
@@ -661,12 +1000,15 @@ impl CentralClient {
             .at(area.body + b.block as u64 * self.layout.block_len()))
     }
 
+    /// Writes `value` out of place and commits it if `expect` holds; whether it did (when not, the written blocks
+    /// stay this client's for its next write).
     fn put_inner(
         &mut self,
         key: &[u8],
         value: &[u8],
         crash: Option<CentralCrash>,
-    ) -> Result<(), PdpmError> {
+        expect: Expect,
+    ) -> Result<bool, PdpmError> {
         self.check(key, Some(value))?;
         if self.granted.is_empty() {
             self.refill()?;
@@ -680,21 +1022,26 @@ impl CentralClient {
         let tail = block.len() as u64 - 8;
         let r = self.write_blocks(&location, &block, tail, crash);
         if crash.is_some() {
-            return r;
+            return r.map(|()| true);
         }
         let r = r.and_then(|()| {
             self.coordinator
-                .call::<_, ()>(
+                .call::<_, bool>(
                     method::COMMIT,
                     &CommitRequest {
                         client: self.id,
                         key: key.to_vec(),
                         location: location.clone(),
                         version,
+                        expect,
                     },
                 )
                 .map_err(PdpmError::from)
         });
+        if let Ok(false) = r {
+            self.granted.push(location);
+            return r;
+        }
         if r.is_err() {
             // Best effort: the blocks go back so they are not lost while this client lives.
             let _ = self.coordinator.call::<_, ()>(
@@ -750,9 +1097,9 @@ impl CentralClient {
     }
 }
 
-impl PdpmStore for CentralClient {
-    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, PdpmError> {
-        self.check(key, None)?;
+impl CentralClient {
+    /// The committed version and value of `key` (LOOKUP, READ), starting over when the block was reused.
+    fn read_current(&mut self, key: &[u8]) -> Result<Option<(u64, Vec<u8>)>, PdpmError> {
         let len = self.layout.block_len() as usize;
         for _ in 0..=self.settings.read_retries {
             let committed: Option<Committed> = self.coordinator.call(method::LOOKUP, &key)?;
@@ -769,7 +1116,7 @@ impl PdpmStore for CentralClient {
             self.eps[first.node as usize].read(addr, &mut buf)?;
             match parse_block(&self.layout, &buf) {
                 Some((version, k, v)) if version == c.version && k == key => {
-                    return Ok(Some(v.to_vec()));
+                    return Ok(Some((version, v.to_vec())));
                 }
                 // Freed by a later write and reused: ask again.
                 _ => tracing::debug!(
@@ -786,14 +1133,70 @@ impl PdpmStore for CentralClient {
         })
     }
 
+    fn delete_if(&mut self, key: &[u8], expect: Expect) -> Result<Deleted, PdpmError> {
+        self.check(key, None)?;
+        Ok(self.coordinator.call(
+            method::DELETE,
+            &DeleteRequest {
+                key: key.to_vec(),
+                expect,
+            },
+        )?)
+    }
+}
+
+impl PdpmStore for CentralClient {
+    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, PdpmError> {
+        self.check(key, None)?;
+        Ok(self.read_current(key)?.map(|(_, v)| v))
+    }
+
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), PdpmError> {
-        self.put_inner(key, value, None)
+        self.put_inner(key, value, None, Expect::Any).map(|_| ())
     }
 
     fn delete(&mut self, key: &[u8]) -> Result<(), PdpmError> {
+        self.delete_if(key, Expect::Any).map(|_| ())
+    }
+
+    /// Optimistic: read (LOOKUP, READ), `f`, then a COMMIT or DELETE conditional on the version read; a conflict
+    /// starts over (so `f` may run again) after a randomized, exponentially growing pause (contenders spread out,
+    /// so each gets its turn), for up to `update_wait`.
+    fn update(
+        &mut self,
+        key: &[u8],
+        f: &mut dyn FnMut(Option<&[u8]>) -> Change,
+    ) -> Result<(), PdpmError> {
         self.check(key, None)?;
-        let _: bool = self.coordinator.call(method::DELETE, &key)?;
-        Ok(())
+        let start = Instant::now();
+        let mut attempts = 0u32;
+        loop {
+            let current = self.read_current(key)?;
+            let expect = match &current {
+                Some((version, _)) => Expect::Version(*version),
+                None => Expect::Absent,
+            };
+            let applied = match f(current.as_ref().map(|(_, v)| v.as_slice())) {
+                Change::Keep => true,
+                Change::Put(v) => self.put_inner(key, &v, None, expect)?,
+                Change::Delete if current.is_none() => true,
+                Change::Delete => self.delete_if(key, expect)? != Deleted::Conflict,
+            };
+            attempts = attempts.saturating_add(1);
+            if applied {
+                return Ok(());
+            }
+            if start.elapsed() >= self.settings.update_wait {
+                return Err(PdpmError::Conflict {
+                    attempts,
+                    waited_ms: start.elapsed().as_millis() as u64,
+                });
+            }
+            let cap = (Duration::from_micros(1) * (1u32 << attempts.min(20)))
+                .min(self.settings.update_backoff_max);
+            let cap_ns = u64::try_from(cap.as_nanos()).unwrap_or(u64::MAX);
+            std::thread::sleep(Duration::from_nanos(rand::random_range(0..=cap_ns)));
+        }
     }
 }
 
@@ -815,15 +1218,17 @@ impl Drop for CentralClient {
     }
 }
 
+/// A block as a client writes it: stamp 0 (the coordinator stamps it on COMMIT).
 fn encode_block(version: u64, key: &[u8], value: &[u8]) -> Vec<u8> {
     let mut b = Vec::with_capacity(BLOCK_HEADER + key.len() + value.len() + 4);
+    b.extend_from_slice(&0u64.to_le_bytes());
     b.extend_from_slice(&version.to_le_bytes());
     b.extend_from_slice(&(key.len() as u16).to_le_bytes());
     b.extend_from_slice(&[0, 0]);
     b.extend_from_slice(&(value.len() as u32).to_le_bytes());
     b.extend_from_slice(key);
     b.extend_from_slice(value);
-    let crc = crc32c::crc32c(&b);
+    let crc = crc32c::crc32c(&b[SEALED_FROM..]);
     b.extend_from_slice(&crc.to_le_bytes());
     b
 }
@@ -833,15 +1238,15 @@ fn parse_block<'a>(layout: &CentralLayout, b: &'a [u8]) -> Option<(u64, &'a [u8]
     if b.len() < BLOCK_HEADER {
         return None;
     }
-    let version = u64::from_le_bytes(b[0..8].try_into().ok()?);
-    let klen = u16::from_le_bytes([b[8], b[9]]) as usize;
-    let vlen = u32::from_le_bytes(b[12..16].try_into().ok()?) as usize;
+    let version = u64::from_le_bytes(b[8..16].try_into().ok()?);
+    let klen = u16::from_le_bytes([b[16], b[17]]) as usize;
+    let vlen = u32::from_le_bytes(b[20..24].try_into().ok()?) as usize;
     if klen > layout.max_key as usize || vlen > layout.max_value as usize {
         return None;
     }
     let end = BLOCK_HEADER + klen + vlen;
     let crc = u32::from_le_bytes(b.get(end..end + 4)?.try_into().ok()?);
-    if crc32c::crc32c(&b[..end]) != crc {
+    if crc32c::crc32c(&b[SEALED_FROM..end]) != crc {
         return None;
     }
     Some((
@@ -865,13 +1270,166 @@ mod tests {
             parse_block(&l, &image),
             Some((42, &b"key"[..], &b"value"[..]))
         );
-        for i in 0..b.len() {
+        for i in SEALED_FROM..b.len() {
             let mut bad = image.clone();
             bad[i] ^= 0x40;
             assert_eq!(parse_block(&l, &bad), None, "flip at {i}");
         }
         let h = l.encode();
         assert_eq!(CentralLayout::decode(&h), Ok(l));
+    }
+
+    /// Memory nodes with `blocks` blocks each, and a function that starts a coordinator (and its host) on them.
+    fn memory_nodes(count: usize, blocks: u64) -> Vec<(Arc<Pool>, Arc<MemoryNode>)> {
+        use dinomo_fabric::NodeConfig;
+        (0..count)
+            .map(|_| {
+                let pool = Arc::new(Pool::anonymous(8 << 20, 1 << 20).unwrap());
+                format(
+                    &pool,
+                    &CentralLayout {
+                        blocks,
+                        ..CentralLayout::default()
+                    },
+                )
+                .unwrap();
+                let node = MemoryNode::new(pool.clone(), NodeConfig::default());
+                (pool, node)
+            })
+            .collect()
+    }
+
+    fn start(
+        nodes: &[(Arc<Pool>, Arc<MemoryNode>)],
+        replication: u32,
+    ) -> (Arc<Coordinator>, Arc<MemoryNode>, Vec<Connector>) {
+        use dinomo_fabric::{NodeConfig, Target};
+        let connectors: Vec<Connector> = nodes
+            .iter()
+            .map(|(_, n)| Connector::new(Target::InProcess(n.clone())))
+            .collect();
+        let coordinator = Coordinator::new(
+            &connectors,
+            CoordinatorConfig {
+                replication,
+                ..CoordinatorConfig::default()
+            },
+        )
+        .unwrap();
+        let host = MemoryNode::new(
+            Arc::new(Pool::anonymous(4 << 20, 1 << 20).unwrap()),
+            NodeConfig {
+                rpc_threads: 2,
+                ..NodeConfig::default()
+            },
+        );
+        coordinator.serve(&host);
+        (coordinator, host, connectors)
+    }
+
+    fn client(host: &Arc<MemoryNode>, connectors: &[Connector]) -> CentralClient {
+        use dinomo_fabric::Target;
+        CentralClient::connect(
+            &Connector::new(Target::InProcess(host.clone())),
+            connectors,
+            CentralSettings {
+                grant_batch: 2,
+                ..CentralSettings::default()
+            },
+        )
+        .unwrap()
+    }
+
+    /// Pool offset of block `block` of a formatted pool.
+    fn block_offset(pool: &Pool, block: u64) -> u64 {
+        let base = pool.root(roots::CENTRAL_BLOCKS).unwrap();
+        base + HEADER_LEN + block * CentralLayout::default().block_len()
+    }
+
+    #[test]
+    fn a_restarted_coordinator_rebuilds_from_the_blocks_and_ignores_torn_and_superseded_ones() {
+        let nodes = memory_nodes(1, 16);
+        let (first, host, connectors) = start(&nodes, 1);
+        let mut c = client(&host, &connectors);
+        c.put(b"k1", b"v1").unwrap();
+        c.put(b"k2", b"v2").unwrap();
+        c.put(b"k1", b"v1b").unwrap();
+        c.delete(b"k2").unwrap();
+        c.put(b"k3", b"v3").unwrap();
+        let stamps = first.next_stamp.load(Ordering::Relaxed);
+        drop(c);
+        drop(host);
+        drop(first);
+        let pool = &nodes[0].0;
+        // A stamped block cut short by a crash (its CRC fails), with a stamp above every real one.
+        let mut torn = encode_block(99, b"k1", b"torn value");
+        torn[0..8].copy_from_slice(&u64::MAX.to_le_bytes());
+        let cut = torn.len() - 3;
+        pool.write(block_offset(pool, 15), &torn[..cut]).unwrap();
+        // An older whole copy of k1 whose stamp was never cleared (a crash between stamping and clearing).
+        let mut older = encode_block(98, b"k1", b"older");
+        older[0..8].copy_from_slice(&1u64.to_le_bytes());
+        pool.write(block_offset(pool, 14), &older).unwrap();
+        // A whole block never committed (a client that crashed before COMMIT).
+        pool.write(block_offset(pool, 13), &encode_block(97, b"k4", b"lost"))
+            .unwrap();
+
+        let (second, host, connectors) = start(&nodes, 1);
+        assert_eq!(
+            second.rebuilt(),
+            Rebuilt {
+                keys: 2,
+                superseded: 1,
+                completed: 0,
+                damaged: 1
+            }
+        );
+        assert_eq!(second.key_count(), 2);
+        assert_eq!(second.free_blocks(), vec![14]);
+        assert!(second.next_stamp.load(Ordering::Relaxed) >= stamps);
+        let mut c = client(&host, &connectors);
+        assert_eq!(c.get(b"k1").unwrap().as_deref(), Some(&b"v1b"[..]));
+        assert_eq!(c.get(b"k2").unwrap(), None);
+        assert_eq!(c.get(b"k3").unwrap().as_deref(), Some(&b"v3"[..]));
+        assert_eq!(c.get(b"k4").unwrap(), None);
+        // Writes go on, and a third start agrees.
+        c.put(b"k2", b"again").unwrap();
+        c.put(b"k1", b"v1c").unwrap();
+        drop(c);
+        drop(host);
+        drop(second);
+        let (third, host, connectors) = start(&nodes, 1);
+        assert_eq!(third.rebuilt().superseded, 0, "stale stamps were cleared");
+        let mut c = client(&host, &connectors);
+        assert_eq!(c.get(b"k1").unwrap().as_deref(), Some(&b"v1c"[..]));
+        assert_eq!(c.get(b"k2").unwrap().as_deref(), Some(&b"again"[..]));
+        assert_eq!(third.key_count(), 3);
+    }
+
+    #[test]
+    fn a_rebuild_completes_a_commit_whose_replica_stamping_was_cut_short() {
+        let nodes = memory_nodes(2, 8);
+        let (first, host, connectors) = start(&nodes, 2);
+        let mut c = client(&host, &connectors);
+        c.put(b"r", b"replicated").unwrap();
+        let location = first.lookup(b"r").unwrap().location;
+        drop(c);
+        drop(host);
+        drop(first);
+        // The crash came after the first replica's stamp and before the second's.
+        let second_replica = location.0[1];
+        let pool = &nodes[second_replica.node as usize].0;
+        pool.write(
+            block_offset(pool, second_replica.block as u64),
+            &0u64.to_le_bytes(),
+        )
+        .unwrap();
+        let (second, host, connectors) = start(&nodes, 2);
+        assert_eq!(second.rebuilt().completed, 1);
+        assert_eq!(second.lookup(b"r").unwrap().location.0.len(), 2);
+        assert_eq!(second.free_blocks(), vec![7, 7]);
+        let mut c = client(&host, &connectors);
+        assert_eq!(c.get(b"r").unwrap().as_deref(), Some(&b"replicated"[..]));
     }
 
     #[test]
@@ -899,6 +1457,7 @@ mod tests {
                 key: b"k".to_vec(),
                 location,
                 version: 7,
+                expect: Expect::Any,
             })
         };
         // Another client's grant, a block never granted, a location of the wrong size.

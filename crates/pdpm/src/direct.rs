@@ -38,8 +38,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::anchor::{self, Anchor, Anchored, HEADER_LEN, Located, le_u32, le_u64};
 use crate::{
-    PdpmError, PdpmStore, check_key, check_value, hash, new_client_id, roots, tags, validate,
-    write_validated,
+    Change, PdpmError, PdpmStore, check_key, check_value, hash, new_client_id, roots, tags,
+    validate, write_validated,
 };
 
 const COPY_HEADER: usize = 16;
@@ -364,33 +364,40 @@ impl DirectClient {
         Ok(out)
     }
 
-    /// Atomically replaces `key`'s value with `f(current)` under its lock (`None` from `f` deletes it). One more
-    /// round trip than a put: the current value is read under the lock.
-    pub fn update<F>(&mut self, key: &[u8], f: F) -> Result<(), PdpmError>
-    where
-        F: FnOnce(Option<&[u8]>) -> Option<Vec<u8>>,
-    {
-        self.check_key(key)?;
-        let (slot, current) = self.lock_for_write(key)?;
-        let current = match current {
-            Some(c) => c,
-            None => self.read_committed(self.primary_of(key), slot)?,
-        };
-        let old = match &current {
-            Copy::Whole { value, .. } => value.as_deref(),
-            _ => None,
-        };
-        let new = f(old);
-        if let Some(v) = &new {
-            if let Err(e) = self.check_value(v) {
-                self.unlock(key, slot)?;
-                return Err(e);
+    /// Keys with a value: a scan of every memory node's primary section, reading the committed copies lock-free in
+    /// large READs; a copy found being rewritten is read again the way a GET reads it. While writes go on, the
+    /// count is of no single instant.
+    pub fn key_count(&mut self) -> Result<u64, PdpmError> {
+        let slot_len = self.layout.slot_len();
+        let copy_len = self.copy_len() as usize;
+        let mut count = 0u64;
+        for node in 0..self.eps.len() {
+            let per_read =
+                (u64::from(self.eps[node].max_message_len()) / 2 / slot_len).clamp(1, 256);
+            let mut buf = Vec::new();
+            let mut first = 0u64;
+            while first < self.layout.slots {
+                let n = (self.layout.slots - first).min(per_read);
+                buf.resize((n * slot_len) as usize, 0);
+                let addr = self.tables[node].data.at(self.slot_offset(node, 0, first));
+                self.steps += 1;
+                self.eps[node].read(addr, &mut buf)?;
+                for i in 0..n {
+                    let at = (i * slot_len) as usize + 8;
+                    let copy =
+                        match parse_copy(self.layout.flavor, &self.layout, &buf[at..at + copy_len])
+                        {
+                            Copy::Torn => self.read_slot(node, first + i)?,
+                            c => c,
+                        };
+                    if matches!(copy, Copy::Whole { value: Some(_), .. }) {
+                        count += 1;
+                    }
+                }
+                first += n;
             }
         }
-        if new.is_none() && !matches!(current, Copy::Whole { value: Some(_), .. }) {
-            return self.unlock(key, slot);
-        }
-        self.write_locked(key, slot, new.as_deref(), None)
+        Ok(count)
     }
 
     /// Runs a put up to `point` and stops there with the lock held, as a client that crashed would; the client
@@ -799,7 +806,45 @@ impl PdpmStore for DirectClient {
     }
 
     fn delete(&mut self, key: &[u8]) -> Result<(), PdpmError> {
-        self.update(key, |_| None)
+        self.update(key, &mut |_| Change::Delete)
+    }
+
+    /// Under the key's lock: lock, READ the committed copy (already read when this client had to find the slot),
+    /// `f`, the write protocol, unlock. `f` runs once. One round trip more than a put.
+    fn update(
+        &mut self,
+        key: &[u8],
+        f: &mut dyn FnMut(Option<&[u8]>) -> Change,
+    ) -> Result<(), PdpmError> {
+        self.check_key(key)?;
+        let (slot, current) = self.lock_for_write(key)?;
+        let current = match current {
+            Some(c) => c,
+            None => match self.read_committed(self.primary_of(key), slot) {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = self.unlock(key, slot);
+                    return Err(e);
+                }
+            },
+        };
+        let old = match &current {
+            Copy::Whole { value, .. } => value.as_deref(),
+            _ => None,
+        };
+        let new = match f(old) {
+            Change::Keep => return self.unlock(key, slot),
+            Change::Delete if old.is_none() => return self.unlock(key, slot),
+            Change::Delete => None,
+            Change::Put(v) => {
+                if let Err(e) = self.check_value(&v) {
+                    self.unlock(key, slot)?;
+                    return Err(e);
+                }
+                Some(v)
+            }
+        };
+        self.write_locked(key, slot, new.as_deref(), None)
     }
 }
 

@@ -39,9 +39,18 @@ pub trait PdpmStore {
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), PdpmError>;
     /// Removes `key` (a no-op when it has no value).
     fn delete(&mut self, key: &[u8]) -> Result<(), PdpmError>;
+    /// Atomic read-modify-write: `f` gets `key`'s committed value (`None` for none) and says what becomes of it;
+    /// no other write to `key` lands between the read `f` saw and the change. `f` may run more than once (a store
+    /// that validates optimistically runs it again on a conflict), so it must compute its answer from its argument
+    /// alone and report results only from its last run. A value `f` puts is checked against the size limits.
+    fn update(
+        &mut self,
+        key: &[u8],
+        f: &mut dyn FnMut(Option<&[u8]>) -> Change,
+    ) -> Result<(), PdpmError>;
 }
 
-/// What a read-modify-write ([`update`](PdpmStore) on a store that offers it) does with the key's current value.
+/// What a read-modify-write ([`PdpmStore::update`]) does with the key's current value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
     /// Leave the key as it is.
@@ -122,6 +131,16 @@ pub enum PdpmError {
         node: usize,
         /// Slot index.
         slot: u64,
+    },
+    /// A read-modify-write kept finding the key changed between its read and its conditional commit.
+    #[error(
+        "read-modify-write kept conflicting with other writers ({attempts} attempts in {waited_ms} ms)"
+    )]
+    Conflict {
+        /// Attempts made.
+        attempts: u32,
+        /// How long it went on.
+        waited_ms: u64,
     },
     /// The coordinator refused a request.
     #[error("coordinator: {0}")]

@@ -7,13 +7,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use anyhow::Result;
-use common::{Nodes, Op, connector, op, start_node, traffic};
+use common::{Nodes, Op, apply, change, connector, counter, increment, op, start_node, traffic};
 use dinomo_fabric::{Connector, MemoryNode, NodeConfig, Server};
 use dinomo_pdpm::central::{
     self, CentralClient, CentralCrash, CentralLayout, CentralSettings, Coordinator,
     CoordinatorConfig,
 };
-use dinomo_pdpm::{PdpmError, PdpmStore};
+use dinomo_pdpm::{Change, PdpmError, PdpmStore};
 use dinomo_pool::Pool;
 use proptest::prelude::*;
 
@@ -194,9 +194,14 @@ proptest! {
                     c.delete(&[k]).unwrap();
                     model.remove(&vec![k]);
                 }
+                Op::Update(k, b) => {
+                    c.update(&[k], &mut |old| change(old, b)).unwrap();
+                    apply(&mut model, vec![k], b);
+                }
             }
         }
         prop_assert_eq!(s.coordinator.key_count(), model.len());
+        prop_assert_eq!(c.key_count().unwrap(), model.len() as u64);
         drop(c);
         // Every block is either a live value's or free again (the dropped client gave its grants back).
         let free: usize = s.coordinator.free_blocks().iter().sum();
@@ -303,5 +308,115 @@ fn a_client_crashing_mid_put_leaves_the_old_value_and_its_blocks_can_be_reclaime
         assert_eq!(a.get(b"k")?.as_deref(), Some(&b"next"[..]));
         a.put(b"k", b"old")?;
     }
+    Ok(())
+}
+
+#[test]
+fn update_increments_from_many_clients_add_up() -> Result<()> {
+    const THREADS: usize = 4;
+    const INCREMENTS: usize = 50;
+    let s = Setup::new(
+        2,
+        64,
+        CoordinatorConfig {
+            replication: 2,
+            ..CoordinatorConfig::default()
+        },
+    );
+    // Conflicts are expected and retried (within the default 10 s).
+    let settings = CentralSettings {
+        grant_batch: 2,
+        ..CentralSettings::default()
+    };
+    std::thread::scope(|scope| -> Result<()> {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let s = &s;
+                let settings = settings.clone();
+                scope.spawn(move || -> Result<()> {
+                    let mut c = s.client(false, settings);
+                    for _ in 0..INCREMENTS {
+                        c.update(b"count", &mut |old| increment(old, 24))?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap()?;
+        }
+        Ok(())
+    })?;
+    let mut c = s.client(false, CentralSettings::default());
+    assert_eq!(counter(c.get(b"count")?), (THREADS * INCREMENTS) as u64);
+    c.update(b"count", &mut |_| Change::Keep)?;
+    c.update(b"count", &mut |_| Change::Delete)?;
+    assert_eq!(c.get(b"count")?, None);
+    assert!(matches!(
+        c.update(b"count", &mut |_| Change::Put(vec![0; 257])),
+        Err(PdpmError::ValueTooLarge { .. })
+    ));
+    drop(c);
+    // Every conflicting attempt's blocks were reused or given back: only the deleted key's are gone.
+    assert_eq!(s.coordinator.free_blocks().iter().sum::<usize>(), 2 * 64);
+    Ok(())
+}
+
+#[test]
+fn a_new_coordinator_on_the_same_memory_nodes_serves_the_same_data() -> Result<()> {
+    let s = Setup::new(
+        3,
+        64,
+        CoordinatorConfig {
+            replication: 2,
+            ..CoordinatorConfig::default()
+        },
+    );
+    let mut c = s.client(true, CentralSettings::default());
+    let mut model = HashMap::new();
+    for i in 0..40u32 {
+        let key = format!("key-{}", i % 25).into_bytes();
+        let value = format!("value-{i}").into_bytes();
+        c.put(&key, &value)?;
+        model.insert(key, value);
+    }
+    for i in (0..25).step_by(5) {
+        let key = format!("key-{i}").into_bytes();
+        c.delete(&key)?;
+        model.remove(&key);
+    }
+    drop(c);
+    let memory = s.memory;
+    drop(s.coordinator);
+    drop(s.host_server);
+    drop(s.host);
+    let restarted = Coordinator::new(
+        &memory.connectors(false),
+        CoordinatorConfig {
+            replication: 2,
+            ..CoordinatorConfig::default()
+        },
+    )?;
+    assert_eq!(restarted.key_count(), model.len());
+    assert_eq!(
+        restarted.free_blocks().iter().sum::<usize>(),
+        3 * 64 - 2 * model.len()
+    );
+    let (host, server) = start_node(
+        Arc::new(Pool::anonymous(4 << 20, 1 << 20).unwrap()),
+        NodeConfig::default(),
+    );
+    restarted.serve(&host);
+    let mut c = CentralClient::connect(
+        &connector(&host, &server, true),
+        &memory.connectors(true),
+        CentralSettings::default(),
+    )?;
+    for i in 0..25 {
+        let key = format!("key-{i}").into_bytes();
+        assert_eq!(c.get(&key)?, model.get(&key).cloned(), "key-{i}");
+    }
+    c.put(b"key-0", b"after the restart")?;
+    assert_eq!(c.get(b"key-0")?.as_deref(), Some(&b"after the restart"[..]));
     Ok(())
 }

@@ -7,9 +7,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::Result;
-use common::{Nodes, Op, op, traffic};
+use common::{Nodes, Op, apply, change, counter, increment, op, traffic};
 use dinomo_pdpm::direct::{self, CrashPoint, DirectClient, DirectLayout, DirectSettings, Flavor};
-use dinomo_pdpm::{PdpmError, PdpmStore};
+use dinomo_pdpm::{Change, PdpmError, PdpmStore};
 use proptest::prelude::*;
 
 fn layout(flavor: Flavor, replication: u32) -> DirectLayout {
@@ -168,6 +168,11 @@ proptest! {
                     c.delete(&key).unwrap();
                     model.remove(&key);
                 }
+                Op::Update(k, b) => {
+                    let key = format!("key-{k}").into_bytes();
+                    c.update(&key, &mut |old| change(old, b)).unwrap();
+                    apply(&mut model, key, b);
+                }
             }
         }
         // A second client, with nothing cached, sees the same.
@@ -176,6 +181,7 @@ proptest! {
             let key = format!("key-{k}").into_bytes();
             prop_assert_eq!(other.get(&key).unwrap(), model.get(&key).cloned());
         }
+        prop_assert_eq!(other.key_count().unwrap(), model.len() as u64);
     }
 }
 
@@ -201,11 +207,11 @@ fn concurrent_increments_are_never_lost_and_reads_are_never_torn() -> Result<()>
                     let mut c = DirectClient::connect(&connectors, settings)?;
                     for i in 0..INCREMENTS {
                         let key = counters[(t + i) % 2];
-                        c.update(key, |old| {
+                        c.update(key, &mut |old| {
                             let v =
                                 old.map_or(0, |b| u64::from_le_bytes(b[..8].try_into().unwrap()));
                             // A long value, so that a torn read would show.
-                            Some([(v + 1).to_le_bytes(); 16].concat())
+                            Change::Put([(v + 1).to_le_bytes(); 16].concat())
                         })?;
                     }
                     Ok(())
@@ -247,6 +253,56 @@ fn concurrent_increments_are_never_lost_and_reads_are_never_torn() -> Result<()>
             let reps = c.replica_values(k)?;
             assert_eq!(reps[0], reps[1], "replicas agree");
         }
+    }
+    Ok(())
+}
+
+#[test]
+fn update_increments_from_many_clients_add_up() -> Result<()> {
+    const THREADS: usize = 4;
+    const INCREMENTS: usize = 50;
+    for flavor in [Flavor::Markers, Flavor::Crc] {
+        let n = nodes(2, &layout(flavor, 2));
+        let settings = DirectSettings {
+            lock_lease: Duration::from_secs(60),
+            lock_wait: Duration::from_secs(120),
+            ..DirectSettings::default()
+        };
+        std::thread::scope(|s| -> Result<()> {
+            let handles: Vec<_> = (0..THREADS)
+                .map(|_| {
+                    let connectors = n.connectors(false);
+                    let settings = settings.clone();
+                    s.spawn(move || -> Result<()> {
+                        let mut c = DirectClient::connect(&connectors, settings)?;
+                        for _ in 0..INCREMENTS {
+                            c.update(b"count", &mut |old| increment(old, 24))?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            for h in handles {
+                h.join().unwrap()?;
+            }
+            Ok(())
+        })?;
+        let mut c = client(&n, settings);
+        assert_eq!(
+            counter(c.get(b"count")?),
+            (THREADS * INCREMENTS) as u64,
+            "{flavor:?}"
+        );
+        // Keep and Delete through update.
+        c.update(b"count", &mut |_| Change::Keep)?;
+        assert_eq!(counter(c.get(b"count")?), (THREADS * INCREMENTS) as u64);
+        c.update(b"count", &mut |_| Change::Delete)?;
+        assert_eq!(c.get(b"count")?, None);
+        assert!(matches!(
+            c.update(b"count", &mut |_| Change::Put(vec![0; 257])),
+            Err(PdpmError::ValueTooLarge { .. })
+        ));
+        c.put(b"count", b"after")?;
     }
     Ok(())
 }
@@ -338,9 +394,9 @@ fn a_write_waits_out_a_crashed_lock_and_recovers() -> Result<()> {
     dying.put_crashing(b"w", b"new", CrashPoint::CommittedTorn { bytes: 16 })?;
     drop(dying);
     // A writer (not a reader) finds the stale lock: it recovers the new value first, then writes its own.
-    a.update(b"w", |v| {
+    a.update(b"w", &mut |v| {
         assert_eq!(v, Some(&b"new"[..]));
-        Some(b"newer".to_vec())
+        Change::Put(b"newer".to_vec())
     })?;
     assert_eq!(a.get(b"w")?.as_deref(), Some(&b"newer"[..]));
     // A live holder is not taken over: with a long lease the wait times out instead.

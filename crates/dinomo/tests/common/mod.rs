@@ -1,7 +1,8 @@
 //! What the tests that run `dinomo up` as a process share.
 
 use std::io::{BufRead, BufReader};
-use std::process::Child;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// A child process stopped with SIGINT when dropped, and killed if it has not exited 10 s later.
@@ -42,4 +43,51 @@ pub fn read_banner(
     }
     std::thread::spawn(move || for _ in stdout.lines() {});
     Ok(Interrupted(child))
+}
+
+/// Runs a program with a deadline; its output.
+// Not every test binary runs programs.
+#[allow(dead_code)]
+pub fn run(program: &str, args: &[String], limit: Duration) -> anyhow::Result<Output> {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{program}: {e} (scripts/test installs the Debian packages the tests need)"
+            )
+        })?;
+    let deadline = Instant::now() + limit;
+    loop {
+        if child.try_wait()?.is_some() {
+            return Ok(child.wait_with_output()?);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output()?;
+            anyhow::bail!(
+                "{program} {args:?} ran past {limit:?}; output: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `redis-cli -p PORT args...` (raw output, as when not on a terminal).
+#[allow(dead_code)]
+pub fn cli(addr: SocketAddr, args: &[&str]) -> anyhow::Result<String> {
+    let mut all = vec![
+        "-h".to_string(),
+        addr.ip().to_string(),
+        "-p".into(),
+        addr.port().to_string(),
+    ];
+    all.extend(args.iter().map(|a| a.to_string()));
+    let out = run("redis-cli", &all, Duration::from_secs(30))?;
+    anyhow::ensure!(out.status.success(), "redis-cli {args:?}: {out:?}");
+    Ok(String::from_utf8(out.stdout)?)
 }

@@ -7,6 +7,7 @@ use dinomo_fabric::{
     Connector, CounterSnapshot, MemoryNode, NodeConfig, Server, ServerConfig, Target,
     counters::thread_snapshot,
 };
+use dinomo_pdpm::Change;
 use dinomo_pool::Pool;
 use proptest::prelude::*;
 
@@ -84,6 +85,44 @@ pub enum Op {
     Put(u8, Vec<u8>),
     Get(u8),
     Delete(u8),
+    /// A read-modify-write by [`change`] with this byte.
+    Update(u8, u8),
+}
+
+/// The read-modify-write of the model tests: create, append, keep or delete, depending on the value.
+pub fn change(old: Option<&[u8]>, byte: u8) -> Change {
+    match old {
+        None => Change::Put(vec![byte]),
+        Some(v) if v.len() >= 8 => Change::Delete,
+        Some(_) if byte % 4 == 0 => Change::Keep,
+        Some(v) => Change::Put([v, &[byte]].concat()),
+    }
+}
+
+/// [`change`] applied to a model map.
+pub fn apply(model: &mut std::collections::HashMap<Vec<u8>, Vec<u8>>, key: Vec<u8>, byte: u8) {
+    match change(model.get(&key).map(Vec::as_slice), byte) {
+        Change::Keep => {}
+        Change::Put(v) => {
+            model.insert(key, v);
+        }
+        Change::Delete => {
+            model.remove(&key);
+        }
+    }
+}
+
+/// Adds one to the little-endian counter in the first 8 bytes (none = 0), as a value of `len` bytes.
+pub fn increment(old: Option<&[u8]>, len: usize) -> Change {
+    let n = old.map_or(0, |b| u64::from_le_bytes(b[..8].try_into().unwrap()));
+    let mut v = (n + 1).to_le_bytes().to_vec();
+    v.resize(len, 0xab);
+    Change::Put(v)
+}
+
+/// The counter [`increment`] keeps.
+pub fn counter(value: Option<Vec<u8>>) -> u64 {
+    value.map_or(0, |b| u64::from_le_bytes(b[..8].try_into().unwrap()))
 }
 
 pub fn op() -> impl Strategy<Value = Op> {
@@ -91,5 +130,6 @@ pub fn op() -> impl Strategy<Value = Op> {
         (0u8..12, proptest::collection::vec(any::<u8>(), 0..64)).prop_map(|(k, v)| Op::Put(k, v)),
         (0u8..12).prop_map(Op::Get),
         (0u8..12).prop_map(Op::Delete),
+        (0u8..12, any::<u8>()).prop_map(|(k, b)| Op::Update(k, b)),
     ]
 }

@@ -1,0 +1,672 @@
+//! `dinomo up --system directds|directds-c|centralds`: a pDPM baseline in one process, serving the Redis protocol
+//! as DINOMO's KV nodes do, so the systems can be run and compared with the same Redis clients.
+//!
+//! The memory nodes are fabric [`MemoryNode`]s over pool files in the data directory (`SYSTEM-I.pool`, formatted
+//! for the baseline on first start and reopened after), reached in process. CentralDS's coordinator runs on a
+//! memory node of its own and rebuilds its metadata from the memory nodes' blocks at every start. Each Redis
+//! connection is one compute-node thread: it gets its own pDPM client ([`PdpmBackend`]), connected on its first
+//! command.
+//!
+//! This lives in the `dinomo` command rather than in `dinomo-pdpm` or `dinomo-resp` so that neither library
+//! depends on the other: the baselines stay protocol-free, and the Redis front door store-agnostic.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use dinomo_fabric::{Connector, EndpointConfig, MemoryNode, NodeConfig, Target};
+use dinomo_pdpm::central::{
+    CentralClient, CentralLayout, CentralSettings, Coordinator, CoordinatorConfig,
+};
+use dinomo_pdpm::direct::{DirectClient, DirectLayout, DirectSettings, Flavor};
+use dinomo_pdpm::{Change, PdpmError, PdpmStore, roots};
+use dinomo_pool::{PersistMode, Pool, PoolOptions};
+use dinomo_resp::{Backend, BackendConn, BackendError, Op, OpResult, Output};
+use serde::{Deserialize, Serialize};
+
+/// A pDPM baseline `dinomo up` can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Baseline {
+    /// DirectDS: one-sided access under per-key locks; reads lock too.
+    DirectDs,
+    /// DirectDS-C: DirectDS with CRC-checked, lock-free reads.
+    DirectDsC,
+    /// CentralDS: a coordinator holds the metadata and serializes writes.
+    CentralDs,
+}
+
+impl Baseline {
+    /// Every baseline.
+    pub const ALL: [Baseline; 3] = [Baseline::DirectDs, Baseline::DirectDsC, Baseline::CentralDs];
+
+    /// Its name on the command line and in the configuration file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Baseline::DirectDs => "directds",
+            Baseline::DirectDsC => "directds-c",
+            Baseline::CentralDs => "centralds",
+        }
+    }
+}
+
+impl std::fmt::Display for Baseline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// `up.pdpm`: how `dinomo up` runs a pDPM baseline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PdpmUpConfig {
+    /// Memory nodes (each a pool file in the data directory). Default 1.
+    pub memory_nodes: usize,
+    /// Copies of every value, on distinct memory nodes (at most `memory_nodes`). Default 1.
+    pub replication: u32,
+    /// Keys the memory nodes are sized for when they are formatted. Default 16384.
+    pub keys: u64,
+    /// Longest key in bytes (at most 65535). Default 64.
+    pub max_key: u32,
+    /// Longest value in bytes. Default 1024.
+    pub max_value: u32,
+    /// CentralDS: blocks per memory node kept for the grants of this many connected clients. Default 64.
+    pub grant_clients: u64,
+    /// CentralDS: the coordinator's RPC threads. Default 4.
+    pub coordinator_threads: usize,
+    /// CentralDS: shards of the coordinator's key map. Default 64.
+    pub coordinator_shards: usize,
+    /// CentralDS: most locations one grant hands out. Default 1024.
+    pub max_grant: u32,
+    /// DirectDS and DirectDS-C clients.
+    pub direct: DirectSettings,
+    /// CentralDS clients.
+    pub central: CentralSettings,
+}
+
+impl Default for PdpmUpConfig {
+    fn default() -> Self {
+        let coordinator = CoordinatorConfig::default();
+        PdpmUpConfig {
+            memory_nodes: 1,
+            replication: 1,
+            keys: 16384,
+            max_key: 64,
+            max_value: 1024,
+            grant_clients: 64,
+            coordinator_threads: 4,
+            coordinator_shards: coordinator.shards,
+            max_grant: coordinator.max_grant,
+            direct: DirectSettings::default(),
+            central: CentralSettings::default(),
+        }
+    }
+}
+
+impl PdpmUpConfig {
+    /// What is wrong with these settings, each naming its key (under `up.pdpm`).
+    pub fn validate(&self) -> Vec<String> {
+        let mut errors = Vec::new();
+        if self.memory_nodes == 0 || self.memory_nodes > u16::MAX as usize {
+            errors.push("up.pdpm.memory_nodes: must be 1 to 65535".into());
+        }
+        if self.replication == 0 || self.replication as usize > self.memory_nodes {
+            errors.push(format!(
+                "up.pdpm.replication: must be 1 to up.pdpm.memory_nodes ({})",
+                self.memory_nodes
+            ));
+        }
+        if self.keys == 0 {
+            errors.push("up.pdpm.keys: must be at least 1".into());
+        }
+        if self.max_key == 0 || self.max_key > u16::MAX as u32 {
+            errors.push("up.pdpm.max_key: must be 1 to 65535".into());
+        }
+        if self.coordinator_threads == 0 {
+            errors.push("up.pdpm.coordinator_threads: must be at least 1".into());
+        }
+        if self.coordinator_shards == 0 {
+            errors.push("up.pdpm.coordinator_shards: must be at least 1".into());
+        }
+        if self.max_grant == 0 {
+            errors.push("up.pdpm.max_grant: must be at least 1".into());
+        }
+        if self.central.grant_batch == 0 {
+            errors.push("up.pdpm.central.grant_batch: must be at least 1".into());
+        }
+        if self.direct.max_probe == 0 {
+            errors.push("up.pdpm.direct.max_probe: must be at least 1".into());
+        }
+        errors
+    }
+
+    fn direct_layout(&self, flavor: Flavor) -> DirectLayout {
+        // A key's slot is on its primary: about keys/M per node, at a load factor of 1/2 for linear probing.
+        let slots = self
+            .keys
+            .saturating_mul(2)
+            .div_ceil(self.memory_nodes as u64)
+            .max(64);
+        DirectLayout {
+            flavor,
+            slots,
+            max_key: self.max_key,
+            max_value: self.max_value,
+            replication: self.replication,
+        }
+    }
+
+    fn central_layout(&self) -> CentralLayout {
+        // Every key holds R blocks, spread over the nodes; a quarter more covers the imbalance, and the grants of
+        // `grant_clients` connected clients come on top.
+        let r = self.replication as u64;
+        let m = self.memory_nodes as u64;
+        let keys = self.keys.saturating_mul(r).div_ceil(m);
+        let grants = self
+            .grant_clients
+            .saturating_mul(self.central.grant_batch as u64)
+            .saturating_mul(r)
+            .div_ceil(m);
+        CentralLayout {
+            blocks: keys
+                .saturating_add(keys / 4)
+                .saturating_add(grants)
+                .saturating_add(64),
+            max_key: self.max_key,
+            max_value: self.max_value,
+        }
+    }
+}
+
+/// A running baseline: its memory nodes, CentralDS's coordinator and the Redis listener.
+pub struct RunningBaseline {
+    resp: dinomo_resp::RespServer,
+    /// CentralDS: the coordinator's node (it holds the coordinator as its RPC handler).
+    _coordinator: Option<Arc<MemoryNode>>,
+    _memory_nodes: Vec<Arc<MemoryNode>>,
+    pools: Vec<Arc<Pool>>,
+}
+
+impl std::fmt::Debug for RunningBaseline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningBaseline")
+            .field("resp", &self.resp.local_addr())
+            .field("memory_nodes", &self.pools.len())
+            .finish()
+    }
+}
+
+/// What [`start`] opened, for the banner.
+#[derive(Debug)]
+pub struct MemoryNodeReport {
+    /// The pool file.
+    pub path: PathBuf,
+    /// Whether it was formatted now (else reopened).
+    pub formatted: bool,
+}
+
+/// Everything [`start`] needs.
+#[derive(Debug, Clone)]
+pub struct StartOptions {
+    /// The baseline.
+    pub system: Baseline,
+    /// Its settings.
+    pub pdpm: PdpmUpConfig,
+    /// Where the pool files live.
+    pub data_dir: PathBuf,
+    /// Their durability.
+    pub persist: PersistMode,
+    /// The fabric endpoints' settings (injected latency, timeouts).
+    pub endpoint: EndpointConfig,
+    /// The memory nodes' fabric settings.
+    pub node: NodeConfig,
+    /// The Redis listener (address, password, limits).
+    pub resp: dinomo_resp::ServerConfig,
+}
+
+/// The pool file of memory node `i`.
+pub fn pool_path(data_dir: &Path, system: Baseline, i: usize) -> PathBuf {
+    data_dir.join(format!("{system}-{i}.pool"))
+}
+
+impl RunningBaseline {
+    /// Where the Redis protocol is served.
+    pub fn resp_addr(&self) -> std::net::SocketAddr {
+        self.resp.local_addr()
+    }
+
+    /// Stops serving and closes the pools cleanly.
+    pub fn stop(self) -> anyhow::Result<()> {
+        let RunningBaseline {
+            resp,
+            _coordinator,
+            _memory_nodes,
+            pools,
+        } = self;
+        // The listener and every connection (and so every client) first, then the nodes they reach.
+        drop(resp);
+        drop(_coordinator);
+        drop(_memory_nodes);
+        for pool in pools {
+            pool.close().context("closing a memory node's pool")?;
+        }
+        Ok(())
+    }
+}
+
+/// Opens (formatting on first start) the memory nodes, starts CentralDS's coordinator and the Redis listener.
+pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryNodeReport>)> {
+    let cfg = &opts.pdpm;
+    let errors = cfg.validate();
+    anyhow::ensure!(errors.is_empty(), "{}", errors.join("; "));
+    std::fs::create_dir_all(&opts.data_dir)
+        .with_context(|| format!("creating {}", opts.data_dir.display()))?;
+    let beyond = pool_path(&opts.data_dir, opts.system, cfg.memory_nodes);
+    anyhow::ensure!(
+        !beyond.exists(),
+        "{} exists: the data directory holds more memory nodes than up.pdpm.memory_nodes = {} (a baseline's \
+         placement depends on the count; start it with the count it was formatted with)",
+        beyond.display(),
+        cfg.memory_nodes
+    );
+    let direct = match opts.system {
+        Baseline::DirectDs => Some(cfg.direct_layout(Flavor::Markers)),
+        Baseline::DirectDsC => Some(cfg.direct_layout(Flavor::Crc)),
+        Baseline::CentralDs => None,
+    };
+    let central = cfg.central_layout();
+    let area = match &direct {
+        Some(l) => l.table_len(),
+        None => central.area_len(),
+    };
+    const SEGMENT: u64 = 1 << 20;
+    // The area, the pool's own header and allocation table, and a segment of rounding.
+    let pool_size = area
+        .checked_add(4 * SEGMENT)
+        .map(|n| n.next_multiple_of(SEGMENT))
+        .context("the memory nodes' size does not fit 64 bits")?;
+    let mut pools = Vec::with_capacity(cfg.memory_nodes);
+    let mut nodes = Vec::with_capacity(cfg.memory_nodes);
+    let mut reports = Vec::with_capacity(cfg.memory_nodes);
+    for i in 0..cfg.memory_nodes {
+        let path = pool_path(&opts.data_dir, opts.system, i);
+        let options = PoolOptions {
+            size: pool_size,
+            segment_size: SEGMENT,
+            persist: opts.persist,
+        };
+        let (pool, _) = Pool::open_or_create(&path, &options)
+            .with_context(|| format!("opening {}", path.display()))?;
+        let root = match direct {
+            Some(_) => roots::DIRECT_TABLE,
+            None => roots::CENTRAL_BLOCKS,
+        };
+        let formatted = pool.root(root)? == 0;
+        if formatted {
+            match &direct {
+                Some(l) => dinomo_pdpm::direct::format(&pool, l),
+                None => dinomo_pdpm::central::format(&pool, &central),
+            }
+            .with_context(|| format!("formatting {} for {}", path.display(), opts.system))?;
+        }
+        let pool = Arc::new(pool);
+        nodes.push(MemoryNode::new(pool.clone(), opts.node.clone()));
+        pools.push(pool);
+        reports.push(MemoryNodeReport { path, formatted });
+    }
+    let connectors: Vec<Connector> = nodes
+        .iter()
+        .map(|n| Connector {
+            target: Target::InProcess(n.clone()),
+            config: opts.endpoint.clone(),
+        })
+        .collect();
+    let mismatch = |stored: &dyn std::fmt::Debug, wanted: &dyn std::fmt::Debug| {
+        anyhow::anyhow!(
+            "the memory nodes in {} were formatted as {stored:?}, the settings ask for {wanted:?} (a memory node \
+             keeps the geometry it was formatted with: start with the same up.pdpm settings, or another data \
+             directory)",
+            opts.data_dir.display()
+        )
+    };
+    let (connect, coordinator): (Connect, _) = match direct {
+        Some(wanted) => {
+            let settings = cfg.direct.clone();
+            // Connecting checks that every node has a table and that they agree.
+            let probe = DirectClient::connect(&connectors, settings.clone())
+                .context("opening the memory nodes")?;
+            if *probe.layout() != wanted {
+                return Err(mismatch(probe.layout(), &wanted));
+            }
+            let connect = move || -> Result<Box<dyn PdpmClient>, PdpmError> {
+                Ok(Box::new(DirectClient::connect(
+                    &connectors,
+                    settings.clone(),
+                )?))
+            };
+            (Arc::new(connect), None)
+        }
+        None => {
+            let coordinator = Coordinator::new(
+                &connectors,
+                CoordinatorConfig {
+                    replication: cfg.replication,
+                    shards: cfg.coordinator_shards,
+                    max_grant: cfg.max_grant,
+                },
+            )
+            .context("starting the CentralDS coordinator")?;
+            if *coordinator.layout() != central {
+                return Err(mismatch(coordinator.layout(), &central));
+            }
+            // Its metadata is rebuilt at every start, so its own node needs no persistent pool.
+            let host = MemoryNode::new(
+                Arc::new(Pool::anonymous(4 * SEGMENT, SEGMENT)?),
+                NodeConfig {
+                    rpc_threads: cfg.coordinator_threads,
+                    ..opts.node.clone()
+                },
+            );
+            coordinator.serve(&host);
+            let to_coordinator = Connector {
+                target: Target::InProcess(host.clone()),
+                config: opts.endpoint.clone(),
+            };
+            let settings = cfg.central.clone();
+            let connect = move || -> Result<Box<dyn PdpmClient>, PdpmError> {
+                Ok(Box::new(CentralClient::connect(
+                    &to_coordinator,
+                    &connectors,
+                    settings.clone(),
+                )?))
+            };
+            (Arc::new(connect), Some(host))
+        }
+    };
+    let resp = dinomo_resp::RespServer::start(
+        dinomo_resp::ServerConfig {
+            name: format!("dinomo-{}-resp", opts.system),
+            ..opts.resp.clone()
+        },
+        PdpmBackend { connect },
+    )
+    .with_context(|| format!("serving the Redis protocol on {}", opts.resp.listen))?;
+    Ok((
+        RunningBaseline {
+            resp,
+            _coordinator: coordinator,
+            _memory_nodes: nodes,
+            pools,
+        },
+        reports,
+    ))
+}
+
+/// A pDPM client the Redis front door can serve: the store's operations and a key count for `DBSIZE`.
+pub trait PdpmClient: PdpmStore + Send {
+    /// Keys with a value.
+    fn key_count(&mut self) -> Result<u64, PdpmError>;
+}
+
+impl PdpmClient for DirectClient {
+    fn key_count(&mut self) -> Result<u64, PdpmError> {
+        DirectClient::key_count(self)
+    }
+}
+
+impl PdpmClient for CentralClient {
+    fn key_count(&mut self) -> Result<u64, PdpmError> {
+        CentralClient::key_count(self)
+    }
+}
+
+/// Makes one compute-node thread's client.
+type Connect = Arc<dyn Fn() -> Result<Box<dyn PdpmClient>, PdpmError> + Send + Sync>;
+
+/// The Redis front door's backend over a pDPM baseline: every connection gets its own client.
+pub struct PdpmBackend {
+    connect: Connect,
+}
+
+impl Backend for PdpmBackend {
+    type Conn = PdpmConn;
+
+    fn connect(&self) -> PdpmConn {
+        PdpmConn {
+            connect: self.connect.clone(),
+            client: None,
+        }
+    }
+}
+
+/// One Redis connection's pDPM client, connected on first use (and again after a failed connect).
+pub struct PdpmConn {
+    connect: Connect,
+    client: Option<Box<dyn PdpmClient>>,
+}
+
+impl PdpmConn {
+    fn client(&mut self) -> Result<&mut Box<dyn PdpmClient>, BackendError> {
+        if self.client.is_none() {
+            let c = (self.connect)().map_err(|e| {
+                BackendError::Unavailable(format!("connecting to the memory nodes: {e}"))
+            })?;
+            self.client = Some(c);
+        }
+        self.client
+            .as_mut()
+            .ok_or_else(|| BackendError::Unavailable("no client".into()))
+    }
+
+    fn run_op(&mut self, op: Op) -> OpResult {
+        let write = op.is_write();
+        let c = self.client()?;
+        let failed = |e: PdpmError| store_error(e, write);
+        match op {
+            Op::Get(k) => c.get(&k).map(Output::Value).map_err(failed),
+            Op::Exists(k) => c
+                .get(&k)
+                .map(|v| Output::Applied(v.is_some()))
+                .map_err(failed),
+            Op::Strlen(k) => c
+                .get(&k)
+                .map(|v| Output::Int(v.map_or(0, |v| v.len() as i64)))
+                .map_err(failed),
+            Op::Set(k, v) => c
+                .put(&k, &v)
+                .map(|()| Output::Applied(true))
+                .map_err(failed),
+            Op::Insert(k, v) => {
+                let mut applied = false;
+                c.update(&k, &mut |old| {
+                    applied = old.is_none();
+                    if applied {
+                        Change::Put(v.clone())
+                    } else {
+                        Change::Keep
+                    }
+                })
+                .map_err(failed)?;
+                Ok(Output::Applied(applied))
+            }
+            Op::Update(k, v) => {
+                let mut applied = false;
+                c.update(&k, &mut |old| {
+                    applied = old.is_some();
+                    if applied {
+                        Change::Put(v.clone())
+                    } else {
+                        Change::Keep
+                    }
+                })
+                .map_err(failed)?;
+                Ok(Output::Applied(applied))
+            }
+            Op::GetSet(k, v) => {
+                let mut previous = None;
+                c.update(&k, &mut |old| {
+                    previous = old.map(<[u8]>::to_vec);
+                    Change::Put(v.clone())
+                })
+                .map_err(failed)?;
+                Ok(Output::Value(previous))
+            }
+            Op::Delete(k) => {
+                let mut had = false;
+                c.update(&k, &mut |old| {
+                    had = old.is_some();
+                    if had { Change::Delete } else { Change::Keep }
+                })
+                .map_err(failed)?;
+                Ok(Output::Applied(had))
+            }
+            Op::Incr(k, delta) => {
+                // The outcome of the last run of the closure is the one applied.
+                let mut outcome = Err(BackendError::Unavailable("no increment ran".into()));
+                c.update(&k, &mut |old| {
+                    outcome = dinomo_resp::backend::increment(old, delta);
+                    match &outcome {
+                        Ok(n) => Change::Put(n.to_string().into_bytes()),
+                        Err(_) => Change::Keep,
+                    }
+                })
+                .map_err(failed)?;
+                outcome.map(Output::Int)
+            }
+            Op::Append(k, suffix) => {
+                let mut len = 0;
+                c.update(&k, &mut |old| {
+                    let v = [old.unwrap_or_default(), &suffix].concat();
+                    len = v.len() as i64;
+                    Change::Put(v)
+                })
+                .map_err(failed)?;
+                Ok(Output::Int(len))
+            }
+        }
+    }
+}
+
+impl BackendConn for PdpmConn {
+    fn execute(&mut self, ops: &mut Vec<Op>, results: &mut Vec<OpResult>) {
+        results.clear();
+        // One compute-node thread: the ops run one after another, in order.
+        for op in ops.drain(..) {
+            let r = self.run_op(op);
+            results.push(r);
+        }
+    }
+
+    fn dbsize(&mut self) -> Result<u64, BackendError> {
+        self.client()?
+            .key_count()
+            .map_err(|e| store_error(e, false))
+    }
+}
+
+/// A store's error as a Redis error: a request beyond the store's limits is invalid; a write whose fabric failed
+/// midway has an unknown outcome; everything else (a lock wait, a full table, a coordinator's refusal) left
+/// nothing applied.
+fn store_error(e: PdpmError, write: bool) -> BackendError {
+    match e {
+        PdpmError::KeyTooLarge { .. } | PdpmError::ValueTooLarge { .. } | PdpmError::Config(_) => {
+            BackendError::Invalid(e.to_string())
+        }
+        PdpmError::Fabric(_) if write => BackendError::Indeterminate(e.to_string()),
+        e => BackendError::Unavailable(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A backend over one in-process memory node of `system`, and the node.
+    fn backend(system: Baseline) -> (PdpmBackend, Vec<Arc<MemoryNode>>) {
+        let cfg = PdpmUpConfig {
+            keys: 64,
+            max_key: 16,
+            max_value: 32,
+            ..PdpmUpConfig::default()
+        };
+        let pool = Arc::new(Pool::anonymous(8 << 20, 1 << 20).unwrap());
+        let node = MemoryNode::new(pool.clone(), NodeConfig::default());
+        let connectors = vec![Connector::new(Target::InProcess(node.clone()))];
+        let mut keep = vec![node];
+        let connect: Connect = match system {
+            Baseline::DirectDs | Baseline::DirectDsC => {
+                let flavor = if system == Baseline::DirectDs {
+                    Flavor::Markers
+                } else {
+                    Flavor::Crc
+                };
+                dinomo_pdpm::direct::format(&pool, &cfg.direct_layout(flavor)).unwrap();
+                Arc::new(move || -> Result<Box<dyn PdpmClient>, PdpmError> {
+                    Ok(Box::new(DirectClient::connect(
+                        &connectors,
+                        DirectSettings::default(),
+                    )?))
+                })
+            }
+            Baseline::CentralDs => {
+                dinomo_pdpm::central::format(&pool, &cfg.central_layout()).unwrap();
+                let coordinator =
+                    Coordinator::new(&connectors, CoordinatorConfig::default()).unwrap();
+                let host = MemoryNode::new(
+                    Arc::new(Pool::anonymous(4 << 20, 1 << 20).unwrap()),
+                    NodeConfig::default(),
+                );
+                coordinator.serve(&host);
+                let to = Connector::new(Target::InProcess(host.clone()));
+                keep.push(host);
+                Arc::new(move || -> Result<Box<dyn PdpmClient>, PdpmError> {
+                    Ok(Box::new(CentralClient::connect(
+                        &to,
+                        &connectors,
+                        CentralSettings::default(),
+                    )?))
+                })
+            }
+        };
+        (PdpmBackend { connect }, keep)
+    }
+
+    #[test]
+    fn every_op_behaves_as_redis_does() {
+        for system in Baseline::ALL {
+            let (b, _nodes) = backend(system);
+            let mut c = b.connect();
+            assert_eq!(c.get(b"k"), Ok(None), "{system}");
+            assert_eq!(c.insert(b"k", b"1"), Ok(true));
+            assert_eq!(c.insert(b"k", b"2"), Ok(false));
+            assert_eq!(c.update(b"k", b"10"), Ok(true));
+            assert_eq!(c.update(b"absent", b"x"), Ok(false));
+            assert_eq!(c.exists(b"absent"), Ok(false));
+            assert_eq!(c.incr(b"k", 5), Ok(15));
+            assert_eq!(c.incr(b"new", -2), Ok(-2));
+            assert_eq!(c.get_set(b"k", b"word"), Ok(Some(b"15".to_vec())));
+            assert_eq!(c.incr(b"k", 1), Err(BackendError::NotAnInteger));
+            c.set(b"max", i64::MAX.to_string().as_bytes()).unwrap();
+            assert_eq!(c.incr(b"max", 1), Err(BackendError::Overflow));
+            assert_eq!(c.append(b"k", b"s"), Ok(5));
+            assert_eq!(c.strlen(b"k"), Ok(5));
+            assert_eq!(c.get(b"k"), Ok(Some(b"words".to_vec())));
+            assert_eq!(c.dbsize(), Ok(3));
+            assert_eq!(c.delete(b"k"), Ok(true));
+            assert_eq!(c.delete(b"k"), Ok(false));
+            assert_eq!(c.dbsize(), Ok(2));
+            // Limits are the store's, with its own message.
+            assert!(matches!(
+                c.set(b"v", &[0; 33]),
+                Err(BackendError::Invalid(m)) if m.contains("limit of 32 bytes")
+            ));
+            assert!(matches!(
+                c.append(b"new", &[b'x'; 40]),
+                Err(BackendError::Invalid(_))
+            ));
+            assert!(matches!(c.get(&[b'k'; 17]), Err(BackendError::Invalid(_))));
+            // Another connection sees the same data.
+            let mut other = b.connect();
+            assert_eq!(other.get(b"new"), Ok(Some(b"-2".to_vec())));
+        }
+    }
+}
