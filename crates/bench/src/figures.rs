@@ -10,6 +10,9 @@
 //! | 7 | selective replication of 4 hot keys, Zipf 2 | `replicate` scenario |
 //! | 8 | a KV node fails | `failure` scenario for DINOMO and DINOMO-N |
 //!
+//! The pDPM paper's Figure 7 ([`run_pdpm_figure`], `pdpm`), Figure 9 and Figure 10 ([`run_pdpm_scaling_figure`],
+//! `pdpm-mn` and `pdpm-cn`) run its stores ([`System::PDPM`]) on YCSB and write to `OUT/pdpm-figureN/`.
+//!
 //! DINOMO-S and DINOMO-N run beside DINOMO where the paper compares them (Figures 5, 6 and 8); Clover, which is not
 //! built, is listed as such in each figure's table and nothing is filled in for it. Scales: `tiny` is a smoke run of seconds (the test suite runs
 //! it), `small` takes a minute or two per figure on a 2-core machine (RESULTS.md), `full` is as large as one

@@ -50,9 +50,10 @@ pub enum Which {
     /// each component's throughput ceiling and the predicted throughput for 1 to --max-kns KV nodes, with the
     /// component that binds; compared with the measured runs.
     Project(Box<ProjectArgs>),
-    /// Reproduces a figure of the DINOMO paper (3, 5, 6, 7 or 8, or all), or the pDPM paper's Figure 7 (pdpm),
-    /// scaled to this machine: runs the benchmarks and writes their results, plots and a table of the paper's
-    /// numbers beside ours to OUT/figureN/ (OUT/pdpm-figure7/).
+    /// Reproduces a figure of the DINOMO paper (3, 5, 6, 7 or 8) or of the pDPM paper (pdpm: its Figure 7;
+    /// pdpm-mn: Figure 9, memory nodes added; pdpm-cn: Figure 10, compute nodes added), or all of them, scaled to
+    /// this machine: runs the benchmarks and writes their results, plots and a table of the paper's numbers beside
+    /// ours to OUT/figureN/ (OUT/pdpm-figureN/).
     Figure(FigureArgs),
 }
 
