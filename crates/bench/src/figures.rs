@@ -1725,7 +1725,7 @@ pub struct PdpmScalingPlan {
     pub threads_per_compute_node: usize,
     /// Records loaded (1 KiB values).
     pub records: u64,
-    /// Warm-up and measured seconds per run (`tiny` counts operations instead).
+    /// Warm-up seconds per run (`tiny` counts operations instead).
     pub warmup_secs: f64,
     /// Measured seconds per run.
     pub secs: f64,
