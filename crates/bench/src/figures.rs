@@ -10,6 +10,9 @@
 //! | 7 | selective replication of 4 hot keys, Zipf 2 | `replicate` scenario |
 //! | 8 | a KV node fails | `failure` scenario for DINOMO and DINOMO-N |
 //!
+//! The pDPM paper's Figure 7 ([`run_pdpm_figure`], `pdpm`), Figure 9 and Figure 10 ([`run_pdpm_scaling_figure`],
+//! `pdpm-mn` and `pdpm-cn`) run its stores ([`System::PDPM`]) on YCSB and write to `OUT/pdpm-figureN/`.
+//!
 //! DINOMO-S and DINOMO-N run beside DINOMO where the paper compares them (Figures 5, 6 and 8); Clover, which is not
 //! built, is listed as such in each figure's table and nothing is filled in for it. Scales: `tiny` is a smoke run of seconds (the test suite runs
 //! it), `small` takes a minute or two per figure on a 2-core machine (RESULTS.md), `full` is as large as one
@@ -1345,6 +1348,51 @@ fn pdpm_options(scale: Scale, system: System, workload: Workload, replication: u
             Scale::Small => (20_000, 4, 2, 4, 2.0),
             Scale::Full => (100_000, 4, 4, 8, 10.0),
         };
+    pdpm_run_options(
+        scale,
+        system,
+        workload,
+        PdpmLayout {
+            records,
+            memory_nodes,
+            compute_nodes,
+            clients,
+            replication,
+            warmup_secs: 0.5,
+            secs,
+        },
+    )
+}
+
+/// The shape of one pDPM run.
+#[derive(Debug, Clone, Copy)]
+struct PdpmLayout {
+    records: u64,
+    memory_nodes: usize,
+    compute_nodes: usize,
+    /// Client threads in all, spread over the compute nodes.
+    clients: usize,
+    replication: u32,
+    /// Warm-up and measured seconds (the tiny scale counts 400 and 300 operations instead, bounded by 20 s).
+    warmup_secs: f64,
+    secs: f64,
+}
+
+fn pdpm_run_options(
+    scale: Scale,
+    system: System,
+    workload: Workload,
+    layout: PdpmLayout,
+) -> YcsbOptions {
+    let PdpmLayout {
+        records,
+        memory_nodes,
+        compute_nodes,
+        clients,
+        replication,
+        warmup_secs,
+        secs,
+    } = layout;
     let tiny = scale == Scale::Tiny;
     YcsbOptions {
         system,
@@ -1361,8 +1409,8 @@ fn pdpm_options(scale: Scale, system: System, workload: Workload, replication: u
         value_bytes: 1024,
         clients,
         outstanding: 1,
-        warmup_secs: if tiny { 20.0 } else { 0.5 },
-        secs,
+        warmup_secs: if tiny { 20.0 } else { warmup_secs },
+        secs: if tiny { 20.0 } else { secs },
         warmup_ops: tiny.then_some(400),
         ops: tiny.then_some(300),
         ..YcsbOptions::default()
@@ -1614,6 +1662,312 @@ pub fn run_pdpm_figure(
     files.write(&json_name, &serde_json::to_string_pretty(&report)?)?;
     files.write(&md_name, &report.to_markdown())?;
     Ok(report)
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// pDPM Figures 9 and 10: the pDPM stores' throughput as memory nodes (Figure 9) or compute nodes (Figure 10) are
+// added.
+
+/// What a pDPM scalability recipe varies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PdpmAxis {
+    /// Memory nodes (DPMs), compute nodes held: the pDPM paper's Figure 9.
+    MemoryNodes,
+    /// Compute nodes, each with the same client threads, memory nodes held: the pDPM paper's Figure 10.
+    ComputeNodes,
+}
+
+impl PdpmAxis {
+    /// Both axes, in the paper's order.
+    pub const ALL: [PdpmAxis; 2] = [PdpmAxis::MemoryNodes, PdpmAxis::ComputeNodes];
+
+    /// The recipe's name on the command line: `pdpm-mn` or `pdpm-cn`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PdpmAxis::MemoryNodes => "pdpm-mn",
+            PdpmAxis::ComputeNodes => "pdpm-cn",
+        }
+    }
+
+    /// The pDPM paper's figure number.
+    pub fn figure(self) -> u32 {
+        match self {
+            PdpmAxis::MemoryNodes => 9,
+            PdpmAxis::ComputeNodes => 10,
+        }
+    }
+
+    /// The recipe whose name is `name` (any case), if any.
+    pub fn from_name(name: &str) -> Option<PdpmAxis> {
+        PdpmAxis::ALL
+            .into_iter()
+            .find(|a| a.name().eq_ignore_ascii_case(name))
+    }
+
+    fn unit(self) -> &'static str {
+        match self {
+            PdpmAxis::MemoryNodes => "MN",
+            PdpmAxis::ComputeNodes => "CN",
+        }
+    }
+}
+
+/// The node counts a scalability recipe visits and what it holds fixed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PdpmScalingPlan {
+    /// Node counts along the axis, smallest first.
+    pub counts: Vec<usize>,
+    /// Memory nodes when compute nodes vary.
+    pub fixed_memory_nodes: usize,
+    /// Compute nodes when memory nodes vary.
+    pub fixed_compute_nodes: usize,
+    /// Client threads per compute node.
+    pub threads_per_compute_node: usize,
+    /// Records loaded (1 KiB values).
+    pub records: u64,
+    /// Warm-up seconds per run (`tiny` counts operations instead).
+    pub warmup_secs: f64,
+    /// Measured seconds per run.
+    pub secs: f64,
+}
+
+/// The plan of a scalability recipe at `scale`: the paper holds 4 CNs × 8 threads (Figure 9) or 4 DPMs (Figure
+/// 10); scaled to 2 threads per compute node and, at `small`, 2 compute nodes or 4 memory nodes held, 1–4 nodes
+/// visited.
+pub fn pdpm_scaling_plan(axis: PdpmAxis, scale: Scale) -> PdpmScalingPlan {
+    let counts = match (axis, scale) {
+        (_, Scale::Tiny) => vec![1, 2],
+        (_, Scale::Small) => vec![1, 2, 4],
+        (_, Scale::Full) => vec![1, 2, 4, 8],
+    };
+    let (fixed_memory_nodes, fixed_compute_nodes, threads, records, warmup_secs, secs) = match scale
+    {
+        Scale::Tiny => (2, 1, 1, 200, 20.0, 20.0),
+        Scale::Small => (4, 2, 2, 10_000, 0.3, 1.0),
+        Scale::Full => (4, 4, 2, 100_000, 1.0, 5.0),
+    };
+    PdpmScalingPlan {
+        counts,
+        fixed_memory_nodes,
+        fixed_compute_nodes,
+        threads_per_compute_node: threads,
+        records,
+        warmup_secs,
+        secs,
+    }
+}
+
+fn pdpm_scaling_layout(axis: PdpmAxis, plan: &PdpmScalingPlan, count: usize) -> PdpmLayout {
+    let (memory_nodes, compute_nodes) = match axis {
+        PdpmAxis::MemoryNodes => (count, plan.fixed_compute_nodes),
+        PdpmAxis::ComputeNodes => (plan.fixed_memory_nodes, count),
+    };
+    PdpmLayout {
+        records: plan.records,
+        memory_nodes,
+        compute_nodes,
+        clients: compute_nodes * plan.threads_per_compute_node,
+        replication: 1,
+        warmup_secs: plan.warmup_secs,
+        secs: plan.secs,
+    }
+}
+
+/// The pDPM paper's statement about `system` along `axis` (§5.2, "Scalability").
+fn pdpm_scaling_claim(axis: PdpmAxis, system: &str) -> &'static str {
+    match (axis, system) {
+        (PdpmAxis::MemoryNodes, "directds") => "does not scale with DPMs: lock contention",
+        (PdpmAxis::MemoryNodes, "directds-c") => {
+            "scales with DPMs: direct access uses every DPM's bandwidth"
+        }
+        (PdpmAxis::MemoryNodes, "centralds") => {
+            "does not scale: the single coordinator's network interface binds"
+        }
+        (PdpmAxis::ComputeNodes, "directds" | "directds-c") => {
+            "does not scale with CNs: more CNs contend more often, throughput falls"
+        }
+        (PdpmAxis::ComputeNodes, "centralds") => {
+            "scales worse than SepDS: the single coordinator's network throughput binds"
+        }
+        (PdpmAxis::MemoryNodes, _) => "SepDS scales well with DPMs",
+        (PdpmAxis::ComputeNodes, _) => "SepDS scales best: no single network bottleneck",
+    }
+}
+
+/// Runs the pDPM paper's Figure 9 (`axis` memory nodes) or Figure 10 (compute nodes) at `scale`: every store of
+/// [`System::PDPM`] on YCSB C, B, A and write-only (C and write-only at `tiny`), Zipf 0.99, 1 KiB values, one copy,
+/// at each node count of [`pdpm_scaling_plan`], with no fabric latency injected. Writes every run's report,
+/// `throughput.csv` and `pdpm-figureN.json` / `.md` to `out/pdpm-figureN/`.
+pub fn run_pdpm_scaling_figure(
+    axis: PdpmAxis,
+    scale: Scale,
+    out: &Path,
+    progress: &mut dyn FnMut(&str),
+) -> anyhow::Result<FigureReport> {
+    let figure = axis.figure();
+    let dir = out.join(format!("pdpm-figure{figure}"));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut files = Files {
+        dir: dir.clone(),
+        written: Vec::new(),
+    };
+    let plan = pdpm_scaling_plan(axis, scale);
+    let mut commands = vec![format!(
+        "dinomo bench figure {} --scale {scale} --out {}",
+        axis.name(),
+        out.display()
+    )];
+    let unit = axis.unit();
+    let mut csv = format!(
+        "workload,system,{}s,memory_nodes,compute_nodes,clients,ops_per_s,p50_us,p99_us,round_trips_per_op,\
+         failed_ops\n",
+        unit.to_ascii_lowercase()
+    );
+    let mut rows = Vec::new();
+    for (name, slug, workload) in pdpm_workloads(scale) {
+        for system in System::PDPM {
+            // (node count, ops/s, round trips per op)
+            let mut points: Vec<(usize, f64, Option<f64>)> = Vec::new();
+            for &count in &plan.counts {
+                let layout = pdpm_scaling_layout(axis, &plan, count);
+                let opts = pdpm_run_options(scale, system, workload, layout);
+                progress(&format!(
+                    "pdpm figure {figure}: {system}, {name}, {count} {unit}(s)"
+                ));
+                let r = run_ycsb(&opts, &mut |p| {
+                    if let crate::ycsb_run::Progress::Phase(step) = p {
+                        progress(&format!("pdpm figure {figure}: {step}"));
+                    }
+                })?;
+                let stem = format!("ycsb-{system}-{slug}-{count}{}", unit.to_ascii_lowercase());
+                files.write(&format!("{stem}.json"), &serde_json::to_string_pretty(&r)?)?;
+                commands.push(pdpm_command(&opts, &files.dir));
+                let round_trips = r.resources.as_ref().map(|x| x.per_op.round_trips);
+                let _ = writeln!(
+                    csv,
+                    "{name},{system},{count},{},{},{},{:.0},{:.1},{:.1},{},{}",
+                    layout.memory_nodes,
+                    layout.compute_nodes,
+                    layout.clients,
+                    r.measured.ops_per_s,
+                    r.latency.p50_us,
+                    r.latency.p99_us,
+                    round_trips.map_or(String::new(), |x| format!("{x:.3}")),
+                    r.measured.errors.total()
+                );
+                points.push((count, r.measured.ops_per_s, round_trips));
+            }
+            rows.push(pdpm_scaling_row(axis, name, system, &points));
+        }
+    }
+    files.write("throughput.csv", &csv)?;
+    if !System::PDPM.iter().any(|s| s.name() == "clover") {
+        rows.push(Comparison::not_built(
+            "SepDS throughput as nodes are added",
+            pdpm_scaling_claim(axis, "sepds"),
+            None,
+            "sepds (clover)",
+        ));
+    }
+    let held = match axis {
+        PdpmAxis::MemoryNodes => format!(
+            "held: {} compute nodes × {} client threads (the paper: 4 CNs × 8 threads)",
+            plan.fixed_compute_nodes, plan.threads_per_compute_node
+        ),
+        PdpmAxis::ComputeNodes => format!(
+            "held: {} memory nodes, {} client threads per compute node (the paper: 4 DPMs, 8 threads per CN)",
+            plan.fixed_memory_nodes, plan.threads_per_compute_node
+        ),
+    };
+    let cores_note = match axis {
+        PdpmAxis::MemoryNodes => format!(
+            "the memory nodes are in-process pools with no NIC of their own, so adding one adds no bandwidth and \
+             no processor here (the coordinator's node aside); what DirectDS-C gains from more DPMs in the paper \
+             (each DPM's link) cannot show on {} cores",
+            cores()
+        ),
+        PdpmAxis::ComputeNodes => format!(
+            "every compute node adds {} client thread(s) to the same {} cores: throughput cannot grow with compute \
+             nodes here, whatever the store. What does show is contention: the round trips per operation at the \
+             largest count against the smallest (locks retried, torn reads re-read)",
+            plan.threads_per_compute_node,
+            cores()
+        ),
+    };
+    let json_name = format!("pdpm-figure{figure}.json");
+    let md_name = format!("pdpm-figure{figure}.md");
+    let mut written = files.written.clone();
+    written.push(json_name.clone());
+    written.push(md_name.clone());
+    let report = FigureReport {
+        figure,
+        paper: "pDPM".into(),
+        title: match axis {
+            PdpmAxis::MemoryNodes => {
+                "scalability with memory nodes (DPMs): DirectDS, DirectDS-C and CentralDS on YCSB, Zipf 0.99"
+            }
+            PdpmAxis::ComputeNodes => {
+                "scalability with compute nodes: DirectDS, DirectDS-C and CentralDS on YCSB, Zipf 0.99"
+            }
+        }
+        .into(),
+        scale,
+        host_cores: cores(),
+        commands,
+        rows,
+        not_built: vec!["sepds (clover)".into()],
+        differences: vec![
+            host_note(),
+            held,
+            format!(
+                "{} records of 1 KiB (the paper: 100 000), one copy, no fabric latency injected (a one-sided verb \
+                 is an in-process memory copy of about 0.1 µs; the paper's RDMA round trip is microseconds)",
+                plan.records
+            ),
+            cores_note,
+        ],
+        files: written,
+    };
+    files.write(&json_name, &serde_json::to_string_pretty(&report)?)?;
+    files.write(&md_name, &report.to_markdown())?;
+    Ok(report)
+}
+
+/// One store on one workload along the axis: throughput at every count, and the largest count's throughput and
+/// round trips over the smallest's.
+fn pdpm_scaling_row(
+    axis: PdpmAxis,
+    workload: &str,
+    system: System,
+    points: &[(usize, f64, Option<f64>)],
+) -> Comparison {
+    let unit = axis.unit();
+    let first = points.first();
+    let last = points.last();
+    let growth = match (first, last) {
+        (Some(&(_, a, _)), Some(&(_, b, _))) if a > 0.0 && points.len() > 1 => Some(b / a),
+        _ => None,
+    };
+    let series = points
+        .iter()
+        .map(|(n, ops, _)| format!("{n} {unit}: {}", crate::format::rate(*ops)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let round_trips = match (first, last) {
+        (Some(&(n0, _, Some(r0))), Some(&(n1, _, Some(r1)))) => {
+            format!("; round trips per op {r0:.2} at {n0} {unit}, {r1:.2} at {n1} {unit}")
+        }
+        _ => String::new(),
+    };
+    let (lo, hi) = (first.map_or(0, |p| p.0), last.map_or(0, |p| p.0));
+    Comparison::new(
+        format!("{system}, {workload}: throughput at {hi} / {lo} {unit}(s)"),
+        pdpm_scaling_claim(axis, system.name()),
+        None,
+        format!("{} ({series}{round_trips})", num(growth)),
+        growth,
+        format!("{} shared cores (see below)", cores()),
+    )
 }
 
 #[cfg(test)]

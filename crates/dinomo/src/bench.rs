@@ -50,9 +50,10 @@ pub enum Which {
     /// each component's throughput ceiling and the predicted throughput for 1 to --max-kns KV nodes, with the
     /// component that binds; compared with the measured runs.
     Project(Box<ProjectArgs>),
-    /// Reproduces a figure of the DINOMO paper (3, 5, 6, 7 or 8, or all), or the pDPM paper's Figure 7 (pdpm),
-    /// scaled to this machine: runs the benchmarks and writes their results, plots and a table of the paper's
-    /// numbers beside ours to OUT/figureN/ (OUT/pdpm-figure7/).
+    /// Reproduces a figure of the DINOMO paper (3, 5, 6, 7 or 8) or of the pDPM paper (pdpm: its Figure 7;
+    /// pdpm-mn: Figure 9, memory nodes added; pdpm-cn: Figure 10, compute nodes added), or all of them, scaled to
+    /// this machine: runs the benchmarks and writes their results, plots and a table of the paper's numbers beside
+    /// ours to OUT/figureN/ (OUT/pdpm-figureN/).
     Figure(FigureArgs),
 }
 
@@ -146,8 +147,11 @@ pub struct ProjectArgs {
 /// Settings of `dinomo bench figure`.
 #[derive(Debug, Args)]
 pub struct FigureArgs {
-    /// The figure: 3, 5, 6, 7, 8 or all (the DINOMO paper's), or pdpm (the pDPM paper's Figure 7: the pDPM
-    /// baselines on YCSB, with and without replication; written to OUT/pdpm-figure7/).
+    /// The figure: 3, 5, 6, 7 or 8 (the DINOMO paper's); pdpm (the pDPM paper's Figure 7: the pDPM baselines on
+    /// YCSB, with and without replication; written to OUT/pdpm-figure7/); pdpm-mn (its Figure 9: throughput as
+    /// memory nodes are added, compute nodes held; OUT/pdpm-figure9/); pdpm-cn (its Figure 10: throughput as
+    /// compute nodes are added, memory nodes held; OUT/pdpm-figure10/); or all (every one of them, then
+    /// OUT/figures.md).
     pub figure: String,
     /// tiny (seconds, a smoke run), small (a minute or two per figure) or full (several minutes per figure).
     #[arg(long, default_value = "small")]
@@ -882,44 +886,52 @@ fn project(a: ProjectArgs) -> anyhow::Result<()> {
 }
 
 fn figure(a: FigureArgs) -> anyhow::Result<()> {
-    use dinomo_bench::figures::{FIGURES, PDPM_FIGURE, run_figure, run_pdpm_figure};
-    if a.figure.eq_ignore_ascii_case(PDPM_FIGURE) {
-        let report = run_pdpm_figure(a.scale, &a.out, &mut |s| eprintln!("{s}"))?;
-        println!("{}", report.to_markdown());
-        eprintln!(
-            "pdpm figure 7: wrote {}/pdpm-figure7/ ({})",
-            a.out.display(),
-            report.files.join(", ")
-        );
-        return Ok(());
-    }
-    let figures: Vec<u32> = if a.figure.eq_ignore_ascii_case("all") {
-        FIGURES.to_vec()
+    use dinomo_bench::figures::{
+        FIGURES, PDPM_FIGURE, PdpmAxis, run_figure, run_pdpm_figure, run_pdpm_scaling_figure,
+    };
+    let all = a.figure.eq_ignore_ascii_case("all");
+    let (figures, pdpm, axes): (Vec<u32>, bool, Vec<PdpmAxis>) = if all {
+        (FIGURES.to_vec(), true, PdpmAxis::ALL.to_vec())
+    } else if a.figure.eq_ignore_ascii_case(PDPM_FIGURE) {
+        (Vec::new(), true, Vec::new())
+    } else if let Some(axis) = PdpmAxis::from_name(&a.figure) {
+        (Vec::new(), false, vec![axis])
     } else {
         let n: u32 = a.figure.parse().map_err(|_| {
             anyhow::anyhow!(
-                "figure: expected 3, 5, 6, 7, 8, all or pdpm, got {:?}",
+                "figure: expected 3, 5, 6, 7, 8, pdpm, pdpm-mn, pdpm-cn or all, got {:?}",
                 a.figure
             )
         })?;
-        vec![n]
+        (vec![n], false, Vec::new())
     };
-    let mut all = String::new();
-    for n in figures {
-        let report = run_figure(n, a.scale, &a.out, &mut |s| eprintln!("{s}"))?;
+    let mut markdown = String::new();
+    let mut emit = |report: &dinomo_bench::figures::FigureReport, folder: String| {
         let md = report.to_markdown();
         println!("{md}");
-        all.push_str(&md);
-        all.push('\n');
+        markdown.push_str(&md);
+        markdown.push('\n');
         eprintln!(
-            "figure {n}: wrote {}/figure{n}/ ({})",
+            "wrote {}/{folder}/ ({})",
             a.out.display(),
             report.files.join(", ")
         );
+    };
+    for n in figures {
+        let report = run_figure(n, a.scale, &a.out, &mut |s| eprintln!("{s}"))?;
+        emit(&report, format!("figure{n}"));
     }
-    if a.figure.eq_ignore_ascii_case("all") {
+    if pdpm {
+        let report = run_pdpm_figure(a.scale, &a.out, &mut |s| eprintln!("{s}"))?;
+        emit(&report, "pdpm-figure7".into());
+    }
+    for axis in axes {
+        let report = run_pdpm_scaling_figure(axis, a.scale, &a.out, &mut |s| eprintln!("{s}"))?;
+        emit(&report, format!("pdpm-figure{}", axis.figure()));
+    }
+    if all {
         let path = a.out.join("figures.md");
-        std::fs::write(&path, all).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(&path, markdown).with_context(|| format!("writing {}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
     Ok(())
