@@ -256,6 +256,8 @@ impl MetricsSource for NodeMetrics {
             sum.commits += t.commits;
             sum.segments_sealed += t.segments_sealed;
             sum.merge_waits += t.merge_waits;
+            sum.lease_waits_served += t.lease_waits_served;
+            sum.lease_refusals += t.lease_refusals;
             sum.unmerged_bytes += t.unmerged_bytes;
             sum.unmerged_keys += t.unmerged_keys;
             sum.round_trips += t.round_trips;
@@ -358,6 +360,18 @@ impl MetricsSource for NodeMetrics {
             "Times a write waited for the memory node's merge (backpressure).",
             node,
             sum.merge_waits,
+        );
+        out.counter(
+            "dinomo_kn_lease_waits_served_total",
+            "Requests and group commits that found the KV node's lease lapsed and were served once it was renewed.",
+            node,
+            sum.lease_waits_served,
+        );
+        out.counter(
+            "dinomo_kn_lease_refusals_total",
+            "Requests and group commits refused because the KV node's lease lapsed and was not renewed in time.",
+            node,
+            sum.lease_refusals,
         );
         out.gauge(
             "dinomo_kn_unmerged_bytes",

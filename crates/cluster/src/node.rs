@@ -39,6 +39,12 @@ pub struct NodeConfig {
     /// Heartbeat period; well under `lease_ttl`. Default 40 ms.
     #[serde(with = "humantime_serde")]
     pub heartbeat: Duration,
+    /// How long a request that finds the lease lapsed (a renewal came late, as when the heartbeat thread was
+    /// starved of CPU) waits for a renewal before it is refused; it is served if one comes. A node whose lease
+    /// expired in the store never serves again, whatever this says. Zero refuses at once. Default 200 ms (one
+    /// default lease).
+    #[serde(with = "humantime_serde")]
+    pub lease_wait: Duration,
     /// Server limits.
     pub limits: ServerLimits,
     /// Where the Redis protocol (RESP) listens; `None` (the default) serves no RESP.
@@ -59,6 +65,7 @@ impl Default for NodeConfig {
             kn: KnConfig::default(),
             lease_ttl: Duration::from_millis(200),
             heartbeat: Duration::from_millis(40),
+            lease_wait: Duration::from_millis(200),
             limits: ServerLimits::default(),
             resp_listen: None,
             resp: dinomo_resp::ServerConfig::default(),
@@ -223,7 +230,7 @@ impl ClusterNode {
     ) -> Result<ClusterNode, ClusterError> {
         let t0 = Instant::now();
         let lease = meta.grant(config.lease_ttl)?;
-        let gate = LeaseGate::open_until(t0 + config.lease_ttl);
+        let gate = LeaseGate::with_wait(t0 + config.lease_ttl, config.lease_wait);
         // A node serves nothing until the M-node installs the current table at it: the M-node may still be
         // handing over this node id's keys from an earlier incarnation.
         let routing = Routing {
@@ -288,20 +295,8 @@ impl ClusterNode {
             std::thread::Builder::new()
                 .name(format!("dinomo-kn{id}-heartbeat"))
                 .spawn(move || {
-                    while !stop.load(Ordering::Acquire) {
-                        std::thread::sleep(period);
-                        // The deadline counts from before the renewal was sent: the store's own deadline is later.
-                        let sent = Instant::now();
-                        match meta.keep_alive(lease) {
-                            Ok(()) => gate.extend_to(sent + ttl),
-                            Err(MetaError::LeaseExpired(_)) => {
-                                warn!(node = id, "lease expired; this node no longer serves");
-                                gate.close();
-                                return;
-                            }
-                            Err(e) => warn!(node = id, error = %e, "heartbeat failed"),
-                        }
-                    }
+                    heartbeat_loop(&*meta, lease, &gate, &stop, t0, ttl, period, id);
+                    gate.stop_renewals();
                 })
                 .map_err(|e| ClusterError::Io(format!("cannot start the heartbeat: {e}")))?
         };
@@ -345,6 +340,11 @@ impl ClusterNode {
     /// Whether its lease still allows it to serve.
     pub fn is_serving(&self) -> bool {
         self.gate.is_open()
+    }
+
+    /// Waits for a lease renewal its requests (and group commits) began because they found the lease lapsed.
+    pub fn lease_waits(&self) -> u64 {
+        self.gate.waits()
     }
 
     /// The node's metrics, for a [`crate::metrics::MetricsServer`]; they read the node while it runs.
@@ -395,6 +395,50 @@ impl ClusterNode {
         }
         if !self.crashed {
             let _ = self.meta.revoke(self.lease);
+        }
+    }
+}
+
+/// Renews `lease` until `stop`, moving `gate`'s deadline with every renewal. A renewal is due one `period` after
+/// the last one was sent (not after it returned) and never later than half the lease after it, so a heartbeat
+/// thread that wakes late (starved of CPU) or a renewal that takes long leaves room before the gate lapses; a
+/// failed renewal is retried after a quarter period rather than a whole one.
+#[allow(clippy::too_many_arguments)]
+fn heartbeat_loop(
+    meta: &dyn MetaStore,
+    lease: LeaseId,
+    gate: &LeaseGate,
+    stop: &AtomicBool,
+    granted: Instant,
+    ttl: Duration,
+    period: Duration,
+    id: NodeId,
+) {
+    let interval = period.min(ttl / 2);
+    let mut due = granted + interval;
+    while !stop.load(Ordering::Acquire) {
+        let now = Instant::now();
+        if now < due {
+            // In steps of at most a period, so a stop is noticed soon.
+            std::thread::sleep((due - now).min(period));
+            continue;
+        }
+        // The deadline counts from before the renewal was sent: the store's own deadline is later.
+        let sent = Instant::now();
+        match meta.keep_alive(lease) {
+            Ok(()) => {
+                gate.extend_to(sent + ttl);
+                due = sent + interval;
+            }
+            Err(MetaError::LeaseExpired(_)) => {
+                warn!(node = id, "lease expired; this node no longer serves");
+                gate.close();
+                return;
+            }
+            Err(e) => {
+                warn!(node = id, error = %e, "heartbeat failed");
+                due = Instant::now() + interval / 4;
+            }
         }
     }
 }

@@ -365,6 +365,7 @@ const DOCS: &[(&str, &str)] = &[
     ("kn.advertise", "address other processes use to reach the KV node, when it differs from the bound one (example)"),
     ("kn.lease_ttl", "liveness lease: a node silent this long is declared failed and stops serving itself"),
     ("kn.heartbeat", "heartbeat period (well under lease_ttl)"),
+    ("kn.lease_wait", "how long a request that finds the lease lapsed (a late renewal) waits for a renewal before it is refused (0: refused at once; an expired lease never serves)"),
     ("kn.resp_listen", "Redis-protocol address of the KV node (kn; unset: no RESP; `up` uses up.resp_listen) (example)"),
     ("kn.resp_forward_clients", "native clients the Redis connections share to forward keys of other nodes"),
     ("kn.workers.threads", "worker threads, each owning a share of the node's keys"),

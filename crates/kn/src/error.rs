@@ -45,10 +45,16 @@ pub enum KnError {
         /// The epoch of this node's ownership map.
         epoch: u64,
     },
-    /// The node's liveness lease lapsed, so the cluster may already have handed its keys to other nodes; it serves
-    /// nothing more. A write that reports it may or may not have been applied.
-    #[error("this KV node's lease lapsed; it no longer serves")]
+    /// The node's liveness lease lapsed while a write was in flight and was not renewed in time, so the cluster
+    /// may already have handed its keys to other nodes. The write may or may not have been applied.
+    #[error("this KV node's lease lapsed while the write was in flight")]
     Fenced,
+    /// The node's liveness lease had lapsed (or expired for good) and was not renewed within the wait, so the node
+    /// did not serve the request; nothing was applied. The key may have a new owner: refresh the routing and retry.
+    #[error(
+        "this KV node's lease lapsed, so it did not serve the request (nothing was applied); retry: the key may have a new owner"
+    )]
+    LeaseLapsed,
     /// Other owners of a shared key kept changing it: every attempt's CAS lost. The write was not applied.
     #[error("a shared key changed under {attempts} attempts in a row; the write was not applied")]
     Contended {

@@ -1,7 +1,8 @@
 //! One KV-node worker thread: its cache, its log, its endpoint, and the request loop with group commit.
 
 use std::collections::{HashSet, VecDeque};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -39,19 +40,41 @@ pub trait Ownership: Send + Sync {
 
 /// The liveness lease of a KV node as the node itself sees it: serving is allowed until a deadline that heartbeats
 /// push forward. Shared by the node's heartbeat and its workers.
+///
+/// A gate whose deadline passed has *lapsed*: the node may not serve, but a later renewal reopens it (the store's
+/// lease outlives the gate's, so a renewal that succeeds proves no other node took the keys over). A request that
+/// meets a lapsed gate waits up to [`LeaseGate::wait`] for that renewal. A gate that is *fenced*
+/// ([`LeaseGate::close`]: the store reported the lease expired, or the node crashed) never reopens.
 #[derive(Debug)]
 pub struct LeaseGate {
     base: Instant,
-    /// Nanoseconds after `base` until which the node may serve; 0 = never (fenced).
-    until_ns: std::sync::atomic::AtomicU64,
+    /// Nanoseconds after `base` until which the node may serve; `u64::MAX` = never again (fenced).
+    until_ns: AtomicU64,
+    /// How long a request that meets a lapsed gate waits for a renewal (zero: it is refused at once).
+    wait: Duration,
+    /// Whether renewals may still come (false once the heartbeat stopped): nothing is worth waiting for otherwise.
+    renewing: AtomicBool,
+    /// Wakes waiters when the deadline moves, the gate is fenced or renewals stop.
+    changed: (Mutex<()>, Condvar),
+    /// Waits for a renewal begun (by requests or group commits that met the gate lapsed).
+    waits: AtomicU64,
 }
 
 impl LeaseGate {
-    /// A gate open until `deadline`.
+    /// A gate open until `deadline` whose requests never wait for a renewal.
     pub fn open_until(deadline: Instant) -> Arc<LeaseGate> {
+        LeaseGate::with_wait(deadline, Duration::ZERO)
+    }
+
+    /// A gate open until `deadline` whose requests wait up to `wait` for a renewal when it has lapsed.
+    pub fn with_wait(deadline: Instant, wait: Duration) -> Arc<LeaseGate> {
         let g = Arc::new(LeaseGate {
             base: Instant::now(),
-            until_ns: std::sync::atomic::AtomicU64::new(0),
+            until_ns: AtomicU64::new(0),
+            wait,
+            renewing: AtomicBool::new(true),
+            changed: (Mutex::new(()), Condvar::new()),
+            waits: AtomicU64::new(0),
         });
         g.extend_to(deadline);
         g
@@ -59,7 +82,6 @@ impl LeaseGate {
 
     /// Moves the deadline to `deadline` (never backwards, never after [`LeaseGate::close`]).
     pub fn extend_to(&self, deadline: Instant) {
-        use std::sync::atomic::Ordering;
         let ns = deadline.saturating_duration_since(self.base).as_nanos() as u64;
         let mut cur = self.until_ns.load(Ordering::Acquire);
         while cur != u64::MAX && ns > cur {
@@ -67,7 +89,7 @@ impl LeaseGate {
                 .until_ns
                 .compare_exchange(cur, ns, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return,
+                Ok(_) => return self.wake(),
                 Err(now) => cur = now,
             }
         }
@@ -75,14 +97,70 @@ impl LeaseGate {
 
     /// Fences the node for good.
     pub fn close(&self) {
-        self.until_ns
-            .store(u64::MAX, std::sync::atomic::Ordering::Release);
+        self.until_ns.store(u64::MAX, Ordering::Release);
+        self.wake();
+    }
+
+    /// Says no renewal will come any more (the heartbeat stopped): the gate stays open until its deadline, but a
+    /// request that meets it lapsed is refused without waiting.
+    pub fn stop_renewals(&self) {
+        self.renewing.store(false, Ordering::Release);
+        self.wake();
     }
 
     /// Whether the node may serve now.
     pub fn is_open(&self) -> bool {
-        let until = self.until_ns.load(std::sync::atomic::Ordering::Acquire);
+        let until = self.until_ns.load(Ordering::Acquire);
         until != u64::MAX && (self.base.elapsed().as_nanos() as u64) < until
+    }
+
+    /// Whether the node is fenced for good.
+    pub fn is_fenced(&self) -> bool {
+        self.until_ns.load(Ordering::Acquire) == u64::MAX
+    }
+
+    /// How long a request that meets a lapsed gate waits for a renewal.
+    pub fn wait(&self) -> Duration {
+        self.wait
+    }
+
+    /// Whether the node may serve, waiting (parked, not spinning) until `until` at the latest for a renewal when
+    /// the gate has lapsed. Returns at once when open, fenced, or no renewal can come.
+    pub fn wait_open(&self, until: Instant) -> bool {
+        if self.is_open() {
+            return true;
+        }
+        if self.is_fenced() || !self.renewing.load(Ordering::Acquire) || Instant::now() >= until {
+            return false;
+        }
+        self.waits.fetch_add(1, Ordering::Relaxed);
+        let (lock, cv) = &self.changed;
+        let mut guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        // Checked under the lock, and the deadline is moved before the lock is taken to wake: no wake-up is lost.
+        loop {
+            if self.is_open() {
+                return true;
+            }
+            let now = Instant::now();
+            if self.is_fenced() || !self.renewing.load(Ordering::Acquire) || now >= until {
+                return false;
+            }
+            guard = cv
+                .wait_timeout(guard, until - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Waits for a renewal begun so far (by requests or group commits that met the gate lapsed).
+    pub fn waits(&self) -> u64 {
+        self.waits.load(Ordering::Relaxed)
+    }
+
+    fn wake(&self) {
+        let (lock, cv) = &self.changed;
+        drop(lock.lock().unwrap_or_else(|p| p.into_inner()));
+        cv.notify_all();
     }
 }
 
@@ -317,6 +395,12 @@ pub struct WorkerStats {
     pub segments_sealed: u64,
     /// Times a write waited for the memory node to merge.
     pub merge_waits: u64,
+    /// Requests (and group commits) that met the node's lease lapsed and were served after it was renewed.
+    #[serde(default)]
+    pub lease_waits_served: u64,
+    /// Requests (and group commits) refused because the node's lease had lapsed and was not renewed in time.
+    #[serde(default)]
+    pub lease_refusals: u64,
     /// Bytes of unmerged segment copies held locally, with their bloom filters and key locators.
     pub unmerged_bytes: u64,
     /// Entries in those segment copies.
@@ -402,6 +486,9 @@ pub(crate) struct Worker {
     unsettled_sharing: Vec<(Vec<u8>, u64)>,
     /// The node's liveness lease (`None`: not part of a cluster).
     lease: Option<Arc<LeaseGate>>,
+    /// Until when the requests of the current batch may wait for a lapsed lease to be renewed: one wait per batch
+    /// at most, so a lease that stays lapsed delays a batch by [`LeaseGate::wait`], not each of its requests.
+    lease_wait_until: Instant,
     stats: WorkerStats,
     occupancy: Occupancy,
     /// Key accesses of the current monitoring epoch (`None`: not kept).
@@ -486,6 +573,7 @@ impl Worker {
             ownership,
             unsettled_sharing: Vec::new(),
             lease,
+            lease_wait_until: Instant::now(),
             stats: WorkerStats::default(),
             occupancy: Occupancy::new(),
             key_sketch: cfg
@@ -502,6 +590,9 @@ impl Worker {
         let mut batch = Vec::with_capacity(self.cfg.max_batch);
         while let Ok(first) = rx.recv() {
             self.occupancy.begin_batch();
+            if let Some(lease) = &self.lease {
+                self.lease_wait_until = Instant::now() + lease.wait();
+            }
             batch.push(first);
             while batch.len() < self.cfg.max_batch {
                 match rx.try_recv() {
@@ -529,8 +620,13 @@ impl Worker {
 
     fn serve(&mut self, req: Request) {
         let Request { cmd, reply } = req;
-        if self.lease.as_ref().is_some_and(|l| !l.is_open()) {
-            let _ = reply.send(Err(KnError::Fenced));
+        // Counters and key tracking touch no data: they are answered whatever the lease says.
+        let bookkeeping = matches!(
+            cmd,
+            Command::Stats | Command::EpochStats | Command::TrackKeys(_)
+        );
+        if !bookkeeping && !self.lease_open() {
+            let _ = reply.send(Err(KnError::LeaseLapsed));
             return;
         }
         if let (Some(own), Some(key)) = (&self.ownership, cmd.key())
@@ -587,6 +683,23 @@ impl Worker {
             Command::Shutdown => Ok(Reply::Applied(true)),
         };
         let _ = reply.send(result);
+    }
+
+    /// Whether the node's lease lets it serve now; a lapsed lease is waited for until this batch's wait ends.
+    fn lease_open(&mut self) -> bool {
+        let Some(lease) = &self.lease else {
+            return true;
+        };
+        if lease.is_open() {
+            return true;
+        }
+        let served = lease.wait_open(self.lease_wait_until);
+        if served {
+            self.stats.lease_waits_served += 1;
+        } else {
+            self.stats.lease_refusals += 1;
+        }
+        served
     }
 
     /// Serves a data operation. Reads are answered now; a write is appended to the log and answered after its
@@ -756,7 +869,7 @@ impl Worker {
                 }
                 None => 0,
             };
-            if self.lease.as_ref().is_some_and(|l| !l.is_open()) {
+            if !self.lease_open() {
                 return Err(KnError::Fenced);
             }
             let prev = self
@@ -1179,9 +1292,10 @@ impl Worker {
         };
         self.pending_keys.clear();
         // A node whose lease lapsed may have had its keys handed over (and its log merged) while this WRITE was in
-        // flight: whether the writes count is unknown, so they are not acknowledged.
+        // flight: whether the writes count is unknown, so they are not acknowledged, unless the lease is renewed
+        // within the wait (a renewal proves the store's lease never ran out, so nobody took the keys over).
         let result = match result {
-            Ok(()) if self.lease.as_ref().is_some_and(|l| !l.is_open()) => Err(None),
+            Ok(()) if !self.lease_open() => Err(None),
             Ok(()) => Ok(()),
             Err(e) => Err(Some(e)),
         };
@@ -1206,6 +1320,8 @@ impl Worker {
             }
             Err(None) => {
                 for p in self.pending.drain(..) {
+                    // The entry is in the log and may yet count: the cached value may be outdated.
+                    self.cache.invalidate(&p.key);
                     let _ = p.reply.send(Err(KnError::Fenced));
                 }
             }

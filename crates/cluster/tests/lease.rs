@@ -1,0 +1,222 @@
+//! A KV node whose heartbeat is starved: its lease lapses at the node although the store still holds it. Requests
+//! that arrive meanwhile wait for the late renewal and are served by the same node, with no failover; when the
+//! store's lease did run out, the node never serves again and the client finds the keys' new owner.
+//!
+//! The starvation is simulated deterministically: a metadata store whose keep-alive replies are held back on
+//! request (the store itself is renewed or not, as the case needs), instead of loading the machine.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use common::small_cluster;
+use dinomo_cluster::{Client, ClientConfig, ClusterNode, LocalCluster, NodeConfig};
+use dinomo_meta::{LeaseId, MetaError, MetaStore, Versioned};
+use dinomo_ring::NodeId;
+
+mod common;
+
+/// How long a test waits for something that must happen.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// A metadata store whose keep-alive replies can be held back, like those of a heartbeat thread that gets no CPU.
+struct HeldMeta {
+    inner: Arc<dyn MetaStore>,
+    held: Mutex<bool>,
+    released: Condvar,
+    /// Whether the store's lease is kept alive while replies are held (the node's thread is slow, the store is
+    /// renewed) or left to expire (the node is gone as far as the store knows).
+    renew_while_held: AtomicBool,
+}
+
+impl HeldMeta {
+    fn hold(&self, renew: bool) {
+        self.renew_while_held.store(renew, Ordering::Release);
+        *self.held.lock().unwrap() = true;
+    }
+
+    fn release(&self) {
+        *self.held.lock().unwrap() = false;
+        self.released.notify_all();
+    }
+}
+
+impl MetaStore for HeldMeta {
+    fn load(&self) -> Result<Option<Versioned>, MetaError> {
+        self.inner.load()
+    }
+    fn store(&self, expected: Option<u64>, value: &[u8]) -> Result<u64, MetaError> {
+        self.inner.store(expected, value)
+    }
+    fn grant(&self, ttl: Duration) -> Result<LeaseId, MetaError> {
+        self.inner.grant(ttl)
+    }
+    fn keep_alive(&self, lease: LeaseId) -> Result<(), MetaError> {
+        let mut held = self.held.lock().unwrap();
+        if !*held {
+            return self.inner.keep_alive(lease);
+        }
+        let renew = self.renew_while_held.load(Ordering::Acquire);
+        let start = Instant::now();
+        while *held && start.elapsed() < PATIENCE {
+            if renew {
+                self.inner.keep_alive(lease)?;
+            }
+            held = self
+                .released
+                .wait_timeout(held, Duration::from_millis(10))
+                .unwrap()
+                .0;
+        }
+        drop(held);
+        // The reply that finally gets through: the store's answer now.
+        self.inner.keep_alive(lease)
+    }
+    fn revoke(&self, lease: LeaseId) -> Result<(), MetaError> {
+        self.inner.revoke(lease)
+    }
+    fn register(&self, member: &str, info: &[u8], lease: LeaseId) -> Result<(), MetaError> {
+        self.inner.register(member, info, lease)
+    }
+    fn members(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, MetaError> {
+        self.inner.members(prefix)
+    }
+    fn try_lead(&self, election: &str, candidate: &str, lease: LeaseId) -> Result<bool, MetaError> {
+        self.inner.try_lead(election, candidate, lease)
+    }
+    fn leader(&self, election: &str) -> Result<Option<String>, MetaError> {
+        self.inner.leader(election)
+    }
+}
+
+const STARVED: NodeId = 50;
+
+/// A one-node cluster joined by node [`STARVED`], whose metadata store is a [`HeldMeta`]; it waits (up to
+/// `lease_wait`) for late renewals.
+fn start(
+    lease_wait: Duration,
+) -> anyhow::Result<(LocalCluster, ClusterNode, Arc<HeldMeta>, Client)> {
+    let cfg = small_cluster(1);
+    let c = LocalCluster::start(cfg.clone())?;
+    let meta = Arc::new(HeldMeta {
+        inner: c.meta_store(),
+        held: Mutex::new(false),
+        released: Condvar::new(),
+        renew_while_held: AtomicBool::new(true),
+    });
+    let node = ClusterNode::start(
+        NodeConfig {
+            node_id: STARVED,
+            lease_wait,
+            ..cfg.node.clone()
+        },
+        c.memory_connector(),
+        meta.clone(),
+    )?;
+    // The M-node adds the new member; wait until it serves under a table that has it.
+    let start = Instant::now();
+    while !node.routing().ring.contains(STARVED) {
+        anyhow::ensure!(start.elapsed() < PATIENCE, "node {STARVED} never joined");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let client = Client::connect(ClientConfig {
+        seeds: vec![c.rn_addr().to_string()],
+        // Requests may wait at the starved node for as long as the test holds its heartbeat.
+        op_timeout: PATIENCE,
+        ..ClientConfig::default()
+    })?;
+    Ok((c, node, meta, client))
+}
+
+/// A key the starved node owns.
+fn owned_key(node: &ClusterNode) -> Vec<u8> {
+    let ring = node.routing().ring;
+    (0..)
+        .map(|i| format!("key-{i}").into_bytes())
+        .find(|k| ring.primary(k) == Some(STARVED))
+        .expect("the node owns some key")
+}
+
+fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < PATIENCE, "{what} did not happen");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn requests_that_meet_a_lapsed_lease_are_served_after_the_late_renewal() -> anyhow::Result<()> {
+    // A wait far beyond the test: only the renewal can end it.
+    let (c, node, meta, mut client) = start(Duration::from_secs(60))?;
+    let key = owned_key(&node);
+    client.set(&key, b"before")?;
+    let epoch = node.routing().epoch();
+
+    // The heartbeat's replies stop getting through; the store is still renewed, so nobody fails the node.
+    meta.hold(true);
+    until("the lease lapsing at the node", || !node.is_serving());
+    let (k, waits) = (key.clone(), node.lease_waits());
+    let write = std::thread::spawn(move || -> anyhow::Result<Option<Vec<u8>>> {
+        client.set(&k, b"after")?;
+        Ok(client.get(&k)?)
+    });
+    until("the write waiting for the lease", || {
+        node.lease_waits() > waits
+    });
+    assert!(!write.is_finished(), "answered while the lease had lapsed");
+    meta.release();
+
+    assert_eq!(
+        write.join().expect("client thread")?,
+        Some(b"after".to_vec())
+    );
+    assert!(node.is_serving());
+    // Served by the same node under the same table: no failover happened.
+    assert_eq!(node.routing().epoch(), epoch);
+    assert!(
+        node.worker_stats()?
+            .iter()
+            .map(|t| t.lease_waits_served)
+            .sum::<u64>()
+            >= 1
+    );
+    node.stop();
+    c.stop();
+    Ok(())
+}
+
+#[test]
+fn a_node_whose_lease_expired_never_serves_and_the_client_finds_the_new_owner() -> anyhow::Result<()>
+{
+    let (c, node, meta, mut client) = start(Duration::from_secs(60))?;
+    let key = owned_key(&node);
+    client.set(&key, b"before")?;
+
+    // The node is silent long enough for the store's lease to run out: the M-node hands its keys over.
+    meta.hold(false);
+    until("the lease lapsing at the node", || !node.is_serving());
+    let k = key.clone();
+    let write = std::thread::spawn(move || -> anyhow::Result<Option<Vec<u8>>> {
+        client.set(&k, b"after")?;
+        Ok(client.get(&k)?)
+    });
+    until("the failover", || {
+        c.nodes()[0].routing().ring.primary(&key) != Some(STARVED)
+    });
+    // The late reply says the lease expired: the node is fenced, and what waited there is refused (not applied),
+    // so the client retries at the new owner.
+    meta.release();
+    until("the node being fenced", || {
+        node.worker_stats()
+            .is_ok_and(|s| s.iter().map(|t| t.lease_refusals).sum::<u64>() >= 1)
+    });
+    assert_eq!(
+        write.join().expect("client thread")?,
+        Some(b"after".to_vec())
+    );
+    assert!(!node.is_serving());
+    node.crash();
+    c.stop();
+    Ok(())
+}

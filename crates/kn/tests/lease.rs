@@ -1,0 +1,192 @@
+//! The liveness lease seen from the workers. A lease that *lapsed* (its renewal came late, as when the heartbeat
+//! thread is starved of CPU) may still be renewed: a request that finds it so waits for the renewal, up to the
+//! gate's wait, and is then served. A lease that was *fenced* (it expired in the store) never serves again, and a
+//! request refused for either reason was not applied.
+//!
+//! The gate is driven by hand here, standing in for the heartbeat, so each case is deterministic.
+
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use dinomo_dpm::{Processor, ProcessorConfig};
+use dinomo_fabric::{Connector, MemoryNode, NodeConfig, Target};
+use dinomo_kn::{KnConfig, KnError, KvHandle, KvNode, LeaseGate};
+use dinomo_pool::Pool;
+
+/// Far beyond any wait in these tests: a reply that needs it means the request never woke.
+const LONG: Duration = Duration::from_secs(600);
+/// How long a test waits for something that must happen.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+struct Setup {
+    _processor: Arc<Processor>,
+    connector: Connector,
+    kn: KvNode,
+}
+
+fn start(gate: Option<Arc<LeaseGate>>, node_id: u16) -> anyhow::Result<Setup> {
+    let pool = Arc::new(Pool::anonymous(64 << 20, 16 << 10)?);
+    let processor = Processor::start(
+        pool.clone(),
+        &ProcessorConfig {
+            segment_size: 16 << 10,
+            ..ProcessorConfig::default()
+        },
+    )?;
+    let node = MemoryNode::new(pool, NodeConfig::default());
+    processor.serve(&node);
+    let connector = Connector::new(Target::InProcess(node));
+    let kn = start_kn(&connector, gate, node_id)?;
+    Ok(Setup {
+        _processor: processor,
+        connector,
+        kn,
+    })
+}
+
+fn start_kn(
+    connector: &Connector,
+    gate: Option<Arc<LeaseGate>>,
+    node_id: u16,
+) -> anyhow::Result<KvNode> {
+    Ok(KvNode::start_in_cluster(
+        KnConfig {
+            node_id: node_id.into(),
+            threads: 1,
+            max_value_len: 2048,
+            ..KnConfig::default()
+        },
+        connector.clone(),
+        None,
+        gate,
+    )?)
+}
+
+/// A gate that lapsed a moment ago (and can still be renewed).
+fn lapsed(wait: Duration) -> Arc<LeaseGate> {
+    let gate = LeaseGate::with_wait(Instant::now(), wait);
+    assert!(!gate.is_open());
+    gate
+}
+
+/// Runs `f` on its own thread; its result arrives on the returned channel.
+fn spawn<T: Send + 'static>(
+    h: &KvHandle,
+    f: impl FnOnce(&KvHandle) -> T + Send + 'static,
+) -> mpsc::Receiver<T> {
+    let (tx, rx) = mpsc::channel();
+    let h = h.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(f(&h));
+    });
+    rx
+}
+
+/// Waits until `gate` has seen `n` waits begin.
+fn until_waits(gate: &LeaseGate, n: u64) {
+    let start = Instant::now();
+    while gate.waits() < n {
+        assert!(
+            start.elapsed() < PATIENCE,
+            "no request waited for the lease"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn without_a_wait_a_lapsed_lease_refuses_at_once_and_nothing_is_applied() -> anyhow::Result<()> {
+    let gate = LeaseGate::with_wait(Instant::now() + LONG, Duration::ZERO);
+    let s = start(Some(gate.clone()), 1)?;
+    let h = s.kn.handle();
+    h.set(b"k", b"before")?;
+    // The heartbeat is late: the lease lapses although nobody fenced the node.
+    let lapsed_gate = lapsed(Duration::ZERO);
+    drop(gate);
+    s.kn.stop();
+    let kn = start_kn(&s.connector, Some(lapsed_gate.clone()), 1)?;
+    let h = kn.handle();
+    assert!(matches!(h.set(b"k", b"after"), Err(KnError::LeaseLapsed)));
+    assert!(matches!(h.get(b"k"), Err(KnError::LeaseLapsed)));
+    assert_eq!(lapsed_gate.waits(), 0, "a zero wait never parks");
+    // A refused request is not in doubt, whether it read or wrote.
+    assert!(!KnError::LeaseLapsed.is_indeterminate());
+    kn.stop();
+    // Another node reading the pool sees the value from before: the refused write never reached the log.
+    let other = start_kn(&s.connector, None, 2)?;
+    assert_eq!(other.handle().get(b"k")?, Some(b"before".to_vec()));
+    other.stop();
+    Ok(())
+}
+
+#[test]
+fn requests_that_meet_a_lapsed_lease_are_served_once_it_is_renewed() -> anyhow::Result<()> {
+    let gate = lapsed(LONG);
+    let s = start(Some(gate.clone()), 1)?;
+    let h = s.kn.handle();
+    let write = spawn(&h, |h| h.set(b"k", b"v"));
+    until_waits(&gate, 1);
+    // Still lapsed, so still waiting: nothing may be answered yet.
+    assert!(write.recv_timeout(Duration::from_millis(20)).is_err());
+    // The late renewal arrives.
+    gate.extend_to(Instant::now() + LONG);
+    write.recv_timeout(PATIENCE)??;
+    assert_eq!(h.get(b"k")?, Some(b"v".to_vec()));
+    // And again, for a read this time.
+    let gate = lapsed(LONG);
+    s.kn.stop();
+    let kn = start_kn(&s.connector, Some(gate.clone()), 1)?;
+    let h = kn.handle();
+    let read = spawn(&h, |h| h.get(b"k"));
+    until_waits(&gate, 1);
+    gate.extend_to(Instant::now() + LONG);
+    assert_eq!(read.recv_timeout(PATIENCE)??, Some(b"v".to_vec()));
+    let stats = h.stats()?;
+    assert_eq!(stats[0].lease_waits_served, 1);
+    assert_eq!(stats[0].lease_refusals, 0);
+    kn.stop();
+    Ok(())
+}
+
+#[test]
+fn a_fenced_lease_refuses_waiting_requests_and_never_serves_again() -> anyhow::Result<()> {
+    let gate = lapsed(LONG);
+    let s = start(Some(gate.clone()), 1)?;
+    let h = s.kn.handle();
+    let write = spawn(&h, |h| h.set(b"k", b"v"));
+    until_waits(&gate, 1);
+    // The store reports the lease expired: the waiting write is refused now, not after the (long) wait.
+    gate.close();
+    assert!(matches!(
+        write.recv_timeout(PATIENCE)?,
+        Err(KnError::LeaseLapsed)
+    ));
+    // A renewal that raced with the expiry cannot reopen a fenced gate.
+    gate.extend_to(Instant::now() + LONG);
+    assert!(!gate.is_open());
+    assert!(matches!(h.get(b"k"), Err(KnError::LeaseLapsed)));
+    // Counters are still answered.
+    assert_eq!(h.stats()?[0].lease_refusals, 2);
+    s.kn.stop();
+    let other = start_kn(&s.connector, None, 2)?;
+    assert_eq!(other.handle().get(b"k")?, None);
+    other.stop();
+    Ok(())
+}
+
+#[test]
+fn a_lease_not_renewed_within_the_wait_refuses() -> anyhow::Result<()> {
+    let gate = lapsed(Duration::from_millis(30));
+    let s = start(Some(gate.clone()), 1)?;
+    let h = s.kn.handle();
+    assert!(matches!(h.set(b"k", b"v"), Err(KnError::LeaseLapsed)));
+    assert_eq!(gate.waits(), 1);
+    // With no heartbeat left, nothing is waited for.
+    gate.stop_renewals();
+    assert!(matches!(h.get(b"k"), Err(KnError::LeaseLapsed)));
+    assert_eq!(gate.waits(), 1);
+    assert_eq!(h.stats()?[0].lease_refusals, 2);
+    s.kn.stop();
+    Ok(())
+}
