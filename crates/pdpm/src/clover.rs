@@ -40,7 +40,19 @@
 //! the next writer advances. [`MetadataServer::reclaim_grants`] returns a dead client's granted slots: those found
 //! linked into their key's chain stay live, the rest go back through the lease.
 //!
-//! Replication (R > 1, the paper's all-way chaining) is not built: every version has one copy.
+//! **Replication** (`R` > 1, the paper's all-way chaining; layout field `replication`): every version has `R`
+//! copies on distinct memory nodes (the MS grants them as a group), each entry holds `R` header words and the
+//! pointers to all `R` copies of its version. A write takes 3 steps: WRITE the `R` copies (with validation), CAS
+//! header word 0 of the old primary copy (the commit point, as for R = 1), then CAS header word `j` of every old
+//! copy to the new copy `j`, so each replica chain can be followed on its own ([`CloverClient::replica_chain`]).
+//! The fabric counts one round trip per memory node a step reaches (`2R + 1` per write; the protocol's steps are
+//! [`CloverClient::protocol_steps`]). Reads follow the primary chain; reading from replicas after losing a memory
+//! node is not built, and a writer that dies between the commit and the last step leaves that replica link
+//! missing.
+//!
+//! Not built: size classes, MS persistence and failover (the MS's state lives in its memory), the MS-driven
+//! epoch message (clients drop idle cursors by their own clock), and a scan that finds versions whose retire
+//! record was lost with a crashed client (they stay allocated).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -59,8 +71,6 @@ use crate::{
     validate,
 };
 
-/// Bytes before the key in an entry: header word and meta word.
-const ENTRY_HEAD: usize = 16;
 /// Bytes before the key in a cell: pointer word, key length (+1, 0 = free) and padding.
 const CELL_HEAD: usize = 16;
 const FLAG_VALUE: u8 = 1;
@@ -96,6 +106,8 @@ pub struct CloverLayout {
     pub max_key: u32,
     /// Longest value in bytes. Default 1024.
     pub max_value: u32,
+    /// Copies of every version, on distinct memory nodes (1 to 16). Default 1.
+    pub replication: u32,
 }
 
 impl Default for CloverLayout {
@@ -105,6 +117,7 @@ impl Default for CloverLayout {
             slots: 65536,
             max_key: 64,
             max_value: 1024,
+            replication: 1,
         }
     }
 }
@@ -115,9 +128,15 @@ impl CloverLayout {
         (CELL_HEAD as u64 + self.max_key as u64).next_multiple_of(8)
     }
 
+    /// Bytes before the key in an entry: `R` header words, the meta word and `R` copy pointers.
+    fn entry_head(&self) -> usize {
+        8 + 16 * self.replication as usize
+    }
+
     /// Bytes of one data slot (the one size class), rounded to 8.
     pub fn slot_len(&self) -> u64 {
-        (ENTRY_HEAD as u64 + self.max_key as u64 + self.max_value as u64 + 4).next_multiple_of(8)
+        (self.entry_head() as u64 + self.max_key as u64 + self.max_value as u64 + 4)
+            .next_multiple_of(8)
     }
 
     /// Bytes of the whole area on one memory node, its header included.
@@ -136,11 +155,12 @@ impl CloverLayout {
             || self.slots == 0
             || self.slots > u32::MAX as u64
             || self.max_key > u16::MAX as u32
+            || !(1..=16).contains(&self.replication)
             || area.is_none()
         {
             return Err(PdpmError::Config(format!(
-                "Clover area needs cells > 0, 0 < slots < 2^32, max_key <= 65535 and a size that fits 64 bits: \
-                 {self:?}"
+                "Clover area needs cells > 0, 0 < slots < 2^32, max_key <= 65535, replication 1 to 16 and a size \
+                 that fits 64 bits: {self:?}"
             )));
         }
         Ok(())
@@ -162,6 +182,7 @@ impl Anchored for CloverLayout {
         h[24..32].copy_from_slice(&self.slots.to_le_bytes());
         h[32..36].copy_from_slice(&self.max_key.to_le_bytes());
         h[36..40].copy_from_slice(&self.max_value.to_le_bytes());
+        h[40..44].copy_from_slice(&self.replication.to_le_bytes());
     }
 
     fn get_fields(h: &[u8]) -> Result<CloverLayout, String> {
@@ -170,6 +191,7 @@ impl Anchored for CloverLayout {
             slots: le_u64(h, 24),
             max_key: le_u32(h, 32),
             max_value: le_u32(h, 36),
+            replication: le_u32(h, 40),
         };
         l.check().map_err(|e| e.to_string())?;
         Ok(l)
@@ -270,7 +292,7 @@ struct GrantRequest {
 #[derive(Debug, Serialize, Deserialize)]
 struct ReleaseRequest {
     client: u32,
-    grants: Vec<Grant>,
+    grants: Vec<Vec<Grant>>,
     records: Vec<Record>,
 }
 
@@ -343,6 +365,8 @@ struct Space {
     leased: VecDeque<(Instant, u16, u32)>,
     parked: VecDeque<(Instant, u16, u32)>,
     granted: HashMap<u32, HashSet<(u16, u32)>>,
+    /// The copies of every granted or live version, by its primary copy (the primary first).
+    groups: HashMap<(u16, u32), Vec<(u16, u32)>>,
 }
 
 impl Space {
@@ -377,14 +401,38 @@ impl Space {
         self.free[node as usize].push_back(slot);
     }
 
-    fn retire(&mut self, node: u16, slot: u32, until: Instant) {
+    fn ungrant(&mut self, node: u16, slot: u32) {
         if let SlotState::Granted(c) = self.state[node as usize][slot as usize]
             && let Some(set) = self.granted.get_mut(&c)
         {
             set.remove(&(node, slot));
         }
-        self.state[node as usize][slot as usize] = SlotState::Waiting;
-        self.leased.push_back((until, node, slot));
+    }
+
+    /// Retires every copy of the version whose primary copy is `(node, slot)`.
+    fn retire(&mut self, node: u16, slot: u32, until: Instant) {
+        let copies = self
+            .groups
+            .remove(&(node, slot))
+            .unwrap_or_else(|| vec![(node, slot)]);
+        for (n, s) in copies {
+            self.ungrant(n, s);
+            self.state[n as usize][s as usize] = SlotState::Waiting;
+            self.leased.push_back((until, n, s));
+        }
+    }
+
+    /// Marks every copy of the version whose primary copy is `(node, slot)` live.
+    fn make_live(&mut self, node: u16, slot: u32) {
+        let copies = self
+            .groups
+            .get(&(node, slot))
+            .cloned()
+            .unwrap_or_else(|| vec![(node, slot)]);
+        for (n, s) in copies {
+            self.ungrant(n, s);
+            self.state[n as usize][s as usize] = SlotState::Live;
+        }
     }
 
     fn known(&self, p: Ptr) -> Option<SlotState> {
@@ -447,6 +495,13 @@ impl MetadataServer {
             ));
         }
         let (eps, areas, layout) = anchor::locate_all::<CloverLayout>(connectors)?;
+        if layout.replication as usize > connectors.len() {
+            return Err(PdpmError::Config(format!(
+                "replication {} needs at least that many memory nodes, have {}",
+                layout.replication,
+                connectors.len()
+            )));
+        }
         if config.max_probe as u64 > layout.cells {
             return Err(PdpmError::Config(format!(
                 "max_probe {} exceeds the {} cells per node",
@@ -463,6 +518,7 @@ impl MetadataServer {
                 leased: VecDeque::new(),
                 parked: VecDeque::new(),
                 granted: HashMap::new(),
+                groups: HashMap::new(),
             }),
             config,
             layout,
@@ -507,12 +563,16 @@ impl MetadataServer {
         let mut freed = 0;
         let until = Instant::now() + self.config.reclaim_lease;
         for (node, slot) in slots {
+            // Replicas go with their primary.
+            if !space.groups.contains_key(&(node, slot)) {
+                continue;
+            }
             let p = Ptr::new(node, slot, space.version[node as usize][slot as usize]);
             if self.is_linked(p)? {
-                space.state[node as usize][slot as usize] = SlotState::Live;
+                space.make_live(node, slot);
             } else {
+                freed += space.groups.get(&(node, slot)).map_or(1, Vec::len);
                 space.retire(node, slot, until);
-                freed += 1;
             }
         }
         Ok(freed)
@@ -567,11 +627,8 @@ impl MetadataServer {
         for r in records {
             match *r {
                 Record::Linked(p) => {
-                    if let Some(SlotState::Granted(c)) = space.known(p) {
-                        if let Some(set) = space.granted.get_mut(&c) {
-                            set.remove(&(p.node(), p.slot()));
-                        }
-                        space.state[p.node() as usize][p.slot() as usize] = SlotState::Live;
+                    if let Some(SlotState::Granted(_)) = space.known(p) {
+                        space.make_live(p.node(), p.slot());
                     } else {
                         tracing::debug!(
                             client,
@@ -590,37 +647,46 @@ impl MetadataServer {
         }
     }
 
-    fn grant(&self, req: GrantRequest) -> Result<Vec<Grant>, RpcError> {
+    fn grant(&self, req: GrantRequest) -> Result<Vec<Vec<Grant>>, RpcError> {
         let m = self.areas.len();
+        let r = self.layout.replication as usize;
         let mut space = self.lock_space();
         self.take_records(&mut space, req.client, &req.records);
         space.reclaim(Instant::now(), self.config.wrap_park);
         let count = req.count.min(self.config.max_grant);
         let mut out = Vec::with_capacity(count as usize);
-        let preferred = (req.node as usize) < m;
         for _ in 0..count {
-            let node = if preferred && !space.free[req.node as usize].is_empty() {
-                req.node as usize
-            } else {
-                match (0..m).max_by_key(|&n| space.free[n].len()) {
-                    Some(n) if !space.free[n].is_empty() => n,
-                    _ => break,
-                }
-            };
-            let Some(slot) = space.free[node].pop_front() else {
-                break;
-            };
-            space.state[node][slot as usize] = SlotState::Granted(req.client);
-            space
-                .granted
-                .entry(req.client)
-                .or_default()
-                .insert((node as u16, slot));
-            out.push(Grant {
-                node: node as u16,
-                slot,
-                version: space.version[node][slot as usize],
+            // The primary on the node asked for when it has room, the replicas on the nodes with most free slots.
+            let mut order: Vec<usize> = (0..m).collect();
+            order.sort_by_key(|&n| {
+                (
+                    n != req.node as usize || space.free[n].is_empty(),
+                    std::cmp::Reverse(space.free[n].len()),
+                )
             });
+            if space.free[order[r - 1]].is_empty() {
+                break;
+            }
+            let mut group = Vec::with_capacity(r);
+            for &node in &order[..r] {
+                let slot = space.free[node].pop_front().unwrap_or_default();
+                space.state[node][slot as usize] = SlotState::Granted(req.client);
+                space
+                    .granted
+                    .entry(req.client)
+                    .or_default()
+                    .insert((node as u16, slot));
+                group.push(Grant {
+                    node: node as u16,
+                    slot,
+                    version: space.version[node][slot as usize],
+                });
+            }
+            space.groups.insert(
+                (group[0].node, group[0].slot),
+                group.iter().map(|g| (g.node, g.slot)).collect(),
+            );
+            out.push(group);
         }
         Ok(out)
     }
@@ -628,13 +694,21 @@ impl MetadataServer {
     fn release(&self, req: ReleaseRequest) {
         let mut space = self.lock_space();
         self.take_records(&mut space, req.client, &req.records);
-        for g in req.grants {
-            if space.known(g.ptr()) == Some(SlotState::Granted(req.client)) {
-                if let Some(set) = space.granted.get_mut(&req.client) {
-                    set.remove(&(g.node, g.slot));
-                }
-                // Never written by a linked entry: no reader can hold it, no lease needed.
-                space.free_slot(g.node, g.slot);
+        for group in req.grants {
+            let Some(primary) = group.first() else {
+                continue;
+            };
+            if space.known(primary.ptr()) != Some(SlotState::Granted(req.client)) {
+                continue;
+            }
+            let copies = space
+                .groups
+                .remove(&(primary.node, primary.slot))
+                .unwrap_or_default();
+            for (n, s) in copies {
+                space.ungrant(n, s);
+                // Never linked: no reader can hold it, no lease needed.
+                space.free_slot(n, s);
             }
         }
     }
@@ -826,16 +900,27 @@ fn scan_probe(
 /// A version as read from its slot.
 #[derive(Debug, Clone)]
 struct Entry {
+    /// Header word 0: the next version's primary copy.
     next: Option<Ptr>,
+    /// Header word `j`: the next version's copy `j` (all-way chaining).
+    nexts: Vec<Option<Ptr>>,
+    /// Every copy of this version, the primary first.
+    copies: Vec<Ptr>,
     key: Vec<u8>,
     /// `None`: a tombstone.
     value: Option<Vec<u8>>,
 }
 
-fn encode_entry(version: u8, key: &[u8], value: Option<&[u8]>) -> Vec<u8> {
+/// Copy `j` of a version whose copies are `copies` (the primary first): `[R header words][meta][R copy
+/// pointers][key][value][CRC]`, the header words "no next" and every word carrying the copy's own GC version.
+fn encode_entry(copies: &[Grant], j: usize, key: &[u8], value: Option<&[u8]>) -> Vec<u8> {
     let v = value.unwrap_or_default();
-    let mut b = Vec::with_capacity(ENTRY_HEAD + key.len() + v.len() + 4);
-    b.extend_from_slice(&((version as u64) << 56).to_le_bytes());
+    let version = copies[j].version;
+    let r = copies.len();
+    let mut b = Vec::with_capacity(8 + 16 * r + key.len() + v.len() + 4);
+    for _ in 0..r {
+        b.extend_from_slice(&((version as u64) << 56).to_le_bytes());
+    }
     b.extend_from_slice(&(key.len() as u16).to_le_bytes());
     b.push(if value.is_some() {
         FLAG_VALUE
@@ -844,9 +929,12 @@ fn encode_entry(version: u8, key: &[u8], value: Option<&[u8]>) -> Vec<u8> {
     });
     b.push(version);
     b.extend_from_slice(&(v.len() as u32).to_le_bytes());
+    for c in copies {
+        b.extend_from_slice(&c.ptr().word().to_le_bytes());
+    }
     b.extend_from_slice(key);
     b.extend_from_slice(v);
-    let crc = crc32c::crc32c(&b[8..]);
+    let crc = crc32c::crc32c(&b[8 * r..]);
     b.extend_from_slice(&crc.to_le_bytes());
     b
 }
@@ -854,32 +942,40 @@ fn encode_entry(version: u8, key: &[u8], value: Option<&[u8]>) -> Vec<u8> {
 /// The entry in slot bytes `b` if it is whole and carries GC version `version`; `None` for anything else (never
 /// written, torn, or the slot reused for another version).
 fn parse_entry(layout: &CloverLayout, b: &[u8], version: u8) -> Option<Entry> {
-    if b.len() < ENTRY_HEAD {
+    let r = layout.replication as usize;
+    let head = layout.entry_head();
+    if b.len() < head {
         return None;
     }
     let header = le_u64(b, 0);
-    let klen = u16::from_le_bytes([b[8], b[9]]) as usize;
-    let flags = b[10];
-    let vlen = le_u32(b, 12) as usize;
-    if b[11] != version || (header >> 56) as u8 != version {
+    let m = 8 * r;
+    let klen = u16::from_le_bytes([b[m], b[m + 1]]) as usize;
+    let flags = b[m + 2];
+    let vlen = le_u32(b, m + 4) as usize;
+    if b[m + 3] != version || (header >> 56) as u8 != version {
         return None;
     }
     if klen > layout.max_key as usize || vlen > layout.max_value as usize {
         return None;
     }
-    let end = ENTRY_HEAD + klen + vlen;
+    let end = head + klen + vlen;
     let crc = u32::from_le_bytes(b.get(end..end + 4)?.try_into().ok()?);
-    if crc32c::crc32c(&b[8..end]) != crc {
+    if crc32c::crc32c(&b[m..end]) != crc {
         return None;
     }
     let value = match flags {
-        FLAG_VALUE => Some(b[ENTRY_HEAD + klen..end].to_vec()),
+        FLAG_VALUE => Some(b[head + klen..end].to_vec()),
         FLAG_TOMBSTONE => None,
         _ => return None,
     };
+    let copies = (0..r)
+        .map(|i| Ptr::from_word(le_u64(b, m + 8 + 8 * i)))
+        .collect::<Option<Vec<Ptr>>>()?;
     Some(Entry {
         next: Ptr::from_word(header),
-        key: b[ENTRY_HEAD..ENTRY_HEAD + klen].to_vec(),
+        nexts: (0..r).map(|i| Ptr::from_word(le_u64(b, 8 * i))).collect(),
+        copies,
+        key: b[head..head + klen].to_vec(),
         value,
     })
 }
@@ -945,7 +1041,10 @@ struct PendingShortcut {
 #[derive(Debug, Clone)]
 struct Cached {
     cell: CellRef,
+    /// The cursor: the last known tail's primary copy, and when it was learnt.
     tail: Option<(Ptr, Instant)>,
+    /// Every copy of that tail.
+    copies: Vec<Ptr>,
     tick: u64,
 }
 
@@ -969,7 +1068,7 @@ impl CursorCache {
         Some(c.clone())
     }
 
-    fn put(&mut self, key: &[u8], cell: CellRef, tail: Option<Ptr>) {
+    fn put(&mut self, key: &[u8], cell: CellRef, tail: Option<Ptr>, copies: Vec<Ptr>) {
         self.tick += 1;
         let tick = self.tick;
         let tail = tail.map(|p| (p, Instant::now()));
@@ -978,6 +1077,7 @@ impl CursorCache {
             c.tick = tick;
             c.cell = cell;
             c.tail = tail;
+            c.copies = copies;
         } else {
             while self.map.len() >= self.capacity {
                 let Some((_, old)) = self.order.pop_first() else {
@@ -985,7 +1085,15 @@ impl CursorCache {
                 };
                 self.map.remove(&old);
             }
-            self.map.insert(key.to_vec(), Cached { cell, tail, tick });
+            self.map.insert(
+                key.to_vec(),
+                Cached {
+                    cell,
+                    tail,
+                    copies,
+                    tick,
+                },
+            );
         }
         self.order.insert(tick, key.to_vec());
     }
@@ -997,6 +1105,8 @@ struct Tail {
     cell: CellRef,
     /// `None`: the key has no version yet.
     ptr: Option<Ptr>,
+    /// Every copy of the tail (empty when there is none).
+    copies: Vec<Ptr>,
     value: Option<Vec<u8>>,
 }
 
@@ -1012,8 +1122,12 @@ pub struct CloverClient {
     node_seed: u64,
     settings: CloverSettings,
     id: u32,
-    /// Granted slots per memory node.
-    free: Vec<Vec<Grant>>,
+    /// Granted versions (one slot per copy) by their primary's memory node.
+    free: Vec<Vec<Vec<Grant>>>,
+    /// Protocol steps (see [`CloverClient::protocol_steps`]).
+    steps: u64,
+    /// Inside a step whose posts to several memory nodes go out in parallel.
+    parallel: bool,
     records: Vec<Record>,
     pending: Vec<PendingShortcut>,
     /// Shortcut CASes that found the shortcut elsewhere: advanced by a walk at the end of the operation.
@@ -1094,6 +1208,8 @@ impl CloverClient {
             settings,
             id: if id == 0 { 1 } else { id },
             records: Vec::new(),
+            steps: 0,
+            parallel: false,
             pending: Vec::new(),
             stalled: Vec::new(),
             batch: Batch::new(),
@@ -1208,6 +1324,9 @@ impl CloverClient {
         node: usize,
         carried: Vec<(PendingShortcut, dinomo_fabric::Slot)>,
     ) -> Result<(), PdpmError> {
+        if !self.parallel {
+            self.steps += 1;
+        }
         self.eps[node].post(&mut self.batch)?;
         for (p, verb) in carried {
             if self.batch.old_value(verb) == p.from.word() {
@@ -1360,10 +1479,11 @@ impl CloverClient {
         };
         for _ in 0..self.settings.max_hops {
             let Some(p) = cur else {
-                self.cache.put(key, cell, None);
+                self.cache.put(key, cell, None, Vec::new());
                 return Ok(Some(Tail {
                     cell,
                     ptr: None,
+                    copies: Vec::new(),
                     value: None,
                 }));
             };
@@ -1375,10 +1495,11 @@ impl CloverClient {
             match e {
                 Some(e) if e.key == key => match e.next {
                     None => {
-                        self.cache.put(key, cell, Some(p));
+                        self.cache.put(key, cell, Some(p), e.copies.clone());
                         return Ok(Some(Tail {
                             cell,
                             ptr: Some(p),
+                            copies: e.copies,
                             value: e.value,
                         }));
                     }
@@ -1406,9 +1527,9 @@ impl CloverClient {
         })
     }
 
-    /// A granted slot, preferably on `node`; refills from the MS (waiting up to `space_wait` for leases to pass)
-    /// when this client has none.
-    fn take_slot(&mut self, node: usize) -> Result<Grant, PdpmError> {
+    /// A granted version (one slot per copy, the primary first), its primary preferably on `node`; refills from
+    /// the MS (waiting up to `space_wait` for leases to pass) when this client has none.
+    fn take_group(&mut self, node: usize) -> Result<Vec<Grant>, PdpmError> {
         if let Some(g) = self.free[node].pop() {
             return Ok(g);
         }
@@ -1430,9 +1551,16 @@ impl CloverClient {
         }
     }
 
+    fn give_back(&mut self, group: Vec<Grant>) {
+        if let Some(first) = group.first() {
+            self.free[first.node as usize].push(group);
+        }
+    }
+
     fn refill_node(&mut self, node: usize) -> Result<(), PdpmError> {
         let records = std::mem::take(&mut self.records);
-        let got: Vec<Grant> = self.ms.call(
+        self.steps += 1;
+        let got: Vec<Vec<Grant>> = self.ms.call(
             method::GRANT,
             &GrantRequest {
                 client: self.id,
@@ -1441,33 +1569,56 @@ impl CloverClient {
                 records,
             },
         )?;
-        for g in got {
-            self.valid_ptr(g.ptr())?;
-            self.free[g.node as usize].push(g);
+        for group in got {
+            let mut nodes = HashSet::new();
+            for g in &group {
+                self.valid_ptr(g.ptr())?;
+                nodes.insert(g.node);
+            }
+            if group.len() != self.layout.replication as usize || nodes.len() != group.len() {
+                return Err(PdpmError::Coordinator(
+                    "granted version does not have one slot per copy on distinct nodes".into(),
+                ));
+            }
+            self.give_back(group);
         }
         Ok(())
     }
 
-    /// WRITEs `bytes` into slot `g` with the validating READ of its last 8 bytes (one round trip).
-    fn write_entry(&mut self, g: Grant, bytes: &[u8]) -> Result<(), PdpmError> {
-        let node = g.node as usize;
-        let addr = slot_addr(&self.areas[node], &self.layout, g.slot);
-        self.batch.clear();
-        let carried = self.carry_pending(node);
-        self.batch.write(addr, bytes);
-        let tail = bytes.len() as u64 - 8;
-        let check = self.batch.read(addr.offset_by(tail), 8);
-        self.post(node, carried)?;
-        validate(
-            node,
-            Some(g.slot as u64),
-            self.batch.read_data(check),
-            &bytes[tail as usize..],
-        )
+    /// WRITEs every copy of a version into its slot, each with the validating READ of its last 8 bytes (one
+    /// round trip per memory node; one protocol step).
+    fn write_copies(
+        &mut self,
+        group: &[Grant],
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> Result<(), PdpmError> {
+        self.steps += 1;
+        self.parallel = true;
+        let r = (0..group.len()).try_for_each(|j| {
+            let g = group[j];
+            let bytes = encode_entry(group, j, key, value);
+            let node = g.node as usize;
+            let addr = slot_addr(&self.areas[node], &self.layout, g.slot);
+            self.batch.clear();
+            let carried = self.carry_pending(node);
+            self.batch.write(addr, &bytes);
+            let tail = bytes.len() as u64 - 8;
+            let check = self.batch.read(addr.offset_by(tail), 8);
+            self.post(node, carried)?;
+            validate(
+                node,
+                Some(g.slot as u64),
+                self.batch.read_data(check),
+                &bytes[tail as usize..],
+            )
+        });
+        self.parallel = false;
+        r
     }
 
-    /// CAS-links `new` after `tail` (or into the empty cell). `Ok(None)` on success, else the pointer the CAS found
-    /// in the way (`Err`-free: `Some(None)` means the tail's slot was recycled).
+    /// CAS-links `new` after `tail` (or into the empty cell). `Ok(None)` on success, else what the CAS found in the
+    /// way: `Some(Some(p))` a newer version to chase from, `Some(None)` the tail's slot was recycled.
     fn link(
         &mut self,
         cell: CellRef,
@@ -1495,6 +1646,7 @@ impl CloverClient {
                 )
             }
         };
+        self.steps += 1;
         let old = self.eps[node].cas(addr, expect, swap)?;
         if old == expect {
             return Ok(None);
@@ -1507,24 +1659,56 @@ impl CloverClient {
         }
     }
 
-    /// Bookkeeping after `new` was linked after `tail`: cursor, shortcut CAS for the next batch, record.
+    /// All-way chaining (R > 1): every copy of the old tail gets header word `j` pointing at the new version's copy
+    /// `j` (word 0 of the primary was the link). CASes expecting "own GC version, no next", so a slot recycled
+    /// meanwhile is left alone. One round trip per memory node; one protocol step.
+    fn chain_replicas(&mut self, old: &[Ptr], new: &[Grant]) -> Result<(), PdpmError> {
+        if new.len() < 2 || old.len() != new.len() {
+            return Ok(());
+        }
+        self.steps += 1;
+        self.parallel = true;
+        let r = old.iter().enumerate().try_for_each(|(i, &o)| {
+            let node = o.node() as usize;
+            let base = slot_addr(&self.areas[node], &self.layout, o.slot());
+            let own = (o.version() as u64) << 56;
+            self.batch.clear();
+            let carried = self.carry_pending(node);
+            for (j, n) in new.iter().enumerate() {
+                if i == 0 && j == 0 {
+                    continue;
+                }
+                self.batch
+                    .cas(base.offset_by(8 * j as u64), own, own | n.ptr().word());
+            }
+            self.post(node, carried)
+        });
+        self.parallel = false;
+        r
+    }
+
+    /// Bookkeeping after the version `new` was linked after `tail`: replica chaining, cursor, the shortcut CAS
+    /// for the next batch, the record.
     fn linked(
         &mut self,
         key: &[u8],
-        cell: CellRef,
-        tail: Option<Ptr>,
-        new: Ptr,
+        tail: &Tail,
+        new: &[Grant],
         crash: Option<CloverCrash>,
     ) -> Result<(), PdpmError> {
-        self.cache.put(key, cell, Some(new));
+        let cell = tail.cell;
+        let primary = new[0].ptr();
+        let copies: Vec<Ptr> = new.iter().map(|g| g.ptr()).collect();
+        self.cache.put(key, cell, Some(primary), copies);
         if crash == Some(CloverCrash::AfterLink) {
             return Ok(());
         }
-        if let Some(from) = tail {
+        self.chain_replicas(&tail.copies, new)?;
+        if let Some(from) = tail.ptr {
             self.pending.push(PendingShortcut {
                 cell,
                 from,
-                to: new,
+                to: primary,
             });
         }
         if crash == Some(CloverCrash::AfterShortcut) {
@@ -1535,7 +1719,7 @@ impl CloverClient {
             self.post(node, carried)?;
             return Ok(());
         }
-        self.records.push(Record::Linked(new));
+        self.records.push(Record::Linked(primary));
         Ok(())
     }
 
@@ -1551,6 +1735,7 @@ impl CloverClient {
                 return Ok(Tail {
                     cell,
                     ptr: None,
+                    copies: Vec::new(),
                     value: None,
                 });
             };
@@ -1561,6 +1746,7 @@ impl CloverClient {
                         return Ok(Tail {
                             cell,
                             ptr: Some(p),
+                            copies: e.copies,
                             value: e.value,
                         });
                     }
@@ -1576,21 +1762,28 @@ impl CloverClient {
         })
     }
 
-    /// The key's tail for a write: from the cache (cursor, no round trip) or by reading; creates the key's cell
-    /// through the MS when it has none.
-    fn tail_for_write(&mut self, key: &[u8]) -> Result<(CellRef, Option<Ptr>), PdpmError> {
+    /// The key's tail for a blind write: the cursor when one is cached (no round trip), else read; creates the
+    /// key's cell through the MS when it has none. The value is not known on the cursor path.
+    fn tail_for_write(&mut self, key: &[u8]) -> Result<Tail, PdpmError> {
         if let Some(Cached {
             cell,
             tail: Some((t, used)),
+            copies,
             ..
         }) = self.cache.get(key)
             && used.elapsed() < self.settings.cursor_idle
         {
-            return Ok((cell, Some(t)));
+            return Ok(Tail {
+                cell,
+                ptr: Some(t),
+                copies,
+                value: None,
+            });
         }
         if let Some(t) = self.read_tail(key)? {
-            return Ok((t.cell, t.ptr));
+            return Ok(t);
         }
+        self.steps += 1;
         let cell: CellRef = self.ms.call(method::CREATE, &key)?;
         if cell.node as usize >= self.eps.len() || cell.cell as u64 >= self.layout.cells {
             return Err(PdpmError::Coordinator(
@@ -1600,11 +1793,16 @@ impl CloverClient {
         // Another client may have linked a first version since the MS answered.
         let s = self.read_cell(cell)?;
         let tail = match s {
-            None => None,
-            Some(p) => self.chase(key, cell, Some(p))?.ptr,
+            None => Tail {
+                cell,
+                ptr: None,
+                copies: Vec::new(),
+                value: None,
+            },
+            Some(p) => self.chase(key, cell, Some(p))?,
         };
-        self.cache.put(key, cell, tail);
-        Ok((cell, tail))
+        self.cache.put(key, cell, tail.ptr, tail.copies.clone());
+        Ok(tail)
     }
 
     /// A blind write (value or tombstone): out of place, then CAS-linked at the tail (chasing it on failure).
@@ -1614,28 +1812,25 @@ impl CloverClient {
         value: Option<&[u8]>,
         crash: Option<CloverCrash>,
     ) -> Result<(), PdpmError> {
-        let (cell, mut tail) = self.tail_for_write(key)?;
-        let g = self.take_slot(cell.node as usize)?;
-        let bytes = encode_entry(g.version, key, value);
-        if let Err(e) = self.write_entry(g, &bytes) {
-            self.free[g.node as usize].push(g);
+        let mut tail = self.tail_for_write(key)?;
+        let group = self.take_group(tail.cell.node as usize)?;
+        if let Err(e) = self.write_copies(&group, key, value) {
+            self.give_back(group);
             return Err(e);
         }
         if crash == Some(CloverCrash::AfterWrite) {
             return Ok(());
         }
-        let new = g.ptr();
+        let new = group[0].ptr();
         for _ in 0..self.settings.max_hops {
-            match self.link(cell, tail, new)? {
-                None => {
-                    self.linked(key, cell, tail, new, crash)?;
-                    return Ok(());
-                }
-                Some(found) => tail = self.chase(key, cell, found)?.ptr,
+            match self.link(tail.cell, tail.ptr, new)? {
+                None => return self.linked(key, &tail, &group, crash),
+                Some(found) => tail = self.chase(key, tail.cell, found)?,
             }
         }
-        // The entry was never linked: the slot is still this client's.
-        self.free[g.node as usize].push(g);
+        // Never linked: the slots are still this client's.
+        let cell = tail.cell;
+        self.give_back(group);
         Err(PdpmError::Contended {
             node: cell.node as usize,
             slot: cell.cell as u64,
@@ -1655,18 +1850,11 @@ impl CloverClient {
                 if matches!(f(None), Change::Keep | Change::Delete) {
                     return Ok(());
                 }
-                let (cell, ptr) = self.tail_for_write(key)?;
-                match ptr {
-                    None => Tail {
-                        cell,
-                        ptr: None,
-                        value: None,
-                    },
-                    Some(p) => self.chase(key, cell, Some(p))?,
-                }
+                self.tail_for_write(key)?
             }
         };
-        let mut slot: Option<Grant> = None;
+        let mut group: Option<Vec<Grant>> = None;
+        let mut outcome = Ok(());
         for _ in 0..self.settings.max_hops {
             let value = match f(tail.value.as_deref()) {
                 Change::Keep => break,
@@ -1674,33 +1862,79 @@ impl CloverClient {
                 Change::Delete => None,
                 Change::Put(v) => {
                     if let Err(e) = check_value(&v, self.layout.max_value) {
-                        if let Some(g) = slot {
-                            self.free[g.node as usize].push(g);
-                        }
-                        return Err(e);
+                        outcome = Err(e);
+                        break;
                     }
                     Some(v)
                 }
             };
-            let g = match slot {
+            let g = match group.take() {
                 Some(g) => g,
-                None => self.take_slot(tail.cell.node as usize)?,
+                None => self.take_group(tail.cell.node as usize)?,
             };
-            slot = Some(g);
-            let bytes = encode_entry(g.version, key, value.as_deref());
-            self.write_entry(g, &bytes)?;
-            match self.link(tail.cell, tail.ptr, g.ptr())? {
-                None => {
-                    self.linked(key, tail.cell, tail.ptr, g.ptr(), None)?;
-                    return Ok(());
-                }
+            // Rewriting an unlinked version in place is safe: no reader can reach it.
+            if let Err(e) = self.write_copies(&g, key, value.as_deref()) {
+                outcome = Err(e);
+                group = Some(g);
+                break;
+            }
+            match self.link(tail.cell, tail.ptr, g[0].ptr())? {
+                None => return self.linked(key, &tail, &g, None),
                 Some(found) => tail = self.chase(key, tail.cell, found)?,
             }
+            group = Some(g);
         }
-        if let Some(g) = slot {
-            self.free[g.node as usize].push(g);
+        if let Some(g) = group {
+            self.give_back(g);
         }
-        Ok(())
+        outcome
+    }
+
+    /// Protocol steps taken so far: round trips as the paper counts them, where the verbs of one step to several
+    /// memory nodes (the copies of a version) go out in parallel.
+    pub fn protocol_steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// The values along replica chain `j` (copy `j` of each version, following header word `j` only), from the
+    /// version the shortcut names to the tail. Shows that every copy is written and all-way chained.
+    pub fn replica_chain(
+        &mut self,
+        key: &[u8],
+        j: usize,
+    ) -> Result<Vec<Option<Vec<u8>>>, PdpmError> {
+        self.check(key, None)?;
+        if j >= self.layout.replication as usize {
+            return Err(PdpmError::Config(format!("no copy {j}")));
+        }
+        let Some((cell, Some(s))) = self.find_cell(key)? else {
+            return Ok(Vec::new());
+        };
+        let Some(e) = self.read_entry(s)? else {
+            return Err(PdpmError::Contended {
+                node: cell.node as usize,
+                slot: cell.cell as u64,
+                attempts: 1,
+            });
+        };
+        let mut cur = e.copies.get(j).copied();
+        let mut out = Vec::new();
+        for _ in 0..self.settings.max_hops {
+            let Some(p) = cur else { return Ok(out) };
+            self.valid_ptr(p)?;
+            let Some(e) = self.read_entry(p)? else {
+                return Err(PdpmError::Layout {
+                    node: p.node() as usize,
+                    why: format!(
+                        "replica chain {j} names slot {} that holds no such version",
+                        p.slot()
+                    ),
+                });
+            };
+            out.push(e.value);
+            cur = e.nexts.get(j).copied().flatten();
+        }
+        Ok(out)
     }
 }
 
@@ -1725,7 +1959,7 @@ impl PdpmStore for CloverClient {
             None => match self.find_cell(key)? {
                 None => Ok(()),
                 Some((cell, s)) => {
-                    self.cache.put(key, cell, None);
+                    self.cache.put(key, cell, None, Vec::new());
                     if s.is_none() {
                         Ok(())
                     } else {
@@ -1743,7 +1977,7 @@ impl Drop for CloverClient {
         if let Err(e) = self.flush() {
             tracing::debug!(error = %e, "could not flush shortcut updates and records");
         }
-        let grants: Vec<Grant> = self.free.iter_mut().flat_map(std::mem::take).collect();
+        let grants: Vec<Vec<Grant>> = self.free.iter_mut().flat_map(std::mem::take).collect();
         let records = std::mem::take(&mut self.records);
         if grants.is_empty() && records.is_empty() {
             return;
@@ -1768,7 +2002,14 @@ mod tests {
     #[test]
     fn entries_round_trip_and_damage_is_caught() {
         let l = CloverLayout::default();
-        let b = encode_entry(7, b"key", Some(b"value"));
+        let one = |version| {
+            [Grant {
+                node: 0,
+                slot: 5,
+                version,
+            }]
+        };
+        let b = encode_entry(&one(7), 0, b"key", Some(&b"value"[..]));
         let mut image = vec![0u8; l.slot_len() as usize];
         image[..b.len()].copy_from_slice(&b);
         let e = parse_entry(&l, &image, 7).unwrap();
@@ -1785,11 +2026,35 @@ mod tests {
         let next = Ptr::new(3, 99, 200);
         image[..8].copy_from_slice(&((7u64 << 56) | next.word()).to_le_bytes());
         assert_eq!(parse_entry(&l, &image, 7).unwrap().next, Some(next));
-        let t = encode_entry(1, b"k", None);
+        let t = encode_entry(&one(1), 0, b"k", None);
         let mut image = vec![0u8; l.slot_len() as usize];
         image[..t.len()].copy_from_slice(&t);
         assert_eq!(parse_entry(&l, &image, 1).unwrap().value, None);
         assert_eq!(CloverLayout::decode(&l.encode()), Ok(l));
+        // Two copies: each names both, and header word j of copy j is its own.
+        let l2 = CloverLayout {
+            replication: 2,
+            ..CloverLayout::default()
+        };
+        let group = [
+            Grant {
+                node: 0,
+                slot: 1,
+                version: 3,
+            },
+            Grant {
+                node: 1,
+                slot: 2,
+                version: 9,
+            },
+        ];
+        let c1 = encode_entry(&group, 1, b"k", Some(&b"v"[..]));
+        let mut image = vec![0u8; l2.slot_len() as usize];
+        image[..c1.len()].copy_from_slice(&c1);
+        let e = parse_entry(&l2, &image, 9).unwrap();
+        assert_eq!(e.copies, vec![group[0].ptr(), group[1].ptr()]);
+        assert_eq!(e.nexts, vec![None, None]);
+        assert_eq!(CloverLayout::decode(&l2.encode()), Ok(l2));
     }
 
     #[test]

@@ -26,11 +26,21 @@ pub struct Setup {
 
 impl Setup {
     pub fn new(memory_nodes: usize, slots: u64, config: MetadataConfig) -> Setup {
+        Setup::replicated(memory_nodes, 1, slots, config)
+    }
+
+    pub fn replicated(
+        memory_nodes: usize,
+        replication: u32,
+        slots: u64,
+        config: MetadataConfig,
+    ) -> Setup {
         let layout = CloverLayout {
             cells: 256,
             slots,
             max_key: 32,
             max_value: 256,
+            replication,
         };
         let memory = Nodes::new(memory_nodes, |pool| clover::format(pool, &layout).unwrap());
         let ms = MetadataServer::new(&memory.connectors(false), config).unwrap();
@@ -443,4 +453,87 @@ fn a_client_that_crashes_mid_write_leaves_old_or_new() -> Result<()> {
         assert_eq!(space.granted, 0, "{point:?}: {space:?}");
     }
     Ok(())
+}
+
+#[test]
+fn replicated_versions_are_all_way_chained_in_three_steps() -> Result<()> {
+    let s = Setup::replicated(3, 2, 64, MetadataConfig::default());
+    let mut a = s.client(false, CloverSettings::default());
+    let mut b = s.client(false, CloverSettings::default());
+    a.refill()?;
+    a.put(b"k", b"v0")?;
+    for i in 1..=4u8 {
+        let steps = a.protocol_steps();
+        let (r, t) = traffic(|| a.put(b"k", &[i; 100]));
+        r?;
+        // Steps: WRITE both copies (+ validation), CAS the primary's header, CAS the old copies' other header
+        // words (1 + 2). The fabric counts each memory node's post: 2 + 1 + 2. From the second overwrite on, the
+        // previous write's shortcut CAS rides along.
+        assert_eq!(a.protocol_steps() - steps, 3, "put {i}");
+        let carried = u64::from(i > 1);
+        assert_eq!(
+            (t.round_trips, t.writes, t.cas),
+            (5, 2, 4 + carried),
+            "put {i}"
+        );
+    }
+    assert_eq!(b.get(b"k")?, Some(vec![4u8; 100]));
+    // Reads stay one round trip on a cursor hit.
+    let (r, t) = traffic(|| b.get(b"k"));
+    assert_eq!(r?, Some(vec![4u8; 100]));
+    assert_eq!(t.round_trips, 1);
+    // Each replica chain, followed through its own header words only, ends at the newest value.
+    a.flush()?;
+    for j in 0..2 {
+        let chain = b.replica_chain(b"k", j)?;
+        assert_eq!(
+            chain.last(),
+            Some(&Some(vec![4u8; 100])),
+            "chain {j}: {chain:?}"
+        );
+    }
+    // Concurrent read-modify-writes on replicated versions stay atomic.
+    b.put(b"n", &0u32.to_le_bytes())?;
+    std::thread::scope(|scope| {
+        for _ in 0..3 {
+            let mut c = s.client(false, CloverSettings::default());
+            scope.spawn(move || {
+                for _ in 0..30 {
+                    c.update(b"n", &mut |v| {
+                        let n = u32::from_le_bytes(v.unwrap().try_into().unwrap());
+                        Change::Put((n + 1).to_le_bytes().to_vec())
+                    })
+                    .unwrap();
+                }
+            });
+        }
+    });
+    assert_eq!(b.get(b"n")?, Some(90u32.to_le_bytes().to_vec()));
+    for j in 0..2 {
+        let chain = b.replica_chain(b"n", j)?;
+        assert_eq!(
+            chain.last(),
+            Some(&Some(90u32.to_le_bytes().to_vec())),
+            "chain {j}"
+        );
+    }
+    // Old versions' copies come back: 64 slots per node hold far fewer live versions.
+    drop(a);
+    drop(b);
+    std::thread::sleep(Duration::from_millis(150));
+    let space = s.ms.space();
+    assert_eq!(space.live, 4, "two keys, two copies each: {space:?}");
+    Ok(())
+}
+
+#[test]
+fn replication_needs_as_many_memory_nodes() {
+    let layout = CloverLayout {
+        cells: 16,
+        slots: 16,
+        replication: 3,
+        ..CloverLayout::default()
+    };
+    let memory = Nodes::new(2, |pool| clover::format(pool, &layout).unwrap());
+    assert!(MetadataServer::new(&memory.connectors(false), MetadataConfig::default()).is_err());
 }
