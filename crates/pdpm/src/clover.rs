@@ -27,8 +27,10 @@
 //! new entry (the first version of a key is linked by CASing the empty cell instead). A failed CAS chases to the
 //! real tail and retries. Off the critical path: the shortcut is advanced by a CAS (from the old tail to the new
 //! one) carried in this client's next batch to the cell's node; whoever moves the shortcut past a version retires
-//! that version, so the shortcut never points at a retired slot. Records (new version linked, old version
-//! retired) go to the MS in batches, piggybacked on the next slot refill.
+//! that version, so the shortcut never points at a retired slot. Each client has a background thread with its
+//! own MS connection: it refills the client's free slots `grant_batch` at a time once fewer than `refill_at` are
+//! left, and sends records (new version linked, old version retired) in batches, piggybacked on refills. A write
+//! waits for it only when the client has no free slot at all.
 //!
 //! **Garbage collection** (MS): a retired slot waits for `reclaim_lease` (the paper's Tr, at least twice the
 //! clients' `read_timeout`, after which a client abandons a read) and then returns to the free list with its GC
@@ -60,7 +62,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dinomo_fabric::{
-    Batch, Connector, Endpoint, MemoryNode, RemoteAddr, RpcError, RpcHandler, decode, encode,
+    Batch, Connector, Endpoint, FabricError, MemoryNode, RemoteAddr, RpcError, RpcHandler, decode,
+    encode,
 };
 use dinomo_pool::Pool;
 use serde::{Deserialize, Serialize};
@@ -984,9 +987,13 @@ fn parse_entry(layout: &CloverLayout, b: &[u8], version: u8) -> Option<Entry> {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CloverSettings {
-    /// Slots asked for per refill. Default 16.
+    /// Versions' slots asked for per refill. Default 16.
     pub grant_batch: u32,
-    /// Records held before they are sent on their own (they otherwise ride on the next refill). Default 64.
+    /// A background thread refills the client's free slots once it holds fewer than this many (after its first
+    /// write); 0 refills only when a write finds none, on the write's path. At most `grant_batch`. Default 8.
+    pub refill_at: u32,
+    /// Records held before the background thread sends them on their own (they otherwise ride on the next
+    /// refill). Default 64.
     pub record_batch: usize,
     /// Keys whose cell and cursor are cached (LRU). Default 100,000.
     pub cursor_capacity: usize,
@@ -1009,6 +1016,7 @@ impl Default for CloverSettings {
     fn default() -> Self {
         CloverSettings {
             grant_batch: 16,
+            refill_at: 8,
             record_batch: 64,
             cursor_capacity: 100_000,
             cursor_idle: Duration::from_secs(5),
@@ -1112,9 +1120,117 @@ struct Tail {
 
 static CLIENT_SEQ: AtomicU32 = AtomicU32::new(0);
 
+/// What a client and its background thread share.
+#[derive(Debug, Default)]
+struct Exchange {
+    /// Versions granted by the MS, not yet taken by the client.
+    inbox: Vec<Vec<Grant>>,
+    /// Records for the MS.
+    outbox: Vec<Record>,
+    /// A refill is asked for, its primaries preferably on this node.
+    want: Option<u16>,
+    /// The last refill failed.
+    error: Option<String>,
+    stop: bool,
+}
+
+type Shared = Arc<(Mutex<Exchange>, std::sync::Condvar)>;
+
+/// The thread that talks to the MS off the write path: refills free slots and sends records.
+struct Background {
+    shared: Shared,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Background {
+    fn start(
+        mut ms: Endpoint,
+        client: u32,
+        settings: &CloverSettings,
+    ) -> Result<Background, PdpmError> {
+        let shared: Shared = Arc::default();
+        let theirs = shared.clone();
+        let (grant_batch, record_batch) = (settings.grant_batch, settings.record_batch.max(1));
+        let thread = std::thread::Builder::new()
+            .name("clover-ms".into())
+            .spawn(move || {
+                let (lock, cvar) = &*theirs;
+                let mut x = lock.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    if x.stop {
+                        return;
+                    }
+                    if x.want.is_none() && x.outbox.len() < record_batch {
+                        x = cvar.wait(x).unwrap_or_else(|e| e.into_inner());
+                        continue;
+                    }
+                    let want = x.want;
+                    let records = std::mem::take(&mut x.outbox);
+                    drop(x);
+                    let r: Result<Vec<Vec<Grant>>, FabricError> = match want {
+                        Some(node) => ms.call(
+                            method::GRANT,
+                            &GrantRequest {
+                                client,
+                                node,
+                                count: grant_batch,
+                                records,
+                            },
+                        ),
+                        None => ms
+                            .call::<_, ()>(method::RECORDS, &(client, records))
+                            .map(|()| Vec::new()),
+                    };
+                    let empty = matches!(&r, Ok(g) if g.is_empty());
+                    if want.is_some() && empty {
+                        // Every free slot is granted or waiting out its lease: ask again shortly.
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    x = lock.lock().unwrap_or_else(|e| e.into_inner());
+                    match r {
+                        // A request made while the call was out (for records only) stays asked for.
+                        Ok(groups) => {
+                            if want.is_some() && !empty {
+                                x.want = None;
+                            }
+                            x.inbox.extend(groups);
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "metadata server call failed");
+                            x.error = Some(e.to_string());
+                            if want.is_some() {
+                                x.want = None;
+                            }
+                        }
+                    }
+                    cvar.notify_all();
+                }
+            })
+            .map_err(|e| PdpmError::Config(format!("cannot start the metadata thread: {e}")))?;
+        Ok(Background {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Exchange> {
+        self.shared.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Stops the thread (a call in flight completes first).
+    fn stop(&mut self) {
+        self.lock().stop = true;
+        self.shared.1.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// One compute-node thread's Clover client.
 pub struct CloverClient {
     ms: Endpoint,
+    background: Background,
     eps: Vec<Endpoint>,
     areas: Vec<Located>,
     layout: CloverLayout,
@@ -1157,6 +1273,12 @@ impl CloverClient {
                 "grant_batch, cursor_capacity and max_hops must be at least 1".into(),
             ));
         }
+        if settings.refill_at > settings.grant_batch {
+            return Err(PdpmError::Config(format!(
+                "refill_at ({}) must not exceed grant_batch ({})",
+                settings.refill_at, settings.grant_batch
+            )));
+        }
         let mut ms = metadata_server.connect()?;
         let reply: LayoutReply = ms.call(method::LAYOUT, &())?;
         if reply.nodes as usize != memory_nodes.len() {
@@ -1193,8 +1315,11 @@ impl CloverClient {
             areas.push(area);
         }
         let id = new_client_id() ^ CLIENT_SEQ.fetch_add(1, Ordering::Relaxed).rotate_left(16);
+        let id = if id == 0 { 1 } else { id };
+        let background = Background::start(metadata_server.connect()?, id, &settings)?;
         Ok(CloverClient {
             ms,
+            background,
             free: vec![Vec::new(); eps.len()],
             eps,
             areas,
@@ -1206,7 +1331,7 @@ impl CloverClient {
                 ..CursorCache::default()
             },
             settings,
-            id: if id == 0 { 1 } else { id },
+            id,
             records: Vec::new(),
             steps: 0,
             parallel: false,
@@ -1221,12 +1346,11 @@ impl CloverClient {
         self.id
     }
 
-    /// Asks the MS for free slots on every memory node now (sending the records held), so that the next writes
-    /// need no refill.
+    /// Has the background thread fetch free slots now and waits for them (up to `space_wait`), so that the next
+    /// writes find some.
     pub fn refill(&mut self) -> Result<(), PdpmError> {
-        for node in 0..self.eps.len() {
-            self.refill_node(node)?;
-        }
+        let g = self.wait_for_grants(0)?;
+        self.give_back(g);
         Ok(())
     }
 
@@ -1240,8 +1364,9 @@ impl CloverClient {
             }
         }
         self.help_stalled()?;
-        if !self.records.is_empty() {
-            let records = std::mem::take(&mut self.records);
+        let mut records = std::mem::take(&mut self.background.lock().outbox);
+        records.append(&mut self.records);
+        if !records.is_empty() {
             self.ms
                 .call::<_, ()>(method::RECORDS, &(self.id, records))?;
         }
@@ -1269,7 +1394,10 @@ impl CloverClient {
         point: CloverCrash,
     ) -> Result<(), PdpmError> {
         self.check(key, Some(value))?;
-        self.write(key, Some(value), Some(point))
+        let r = self.write(key, Some(value), Some(point));
+        // Nothing more reaches the MS from this client.
+        self.background.stop();
+        r
     }
 
     fn check(&self, key: &[u8], value: Option<&[u8]>) -> Result<(), PdpmError> {
@@ -1279,10 +1407,11 @@ impl CloverClient {
 
     fn after_op<T>(&mut self, r: Result<T, PdpmError>) -> Result<T, PdpmError> {
         let r = r.and_then(|v| self.help_stalled().map(|()| v));
-        if r.is_ok() && self.records.len() >= self.settings.record_batch {
-            let records = std::mem::take(&mut self.records);
-            self.ms
-                .call::<_, ()>(method::RECORDS, &(self.id, records))?;
+        if self.records.len() >= self.settings.record_batch {
+            let mut x = self.background.lock();
+            x.outbox.append(&mut self.records);
+            drop(x);
+            self.background.shared.1.notify_all();
         }
         r
     }
@@ -1527,49 +1656,42 @@ impl CloverClient {
         })
     }
 
-    /// A granted version (one slot per copy, the primary first), its primary preferably on `node`; refills from
-    /// the MS (waiting up to `space_wait` for leases to pass) when this client has none.
+    /// A granted version (one slot per copy, the primary first), its primary preferably on `node`. Slots come
+    /// from the background thread, asked for once fewer than `refill_at` are left; a write that finds none waits
+    /// for them (up to `space_wait`, while retired slots wait out their lease).
     fn take_group(&mut self, node: usize) -> Result<Vec<Grant>, PdpmError> {
-        if let Some(g) = self.free[node].pop() {
-            return Ok(g);
+        self.take_inbox()?;
+        let g = match self.free[node].pop() {
+            Some(g) => Some(g),
+            None => self.free.iter_mut().find_map(|f| f.pop()),
+        };
+        let Some(g) = g else {
+            return self.wait_for_grants(node);
+        };
+        let held: usize = self.free.iter().map(Vec::len).sum();
+        if held < self.settings.refill_at as usize {
+            self.ask_for_grants(node);
         }
-        if let Some(g) = self.free.iter_mut().find_map(|f| f.pop()) {
-            return Ok(g);
-        }
-        let deadline = Instant::now() + self.settings.space_wait;
-        loop {
-            self.refill_node(node)?;
-            if let Some(g) = self.free.iter_mut().find_map(|f| f.pop()) {
-                return Ok(g);
-            }
-            if Instant::now() >= deadline {
-                return Err(PdpmError::Coordinator(
-                    "metadata server has no free slots (out of space)".into(),
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        Ok(g)
     }
 
-    fn give_back(&mut self, group: Vec<Grant>) {
-        if let Some(first) = group.first() {
-            self.free[first.node as usize].push(group);
+    fn ask_for_grants(&mut self, node: usize) {
+        let mut x = self.background.lock();
+        if x.want.is_none() {
+            x.want = Some(node as u16);
         }
+        x.outbox.append(&mut self.records);
+        drop(x);
+        self.background.shared.1.notify_all();
     }
 
-    fn refill_node(&mut self, node: usize) -> Result<(), PdpmError> {
-        let records = std::mem::take(&mut self.records);
-        self.steps += 1;
-        let got: Vec<Vec<Grant>> = self.ms.call(
-            method::GRANT,
-            &GrantRequest {
-                client: self.id,
-                node: node as u16,
-                count: self.settings.grant_batch,
-                records,
-            },
-        )?;
-        for group in got {
+    /// Moves what the background thread received into the free lists, checking it.
+    fn take_inbox(&mut self) -> Result<(), PdpmError> {
+        let (groups, error) = {
+            let mut x = self.background.lock();
+            (std::mem::take(&mut x.inbox), x.error.take())
+        };
+        for group in groups {
             let mut nodes = HashSet::new();
             for g in &group {
                 self.valid_ptr(g.ptr())?;
@@ -1582,7 +1704,48 @@ impl CloverClient {
             }
             self.give_back(group);
         }
-        Ok(())
+        match error {
+            Some(e) => Err(PdpmError::Coordinator(format!("refill failed: {e}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// Asks for a refill and waits until one version's slots arrive.
+    fn wait_for_grants(&mut self, node: usize) -> Result<Vec<Grant>, PdpmError> {
+        let deadline = Instant::now() + self.settings.space_wait;
+        self.ask_for_grants(node);
+        loop {
+            {
+                let (lock, cvar) = &*self.background.shared;
+                let mut x = lock.lock().unwrap_or_else(|e| e.into_inner());
+                while x.inbox.is_empty() && x.error.is_none() && !x.stop {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    x = cvar
+                        .wait_timeout(x, left)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+            }
+            self.take_inbox()?;
+            if let Some(g) = self.free.iter_mut().find_map(|f| f.pop()) {
+                return Ok(g);
+            }
+            if Instant::now() >= deadline || self.background.thread.is_none() {
+                return Err(PdpmError::Coordinator(
+                    "metadata server has no free slots (out of space)".into(),
+                ));
+            }
+            self.ask_for_grants(node);
+        }
+    }
+
+    fn give_back(&mut self, group: Vec<Grant>) {
+        if let Some(first) = group.first() {
+            self.free[first.node as usize].push(group);
+        }
     }
 
     /// WRITEs every copy of a version into its slot, each with the validating READ of its last 8 bytes (one
@@ -1974,6 +2137,10 @@ impl PdpmStore for CloverClient {
 
 impl Drop for CloverClient {
     fn drop(&mut self) {
+        self.background.stop();
+        if let Err(e) = self.take_inbox() {
+            tracing::debug!(error = %e, "refill failed");
+        }
         if let Err(e) = self.flush() {
             tracing::debug!(error = %e, "could not flush shortcut updates and records");
         }

@@ -264,6 +264,7 @@ fn old_versions_are_reclaimed_and_a_bounded_overwrite_loop_never_runs_out() -> R
         false,
         CloverSettings {
             grant_batch: 4,
+            refill_at: 0,
             record_batch: 4,
             ..short_reads()
         },
@@ -292,6 +293,7 @@ fn a_stale_cursor_to_a_recycled_slot_is_not_fooled() -> Result<()> {
     let s = Setup::new(1, 6, short_lease());
     let settings = CloverSettings {
         grant_batch: 1,
+        refill_at: 0,
         record_batch: 1,
         ..short_reads()
     };
@@ -322,6 +324,7 @@ fn a_stale_cursor_never_returns_an_unlinked_entry_written_into_its_recycled_slot
     let s = Setup::new(1, 2, short_lease());
     let settings = CloverSettings {
         grant_batch: 1,
+        refill_at: 0,
         record_batch: 1,
         ..short_reads()
     };
@@ -362,6 +365,7 @@ fn wrapped_versions_are_parked() -> Result<()> {
     );
     let settings = CloverSettings {
         grant_batch: 1,
+        refill_at: 0,
         record_batch: 1,
         read_timeout: Duration::from_millis(1),
         cursor_idle: Duration::from_millis(100),
