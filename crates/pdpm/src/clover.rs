@@ -1829,6 +1829,9 @@ impl CloverClient {
         if new.len() < 2 || old.len() != new.len() {
             return Ok(());
         }
+        for &o in old {
+            self.valid_ptr(o)?;
+        }
         self.steps += 1;
         self.parallel = true;
         let r = old.iter().enumerate().try_for_each(|(i, &o)| {

@@ -3,6 +3,7 @@
 mod common;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Result;
 use common::{Nodes, connector, start_node, traffic};
@@ -73,23 +74,28 @@ fn every_baseline_works_over_tcp_with_the_papers_round_trips() -> Result<()> {
             ..CloverLayout::default()
         };
         let memory = Nodes::new(2, |pool| clover::format(pool, &layout).unwrap());
-        let ms = MetadataServer::new(&memory.connectors(true), MetadataConfig::default())?;
+        // Long leases: a READ abandoned after a scheduling stall would add a round trip.
+        let ms = MetadataServer::new(
+            &memory.connectors(true),
+            MetadataConfig {
+                reclaim_lease: Duration::from_secs(4),
+                ..MetadataConfig::default()
+            },
+        )?;
+        let settings = CloverSettings {
+            read_timeout: Duration::from_secs(2),
+            ..CloverSettings::default()
+        };
         let (host, server) = start_node(
             Arc::new(Pool::anonymous(4 << 20, 1 << 20)?),
             NodeConfig::default(),
         );
         ms.serve(&host);
         let ms_connector = connector(&host, &server, true);
-        let mut c = CloverClient::connect(
-            &ms_connector,
-            &memory.connectors(true),
-            CloverSettings::default(),
-        )?;
-        let mut other = CloverClient::connect(
-            &ms_connector,
-            &memory.connectors(true),
-            CloverSettings::default(),
-        )?;
+        let mut c =
+            CloverClient::connect(&ms_connector, &memory.connectors(true), settings.clone())?;
+        let mut other =
+            CloverClient::connect(&ms_connector, &memory.connectors(true), settings.clone())?;
         c.refill()?;
         c.put(b"k", b"v1")?;
         let steps = c.protocol_steps();
