@@ -115,3 +115,24 @@ fn centralds_reads_in_two_round_trips_and_writes_in_three() -> anyhow::Result<()
     assert!(rt >= 2.0, "{rt}");
     Ok(())
 }
+
+#[test]
+fn clover_reads_in_one_round_trip_and_writes_in_two() -> anyhow::Result<()> {
+    // Every client met every record in the warm-up: its cursors are the tails.
+    let (_, rt) = run(&tiny(System::Clover, Workload::C, 1, 1))?;
+    assert_eq!(
+        rt, 1.0,
+        "the entry at the cursor and the shortcut in one batch"
+    );
+    let (_, rt) = run(&tiny(System::Clover, update_only(), 1, 1))?;
+    // WRITE with its validating READ, then the CAS. Free slots are refilled (and records sent to the metadata
+    // server) by the client's background thread, off the write path.
+    assert_eq!(rt, 2.0);
+    // Two copies on two memory nodes: both copies, the CAS, the old copies' header words (2R + 1 posts).
+    let (_, rt) = run(&tiny(System::Clover, update_only(), 1, 2))?;
+    assert_eq!(rt, 5.0);
+    // Concurrent clients: stale cursors are chased, and nothing fails.
+    let (_, rt) = run(&tiny(System::Clover, Workload::A, 2, 2))?;
+    assert!(rt >= 1.0, "{rt}");
+    Ok(())
+}

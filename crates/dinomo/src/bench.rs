@@ -400,9 +400,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 #[derive(Debug, Args)]
 pub struct YcsbArgs {
     /// System under test: dinomo, dinomo-s (shortcut-only cache) or dinomo-n (shared-nothing: one index partition
-    /// per KV node) of the DINOMO paper, or the pDPM baselines directds, directds-c and centralds (in-process
-    /// only; --kns is then the number of compute nodes the clients are spread over, one pDPM client per client
-    /// thread). clover, ditto and tac are named but not built yet.
+    /// per KV node) of the DINOMO paper, or the pDPM baselines directds, directds-c, centralds and clover (SepDS)
+    /// (in-process only; --kns is then the number of compute nodes the clients are spread over, one pDPM client per
+    /// client thread). ditto and tac are named but not built yet.
     #[arg(long, default_value = "dinomo")]
     pub system: System,
     /// Where the store runs: in-process (a cluster started by this command), native (a running cluster, reached
@@ -494,7 +494,8 @@ pub struct YcsbArgs {
     /// pDPM baselines: copies of every value, on distinct memory nodes.
     #[arg(long, default_value_t = 1)]
     pub replication: u32,
-    /// pDPM baselines: keys the slot tables (DirectDS) or block areas (CentralDS) are sized for (default: the
+    /// pDPM baselines: keys the slot tables (DirectDS), block areas (CentralDS) or shortcut cells and data slots
+    /// (Clover) are sized for (default: the
     /// records plus --ops, twice the records without --ops, at least 1024).
     #[arg(long)]
     pub pdpm_keys: Option<u64>,
@@ -974,8 +975,22 @@ mod tests {
         assert_eq!(policy(&o), "value-only");
         let err = options(&["--system", "dinomo-s", "--policy", "dac"]).unwrap_err();
         assert!(err.to_string().contains("shortcuts only"), "{err}");
-        let err = options(&["--system", "clover"]).unwrap_err();
+        let err = options(&["--system", "ditto"]).unwrap_err();
         assert!(err.to_string().contains("not built yet"), "{err}");
+        let o = options(&[
+            "--system",
+            "clover",
+            "--memory-nodes",
+            "3",
+            "--replication",
+            "2",
+        ])
+        .unwrap();
+        assert_eq!((o.system, policy(&o)), (System::Clover, "none"));
+        let err = options(&["--system", "clover", "--replication", "2"]).unwrap_err();
+        assert!(err.to_string().contains("--replication"), "{err}");
+        let err = options(&["--system", "clover", "--policy", "dac"]).unwrap_err();
+        assert!(err.to_string().contains("has no cache"), "{err}");
         let o = options(&["--system", "centralds", "--memory-nodes", "2"]).unwrap();
         assert_eq!((o.system, policy(&o)), (System::CentralDs, "none"));
         let err = options(&["--system", "directds", "--policy", "dac"]).unwrap_err();

@@ -5,11 +5,14 @@
 //!   verbs; every key has a fixed slot with a lock word, a committed copy and a redo copy on each of its replicas.
 //! - [`central`]: **CentralDS** (§4.3): a coordinator behind two-sided RPC keeps every key's location under a
 //!   per-key reader/writer lock and hands out space; values are written out of place.
+//! - [`clover`]: **Clover** (SepDS, §4.4): compute nodes read and write with one-sided verbs along per-key
+//!   chains of out-of-place versions; a metadata server hands out space and reclaims retired versions.
 //!
 //! Every client is one compute-node thread with one endpoint per memory node and implements [`PdpmStore`].
 
 mod anchor;
 pub mod central;
+pub mod clover;
 pub mod direct;
 
 use dinomo_fabric::{Batch, Endpoint, FabricError, RemoteAddr};
@@ -21,6 +24,8 @@ pub mod roots {
     pub const DIRECT_TABLE: usize = 8;
     /// Offset of a memory node's CentralDS block area.
     pub const CENTRAL_BLOCKS: usize = 9;
+    /// Offset of a memory node's Clover area (shortcut cells and data slots).
+    pub const CLOVER_AREA: usize = 10;
 }
 
 /// Allocation tags of the baselines' extents.
@@ -29,6 +34,8 @@ pub mod tags {
     pub const DIRECT_TABLE: u16 = 0x40;
     /// A CentralDS block area.
     pub const CENTRAL_BLOCKS: u16 = 0x41;
+    /// A Clover area.
+    pub const CLOVER_AREA: u16 = 0x42;
 }
 
 /// The operations every baseline offers to one compute-node thread.

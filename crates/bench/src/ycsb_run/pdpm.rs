@@ -1,10 +1,13 @@
-//! The pDPM baselines ([`dinomo_pdpm`]) as a benchmark target: DirectDS, DirectDS-C and CentralDS, started in this
-//! process.
+//! The pDPM baselines ([`dinomo_pdpm`]) as a benchmark target: DirectDS, DirectDS-C, CentralDS and Clover (SepDS),
+//! started in this process.
 //!
 //! **Layout.** `memory_nodes` in-process memory nodes, each over its own anonymous pool formatted by the store's
 //! `format` (a DirectDS slot table or a CentralDS block area) with slots sized for the workload's key and value
-//! sizes; CentralDS adds a coordinator on a memory node of its own (its RPCs run on that node's processor threads,
-//! whose CPU time is reported as the memory node's RPC time). Every copy of a value lives on `replication` distinct
+//! sizes; CentralDS adds a coordinator, and Clover its metadata server, on a memory node of its own (its RPCs run on
+//! that node's processor threads, whose CPU time is reported as the memory node's RPC time). Clover's memory nodes
+//! hold shortcut cells for twice the keys (spread over their home nodes) and data slots for twice the live
+//! versions and the clients' granted slots, so that retired versions waiting out the reclaim lease rarely make a
+//! writer wait for space. Every copy of a value lives on `replication` distinct
 //! memory nodes. Clients reach memory nodes in process, with the injected per-round-trip latency, as DINOMO's KV
 //! nodes do.
 //!
@@ -17,7 +20,8 @@
 //! nothing to pipeline), so `outstanding` above 1 only queues completions.
 //!
 //! **Counters.** Round trips and bytes are this thread's fabric counters around each operation, summed per compute
-//! node. The baselines have no cache: the report's cache section is absent, not zero. A store's refusal (a lock
+//! node. A Clover client's background thread (slot refills and records for the metadata server, off the write
+//! path as in the paper) is not in them. The baselines have no cache: the report's cache section is absent, not zero. A store's refusal (a lock
 //! not acquired in time, a read that kept seeing a torn copy, a full slot table) is a failed operation, counted as
 //! unavailable.
 //!
@@ -35,6 +39,9 @@ use dinomo_fabric::{Connector, CounterSnapshot, MemoryNode, NodeConfig, Target};
 use dinomo_kn::WorkerStats;
 use dinomo_pdpm::central::{
     CentralClient, CentralLayout, CentralSettings, Coordinator, CoordinatorConfig,
+};
+use dinomo_pdpm::clover::{
+    CloverClient, CloverLayout, CloverSettings, MetadataConfig, MetadataServer,
 };
 use dinomo_pdpm::direct::{DirectClient, DirectLayout, DirectSettings, Flavor};
 use dinomo_pdpm::{PdpmError, PdpmStore};
@@ -54,7 +61,8 @@ pub const MAX_MEMORY_NODES: usize = 64;
 /// Pool segment size of the memory nodes.
 const SEGMENT: u64 = 1 << 20;
 
-/// Pool of the coordinator's own memory node (it holds no data; the fabric needs a pool behind every node).
+/// Pool of the coordinator's (or metadata server's) own memory node (it holds no data; the fabric needs a pool
+/// behind every node).
 const COORDINATOR_POOL: u64 = 4 << 20;
 
 /// Checks the settings of a pDPM run.
@@ -136,6 +144,7 @@ impl ComputeCounters {
 enum Geometry {
     Direct(DirectLayout),
     Central(CentralLayout),
+    Clover(CloverLayout),
 }
 
 /// How clients of the store under test connect.
@@ -145,15 +154,22 @@ enum Kind {
         coordinator: Connector,
         settings: CentralSettings,
     },
+    Clover {
+        metadata_server: Connector,
+        settings: CloverSettings,
+    },
 }
+
+/// The server of a store that has one (CentralDS's coordinator, Clover's metadata server), only kept alive.
+type Server = Arc<dyn std::any::Any + Send + Sync>;
 
 /// A pDPM baseline started in this process.
 pub struct PdpmTarget {
     system: System,
     /// Kept alive for the run.
     _memory_nodes: Vec<Arc<MemoryNode>>,
-    /// CentralDS: the coordinator's node (kept alive for the run).
-    _coordinator: Option<(Arc<MemoryNode>, Arc<Coordinator>)>,
+    /// CentralDS's coordinator or Clover's metadata server, and its node.
+    _server: Option<(Arc<MemoryNode>, Server)>,
     connectors: Vec<Connector>,
     kind: Kind,
     compute_nodes: Vec<Arc<ComputeCounters>>,
@@ -216,6 +232,23 @@ impl PdpmTarget {
                     max_value,
                 })
             }
+            System::Clover => {
+                let r = replication as u64;
+                let sessions = (opts.clients as u64).saturating_mul(2);
+                let granted = sessions.saturating_mul(CloverSettings::default().grant_batch as u64);
+                let slots = keys
+                    .saturating_add(granted)
+                    .saturating_mul(2 * r)
+                    .div_ceil(m as u64)
+                    .max(8192);
+                Geometry::Clover(CloverLayout {
+                    cells: keys.saturating_mul(2).div_ceil(m as u64).max(64),
+                    slots,
+                    max_key,
+                    max_value,
+                    replication,
+                })
+            }
             other => bail!("{other} is not a pDPM baseline"),
         };
         for _ in 0..m {
@@ -230,6 +263,12 @@ impl PdpmTarget {
                     let pool = pool_for(layout.area_len())?;
                     dinomo_pdpm::central::format(&pool, layout)
                         .context("formatting a CentralDS block area")?;
+                    pool
+                }
+                Geometry::Clover(layout) => {
+                    let pool = pool_for(layout.area_len())?;
+                    dinomo_pdpm::clover::format(&pool, layout)
+                        .context("formatting a Clover area")?;
                     pool
                 }
             };
@@ -263,7 +302,21 @@ impl PdpmTarget {
                         coordinator: coordinator_connector,
                         settings: central_settings,
                     },
-                    Some((host, coordinator)),
+                    Some((host, coordinator as Server)),
+                )
+            }
+            Geometry::Clover(_) => {
+                let ms = MetadataServer::new(&connectors, MetadataConfig::default())
+                    .context("starting Clover's metadata server")?;
+                let host = MemoryNode::new(pool_for(COORDINATOR_POOL)?, node_config);
+                ms.serve(&host);
+                let ms_connector = connector(&host, p.latency_ns);
+                (
+                    Kind::Clover {
+                        metadata_server: ms_connector,
+                        settings: CloverSettings::default(),
+                    },
+                    Some((host, ms as Server)),
                 )
             }
         };
@@ -271,7 +324,7 @@ impl PdpmTarget {
         Ok(PdpmTarget {
             system: opts.system,
             _memory_nodes: nodes,
-            _coordinator: coordinator,
+            _server: coordinator,
             connectors,
             kind,
             compute_nodes: (0..compute).map(|_| Arc::default()).collect(),
@@ -300,6 +353,13 @@ impl Store for PdpmTarget {
             } => Box::new(
                 CentralClient::connect(coordinator, &self.connectors, settings.clone())
                     .context("connecting a centralds client")?,
+            ),
+            Kind::Clover {
+                metadata_server,
+                settings,
+            } => Box::new(
+                CloverClient::connect(metadata_server, &self.connectors, settings.clone())
+                    .context("connecting a clover client")?,
             ),
         };
         let n = self.next_session.fetch_add(1, Ordering::Relaxed) % self.compute_nodes.len();

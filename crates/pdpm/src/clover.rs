@@ -1,0 +1,2238 @@
+//! Clover, the paper's SepDS (pDPM §4.4): compute nodes do every data access with one-sided verbs; a metadata
+//! server (MS) behind two-sided RPC hands out space and collects garbage, off the data path.
+//!
+//! **Memory nodes** hold one area (anchored in root slot [`crate::roots::CLOVER_AREA`]): a *shortcut table* of
+//! `cells` fixed cells, then `slots` data slots of one size class sized by the layout's longest key and value (the
+//! paper's 128 B × 2^k classes are not built: one class keeps the MS's free lists simple and every slot fits every
+//! entry). A key's cell is on its home node (`hash(key) mod M`), found by linear probing from a second hash within
+//! `max_probe` cells; the cell stores the key, so collisions are detected, and a best-effort pointer to a recent
+//! version (the shortcut). Cells are claimed by the MS (`CREATE`), which serializes creations so one key never gets
+//! two cells; once claimed, a cell stays with its key (a delete writes a tombstone version).
+//!
+//! **Entry** (one per version, in a data slot): `[header: 8][meta: 8 = key len u16, flags u8, GC version u8,
+//! value len u32][key][value][CRC32C of meta, key and value: 4]`. The header word is `GC version << 56 | next`
+//! where `next` is a 56-bit [`Ptr`] (`present: 1 | node: 15 | GC version: 8 | slot: 32`) to the next version, 0
+//! while the entry is the tail. Because the header carries its own slot's GC version, the link CAS (expect
+//! "version v, no next") fails on a slot recycled under a stale cursor. A delete links a tombstone version.
+//!
+//! **Read** (1 round trip on a cursor hit): one batch READs the entry at the client's cursor (key → last known tail,
+//! a bounded LRU) and, when the cursor's slot is on the key's home node, the shortcut cell too. An entry that
+//! validates (CRC, key, GC version) and has no next is the answer. Otherwise the walk jumps to the shortcut (or
+//! follows `next`), 1 round trip per hop; an entry that fails validation (its slot was recycled) restarts from the
+//! shortcut. No cursor: the cell is read first (one more round trip; with the key's cell not cached either, the
+//! probe window is read instead).
+//!
+//! **Write** (R = 1, 2 round trips on a cursor hit): WRITE the entry into a slot granted by the MS in advance,
+//! with the validating READ of its last bytes in the same batch; then CAS the tail's header from "no next" to the
+//! new entry (the first version of a key is linked by CASing the empty cell instead). A failed CAS chases to the
+//! real tail and retries. Off the critical path: the shortcut is advanced by a CAS (from the old tail to the new
+//! one) carried in this client's next batch to the cell's node; whoever moves the shortcut past a version retires
+//! that version, so the shortcut never points at a retired slot. Each client has a background thread with its
+//! own MS connection: it refills the client's free slots `grant_batch` at a time once fewer than `refill_at` are
+//! left, and sends records (new version linked, old version retired) in batches, piggybacked on refills. A write
+//! waits for it only when the client has no free slot at all.
+//!
+//! **Garbage collection** (MS): a retired slot waits for `reclaim_lease` (the paper's Tr, at least twice the
+//! clients' `read_timeout`, after which a client abandons a read) and then returns to the free list with its GC
+//! version + 1; a slot whose 8-bit version wraps is parked for `wrap_park` (the paper's Te) first, and clients drop
+//! cursors idle for `cursor_idle` (< `wrap_park`), so no cursor can mistake a slot 255 reuses later for its own.
+//!
+//! **Recovery.** A client that crashed after writing an entry but before linking it leaves it invisible; a client
+//! that crashed after linking but before advancing the shortcut leaves a lagging shortcut that readers chase and
+//! the next writer advances. [`MetadataServer::reclaim_grants`] returns a dead client's granted slots: those found
+//! linked into their key's chain stay live, the rest go back through the lease.
+//!
+//! **Replication** (`R` > 1, the paper's all-way chaining; layout field `replication`): every version has `R`
+//! copies on distinct memory nodes (the MS grants them as a group), each entry holds `R` header words and the
+//! pointers to all `R` copies of its version. A write takes 3 steps: WRITE the `R` copies (with validation), CAS
+//! header word 0 of the old primary copy (the commit point, as for R = 1), then CAS header word `j` of every old
+//! copy to the new copy `j`, so each replica chain can be followed on its own ([`CloverClient::replica_chain`]).
+//! The fabric counts one round trip per memory node a step reaches (`2R + 1` per write; the protocol's steps are
+//! [`CloverClient::protocol_steps`]). Reads follow the primary chain; reading from replicas after losing a memory
+//! node is not built, and a writer that dies between the commit and the last step leaves that replica link
+//! missing.
+//!
+//! Not built: size classes, MS persistence and failover (the MS's state lives in its memory), the MS-driven
+//! epoch message (clients drop idle cursors by their own clock), and a scan that finds versions whose retire
+//! record was lost with a crashed client (they stay allocated).
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dinomo_fabric::{
+    Batch, Connector, Endpoint, FabricError, MemoryNode, RemoteAddr, RpcError, RpcHandler, decode,
+    encode,
+};
+use dinomo_pool::Pool;
+use serde::{Deserialize, Serialize};
+
+use crate::anchor::{self, Anchor, Anchored, HEADER_LEN, Located, le_u32, le_u64};
+use crate::{
+    Change, PdpmError, PdpmStore, check_key, check_value, hash, new_client_id, roots, tags,
+    validate,
+};
+
+/// Bytes before the key in a cell: pointer word, key length (+1, 0 = free) and padding.
+const CELL_HEAD: usize = 16;
+const FLAG_VALUE: u8 = 1;
+const FLAG_TOMBSTONE: u8 = 2;
+/// Seed of the hash that picks a key's cell (the home node uses the settings' seed).
+const CELL_SEED: u64 = 0xc10f_e5c1_0fe5_c10f;
+const PRESENT: u64 = 1 << 55;
+const NEXT_MASK: u64 = (1 << 56) - 1;
+
+/// RPC methods of the metadata server.
+pub mod method {
+    /// The geometry and the MS's settings clients must agree with.
+    pub const LAYOUT: u16 = 0x4c01;
+    /// Grant free slots (and take records).
+    pub const GRANT: u16 = 0x4c02;
+    /// Take records.
+    pub const RECORDS: u16 = 0x4c03;
+    /// Find or claim a key's cell.
+    pub const CREATE: u16 = 0x4c04;
+    /// Give back granted slots that will not be used.
+    pub const RELEASE: u16 = 0x4c05;
+}
+
+/// The area of a memory node, fixed when it is formatted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CloverLayout {
+    /// Shortcut cells on this memory node (keys whose home it is). Default 16384.
+    pub cells: u64,
+    /// Data slots on this memory node. Default 65536.
+    pub slots: u64,
+    /// Longest key in bytes (at most 65535). Default 64.
+    pub max_key: u32,
+    /// Longest value in bytes. Default 1024.
+    pub max_value: u32,
+    /// Copies of every version, on distinct memory nodes (1 to 16). Default 1.
+    pub replication: u32,
+}
+
+impl Default for CloverLayout {
+    fn default() -> Self {
+        CloverLayout {
+            cells: 16384,
+            slots: 65536,
+            max_key: 64,
+            max_value: 1024,
+            replication: 1,
+        }
+    }
+}
+
+impl CloverLayout {
+    /// Bytes of one cell, rounded to 8.
+    pub fn cell_len(&self) -> u64 {
+        (CELL_HEAD as u64 + self.max_key as u64).next_multiple_of(8)
+    }
+
+    /// Bytes before the key in an entry: `R` header words, the meta word and `R` copy pointers.
+    fn entry_head(&self) -> usize {
+        8 + 16 * self.replication as usize
+    }
+
+    /// Bytes of one data slot (the one size class), rounded to 8.
+    pub fn slot_len(&self) -> u64 {
+        (self.entry_head() as u64 + self.max_key as u64 + self.max_value as u64 + 4)
+            .next_multiple_of(8)
+    }
+
+    /// Bytes of the whole area on one memory node, its header included.
+    pub fn area_len(&self) -> u64 {
+        HEADER_LEN + self.cells * self.cell_len() + self.slots * self.slot_len()
+    }
+
+    fn check(&self) -> Result<(), PdpmError> {
+        let area = self
+            .cells
+            .checked_mul(self.cell_len())
+            .zip(self.slots.checked_mul(self.slot_len()))
+            .and_then(|(c, s)| c.checked_add(s))
+            .and_then(|n| n.checked_add(HEADER_LEN));
+        if self.cells == 0
+            || self.slots == 0
+            || self.slots > u32::MAX as u64
+            || self.max_key > u16::MAX as u32
+            || !(1..=16).contains(&self.replication)
+            || area.is_none()
+        {
+            return Err(PdpmError::Config(format!(
+                "Clover area needs cells > 0, 0 < slots < 2^32, max_key <= 65535, replication 1 to 16 and a size \
+                 that fits 64 bits: {self:?}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Anchored for CloverLayout {
+    const ANCHOR: Anchor = Anchor {
+        root: roots::CLOVER_AREA,
+        tag: tags::CLOVER_AREA,
+        magic: b"PDPMCLV1",
+        version: 1,
+        store: "Clover",
+        what: "area",
+    };
+
+    fn put_fields(&self, h: &mut [u8; HEADER_LEN as usize]) {
+        h[16..24].copy_from_slice(&self.cells.to_le_bytes());
+        h[24..32].copy_from_slice(&self.slots.to_le_bytes());
+        h[32..36].copy_from_slice(&self.max_key.to_le_bytes());
+        h[36..40].copy_from_slice(&self.max_value.to_le_bytes());
+        h[40..44].copy_from_slice(&self.replication.to_le_bytes());
+    }
+
+    fn get_fields(h: &[u8]) -> Result<CloverLayout, String> {
+        let l = CloverLayout {
+            cells: le_u64(h, 16),
+            slots: le_u64(h, 24),
+            max_key: le_u32(h, 32),
+            max_value: le_u32(h, 36),
+            replication: le_u32(h, 40),
+        };
+        l.check().map_err(|e| e.to_string())?;
+        Ok(l)
+    }
+
+    fn anchored_len(&self) -> u64 {
+        self.area_len()
+    }
+}
+
+/// Formats a memory node's pool with a Clover area (every cell free). Refuses a pool that already has one.
+pub fn format(pool: &Pool, layout: &CloverLayout) -> Result<(), PdpmError> {
+    layout.check()?;
+    // An all-zero cell is a free one.
+    anchor::format(pool, layout, true)
+}
+
+/// A 56-bit pointer to one version: `present: 1 | node: 15 | GC version: 8 | slot: 32`. Never 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Ptr(u64);
+
+impl Ptr {
+    /// The pointer to `slot` on `node` at GC version `version`.
+    pub fn new(node: u16, slot: u32, version: u8) -> Ptr {
+        Ptr(PRESENT | ((node as u64 & 0x7fff) << 40) | ((version as u64) << 32) | slot as u64)
+    }
+
+    /// A pointer from its word, `None` for 0 (no pointer); bits above 56 are ignored.
+    pub fn from_word(word: u64) -> Option<Ptr> {
+        let w = word & NEXT_MASK;
+        (w & PRESENT != 0).then_some(Ptr(w))
+    }
+
+    /// The word it is stored as.
+    pub fn word(self) -> u64 {
+        self.0
+    }
+
+    /// Memory node.
+    pub fn node(self) -> u16 {
+        ((self.0 >> 40) & 0x7fff) as u16
+    }
+
+    /// Slot index on it.
+    pub fn slot(self) -> u32 {
+        self.0 as u32
+    }
+
+    /// GC version of the slot's content it points to.
+    pub fn version(self) -> u8 {
+        (self.0 >> 32) as u8
+    }
+}
+
+/// A key's cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CellRef {
+    /// Memory node (the key's home).
+    pub node: u16,
+    /// Cell index on it.
+    pub cell: u32,
+}
+
+/// A free slot granted to a client, with the GC version its next entry carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    /// Memory node.
+    pub node: u16,
+    /// Slot index.
+    pub slot: u32,
+    /// GC version.
+    pub version: u8,
+}
+
+impl Grant {
+    fn ptr(self) -> Ptr {
+        Ptr::new(self.node, self.slot, self.version)
+    }
+}
+
+/// What a client tells the MS about slots (the paper's retire requests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Record {
+    /// A granted slot now holds a linked version (it is live, no longer a grant).
+    Linked(Ptr),
+    /// The shortcut moved past this version: no new reader can reach it; reclaim it after the lease.
+    Retired(Ptr),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct GrantRequest {
+    client: u32,
+    node: u16,
+    count: u32,
+    records: Vec<Record>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct ReleaseRequest {
+    client: u32,
+    grants: Vec<Vec<Grant>>,
+    records: Vec<Record>,
+}
+
+/// What the MS tells clients at connect.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayoutReply {
+    /// Memory nodes the MS manages.
+    pub nodes: u32,
+    /// Their (shared) geometry.
+    pub layout: CloverLayout,
+    /// Cells probed for a key.
+    pub max_probe: u32,
+    /// The home-node hash seed.
+    pub node_seed: u64,
+    /// The MS's reclaim lease (clients' read timeout must be at most half of it).
+    pub reclaim_lease_us: u64,
+    /// The MS's wrap park time (clients' cursor idle limit must be below it).
+    pub wrap_park_us: u64,
+}
+
+/// Settings of the metadata server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetadataConfig {
+    /// Cells probed for a key before its home's table counts as full. Default 16.
+    pub max_probe: u32,
+    /// Seed of the hash that picks a key's home node. Default 0.
+    pub node_seed: u64,
+    /// How long a retired slot waits before reuse (the paper's Tr; at least twice the clients' read timeout).
+    /// Default 100 ms.
+    #[serde(with = "humantime_serde")]
+    pub reclaim_lease: Duration,
+    /// How long a slot whose GC version wrapped is parked before reuse (the paper's Te). Default 10 s.
+    #[serde(with = "humantime_serde")]
+    pub wrap_park: Duration,
+    /// Most slots one GRANT hands out. Default 1024.
+    pub max_grant: u32,
+    /// Hops a recovery walk takes along a chain before giving up on it. Default 4096.
+    pub max_walk: u32,
+}
+
+impl Default for MetadataConfig {
+    fn default() -> Self {
+        MetadataConfig {
+            max_probe: 16,
+            node_seed: 0,
+            reclaim_lease: Duration::from_millis(100),
+            wrap_park: Duration::from_secs(10),
+            max_grant: 1024,
+            max_walk: 4096,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotState {
+    Free,
+    Granted(u32),
+    Live,
+    /// Retired, waiting out the lease (or parked after a wrap).
+    Waiting,
+}
+
+struct Space {
+    free: Vec<VecDeque<u32>>,
+    /// The GC version each slot's next (or current) content carries.
+    version: Vec<Vec<u8>>,
+    state: Vec<Vec<SlotState>>,
+    /// Retired slots by the time they may be reused: `(when, node, slot)`.
+    leased: VecDeque<(Instant, u16, u32)>,
+    parked: VecDeque<(Instant, u16, u32)>,
+    granted: HashMap<u32, HashSet<(u16, u32)>>,
+    /// The copies of every granted or live version, by its primary copy (the primary first).
+    groups: HashMap<(u16, u32), Vec<(u16, u32)>>,
+}
+
+impl Space {
+    /// Moves slots whose lease (or park) has passed to the free lists.
+    fn reclaim(&mut self, now: Instant, park: Duration) {
+        while let Some(&(when, node, slot)) = self.leased.front() {
+            if when > now {
+                break;
+            }
+            self.leased.pop_front();
+            let v = &mut self.version[node as usize][slot as usize];
+            if *v == u8::MAX {
+                // The 8-bit version wraps: a cursor that old must have been dropped before the slot returns.
+                *v = 1;
+                self.parked.push_back((now + park, node, slot));
+            } else {
+                *v += 1;
+                self.free_slot(node, slot);
+            }
+        }
+        while let Some(&(when, node, slot)) = self.parked.front() {
+            if when > now {
+                break;
+            }
+            self.parked.pop_front();
+            self.free_slot(node, slot);
+        }
+    }
+
+    fn free_slot(&mut self, node: u16, slot: u32) {
+        self.state[node as usize][slot as usize] = SlotState::Free;
+        self.free[node as usize].push_back(slot);
+    }
+
+    fn ungrant(&mut self, node: u16, slot: u32) {
+        if let SlotState::Granted(c) = self.state[node as usize][slot as usize]
+            && let Some(set) = self.granted.get_mut(&c)
+        {
+            set.remove(&(node, slot));
+        }
+    }
+
+    /// Retires every copy of the version whose primary copy is `(node, slot)`.
+    fn retire(&mut self, node: u16, slot: u32, until: Instant) {
+        let copies = self
+            .groups
+            .remove(&(node, slot))
+            .unwrap_or_else(|| vec![(node, slot)]);
+        for (n, s) in copies {
+            self.ungrant(n, s);
+            self.state[n as usize][s as usize] = SlotState::Waiting;
+            self.leased.push_back((until, n, s));
+        }
+    }
+
+    /// Marks every copy of the version whose primary copy is `(node, slot)` live.
+    fn make_live(&mut self, node: u16, slot: u32) {
+        let copies = self
+            .groups
+            .get(&(node, slot))
+            .cloned()
+            .unwrap_or_else(|| vec![(node, slot)]);
+        for (n, s) in copies {
+            self.ungrant(n, s);
+            self.state[n as usize][s as usize] = SlotState::Live;
+        }
+    }
+
+    fn known(&self, p: Ptr) -> Option<SlotState> {
+        let v = *self
+            .version
+            .get(p.node() as usize)?
+            .get(p.slot() as usize)?;
+        (v == p.version()).then(|| self.state[p.node() as usize][p.slot() as usize])
+    }
+}
+
+/// Clover's metadata server.
+pub struct MetadataServer {
+    config: MetadataConfig,
+    layout: CloverLayout,
+    eps: Mutex<(Vec<Endpoint>, Batch)>,
+    areas: Vec<Located>,
+    space: Mutex<Space>,
+}
+
+impl std::fmt::Debug for MetadataServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetadataServer")
+            .field("config", &self.config)
+            .field("layout", &self.layout)
+            .field("nodes", &self.areas.len())
+            .finish()
+    }
+}
+
+fn failed(why: impl Into<String>) -> RpcError {
+    RpcError::Failed(why.into())
+}
+
+/// Space usage as the MS sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SpaceStats {
+    /// Free slots, all nodes.
+    pub free: usize,
+    /// Granted to clients, not yet known linked.
+    pub granted: usize,
+    /// Holding linked versions.
+    pub live: usize,
+    /// Retired, waiting out the lease or parked after a version wrap.
+    pub waiting: usize,
+}
+
+impl MetadataServer {
+    /// An MS over the memory nodes `connectors` (formatted with one geometry): every slot free at GC version 1.
+    pub fn new(
+        connectors: &[Connector],
+        config: MetadataConfig,
+    ) -> Result<Arc<MetadataServer>, PdpmError> {
+        if connectors.is_empty() || connectors.len() > 0x7fff {
+            return Err(PdpmError::Config("1 to 32767 memory nodes needed".into()));
+        }
+        if config.max_probe == 0 || config.max_grant == 0 || config.max_walk == 0 {
+            return Err(PdpmError::Config(
+                "max_probe, max_grant and max_walk must be at least 1".into(),
+            ));
+        }
+        let (eps, areas, layout) = anchor::locate_all::<CloverLayout>(connectors)?;
+        if layout.replication as usize > connectors.len() {
+            return Err(PdpmError::Config(format!(
+                "replication {} needs at least that many memory nodes, have {}",
+                layout.replication,
+                connectors.len()
+            )));
+        }
+        if config.max_probe as u64 > layout.cells {
+            return Err(PdpmError::Config(format!(
+                "max_probe {} exceeds the {} cells per node",
+                config.max_probe, layout.cells
+            )));
+        }
+        let m = connectors.len();
+        let slots = layout.slots as usize;
+        Ok(Arc::new(MetadataServer {
+            space: Mutex::new(Space {
+                free: (0..m).map(|_| (0..slots as u32).collect()).collect(),
+                version: (0..m).map(|_| vec![1u8; slots]).collect(),
+                state: (0..m).map(|_| vec![SlotState::Free; slots]).collect(),
+                leased: VecDeque::new(),
+                parked: VecDeque::new(),
+                granted: HashMap::new(),
+                groups: HashMap::new(),
+            }),
+            config,
+            layout,
+            eps: Mutex::new((eps, Batch::new())),
+            areas,
+        }))
+    }
+
+    /// Serves this MS's RPCs on `host`'s processor threads.
+    pub fn serve(self: &Arc<MetadataServer>, host: &MemoryNode) {
+        host.set_rpc_handler(self.clone());
+    }
+
+    /// Slots by state, after reclaiming those whose lease has passed.
+    pub fn space(&self) -> SpaceStats {
+        let mut space = self.lock_space();
+        space.reclaim(Instant::now(), self.config.wrap_park);
+        let mut s = SpaceStats::default();
+        for node in &space.state {
+            for st in node {
+                match st {
+                    SlotState::Free => s.free += 1,
+                    SlotState::Granted(_) => s.granted += 1,
+                    SlotState::Live => s.live += 1,
+                    SlotState::Waiting => s.waiting += 1,
+                }
+            }
+        }
+        s
+    }
+
+    /// Returns the slots granted to `client` (known to be gone): a slot whose entry is linked into its key's chain
+    /// stays live; the others go back to the free list after the lease. Returns how many went back.
+    pub fn reclaim_grants(&self, client: u32) -> Result<usize, PdpmError> {
+        let mut space = self.lock_space();
+        let slots: Vec<(u16, u32)> = space
+            .granted
+            .remove(&client)
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        let mut freed = 0;
+        let until = Instant::now() + self.config.reclaim_lease;
+        for (node, slot) in slots {
+            // Replicas go with their primary.
+            if !space.groups.contains_key(&(node, slot)) {
+                continue;
+            }
+            let p = Ptr::new(node, slot, space.version[node as usize][slot as usize]);
+            if self.is_linked(p)? {
+                space.make_live(node, slot);
+            } else {
+                freed += space.groups.get(&(node, slot)).map_or(1, Vec::len);
+                space.retire(node, slot, until);
+            }
+        }
+        Ok(freed)
+    }
+
+    /// Whether the entry at `p` is a version linked into its key's chain: reachable from the key's shortcut.
+    fn is_linked(&self, p: Ptr) -> Result<bool, PdpmError> {
+        let mut guard = self.eps.lock().unwrap_or_else(|e| e.into_inner());
+        let (eps, _) = &mut *guard;
+        let node = p.node() as usize;
+        let mut buf = vec![0u8; self.layout.slot_len() as usize];
+        eps[node].read(
+            slot_addr(&self.areas[node], &self.layout, p.slot()),
+            &mut buf,
+        )?;
+        let Some(entry) = parse_entry(&self.layout, &buf, p.version()) else {
+            return Ok(false);
+        };
+        let key = entry.key.clone();
+        let home = home_node(&key, self.config.node_seed, self.areas.len());
+        let cells = probe_cells(
+            &mut eps[home],
+            &self.areas[home],
+            &self.layout,
+            self.config.max_probe,
+            &key,
+        )?;
+        let Some((_, mut cur)) = cells.found else {
+            return Ok(false);
+        };
+        for _ in 0..self.config.max_walk {
+            let Some(c) = cur else { return Ok(false) };
+            if c == p {
+                return Ok(true);
+            }
+            let n = c.node() as usize;
+            eps[n].read(slot_addr(&self.areas[n], &self.layout, c.slot()), &mut buf)?;
+            match parse_entry(&self.layout, &buf, c.version()) {
+                Some(e) if e.key == key => cur = e.next,
+                _ => return Ok(false),
+            }
+        }
+        Ok(false)
+    }
+
+    fn lock_space(&self) -> std::sync::MutexGuard<'_, Space> {
+        self.space.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn take_records(&self, space: &mut Space, client: u32, records: &[Record]) {
+        let until = Instant::now() + self.config.reclaim_lease;
+        for r in records {
+            match *r {
+                Record::Linked(p) => {
+                    if let Some(SlotState::Granted(_)) = space.known(p) {
+                        space.make_live(p.node(), p.slot());
+                    } else {
+                        tracing::debug!(
+                            client,
+                            ?p,
+                            "linked record for a slot not granted; ignored"
+                        );
+                    }
+                }
+                Record::Retired(p) => match space.known(p) {
+                    Some(SlotState::Live | SlotState::Granted(_)) => {
+                        space.retire(p.node(), p.slot(), until)
+                    }
+                    _ => tracing::debug!(client, ?p, "retire record for a slot not live; ignored"),
+                },
+            }
+        }
+    }
+
+    fn grant(&self, req: GrantRequest) -> Result<Vec<Vec<Grant>>, RpcError> {
+        let m = self.areas.len();
+        let r = self.layout.replication as usize;
+        let mut space = self.lock_space();
+        self.take_records(&mut space, req.client, &req.records);
+        space.reclaim(Instant::now(), self.config.wrap_park);
+        let count = req.count.min(self.config.max_grant);
+        let mut out = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            // The primary on the node asked for when it has room, the replicas on the nodes with most free slots.
+            let mut order: Vec<usize> = (0..m).collect();
+            order.sort_by_key(|&n| {
+                (
+                    n != req.node as usize || space.free[n].is_empty(),
+                    std::cmp::Reverse(space.free[n].len()),
+                )
+            });
+            if space.free[order[r - 1]].is_empty() {
+                break;
+            }
+            let mut group = Vec::with_capacity(r);
+            for &node in &order[..r] {
+                let slot = space.free[node].pop_front().unwrap_or_default();
+                space.state[node][slot as usize] = SlotState::Granted(req.client);
+                space
+                    .granted
+                    .entry(req.client)
+                    .or_default()
+                    .insert((node as u16, slot));
+                group.push(Grant {
+                    node: node as u16,
+                    slot,
+                    version: space.version[node][slot as usize],
+                });
+            }
+            space.groups.insert(
+                (group[0].node, group[0].slot),
+                group.iter().map(|g| (g.node, g.slot)).collect(),
+            );
+            out.push(group);
+        }
+        Ok(out)
+    }
+
+    fn release(&self, req: ReleaseRequest) {
+        let mut space = self.lock_space();
+        self.take_records(&mut space, req.client, &req.records);
+        for group in req.grants {
+            let Some(primary) = group.first() else {
+                continue;
+            };
+            if space.known(primary.ptr()) != Some(SlotState::Granted(req.client)) {
+                continue;
+            }
+            let copies = space
+                .groups
+                .remove(&(primary.node, primary.slot))
+                .unwrap_or_default();
+            for (n, s) in copies {
+                space.ungrant(n, s);
+                // Never linked: no reader can hold it, no lease needed.
+                space.free_slot(n, s);
+            }
+        }
+    }
+
+    /// Finds `key`'s cell on its home node or claims a free one in its probe window (one creator at a time).
+    fn create(&self, key: &[u8]) -> Result<CellRef, RpcError> {
+        if key.len() > self.layout.max_key as usize {
+            return Err(failed("key longer than the layout allows"));
+        }
+        let home = home_node(key, self.config.node_seed, self.areas.len());
+        let mut guard = self.eps.lock().unwrap_or_else(|e| e.into_inner());
+        let (eps, batch) = &mut *guard;
+        let cells = probe_cells(
+            &mut eps[home],
+            &self.areas[home],
+            &self.layout,
+            self.config.max_probe,
+            key,
+        )
+        .map_err(|e| failed(e.to_string()))?;
+        if let Some((cell, _)) = cells.found {
+            return Ok(CellRef {
+                node: home as u16,
+                cell,
+            });
+        }
+        let Some(cell) = cells.first_free else {
+            return Err(failed(format!(
+                "no free cell for the key within {} probes",
+                self.config.max_probe
+            )));
+        };
+        let mut bytes = vec![0u8; CELL_HEAD + key.len()];
+        bytes[8..10].copy_from_slice(&(key.len() as u16 + 1).to_le_bytes());
+        bytes[CELL_HEAD..].copy_from_slice(key);
+        // The key first, then the length word that makes the cell taken (the pointer word stays 0).
+        let addr = cell_addr(&self.areas[home], &self.layout, cell);
+        batch.clear();
+        batch.write(addr.offset_by(CELL_HEAD as u64), key);
+        batch.write(addr.offset_by(8), &bytes[8..16]);
+        let check = batch.read(addr.offset_by(8), 8);
+        eps[home].post(batch).map_err(|e| failed(e.to_string()))?;
+        validate(
+            home,
+            Some(cell as u64),
+            batch.read_data(check),
+            &bytes[8..16],
+        )
+        .map_err(|e| failed(e.to_string()))?;
+        Ok(CellRef {
+            node: home as u16,
+            cell,
+        })
+    }
+}
+
+impl RpcHandler for MetadataServer {
+    fn handle(&self, method: u16, request: &[u8], response: &mut Vec<u8>) -> Result<(), RpcError> {
+        match method {
+            method::LAYOUT => encode(
+                &LayoutReply {
+                    nodes: self.areas.len() as u32,
+                    layout: self.layout.clone(),
+                    max_probe: self.config.max_probe,
+                    node_seed: self.config.node_seed,
+                    reclaim_lease_us: self.config.reclaim_lease.as_micros() as u64,
+                    wrap_park_us: self.config.wrap_park.as_micros() as u64,
+                },
+                response,
+            ),
+            method::GRANT => {
+                let req: GrantRequest = decode(request)?;
+                encode(&self.grant(req)?, response)
+            }
+            method::RECORDS => {
+                let (client, records): (u32, Vec<Record>) = decode(request)?;
+                let mut space = self.lock_space();
+                self.take_records(&mut space, client, &records);
+                encode(&(), response)
+            }
+            method::CREATE => {
+                let key: Vec<u8> = decode(request)?;
+                encode(&self.create(&key)?, response)
+            }
+            method::RELEASE => {
+                let req: ReleaseRequest = decode(request)?;
+                self.release(req);
+                encode(&(), response)
+            }
+            other => Err(RpcError::UnknownMethod(other)),
+        }
+    }
+}
+
+fn home_node(key: &[u8], seed: u64, nodes: usize) -> usize {
+    (hash(key, seed) % nodes as u64) as usize
+}
+
+fn cell_addr(area: &Located, layout: &CloverLayout, cell: u32) -> RemoteAddr {
+    area.data.at(area.body + cell as u64 * layout.cell_len())
+}
+
+fn slot_addr(area: &Located, layout: &CloverLayout, slot: u32) -> RemoteAddr {
+    area.data
+        .at(area.body + layout.cells * layout.cell_len() + slot as u64 * layout.slot_len())
+}
+
+struct Probe {
+    /// The key's cell and its shortcut.
+    found: Option<(u32, Option<Ptr>)>,
+    first_free: Option<u32>,
+}
+
+/// The cells of `key`'s probe window, read in one round trip (two READs when the window wraps).
+fn probe_cells(
+    ep: &mut Endpoint,
+    area: &Located,
+    layout: &CloverLayout,
+    max_probe: u32,
+    key: &[u8],
+) -> Result<Probe, PdpmError> {
+    let mut batch = Batch::new();
+    let slots = probe_reads(&mut batch, area, layout, max_probe, key);
+    ep.post(&mut batch)?;
+    Ok(scan_probe(&batch, &slots, layout, key))
+}
+
+/// Adds the READs of `key`'s probe window to `batch`: `(first cell, cells, verb)` per READ.
+fn probe_reads(
+    batch: &mut Batch,
+    area: &Located,
+    layout: &CloverLayout,
+    max_probe: u32,
+    key: &[u8],
+) -> Vec<(u32, u32, dinomo_fabric::Slot)> {
+    let start = (hash(key, CELL_SEED) % layout.cells) as u32;
+    let first = (max_probe as u64).min(layout.cells - start as u64) as u32;
+    let mut out = vec![(
+        start,
+        first,
+        batch.read(
+            cell_addr(area, layout, start),
+            first * layout.cell_len() as u32,
+        ),
+    )];
+    if first < max_probe {
+        let rest = max_probe - first;
+        out.push((
+            0,
+            rest,
+            batch.read(cell_addr(area, layout, 0), rest * layout.cell_len() as u32),
+        ));
+    }
+    out
+}
+
+fn scan_probe(
+    batch: &Batch,
+    reads: &[(u32, u32, dinomo_fabric::Slot)],
+    layout: &CloverLayout,
+    key: &[u8],
+) -> Probe {
+    let cl = layout.cell_len() as usize;
+    let mut probe = Probe {
+        found: None,
+        first_free: None,
+    };
+    for &(start, count, verb) in reads {
+        let data = batch.read_data(verb);
+        for i in 0..count as usize {
+            let c = &data[i * cl..(i + 1) * cl];
+            let tag = u16::from_le_bytes([c[8], c[9]]) as usize;
+            if tag == 0 {
+                if probe.first_free.is_none() {
+                    probe.first_free = Some(start + i as u32);
+                }
+                continue;
+            }
+            let klen = tag - 1;
+            if klen == key.len() && c.get(CELL_HEAD..CELL_HEAD + klen) == Some(key) {
+                probe.found = Some((start + i as u32, Ptr::from_word(le_u64(c, 0))));
+                return probe;
+            }
+        }
+    }
+    probe
+}
+
+/// A version as read from its slot.
+#[derive(Debug, Clone)]
+struct Entry {
+    /// Header word 0: the next version's primary copy.
+    next: Option<Ptr>,
+    /// Header word `j`: the next version's copy `j` (all-way chaining).
+    nexts: Vec<Option<Ptr>>,
+    /// Every copy of this version, the primary first.
+    copies: Vec<Ptr>,
+    key: Vec<u8>,
+    /// `None`: a tombstone.
+    value: Option<Vec<u8>>,
+}
+
+/// Copy `j` of a version whose copies are `copies` (the primary first): `[R header words][meta][R copy
+/// pointers][key][value][CRC]`, the header words "no next" and every word carrying the copy's own GC version.
+fn encode_entry(copies: &[Grant], j: usize, key: &[u8], value: Option<&[u8]>) -> Vec<u8> {
+    let v = value.unwrap_or_default();
+    let version = copies[j].version;
+    let r = copies.len();
+    let mut b = Vec::with_capacity(8 + 16 * r + key.len() + v.len() + 4);
+    for _ in 0..r {
+        b.extend_from_slice(&((version as u64) << 56).to_le_bytes());
+    }
+    b.extend_from_slice(&(key.len() as u16).to_le_bytes());
+    b.push(if value.is_some() {
+        FLAG_VALUE
+    } else {
+        FLAG_TOMBSTONE
+    });
+    b.push(version);
+    b.extend_from_slice(&(v.len() as u32).to_le_bytes());
+    for c in copies {
+        b.extend_from_slice(&c.ptr().word().to_le_bytes());
+    }
+    b.extend_from_slice(key);
+    b.extend_from_slice(v);
+    let crc = crc32c::crc32c(&b[8 * r..]);
+    b.extend_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// The entry in slot bytes `b` if it is whole and carries GC version `version`; `None` for anything else (never
+/// written, torn, or the slot reused for another version).
+fn parse_entry(layout: &CloverLayout, b: &[u8], version: u8) -> Option<Entry> {
+    let r = layout.replication as usize;
+    let head = layout.entry_head();
+    if b.len() < head {
+        return None;
+    }
+    let header = le_u64(b, 0);
+    let m = 8 * r;
+    let klen = u16::from_le_bytes([b[m], b[m + 1]]) as usize;
+    let flags = b[m + 2];
+    let vlen = le_u32(b, m + 4) as usize;
+    if b[m + 3] != version || (header >> 56) as u8 != version {
+        return None;
+    }
+    if klen > layout.max_key as usize || vlen > layout.max_value as usize {
+        return None;
+    }
+    let end = head + klen + vlen;
+    let crc = u32::from_le_bytes(b.get(end..end + 4)?.try_into().ok()?);
+    if crc32c::crc32c(&b[m..end]) != crc {
+        return None;
+    }
+    let value = match flags {
+        FLAG_VALUE => Some(b[head + klen..end].to_vec()),
+        FLAG_TOMBSTONE => None,
+        _ => return None,
+    };
+    let copies = (0..r)
+        .map(|i| Ptr::from_word(le_u64(b, m + 8 + 8 * i)))
+        .collect::<Option<Vec<Ptr>>>()?;
+    Some(Entry {
+        next: Ptr::from_word(header),
+        nexts: (0..r).map(|i| Ptr::from_word(le_u64(b, 8 * i))).collect(),
+        copies,
+        key: b[head..head + klen].to_vec(),
+        value,
+    })
+}
+
+/// Settings of a Clover client.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CloverSettings {
+    /// Versions' slots asked for per refill. Default 16.
+    pub grant_batch: u32,
+    /// A background thread refills the client's free slots once it holds fewer than this many (after its first
+    /// write); 0 refills only when a write finds none, on the write's path. At most `grant_batch`. Default 8.
+    pub refill_at: u32,
+    /// Records held before the background thread sends them on their own (they otherwise ride on the next
+    /// refill). Default 64.
+    pub record_batch: usize,
+    /// Keys whose cell and cursor are cached (LRU). Default 100,000.
+    pub cursor_capacity: usize,
+    /// A cursor unused for this long is dropped (must stay below the MS's wrap park). Default 5 s.
+    #[serde(with = "humantime_serde")]
+    pub cursor_idle: Duration,
+    /// A READ round trip slower than this is abandoned and the read starts over (at most half the MS's reclaim
+    /// lease). Default 50 ms.
+    #[serde(with = "humantime_serde")]
+    pub read_timeout: Duration,
+    /// Hops one operation may take along chains (restarts included) before it gives up. Default 4096.
+    pub max_hops: u32,
+    /// How long a write waits for free slots while the MS has none (retired slots wait out their lease).
+    /// Default 2 s.
+    #[serde(with = "humantime_serde")]
+    pub space_wait: Duration,
+}
+
+impl Default for CloverSettings {
+    fn default() -> Self {
+        CloverSettings {
+            grant_batch: 16,
+            refill_at: 8,
+            record_batch: 64,
+            cursor_capacity: 100_000,
+            cursor_idle: Duration::from_secs(5),
+            read_timeout: Duration::from_millis(50),
+            max_hops: 4096,
+            space_wait: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Where a crash is injected into a write (for crash tests): the write stops there, as a client that died.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloverCrash {
+    /// The entry is written and validated, not linked.
+    AfterWrite,
+    /// Linked; the shortcut not advanced, no record sent.
+    AfterLink,
+    /// Linked and the shortcut advanced; no record sent.
+    AfterShortcut,
+}
+
+/// A shortcut CAS waiting for the client's next batch to the cell's node.
+#[derive(Debug, Clone, Copy)]
+struct PendingShortcut {
+    cell: CellRef,
+    from: Ptr,
+    to: Ptr,
+}
+
+#[derive(Debug, Clone)]
+struct Cached {
+    cell: CellRef,
+    /// The cursor: the last known tail's primary copy, and when it was learnt.
+    tail: Option<(Ptr, Instant)>,
+    /// Every copy of that tail.
+    copies: Vec<Ptr>,
+    tick: u64,
+}
+
+/// Key → cell and cursor, least recently used first out.
+#[derive(Debug, Default)]
+struct CursorCache {
+    capacity: usize,
+    tick: u64,
+    map: HashMap<Vec<u8>, Cached>,
+    order: BTreeMap<u64, Vec<u8>>,
+}
+
+impl CursorCache {
+    fn get(&mut self, key: &[u8]) -> Option<Cached> {
+        self.tick += 1;
+        let tick = self.tick;
+        let c = self.map.get_mut(key)?;
+        self.order.remove(&c.tick);
+        c.tick = tick;
+        self.order.insert(tick, key.to_vec());
+        Some(c.clone())
+    }
+
+    fn put(&mut self, key: &[u8], cell: CellRef, tail: Option<Ptr>, copies: Vec<Ptr>) {
+        self.tick += 1;
+        let tick = self.tick;
+        let tail = tail.map(|p| (p, Instant::now()));
+        if let Some(c) = self.map.get_mut(key) {
+            self.order.remove(&c.tick);
+            c.tick = tick;
+            c.cell = cell;
+            c.tail = tail;
+            c.copies = copies;
+        } else {
+            while self.map.len() >= self.capacity {
+                let Some((_, old)) = self.order.pop_first() else {
+                    break;
+                };
+                self.map.remove(&old);
+            }
+            self.map.insert(
+                key.to_vec(),
+                Cached {
+                    cell,
+                    tail,
+                    copies,
+                    tick,
+                },
+            );
+        }
+        self.order.insert(tick, key.to_vec());
+    }
+}
+
+/// A key's tail as one read found it.
+#[derive(Debug)]
+struct Tail {
+    cell: CellRef,
+    /// `None`: the key has no version yet.
+    ptr: Option<Ptr>,
+    /// Every copy of the tail (empty when there is none).
+    copies: Vec<Ptr>,
+    value: Option<Vec<u8>>,
+}
+
+static CLIENT_SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// What a client and its background thread share.
+#[derive(Debug, Default)]
+struct Exchange {
+    /// Versions granted by the MS, not yet taken by the client.
+    inbox: Vec<Vec<Grant>>,
+    /// Records for the MS.
+    outbox: Vec<Record>,
+    /// A refill is asked for, its primaries preferably on this node.
+    want: Option<u16>,
+    /// The last refill failed.
+    error: Option<String>,
+    stop: bool,
+}
+
+type Shared = Arc<(Mutex<Exchange>, std::sync::Condvar)>;
+
+/// The thread that talks to the MS off the write path: refills free slots and sends records.
+struct Background {
+    shared: Shared,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Background {
+    fn start(
+        mut ms: Endpoint,
+        client: u32,
+        settings: &CloverSettings,
+    ) -> Result<Background, PdpmError> {
+        let shared: Shared = Arc::default();
+        let theirs = shared.clone();
+        let (grant_batch, record_batch) = (settings.grant_batch, settings.record_batch.max(1));
+        let thread = std::thread::Builder::new()
+            .name("clover-ms".into())
+            .spawn(move || {
+                let (lock, cvar) = &*theirs;
+                let mut x = lock.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    if x.stop {
+                        return;
+                    }
+                    if x.want.is_none() && x.outbox.len() < record_batch {
+                        x = cvar.wait(x).unwrap_or_else(|e| e.into_inner());
+                        continue;
+                    }
+                    let want = x.want;
+                    let records = std::mem::take(&mut x.outbox);
+                    drop(x);
+                    let r: Result<Vec<Vec<Grant>>, FabricError> = match want {
+                        Some(node) => ms.call(
+                            method::GRANT,
+                            &GrantRequest {
+                                client,
+                                node,
+                                count: grant_batch,
+                                records,
+                            },
+                        ),
+                        None => ms
+                            .call::<_, ()>(method::RECORDS, &(client, records))
+                            .map(|()| Vec::new()),
+                    };
+                    let empty = matches!(&r, Ok(g) if g.is_empty());
+                    if want.is_some() && empty {
+                        // Every free slot is granted or waiting out its lease: ask again shortly.
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    x = lock.lock().unwrap_or_else(|e| e.into_inner());
+                    match r {
+                        // A request made while the call was out (for records only) stays asked for.
+                        Ok(groups) => {
+                            if want.is_some() && !empty {
+                                x.want = None;
+                            }
+                            x.inbox.extend(groups);
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "metadata server call failed");
+                            x.error = Some(e.to_string());
+                            if want.is_some() {
+                                x.want = None;
+                            }
+                        }
+                    }
+                    cvar.notify_all();
+                }
+            })
+            .map_err(|e| PdpmError::Config(format!("cannot start the metadata thread: {e}")))?;
+        Ok(Background {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Exchange> {
+        self.shared.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Stops the thread (a call in flight completes first).
+    fn stop(&mut self) {
+        self.lock().stop = true;
+        self.shared.1.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One compute-node thread's Clover client.
+pub struct CloverClient {
+    ms: Endpoint,
+    background: Background,
+    eps: Vec<Endpoint>,
+    areas: Vec<Located>,
+    layout: CloverLayout,
+    max_probe: u32,
+    node_seed: u64,
+    settings: CloverSettings,
+    id: u32,
+    /// Granted versions (one slot per copy) by their primary's memory node.
+    free: Vec<Vec<Vec<Grant>>>,
+    /// Protocol steps (see [`CloverClient::protocol_steps`]).
+    steps: u64,
+    /// Inside a step whose posts to several memory nodes go out in parallel.
+    parallel: bool,
+    records: Vec<Record>,
+    pending: Vec<PendingShortcut>,
+    /// Shortcut CASes that found the shortcut elsewhere: advanced by a walk at the end of the operation.
+    stalled: Vec<PendingShortcut>,
+    cache: CursorCache,
+    batch: Batch,
+}
+
+impl std::fmt::Debug for CloverClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CloverClient")
+            .field("id", &self.id)
+            .field("nodes", &self.eps.len())
+            .finish()
+    }
+}
+
+impl CloverClient {
+    /// Connects to the MS and to its memory nodes (in the MS's order).
+    pub fn connect(
+        metadata_server: &Connector,
+        memory_nodes: &[Connector],
+        settings: CloverSettings,
+    ) -> Result<CloverClient, PdpmError> {
+        if settings.grant_batch == 0 || settings.cursor_capacity == 0 || settings.max_hops == 0 {
+            return Err(PdpmError::Config(
+                "grant_batch, cursor_capacity and max_hops must be at least 1".into(),
+            ));
+        }
+        if settings.refill_at > settings.grant_batch {
+            return Err(PdpmError::Config(format!(
+                "refill_at ({}) must not exceed grant_batch ({})",
+                settings.refill_at, settings.grant_batch
+            )));
+        }
+        let mut ms = metadata_server.connect()?;
+        let reply: LayoutReply = ms.call(method::LAYOUT, &())?;
+        if reply.nodes as usize != memory_nodes.len() {
+            return Err(PdpmError::Config(format!(
+                "the metadata server manages {} memory nodes, {} given",
+                reply.nodes,
+                memory_nodes.len()
+            )));
+        }
+        if settings.read_timeout.as_micros() as u64 * 2 > reply.reclaim_lease_us
+            || settings.cursor_idle.as_micros() as u64 >= reply.wrap_park_us
+        {
+            return Err(PdpmError::Config(format!(
+                "read_timeout ({:?}) must be at most half the reclaim lease ({} us) and cursor_idle ({:?}) below \
+                 the wrap park ({} us)",
+                settings.read_timeout,
+                reply.reclaim_lease_us,
+                settings.cursor_idle,
+                reply.wrap_park_us
+            )));
+        }
+        let mut eps = Vec::new();
+        let mut areas = Vec::new();
+        for (node, c) in memory_nodes.iter().enumerate() {
+            let mut ep = c.connect()?;
+            let (area, l) = anchor::locate::<CloverLayout>(&mut ep, node)?;
+            if l != reply.layout {
+                return Err(PdpmError::Layout {
+                    node,
+                    why: "area differs from the metadata server's".into(),
+                });
+            }
+            eps.push(ep);
+            areas.push(area);
+        }
+        let id = new_client_id() ^ CLIENT_SEQ.fetch_add(1, Ordering::Relaxed).rotate_left(16);
+        let id = if id == 0 { 1 } else { id };
+        let background = Background::start(metadata_server.connect()?, id, &settings)?;
+        Ok(CloverClient {
+            ms,
+            background,
+            free: vec![Vec::new(); eps.len()],
+            eps,
+            areas,
+            layout: reply.layout,
+            max_probe: reply.max_probe,
+            node_seed: reply.node_seed,
+            cache: CursorCache {
+                capacity: settings.cursor_capacity,
+                ..CursorCache::default()
+            },
+            settings,
+            id,
+            records: Vec::new(),
+            steps: 0,
+            parallel: false,
+            pending: Vec::new(),
+            stalled: Vec::new(),
+            batch: Batch::new(),
+        })
+    }
+
+    /// This client's identity at the MS (for [`MetadataServer::reclaim_grants`]).
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Has the background thread fetch free slots now and waits for them (up to `space_wait`), so that the next
+    /// writes find some.
+    pub fn refill(&mut self) -> Result<(), PdpmError> {
+        let g = self.wait_for_grants(0)?;
+        self.give_back(g);
+        Ok(())
+    }
+
+    /// Sends the shortcut CASes and records held, so that the MS knows of every retired slot.
+    pub fn flush(&mut self) -> Result<(), PdpmError> {
+        for node in 0..self.eps.len() {
+            if self.pending.iter().any(|p| p.cell.node as usize == node) {
+                self.batch.clear();
+                let carried = self.carry_pending(node);
+                self.post(node, carried)?;
+            }
+        }
+        self.help_stalled()?;
+        let mut records = std::mem::take(&mut self.background.lock().outbox);
+        records.append(&mut self.records);
+        if !records.is_empty() {
+            self.ms
+                .call::<_, ()>(method::RECORDS, &(self.id, records))?;
+        }
+        Ok(())
+    }
+
+    /// Atomic read-modify-write of `key`: reads its tail, calls `f` with its value and links the outcome onto
+    /// exactly that tail. When another version was linked in between, the tail is read again and **`f` runs again**
+    /// (it may run any number of times; only the last call's outcome is written).
+    pub fn update(
+        &mut self,
+        key: &[u8],
+        f: &mut dyn FnMut(Option<&[u8]>) -> Change,
+    ) -> Result<(), PdpmError> {
+        check_key(key, self.layout.max_key)?;
+        let r = self.update_inner(key, f);
+        self.after_op(r)
+    }
+
+    /// Runs a put up to `point` and stops, as a client that crashed would. For crash tests.
+    pub fn put_crashing(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        point: CloverCrash,
+    ) -> Result<(), PdpmError> {
+        self.check(key, Some(value))?;
+        let r = self.write(key, Some(value), Some(point));
+        // Nothing more reaches the MS from this client.
+        self.background.stop();
+        r
+    }
+
+    fn check(&self, key: &[u8], value: Option<&[u8]>) -> Result<(), PdpmError> {
+        check_key(key, self.layout.max_key)?;
+        value.map_or(Ok(()), |v| check_value(v, self.layout.max_value))
+    }
+
+    fn after_op<T>(&mut self, r: Result<T, PdpmError>) -> Result<T, PdpmError> {
+        let r = r.and_then(|v| self.help_stalled().map(|()| v));
+        if self.records.len() >= self.settings.record_batch {
+            let mut x = self.background.lock();
+            x.outbox.append(&mut self.records);
+            drop(x);
+            self.background.shared.1.notify_all();
+        }
+        r
+    }
+
+    fn home(&self, key: &[u8]) -> usize {
+        home_node(key, self.node_seed, self.eps.len())
+    }
+
+    fn valid_ptr(&self, p: Ptr) -> Result<(), PdpmError> {
+        if (p.node() as usize) < self.eps.len() && (p.slot() as u64) < self.layout.slots {
+            return Ok(());
+        }
+        Err(PdpmError::Layout {
+            node: p.node() as usize,
+            why: format!("pointer to slot {} out of range", p.slot()),
+        })
+    }
+
+    /// Adds the shortcut CASes pending for `node` to the batch.
+    fn carry_pending(&mut self, node: usize) -> Vec<(PendingShortcut, dinomo_fabric::Slot)> {
+        let mut carried = Vec::new();
+        let mut i = 0;
+        while i < self.pending.len() {
+            let p = self.pending[i];
+            if p.cell.node as usize == node {
+                let addr = cell_addr(&self.areas[node], &self.layout, p.cell.cell);
+                carried.push((p, self.batch.cas(addr, p.from.word(), p.to.word())));
+                self.pending.remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        carried
+    }
+
+    /// Posts the batch to `node` and settles the shortcut CASes it carried.
+    fn post(
+        &mut self,
+        node: usize,
+        carried: Vec<(PendingShortcut, dinomo_fabric::Slot)>,
+    ) -> Result<(), PdpmError> {
+        if !self.parallel {
+            self.steps += 1;
+        }
+        self.eps[node].post(&mut self.batch)?;
+        for (p, verb) in carried {
+            if self.batch.old_value(verb) == p.from.word() {
+                self.records.push(Record::Retired(p.from));
+            } else {
+                self.stalled.push(p);
+            }
+        }
+        Ok(())
+    }
+
+    /// Advances shortcuts that were not where their CAS expected (a writer that crashed before advancing it, or
+    /// one whose CAS is still pending): walks from the shortcut towards the version this client linked, moving the
+    /// shortcut one version at a time and retiring each version it passes.
+    fn help_stalled(&mut self) -> Result<(), PdpmError> {
+        while let Some(p) = self.stalled.pop() {
+            let node = p.cell.node as usize;
+            let addr = cell_addr(&self.areas[node], &self.layout, p.cell.cell);
+            let mut word = [0u8; 8];
+            self.eps[node].read(addr, &mut word)?;
+            let mut cur = Ptr::from_word(u64::from_le_bytes(word));
+            for _ in 0..self.settings.max_hops {
+                let Some(c) = cur else { break };
+                if c == p.to {
+                    break;
+                }
+                self.valid_ptr(c)?;
+                let Some(e) = self.read_entry(c)? else {
+                    // Retired and reused meanwhile: someone moved the shortcut past it; look again.
+                    self.eps[node].read(addr, &mut word)?;
+                    let now = Ptr::from_word(u64::from_le_bytes(word));
+                    if now == cur {
+                        break;
+                    }
+                    cur = now;
+                    continue;
+                };
+                let Some(next) = e.next else { break };
+                let old = self.eps[node].cas(addr, c.word(), next.word())?;
+                if old == c.word() {
+                    self.records.push(Record::Retired(c));
+                    cur = Some(next);
+                } else {
+                    cur = Ptr::from_word(old);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// READs the entry at `p` in its own round trip (carrying pending shortcut CASes for its node); `None` when it
+    /// is not a whole version of that GC version or the READ took longer than the read timeout.
+    fn read_entry(&mut self, p: Ptr) -> Result<Option<Entry>, PdpmError> {
+        let node = p.node() as usize;
+        self.batch.clear();
+        let carried = self.carry_pending(node);
+        let verb = self.batch.read(
+            slot_addr(&self.areas[node], &self.layout, p.slot()),
+            self.layout.slot_len() as u32,
+        );
+        let start = Instant::now();
+        self.post(node, carried)?;
+        if start.elapsed() > self.settings.read_timeout {
+            return Ok(None);
+        }
+        Ok(parse_entry(
+            &self.layout,
+            self.batch.read_data(verb),
+            p.version(),
+        ))
+    }
+
+    /// Reads the shortcut word of `cell`.
+    fn read_cell(&mut self, cell: CellRef) -> Result<Option<Ptr>, PdpmError> {
+        let node = cell.node as usize;
+        self.batch.clear();
+        let carried = self.carry_pending(node);
+        let verb = self
+            .batch
+            .read(cell_addr(&self.areas[node], &self.layout, cell.cell), 8);
+        self.post(node, carried)?;
+        Ok(Ptr::from_word(le_u64(self.batch.read_data(verb), 0)))
+    }
+
+    /// Finds `key`'s cell by reading its probe window; `None` when the key was never created.
+    fn find_cell(&mut self, key: &[u8]) -> Result<Option<(CellRef, Option<Ptr>)>, PdpmError> {
+        let home = self.home(key);
+        self.batch.clear();
+        let carried = self.carry_pending(home);
+        let reads = probe_reads(
+            &mut self.batch,
+            &self.areas[home],
+            &self.layout,
+            self.max_probe,
+            key,
+        );
+        self.post(home, carried)?;
+        let probe = scan_probe(&self.batch, &reads, &self.layout, key);
+        Ok(probe.found.map(|(cell, ptr)| {
+            (
+                CellRef {
+                    node: home as u16,
+                    cell,
+                },
+                ptr,
+            )
+        }))
+    }
+
+    /// The key's tail: from the cursor when one is cached (one batch with the shortcut when they share a node),
+    /// else from the shortcut. `None` when the key has no cell.
+    fn read_tail(&mut self, key: &[u8]) -> Result<Option<Tail>, PdpmError> {
+        let cached = self.cache.get(key);
+        let (cell, mut cur, mut first, mut shortcut) = match cached {
+            None => match self.find_cell(key)? {
+                None => return Ok(None),
+                Some((cell, s)) => (cell, s, None, None),
+            },
+            Some(Cached {
+                cell,
+                tail: Some((t, used)),
+                ..
+            }) if used.elapsed() < self.settings.cursor_idle => {
+                self.valid_ptr(t)?;
+                let node = t.node() as usize;
+                self.batch.clear();
+                let carried = self.carry_pending(node);
+                let entry = self.batch.read(
+                    slot_addr(&self.areas[node], &self.layout, t.slot()),
+                    self.layout.slot_len() as u32,
+                );
+                let sc = (cell.node as usize == node).then(|| {
+                    self.batch
+                        .read(cell_addr(&self.areas[node], &self.layout, cell.cell), 8)
+                });
+                let start = Instant::now();
+                self.post(node, carried)?;
+                let e = if start.elapsed() > self.settings.read_timeout {
+                    None
+                } else {
+                    parse_entry(&self.layout, self.batch.read_data(entry), t.version())
+                };
+                let s = sc.map(|v| Ptr::from_word(le_u64(self.batch.read_data(v), 0)));
+                (cell, Some(t), Some(e), s)
+            }
+            Some(Cached { cell, .. }) => {
+                let s = self.read_cell(cell)?;
+                (cell, s, None, None)
+            }
+        };
+        for _ in 0..self.settings.max_hops {
+            let Some(p) = cur else {
+                self.cache.put(key, cell, None, Vec::new());
+                return Ok(Some(Tail {
+                    cell,
+                    ptr: None,
+                    copies: Vec::new(),
+                    value: None,
+                }));
+            };
+            self.valid_ptr(p)?;
+            let e = match first.take() {
+                Some(e) => e,
+                None => self.read_entry(p)?,
+            };
+            match e {
+                Some(e) if e.key == key => match e.next {
+                    None => {
+                        self.cache.put(key, cell, Some(p), e.copies.clone());
+                        return Ok(Some(Tail {
+                            cell,
+                            ptr: Some(p),
+                            copies: e.copies,
+                            value: e.value,
+                        }));
+                    }
+                    Some(next) => {
+                        // The shortcut read beside a stale cursor usually points nearer the tail.
+                        cur = match shortcut.take().flatten() {
+                            Some(s) if s != p => Some(s),
+                            _ => Some(next),
+                        };
+                    }
+                },
+                // The slot was reclaimed and reused under a stale pointer: start over from the shortcut.
+                _ => {
+                    cur = match shortcut.take() {
+                        Some(s) => s,
+                        None => self.read_cell(cell)?,
+                    };
+                }
+            }
+        }
+        Err(PdpmError::Contended {
+            node: cell.node as usize,
+            slot: cell.cell as u64,
+            attempts: self.settings.max_hops,
+        })
+    }
+
+    /// A granted version (one slot per copy, the primary first), its primary preferably on `node`. Slots come
+    /// from the background thread, asked for once fewer than `refill_at` are left; a write that finds none waits
+    /// for them (up to `space_wait`, while retired slots wait out their lease).
+    fn take_group(&mut self, node: usize) -> Result<Vec<Grant>, PdpmError> {
+        self.take_inbox()?;
+        let g = match self.free[node].pop() {
+            Some(g) => Some(g),
+            None => self.free.iter_mut().find_map(|f| f.pop()),
+        };
+        let Some(g) = g else {
+            return self.wait_for_grants(node);
+        };
+        let held: usize = self.free.iter().map(Vec::len).sum();
+        if held < self.settings.refill_at as usize {
+            self.ask_for_grants(node);
+        }
+        Ok(g)
+    }
+
+    fn ask_for_grants(&mut self, node: usize) {
+        let mut x = self.background.lock();
+        if x.want.is_none() {
+            x.want = Some(node as u16);
+        }
+        x.outbox.append(&mut self.records);
+        drop(x);
+        self.background.shared.1.notify_all();
+    }
+
+    /// Moves what the background thread received into the free lists, checking it.
+    fn take_inbox(&mut self) -> Result<(), PdpmError> {
+        let (groups, error) = {
+            let mut x = self.background.lock();
+            (std::mem::take(&mut x.inbox), x.error.take())
+        };
+        for group in groups {
+            let mut nodes = HashSet::new();
+            for g in &group {
+                self.valid_ptr(g.ptr())?;
+                nodes.insert(g.node);
+            }
+            if group.len() != self.layout.replication as usize || nodes.len() != group.len() {
+                return Err(PdpmError::Coordinator(
+                    "granted version does not have one slot per copy on distinct nodes".into(),
+                ));
+            }
+            self.give_back(group);
+        }
+        match error {
+            Some(e) => Err(PdpmError::Coordinator(format!("refill failed: {e}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// Asks for a refill and waits until one version's slots arrive.
+    fn wait_for_grants(&mut self, node: usize) -> Result<Vec<Grant>, PdpmError> {
+        let deadline = Instant::now() + self.settings.space_wait;
+        self.ask_for_grants(node);
+        loop {
+            {
+                let (lock, cvar) = &*self.background.shared;
+                let mut x = lock.lock().unwrap_or_else(|e| e.into_inner());
+                while x.inbox.is_empty() && x.error.is_none() && !x.stop {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    x = cvar
+                        .wait_timeout(x, left)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+            }
+            self.take_inbox()?;
+            if let Some(g) = self.free.iter_mut().find_map(|f| f.pop()) {
+                return Ok(g);
+            }
+            if Instant::now() >= deadline || self.background.thread.is_none() {
+                return Err(PdpmError::Coordinator(
+                    "metadata server has no free slots (out of space)".into(),
+                ));
+            }
+            self.ask_for_grants(node);
+        }
+    }
+
+    fn give_back(&mut self, group: Vec<Grant>) {
+        if let Some(first) = group.first() {
+            self.free[first.node as usize].push(group);
+        }
+    }
+
+    /// WRITEs every copy of a version into its slot, each with the validating READ of its last 8 bytes (one
+    /// round trip per memory node; one protocol step).
+    fn write_copies(
+        &mut self,
+        group: &[Grant],
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> Result<(), PdpmError> {
+        self.steps += 1;
+        self.parallel = true;
+        let r = (0..group.len()).try_for_each(|j| {
+            let g = group[j];
+            let bytes = encode_entry(group, j, key, value);
+            let node = g.node as usize;
+            let addr = slot_addr(&self.areas[node], &self.layout, g.slot);
+            self.batch.clear();
+            let carried = self.carry_pending(node);
+            self.batch.write(addr, &bytes);
+            let tail = bytes.len() as u64 - 8;
+            let check = self.batch.read(addr.offset_by(tail), 8);
+            self.post(node, carried)?;
+            validate(
+                node,
+                Some(g.slot as u64),
+                self.batch.read_data(check),
+                &bytes[tail as usize..],
+            )
+        });
+        self.parallel = false;
+        r
+    }
+
+    /// CAS-links `new` after `tail` (or into the empty cell). `Ok(None)` on success, else what the CAS found in the
+    /// way: `Some(Some(p))` a newer version to chase from, `Some(None)` the tail's slot was recycled.
+    fn link(
+        &mut self,
+        cell: CellRef,
+        tail: Option<Ptr>,
+        new: Ptr,
+    ) -> Result<Option<Option<Ptr>>, PdpmError> {
+        let (node, addr, expect, swap) = match tail {
+            None => {
+                let node = cell.node as usize;
+                (
+                    node,
+                    cell_addr(&self.areas[node], &self.layout, cell.cell),
+                    0,
+                    new.word(),
+                )
+            }
+            Some(t) => {
+                let node = t.node() as usize;
+                let own = (t.version() as u64) << 56;
+                (
+                    node,
+                    slot_addr(&self.areas[node], &self.layout, t.slot()),
+                    own,
+                    own | new.word(),
+                )
+            }
+        };
+        self.steps += 1;
+        let old = self.eps[node].cas(addr, expect, swap)?;
+        if old == expect {
+            return Ok(None);
+        }
+        match tail {
+            // The cell holds a first version already: its word is the way on.
+            None => Ok(Some(Ptr::from_word(old))),
+            Some(t) if (old >> 56) as u8 == t.version() => Ok(Some(Ptr::from_word(old))),
+            Some(_) => Ok(Some(None)),
+        }
+    }
+
+    /// All-way chaining (R > 1): every copy of the old tail gets header word `j` pointing at the new version's copy
+    /// `j` (word 0 of the primary was the link). CASes expecting "own GC version, no next", so a slot recycled
+    /// meanwhile is left alone. One round trip per memory node; one protocol step.
+    fn chain_replicas(&mut self, old: &[Ptr], new: &[Grant]) -> Result<(), PdpmError> {
+        if new.len() < 2 || old.len() != new.len() {
+            return Ok(());
+        }
+        for &o in old {
+            self.valid_ptr(o)?;
+        }
+        self.steps += 1;
+        self.parallel = true;
+        let r = old.iter().enumerate().try_for_each(|(i, &o)| {
+            let node = o.node() as usize;
+            let base = slot_addr(&self.areas[node], &self.layout, o.slot());
+            let own = (o.version() as u64) << 56;
+            self.batch.clear();
+            let carried = self.carry_pending(node);
+            for (j, n) in new.iter().enumerate() {
+                if i == 0 && j == 0 {
+                    continue;
+                }
+                self.batch
+                    .cas(base.offset_by(8 * j as u64), own, own | n.ptr().word());
+            }
+            self.post(node, carried)
+        });
+        self.parallel = false;
+        r
+    }
+
+    /// Bookkeeping after the version `new` was linked after `tail`: replica chaining, cursor, the shortcut CAS
+    /// for the next batch, the record.
+    fn linked(
+        &mut self,
+        key: &[u8],
+        tail: &Tail,
+        new: &[Grant],
+        crash: Option<CloverCrash>,
+    ) -> Result<(), PdpmError> {
+        let cell = tail.cell;
+        let primary = new[0].ptr();
+        let copies: Vec<Ptr> = new.iter().map(|g| g.ptr()).collect();
+        self.cache.put(key, cell, Some(primary), copies);
+        if crash == Some(CloverCrash::AfterLink) {
+            return Ok(());
+        }
+        self.chain_replicas(&tail.copies, new)?;
+        if let Some(from) = tail.ptr {
+            self.pending.push(PendingShortcut {
+                cell,
+                from,
+                to: primary,
+            });
+        }
+        if crash == Some(CloverCrash::AfterShortcut) {
+            // The shortcut CAS goes out now; the records it and the link produce are never sent.
+            let node = cell.node as usize;
+            self.batch.clear();
+            let carried = self.carry_pending(node);
+            self.post(node, carried)?;
+            return Ok(());
+        }
+        self.records.push(Record::Linked(primary));
+        Ok(())
+    }
+
+    /// Walks from `start` (a pointer found in the way of a link) to the tail; from the shortcut when `start` is
+    /// `None` (the tail's slot was recycled).
+    fn chase(&mut self, key: &[u8], cell: CellRef, start: Option<Ptr>) -> Result<Tail, PdpmError> {
+        let mut cur = match start {
+            Some(p) => Some(p),
+            None => self.read_cell(cell)?,
+        };
+        for _ in 0..self.settings.max_hops {
+            let Some(p) = cur else {
+                return Ok(Tail {
+                    cell,
+                    ptr: None,
+                    copies: Vec::new(),
+                    value: None,
+                });
+            };
+            self.valid_ptr(p)?;
+            match self.read_entry(p)? {
+                Some(e) if e.key == key => match e.next {
+                    None => {
+                        return Ok(Tail {
+                            cell,
+                            ptr: Some(p),
+                            copies: e.copies,
+                            value: e.value,
+                        });
+                    }
+                    Some(n) => cur = Some(n),
+                },
+                _ => cur = self.read_cell(cell)?,
+            }
+        }
+        Err(PdpmError::Contended {
+            node: cell.node as usize,
+            slot: cell.cell as u64,
+            attempts: self.settings.max_hops,
+        })
+    }
+
+    /// The key's tail for a blind write: the cursor when one is cached (no round trip), else read; creates the
+    /// key's cell through the MS when it has none. The value is not known on the cursor path.
+    fn tail_for_write(&mut self, key: &[u8]) -> Result<Tail, PdpmError> {
+        if let Some(Cached {
+            cell,
+            tail: Some((t, used)),
+            copies,
+            ..
+        }) = self.cache.get(key)
+            && used.elapsed() < self.settings.cursor_idle
+        {
+            return Ok(Tail {
+                cell,
+                ptr: Some(t),
+                copies,
+                value: None,
+            });
+        }
+        if let Some(t) = self.read_tail(key)? {
+            return Ok(t);
+        }
+        self.steps += 1;
+        let cell: CellRef = self.ms.call(method::CREATE, &key)?;
+        if cell.node as usize >= self.eps.len() || cell.cell as u64 >= self.layout.cells {
+            return Err(PdpmError::Coordinator(
+                "CREATE named a cell out of range".into(),
+            ));
+        }
+        // Another client may have linked a first version since the MS answered.
+        let s = self.read_cell(cell)?;
+        let tail = match s {
+            None => Tail {
+                cell,
+                ptr: None,
+                copies: Vec::new(),
+                value: None,
+            },
+            Some(p) => self.chase(key, cell, Some(p))?,
+        };
+        self.cache.put(key, cell, tail.ptr, tail.copies.clone());
+        Ok(tail)
+    }
+
+    /// A blind write (value or tombstone): out of place, then CAS-linked at the tail (chasing it on failure).
+    fn write(
+        &mut self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        crash: Option<CloverCrash>,
+    ) -> Result<(), PdpmError> {
+        let mut tail = self.tail_for_write(key)?;
+        let group = self.take_group(tail.cell.node as usize)?;
+        if let Err(e) = self.write_copies(&group, key, value) {
+            self.give_back(group);
+            return Err(e);
+        }
+        if crash == Some(CloverCrash::AfterWrite) {
+            return Ok(());
+        }
+        let new = group[0].ptr();
+        for _ in 0..self.settings.max_hops {
+            match self.link(tail.cell, tail.ptr, new)? {
+                None => return self.linked(key, &tail, &group, crash),
+                Some(found) => tail = self.chase(key, tail.cell, found)?,
+            }
+        }
+        // Never linked: the slots are still this client's.
+        let cell = tail.cell;
+        self.give_back(group);
+        Err(PdpmError::Contended {
+            node: cell.node as usize,
+            slot: cell.cell as u64,
+            attempts: self.settings.max_hops,
+        })
+    }
+
+    fn update_inner(
+        &mut self,
+        key: &[u8],
+        f: &mut dyn FnMut(Option<&[u8]>) -> Change,
+    ) -> Result<(), PdpmError> {
+        let mut tail = match self.read_tail(key)? {
+            Some(t) => t,
+            None => {
+                // No cell: create it only if `f` wants a value there.
+                if matches!(f(None), Change::Keep | Change::Delete) {
+                    return Ok(());
+                }
+                self.tail_for_write(key)?
+            }
+        };
+        let mut group: Option<Vec<Grant>> = None;
+        let mut outcome = Ok(());
+        for _ in 0..self.settings.max_hops {
+            let value = match f(tail.value.as_deref()) {
+                Change::Keep => break,
+                Change::Delete if tail.value.is_none() => break,
+                Change::Delete => None,
+                Change::Put(v) => {
+                    if let Err(e) = check_value(&v, self.layout.max_value) {
+                        outcome = Err(e);
+                        break;
+                    }
+                    Some(v)
+                }
+            };
+            let g = match group.take() {
+                Some(g) => g,
+                None => self.take_group(tail.cell.node as usize)?,
+            };
+            // Rewriting an unlinked version in place is safe: no reader can reach it.
+            if let Err(e) = self.write_copies(&g, key, value.as_deref()) {
+                outcome = Err(e);
+                group = Some(g);
+                break;
+            }
+            match self.link(tail.cell, tail.ptr, g[0].ptr())? {
+                None => return self.linked(key, &tail, &g, None),
+                Some(found) => tail = self.chase(key, tail.cell, found)?,
+            }
+            group = Some(g);
+        }
+        if let Some(g) = group {
+            self.give_back(g);
+        }
+        outcome
+    }
+
+    /// Protocol steps taken so far: round trips as the paper counts them, where the verbs of one step to several
+    /// memory nodes (the copies of a version) go out in parallel.
+    pub fn protocol_steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// The values along replica chain `j` (copy `j` of each version, following header word `j` only), from the
+    /// version the shortcut names to the tail. Shows that every copy is written and all-way chained.
+    pub fn replica_chain(
+        &mut self,
+        key: &[u8],
+        j: usize,
+    ) -> Result<Vec<Option<Vec<u8>>>, PdpmError> {
+        self.check(key, None)?;
+        if j >= self.layout.replication as usize {
+            return Err(PdpmError::Config(format!("no copy {j}")));
+        }
+        let Some((cell, Some(s))) = self.find_cell(key)? else {
+            return Ok(Vec::new());
+        };
+        let Some(e) = self.read_entry(s)? else {
+            return Err(PdpmError::Contended {
+                node: cell.node as usize,
+                slot: cell.cell as u64,
+                attempts: 1,
+            });
+        };
+        let mut cur = e.copies.get(j).copied();
+        let mut out = Vec::new();
+        for _ in 0..self.settings.max_hops {
+            let Some(p) = cur else { return Ok(out) };
+            self.valid_ptr(p)?;
+            let Some(e) = self.read_entry(p)? else {
+                return Err(PdpmError::Layout {
+                    node: p.node() as usize,
+                    why: format!(
+                        "replica chain {j} names slot {} that holds no such version",
+                        p.slot()
+                    ),
+                });
+            };
+            out.push(e.value);
+            cur = e.nexts.get(j).copied().flatten();
+        }
+        Ok(out)
+    }
+}
+
+impl PdpmStore for CloverClient {
+    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, PdpmError> {
+        self.check(key, None)?;
+        let r = self.read_tail(key).map(|t| t.and_then(|t| t.value));
+        self.after_op(r)
+    }
+
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), PdpmError> {
+        self.check(key, Some(value))?;
+        let r = self.write(key, Some(value), None);
+        self.after_op(r)
+    }
+
+    fn delete(&mut self, key: &[u8]) -> Result<(), PdpmError> {
+        self.check(key, None)?;
+        // A key without a cell has nothing to delete; otherwise a tombstone version is linked.
+        let r = match self.cache.get(key) {
+            Some(_) => self.write(key, None, None),
+            None => match self.find_cell(key)? {
+                None => Ok(()),
+                Some((cell, s)) => {
+                    self.cache.put(key, cell, None, Vec::new());
+                    if s.is_none() {
+                        Ok(())
+                    } else {
+                        self.write(key, None, None)
+                    }
+                }
+            },
+        };
+        self.after_op(r)
+    }
+}
+
+impl Drop for CloverClient {
+    fn drop(&mut self) {
+        self.background.stop();
+        if let Err(e) = self.take_inbox() {
+            tracing::debug!(error = %e, "refill failed");
+        }
+        if let Err(e) = self.flush() {
+            tracing::debug!(error = %e, "could not flush shortcut updates and records");
+        }
+        let grants: Vec<Vec<Grant>> = self.free.iter_mut().flat_map(std::mem::take).collect();
+        let records = std::mem::take(&mut self.records);
+        if grants.is_empty() && records.is_empty() {
+            return;
+        }
+        if let Err(e) = self.ms.call::<_, ()>(
+            method::RELEASE,
+            &ReleaseRequest {
+                client: self.id,
+                grants,
+                records,
+            },
+        ) {
+            tracing::debug!(error = %e, "could not give granted slots back");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_round_trip_and_damage_is_caught() {
+        let l = CloverLayout::default();
+        let one = |version| {
+            [Grant {
+                node: 0,
+                slot: 5,
+                version,
+            }]
+        };
+        let b = encode_entry(&one(7), 0, b"key", Some(&b"value"[..]));
+        let mut image = vec![0u8; l.slot_len() as usize];
+        image[..b.len()].copy_from_slice(&b);
+        let e = parse_entry(&l, &image, 7).unwrap();
+        assert_eq!(
+            (e.key.as_slice(), e.value.as_deref(), e.next),
+            (&b"key"[..], Some(&b"value"[..]), None)
+        );
+        assert!(parse_entry(&l, &image, 8).is_none(), "another GC version");
+        for i in 8..b.len() {
+            let mut bad = image.clone();
+            bad[i] ^= 0x40;
+            assert!(parse_entry(&l, &bad, 7).is_none(), "flip at {i}");
+        }
+        let next = Ptr::new(3, 99, 200);
+        image[..8].copy_from_slice(&((7u64 << 56) | next.word()).to_le_bytes());
+        assert_eq!(parse_entry(&l, &image, 7).unwrap().next, Some(next));
+        let t = encode_entry(&one(1), 0, b"k", None);
+        let mut image = vec![0u8; l.slot_len() as usize];
+        image[..t.len()].copy_from_slice(&t);
+        assert_eq!(parse_entry(&l, &image, 1).unwrap().value, None);
+        assert_eq!(CloverLayout::decode(&l.encode()), Ok(l));
+        // Two copies: each names both, and header word j of copy j is its own.
+        let l2 = CloverLayout {
+            replication: 2,
+            ..CloverLayout::default()
+        };
+        let group = [
+            Grant {
+                node: 0,
+                slot: 1,
+                version: 3,
+            },
+            Grant {
+                node: 1,
+                slot: 2,
+                version: 9,
+            },
+        ];
+        let c1 = encode_entry(&group, 1, b"k", Some(&b"v"[..]));
+        let mut image = vec![0u8; l2.slot_len() as usize];
+        image[..c1.len()].copy_from_slice(&c1);
+        let e = parse_entry(&l2, &image, 9).unwrap();
+        assert_eq!(e.copies, vec![group[0].ptr(), group[1].ptr()]);
+        assert_eq!(e.nexts, vec![None, None]);
+        assert_eq!(CloverLayout::decode(&l2.encode()), Ok(l2));
+    }
+
+    #[test]
+    fn pointers_pack_and_unpack() {
+        let p = Ptr::new(0x7fff, u32::MAX, 255);
+        assert_eq!((p.node(), p.slot(), p.version()), (0x7fff, u32::MAX, 255));
+        assert_eq!(Ptr::from_word(p.word() | (9 << 56)), Some(p));
+        assert_eq!(Ptr::from_word(0), None);
+        assert_eq!(Ptr::from_word(5u64 << 56), None);
+    }
+}
