@@ -2105,6 +2105,15 @@ impl CloverClient {
 }
 
 impl PdpmStore for CloverClient {
+    fn update(
+        &mut self,
+        key: &[u8],
+        f: &mut dyn FnMut(Option<&[u8]>) -> Change,
+    ) -> Result<(), PdpmError> {
+        // The inherent method (path syntax picks it over this one).
+        CloverClient::update(self, key, f)
+    }
+
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, PdpmError> {
         self.check(key, None)?;
         let r = self.read_tail(key).map(|t| t.and_then(|t| t.value));

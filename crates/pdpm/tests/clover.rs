@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use common::{Nodes, Op, connector, op, start_node, traffic};
+use common::{Nodes, Op, change, connector, op, start_node, traffic};
 use dinomo_fabric::{Connector, MemoryNode, NodeConfig, Server};
 use dinomo_pdpm::clover::{
     self, CloverClient, CloverCrash, CloverLayout, CloverSettings, MetadataConfig, MetadataServer,
@@ -202,6 +202,10 @@ proptest! {
                     c.delete(&[k]).unwrap();
                     model.remove(&k);
                 }
+                Op::Update(k, b) => {
+                    c.update(&[k], &mut |old| change(old, b)).unwrap();
+                    apply_to(&mut model, k, b);
+                }
             }
         }
         // A second client starts cold and must agree.
@@ -230,7 +234,24 @@ proptest! {
                     c.delete(&[k]).unwrap();
                     model.remove(&k);
                 }
+                Op::Update(k, b) => {
+                    c.update(&[k], &mut |old| change(old, b)).unwrap();
+                    apply_to(&mut model, k, b);
+                }
             }
+        }
+    }
+}
+
+/// [`change`] applied to this file's model (keyed by the key's one byte).
+fn apply_to(model: &mut HashMap<u8, Vec<u8>>, key: u8, byte: u8) {
+    match change(model.get(&key).map(Vec::as_slice), byte) {
+        Change::Keep => {}
+        Change::Put(v) => {
+            model.insert(key, v);
+        }
+        Change::Delete => {
+            model.remove(&key);
         }
     }
 }
