@@ -32,14 +32,16 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use dinomo_fabric::{Batch, Connector, Endpoint};
+use std::sync::Arc;
+
+use dinomo_fabric::{Batch, Connector, Endpoint, FaultHooks};
 use dinomo_pool::Pool;
 use serde::{Deserialize, Serialize};
 
 use crate::anchor::{self, Anchor, Anchored, HEADER_LEN, Located, le_u32, le_u64};
 use crate::{
-    Change, PdpmError, PdpmStore, check_key, check_value, hash, new_client_id, roots, tags,
-    validate, write_validated,
+    Change, PdpmError, PdpmStore, check_key, check_value, hash, is_node_failure, new_client_id,
+    roots, tags, validate, write_validated,
 };
 
 const COPY_HEADER: usize = 16;
@@ -201,6 +203,10 @@ pub struct DirectSettings {
     pub node_seed: u64,
     /// Key → slot entries a client caches before it starts over. Default 1,048,576.
     pub max_cached_slots: usize,
+    /// A memory node whose connection failed is left alone (reads go to the next replica, writes that need it are
+    /// refused) for this long before the client connects to it again. Default 1 s.
+    #[serde(with = "humantime_serde")]
+    pub node_retry: Duration,
 }
 
 impl Default for DirectSettings {
@@ -213,6 +219,7 @@ impl Default for DirectSettings {
             fuse_validation: false,
             node_seed: 0,
             max_cached_slots: 1 << 20,
+            node_retry: Duration::from_secs(1),
         }
     }
 }
@@ -259,7 +266,10 @@ enum Copy {
 
 /// One compute-node thread's DirectDS or DirectDS-C client.
 pub struct DirectClient {
+    connectors: Vec<Connector>,
     eps: Vec<Endpoint>,
+    /// When each memory node was last found unreachable (`None`: reachable as far as this client knows).
+    down: Vec<Option<Instant>>,
     /// Each node's slot table; its body starts with slot 0 of section 0.
     tables: Vec<Located>,
     layout: DirectLayout,
@@ -308,6 +318,8 @@ impl DirectClient {
             )));
         }
         Ok(DirectClient {
+            connectors: connectors.to_vec(),
+            down: vec![None; eps.len()],
             eps,
             tables,
             layout,
@@ -334,6 +346,77 @@ impl DirectClient {
     /// The memory node holding `key`'s primary copy.
     pub fn primary_of(&self, key: &[u8]) -> usize {
         (hash(key, self.settings.node_seed) % self.eps.len() as u64) as usize
+    }
+
+    /// The fault hooks of this client's current connection to memory node `node` (tests cut it to fail the node;
+    /// a reconnection after [`DirectSettings::node_retry`] gets fresh hooks).
+    pub fn fault_hooks(&self, node: usize) -> Option<Arc<FaultHooks>> {
+        self.eps.get(node).map(|ep| ep.hooks().clone())
+    }
+
+    /// True unless `node` was found unreachable less than `node_retry` ago; after that the client connects again
+    /// (and re-reads the node's slot table, whose region keys change when the node restarts).
+    fn reachable(&mut self, node: usize) -> bool {
+        match self.down[node] {
+            None => true,
+            Some(since) if since.elapsed() < self.settings.node_retry => false,
+            Some(_) => match self.reconnect(node) {
+                Ok(()) => {
+                    tracing::info!(node, "memory node reachable again");
+                    self.down[node] = None;
+                    true
+                }
+                Err(e) => {
+                    tracing::debug!(node, error = %e, "memory node still unreachable");
+                    self.down[node] = Some(Instant::now());
+                    false
+                }
+            },
+        }
+    }
+
+    fn reconnect(&mut self, node: usize) -> Result<(), PdpmError> {
+        let mut ep = self.connectors[node].connect()?;
+        let (table, layout) = anchor::locate::<DirectLayout>(&mut ep, node)?;
+        if layout != self.layout {
+            return Err(PdpmError::Layout {
+                node,
+                why: format!(
+                    "slot table {layout:?} differs from {:?} seen before",
+                    self.layout
+                ),
+            });
+        }
+        self.eps[node] = ep;
+        self.tables[node] = table;
+        Ok(())
+    }
+
+    /// Passes `r` on, marking `node` down when its error says the node is gone.
+    fn on<T, E: Into<PdpmError>>(&mut self, node: usize, r: Result<T, E>) -> Result<T, PdpmError> {
+        r.map_err(|e| {
+            let e = e.into();
+            if is_node_failure(&e) && self.down[node].is_none() {
+                tracing::warn!(node, error = %e, "memory node unreachable");
+                self.down[node] = Some(Instant::now());
+            }
+            e
+        })
+    }
+
+    /// A write needs every replica of the key (the lock lives on the primary and the protocol writes all `R`
+    /// copies): refuses, before anything is written, when one is known to be down.
+    fn require_replicas(&mut self, primary: usize) -> Result<(), PdpmError> {
+        let nodes: Vec<(usize, u32)> = self.replicas(primary).collect();
+        for (node, _) in nodes {
+            if !self.reachable(node) {
+                return Err(PdpmError::NodeDown {
+                    node,
+                    why: "a replica of the key is down; writes need every replica".into(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The committed copy of `key` on each of its replicas, primary first, read lock-free: the value, `None` for
@@ -381,7 +464,10 @@ impl DirectClient {
                 buf.resize((n * slot_len) as usize, 0);
                 let addr = self.tables[node].data.at(self.slot_offset(node, 0, first));
                 self.steps += 1;
-                self.eps[node].read(addr, &mut buf)?;
+                {
+                    let r = self.eps[node].read(addr, &mut buf);
+                    self.on(node, r)?
+                };
                 for i in 0..n {
                     let at = (i * slot_len) as usize + 8;
                     let copy =
@@ -473,14 +559,21 @@ impl DirectClient {
         let mut attempt: u32 = 0;
         loop {
             self.steps += 1;
-            let prev = self.eps[node].cas(addr, 0, mine)?;
+            let prev = {
+                let r = self.eps[node].cas(addr, 0, mine);
+                self.on(node, r)?
+            };
             if prev == 0 {
                 return Ok(LockOutcome::Free);
             }
             match seen {
                 Some((v, since)) if v == prev && since.elapsed() >= self.settings.lock_lease => {
                     self.steps += 1;
-                    if self.eps[node].cas(addr, prev, mine)? == prev {
+                    if {
+                        let r = self.eps[node].cas(addr, prev, mine);
+                        self.on(node, r)?
+                    } == prev
+                    {
                         tracing::warn!(node, slot, stale = prev, "taking over a stale lock");
                         self.recover_slot(node, slot)?;
                         return Ok(LockOutcome::TookOverStale);
@@ -505,7 +598,10 @@ impl DirectClient {
     fn unlock_slot(&mut self, node: usize, slot: u64) -> Result<(), PdpmError> {
         self.steps += 1;
         let addr = self.lock_addr(node, slot);
-        self.eps[node].write(addr, &0u64.to_le_bytes())?;
+        {
+            let r = self.eps[node].write(addr, &0u64.to_le_bytes());
+            self.on(node, r)?
+        };
         Ok(())
     }
 
@@ -521,7 +617,10 @@ impl DirectClient {
     ) -> Result<Copy, PdpmError> {
         let mut buf = vec![0u8; self.copy_len() as usize];
         self.steps += 1;
-        self.eps[node].read(addr, &mut buf)?;
+        {
+            let r = self.eps[node].read(addr, &mut buf);
+            self.on(node, r)?
+        };
         Ok(parse_copy(self.layout.flavor, &self.layout, &buf))
     }
 
@@ -589,7 +688,8 @@ impl DirectClient {
         let copy = encode_copy(self.layout.flavor, marker, key, value);
         let tail = copy.len() as u64 - 8;
         let nodes: Vec<(usize, u32)> = self.replicas(primary).collect();
-        let r = self.write_phases(&nodes, slot, &copy, tail, crash);
+        let mut committing = false;
+        let r = self.write_phases(&nodes, slot, &copy, tail, crash, &mut committing);
         if r.is_ok() {
             self.remember(key, slot);
         }
@@ -597,12 +697,33 @@ impl DirectClient {
             (Ok(true), _) => Ok(()),
             (Ok(false), None) => self.unlock_slot(primary, slot),
             (Ok(false), Some(_)) => Ok(()),
+            (Err(e), _) if !committing && is_node_failure(&e) => {
+                // No committed copy changed: the write is not applied. Release the lock where the primary still
+                // answers; otherwise the next writer takes it over after the lease and finds the old committed
+                // copy whole.
+                if self.down[primary].is_none() {
+                    let _ = self.unlock_slot(primary, slot);
+                }
+                let node = nodes
+                    .iter()
+                    .map(|&(n, _)| n)
+                    .find(|&n| self.down[n].is_some())
+                    .unwrap_or(primary);
+                Err(PdpmError::NodeDown {
+                    node,
+                    why: e.to_string(),
+                })
+            }
+            // Outcome unknown: some committed copy may have changed. The lock stays held, so the next writer (once
+            // every replica answers) takes it over after the lease and brings the replicas in line with the
+            // primary's copy.
             (Err(e), _) => Err(e),
         }
     }
 
     /// Writes the redo copies, validates, writes the committed copies, validates. Returns Ok(true) when it
     /// stopped at a crash point (lock left held).
+    #[allow(clippy::too_many_arguments)]
     fn write_phases(
         &mut self,
         nodes: &[(usize, u32)],
@@ -610,11 +731,13 @@ impl DirectClient {
         copy: &[u8],
         tail: u64,
         crash: Option<CrashPoint>,
+        committing: &mut bool,
     ) -> Result<bool, PdpmError> {
         if crash == Some(CrashPoint::AfterLock) {
             return Ok(true);
         }
         for phase in [Phase::Redo, Phase::Committed] {
+            *committing = phase == Phase::Committed;
             let torn = match (phase, crash) {
                 (Phase::Redo, Some(CrashPoint::RedoTorn { bytes })) => Some(bytes),
                 (Phase::Committed, Some(CrashPoint::CommittedTorn { bytes })) => Some(bytes),
@@ -623,7 +746,10 @@ impl DirectClient {
             if let Some(bytes) = torn {
                 let (node, section) = nodes[0];
                 let addr = self.phase_addr(phase, node, section, slot);
-                self.eps[node].write(addr, &copy[..bytes.min(copy.len())])?;
+                {
+                    let r = self.eps[node].write(addr, &copy[..bytes.min(copy.len())]);
+                    self.on(node, r)?
+                };
                 return Ok(true);
             }
             let stop_after_write = matches!(
@@ -635,7 +761,7 @@ impl DirectClient {
                 self.steps += 1;
                 for &(node, section) in nodes {
                     let addr = self.phase_addr(phase, node, section, slot);
-                    write_validated(
+                    let r = write_validated(
                         &mut self.eps[node],
                         &mut self.batch,
                         node,
@@ -643,13 +769,17 @@ impl DirectClient {
                         addr,
                         copy,
                         tail,
-                    )?;
+                    );
+                    self.on(node, r)?;
                 }
             } else {
                 self.steps += 1;
                 for &(node, section) in nodes {
                     let addr = self.phase_addr(phase, node, section, slot);
-                    self.eps[node].write(addr, copy)?;
+                    {
+                        let r = self.eps[node].write(addr, copy);
+                        self.on(node, r)?
+                    };
                 }
                 if stop_after_write {
                     return Ok(true);
@@ -658,7 +788,10 @@ impl DirectClient {
                 for &(node, section) in nodes {
                     let addr = self.phase_addr(phase, node, section, slot);
                     let mut last = [0u8; 8];
-                    self.eps[node].read(addr.offset_by(tail), &mut last)?;
+                    {
+                        let r = self.eps[node].read(addr.offset_by(tail), &mut last);
+                        self.on(node, r)?
+                    };
                     validate(node, Some(slot), &last, &copy[tail as usize..])?;
                 }
             }
@@ -694,11 +827,17 @@ impl DirectClient {
         let mut redo = vec![0u8; len];
         let caddr = self.committed_addr(primary, 0, slot);
         let raddr = self.redo_addr(primary, 0, slot);
-        self.eps[primary].read(caddr, &mut committed)?;
+        {
+            let r = self.eps[primary].read(caddr, &mut committed);
+            self.on(primary, r)?
+        };
         let image = match parse_copy(self.layout.flavor, &self.layout, &committed) {
             Copy::Empty | Copy::Whole { .. } => committed,
             Copy::Torn => {
-                self.eps[primary].read(raddr, &mut redo)?;
+                {
+                    let r = self.eps[primary].read(raddr, &mut redo);
+                    self.on(primary, r)?
+                };
                 if !matches!(
                     parse_copy(self.layout.flavor, &self.layout, &redo),
                     Copy::Whole { .. }
@@ -708,9 +847,15 @@ impl DirectClient {
                         slot,
                     });
                 }
-                self.eps[primary].write(caddr, &redo)?;
+                {
+                    let r = self.eps[primary].write(caddr, &redo);
+                    self.on(primary, r)?
+                };
                 let mut check = vec![0u8; len];
-                self.eps[primary].read(caddr, &mut check)?;
+                {
+                    let r = self.eps[primary].read(caddr, &mut check);
+                    self.on(primary, r)?
+                };
                 validate(primary, Some(slot), &check, &redo)?;
                 redo
             }
@@ -719,9 +864,15 @@ impl DirectClient {
         let others: Vec<(usize, u32)> = self.replicas(primary).skip(1).collect();
         for (node, section) in others {
             let addr = self.committed_addr(node, section, slot);
-            self.eps[node].write(addr, &image)?;
+            {
+                let r = self.eps[node].write(addr, &image);
+                self.on(node, r)?
+            };
             let mut check = vec![0u8; len];
-            self.eps[node].read(addr, &mut check)?;
+            {
+                let r = self.eps[node].read(addr, &mut check);
+                self.on(node, r)?
+            };
             validate(node, Some(slot), &check, &image)?;
         }
         tracing::info!(
@@ -732,9 +883,44 @@ impl DirectClient {
         Ok(())
     }
 
-    /// Finds `key`'s slot and reads its committed copy. DirectDS reads under the lock; DirectDS-C reads lock-free.
+    /// Reads `key`'s committed copy on its primary or, when that node is down, on the next replica that answers.
+    /// A write is acknowledged only once every replica holds its committed copy, so any whole replica copy is the
+    /// last acknowledged value (or that of a write whose outcome was reported unknown).
     fn lookup(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, PdpmError> {
-        let node = self.primary_of(key);
+        let primary = self.primary_of(key);
+        let nodes: Vec<(usize, u32)> = self.replicas(primary).collect();
+        let mut why = String::new();
+        for (node, section) in nodes {
+            if !self.reachable(node) {
+                why.push_str(&format!("node {node} down; "));
+                continue;
+            }
+            match self.lookup_on(key, node, section) {
+                Err(e) if is_node_failure(&e) => {
+                    tracing::debug!(node, error = %e, "read fails over to the next replica");
+                    why.push_str(&format!("node {node}: {e}; "));
+                }
+                r => return r,
+            }
+        }
+        Err(PdpmError::NodeDown {
+            node: primary,
+            why: format!(
+                "no replica of the key answers ({})",
+                why.trim_end_matches("; ")
+            ),
+        })
+    }
+
+    /// Finds `key`'s slot in `section` of `node` and reads its committed copy. On the primary DirectDS reads under
+    /// the lock and DirectDS-C lock-free; a replica is read lock-free (its lock is the primary's), checked by
+    /// markers or CRC.
+    fn lookup_on(
+        &mut self,
+        key: &[u8],
+        node: usize,
+        section: u32,
+    ) -> Result<Option<Vec<u8>>, PdpmError> {
         let cached = self.cache.get(key).copied();
         let first = self.first_slot(key);
         let probes = if cached.is_some() {
@@ -744,7 +930,11 @@ impl DirectClient {
         };
         for i in 0..probes {
             let slot = cached.unwrap_or((first + i) % self.layout.slots);
-            let copy = self.read_slot(node, slot)?;
+            let copy = if section == 0 {
+                self.read_slot(node, slot)?
+            } else {
+                self.read_replica_slot(node, section, slot)?
+            };
             match copy {
                 Copy::Empty => return Ok(None),
                 Copy::Whole { key: k, value } if k == key => {
@@ -762,6 +952,28 @@ impl DirectClient {
             }
         }
         Ok(None)
+    }
+
+    /// The committed copy of one slot in a replica section, read lock-free; a copy being rewritten is read again.
+    fn read_replica_slot(
+        &mut self,
+        node: usize,
+        section: u32,
+        slot: u64,
+    ) -> Result<Copy, PdpmError> {
+        let addr = self.committed_addr(node, section, slot);
+        let attempts = self.settings.torn_retries.max(1);
+        for attempt in 0..attempts {
+            match self.read_copy_at(node, addr)? {
+                Copy::Torn => backoff(attempt),
+                c => return Ok(c),
+            }
+        }
+        Err(PdpmError::Contended {
+            node,
+            slot,
+            attempts,
+        })
     }
 
     /// The committed copy of one slot, read the flavor's way.
@@ -801,7 +1013,11 @@ impl PdpmStore for DirectClient {
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), PdpmError> {
         self.check_key(key)?;
         self.check_value(value)?;
-        let (slot, _) = self.lock_for_write(key)?;
+        let primary = self.primary_of(key);
+        self.require_replicas(primary)?;
+        let (slot, _) = self
+            .lock_for_write(key)
+            .map_err(|e| not_applied(primary, e))?;
         self.write_locked(key, slot, Some(value), None)
     }
 
@@ -817,14 +1033,18 @@ impl PdpmStore for DirectClient {
         f: &mut dyn FnMut(Option<&[u8]>) -> Change,
     ) -> Result<(), PdpmError> {
         self.check_key(key)?;
-        let (slot, current) = self.lock_for_write(key)?;
+        let primary = self.primary_of(key);
+        self.require_replicas(primary)?;
+        let (slot, current) = self
+            .lock_for_write(key)
+            .map_err(|e| not_applied(primary, e))?;
         let current = match current {
             Some(c) => c,
-            None => match self.read_committed(self.primary_of(key), slot) {
+            None => match self.read_committed(primary, slot) {
                 Ok(c) => c,
                 Err(e) => {
                     let _ = self.unlock(key, slot);
-                    return Err(e);
+                    return Err(not_applied(primary, e));
                 }
             },
         };
@@ -845,6 +1065,18 @@ impl PdpmStore for DirectClient {
             }
         };
         self.write_locked(key, slot, new.as_deref(), None)
+    }
+}
+
+/// A failure before the write changed anything: a node failure becomes [`PdpmError::NodeDown`] (not applied).
+fn not_applied(node: usize, e: PdpmError) -> PdpmError {
+    match e {
+        PdpmError::NodeDown { .. } => e,
+        e if is_node_failure(&e) => PdpmError::NodeDown {
+            node,
+            why: e.to_string(),
+        },
+        e => e,
     }
 }
 

@@ -15,7 +15,7 @@ pub mod central;
 pub mod clover;
 pub mod direct;
 
-use dinomo_fabric::{Batch, Endpoint, FabricError, RemoteAddr};
+use dinomo_fabric::{Batch, Endpoint, FabricError, RemoteAddr, VerbError};
 use dinomo_pool::PoolError;
 
 /// Pool root slots used by the baselines (the data plane uses 1 and 2).
@@ -149,12 +149,41 @@ pub enum PdpmError {
         /// How long it went on.
         waited_ms: u64,
     },
+    /// A memory node the operation needs is unreachable (its connection was lost or it refused the client's
+    /// region keys, as after a restart). Nothing was applied: a write that may have changed a committed copy before
+    /// the failure reports [`PdpmError::Fabric`] instead (outcome unknown).
+    #[error("memory node {node} is unreachable ({why}); nothing was applied")]
+    NodeDown {
+        /// Memory node.
+        node: usize,
+        /// What failed.
+        why: String,
+    },
     /// The coordinator refused a request.
     #[error("coordinator: {0}")]
     Coordinator(String),
     /// A setting is out of range.
     #[error("invalid setting: {0}")]
     Config(String),
+}
+
+/// True when `e` says the memory node itself is gone rather than that one request was wrong: a lost connection,
+/// or a refusal of the region key or region (a restarted node registers its regions under new keys).
+pub(crate) fn is_node_failure(e: &PdpmError) -> bool {
+    match e {
+        PdpmError::Fabric(f) => {
+            f.is_connection_lost()
+                || matches!(
+                    f,
+                    FabricError::Verb {
+                        error: VerbError::BadKey | VerbError::NoSuchRegion,
+                        ..
+                    } | FabricError::Handshake(_)
+                )
+        }
+        PdpmError::NodeDown { .. } => true,
+        _ => false,
+    }
 }
 
 /// The seeded hash that places keys on memory nodes and slots.
