@@ -44,14 +44,16 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use dinomo_fabric::{Batch, Connector, Endpoint, MemoryNode, RpcError, RpcHandler, decode, encode};
+use dinomo_fabric::{
+    Batch, Connector, Endpoint, FaultHooks, MemoryNode, RpcError, RpcHandler, decode, encode,
+};
 use dinomo_pool::Pool;
 use serde::{Deserialize, Serialize};
 
 use crate::anchor::{self, Anchor, Anchored, HEADER_LEN, Located, le_u32, le_u64};
 use crate::{
-    Change, PdpmError, PdpmStore, check_key, check_value, hash, new_client_id, roots, tags,
-    validate, write_validated,
+    Change, PdpmError, PdpmStore, check_key, check_value, hash, is_node_failure, new_client_id,
+    roots, tags, validate, write_validated,
 };
 
 /// Bytes before the key: stamp, version, key length, zero, value length.
@@ -75,6 +77,8 @@ pub mod method {
     pub const RELEASE: u16 = 0x4306;
     /// How many keys have a committed value.
     pub const COUNT: u16 = 0x4307;
+    /// A client found a memory node unreachable: grants avoid it for the coordinator's `node_retry`.
+    pub const REPORT_DOWN: u16 = 0x4308;
 }
 
 /// The block area of a memory node, fixed when it is formatted.
@@ -268,6 +272,10 @@ pub struct CoordinatorConfig {
     pub shards: usize,
     /// Most locations one GRANT hands out. Default 1024.
     pub max_grant: u32,
+    /// A memory node found unreachable (by a failed stamp or a client's report) gets no new blocks for this long;
+    /// then it is tried again. Default 1 s.
+    #[serde(with = "humantime_serde")]
+    pub node_retry: Duration,
 }
 
 impl Default for CoordinatorConfig {
@@ -276,6 +284,7 @@ impl Default for CoordinatorConfig {
             replication: 1,
             shards: 64,
             max_grant: 1024,
+            node_retry: Duration::from_secs(1),
         }
     }
 }
@@ -312,6 +321,8 @@ pub struct Coordinator {
     /// The next commit's stamp.
     next_stamp: AtomicU64,
     rebuilt: Mutex<Rebuilt>,
+    /// When each memory node was last found unreachable.
+    down: Mutex<Vec<Option<Instant>>>,
 }
 
 /// What a coordinator found when it rebuilt its metadata from the memory nodes.
@@ -386,6 +397,7 @@ impl Coordinator {
             areas,
             next_stamp: AtomicU64::new(1),
             rebuilt: Mutex::new(Rebuilt::default()),
+            down: Mutex::new(vec![None; connectors.len()]),
         };
         let rebuilt = coordinator.rebuild()?;
         tracing::info!(
@@ -566,10 +578,35 @@ impl Coordinator {
         let addr = area
             .data
             .at(area.body + b.block as u64 * self.layout.block_len());
-        self.with_ep(b.node as usize, |ep| {
+        let r = self.with_ep(b.node as usize, |ep| {
             ep.write(addr, &stamp.to_le_bytes())?;
             Ok(())
-        })
+        });
+        if let Err(e) = &r
+            && is_node_failure(e)
+        {
+            self.mark_down(b.node as usize);
+        }
+        r
+    }
+
+    /// Records that memory node `node` is unreachable: no blocks on it are granted for `node_retry`.
+    pub fn mark_down(&self, node: usize) {
+        let mut down = self.down.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(d) = down.get_mut(node) {
+            if d.is_none() {
+                tracing::warn!(node, "memory node unreachable; granting no blocks on it");
+            }
+            *d = Some(Instant::now());
+        }
+    }
+
+    /// The memory nodes currently given no new blocks.
+    pub fn down_nodes(&self) -> Vec<usize> {
+        let down = self.down.lock().unwrap_or_else(|e| e.into_inner());
+        (0..down.len())
+            .filter(|&n| down[n].is_some_and(|t| t.elapsed() < self.config.node_retry))
+            .collect()
     }
 
     /// Clears the stamps of a location's blocks and frees them.
@@ -637,12 +674,19 @@ impl Coordinator {
     fn grant(&self, client: u32, count: u32) -> Result<Vec<Location>, RpcError> {
         let count = count.min(self.config.max_grant);
         let r = self.config.replication as usize;
+        let down = self.down_nodes();
         let mut space = self.lock_space();
         let mut out = Vec::with_capacity(count as usize);
         for _ in 0..count {
-            // The replicas go to the memory nodes with the most free blocks.
-            let mut order: Vec<usize> = (0..self.nodes).collect();
+            // The replicas go to the live memory nodes with the most free blocks.
+            let mut order: Vec<usize> = (0..self.nodes).filter(|n| !down.contains(n)).collect();
             order.sort_by_key(|&n| std::cmp::Reverse(space.free[n].len()));
+            if order.len() < r {
+                return Err(failed(format!(
+                    "{} live memory nodes, replication {r} needs more (down: {down:?})",
+                    order.len()
+                )));
+            }
             if space.free[order[r - 1]].is_empty() {
                 break;
             }
@@ -822,6 +866,14 @@ impl RpcHandler for Coordinator {
                 encode(&(), response)
             }
             method::COUNT => encode(&(self.key_count() as u64), response),
+            method::REPORT_DOWN => {
+                let node: u32 = decode(request)?;
+                if node as usize >= self.nodes {
+                    return Err(failed(format!("no memory node {node}")));
+                }
+                self.mark_down(node as usize);
+                encode(&(), response)
+            }
             other => Err(RpcError::UnknownMethod(other)),
         }
     }
@@ -845,6 +897,10 @@ pub struct CentralSettings {
     /// Longest pause between two attempts of a read-modify-write. Default 1 ms.
     #[serde(with = "humantime_serde")]
     pub update_backoff_max: Duration,
+    /// A memory node whose connection failed is left alone (reads use the value's next block, writes other
+    /// granted blocks) for this long before the client connects to it again. Default 1 s.
+    #[serde(with = "humantime_serde")]
+    pub node_retry: Duration,
 }
 
 impl Default for CentralSettings {
@@ -855,6 +911,7 @@ impl Default for CentralSettings {
             fuse_validation: false,
             update_wait: Duration::from_secs(10),
             update_backoff_max: Duration::from_millis(1),
+            node_retry: Duration::from_secs(1),
         }
     }
 }
@@ -871,7 +928,10 @@ pub enum CentralCrash {
 /// One compute-node thread's CentralDS client.
 pub struct CentralClient {
     coordinator: Endpoint,
+    connectors: Vec<Connector>,
     eps: Vec<Endpoint>,
+    /// When each memory node was last found unreachable.
+    down: Vec<Option<Instant>>,
     /// Each node's block area; its body starts with block 0.
     areas: Vec<Located>,
     layout: CentralLayout,
@@ -930,6 +990,8 @@ impl CentralClient {
         let id = new_client_id() ^ CLIENT_SEQ.fetch_add(1, Ordering::Relaxed).rotate_left(16);
         Ok(CentralClient {
             coordinator: coord,
+            connectors: memory_nodes.to_vec(),
+            down: vec![None; eps.len()],
             eps,
             areas,
             layout: reply.layout,
@@ -980,6 +1042,104 @@ impl CentralClient {
             .map(|_| ())
     }
 
+    /// The fault hooks of this client's current connection to memory node `node` (tests cut it to fail the node;
+    /// a reconnection after [`CentralSettings::node_retry`] gets fresh hooks).
+    pub fn fault_hooks(&self, node: usize) -> Option<Arc<FaultHooks>> {
+        self.eps.get(node).map(|ep| ep.hooks().clone())
+    }
+
+    /// True unless `node` was found unreachable less than `node_retry` ago; after that the client connects again.
+    fn reachable(&mut self, node: usize) -> bool {
+        match self.down.get(node).copied().flatten() {
+            None => node < self.eps.len(),
+            Some(since) if since.elapsed() < self.settings.node_retry => false,
+            Some(_) => {
+                let r = self.connectors[node]
+                    .connect()
+                    .map_err(PdpmError::from)
+                    .and_then(|mut ep| {
+                        let (area, l) = anchor::locate::<CentralLayout>(&mut ep, node)?;
+                        if l != self.layout {
+                            return Err(PdpmError::Layout {
+                                node,
+                                why: "block area differs from the coordinator's".into(),
+                            });
+                        }
+                        Ok((ep, area))
+                    });
+                match r {
+                    Ok((ep, area)) => {
+                        self.eps[node] = ep;
+                        self.areas[node] = area;
+                        self.down[node] = None;
+                        true
+                    }
+                    Err(e) => {
+                        tracing::debug!(node, error = %e, "memory node still unreachable");
+                        self.down[node] = Some(Instant::now());
+                        false
+                    }
+                }
+            }
+        }
+    }
+
+    /// Passes `r` on; when its error says memory node `node` is gone, marks it down and tells the coordinator
+    /// (best effort), so that new grants avoid it.
+    fn on<T, E: Into<PdpmError>>(&mut self, node: usize, r: Result<T, E>) -> Result<T, PdpmError> {
+        r.map_err(|e| {
+            let e = e.into();
+            if is_node_failure(&e) {
+                if self.down[node].is_none() {
+                    tracing::warn!(node, error = %e, "memory node unreachable");
+                }
+                self.down[node] = Some(Instant::now());
+                if let Err(report) = self
+                    .coordinator
+                    .call::<_, ()>(method::REPORT_DOWN, &(node as u32))
+                {
+                    tracing::debug!(node, error = %report, "could not report a memory node down");
+                }
+            }
+            e
+        })
+    }
+
+    /// Gives granted locations back to the coordinator (best effort).
+    fn release(&mut self, locations: Vec<Location>) {
+        if locations.is_empty() {
+            return;
+        }
+        if let Err(e) = self.coordinator.call::<_, ()>(
+            method::RELEASE,
+            &ReleaseRequest {
+                client: self.id,
+                locations,
+            },
+        ) {
+            tracing::debug!(error = %e, "could not give granted blocks back");
+        }
+    }
+
+    /// A granted location whose memory nodes are all reachable; locations on nodes known to be down go back.
+    fn take_location(&mut self) -> Result<Location, PdpmError> {
+        for _ in 0..2 {
+            if self.granted.is_empty() {
+                self.refill()?;
+            }
+            while let Some(location) = self.granted.pop() {
+                let nodes: Vec<usize> = location.0.iter().map(|b| b.node as usize).collect();
+                if nodes.into_iter().all(|n| self.reachable(n)) {
+                    return Ok(location);
+                }
+                self.release(vec![location]);
+            }
+        }
+        Err(PdpmError::Coordinator(
+            "no granted blocks on reachable memory nodes".into(),
+        ))
+    }
+
     fn check(&self, key: &[u8], value: Option<&[u8]>) -> Result<(), PdpmError> {
         check_key(key, self.layout.max_key)?;
         value.map_or(Ok(()), |v| check_value(v, self.layout.max_value))
@@ -1010,17 +1170,25 @@ impl CentralClient {
         expect: Expect,
     ) -> Result<bool, PdpmError> {
         self.check(key, Some(value))?;
-        if self.granted.is_empty() {
-            self.refill()?;
-        }
-        let Some(location) = self.granted.pop() else {
-            return Err(PdpmError::Coordinator("no blocks granted".into()));
-        };
         self.seq = self.seq.wrapping_add(1);
         let version = ((self.id as u64) << 32) | self.seq as u64;
         let block = encode_block(version, key, value);
         let tail = block.len() as u64 - 8;
-        let r = self.write_blocks(&location, &block, tail, crash);
+        // Nothing is visible before COMMIT: a location whose node fails while it is written goes back and the
+        // write moves to another one (the coordinator, told of the failure, grants none on that node).
+        let mut attempt = 0;
+        let (location, r) = loop {
+            let location = self.take_location()?;
+            let r = self.write_blocks(&location, &block, tail, crash);
+            match r {
+                Err(e) if is_node_failure(&e) && attempt < self.eps.len() => {
+                    tracing::debug!(error = %e, "writing the value elsewhere");
+                    self.release(vec![location]);
+                    attempt += 1;
+                }
+                r => break (location, r),
+            }
+        };
         if crash.is_some() {
             return r.map(|()| true);
         }
@@ -1070,7 +1238,7 @@ impl CentralClient {
         let want = &block[tail as usize..];
         if self.settings.fuse_validation && crash.is_none() {
             for &(node, addr) in &addrs {
-                write_validated(
+                let r = write_validated(
                     &mut self.eps[node],
                     &mut self.batch,
                     node,
@@ -1078,19 +1246,22 @@ impl CentralClient {
                     addr,
                     block,
                     tail,
-                )?;
+                );
+                self.on(node, r)?;
             }
             return Ok(());
         }
         for &(node, addr) in &addrs {
-            self.eps[node].write(addr, block)?;
+            let r = self.eps[node].write(addr, block);
+            self.on(node, r)?;
         }
         if crash == Some(CentralCrash::AfterWrite) {
             return Ok(());
         }
         for &(node, addr) in &addrs {
             let mut last = [0u8; 8];
-            self.eps[node].read(addr.offset_by(tail), &mut last)?;
+            let r = self.eps[node].read(addr.offset_by(tail), &mut last);
+            self.on(node, r)?;
             validate(node, None, &last, want)?;
         }
         Ok(())
@@ -1106,14 +1277,36 @@ impl CentralClient {
             let Some(c) = committed else {
                 return Ok(None);
             };
-            let first = *c
-                .location
-                .0
-                .first()
-                .ok_or_else(|| PdpmError::Coordinator("empty location".into()))?;
-            let addr = self.block_addr(first)?;
+            // The first block on a reachable node; every block of a committed location holds the same value.
             let mut buf = vec![0u8; len];
-            self.eps[first.node as usize].read(addr, &mut buf)?;
+            let mut read = None;
+            let mut why = String::new();
+            for &b in &c.location.0 {
+                let node = b.node as usize;
+                if !self.reachable(node) {
+                    why.push_str(&format!("node {node} down; "));
+                    continue;
+                }
+                let addr = self.block_addr(b)?;
+                let r = self.eps[node].read(addr, &mut buf);
+                match self.on(node, r) {
+                    Ok(()) => {
+                        read = Some(b);
+                        break;
+                    }
+                    Err(e) if is_node_failure(&e) => why.push_str(&format!("node {node}: {e}; ")),
+                    Err(e) => return Err(e),
+                }
+            }
+            let Some(first) = read else {
+                return Err(PdpmError::NodeDown {
+                    node: c.location.0.first().map_or(0, |b| b.node as usize),
+                    why: format!(
+                        "no block of the key's value answers ({})",
+                        why.trim_end_matches("; ")
+                    ),
+                });
+            };
             match parse_block(&self.layout, &buf) {
                 Some((version, k, v)) if version == c.version && k == key => {
                     return Ok(Some((version, v.to_vec())));
