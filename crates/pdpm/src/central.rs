@@ -272,11 +272,11 @@ pub struct CoordinatorConfig {
     pub shards: usize,
     /// Most locations one GRANT hands out. Default 1024.
     pub max_grant: u32,
-    /// A memory node found unreachable (by a failed stamp or a client's report) gets no new blocks for this long;
-    /// then it is tried again. Default 1 s.
-    #[serde(with = "humantime_serde")]
-    pub node_retry: Duration,
 }
+
+/// How long the coordinator grants no blocks on a memory node found unreachable, by default
+/// ([`Coordinator::set_node_retry`]).
+pub const DEFAULT_NODE_RETRY: Duration = Duration::from_secs(1);
 
 impl Default for CoordinatorConfig {
     fn default() -> Self {
@@ -284,7 +284,6 @@ impl Default for CoordinatorConfig {
             replication: 1,
             shards: 64,
             max_grant: 1024,
-            node_retry: Duration::from_secs(1),
         }
     }
 }
@@ -323,6 +322,8 @@ pub struct Coordinator {
     rebuilt: Mutex<Rebuilt>,
     /// When each memory node was last found unreachable.
     down: Mutex<Vec<Option<Instant>>>,
+    /// Nanoseconds a node found unreachable gets no new blocks.
+    node_retry_ns: AtomicU64,
 }
 
 /// What a coordinator found when it rebuilt its metadata from the memory nodes.
@@ -398,6 +399,7 @@ impl Coordinator {
             next_stamp: AtomicU64::new(1),
             rebuilt: Mutex::new(Rebuilt::default()),
             down: Mutex::new(vec![None; connectors.len()]),
+            node_retry_ns: AtomicU64::new(DEFAULT_NODE_RETRY.as_nanos() as u64),
         };
         let rebuilt = coordinator.rebuild()?;
         tracing::info!(
@@ -601,11 +603,19 @@ impl Coordinator {
         }
     }
 
+    /// Sets how long a memory node found unreachable (by a failed stamp or a client's report) gets no new
+    /// blocks before it is tried again (default [`DEFAULT_NODE_RETRY`]).
+    pub fn set_node_retry(&self, retry: Duration) {
+        let ns = u64::try_from(retry.as_nanos()).unwrap_or(u64::MAX);
+        self.node_retry_ns.store(ns, Ordering::Relaxed);
+    }
+
     /// The memory nodes currently given no new blocks.
     pub fn down_nodes(&self) -> Vec<usize> {
+        let retry = Duration::from_nanos(self.node_retry_ns.load(Ordering::Relaxed));
         let down = self.down.lock().unwrap_or_else(|e| e.into_inner());
         (0..down.len())
-            .filter(|&n| down[n].is_some_and(|t| t.elapsed() < self.config.node_retry))
+            .filter(|&n| down[n].is_some_and(|t| t.elapsed() < retry))
             .collect()
     }
 

@@ -191,10 +191,10 @@ impl Central {
         let memory = Nodes::new(3, |pool| central::format(pool, &layout).unwrap());
         let config = CoordinatorConfig {
             replication,
-            node_retry: Duration::from_secs(3600),
             ..CoordinatorConfig::default()
         };
         let coordinator = Coordinator::new(&memory.connectors(false), config).unwrap();
+        coordinator.set_node_retry(Duration::from_secs(3600));
         let (host, host_server) = start_node(
             Arc::new(Pool::anonymous(4 << 20, 1 << 20).unwrap()),
             NodeConfig::default(),
