@@ -16,6 +16,11 @@ fn tiny(system: System, workload: Workload, clients: usize, memory_nodes: usize)
             policy: system.default_policy(),
             memory_nodes,
             replication: memory_nodes as u32,
+            // Round trips are counted exactly: a Clover read abandoned after a scheduling stall past the read
+            // timeout (CI runs tests in parallel on 2 cores) would add one. No stall lasts 2 s; the 1,400 writes
+            // of a run fit the slots without any retired one coming back.
+            clover_read_timeout_ms: 2000,
+            clover_reclaim_lease_ms: 60_000,
             ..InProcessOptions::default()
         }),
         workload,

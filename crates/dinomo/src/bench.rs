@@ -499,6 +499,12 @@ pub struct YcsbArgs {
     /// records plus --ops, twice the records without --ops, at least 1024).
     #[arg(long)]
     pub pdpm_keys: Option<u64>,
+    /// Clover: the metadata server's reclaim lease in milliseconds (how long a retired slot waits before reuse).
+    #[arg(long, default_value_t = InProcessOptions::default().clover_reclaim_lease_ms)]
+    pub clover_reclaim_lease_ms: u64,
+    /// Clover: the clients' read timeout in milliseconds (a slower read starts over; at most half the lease).
+    #[arg(long, default_value_t = InProcessOptions::default().clover_read_timeout_ms)]
+    pub clover_read_timeout_ms: u64,
     /// Native: the memory node's fabric address, to report its merge backlog.
     #[arg(long)]
     pub dpm: Option<String>,
@@ -654,6 +660,24 @@ fn ycsb_options(a: &YcsbArgs) -> anyhow::Result<YcsbOptions> {
                     );
                 }
             }
+            let defaults = InProcessOptions::default();
+            let clover_only = [
+                (
+                    "--clover-reclaim-lease-ms",
+                    a.clover_reclaim_lease_ms != defaults.clover_reclaim_lease_ms,
+                ),
+                (
+                    "--clover-read-timeout-ms",
+                    a.clover_read_timeout_ms != defaults.clover_read_timeout_ms,
+                ),
+            ];
+            if let Some((flag, _)) = clover_only.iter().find(|(_, given)| *given) {
+                anyhow::ensure!(
+                    a.system.name() == "clover",
+                    "{flag} configures Clover; {} does not run it",
+                    a.system
+                );
+            }
             TargetOptions::InProcess(InProcessOptions {
                 kns: a.kns,
                 kn_threads: a.kn_threads,
@@ -669,6 +693,8 @@ fn ycsb_options(a: &YcsbArgs) -> anyhow::Result<YcsbOptions> {
                 memory_nodes: a.memory_nodes,
                 replication: a.replication,
                 pdpm_keys: a.pdpm_keys,
+                clover_reclaim_lease_ms: a.clover_reclaim_lease_ms,
+                clover_read_timeout_ms: a.clover_read_timeout_ms,
             })
         }
     };

@@ -285,7 +285,7 @@ impl PolicyArgs {
 pub struct UpArgs {
     /// Which system to run: dinomo, dinomo-s (a shortcut-only cache) or dinomo-n (shared-nothing: one index
     /// partition per KV node, data moved when ownership changes) of the DINOMO paper; or a pDPM baseline:
-    /// directds, directds-c or centralds (its memory nodes and a Redis listener, see --memory-nodes). A pool keeps
+    /// directds, directds-c, centralds or clover (its memory nodes and a Redis listener, see --memory-nodes). A pool keeps
     /// the index layout it was formatted with: dinomo-n opens only a pool formatted for it, the others only one
     /// formatted for them [up.system; default dinomo].
     #[arg(long)]
@@ -358,7 +358,7 @@ impl UpArgs {
         .collect();
         anyhow::ensure!(
             pdpm_only.is_empty(),
-            "{} applies only to the pDPM baselines (directds, directds-c, centralds), not to {}",
+            "{} applies only to the pDPM baselines (directds, directds-c, centralds, clover), not to {}",
             pdpm_only.join(", "),
             cfg.up.system
         );
@@ -1007,7 +1007,7 @@ mod tests {
             (3, 2, 100, 4096)
         );
         assert_eq!(d.kn.resp.requirepass.as_deref(), Some("pw"));
-        for system in ["directds", "directds-c", "centralds"] {
+        for system in ["directds", "directds-c", "centralds", "clover"] {
             let e = format!(
                 "{:#}",
                 up(&["--system", system, "--kns", "3", "--autoscale"]).unwrap_err()
@@ -1065,7 +1065,7 @@ mod tests {
             "{e}"
         );
         assert!(up(&["--system", "dinomo-s", "--policy", "shortcut-only"]).is_ok());
-        assert!(up(&["--system", "clover"]).is_err());
+        assert!(up(&["--system", "ditto"]).is_err());
     }
 
     #[test]
@@ -1117,7 +1117,7 @@ mod tests {
             )
             .is_ok()
         );
-        let e = with("[up]\nsystem = \"clover\"\n", &[]).unwrap_err();
+        let e = with("[up]\nsystem = \"ditto\"\n", &[]).unwrap_err();
         assert!(e.contains("up.system:"), "{e}");
     }
 

@@ -172,7 +172,7 @@ impl Default for RnConfig {
 pub enum UpSystem {
     /// DINOMO, DINOMO-S or DINOMO-N.
     Dinomo(Variant),
-    /// DirectDS, DirectDS-C or CentralDS.
+    /// DirectDS, DirectDS-C, CentralDS or Clover.
     Pdpm(Baseline),
 }
 
@@ -426,18 +426,18 @@ const DOCS: &[(&str, &str)] = &[
     ("autoscale.policy.max_replication_changes", "most replication changes in one decision"),
     ("autoscale.policy.autoscaling", "whether the policy adds and removes nodes"),
     ("autoscale.policy.selective_replication", "whether the policy replicates hot keys and de-replicates cold ones"),
-    ("up.system", "system `up` runs: dinomo, dinomo-s (shortcut-only cache) or dinomo-n (shared-nothing), which set the cache policy, index layout and replication the file leaves out; or a pDPM baseline: directds, directds-c or centralds (run with up.pdpm)"),
+    ("up.system", "system `up` runs: dinomo, dinomo-s (shortcut-only cache) or dinomo-n (shared-nothing), which set the cache policy, index layout and replication the file leaves out; or a pDPM baseline: directds, directds-c, centralds or clover (run with up.pdpm)"),
     ("up.kns", "KV nodes `up` starts"),
     ("up.resp", "whether `up`'s KV nodes serve the Redis protocol"),
     ("up.resp_listen", "Redis-protocol addresses of `up`'s KV nodes, one per node; later nodes take the next ports"),
     ("up.node_start_timeout", "how long starting a KV node may take until it serves"),
     ("up.pdpm.memory_nodes", "pDPM baseline: memory nodes, each a pool file SYSTEM-I.pool in the data directory (formatted on first start)"),
     ("up.pdpm.replication", "pDPM baseline: copies of every value on distinct memory nodes (at most memory_nodes)"),
-    ("up.pdpm.keys", "pDPM baseline: keys the memory nodes are sized for when formatted (DirectDS: slots at load 1/2; CentralDS: blocks for a quarter more)"),
+    ("up.pdpm.keys", "pDPM baseline: keys the memory nodes are sized for when formatted (DirectDS: slots at load 1/2; CentralDS: blocks for a quarter more; Clover: cells at load 1/2, data slots for twice the copies and the grants)"),
     ("up.pdpm.max_key", "pDPM baseline: longest key in bytes (fixed when formatted; at most 65535)"),
     ("up.pdpm.max_value", "pDPM baseline: longest value in bytes (fixed when formatted)"),
-    ("up.pdpm.grant_clients", "CentralDS: connected clients whose block grants each memory node has room for (fixed when formatted)"),
-    ("up.pdpm.coordinator_threads", "CentralDS: the coordinator's RPC threads"),
+    ("up.pdpm.grant_clients", "CentralDS and Clover: connected clients whose block (slot) grants each memory node has room for (fixed when formatted)"),
+    ("up.pdpm.coordinator_threads", "CentralDS's coordinator and Clover's metadata server: RPC threads"),
     ("up.pdpm.coordinator_shards", "CentralDS: shards of the coordinator's key map"),
     ("up.pdpm.max_grant", "CentralDS: most block locations one grant hands out"),
     ("up.pdpm.direct.lock_lease", "DirectDS: a lock word unchanged this long belongs to a crashed client and is taken over, with recovery"),
@@ -454,6 +454,20 @@ const DOCS: &[(&str, &str)] = &[
     ("up.pdpm.central.node_retry", "CentralDS: how long a client leaves a memory node it found unreachable before it connects again (meanwhile reads use the other copies)"),
     ("up.pdpm.central.update_wait", "CentralDS: how long a read-modify-write whose conditional commit keeps finding the key changed may start over before it fails"),
     ("up.pdpm.central.update_backoff_max", "CentralDS: longest randomized pause between two attempts of a read-modify-write"),
+    ("up.pdpm.metadata.max_probe", "Clover: cells probed for a key on its home memory node before its cell table counts as full"),
+    ("up.pdpm.metadata.node_seed", "Clover: seed of the hash that picks a key's home memory node (keep it across restarts)"),
+    ("up.pdpm.metadata.reclaim_lease", "Clover: how long a retired version's slot waits before reuse (the paper's Tr; at least twice up.pdpm.clover.read_timeout)"),
+    ("up.pdpm.metadata.wrap_park", "Clover: how long a slot whose 8-bit GC version wrapped is parked before reuse (the paper's Te; above up.pdpm.clover.cursor_idle)"),
+    ("up.pdpm.metadata.max_grant", "Clover: most slots one grant hands out"),
+    ("up.pdpm.metadata.max_walk", "Clover: versions the metadata server follows along one chain (at start, and checking a crashed client's grants)"),
+    ("up.pdpm.clover.grant_batch", "Clover: slots a client asks for per refill"),
+    ("up.pdpm.clover.refill_at", "Clover: a client's background thread refills its slots once fewer than this are left (0: only when a write finds none)"),
+    ("up.pdpm.clover.record_batch", "Clover: records (linked, retired) a client holds before sending them on their own"),
+    ("up.pdpm.clover.cursor_capacity", "Clover: keys whose cell and last known tail a client caches (LRU)"),
+    ("up.pdpm.clover.cursor_idle", "Clover: a cached tail unused this long is dropped (below up.pdpm.metadata.wrap_park)"),
+    ("up.pdpm.clover.read_timeout", "Clover: a READ slower than this is abandoned and the read starts over (at most half up.pdpm.metadata.reclaim_lease)"),
+    ("up.pdpm.clover.max_hops", "Clover: chain hops one operation may take before it fails as contended"),
+    ("up.pdpm.clover.space_wait", "Clover: how long a write waits for free slots while every slot is live, granted or waiting out the lease"),
     ("metrics.listen", "address serving Prometheus metrics at /metrics over HTTP (unset: off) (example)"),
     ("metrics.max_connections", "metrics scrapes served at once; more are closed"),
     ("metrics.io_timeout", "bound on reading a metrics request and writing its answer"),
@@ -1078,7 +1092,7 @@ mod tests {
             e.starts_with("processor.partitioning:") && e.contains("dinomo-n"),
             "{e}"
         );
-        let e = error_of("[up]\nsystem = \"clover\"\n");
+        let e = error_of("[up]\nsystem = \"ditto\"\n");
         assert!(e.starts_with("up.system:") && e.contains("dinomo-n"), "{e}");
         let e = error_of("[processor]\npartitioning = \"sharded\"\n");
         assert!(e.starts_with("processor.partitioning:"), "{e}");

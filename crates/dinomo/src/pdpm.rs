@@ -1,9 +1,11 @@
-//! `dinomo up --system directds|directds-c|centralds`: a pDPM baseline in one process, serving the Redis protocol
+//! `dinomo up --system directds|directds-c|centralds|clover`: a pDPM baseline in one process, serving the Redis protocol
 //! as DINOMO's KV nodes do, so the systems can be run and compared with the same Redis clients.
 //!
 //! The memory nodes are fabric [`MemoryNode`]s over pool files in the data directory (`SYSTEM-I.pool`, formatted
-//! for the baseline on first start and reopened after), reached in process. CentralDS's coordinator runs on a
-//! memory node of its own and rebuilds its metadata from the memory nodes' blocks at every start. Each Redis
+//! for the baseline on first start and reopened after), reached in process. CentralDS's coordinator and Clover's
+//! metadata server run on a memory node of their own and rebuild their metadata from the memory nodes at every
+//! start (the coordinator from the blocks' stamps, the metadata server from the chains reachable from the key
+//! cells: see `dinomo_pdpm::clover`). Each Redis
 //! connection is one compute-node thread: it gets its own pDPM client ([`PdpmBackend`]), connected on its first
 //! command.
 //!
@@ -17,6 +19,9 @@ use anyhow::Context;
 use dinomo_fabric::{Connector, EndpointConfig, MemoryNode, NodeConfig, Target};
 use dinomo_pdpm::central::{
     CentralClient, CentralLayout, CentralSettings, Coordinator, CoordinatorConfig,
+};
+use dinomo_pdpm::clover::{
+    CloverClient, CloverLayout, CloverSettings, MetadataConfig, MetadataServer,
 };
 use dinomo_pdpm::direct::{DirectClient, DirectLayout, DirectSettings, Flavor};
 use dinomo_pdpm::{Change, PdpmError, PdpmStore, roots};
@@ -33,11 +38,18 @@ pub enum Baseline {
     DirectDsC,
     /// CentralDS: a coordinator holds the metadata and serializes writes.
     CentralDs,
+    /// Clover (SepDS): one-sided reads and writes along per-key version chains; a metadata server for space.
+    Clover,
 }
 
 impl Baseline {
     /// Every baseline.
-    pub const ALL: [Baseline; 3] = [Baseline::DirectDs, Baseline::DirectDsC, Baseline::CentralDs];
+    pub const ALL: [Baseline; 4] = [
+        Baseline::DirectDs,
+        Baseline::DirectDsC,
+        Baseline::CentralDs,
+        Baseline::Clover,
+    ];
 
     /// Its name on the command line and in the configuration file.
     pub fn name(self) -> &'static str {
@@ -45,6 +57,7 @@ impl Baseline {
             Baseline::DirectDs => "directds",
             Baseline::DirectDsC => "directds-c",
             Baseline::CentralDs => "centralds",
+            Baseline::Clover => "clover",
         }
     }
 }
@@ -69,9 +82,10 @@ pub struct PdpmUpConfig {
     pub max_key: u32,
     /// Longest value in bytes. Default 1024.
     pub max_value: u32,
-    /// CentralDS: blocks per memory node kept for the grants of this many connected clients. Default 64.
+    /// CentralDS and Clover: blocks (slots) per memory node kept for the grants of this many connected clients.
+    /// Default 64.
     pub grant_clients: u64,
-    /// CentralDS: the coordinator's RPC threads. Default 4.
+    /// CentralDS's coordinator and Clover's metadata server: RPC threads. Default 4.
     pub coordinator_threads: usize,
     /// CentralDS: shards of the coordinator's key map. Default 64.
     pub coordinator_shards: usize,
@@ -81,6 +95,10 @@ pub struct PdpmUpConfig {
     pub direct: DirectSettings,
     /// CentralDS clients.
     pub central: CentralSettings,
+    /// Clover's metadata server.
+    pub metadata: MetadataConfig,
+    /// Clover clients.
+    pub clover: CloverSettings,
 }
 
 impl Default for PdpmUpConfig {
@@ -98,6 +116,8 @@ impl Default for PdpmUpConfig {
             max_grant: coordinator.max_grant,
             direct: DirectSettings::default(),
             central: CentralSettings::default(),
+            metadata: MetadataConfig::default(),
+            clover: CloverSettings::default(),
         }
     }
 }
@@ -136,6 +156,32 @@ impl PdpmUpConfig {
         if self.direct.max_probe == 0 {
             errors.push("up.pdpm.direct.max_probe: must be at least 1".into());
         }
+        let (clover, ms) = (&self.clover, &self.metadata);
+        if clover.grant_batch == 0 || clover.refill_at > clover.grant_batch {
+            errors.push(
+                "up.pdpm.clover.grant_batch: must be at least 1 and at least up.pdpm.clover.refill_at".into(),
+            );
+        }
+        if clover.cursor_capacity == 0 || clover.max_hops == 0 {
+            errors.push("up.pdpm.clover.cursor_capacity and max_hops: must be at least 1".into());
+        }
+        if clover.read_timeout.saturating_mul(2) > ms.reclaim_lease {
+            errors.push(format!(
+                "up.pdpm.clover.read_timeout: must be at most half up.pdpm.metadata.reclaim_lease ({:?})",
+                ms.reclaim_lease
+            ));
+        }
+        if clover.cursor_idle >= ms.wrap_park {
+            errors.push(format!(
+                "up.pdpm.clover.cursor_idle: must be below up.pdpm.metadata.wrap_park ({:?})",
+                ms.wrap_park
+            ));
+        }
+        if ms.max_probe == 0 || ms.max_grant == 0 || ms.max_walk == 0 {
+            errors.push(
+                "up.pdpm.metadata.max_probe, max_grant and max_walk: must be at least 1".into(),
+            );
+        }
         errors
     }
 
@@ -149,6 +195,29 @@ impl PdpmUpConfig {
         DirectLayout {
             flavor,
             slots,
+            max_key: self.max_key,
+            max_value: self.max_value,
+            replication: self.replication,
+        }
+    }
+
+    fn clover_layout(&self) -> CloverLayout {
+        // A key's cell is on its home node: about keys/M per node, at a load factor of 1/2 for linear probing.
+        // Every key holds R live copies; superseded versions wait out the reclaim lease, and the clients' grants
+        // come on top: twice the live copies and the grants, spread over the nodes.
+        let m = self.memory_nodes as u64;
+        let r = self.replication as u64;
+        let grants = self
+            .grant_clients
+            .saturating_mul(self.clover.grant_batch as u64);
+        CloverLayout {
+            cells: self.keys.saturating_mul(2).div_ceil(m).max(64),
+            slots: self
+                .keys
+                .saturating_add(grants)
+                .saturating_mul(2 * r)
+                .div_ceil(m)
+                .max(1024),
             max_key: self.max_key,
             max_value: self.max_value,
             replication: self.replication,
@@ -177,10 +246,11 @@ impl PdpmUpConfig {
     }
 }
 
-/// A running baseline: its memory nodes, CentralDS's coordinator and the Redis listener.
+/// A running baseline: its memory nodes, CentralDS's coordinator or Clover's metadata server, and the Redis
+/// listener.
 pub struct RunningBaseline {
     resp: dinomo_resp::RespServer,
-    /// CentralDS: the coordinator's node (it holds the coordinator as its RPC handler).
+    /// CentralDS and Clover: the coordinator's (metadata server's) node (it holds it as its RPC handler).
     _coordinator: Option<Arc<MemoryNode>>,
     _memory_nodes: Vec<Arc<MemoryNode>>,
     pools: Vec<Arc<Pool>>,
@@ -253,7 +323,8 @@ impl RunningBaseline {
     }
 }
 
-/// Opens (formatting on first start) the memory nodes, starts CentralDS's coordinator and the Redis listener.
+/// Opens (formatting on first start) the memory nodes, starts CentralDS's coordinator or Clover's metadata server,
+/// and the Redis listener.
 pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryNodeReport>)> {
     let cfg = &opts.pdpm;
     let errors = cfg.validate();
@@ -268,15 +339,16 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
         beyond.display(),
         cfg.memory_nodes
     );
-    let direct = match opts.system {
-        Baseline::DirectDs => Some(cfg.direct_layout(Flavor::Markers)),
-        Baseline::DirectDsC => Some(cfg.direct_layout(Flavor::Crc)),
-        Baseline::CentralDs => None,
+    let geometry = match opts.system {
+        Baseline::DirectDs => Geometry::Direct(cfg.direct_layout(Flavor::Markers)),
+        Baseline::DirectDsC => Geometry::Direct(cfg.direct_layout(Flavor::Crc)),
+        Baseline::CentralDs => Geometry::Central(cfg.central_layout()),
+        Baseline::Clover => Geometry::Clover(cfg.clover_layout()),
     };
-    let central = cfg.central_layout();
-    let area = match &direct {
-        Some(l) => l.table_len(),
-        None => central.area_len(),
+    let area = match &geometry {
+        Geometry::Direct(l) => l.table_len(),
+        Geometry::Central(l) => l.area_len(),
+        Geometry::Clover(l) => l.area_len(),
     };
     const SEGMENT: u64 = 1 << 20;
     // The area, the pool's own header and allocation table, and a segment of rounding.
@@ -296,15 +368,17 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
         };
         let (pool, _) = Pool::open_or_create(&path, &options)
             .with_context(|| format!("opening {}", path.display()))?;
-        let root = match direct {
-            Some(_) => roots::DIRECT_TABLE,
-            None => roots::CENTRAL_BLOCKS,
+        let root = match geometry {
+            Geometry::Direct(_) => roots::DIRECT_TABLE,
+            Geometry::Central(_) => roots::CENTRAL_BLOCKS,
+            Geometry::Clover(_) => roots::CLOVER_AREA,
         };
         let formatted = pool.root(root)? == 0;
         if formatted {
-            match &direct {
-                Some(l) => dinomo_pdpm::direct::format(&pool, l),
-                None => dinomo_pdpm::central::format(&pool, &central),
+            match &geometry {
+                Geometry::Direct(l) => dinomo_pdpm::direct::format(&pool, l),
+                Geometry::Central(l) => dinomo_pdpm::central::format(&pool, l),
+                Geometry::Clover(l) => dinomo_pdpm::clover::format(&pool, l),
             }
             .with_context(|| format!("formatting {} for {}", path.display(), opts.system))?;
         }
@@ -328,8 +402,19 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
             opts.data_dir.display()
         )
     };
-    let (connect, coordinator): (Connect, _) = match direct {
-        Some(wanted) => {
+    // CentralDS's coordinator and Clover's metadata server hold no data: their metadata is rebuilt at every start,
+    // so their own node needs no persistent pool.
+    let server_node = || -> anyhow::Result<Arc<MemoryNode>> {
+        Ok(MemoryNode::new(
+            Arc::new(Pool::anonymous(4 * SEGMENT, SEGMENT)?),
+            NodeConfig {
+                rpc_threads: cfg.coordinator_threads,
+                ..opts.node.clone()
+            },
+        ))
+    };
+    let (connect, coordinator): (Connect, _) = match geometry {
+        Geometry::Direct(wanted) => {
             let settings = cfg.direct.clone();
             // Connecting checks that every node has a table and that they agree.
             let probe = DirectClient::connect(&connectors, settings.clone())
@@ -345,7 +430,7 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
             };
             (Arc::new(connect), None)
         }
-        None => {
+        Geometry::Central(central) => {
             let coordinator = Coordinator::new(
                 &connectors,
                 CoordinatorConfig {
@@ -358,14 +443,7 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
             if *coordinator.layout() != central {
                 return Err(mismatch(coordinator.layout(), &central));
             }
-            // Its metadata is rebuilt at every start, so its own node needs no persistent pool.
-            let host = MemoryNode::new(
-                Arc::new(Pool::anonymous(4 * SEGMENT, SEGMENT)?),
-                NodeConfig {
-                    rpc_threads: cfg.coordinator_threads,
-                    ..opts.node.clone()
-                },
-            );
+            let host = server_node()?;
             coordinator.serve(&host);
             let to_coordinator = Connector {
                 target: Target::InProcess(host.clone()),
@@ -375,6 +453,35 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
             let connect = move || -> Result<Box<dyn PdpmClient>, PdpmError> {
                 Ok(Box::new(CentralClient::connect(
                     &to_coordinator,
+                    &connectors,
+                    settings.clone(),
+                )?))
+            };
+            (Arc::new(connect), Some(host))
+        }
+        Geometry::Clover(wanted) => {
+            let ms = MetadataServer::new(&connectors, cfg.metadata.clone())
+                .context("starting Clover's metadata server")?;
+            if *ms.layout() != wanted {
+                return Err(mismatch(ms.layout(), &wanted));
+            }
+            let recovered = ms.recovered();
+            tracing::info!(
+                keys = recovered.keys,
+                live_slots = recovered.live,
+                broken_chains = recovered.broken_chains,
+                "Clover metadata server started"
+            );
+            let host = server_node()?;
+            ms.serve(&host);
+            let to_ms = Connector {
+                target: Target::InProcess(host.clone()),
+                config: opts.endpoint.clone(),
+            };
+            let settings = cfg.clover.clone();
+            let connect = move || -> Result<Box<dyn PdpmClient>, PdpmError> {
+                Ok(Box::new(CloverClient::connect(
+                    &to_ms,
                     &connectors,
                     settings.clone(),
                 )?))
@@ -417,6 +524,19 @@ impl PdpmClient for CentralClient {
     fn key_count(&mut self) -> Result<u64, PdpmError> {
         CentralClient::key_count(self)
     }
+}
+
+impl PdpmClient for CloverClient {
+    fn key_count(&mut self) -> Result<u64, PdpmError> {
+        CloverClient::key_count(self)
+    }
+}
+
+/// The geometry a baseline formats its memory nodes with.
+enum Geometry {
+    Direct(DirectLayout),
+    Central(CentralLayout),
+    Clover(CloverLayout),
 }
 
 /// Makes one compute-node thread's client.
@@ -623,6 +743,24 @@ mod tests {
                         &to,
                         &connectors,
                         CentralSettings::default(),
+                    )?))
+                })
+            }
+            Baseline::Clover => {
+                dinomo_pdpm::clover::format(&pool, &cfg.clover_layout()).unwrap();
+                let ms = MetadataServer::new(&connectors, MetadataConfig::default()).unwrap();
+                let host = MemoryNode::new(
+                    Arc::new(Pool::anonymous(4 << 20, 1 << 20).unwrap()),
+                    NodeConfig::default(),
+                );
+                ms.serve(&host);
+                let to = Connector::new(Target::InProcess(host.clone()));
+                keep.push(host);
+                Arc::new(move || -> Result<Box<dyn PdpmClient>, PdpmError> {
+                    Ok(Box::new(CloverClient::connect(
+                        &to,
+                        &connectors,
+                        CloverSettings::default(),
                     )?))
                 })
             }

@@ -1,5 +1,5 @@
-//! `dinomo up --system directds|directds-c|centralds` as a process: Redis commands through redis-cli, a restart
-//! on the same data directory, and redis-benchmark.
+//! `dinomo up --system directds|directds-c|centralds|clover` as a process: Redis commands through redis-cli, a
+//! restart on the same data directory, and redis-benchmark.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -63,9 +63,9 @@ fn up(system: &str, dir: &Path, extra: &[&str]) -> anyhow::Result<Up> {
 #[test]
 fn every_baseline_serves_redis_commands_and_keeps_its_data_across_a_restart() -> anyhow::Result<()>
 {
-    for system in ["directds", "directds-c", "centralds"] {
+    for system in ["directds", "directds-c", "centralds", "clover"] {
         let dir = tempfile::tempdir()?;
-        let extra: &[&str] = if system == "directds" {
+        let extra: &[&str] = if system == "directds" || system == "clover" {
             &["--replication", "2"]
         } else {
             &[]
@@ -98,7 +98,8 @@ fn every_baseline_serves_redis_commands_and_keeps_its_data_across_a_restart() ->
         );
         drop(a.process);
 
-        // The same data directory: the memory nodes are reopened (and CentralDS's coordinator rebuilt).
+        // The same data directory: the memory nodes are reopened (and CentralDS's coordinator or Clover's metadata
+        // server rebuilt).
         let b = up(system, dir.path(), extra)?;
         assert_eq!(b.formatted, [false, false]);
         let r = b.resp;
@@ -109,6 +110,15 @@ fn every_baseline_serves_redis_commands_and_keeps_its_data_across_a_restart() ->
         );
         assert_eq!(cli(r, &["DBSIZE"])?, "3\n");
         assert_eq!(cli(r, &["INCR", "n"])?, "43\n");
+        // New versions after the restart land in free slots, never over a live one.
+        assert_eq!(cli(r, &["SET", "b", "3"])?, "OK\n");
+        assert_eq!(cli(r, &["APPEND", "c", "new"])?, "3\n");
+        assert_eq!(
+            cli(r, &["MGET", "greeting", "n", "b", "c"])?,
+            "hello world\n43\n3\nnew\n",
+            "{system} after writes that followed the restart"
+        );
+        assert_eq!(cli(r, &["DBSIZE"])?, "4\n");
         drop(b.process);
 
         // Different geometry on the same directory is refused, not misread.
@@ -140,9 +150,16 @@ fn every_baseline_serves_redis_commands_and_keeps_its_data_across_a_restart() ->
 }
 
 #[test]
-fn redis_benchmark_completes_without_errors_against_centralds() -> anyhow::Result<()> {
+fn redis_benchmark_completes_without_errors_against_centralds_and_clover() -> anyhow::Result<()> {
+    for system in ["centralds", "clover"] {
+        redis_benchmark_against(system)?;
+    }
+    Ok(())
+}
+
+fn redis_benchmark_against(system: &str) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let up = up("centralds", dir.path(), &["--replication", "2"])?;
+    let up = up(system, dir.path(), &["--replication", "2"])?;
     let a = up.resp;
     let args: Vec<String> = [
         "-h",
@@ -162,7 +179,7 @@ fn redis_benchmark_completes_without_errors_against_centralds() -> anyhow::Resul
     let errors = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
-        "redis-benchmark failed: {text} {errors}"
+        "{system}: redis-benchmark failed: {text} {errors}"
     );
     assert!(
         !text.contains("ERR") && !text.to_lowercase().contains("error"),
@@ -177,6 +194,10 @@ fn redis_benchmark_completes_without_errors_against_centralds() -> anyhow::Resul
     }
     // Every one of the 2,000 increments of the benchmark's counter was applied once, though its 50 clients
     // raced on the one key.
-    assert_eq!(cli(a, &["GET", "counter:__rand_int__"])?, "2000\n");
+    assert_eq!(
+        cli(a, &["GET", "counter:__rand_int__"])?,
+        "2000\n",
+        "{system}"
+    );
     Ok(())
 }

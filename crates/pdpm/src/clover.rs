@@ -52,9 +52,18 @@
 //! node is not built, and a writer that dies between the commit and the last step leaves that replica link
 //! missing.
 //!
-//! Not built: size classes, MS persistence and failover (the MS's state lives in its memory), the MS-driven
-//! epoch message (clients drop idle cursors by their own clock), and a scan that finds versions whose retire
-//! record was lost with a crashed client (they stay allocated).
+//! **MS restart.** The MS keeps its state (slot states, GC versions, free lists) in its memory only, and
+//! [`MetadataServer::new`] rebuilds it from the memory nodes (the cells, which are the key directory, are on the
+//! memory nodes already): a slot holding a version reachable from its key's shortcut is live; any other written
+//! slot (a superseded version the shortcut passed, an entry never linked, a torn write) is reused after one reclaim
+//! lease at its content's GC version + 1; a slot never written is free. A start after a crash so also reclaims the
+//! versions whose retire record was lost with a crashed client. Grants of the previous MS are forgotten: a client
+//! of the previous MS must not write with them (in `dinomo up` the clients are in the same process and restart
+//! with it).
+//!
+//! Not built: size classes, MS persistence and failover, the MS-driven epoch message (clients drop idle cursors
+//! by their own clock), and, while an MS runs, a scan that finds versions whose retire record was lost with a
+//! crashed client (they stay allocated until the MS restarts).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -454,6 +463,7 @@ pub struct MetadataServer {
     eps: Mutex<(Vec<Endpoint>, Batch)>,
     areas: Vec<Located>,
     space: Mutex<Space>,
+    recovered: Recovered,
 }
 
 impl std::fmt::Debug for MetadataServer {
@@ -483,8 +493,173 @@ pub struct SpaceStats {
     pub waiting: usize,
 }
 
+/// What a starting MS found on the memory nodes ([`MetadataServer::recovered`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Recovered {
+    /// Cells holding a key.
+    pub keys: usize,
+    /// Slots holding a version reachable from its key's shortcut (every copy counted).
+    pub live: usize,
+    /// Slots holding anything else (superseded versions behind a shortcut, unlinked or torn entries): reused
+    /// after one reclaim lease.
+    pub waiting: usize,
+    /// Chains that named a slot holding no version of their key (walked up to there; reported, not repaired).
+    pub broken_chains: usize,
+}
+
+/// One slot as the start-up scan read it.
+struct ScannedSlot {
+    /// Highest GC version byte in the slot's header and meta words (0: never written).
+    version: u8,
+    /// The whole entry there, if one is: next version, every copy, key hash.
+    entry: Option<(Option<Ptr>, Vec<Ptr>, u64)>,
+}
+
+/// Seed of the key hash the start-up scan compares chains with.
+const SCAN_SEED: u64 = 0x5ca7_c10f;
+
+/// Rebuilds the MS's space from the memory nodes: every slot holding a version reachable from its key's shortcut
+/// (along the primary chain, with all the version's copies) is live; a slot that holds any other written bytes
+/// waits out one reclaim lease and comes back at its content's GC version + 1 (parked after a wrap), so that no
+/// pointer to its old content can match what is written there next; a slot never written is free at version 1.
+///
+/// Why reachable from the shortcut and not just the tail: a writer advances the shortcut past a version only
+/// after linking its successor, and whoever advances it retires the passed version; the versions from the
+/// shortcut to the tail are those not retired yet (a writer that died before advancing it leaves more than one),
+/// and the shortcut must never point at a reused slot. A version the shortcut passed but whose retire record never
+/// reached the MS (its client died) is reclaimed here.
+fn rebuild(
+    eps: &mut [Endpoint],
+    areas: &[Located],
+    layout: &CloverLayout,
+    config: &MetadataConfig,
+) -> Result<(Space, Recovered), PdpmError> {
+    let m = areas.len();
+    let slots = layout.slots as usize;
+    let r = layout.replication as usize;
+    let mut recovered = Recovered::default();
+    // Every cell holding a key: (key hash, shortcut).
+    let mut chains: Vec<(u64, Option<Ptr>)> = Vec::new();
+    let mut scanned: Vec<Vec<ScannedSlot>> = Vec::with_capacity(m);
+    let mut buf = Vec::new();
+    for (node, ep) in eps.iter_mut().enumerate() {
+        let area = &areas[node];
+        let cl = layout.cell_len();
+        let per_read = (u64::from(ep.max_message_len()) / 2 / cl).clamp(1, 4096);
+        let mut first = 0u64;
+        while first < layout.cells {
+            let n = (layout.cells - first).min(per_read);
+            buf.resize((n * cl) as usize, 0);
+            ep.read(cell_addr(area, layout, first as u32), &mut buf)?;
+            for c in buf.chunks_exact(cl as usize) {
+                let tag = u16::from_le_bytes([c[8], c[9]]) as usize;
+                if tag == 0 {
+                    continue;
+                }
+                let Some(key) = c.get(CELL_HEAD..CELL_HEAD + tag - 1) else {
+                    return Err(PdpmError::Layout {
+                        node,
+                        why: "a cell names a key longer than the layout allows".into(),
+                    });
+                };
+                chains.push((hash(key, SCAN_SEED), Ptr::from_word(le_u64(c, 0))));
+            }
+            first += n;
+        }
+        let sl = layout.slot_len();
+        let per_read = (u64::from(ep.max_message_len()) / 2 / sl).clamp(1, 1024);
+        let mut found = Vec::with_capacity(slots);
+        let mut first = 0u64;
+        while first < layout.slots {
+            let n = (layout.slots - first).min(per_read);
+            buf.resize((n * sl) as usize, 0);
+            ep.read(slot_addr(area, layout, first as u32), &mut buf)?;
+            for b in buf.chunks_exact(sl as usize) {
+                let meta = 8 * r;
+                let version = (0..r)
+                    .map(|j| (le_u64(b, 8 * j) >> 56) as u8)
+                    .chain([b[meta + 3]])
+                    .max()
+                    .unwrap_or(0);
+                let entry = parse_entry(layout, b, b[meta + 3])
+                    .map(|e| (e.next, e.copies, hash(&e.key, SCAN_SEED)));
+                found.push(ScannedSlot { version, entry });
+            }
+            first += n;
+        }
+        scanned.push(found);
+    }
+    recovered.keys = chains.len();
+    // The GC version of every live copy, as the pointers to it carry it.
+    let mut live: Vec<Vec<Option<u8>>> = (0..m).map(|_| vec![None; slots]).collect();
+    let mut groups: HashMap<(u16, u32), Vec<(u16, u32)>> = HashMap::new();
+    let in_range = |p: Ptr| (p.node() as usize) < m && (p.slot() as u64) < layout.slots;
+    for (key, shortcut) in chains {
+        let mut cur = shortcut;
+        let mut hops = 0;
+        while let Some(p) = cur {
+            let entry = in_range(p)
+                .then(|| &scanned[p.node() as usize][p.slot() as usize])
+                .filter(|s| s.version == p.version())
+                .and_then(|s| s.entry.as_ref())
+                .filter(|(_, copies, k)| *k == key && copies.first() == Some(&p));
+            let Some((next, copies, _)) = entry else {
+                recovered.broken_chains += 1;
+                break;
+            };
+            if live[p.node() as usize][p.slot() as usize].is_some() || hops >= config.max_walk {
+                // A chain that loops or runs longer than any writer leaves one: keep what was walked.
+                recovered.broken_chains += 1;
+                break;
+            }
+            hops += 1;
+            let mut group = Vec::with_capacity(copies.len());
+            for &c in copies {
+                if in_range(c) {
+                    live[c.node() as usize][c.slot() as usize] = Some(c.version());
+                    group.push((c.node(), c.slot()));
+                }
+            }
+            groups.insert((p.node(), p.slot()), group);
+            cur = *next;
+        }
+    }
+    let now = Instant::now();
+    let mut space = Space {
+        free: vec![VecDeque::new(); m],
+        version: (0..m).map(|_| vec![1u8; slots]).collect(),
+        state: (0..m).map(|_| vec![SlotState::Free; slots]).collect(),
+        leased: VecDeque::new(),
+        parked: VecDeque::new(),
+        granted: HashMap::new(),
+        groups,
+    };
+    for node in 0..m {
+        for slot in 0..slots {
+            let version = scanned[node][slot].version;
+            if let Some(v) = live[node][slot] {
+                space.version[node][slot] = v;
+                space.state[node][slot] = SlotState::Live;
+                recovered.live += 1;
+            } else if version == 0 {
+                space.free[node].push_back(slot as u32);
+            } else {
+                // Reused after the lease at `version + 1`, as a retired slot is.
+                space.version[node][slot] = version;
+                space.state[node][slot] = SlotState::Waiting;
+                space
+                    .leased
+                    .push_back((now + config.reclaim_lease, node as u16, slot as u32));
+                recovered.waiting += 1;
+            }
+        }
+    }
+    Ok((space, recovered))
+}
+
 impl MetadataServer {
-    /// An MS over the memory nodes `connectors` (formatted with one geometry): every slot free at GC version 1.
+    /// An MS over the memory nodes `connectors` (formatted with one geometry). Its space is rebuilt from what the
+    /// memory nodes hold (see [`rebuild`]): on fresh memory nodes every slot is free at GC version 1.
     pub fn new(
         connectors: &[Connector],
         config: MetadataConfig,
@@ -511,23 +686,33 @@ impl MetadataServer {
                 config.max_probe, layout.cells
             )));
         }
-        let m = connectors.len();
-        let slots = layout.slots as usize;
+        let mut eps = eps;
+        let (space, recovered) = rebuild(&mut eps, &areas, &layout, &config)?;
+        tracing::info!(
+            keys = recovered.keys,
+            live = recovered.live,
+            waiting = recovered.waiting,
+            broken = recovered.broken_chains,
+            "Clover metadata server rebuilt its space from the memory nodes"
+        );
         Ok(Arc::new(MetadataServer {
-            space: Mutex::new(Space {
-                free: (0..m).map(|_| (0..slots as u32).collect()).collect(),
-                version: (0..m).map(|_| vec![1u8; slots]).collect(),
-                state: (0..m).map(|_| vec![SlotState::Free; slots]).collect(),
-                leased: VecDeque::new(),
-                parked: VecDeque::new(),
-                granted: HashMap::new(),
-                groups: HashMap::new(),
-            }),
+            space: Mutex::new(space),
             config,
             layout,
             eps: Mutex::new((eps, Batch::new())),
             areas,
+            recovered,
         }))
+    }
+
+    /// The memory nodes' geometry.
+    pub fn layout(&self) -> &CloverLayout {
+        &self.layout
+    }
+
+    /// What this MS found on the memory nodes when it started.
+    pub fn recovered(&self) -> Recovered {
+        self.recovered
     }
 
     /// Serves this MS's RPCs on `host`'s processor threads.
@@ -2054,6 +2239,55 @@ impl CloverClient {
             self.give_back(g);
         }
         outcome
+    }
+
+    /// Keys whose latest version is a value (not a tombstone): every memory node's cells are read in large
+    /// READs, and each key's chain is walked from its shortcut to the tail. For `DBSIZE`; a count taken while
+    /// others write may miss or include keys written meanwhile.
+    pub fn key_count(&mut self) -> Result<u64, PdpmError> {
+        let cl = self.layout.cell_len();
+        let mut count = 0u64;
+        let mut buf = Vec::new();
+        for node in 0..self.eps.len() {
+            let per_read = (u64::from(self.eps[node].max_message_len()) / 2 / cl).clamp(1, 4096);
+            let mut first = 0u64;
+            while first < self.layout.cells {
+                let n = (self.layout.cells - first).min(per_read);
+                buf.resize((n * cl) as usize, 0);
+                self.steps += 1;
+                self.eps[node].read(
+                    cell_addr(&self.areas[node], &self.layout, first as u32),
+                    &mut buf,
+                )?;
+                let mut keys = Vec::new();
+                for (i, c) in buf.chunks_exact(cl as usize).enumerate() {
+                    let tag = u16::from_le_bytes([c[8], c[9]]) as usize;
+                    // A free cell, or a key created whose first version is not linked yet.
+                    let (true, Some(shortcut)) = (tag != 0, Ptr::from_word(le_u64(c, 0))) else {
+                        continue;
+                    };
+                    let Some(key) = c.get(CELL_HEAD..CELL_HEAD + tag - 1) else {
+                        return Err(PdpmError::Layout {
+                            node,
+                            why: "a cell names a key longer than the layout allows".into(),
+                        });
+                    };
+                    let cell = CellRef {
+                        node: node as u16,
+                        cell: (first + i as u64) as u32,
+                    };
+                    keys.push((key.to_vec(), cell, shortcut));
+                }
+                for (key, cell, shortcut) in keys {
+                    self.valid_ptr(shortcut)?;
+                    if self.chase(&key, cell, Some(shortcut))?.value.is_some() {
+                        count += 1;
+                    }
+                }
+                first += n;
+            }
+        }
+        self.after_op(Ok(count))
     }
 
     /// Protocol steps taken so far: round trips as the paper counts them, where the verbs of one step to several

@@ -429,7 +429,9 @@ fn wrapped_versions_are_parked() -> Result<()> {
 #[test]
 fn idle_cursors_are_dropped() -> Result<()> {
     let s = Setup::new(1, 16, patient_ms());
-    let idle = Duration::from_millis(50);
+    // Long enough that no scheduling stall between the put and the first read outlasts it (the first read must
+    // find the cursor fresh), below the MS's wrap park.
+    let idle = Duration::from_secs(2);
     let mut c = s.client(
         false,
         CloverSettings {
@@ -581,4 +583,83 @@ fn replication_needs_as_many_memory_nodes() {
     };
     let memory = Nodes::new(2, |pool| clover::format(pool, &layout).unwrap());
     assert!(MetadataServer::new(&memory.connectors(false), MetadataConfig::default()).is_err());
+}
+
+#[test]
+fn a_restarted_metadata_server_rebuilds_its_space_from_the_memory_nodes() -> Result<()> {
+    // A lease no run outlasts: every slot written before the restart is still distinct.
+    let s = Setup::new(2, 64, patient_ms());
+    let mut model: HashMap<Vec<u8>, Option<Vec<u8>>> = HashMap::new();
+    let mut c = s.client(false, patient());
+    for round in 0..3u8 {
+        for i in 0..20 {
+            let (k, v) = (format!("k{i}").into_bytes(), vec![round; 8 + i]);
+            c.put(&k, &v)?;
+            model.insert(k, Some(v));
+        }
+    }
+    c.delete(b"k0")?;
+    model.insert(b"k0".to_vec(), None);
+    // A writer that died after linking (its shortcut CAS never sent: the shortcut lags one version) and one that
+    // died before linking (its entry is written, unreachable).
+    for (key, point) in [
+        (&b"k1"[..], CloverCrash::AfterLink),
+        (&b"k2"[..], CloverCrash::AfterWrite),
+    ] {
+        let mut crashing = s.client(false, patient());
+        crashing.get(key)?;
+        crashing.put_crashing(key, b"crashed", point)?;
+        std::mem::forget(crashing);
+    }
+    model.insert(b"k1".to_vec(), Some(b"crashed".to_vec()));
+    drop(c);
+
+    // A new MS over the same memory nodes, as after a restart.
+    let ms = MetadataServer::new(&s.memory.connectors(false), short_lease())?;
+    let (host, host_server) = start_node(
+        Arc::new(Pool::anonymous(4 << 20, 1 << 20)?),
+        NodeConfig::default(),
+    );
+    ms.serve(&host);
+    let r = ms.recovered();
+    // 20 keys; the tails (k0's tombstone included) and k1's extra version behind its lagging shortcut are live;
+    // the 60 + 1 + 2 written versions less those wait out a lease.
+    assert_eq!((r.keys, r.live, r.broken_chains), (20, 21, 0), "{r:?}");
+    assert_eq!(r.waiting, 63 - 21, "{r:?}");
+    let space = ms.space();
+    assert_eq!(
+        (space.live, space.granted, space.free + space.waiting),
+        (21, 0, 128 - 21)
+    );
+    let mut fresh = CloverClient::connect(
+        &connector(&host, &host_server, false),
+        &s.memory.connectors(false),
+        short_reads(),
+    )?;
+    for (k, v) in &model {
+        assert_eq!(&fresh.get(k)?, v, "{}", String::from_utf8_lossy(k));
+    }
+    assert_eq!(fresh.key_count()?, 19);
+    // Many more writes than free slots, on half the keys: they reuse every non-live slot, never a live one, so
+    // the other keys' versions survive.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for n in 0..400u32 {
+        assert!(Instant::now() < deadline, "writes stalled at {n}");
+        let k = format!("k{}", 10 + n % 10).into_bytes();
+        let v = n.to_le_bytes().to_vec();
+        fresh.put(&k, &v)?;
+        model.insert(k, Some(v));
+    }
+    for (k, v) in &model {
+        assert_eq!(&fresh.get(k)?, v, "{}", String::from_utf8_lossy(k));
+    }
+    let mut other = CloverClient::connect(
+        &connector(&host, &host_server, false),
+        &s.memory.connectors(false),
+        short_reads(),
+    )?;
+    for (k, v) in &model {
+        assert_eq!(&other.get(k)?, v, "{}", String::from_utf8_lossy(k));
+    }
+    Ok(())
 }

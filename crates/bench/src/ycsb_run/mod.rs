@@ -83,8 +83,13 @@ impl System {
         System::Clover,
     ];
 
-    /// The pDPM baselines the pDPM figure runs (Clover, the paper's SepDS, is run with `--system clover`).
-    pub const PDPM: [System; 3] = [System::DirectDs, System::DirectDsC, System::CentralDs];
+    /// The pDPM baselines the pDPM figures run: DirectDS, DirectDS-C, CentralDS and Clover (the paper's SepDS).
+    pub const PDPM: [System; 4] = [
+        System::DirectDs,
+        System::DirectDsC,
+        System::CentralDs,
+        System::Clover,
+    ];
 
     /// Its name on the command line.
     pub fn name(self) -> &'static str {
@@ -214,6 +219,28 @@ pub struct InProcessOptions {
     /// of new keys beyond it may fail with "table full", counted as failed operations.
     #[serde(default)]
     pub pdpm_keys: Option<u64>,
+    /// Clover: how long a retired version's slot waits before reuse (the metadata server's reclaim lease, the
+    /// paper's Tr), in milliseconds. Default 100, the store's. Retired slots waiting out the lease are not free, so
+    /// a longer lease needs more slots at a given write rate.
+    #[serde(default = "clover_reclaim_lease_ms")]
+    pub clover_reclaim_lease_ms: u64,
+    /// Clover: a read whose round trip took longer than this many milliseconds is abandoned and starts over (at
+    /// most half the reclaim lease). Default 50, the store's. A stall of the client thread that long (a loaded
+    /// machine) costs an extra round trip, never a wrong value; runs that count round trips exactly set it long.
+    #[serde(default = "clover_read_timeout_ms")]
+    pub clover_read_timeout_ms: u64,
+}
+
+fn clover_reclaim_lease_ms() -> u64 {
+    dinomo_pdpm::clover::MetadataConfig::default()
+        .reclaim_lease
+        .as_millis() as u64
+}
+
+fn clover_read_timeout_ms() -> u64 {
+    dinomo_pdpm::clover::CloverSettings::default()
+        .read_timeout
+        .as_millis() as u64
 }
 
 fn one_usize() -> usize {
@@ -238,6 +265,8 @@ impl Default for InProcessOptions {
             memory_nodes: 1,
             replication: 1,
             pdpm_keys: None,
+            clover_reclaim_lease_ms: clover_reclaim_lease_ms(),
+            clover_read_timeout_ms: clover_read_timeout_ms(),
         }
     }
 }

@@ -28,10 +28,17 @@
 //! **Locks.** No client crashes in a benchmark, so DirectDS's lock lease (after which a lock counts as a crashed
 //! client's and is taken over) is twice the operation timeout, longer than any scheduling stall, and a lock is
 //! waited for as long as the operation timeout.
+//!
+//! **Clover's lease.** The metadata server's reclaim lease and the clients' read timeout are
+//! `clover_reclaim_lease_ms` and `clover_read_timeout_ms` (the store's 100 ms and 50 ms by default: the lease bounds
+//! how many retired slots wait, so it sets the space a write rate needs). A read whose round trip, scheduling
+//! stalls of the client thread included, outlasts the timeout starts over (one more round trip, never a wrong
+//! value); runs that count round trips exactly set both long.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
 use dinomo_fabric::counters::thread_snapshot;
@@ -85,6 +92,15 @@ pub(crate) fn validate(opts: &YcsbOptions, p: &InProcessOptions) -> anyhow::Resu
         p.replication
     );
     ensure!(p.pdpm_keys != Some(0), "--pdpm-keys must be at least 1");
+    if opts.system == System::Clover {
+        ensure!(
+            p.clover_read_timeout_ms >= 1
+                && p.clover_read_timeout_ms.saturating_mul(2) <= p.clover_reclaim_lease_ms,
+            "--clover-read-timeout-ms must be at least 1 and at most half --clover-reclaim-lease-ms (got {} and {})",
+            p.clover_read_timeout_ms,
+            p.clover_reclaim_lease_ms
+        );
+    }
     Ok(())
 }
 
@@ -306,15 +322,24 @@ impl PdpmTarget {
                 )
             }
             Geometry::Clover(_) => {
-                let ms = MetadataServer::new(&connectors, MetadataConfig::default())
-                    .context("starting Clover's metadata server")?;
+                let ms = MetadataServer::new(
+                    &connectors,
+                    MetadataConfig {
+                        reclaim_lease: Duration::from_millis(p.clover_reclaim_lease_ms),
+                        ..MetadataConfig::default()
+                    },
+                )
+                .context("starting Clover's metadata server")?;
                 let host = MemoryNode::new(pool_for(COORDINATOR_POOL)?, node_config);
                 ms.serve(&host);
                 let ms_connector = connector(&host, p.latency_ns);
                 (
                     Kind::Clover {
                         metadata_server: ms_connector,
-                        settings: CloverSettings::default(),
+                        settings: CloverSettings {
+                            read_timeout: Duration::from_millis(p.clover_read_timeout_ms),
+                            ..CloverSettings::default()
+                        },
                     },
                     Some((host, ms as Server)),
                 )
