@@ -346,24 +346,24 @@ impl Endpoint {
         if batch.is_empty() {
             return Ok(());
         }
-        self.begin()?;
-        batch.reset_results();
-        let mut tally = CounterSnapshot::ZERO;
-        for op in &batch.ops {
-            let (o, i) = wire::verb_bytes(op.kind, op.len as u64);
-            tally.add_verb(op.kind, o, i);
+        if !self.ready() {
+            self.begin()?;
         }
         let max = self.max_message_len;
-        let r = match &mut self.transport {
+        let (r, tally, first_error) = match &mut self.transport {
             Transport::InProcess(_, nic) => {
-                exec_batch_in_process(nic, batch, max);
-                Ok(())
+                let (tally, first_error) = exec_batch_in_process(nic, batch, max);
+                (Ok(()), tally, first_error)
             }
-            Transport::Tcp(c) => c.batch(batch),
+            Transport::Tcp(c) => {
+                batch.reset_results();
+                let r = c.batch(batch);
+                (r, batch.tally(), batch.first_error())
+            }
         };
         counters::record_round_trip(&tally);
         r.map_err(|e| self.fail(e))?;
-        match batch.first_error() {
+        match first_error {
             Some((index, kind, error)) => Err(FabricError::Verb { index, kind, error }),
             None => Ok(()),
         }
@@ -421,11 +421,21 @@ fn verb_err(kind: VerbKind, error: VerbError) -> FabricError {
     }
 }
 
-fn exec_batch_in_process(nic: &Nic, batch: &mut Batch, max: u32) {
+/// Runs every verb of `batch` on the executor in one pass: sets each verb's status and result, and returns the
+/// batch's counts (every verb, skipped ones included) and its first refused verb.
+fn exec_batch_in_process(
+    nic: &Nic,
+    batch: &mut Batch,
+    max: u32,
+) -> (CounterSnapshot, Option<(usize, VerbKind, VerbError)>) {
     let Batch { ops, out, data_in } = batch;
-    let mut failed = false;
-    for op in ops.iter_mut() {
-        if failed {
+    let mut tally = CounterSnapshot::ZERO;
+    let mut first_error = None;
+    for (index, op) in ops.iter_mut().enumerate() {
+        let (o, i) = wire::verb_bytes(op.kind, op.len as u64);
+        tally.add_verb(op.kind, o, i);
+        op.result = 0;
+        if first_error.is_some() {
             op.status = Some(VerbError::Skipped);
             continue;
         }
@@ -454,11 +464,15 @@ fn exec_batch_in_process(nic: &Nic, batch: &mut Batch, max: u32) {
                     .map(|v| op.result = v),
             }
         };
-        if let Err(e) = r {
-            op.status = Some(e);
-            failed = true;
-        }
+        op.status = match r {
+            Ok(()) => None,
+            Err(e) => {
+                first_error = Some((index, op.kind, e));
+                Some(e)
+            }
+        };
     }
+    (tally, first_error)
 }
 
 /// Client side of a TCP connection to a memory node.
