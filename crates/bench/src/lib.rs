@@ -446,6 +446,49 @@ where
     Ok((f, r))
 }
 
+/// A verb as a const generic argument: the timed loops are compiled once per verb and batching, so that neither
+/// the fabric's loop nor the reference's pays a per-iteration dispatch on the case, and both inline alike.
+const fn verb_code(kind: VerbKind) -> u8 {
+    match kind {
+        VerbKind::Read => 0,
+        VerbKind::Write => 1,
+        VerbKind::Cas => 2,
+        VerbKind::Faa => 3,
+    }
+}
+
+/// The verb of [`verb_code`] `code`.
+const fn verb_of_code(code: u8) -> VerbKind {
+    match code {
+        0 => VerbKind::Read,
+        1 => VerbKind::Write,
+        2 => VerbKind::Cas,
+        _ => VerbKind::Faa,
+    }
+}
+
+/// Evaluates `$body` with `$k` bound to the [`verb_code`] of `$kind` and `$b` to `$batched`, both as constants.
+macro_rules! monomorphic {
+    ($kind:expr, $batched:expr, |$k:ident, $b:ident| $body:expr) => {{
+        macro_rules! arm {
+            ($verb:expr, $flag:expr) => {{
+                const $k: u8 = verb_code($verb);
+                const $b: bool = $flag;
+                $body
+            }};
+        }
+        match ($kind, $batched) {
+            (VerbKind::Read, false) => arm!(VerbKind::Read, false),
+            (VerbKind::Read, true) => arm!(VerbKind::Read, true),
+            (VerbKind::Write, false) => arm!(VerbKind::Write, false),
+            (VerbKind::Write, true) => arm!(VerbKind::Write, true),
+            (VerbKind::Cas, false) => arm!(VerbKind::Cas, false),
+            (VerbKind::Cas, true) => arm!(VerbKind::Cas, true),
+            (VerbKind::Faa, false) => arm!(VerbKind::Faa, false),
+            (VerbKind::Faa, true) => arm!(VerbKind::Faa, true),
+        }
+    }};
+}
 /// One transport's measurements.
 struct Bench<'a> {
     transport: TransportChoice,
@@ -482,14 +525,14 @@ impl Bench<'_> {
         let (timing, reference) = match self.transport {
             TransportChoice::InProcess => {
                 let mut raw = RawOp::new(self.pool, case, &offsets, values)?;
-                let (timing, r) = paired(
+                let (timing, r) = monomorphic!(case.kind, batched, |K, B| paired(
                     d,
-                    || fabric.iterate(),
+                    || fabric.iterate::<K, B>(),
                     || {
-                        raw.iterate();
+                        raw.iterate::<K>();
                         Ok::<_, std::convert::Infallible>(())
                     },
-                )?;
+                ))?;
                 let method = if n > 1 {
                     format!("{} x{n}", raw.method())
                 } else {
@@ -500,7 +543,11 @@ impl Bench<'_> {
             TransportChoice::Tcp => {
                 let (out, inb) = case.wire_bytes();
                 let mut pp = pingpong::PingPong::start((n * out) as usize, (n * inb) as usize)?;
-                let (timing, r) = paired(d, || fabric.iterate(), || pp.exchange())?;
+                let (timing, r) = monomorphic!(case.kind, batched, |K, B| paired(
+                    d,
+                    || fabric.iterate::<K, B>(),
+                    || pp.exchange()
+                ))?;
                 pp.finish()?;
                 let method = format!("tcp ping-pong {}/{} B", n * out, n * inb);
                 (timing, Reference::from_timing(method, n, &r))
@@ -534,12 +581,16 @@ struct FabricOp<'e> {
 }
 
 impl FabricOp<'_> {
+    /// One round trip of verb `K` ([`verb_code`]), batched when `B`; the caller picks `K` and `B` from `kind` and
+    /// `batched`.
     #[inline(always)]
-    fn iterate(&mut self) -> Result<(), FabricError> {
+    fn iterate<const K: u8, const B: bool>(&mut self) -> Result<(), FabricError> {
+        let kind = const { verb_of_code(K) };
+        debug_assert!(kind == self.kind && B == self.batched);
         let ep = &mut *self.endpoint;
-        if !self.batched {
+        if !B {
             let a = self.addrs[0];
-            match self.kind {
+            match kind {
                 VerbKind::Read => {
                     ep.read(a, &mut self.buf)?;
                     black_box(&self.buf);
@@ -558,7 +609,7 @@ impl FabricOp<'_> {
         }
         let batch = &mut self.batch;
         batch.clear();
-        match self.kind {
+        match kind {
             VerbKind::Read => {
                 for &a in &self.addrs {
                     batch.read(a, self.size);
@@ -581,7 +632,7 @@ impl FabricOp<'_> {
             }
         }
         ep.post(batch)?;
-        match self.kind {
+        match kind {
             VerbKind::Read => {
                 black_box(batch.read_data(Slot(0)));
             }
@@ -648,10 +699,13 @@ impl<'p> RawOp<'p> {
         }
     }
 
+    /// The raw operations of verb `K` ([`verb_code`]); the caller picks `K` from `kind`.
     #[inline(always)]
-    fn iterate(&mut self) {
+    fn iterate<const K: u8>(&mut self) {
+        let kind = const { verb_of_code(K) };
+        debug_assert!(kind == self.kind);
         let len = self.len;
-        match self.kind {
+        match kind {
             VerbKind::Read => {
                 let dst = self.local.as_mut_ptr();
                 for (i, &src) in self.remote.iter().enumerate() {

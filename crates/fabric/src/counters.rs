@@ -7,6 +7,7 @@
 //! Bytes are counted as on the wire of the TCP transport (fixed headers plus payload) for every transport, so
 //! per-operation figures compare across transports.
 
+use std::cell::Cell;
 use std::ops::{Add, Sub};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -151,6 +152,8 @@ impl Local {
 
 impl Drop for Local {
     fn drop(&mut self) {
+        // Later updates on this thread (from other thread-local destructors) must not reach the cells.
+        CELLS.set(std::ptr::null());
         let snap = self.0.snapshot();
         let mut reg = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
         reg.retired = reg.retired + snap;
@@ -159,13 +162,41 @@ impl Drop for Local {
 
 thread_local! {
     static LOCAL: Local = Local::register();
+    /// The cells of `LOCAL` once registered, null before and after. A constant-initialised thread local without a
+    /// destructor is a plain thread-pointer-relative load, so the per-verb update skips the lazy-initialisation
+    /// and destructor-state checks of `LOCAL`.
+    static CELLS: Cell<*const Cells> = const { Cell::new(std::ptr::null()) };
+}
+
+/// The calling thread's cells, registering them on first use; `None` once they were folded into the retired
+/// total (while the thread exits).
+#[inline(always)]
+fn cells() -> Option<&'static Cells> {
+    let mut p = CELLS.get();
+    if p.is_null() {
+        p = register();
+    }
+    // SAFETY: a non-null `p` points into the `Arc<Cells>` held by this thread's `LOCAL`, which nulls `CELLS` before
+    // it releases them; the reference never leaves this thread's current call.
+    unsafe { p.as_ref() }
+}
+
+#[cold]
+#[inline(never)]
+fn register() -> *const Cells {
+    LOCAL
+        .try_with(|l| {
+            let p = Arc::as_ptr(&l.0);
+            CELLS.set(p);
+            p
+        })
+        .unwrap_or(std::ptr::null())
 }
 
 /// Records one round trip that did what `tally` says (its `round_trips` field is ignored: it is one).
 #[inline]
 pub(crate) fn record_round_trip(tally: &CounterSnapshot) {
-    let _ = LOCAL.try_with(|l| {
-        let c = &l.0;
+    if let Some(c) = cells() {
         bump(&c.round_trips, 1);
         if tally.reads > 0 {
             bump(&c.reads, tally.reads);
@@ -184,14 +215,13 @@ pub(crate) fn record_round_trip(tally: &CounterSnapshot) {
         }
         bump(&c.bytes_out, tally.bytes_out);
         bump(&c.bytes_in, tally.bytes_in);
-    });
+    }
 }
 
 /// Records a round trip of one verb (the common case, kept short).
-#[inline]
+#[inline(always)]
 pub(crate) fn record_single(kind: VerbKind, bytes_out: u64, bytes_in: u64) {
-    let _ = LOCAL.try_with(|l| {
-        let c = &l.0;
+    if let Some(c) = cells() {
         bump(&c.round_trips, 1);
         bump(
             match kind {
@@ -204,7 +234,7 @@ pub(crate) fn record_single(kind: VerbKind, bytes_out: u64, bytes_in: u64) {
         );
         bump(&c.bytes_out, bytes_out);
         bump(&c.bytes_in, bytes_in);
-    });
+    }
 }
 
 /// The calling thread's counters.

@@ -223,26 +223,24 @@ impl Endpoint {
         Ok(len as u32)
     }
 
-    /// One verb in one round trip. In process, with no fault, latency or broken connection to handle, it goes
-    /// straight to the executor (`local`); anything else takes [`Endpoint::verb_slow`]. `len` is the payload length;
-    /// `buf` (the verb's buffer, if any) goes to whichever of `local` and `remote` runs.
+    /// The executor, when a single verb of `kind` with `len` payload bytes can go straight to it (in process, with
+    /// no fault, latency or broken connection to handle), its round trip counted; anything else takes
+    /// [`Endpoint::verb_slow`]. Each verb spells out its fast path without closures so that it inlines into the
+    /// caller whole.
     #[inline(always)]
-    fn verb<B, T>(
-        &mut self,
-        kind: VerbKind,
-        len: usize,
-        buf: B,
-        local: impl FnOnce(&Nic, B) -> Result<T, VerbError>,
-        remote: impl FnOnce(&mut TcpConn, u32, B) -> Result<T, FabricError>,
-    ) -> Result<T, FabricError> {
-        if let (true, Transport::InProcess(_, nic)) = (self.ready(), &self.transport) {
-            let (o, i) = wire::verb_bytes(kind, len as u64);
-            counters::record_single(kind, o, i);
-            return local(nic, buf).map_err(|e| verb_err(kind, e));
+    fn fast_path(&self, kind: VerbKind, len: usize) -> Option<&Nic> {
+        match &self.transport {
+            Transport::InProcess(_, nic) if self.ready() => {
+                let (o, i) = wire::verb_bytes(kind, len as u64);
+                counters::record_single(kind, o, i);
+                Some(nic)
+            }
+            _ => None,
         }
-        self.verb_slow(kind, len, buf, local, remote)
     }
 
+    /// One verb in one round trip through the full path: faults, injected latency, length limit, either transport.
+    /// `len` is the payload length; `buf` (the verb's buffer, if any) goes to whichever of `local` and `remote` runs.
     #[inline(never)]
     fn verb_slow<B, T>(
         &mut self,
@@ -268,9 +266,14 @@ impl Endpoint {
     }
 
     /// One-sided READ of `buf.len()` bytes at `addr`.
-    #[inline]
+    #[inline(always)]
     pub fn read(&mut self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
-        self.verb(
+        if let Some(nic) = self.fast_path(VerbKind::Read, buf.len()) {
+            return nic
+                .read(addr.region, addr.rkey, addr.offset, buf)
+                .map_err(|e| verb_err(VerbKind::Read, e));
+        }
+        self.verb_slow(
             VerbKind::Read,
             buf.len(),
             buf,
@@ -284,9 +287,14 @@ impl Endpoint {
 
     /// One-sided WRITE of `data` at `addr`; returns once the write is complete (and persisted, when the node's
     /// durability mode flushes).
-    #[inline]
+    #[inline(always)]
     pub fn write(&mut self, addr: RemoteAddr, data: &[u8]) -> Result<(), FabricError> {
-        self.verb(
+        if let Some(nic) = self.fast_path(VerbKind::Write, data.len()) {
+            return nic
+                .write(addr.region, addr.rkey, addr.offset, data)
+                .map_err(|e| verb_err(VerbKind::Write, e));
+        }
+        self.verb_slow(
             VerbKind::Write,
             data.len(),
             data,
@@ -299,9 +307,14 @@ impl Endpoint {
     }
 
     /// 8-byte compare-and-swap; returns the previous value (the swap happened iff it equals `expected`).
-    #[inline]
+    #[inline(always)]
     pub fn cas(&mut self, addr: RemoteAddr, expected: u64, new: u64) -> Result<u64, FabricError> {
-        self.verb(
+        if let Some(nic) = self.fast_path(VerbKind::Cas, 8) {
+            return nic
+                .cas(addr.region, addr.rkey, addr.offset, expected, new)
+                .map_err(|e| verb_err(VerbKind::Cas, e));
+        }
+        self.verb_slow(
             VerbKind::Cas,
             8,
             (),
@@ -311,9 +324,14 @@ impl Endpoint {
     }
 
     /// 8-byte fetch-and-add (wrapping); returns the previous value.
-    #[inline]
+    #[inline(always)]
     pub fn faa(&mut self, addr: RemoteAddr, add: u64) -> Result<u64, FabricError> {
-        self.verb(
+        if let Some(nic) = self.fast_path(VerbKind::Faa, 8) {
+            return nic
+                .faa(addr.region, addr.rkey, addr.offset, add)
+                .map_err(|e| verb_err(VerbKind::Faa, e));
+        }
+        self.verb_slow(
             VerbKind::Faa,
             8,
             (),
@@ -328,24 +346,24 @@ impl Endpoint {
         if batch.is_empty() {
             return Ok(());
         }
-        self.begin()?;
-        batch.reset_results();
-        let mut tally = CounterSnapshot::ZERO;
-        for op in &batch.ops {
-            let (o, i) = wire::verb_bytes(op.kind, op.len as u64);
-            tally.add_verb(op.kind, o, i);
+        if !self.ready() {
+            self.begin()?;
         }
         let max = self.max_message_len;
-        let r = match &mut self.transport {
+        let (r, tally, first_error) = match &mut self.transport {
             Transport::InProcess(_, nic) => {
-                exec_batch_in_process(nic, batch, max);
-                Ok(())
+                let (tally, first_error) = exec_batch_in_process(nic, batch, max);
+                (Ok(()), tally, first_error)
             }
-            Transport::Tcp(c) => c.batch(batch),
+            Transport::Tcp(c) => {
+                batch.reset_results();
+                let r = c.batch(batch);
+                (r, batch.tally(), batch.first_error())
+            }
         };
         counters::record_round_trip(&tally);
         r.map_err(|e| self.fail(e))?;
-        match batch.first_error() {
+        match first_error {
             Some((index, kind, error)) => Err(FabricError::Verb { index, kind, error }),
             None => Ok(()),
         }
@@ -403,11 +421,21 @@ fn verb_err(kind: VerbKind, error: VerbError) -> FabricError {
     }
 }
 
-fn exec_batch_in_process(nic: &Nic, batch: &mut Batch, max: u32) {
+/// Runs every verb of `batch` on the executor in one pass: sets each verb's status and result, and returns the
+/// batch's counts (every verb, skipped ones included) and its first refused verb.
+fn exec_batch_in_process(
+    nic: &Nic,
+    batch: &mut Batch,
+    max: u32,
+) -> (CounterSnapshot, Option<(usize, VerbKind, VerbError)>) {
     let Batch { ops, out, data_in } = batch;
-    let mut failed = false;
-    for op in ops.iter_mut() {
-        if failed {
+    let mut tally = CounterSnapshot::ZERO;
+    let mut first_error = None;
+    for (index, op) in ops.iter_mut().enumerate() {
+        let (o, i) = wire::verb_bytes(op.kind, op.len as u64);
+        tally.add_verb(op.kind, o, i);
+        op.result = 0;
+        if first_error.is_some() {
             op.status = Some(VerbError::Skipped);
             continue;
         }
@@ -436,11 +464,15 @@ fn exec_batch_in_process(nic: &Nic, batch: &mut Batch, max: u32) {
                     .map(|v| op.result = v),
             }
         };
-        if let Err(e) = r {
-            op.status = Some(e);
-            failed = true;
-        }
+        op.status = match r {
+            Ok(()) => None,
+            Err(e) => {
+                first_error = Some((index, op.kind, e));
+                Some(e)
+            }
+        };
     }
+    (tally, first_error)
 }
 
 /// Client side of a TCP connection to a memory node.

@@ -151,6 +151,7 @@ impl Batch {
     }
 
     /// Removes every verb, keeping the buffers.
+    #[inline]
     pub fn clear(&mut self) {
         self.ops.clear();
         self.out.clear();
@@ -167,6 +168,7 @@ impl Batch {
         self.ops.is_empty()
     }
 
+    #[inline]
     fn push(
         &mut self,
         kind: VerbKind,
@@ -190,6 +192,7 @@ impl Batch {
     }
 
     /// Adds a READ of `len` bytes.
+    #[inline]
     pub fn read(&mut self, addr: RemoteAddr, len: u32) -> Slot {
         let data = self.data_in.len();
         self.data_in.resize(data + len as usize, 0);
@@ -197,6 +200,7 @@ impl Batch {
     }
 
     /// Adds a WRITE of `bytes` (copied into the batch).
+    #[inline]
     pub fn write(&mut self, addr: RemoteAddr, bytes: &[u8]) -> Slot {
         let data = self.out.len();
         self.out.extend_from_slice(bytes);
@@ -204,22 +208,26 @@ impl Batch {
     }
 
     /// Adds a CAS.
+    #[inline]
     pub fn cas(&mut self, addr: RemoteAddr, expected: u64, new: u64) -> Slot {
         self.push(VerbKind::Cas, addr, 8, 0, expected, new)
     }
 
     /// Adds an FAA.
+    #[inline]
     pub fn faa(&mut self, addr: RemoteAddr, add: u64) -> Slot {
         self.push(VerbKind::Faa, addr, 8, 0, add, 0)
     }
 
     /// Bytes read by a completed READ.
+    #[inline]
     pub fn read_data(&self, slot: Slot) -> &[u8] {
         let op = &self.ops[slot.0];
         &self.data_in[op.data..op.data + op.len as usize]
     }
 
     /// Previous value returned by a completed CAS or FAA.
+    #[inline]
     pub fn old_value(&self, slot: Slot) -> u64 {
         self.ops[slot.0].result
     }
@@ -237,6 +245,16 @@ impl Batch {
             op.status = None;
             op.result = 0;
         }
+    }
+
+    /// Counts of every verb of the batch, as one round trip's share of the thread counters (`round_trips` left 0).
+    pub(crate) fn tally(&self) -> crate::counters::CounterSnapshot {
+        let mut tally = crate::counters::CounterSnapshot::ZERO;
+        for op in &self.ops {
+            let (o, i) = crate::wire::verb_bytes(op.kind, op.len as u64);
+            tally.add_verb(op.kind, o, i);
+        }
+        tally
     }
 
     pub(crate) fn first_error(&self) -> Option<(usize, VerbKind, VerbError)> {
