@@ -538,10 +538,13 @@ impl Timeline {
                 failed: failed[i],
             })
             .collect();
-        let event_bucket = ((event_at.as_nanos() / o.bucket.as_nanos()) as usize).min(buckets.len());
+        let event_bucket =
+            ((event_at.as_nanos() / o.bucket.as_nanos()) as usize).min(buckets.len());
         let mean =
             |b: &[Bucket]| b.iter().map(|x| x.ops_per_s).sum::<f64>() / b.len().max(1) as f64;
-        let baseline = mean(&buckets[(event_bucket / 5).min(event_bucket)..event_bucket.max(1).min(buckets.len())]);
+        let baseline = mean(
+            &buckets[(event_bucket / 5).min(event_bucket)..event_bucket.max(1).min(buckets.len())],
+        );
         let after = &buckets[event_bucket..];
         let settled = mean(&after[after.len() / 2..]);
         let min = after
@@ -614,7 +617,10 @@ impl CloverDeployment {
     fn start(o: &ElasticOptions) -> anyhow::Result<CloverDeployment> {
         const SEGMENT: u64 = 1 << 20;
         let pool = |bytes: u64| -> anyhow::Result<Arc<Pool>> {
-            let size = bytes.div_ceil(SEGMENT).saturating_add(2).saturating_mul(SEGMENT);
+            let size = bytes
+                .div_ceil(SEGMENT)
+                .saturating_add(2)
+                .saturating_mul(SEGMENT);
             Ok(Arc::new(
                 Pool::anonymous(size, SEGMENT).context("creating a memory node's pool")?,
             ))
@@ -625,7 +631,11 @@ impl CloverDeployment {
         let layout = CloverLayout {
             // Linear probing within `max_probe` cells: a load factor of 1/4 keeps every key within reach.
             cells: (o.keys * 4).max(64),
-            slots: o.keys.saturating_add(grants).saturating_mul(2).saturating_add(65_536),
+            slots: o
+                .keys
+                .saturating_add(grants)
+                .saturating_mul(2)
+                .saturating_add(65_536),
             max_key: 8,
             max_value: u32::try_from(o.value_size.max(16)).context("value size")?,
             replication: 1,
@@ -654,8 +664,12 @@ impl CloverDeployment {
     }
 
     fn client(&self) -> anyhow::Result<CloverClient> {
-        CloverClient::connect(&self.ms_connector, &self.connectors, CloverSettings::default())
-            .context("connecting a Clover client")
+        CloverClient::connect(
+            &self.ms_connector,
+            &self.connectors,
+            CloverSettings::default(),
+        )
+        .context("connecting a Clover client")
     }
 }
 
@@ -673,7 +687,11 @@ enum CloverExit {
     Stopped,
     /// Crashed inside a write of `key_id` at crash point `point` (an index into [`CRASH_POINTS`]); its client
     /// never cleaned up.
-    Crashed { client: u32, key_id: u64, point: usize },
+    Crashed {
+        client: u32,
+        key_id: u64,
+        point: usize,
+    },
 }
 
 /// One compute node's stop signals: `stop` ends its clients' loops cleanly, `crash` makes each stop inside its
@@ -718,9 +736,20 @@ fn spawn_clover_client(
                 let client = cl.id();
                 std::mem::forget(cl);
                 if let Err(e) = crashed {
-                    anyhow::bail!("the crashing write of record {} failed before its crash point: {e}", op.key_id);
+                    anyhow::bail!(
+                        "the crashing write of record {} failed before its crash point: {e}",
+                        op.key_id
+                    );
                 }
-                return Ok((done, failed, CloverExit::Crashed { client, key_id: op.key_id, point }));
+                return Ok((
+                    done,
+                    failed,
+                    CloverExit::Crashed {
+                        client,
+                        key_id: op.key_id,
+                        point,
+                    },
+                ));
             }
             let r = match op.kind {
                 OpKind::Read => cl.get(&k).map(|_| ()),
@@ -748,7 +777,10 @@ fn spawn_clover_client(
 }
 
 /// Reads every record back through fresh Clover clients: (checked, missing, corrupt).
-fn check_every_clover_value(o: &ElasticOptions, d: &CloverDeployment) -> anyhow::Result<(u64, u64, u64)> {
+fn check_every_clover_value(
+    o: &ElasticOptions,
+    d: &CloverDeployment,
+) -> anyhow::Result<(u64, u64, u64)> {
     let readers = o.clients.clamp(1, 4) as u64;
     let handles: Vec<_> = (0..readers)
         .map(|c| {
@@ -761,7 +793,10 @@ fn check_every_clover_value(o: &ElasticOptions, d: &CloverDeployment) -> anyhow:
                 for id in (c..keys).step_by(readers as usize) {
                     key_bytes(id, 8, &mut k)?;
                     checked += 1;
-                    match cl.get(&k).with_context(|| format!("reading record {id} back"))? {
+                    match cl
+                        .get(&k)
+                        .with_context(|| format!("reading record {id} back"))?
+                    {
                         None => missing += 1,
                         Some(v) if verify_value(id, &v).is_err() => corrupt += 1,
                         Some(_) => {}
@@ -802,7 +837,8 @@ fn run_elastic_clover(
                     for id in (c..o.keys).step_by(loaders as usize) {
                         key_bytes(id, 8, &mut k)?;
                         fill_value(id, 0, o.value_size.max(16), &mut v)?;
-                        cl.put(&k, &v).with_context(|| format!("loading record {id}"))?;
+                        cl.put(&k, &v)
+                            .with_context(|| format!("loading record {id}"))?;
                     }
                     Ok(())
                 })
@@ -828,7 +864,16 @@ fn run_elastic_clover(
     let mut workers: Vec<(usize, CloverWorker)> = Vec::new();
     for c in 0..o.clients {
         let node = c % o.kns;
-        let w = spawn_clover_client(&d, o, c as u64, generators, nodes[node].clone(), stop_all.clone(), start, buckets)?;
+        let w = spawn_clover_client(
+            &d,
+            o,
+            c as u64,
+            generators,
+            nodes[node].clone(),
+            stop_all.clone(),
+            start,
+            buckets,
+        )?;
         workers.push((node, w));
     }
     std::thread::sleep(o.before.saturating_sub(start.elapsed()));
@@ -849,7 +894,16 @@ fn run_elastic_clover(
             let joined = Arc::new(ComputeNode::default());
             for i in 0..per_node {
                 let c = (o.clients + i) as u64;
-                let w = spawn_clover_client(&d, o, c, generators, joined.clone(), stop_all.clone(), start, buckets)?;
+                let w = spawn_clover_client(
+                    &d,
+                    o,
+                    c,
+                    generators,
+                    joined.clone(),
+                    stop_all.clone(),
+                    start,
+                    buckets,
+                )?;
                 workers.push((o.kns, w));
             }
             event.compute_nodes_after = o.kns + 1;
@@ -864,14 +918,21 @@ fn run_elastic_clover(
                 victim.stop.store(true, Ordering::Release);
             }
             let killed = Instant::now();
-            let (theirs, others): (Vec<_>, Vec<_>) = workers.into_iter().partition(|(n, _)| *n == 0);
+            let (theirs, others): (Vec<_>, Vec<_>) =
+                workers.into_iter().partition(|(n, _)| *n == 0);
             workers = others;
             let mut crashed = Vec::new();
             for (_, w) in theirs {
-                let (done, failed, exit) = w.join().map_err(|_| anyhow::anyhow!("client panicked"))??;
+                let (done, failed, exit) =
+                    w.join().map_err(|_| anyhow::anyhow!("client panicked"))??;
                 results.push((done, failed));
                 event.clients_changed += 1;
-                if let CloverExit::Crashed { client, key_id, point } = exit {
+                if let CloverExit::Crashed {
+                    client,
+                    key_id,
+                    point,
+                } = exit
+                {
                     event.interrupted_writes[point] += 1;
                     crashed.push((client, key_id));
                 }
@@ -882,7 +943,10 @@ fn run_elastic_clover(
                 // back; the surviving compute nodes never waited on the dead one.
                 let t = Instant::now();
                 for (client, _) in &crashed {
-                    event.reclaimed_slots += d.ms.reclaim_grants(*client).context("reclaiming a crashed client's grants")? as u64;
+                    event.reclaimed_slots +=
+                        d.ms.reclaim_grants(*client)
+                            .context("reclaiming a crashed client's grants")?
+                            as u64;
                 }
                 event.reclaim_ms = Some(t.elapsed().as_secs_f64() * 1e3);
                 // Every key a crashed client was writing is read by a surviving client (an unlinked version is
@@ -893,10 +957,15 @@ fn run_elastic_clover(
                     key_bytes(*key_id, 8, &mut k)?;
                     let v = check
                         .get(&k)
-                        .with_context(|| format!("reading record {key_id}, interrupted by the crash"))?
-                        .with_context(|| format!("record {key_id}, interrupted by the crash, is gone"))?;
-                    verify_value(*key_id, &v)
-                        .map_err(|e| anyhow::anyhow!("record {key_id}, interrupted by the crash: {e}"))?;
+                        .with_context(|| {
+                            format!("reading record {key_id}, interrupted by the crash")
+                        })?
+                        .with_context(|| {
+                            format!("record {key_id}, interrupted by the crash, is gone")
+                        })?;
+                    verify_value(*key_id, &v).map_err(|e| {
+                        anyhow::anyhow!("record {key_id}, interrupted by the crash: {e}")
+                    })?;
                 }
                 served_after = Some(killed.elapsed().as_secs_f64() * 1e3);
             }
@@ -1010,7 +1079,11 @@ impl ElasticReport {
                 c.compute_nodes_before,
                 c.compute_nodes_after,
                 c.clients_changed,
-                if c.compute_nodes_after > c.compute_nodes_before { "started" } else { "stopped" }
+                if c.compute_nodes_after > c.compute_nodes_before {
+                    "started"
+                } else {
+                    "stopped"
+                }
             ));
             if let Some(ms) = c.reclaim_ms {
                 s.push_str(&format!(
