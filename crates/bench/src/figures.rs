@@ -487,6 +487,18 @@ fn figure5_options(scale: Scale, workload: Workload, system: System) -> (YcsbOpt
     // The paper's KV nodes each cache 1 GB of 32 GB loaded: 1/32 of the data per node.
     let cache_bytes = (records * (8 + value_bytes as u64) / 32).max(64 << 10);
     let tiny = scale == Scale::Tiny;
+    // A pDPM store is sized for its keys up front (Clover's shortcut cells, found by bounded probing): an insert
+    // workload also counts its operations (the time limits still hold), so that at most 600 000 keys are inserted,
+    // and the store is sized for twice what it may insert.
+    let insert = workload.mix().fraction(crate::ycsb::OpKind::Insert);
+    let (pdpm_keys, warmup_ops, ops) = if system.is_pdpm() && !tiny && insert > 0.0 {
+        let warmup_ops: u64 = 200_000;
+        let ops = ((600_000.0 / insert) as u64).min(3_000_000);
+        let inserted = ((warmup_ops + ops) as f64 * insert).ceil() as u64;
+        (Some(records + 2 * inserted), Some(warmup_ops), Some(ops))
+    } else {
+        (None, tiny.then_some(100), tiny.then_some(300))
+    };
     let opts = YcsbOptions {
         system,
         target: TargetOptions::InProcess(InProcessOptions {
@@ -494,6 +506,7 @@ fn figure5_options(scale: Scale, workload: Workload, system: System) -> (YcsbOpt
             policy: system.default_policy(),
             merge_threads: if tiny { 1 } else { 4 },
             pool_bytes: tiny.then_some(256 << 20),
+            pdpm_keys,
             ..InProcessOptions::default()
         }),
         workload,
@@ -504,8 +517,8 @@ fn figure5_options(scale: Scale, workload: Workload, system: System) -> (YcsbOpt
         outstanding: if tiny { 4 } else { 1 },
         warmup_secs: warmup,
         secs,
-        warmup_ops: tiny.then_some(100),
-        ops: tiny.then_some(300),
+        warmup_ops,
+        ops,
         ..YcsbOptions::default()
     };
     (opts, kns)
@@ -1844,9 +1857,16 @@ fn pdpm_command(o: &YcsbOptions, out: &Path) -> String {
         p.memory_nodes,
         p.replication
     );
+    if let Some(keys) = p.pdpm_keys {
+        let _ = write!(s, " --pdpm-keys {keys}");
+    }
     match (o.warmup_ops, o.ops) {
         (Some(w), Some(n)) => {
-            let _ = write!(s, " --warmup-ops {w} --ops {n}");
+            let _ = write!(
+                s,
+                " --warmup-ops {w} --ops {n} --warmup-secs {} --secs {}",
+                o.warmup_secs, o.secs
+            );
         }
         _ => {
             let _ = write!(s, " --warmup-secs {} --secs {}", o.warmup_secs, o.secs);
