@@ -7,6 +7,18 @@
 //! Any system built on the cluster runs it ([`ElasticOptions::system`]): for DINOMO-N (shared-nothing) the report
 //! also gives the data the reconfiguration moved between partitions and how long that took. After the run every
 //! record is read back and checked, so a reconfiguration that lost or damaged data fails the report.
+//!
+//! **Clover** (shared-everything, [`dinomo_pdpm::clover`]) runs `add`, `remove` and `failure` with compute nodes
+//! in place of KV nodes: `kns` compute nodes share the `clients` client threads (each thread is one Clover client
+//! of its compute node, as on the pDPM target of `bench ycsb`), over one memory node and a metadata server. No
+//! compute node owns anything, so a join only starts the new node's clients (as many as a node had), a removal
+//! stops one node's clients (they hand their unused slots back), and a failure stops them mid-write: each of the
+//! node's clients stops inside its next write at one of the three crash points (written not linked, linked with
+//! the shortcut behind, linked with no record sent to the metadata server), never runs its cleanup, and the
+//! metadata server then reclaims its grants ([`dinomo_pdpm::clover::MetadataServer::reclaim_grants`]). The report
+//! gives the interrupted writes, the slots reclaimed and how long that took, and the time until each key a crashed
+//! client was writing is read back by a surviving client. `replicate` has no meaning for Clover (there is no owner
+//! to add: every compute node already serves every key) and is refused.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,7 +30,13 @@ use dinomo_cluster::{
     ReconfigEvent,
 };
 use dinomo_dpm::ProcessorConfig;
+use dinomo_fabric::{Connector, MemoryNode, Target};
 use dinomo_kn::KnConfig;
+use dinomo_pdpm::clover::{
+    CloverClient, CloverCrash, CloverLayout, CloverSettings, MetadataConfig, MetadataServer,
+};
+use dinomo_pdpm::{PdpmError, PdpmStore};
+use dinomo_pool::Pool;
 use serde::Serialize;
 
 use crate::svg;
@@ -180,6 +198,9 @@ pub struct ElasticReport {
     pub values_missing: u64,
     /// Of those, records whose value was not one the run wrote for them.
     pub values_corrupt: u64,
+    /// Clover runs: what happened to the compute nodes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clover: Option<CloverEvent>,
     /// The timeline.
     pub timeline: Vec<Bucket>,
 }
@@ -271,12 +292,15 @@ pub fn run_elastic(
         "removing or killing needs 2 or more KV nodes"
     );
     anyhow::ensure!(o.clients >= 1 && o.keys >= 1, "need clients and keys");
+    anyhow::ensure!(!o.bucket.is_zero(), "bucket width must be positive");
+    if o.system == System::Clover {
+        return run_elastic_clover(o, progress);
+    }
     anyhow::ensure!(
         !o.system.is_pdpm(),
-        "{} has no KV nodes to add, remove or kill: bench elastic runs dinomo, dinomo-s or dinomo-n",
+        "{} has no KV nodes to add, remove or kill: bench elastic runs dinomo, dinomo-s, dinomo-n or clover",
         o.system
     );
-    anyhow::ensure!(!o.bucket.is_zero(), "bucket width must be positive");
     anyhow::ensure!(
         !(o.scenario == Scenario::Replicate && o.system == System::DinomoN),
         "dinomo-n has no selective replication: the replicate scenario runs on dinomo or dinomo-s"
@@ -454,32 +478,7 @@ pub fn run_elastic(
             failed[i] += f[i];
         }
     }
-    let bucket_s = o.bucket.as_secs_f64();
-    let last_full = ((o.before + o.after).as_nanos() / o.bucket.as_nanos()) as usize;
-    let timeline: Vec<Bucket> = (0..last_full)
-        .map(|i| Bucket {
-            t_ms: i as f64 * bucket_s * 1e3,
-            ops_per_s: done[i] as f64 / bucket_s,
-            failed: failed[i],
-        })
-        .collect();
-    let event_bucket = (event_at.as_nanos() / o.bucket.as_nanos()) as usize;
-    let mean = |b: &[Bucket]| b.iter().map(|x| x.ops_per_s).sum::<f64>() / b.len().max(1) as f64;
-    let baseline = mean(&timeline[event_bucket / 5..event_bucket.max(1)]);
-    let after = &timeline[event_bucket.min(timeline.len())..];
-    let settled = mean(&after[after.len() / 2..]);
-    let min = after
-        .iter()
-        .map(|b| b.ops_per_s)
-        .fold(f64::INFINITY, f64::min);
-    let dip_end = (0..after.len())
-        .find(|&i| {
-            after[i..]
-                .iter()
-                .take(3)
-                .all(|b| b.ops_per_s >= 0.8 * baseline)
-        })
-        .unwrap_or(after.len());
+    let t = Timeline::of(o, event_at, &done, &failed);
     // The first `kns` events are the initial joins.
     let all = cluster.mnode().events();
     let reconfigurations = all[o.kns.min(all.len())..].to_vec();
@@ -489,15 +488,11 @@ pub fn run_elastic(
     Ok(ElasticReport {
         options: o.clone(),
         event_at_ms: event_at.as_secs_f64() * 1e3,
-        baseline_ops_per_s: baseline,
-        settled_ops_per_s: settled,
-        settled_over_baseline: if baseline > 0.0 {
-            settled / baseline
-        } else {
-            0.0
-        },
-        min_ops_per_s: if min.is_finite() { min } else { 0.0 },
-        dip_ms: dip_end as f64 * bucket_s * 1e3,
+        baseline_ops_per_s: t.baseline,
+        settled_ops_per_s: t.settled,
+        settled_over_baseline: t.settled_over_baseline(),
+        min_ops_per_s: t.min,
+        dip_ms: t.dip_ms,
         all_keys_served_after_ms: served_after,
         noticed_after_ms: kill_since_mnode_start.and_then(|k| {
             reconfigurations
@@ -515,7 +510,505 @@ pub fn run_elastic(
         values_checked,
         values_missing,
         values_corrupt,
-        timeline,
+        clover: None,
+        timeline: t.buckets,
+    })
+}
+
+/// A run's timeline and what it shows about the event.
+struct Timeline {
+    buckets: Vec<Bucket>,
+    baseline: f64,
+    settled: f64,
+    min: f64,
+    dip_ms: f64,
+}
+
+impl Timeline {
+    /// From the operations completed (`done`) and failed per bucket, the event at `event_at`.
+    fn of(o: &ElasticOptions, event_at: Duration, done: &[u64], failed: &[u64]) -> Timeline {
+        let bucket_s = o.bucket.as_secs_f64();
+        let last_full = (((o.before + o.after).as_nanos() / o.bucket.as_nanos()) as usize)
+            .min(done.len())
+            .min(failed.len());
+        let buckets: Vec<Bucket> = (0..last_full)
+            .map(|i| Bucket {
+                t_ms: i as f64 * bucket_s * 1e3,
+                ops_per_s: done[i] as f64 / bucket_s,
+                failed: failed[i],
+            })
+            .collect();
+        let event_bucket =
+            ((event_at.as_nanos() / o.bucket.as_nanos()) as usize).min(buckets.len());
+        let mean =
+            |b: &[Bucket]| b.iter().map(|x| x.ops_per_s).sum::<f64>() / b.len().max(1) as f64;
+        let baseline = mean(
+            &buckets[(event_bucket / 5).min(event_bucket)..event_bucket.max(1).min(buckets.len())],
+        );
+        let after = &buckets[event_bucket..];
+        let settled = mean(&after[after.len() / 2..]);
+        let min = after
+            .iter()
+            .map(|b| b.ops_per_s)
+            .fold(f64::INFINITY, f64::min);
+        let dip_end = (0..after.len())
+            .find(|&i| {
+                after[i..]
+                    .iter()
+                    .take(3)
+                    .all(|b| b.ops_per_s >= 0.8 * baseline)
+            })
+            .unwrap_or(after.len());
+        Timeline {
+            baseline,
+            settled,
+            min: if min.is_finite() { min } else { 0.0 },
+            dip_ms: dip_end as f64 * bucket_s * 1e3,
+            buckets,
+        }
+    }
+
+    fn settled_over_baseline(&self) -> f64 {
+        if self.baseline > 0.0 {
+            self.settled / self.baseline
+        } else {
+            0.0
+        }
+    }
+}
+
+/// What a Clover run's event did to its compute nodes.
+#[derive(Debug, Clone, Serialize)]
+pub struct CloverEvent {
+    /// Compute nodes before the event.
+    pub compute_nodes_before: usize,
+    /// Compute nodes after it.
+    pub compute_nodes_after: usize,
+    /// Client threads (Clover clients) that started (`add`) or stopped (`remove`, `failure`) with it.
+    pub clients_changed: usize,
+    /// `failure`: writes the crash interrupted, by crash point: written not linked, linked with the shortcut
+    /// behind, linked and the shortcut advanced with no record sent.
+    pub interrupted_writes: [u64; 3],
+    /// `failure`: slots the metadata server took back from the crashed clients' grants.
+    pub reclaimed_slots: u64,
+    /// `failure`: how long reclaiming every crashed client's grants took, ms.
+    pub reclaim_ms: Option<f64>,
+    /// The metadata server's slots after the run: (free, granted, live, waiting).
+    pub space_after: (usize, usize, usize, usize),
+}
+
+/// The crash points a crashed compute node's clients stop at, in turn.
+const CRASH_POINTS: [CloverCrash; 3] = [
+    CloverCrash::AfterWrite,
+    CloverCrash::AfterLink,
+    CloverCrash::AfterShortcut,
+];
+
+/// One memory node formatted for Clover, its metadata server and the connectors clients use.
+struct CloverDeployment {
+    _memory_node: Arc<MemoryNode>,
+    _ms_host: Arc<MemoryNode>,
+    ms: Arc<MetadataServer>,
+    ms_connector: Connector,
+    connectors: Vec<Connector>,
+}
+
+impl CloverDeployment {
+    fn start(o: &ElasticOptions) -> anyhow::Result<CloverDeployment> {
+        const SEGMENT: u64 = 1 << 20;
+        let pool = |bytes: u64| -> anyhow::Result<Arc<Pool>> {
+            let size = bytes
+                .div_ceil(SEGMENT)
+                .saturating_add(2)
+                .saturating_mul(SEGMENT);
+            Ok(Arc::new(
+                Pool::anonymous(size, SEGMENT).context("creating a memory node's pool")?,
+            ))
+        };
+        // Twice the live versions and the clients' grants (added clients too), and room for the versions that
+        // wait out the reclaim lease under a write-heavy load.
+        let grants = (o.clients as u64 * 2 + 8) * CloverSettings::default().grant_batch as u64;
+        let layout = CloverLayout {
+            // Linear probing within `max_probe` cells: a load factor of 1/4 keeps every key within reach.
+            cells: (o.keys * 4).max(64),
+            slots: o
+                .keys
+                .saturating_add(grants)
+                .saturating_mul(2)
+                .saturating_add(65_536),
+            max_key: 8,
+            max_value: u32::try_from(o.value_size.max(16)).context("value size")?,
+            replication: 1,
+        };
+        let data = pool(layout.area_len())?;
+        dinomo_pdpm::clover::format(&data, &layout).context("formatting the Clover area")?;
+        let node_config = dinomo_fabric::NodeConfig::default();
+        let connector = |node: &Arc<MemoryNode>| {
+            let mut c = Connector::new(Target::InProcess(node.clone()));
+            c.config.injected_latency_ns = o.latency_ns;
+            c
+        };
+        let memory_node = MemoryNode::new(data, node_config.clone());
+        let connectors = vec![connector(&memory_node)];
+        let ms = MetadataServer::new(&connectors, MetadataConfig::default())
+            .context("starting Clover's metadata server")?;
+        let ms_host = MemoryNode::new(pool(4 << 20)?, node_config);
+        ms.serve(&ms_host);
+        Ok(CloverDeployment {
+            _memory_node: memory_node,
+            ms_connector: connector(&ms_host),
+            _ms_host: ms_host,
+            ms,
+            connectors,
+        })
+    }
+
+    fn client(&self) -> anyhow::Result<CloverClient> {
+        CloverClient::connect(
+            &self.ms_connector,
+            &self.connectors,
+            CloverSettings::default(),
+        )
+        .context("connecting a Clover client")
+    }
+}
+
+/// A Clover error the benchmark refuses (the request itself was wrong) rather than counting as failed.
+fn clover_invalid(e: &PdpmError) -> bool {
+    matches!(
+        e,
+        PdpmError::KeyTooLarge { .. } | PdpmError::ValueTooLarge { .. } | PdpmError::Config(_)
+    )
+}
+
+/// How a Clover client thread ended.
+enum CloverExit {
+    /// Stopped at the end of the run or by a removal; its client cleaned up.
+    Stopped,
+    /// Crashed inside a write of `key_id` at crash point `point` (an index into [`CRASH_POINTS`]); its client
+    /// never cleaned up.
+    Crashed {
+        client: u32,
+        key_id: u64,
+        point: usize,
+    },
+}
+
+/// One compute node's stop signals: `stop` ends its clients' loops cleanly, `crash` makes each stop inside its
+/// next write.
+#[derive(Default)]
+struct ComputeNode {
+    stop: AtomicBool,
+    crash: AtomicBool,
+}
+
+type CloverWorker = std::thread::JoinHandle<anyhow::Result<(Vec<u64>, Vec<u64>, CloverExit)>>;
+
+/// Starts client thread `c` (of `of` generators) of compute node `node`.
+#[allow(clippy::too_many_arguments)]
+fn spawn_clover_client(
+    d: &CloverDeployment,
+    o: &ElasticOptions,
+    c: u64,
+    of: u64,
+    node: Arc<ComputeNode>,
+    stop_all: Arc<AtomicBool>,
+    start: Instant,
+    buckets: usize,
+) -> anyhow::Result<CloverWorker> {
+    let mut cl = d.client()?;
+    let o = o.clone();
+    Ok(std::thread::spawn(move || {
+        let mut ops = OpGenerator::for_client(o.workload, o.distribution, o.keys, o.seed, c, of)?;
+        let (mut done, mut failed) = (vec![0u64; buckets], vec![0u64; buckets]);
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        let mut version = 1;
+        while !stop_all.load(Ordering::Acquire) && !node.stop.load(Ordering::Acquire) {
+            let op = ops.next();
+            key_bytes(op.key_id, 8, &mut k)?;
+            if node.crash.load(Ordering::Acquire) {
+                // The node dies inside this write: the client stops at a crash point and never cleans up (its
+                // grants and unsent records are left for the metadata server to reclaim).
+                // A node's clients are c, c + kns, ...: each stops at the next crash point in turn.
+                let point = (c as usize / o.kns.max(1)) % CRASH_POINTS.len();
+                fill_value(op.key_id, version, o.value_size.max(16), &mut v)?;
+                let crashed = cl.put_crashing(&k, &v, CRASH_POINTS[point]);
+                let client = cl.id();
+                std::mem::forget(cl);
+                if let Err(e) = crashed {
+                    anyhow::bail!(
+                        "the crashing write of record {} failed before its crash point: {e}",
+                        op.key_id
+                    );
+                }
+                return Ok((
+                    done,
+                    failed,
+                    CloverExit::Crashed {
+                        client,
+                        key_id: op.key_id,
+                        point,
+                    },
+                ));
+            }
+            let r = match op.kind {
+                OpKind::Read => cl.get(&k).map(|_| ()),
+                OpKind::ReadModifyWrite => cl.get(&k).and_then(|_| {
+                    fill_value(op.key_id, version, o.value_size.max(16), &mut v)
+                        .map_err(|e| PdpmError::Config(e.to_string()))?;
+                    cl.put(&k, &v)
+                }),
+                OpKind::Update | OpKind::Insert => {
+                    fill_value(op.key_id, version, o.value_size.max(16), &mut v)
+                        .map_err(|e| PdpmError::Config(e.to_string()))?;
+                    cl.put(&k, &v)
+                }
+            };
+            version += 1;
+            let b = ((start.elapsed().as_nanos() / o.bucket.as_nanos()) as usize).min(buckets - 1);
+            match r {
+                Ok(()) => done[b] += 1,
+                Err(e) if clover_invalid(&e) => anyhow::bail!("invalid request: {e}"),
+                Err(_) => failed[b] += 1,
+            }
+        }
+        Ok((done, failed, CloverExit::Stopped))
+    }))
+}
+
+/// Reads every record back through fresh Clover clients: (checked, missing, corrupt).
+fn check_every_clover_value(
+    o: &ElasticOptions,
+    d: &CloverDeployment,
+) -> anyhow::Result<(u64, u64, u64)> {
+    let readers = o.clients.clamp(1, 4) as u64;
+    let handles: Vec<_> = (0..readers)
+        .map(|c| {
+            let cl = d.client();
+            let keys = o.keys;
+            std::thread::spawn(move || -> anyhow::Result<(u64, u64, u64)> {
+                let mut cl = cl?;
+                let mut k = Vec::new();
+                let (mut checked, mut missing, mut corrupt) = (0, 0, 0);
+                for id in (c..keys).step_by(readers as usize) {
+                    key_bytes(id, 8, &mut k)?;
+                    checked += 1;
+                    match cl
+                        .get(&k)
+                        .with_context(|| format!("reading record {id} back"))?
+                    {
+                        None => missing += 1,
+                        Some(v) if verify_value(id, &v).is_err() => corrupt += 1,
+                        Some(_) => {}
+                    }
+                }
+                Ok((checked, missing, corrupt))
+            })
+        })
+        .collect();
+    let mut total = (0, 0, 0);
+    for h in handles {
+        let (c, m, x) = h.join().map_err(|_| anyhow::anyhow!("reader panicked"))??;
+        total = (total.0 + c, total.1 + m, total.2 + x);
+    }
+    Ok(total)
+}
+
+/// Runs `add`, `remove` or `failure` on Clover (see the module's documentation).
+fn run_elastic_clover(
+    o: &ElasticOptions,
+    mut progress: impl FnMut(&str),
+) -> anyhow::Result<ElasticReport> {
+    anyhow::ensure!(
+        o.scenario != Scenario::Replicate,
+        "clover has no owners to add: every compute node already serves every key, so the replicate scenario \
+         does not apply (run it on dinomo or dinomo-s)"
+    );
+    let d = CloverDeployment::start(o)?;
+    progress(&format!("loading {} keys", o.keys));
+    {
+        let loaders = o.clients.clamp(1, 4) as u64;
+        let handles: Vec<_> = (0..loaders)
+            .map(|c| {
+                let (cl, o) = (d.client(), o.clone());
+                std::thread::spawn(move || -> anyhow::Result<()> {
+                    let mut cl = cl?;
+                    let (mut k, mut v) = (Vec::new(), Vec::new());
+                    for id in (c..o.keys).step_by(loaders as usize) {
+                        key_bytes(id, 8, &mut k)?;
+                        fill_value(id, 0, o.value_size.max(16), &mut v)?;
+                        cl.put(&k, &v)
+                            .with_context(|| format!("loading record {id}"))?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().map_err(|_| anyhow::anyhow!("loader panicked"))??;
+        }
+    }
+    let buckets = ((o.before + o.after).as_nanos() / o.bucket.as_nanos()) as usize + 1;
+    let stop_all = Arc::new(AtomicBool::new(false));
+    let nodes: Vec<Arc<ComputeNode>> = (0..o.kns).map(|_| Arc::default()).collect();
+    // Client c belongs to compute node c mod kns; a joining node gets as many as the first node has.
+    let per_node = o.clients.div_ceil(o.kns);
+    let generators = (o.clients + per_node) as u64;
+    let start = Instant::now();
+    progress(&format!(
+        "running {:?} with the event at {:?} on {} compute node(s)",
+        o.before + o.after,
+        o.before,
+        o.kns
+    ));
+    let mut workers: Vec<(usize, CloverWorker)> = Vec::new();
+    for c in 0..o.clients {
+        let node = c % o.kns;
+        let w = spawn_clover_client(
+            &d,
+            o,
+            c as u64,
+            generators,
+            nodes[node].clone(),
+            stop_all.clone(),
+            start,
+            buckets,
+        )?;
+        workers.push((node, w));
+    }
+    std::thread::sleep(o.before.saturating_sub(start.elapsed()));
+    let event_at = start.elapsed();
+    let mut event = CloverEvent {
+        compute_nodes_before: o.kns,
+        compute_nodes_after: o.kns,
+        clients_changed: 0,
+        interrupted_writes: [0; 3],
+        reclaimed_slots: 0,
+        reclaim_ms: None,
+        space_after: (0, 0, 0, 0),
+    };
+    let mut served_after = None;
+    let mut results = Vec::new();
+    match o.scenario {
+        Scenario::Add => {
+            let joined = Arc::new(ComputeNode::default());
+            for i in 0..per_node {
+                let c = (o.clients + i) as u64;
+                let w = spawn_clover_client(
+                    &d,
+                    o,
+                    c,
+                    generators,
+                    joined.clone(),
+                    stop_all.clone(),
+                    start,
+                    buckets,
+                )?;
+                workers.push((o.kns, w));
+            }
+            event.compute_nodes_after = o.kns + 1;
+            event.clients_changed = per_node;
+        }
+        Scenario::Remove | Scenario::Failure => {
+            let victim = &nodes[0];
+            let crash = o.scenario == Scenario::Failure;
+            if crash {
+                victim.crash.store(true, Ordering::Release);
+            } else {
+                victim.stop.store(true, Ordering::Release);
+            }
+            let killed = Instant::now();
+            let (theirs, others): (Vec<_>, Vec<_>) =
+                workers.into_iter().partition(|(n, _)| *n == 0);
+            workers = others;
+            let mut crashed = Vec::new();
+            for (_, w) in theirs {
+                let (done, failed, exit) =
+                    w.join().map_err(|_| anyhow::anyhow!("client panicked"))??;
+                results.push((done, failed));
+                event.clients_changed += 1;
+                if let CloverExit::Crashed {
+                    client,
+                    key_id,
+                    point,
+                } = exit
+                {
+                    event.interrupted_writes[point] += 1;
+                    crashed.push((client, key_id));
+                }
+            }
+            event.compute_nodes_after = o.kns - 1;
+            if crash {
+                // Nothing detects the crash here: the metadata server is told of it at once and takes the slots
+                // back; the surviving compute nodes never waited on the dead one.
+                let t = Instant::now();
+                for (client, _) in &crashed {
+                    event.reclaimed_slots +=
+                        d.ms.reclaim_grants(*client)
+                            .context("reclaiming a crashed client's grants")?
+                            as u64;
+                }
+                event.reclaim_ms = Some(t.elapsed().as_secs_f64() * 1e3);
+                // Every key a crashed client was writing is read by a surviving client (an unlinked version is
+                // invisible, a lagging shortcut is chased).
+                let mut check = d.client()?;
+                let mut k = Vec::new();
+                for (_, key_id) in &crashed {
+                    key_bytes(*key_id, 8, &mut k)?;
+                    let v = check
+                        .get(&k)
+                        .with_context(|| {
+                            format!("reading record {key_id}, interrupted by the crash")
+                        })?
+                        .with_context(|| {
+                            format!("record {key_id}, interrupted by the crash, is gone")
+                        })?;
+                    verify_value(*key_id, &v).map_err(|e| {
+                        anyhow::anyhow!("record {key_id}, interrupted by the crash: {e}")
+                    })?;
+                }
+                served_after = Some(killed.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        Scenario::Replicate => unreachable!("refused above"),
+    }
+    std::thread::sleep((o.before + o.after).saturating_sub(start.elapsed()));
+    stop_all.store(true, Ordering::Release);
+    for (_, w) in workers {
+        let (done, failed, _) = w.join().map_err(|_| anyhow::anyhow!("client panicked"))??;
+        results.push((done, failed));
+    }
+    let (mut done, mut failed) = (vec![0u64; buckets], vec![0u64; buckets]);
+    for (d_, f_) in results {
+        for i in 0..buckets {
+            done[i] += d_[i];
+            failed[i] += f_[i];
+        }
+    }
+    let t = Timeline::of(o, event_at, &done, &failed);
+    progress(&format!("reading all {} keys back", o.keys));
+    let (values_checked, values_missing, values_corrupt) = check_every_clover_value(o, &d)?;
+    let space = d.ms.space();
+    event.space_after = (space.free, space.granted, space.live, space.waiting);
+    Ok(ElasticReport {
+        options: o.clone(),
+        event_at_ms: event_at.as_secs_f64() * 1e3,
+        baseline_ops_per_s: t.baseline,
+        settled_ops_per_s: t.settled,
+        settled_over_baseline: t.settled_over_baseline(),
+        min_ops_per_s: t.min,
+        dip_ms: t.dip_ms,
+        all_keys_served_after_ms: served_after,
+        noticed_after_ms: None,
+        reconfigurations: Vec::new(),
+        moved_keys: 0,
+        moved_bytes: 0,
+        move_ms: 0.0,
+        values_checked,
+        values_missing,
+        values_corrupt,
+        clover: Some(event),
+        timeline: t.buckets,
     })
 }
 
@@ -579,6 +1072,26 @@ impl ElasticReport {
         }
         if let Some(ms) = self.noticed_after_ms {
             s.push_str(&format!(" (the M-node noticed after {ms:.1} ms)"));
+        }
+        if let Some(c) = &self.clover {
+            s.push_str(&format!(
+                "\n  compute nodes {} -> {} ({} client(s) {})",
+                c.compute_nodes_before,
+                c.compute_nodes_after,
+                c.clients_changed,
+                if c.compute_nodes_after > c.compute_nodes_before {
+                    "started"
+                } else {
+                    "stopped"
+                }
+            ));
+            if let Some(ms) = c.reclaim_ms {
+                s.push_str(&format!(
+                    "; writes interrupted {} written-not-linked, {} linked-shortcut-behind, {} linked-no-record; \
+                     metadata server reclaimed {} slot(s) in {ms:.2} ms",
+                    c.interrupted_writes[0], c.interrupted_writes[1], c.interrupted_writes[2], c.reclaimed_slots
+                ));
+            }
         }
         for e in &self.reconfigurations {
             s.push_str(&format!(

@@ -13,9 +13,11 @@
 //! The pDPM paper's Figure 7 ([`run_pdpm_figure`], `pdpm`), Figure 9 and Figure 10 ([`run_pdpm_scaling_figure`],
 //! `pdpm-mn` and `pdpm-cn`) run its stores ([`System::PDPM`]) on YCSB and write to `OUT/pdpm-figureN/`.
 //!
-//! DINOMO-S and DINOMO-N run beside DINOMO where the paper compares them (Figures 5, 6 and 8); Clover, which is not
-//! built, is listed as such in each figure's table and nothing is filled in for it. Scales: `tiny` is a smoke run of seconds (the test suite runs
-//! it), `small` takes a minute or two per figure on a 2-core machine (RESULTS.md), `full` is as large as one
+//! DINOMO-S and DINOMO-N run beside DINOMO where the paper compares them (Figures 5, 6 and 8). Clover runs beside
+//! them in Figure 5 (on the pDPM target, its compute nodes counted as KV nodes, projected to 16 like DINOMO), in
+//! Figures 6 and 8 (compute nodes joining, leaving and crashing mid-write, [`run_elastic`]) and in Figure 7 (its
+//! steady throughput under the same Zipf 2 load: it has no owners, so nothing to replicate). Scales: `tiny` is a
+//! smoke run of seconds (the test suite runs it), `small` takes a minute or two per figure on a 2-core machine (RESULTS.md), `full` is as large as one
 //! machine sensibly runs.
 
 use std::fmt::Write as _;
@@ -466,8 +468,14 @@ fn figure5_workloads(scale: Scale) -> Vec<(&'static str, Workload)> {
     }
 }
 
-/// The systems of Figure 5 built here, DINOMO first (Clover is not built).
-const FIGURE5_SYSTEMS: [System; 3] = [System::Dinomo, System::DinomoS, System::DinomoN];
+/// The systems of Figure 5, DINOMO first. Clover runs on the pDPM target, where `kns` is the number of compute
+/// nodes (the paper's Clover KNs) and the same client threads are spread over them.
+const FIGURE5_SYSTEMS: [System; 4] = [
+    System::Dinomo,
+    System::DinomoS,
+    System::DinomoN,
+    System::Clover,
+];
 
 fn figure5_options(scale: Scale, workload: Workload, system: System) -> (YcsbOptions, Vec<usize>) {
     let (records, kns, secs, warmup): (u64, Vec<usize>, f64, f64) = match scale {
@@ -479,6 +487,18 @@ fn figure5_options(scale: Scale, workload: Workload, system: System) -> (YcsbOpt
     // The paper's KV nodes each cache 1 GB of 32 GB loaded: 1/32 of the data per node.
     let cache_bytes = (records * (8 + value_bytes as u64) / 32).max(64 << 10);
     let tiny = scale == Scale::Tiny;
+    // A pDPM store is sized for its keys up front (Clover's shortcut cells, found by bounded probing): an insert
+    // workload also counts its operations (the time limits still hold), so that at most 600 000 keys are inserted,
+    // and the store is sized for twice what it may insert.
+    let insert = workload.mix().fraction(crate::ycsb::OpKind::Insert);
+    let (pdpm_keys, warmup_ops, ops) = if system.is_pdpm() && !tiny && insert > 0.0 {
+        let warmup_ops: u64 = 200_000;
+        let ops = ((600_000.0 / insert) as u64).min(3_000_000);
+        let inserted = ((warmup_ops + ops) as f64 * insert).ceil() as u64;
+        (Some(records + 2 * inserted), Some(warmup_ops), Some(ops))
+    } else {
+        (None, tiny.then_some(100), tiny.then_some(300))
+    };
     let opts = YcsbOptions {
         system,
         target: TargetOptions::InProcess(InProcessOptions {
@@ -486,6 +506,7 @@ fn figure5_options(scale: Scale, workload: Workload, system: System) -> (YcsbOpt
             policy: system.default_policy(),
             merge_threads: if tiny { 1 } else { 4 },
             pool_bytes: tiny.then_some(256 << 20),
+            pdpm_keys,
             ..InProcessOptions::default()
         }),
         workload,
@@ -496,8 +517,8 @@ fn figure5_options(scale: Scale, workload: Workload, system: System) -> (YcsbOpt
         outstanding: if tiny { 4 } else { 1 },
         warmup_secs: warmup,
         secs,
-        warmup_ops: tiny.then_some(100),
-        ops: tiny.then_some(300),
+        warmup_ops,
+        ops,
         ..YcsbOptions::default()
     };
     (opts, kns)
@@ -507,6 +528,26 @@ fn ycsb_command(o: &YcsbOptions, kns: &[usize], out: &Path) -> String {
     let TargetOptions::InProcess(p) = &o.target else {
         return "dinomo bench ycsb --target native ...".into();
     };
+    let kns_list = kns
+        .iter()
+        .map(|k| k.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    if o.system.is_pdpm() {
+        // No KV-node threads, cache or merge threads: the pDPM target takes none of those flags.
+        let one = YcsbOptions {
+            target: TargetOptions::InProcess(InProcessOptions {
+                kns: kns.first().copied().unwrap_or(1),
+                ..p.clone()
+            }),
+            ..o.clone()
+        };
+        return pdpm_command(&one, out).replacen(
+            &format!(" --kns {} ", kns.first().copied().unwrap_or(1)),
+            &format!(" --sweep-kns {kns_list} "),
+            1,
+        );
+    }
     let mut s = format!(
         "dinomo bench ycsb --system {} --workload {} --distribution {} --records {} --value-bytes {} --clients {} \
          --outstanding {} --kn-threads {} --cache-bytes {} --merge-threads {} --sweep-kns {}",
@@ -520,10 +561,7 @@ fn ycsb_command(o: &YcsbOptions, kns: &[usize], out: &Path) -> String {
         p.kn_threads,
         p.cache_bytes,
         p.merge_threads,
-        kns.iter()
-            .map(|k| k.to_string())
-            .collect::<Vec<_>>()
-            .join(",")
+        kns_list
     );
     match (o.warmup_ops, o.ops) {
         (Some(w), Some(n)) => {
@@ -583,6 +621,11 @@ fn figure5(
     files.write("round-trips.svg", &plot(PlotKind::RoundTrips, &all_runs))?;
     files.write("hit-ratios.svg", &plot(PlotKind::HitRatios, &all_runs))?;
     let system_rows = figure5_system_rows(scale, &all_runs, largest)?;
+    let clover_rows = figure5_clover_rows(scale, &all_runs, largest, files)?;
+    commands.push(format!(
+        "dinomo bench project {0}/ycsb-clover-sweep-*.json --profile paper --max-kns 16 --out {0}",
+        files.dir.display()
+    ));
     // The projection and the rows below are DINOMO's; the variants are compared in `system_rows`.
     let runs: Vec<YcsbReport> = all_runs
         .into_iter()
@@ -660,12 +703,7 @@ fn figure5(
         "{} records of 1 KiB, cache 1/32 of the data per node as in the paper; {largest} KV nodes at most, not 16",
         runs.first().map_or(0, |r| r.options.records)
     );
-    let mut rows = vec![Comparison::not_built(
-        "DINOMO / Clover throughput at 16 KNs",
-        "≥ 3.8× on every workload",
-        Some(3.8),
-        "clover",
-    )];
+    let mut rows = clover_rows;
     rows.extend(system_rows);
     rows.extend([
         Comparison::new(
@@ -723,14 +761,218 @@ fn figure5(
         title: "throughput against the number of KV nodes, YCSB with Zipf 0.99",
         commands,
         rows,
-        not_built: vec!["clover".into()],
+        not_built: Vec::new(),
         differences: vec![
             host_note(),
             "clients run one request at a time (the paper raises the requests in flight until the KV nodes \
              saturate)"
                 .into(),
+            "Clover: its compute nodes (the paper's Clover KNs) are the client threads themselves, spread over `kns` \
+             compute nodes, so a Clover operation skips the client-to-KN hop and the KN's network threads that \
+             every DINOMO operation pays here; one memory node, the metadata server on a memory node of its own; \
+             its cache is the per-client cursor cache (the paper's shortcut-only cache, per thread rather than per \
+             KN). Its projection counts the client threads' CPU as the compute nodes'"
+                .into(),
         ],
     })
+}
+
+/// The runs of `system` on `workload`.
+fn runs_of(runs: &[YcsbReport], system: System, workload: Workload) -> Vec<YcsbReport> {
+    runs.iter()
+        .filter(|r| r.system == system.name() && r.options.workload == workload)
+        .cloned()
+        .collect()
+}
+
+/// Figure 5's comparisons of DINOMO with Clover: measured at the largest node count, and projected to 16 KV nodes
+/// on the paper's hardware from each system's own per-op resources. Writes Clover's projections.
+fn figure5_clover_rows(
+    scale: Scale,
+    runs: &[YcsbReport],
+    largest: usize,
+    files: &mut Files,
+) -> anyhow::Result<Vec<Comparison>> {
+    let workloads = figure5_workloads(scale);
+    let clover: Vec<YcsbReport> = runs
+        .iter()
+        .filter(|r| r.system == System::Clover.name())
+        .cloned()
+        .collect();
+    let paper_profile = HardwareProfile::paper();
+    let clover_paper = project(&clover, &paper_profile, 16)?;
+    write_projection(files, "projection-paper-clover", &clover_paper)?;
+    let clover_local = project(&clover, &HardwareProfile::local(cores()), largest)?;
+    write_projection(files, "projection-local-clover", &clover_local)?;
+    let at = |system: System, w: Workload, n: usize| {
+        runs.iter()
+            .find(|r| r.system == system.name() && r.kv_nodes == Some(n) && r.options.workload == w)
+    };
+    // Measured, at the largest node count: DINOMO / Clover throughput and Clover / DINOMO round trips.
+    let mut measured: Vec<(&str, f64)> = Vec::new();
+    let mut round_trips: Vec<(&str, f64, f64)> = Vec::new();
+    let mut clover_scaling: Vec<(&str, f64)> = Vec::new();
+    for (name, w) in &workloads {
+        let (Some(d), Some(c)) = (
+            at(System::Dinomo, *w, largest),
+            at(System::Clover, *w, largest),
+        ) else {
+            continue;
+        };
+        if c.measured.ops_per_s > 0.0 {
+            measured.push((name, d.measured.ops_per_s / c.measured.ops_per_s));
+        }
+        if let (Some(rd), Some(rc)) = (d.resources.as_ref(), c.resources.as_ref()) {
+            round_trips.push((name, rc.per_op.round_trips, rd.per_op.round_trips));
+        }
+        if let Some(c1) = at(System::Clover, *w, 1).filter(|r| r.measured.ops_per_s > 0.0) {
+            clover_scaling.push((name, c.measured.ops_per_s / c1.measured.ops_per_s));
+        }
+    }
+    // MODEL: each system projected from its own runs on this workload; then again with Clover's compute nodes
+    // charged DINOMO's per-op network-thread CPU at the same node count, since the paper's Clover KNs receive
+    // their clients' requests over the network as DINOMO's KNs do, and here they are the clients.
+    let mut projected: Vec<(&str, f64, String, String)> = Vec::new();
+    let mut charged: Vec<(&str, f64, String, String)> = Vec::new();
+    for (name, w) in &workloads {
+        let (d_runs, c_runs) = (
+            runs_of(runs, System::Dinomo, *w),
+            runs_of(runs, System::Clover, *w),
+        );
+        if d_runs.is_empty() || c_runs.is_empty() {
+            continue;
+        }
+        let c_charged: Vec<YcsbReport> = c_runs
+            .iter()
+            .cloned()
+            .map(|mut r| {
+                let network = d_runs
+                    .iter()
+                    .find(|d| d.kv_nodes == r.kv_nodes)
+                    .and_then(|d| d.resources.as_ref()?.per_op.kn_network_cpu_us);
+                if let Some(p) = r.resources.as_mut().map(|x| &mut x.per_op)
+                    && let (Some(c), Some(n)) = (p.client_cpu_us, network)
+                {
+                    p.client_cpu_us = Some(c + n);
+                }
+                r
+            })
+            .collect();
+        let last = |rs: &[YcsbReport]| -> anyhow::Result<Option<(f64, String)>> {
+            let p = project(rs, &paper_profile, 16)?;
+            Ok(p.series
+                .first()
+                .and_then(|s| s.points.last())
+                .map(|p| (p.predicted_ops_per_s, p.bound_by.name().to_string())))
+        };
+        let d_last = last(&d_runs)?;
+        if let (Some((d, d_bound)), Some((c, c_bound))) = (&d_last, last(&c_runs)?)
+            && c > 0.0
+        {
+            projected.push((name, d / c, d_bound.clone(), c_bound));
+        }
+        if let (Some((d, d_bound)), Some((c, c_bound))) = (&d_last, last(&c_charged)?)
+            && c > 0.0
+        {
+            charged.push((name, d / c, d_bound.clone(), c_bound));
+        }
+    }
+    let lowest = |v: &[(&str, f64)]| v.iter().map(|x| x.1).min_by(f64::total_cmp);
+    let listed = |v: &[(&str, f64)]| {
+        v.iter()
+            .map(|(name, r)| format!("{r:.2}× {name}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let model_low =
+        |v: &[(&str, f64, String, String)]| v.iter().map(|x| x.1).min_by(f64::total_cmp);
+    let model_list = |v: &[(&str, f64, String, String)]| {
+        v.iter()
+            .map(|(name, r, d, c)| format!("{r:.2}× {name} (DINOMO bound by {d}, Clover by {c})"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let rt_ratios: Vec<f64> = round_trips
+        .iter()
+        .filter(|(_, _, d)| *d > 0.0)
+        .map(|(_, c, d)| c / d)
+        .collect();
+    let rt_range = match (
+        rt_ratios.iter().copied().min_by(f64::total_cmp),
+        rt_ratios.iter().copied().max_by(f64::total_cmp),
+    ) {
+        (Some(lo), Some(hi)) => format!("{lo:.1}× to {hi:.1}×"),
+        _ => "—".into(),
+    };
+    let rt_list = round_trips
+        .iter()
+        .map(|(name, c, d)| format!("{c:.2} vs {d:.2} {name}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let scaled = format!("{largest} KV nodes at most, not 16; {}", host_note());
+    Ok(vec![
+        Comparison::new(
+            format!(
+                "DINOMO / Clover throughput at {largest} KNs, lowest over the workloads (measured)"
+            ),
+            "≥ 3.8× on every workload (at 16 KNs)",
+            Some(3.8),
+            match lowest(&measured) {
+                Some(lo) => format!("{lo:.2}× ({})", listed(&measured)),
+                None => "—".into(),
+            },
+            lowest(&measured),
+            format!(
+                "{scaled}; Clover's compute nodes are the client threads (no client-to-KN hop), DINOMO's KV nodes \
+                 are reached over loopback TCP"
+            ),
+        ),
+        Comparison::new(
+            "MODEL: DINOMO / Clover throughput at 16 KNs on the paper's hardware, lowest over the workloads",
+            "≥ 3.8× on every workload",
+            Some(3.8),
+            match model_low(&projected) {
+                Some(lo) => format!("{lo:.2}× ({})", model_list(&projected)),
+                None => "—".into(),
+            },
+            model_low(&projected),
+            "a bottleneck model fed with each system's per-op resources measured here (projection-paper.txt, \
+             projection-paper-clover.txt), not a measurement; contention among Clover's compute nodes, which \
+             grows with their number, is not in it",
+        ),
+        Comparison::new(
+            "MODEL: the same, Clover's compute nodes charged DINOMO's per-op network-thread CPU (they serve \
+             clients over the network in the paper)",
+            "≥ 3.8× on every workload",
+            Some(3.8),
+            match model_low(&charged) {
+                Some(lo) => format!("{lo:.2}× ({})", model_list(&charged)),
+                None => "—".into(),
+            },
+            model_low(&charged),
+            "an estimate of the request handling Clover's KNs would do: DINOMO's KV nodes' network threads per \
+             op at the same node count, added to Clover's compute-node CPU",
+        ),
+        Comparison::new(
+            format!("Clover / DINOMO round trips per op at {largest} KNs"),
+            "4× to 87×",
+            None,
+            format!("{rt_range} (Clover vs DINOMO RT/op: {rt_list})"),
+            None,
+            scaled.clone(),
+        ),
+        Comparison::new(
+            format!("Clover throughput, {largest} KNs / 1 KN (measured)"),
+            "does not scale beyond 4 KNs (network or metadata-server CPU)",
+            None,
+            match mean(clover_scaling.iter().map(|x| x.1)) {
+                Some(m) => format!("{m:.2} mean ({})", listed(&clover_scaling)),
+                None => "—".into(),
+            },
+            mean(clover_scaling.iter().map(|x| x.1)),
+            format!("{}: more compute nodes add threads, not cores", host_note()),
+        ),
+    ])
 }
 
 /// Figure 5's comparisons of DINOMO with DINOMO-S and DINOMO-N, from the runs of all three at the largest node
@@ -1000,6 +1242,15 @@ fn dip_text(r: &ElasticReport) -> String {
     )
 }
 
+/// What reading every record back after the run found.
+fn intact_text(r: &ElasticReport) -> String {
+    format!(
+        "{} of {} records read back intact afterwards",
+        r.values_checked - r.values_missing - r.values_corrupt,
+        r.values_checked
+    )
+}
+
 /// What a run's reconfigurations moved between partitions (DINOMO-N).
 fn moved_text(r: &ElasticReport) -> String {
     format!(
@@ -1043,6 +1294,16 @@ fn figure6(
     };
     let n_add = run_scenario(&n_add_opts, files, progress)?;
     let n_remove = run_scenario(&n_remove_opts, files, progress)?;
+    let c_add_opts = ElasticOptions {
+        system: System::Clover,
+        ..add_opts.clone()
+    };
+    let c_remove_opts = ElasticOptions {
+        system: System::Clover,
+        ..remove_opts.clone()
+    };
+    let c_add = run_scenario(&c_add_opts, files, progress)?;
+    let c_remove = run_scenario(&c_remove_opts, files, progress)?;
     use dinomo_cluster::ReconfigKind;
     let rows = vec![
         Comparison::new(
@@ -1086,6 +1347,32 @@ fn figure6(
             elastic_differs(&n_remove_opts),
         ),
         Comparison::new(
+            "Clover when a compute node joins (its clients start; nothing moves, nothing is reassigned)",
+            "not run (\"Clover has no implementation for auto-scaling KNs\")",
+            None,
+            format!(
+                "{}; settled {:.2}× the baseline; {}",
+                dip_text(&c_add),
+                c_add.settled_over_baseline,
+                intact_text(&c_add)
+            ),
+            Some(c_add.dip_ms),
+            elastic_differs(&c_add_opts),
+        ),
+        Comparison::new(
+            "Clover when a compute node leaves (its clients stop and hand their unused slots back)",
+            "not run",
+            None,
+            format!(
+                "{}; settled {:.2}× the baseline; {}",
+                dip_text(&c_remove),
+                c_remove.settled_over_baseline,
+                intact_text(&c_remove)
+            ),
+            Some(c_remove.dip_ms),
+            elastic_differs(&c_remove_opts),
+        ),
+        Comparison::new(
             "what triggers the change",
             "the M-node's policy engine, on a tail-latency SLO violation with over-utilized KNs (load ×7), and \
              on an under-utilized KN",
@@ -1103,6 +1390,8 @@ fn figure6(
             elastic_command(&remove_opts, &files.dir),
             elastic_command(&n_add_opts, &files.dir),
             elastic_command(&n_remove_opts, &files.dir),
+            elastic_command(&c_add_opts, &files.dir),
+            elastic_command(&c_remove_opts, &files.dir),
         ],
         rows,
         not_built: Vec::new(),
@@ -1110,6 +1399,10 @@ fn figure6(
             host_note(),
             "the paper's run lasts minutes with 10 s samples; here a few seconds with 10 ms buckets, so a dip of \
              milliseconds shows"
+                .into(),
+            "Clover: `kns` compute nodes share the client threads (a joining node brings as many clients as a node \
+             had, so the load grows with it); its compute nodes are the client threads themselves, over one memory \
+             node and a metadata server"
                 .into(),
         ],
     })
@@ -1150,6 +1443,25 @@ fn figure7(
     }
     let (r, c) = last.expect("at least one pair");
     let gain = median(&mut gains);
+    // Clover under the same load: nothing to replicate (every compute node reaches every key), so its steady
+    // throughput is what DINOMO is compared with, before and after sharing.
+    let clover_opts = figure7_clover_options(scale, &opts);
+    progress("figure 7: clover under the same load");
+    let clover = run_ycsb(&clover_opts, &mut |p| {
+        if let crate::ycsb_run::Progress::Phase(step) = p {
+            progress(&format!("figure 7: {step}"));
+        }
+    })?;
+    files.write(
+        "ycsb-clover-zipf2.json",
+        &serde_json::to_string_pretty(&clover)?,
+    )?;
+    let clover_ops = clover.measured.ops_per_s;
+    let over_clover = |x: f64| (clover_ops > 0.0).then(|| x / clover_ops);
+    let (after_over, before_over) = (
+        over_clover(r.settled_ops_per_s),
+        over_clover(c.settled_ops_per_s),
+    );
     // Clover is almost 4× DINOMO without replication; DINOMO with it is almost 1.6× Clover.
     let paper_gain = 4.0 * 1.6;
     let rows = vec![
@@ -1186,11 +1498,46 @@ fn figure7(
             Some(r.settled_over_baseline),
             "before and after differ by more than the sharing on a shared machine; the control shows by how much",
         ),
-        Comparison::not_built(
+        Comparison::new(
             "DINOMO / Clover after replication",
             "≈ 1.6×",
             Some(1.6),
-            "clover",
+            format!(
+                "{} ({:.0} vs {:.0} ops/s)",
+                after_over.map_or("—".into(), |x| format!("{x:.2}×")),
+                r.settled_ops_per_s,
+                clover_ops
+            ),
+            after_over,
+            format!(
+                "Clover: {} compute nodes sharing the same {} client threads, the same Zipf 2 load, measured on its \
+                 own ({} s); its compute nodes are the client threads (no client-to-KN hop)",
+                clover_opts_kns(&clover_opts),
+                clover_opts.clients,
+                clover_opts.secs
+            ),
+        ),
+        Comparison::new(
+            "DINOMO without replication / Clover",
+            "≈ 0.25× (\"Clover initially outperforms DINOMO without selective replication ... by almost 4×\")",
+            Some(0.25),
+            format!(
+                "{} ({:.0} vs {:.0} ops/s, the control run)",
+                before_over.map_or("—".into(), |x| format!("{x:.2}×")),
+                c.settled_ops_per_s,
+                clover_ops
+            ),
+            before_over,
+            "as above",
+        ),
+        Comparison::new(
+            "Clover with the hot keys replicated",
+            "—",
+            None,
+            "no meaning: Clover has no owners, so there is nothing to share; every compute node already reads and \
+             writes the hot keys directly (bench elastic refuses --system clover --scenario replicate)",
+            None,
+            "—",
         ),
         Comparison::new(
             "DINOMO / DINOMO-N after replication",
@@ -1207,9 +1554,10 @@ fn figure7(
         commands: vec![
             elastic_command(&opts, &files.dir),
             elastic_command(&control, &files.dir),
+            pdpm_command(&clover_opts, &files.dir),
         ],
         rows,
-        not_built: vec!["clover".into()],
+        not_built: Vec::new(),
         differences: vec![
             host_note(),
             "one machine's cores are shared by every node, so spreading a hot key over more nodes adds no cores: \
@@ -1217,6 +1565,42 @@ fn figure7(
                 .into(),
         ],
     })
+}
+
+/// Clover on Figure 7's load: as many compute nodes as the elastic run has KV nodes, its clients, keys, values,
+/// workload and Zipf 2, measured for as long as the elastic run lasts after its event.
+fn figure7_clover_options(scale: Scale, o: &ElasticOptions) -> YcsbOptions {
+    let tiny = scale == Scale::Tiny;
+    YcsbOptions {
+        system: System::Clover,
+        target: TargetOptions::InProcess(InProcessOptions {
+            kns: o.kns,
+            policy: System::Clover.default_policy(),
+            ..InProcessOptions::default()
+        }),
+        workload: o.workload,
+        distribution: o.distribution,
+        records: o.keys,
+        value_bytes: o.value_size,
+        clients: o.clients,
+        outstanding: 1,
+        warmup_secs: if tiny {
+            20.0
+        } else {
+            o.before.as_secs_f64() / 2.0
+        },
+        secs: if tiny { 20.0 } else { o.after.as_secs_f64() },
+        warmup_ops: tiny.then_some(200),
+        ops: tiny.then_some(300),
+        ..YcsbOptions::default()
+    }
+}
+
+fn clover_opts_kns(o: &YcsbOptions) -> usize {
+    match &o.target {
+        TargetOptions::InProcess(p) => p.kns,
+        _ => 0,
+    }
 }
 
 fn figure8(
@@ -1235,6 +1619,12 @@ fn figure8(
         ..opts.clone()
     };
     let n = run_scenario(&n_opts, files, progress)?;
+    let c_opts = ElasticOptions {
+        system: System::Clover,
+        ..opts.clone()
+    };
+    let c = run_scenario(&c_opts, files, progress)?;
+    let c_drop_100ms = window_over_baseline(&c, 100.0).map(|w| 1.0 - w);
     let handling = mnode_ms(&r, dinomo_cluster::ReconfigKind::Failure);
     let n_handling = mnode_ms(&n, dinomo_cluster::ReconfigKind::Failure);
     let drop_100ms = window_over_baseline(&r, 100.0).map(|w| 1.0 - w);
@@ -1296,11 +1686,43 @@ fn figure8(
                 n.moved_bytes
             ),
         ),
-        Comparison::not_built(
-            "Clover on the same failure",
-            "a brief 55% drop; membership updated in < 68 ms",
-            None,
-            "clover",
+        Comparison::new(
+            "Clover on the same failure: throughput drop",
+            "a brief 55% drop",
+            Some(0.55),
+            format!(
+                "{} over the first 100 ms; {}; {}",
+                pct(c_drop_100ms),
+                dip_text(&c),
+                intact_text(&c)
+            ),
+            c_drop_100ms,
+            format!(
+                "{}; the dead compute node's clients stop inside a write each, and every client of the survivors \
+                 keeps going: nothing waits for detection",
+                elastic_differs(&c_opts)
+            ),
+        ),
+        Comparison::new(
+            "Clover on the same failure: recovery work",
+            "< 68 ms to update the RNs' membership (clients retry after a 500 ms timeout)",
+            Some(68.0),
+            match &c.clover {
+                Some(e) => format!(
+                    "metadata server reclaimed {} slot(s) of {} crashed client(s) in {} ms; writes cut at the crash \
+                     points (written, linked, linked + shortcut): {:?}; every key they were writing read back {} ms \
+                     after the kill",
+                    e.reclaimed_slots,
+                    e.clients_changed,
+                    num(e.reclaim_ms),
+                    e.interrupted_writes,
+                    num(c.all_keys_served_after_ms)
+                ),
+                None => "—".into(),
+            },
+            c.clover.as_ref().and_then(|e| e.reclaim_ms),
+            "no routing nodes in front of Clover here (the clients are the compute nodes), so there is no membership \
+             to update; the reclaim is triggered at once rather than by a failure detector",
         ),
     ];
     Ok(Findings {
@@ -1308,9 +1730,10 @@ fn figure8(
         commands: vec![
             elastic_command(&opts, &files.dir),
             elastic_command(&n_opts, &files.dir),
+            elastic_command(&c_opts, &files.dir),
         ],
         rows,
-        not_built: vec!["clover".into()],
+        not_built: Vec::new(),
         differences: vec![host_note()],
     })
 }
@@ -1434,9 +1857,16 @@ fn pdpm_command(o: &YcsbOptions, out: &Path) -> String {
         p.memory_nodes,
         p.replication
     );
+    if let Some(keys) = p.pdpm_keys {
+        let _ = write!(s, " --pdpm-keys {keys}");
+    }
     match (o.warmup_ops, o.ops) {
         (Some(w), Some(n)) => {
-            let _ = write!(s, " --warmup-ops {w} --ops {n}");
+            let _ = write!(
+                s,
+                " --warmup-ops {w} --ops {n} --warmup-secs {} --secs {}",
+                o.warmup_secs, o.secs
+            );
         }
         _ => {
             let _ = write!(s, " --warmup-secs {} --secs {}", o.warmup_secs, o.secs);

@@ -34,7 +34,7 @@ pub mod ycsb;
 pub mod ycsb_run;
 
 pub use dac::{DacBenchOptions, DacCase, DacReport, DacVersusBest, run_dac};
-pub use elastic::{Bucket, ElasticOptions, ElasticReport, Scenario, run_elastic};
+pub use elastic::{Bucket, CloverEvent, ElasticOptions, ElasticReport, Scenario, run_elastic};
 pub use key_stats::{KeyStatsBenchOptions, KeyStatsReport, run_key_stats};
 
 use std::hint::black_box;

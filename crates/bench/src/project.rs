@@ -468,6 +468,10 @@ pub struct Demand {
     pub clients: usize,
     /// Requests each kept in flight.
     pub outstanding: usize,
+    /// A pDPM store's run: its compute nodes' work runs on the benchmark's client threads, so their CPU time is
+    /// counted here as KV-node (compute-node) CPU and `client_cpu_us` is absent.
+    #[serde(default)]
+    pub compute_on_clients: bool,
 }
 
 impl Demand {
@@ -489,19 +493,36 @@ impl Demand {
         } else {
             (busiest * r.nodes.len() as f64).max(1.0)
         };
+        // A pDPM store (Clover, DirectDS, CentralDS) has no KV-node threads: each client thread is a compute node
+        // doing the store's work in its own library, so its CPU time, workload generation included (an
+        // overstatement of a few percent), is the compute node's; nothing is left on the clients' side. The
+        // metadata server's or coordinator's RPC time is its memory node's.
+        let compute_on_clients = r
+            .system
+            .parse::<crate::ycsb_run::System>()
+            .is_ok_and(|s| s.is_pdpm());
+        let (kn_cpu_us, client_cpu_us) = if compute_on_clients {
+            (p.client_cpu_us, None)
+        } else {
+            (
+                sum(&[p.kn_worker_cpu_us, p.kn_network_cpu_us]),
+                p.client_cpu_us,
+            )
+        };
         Some(Demand {
             kv_nodes,
             runs: 1,
             measured_ops_per_s: r.measured.ops_per_s,
             round_trips: p.round_trips,
             fabric_bytes: p.bytes_out.max(p.bytes_in),
-            kn_cpu_us: sum(&[p.kn_worker_cpu_us, p.kn_network_cpu_us]),
+            kn_cpu_us,
             dpm_cpu_us: sum(&[p.memory_merge_cpu_us, p.memory_rpc_cpu_us]),
-            client_cpu_us: p.client_cpu_us,
+            client_cpu_us,
             total_cpu_us: total,
             imbalance,
             clients: r.options.clients,
             outstanding: r.options.outstanding,
+            compute_on_clients,
         })
     }
 
@@ -525,6 +546,7 @@ impl Demand {
             imbalance: avg(|d| d.imbalance),
             clients: all.first().map_or(0, |d| d.clients),
             outstanding: all.first().map_or(0, |d| d.outstanding),
+            compute_on_clients: all.iter().any(|d| d.compute_on_clients),
         }
     }
 }
@@ -788,6 +810,14 @@ pub fn project(
         warnings.push(format!(
             "the runs come from machines with different core counts ({hosts:?}): their per-op CPU times may not \
              compare"
+        ));
+    }
+    let on_clients = usable.iter().filter(|(_, d)| d.compute_on_clients).count();
+    if on_clients > 0 {
+        warnings.push(format!(
+            "{on_clients} run(s) of a pDPM store: its compute nodes are the client threads, so their CPU time \
+             (workload generation included) is counted as KV-node CPU, the metadata server's as the memory node's, \
+             and the KV-node NIC ceiling is the compute nodes' fabric traffic"
         ));
     }
     let errors: u64 = usable.iter().map(|(r, _)| r.measured.errors.total()).sum();
@@ -1112,6 +1142,7 @@ mod tests {
             imbalance: 1.0,
             clients: 8,
             outstanding: 1,
+            compute_on_clients: false,
         }
     }
 

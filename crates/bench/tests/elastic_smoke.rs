@@ -78,3 +78,48 @@ fn dinomo_n_refuses_the_replicate_scenario() {
         "{err}"
     );
 }
+
+/// Clover has no owners: a killed compute node's clients stop inside a write each, the metadata server takes their
+/// grants back, the survivors never stop serving, and every record reads back. Replication has nothing to share.
+#[test]
+fn clover_compute_node_crash_mid_write_loses_nothing() -> anyhow::Result<()> {
+    let o = ElasticOptions {
+        system: System::Clover,
+        clients: 6,
+        kns: 2,
+        ..tiny(Scenario::Failure)
+    };
+    let r = run_elastic(&o, |_| {})?;
+    let c = r.clover.as_ref().expect("a Clover report");
+    assert_eq!((c.compute_nodes_before, c.compute_nodes_after), (2, 1));
+    // Clients 0, 2 and 4 were node 0's: each stopped at a different crash point.
+    assert_eq!(c.clients_changed, 3);
+    assert_eq!(c.interrupted_writes, [1, 1, 1]);
+    assert!(c.reclaimed_slots > 0 && c.reclaim_ms.is_some());
+    assert!(r.all_keys_served_after_ms.is_some());
+    assert_eq!(
+        (r.values_checked, r.values_missing, r.values_corrupt),
+        (2000, 0, 0)
+    );
+    assert!(r.baseline_ops_per_s > 0.0 && r.settled_ops_per_s > 0.0);
+
+    let err = run_elastic(
+        &ElasticOptions {
+            system: System::Clover,
+            ..tiny(Scenario::Replicate)
+        },
+        |_| {},
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("clover has no owners"), "{err}");
+    let err = run_elastic(
+        &ElasticOptions {
+            system: System::DirectDs,
+            ..tiny(Scenario::Add)
+        },
+        |_| {},
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("no KV nodes to add"), "{err}");
+    Ok(())
+}

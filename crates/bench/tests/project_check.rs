@@ -103,3 +103,30 @@ fn paper_profile_scales_with_the_kv_nodes() -> anyhow::Result<()> {
     assert_eq!(p.to_csv().lines().count(), 1 + 2 * 16);
     Ok(())
 }
+
+/// A pDPM store's compute nodes are the client threads: the model counts their CPU as compute-node (KV-node) CPU,
+/// leaves none on the clients' side, and says so.
+#[test]
+fn pdpm_runs_count_client_cpu_as_compute_node_cpu() -> anyhow::Result<()> {
+    use dinomo_bench::project::Demand;
+    let runs = fixtures()?;
+    let dinomo = Demand::of(&runs[0]).expect("resources");
+    assert!(!dinomo.compute_on_clients);
+    let client_cpu = runs[0].resources.as_ref().unwrap().per_op.client_cpu_us;
+    assert!(client_cpu.is_some_and(|c| c > 0.0));
+    assert_eq!(dinomo.client_cpu_us, client_cpu);
+
+    let mut clover = runs[0].clone();
+    clover.system = "clover".into();
+    let d = Demand::of(&clover).expect("resources");
+    assert!(d.compute_on_clients);
+    assert_eq!((d.kn_cpu_us, d.client_cpu_us), (client_cpu, None));
+    let p = project(&[clover], &HardwareProfile::paper(), 16)?;
+    assert!(
+        p.warnings.iter().any(|w| w.contains("pDPM store")),
+        "{:?}",
+        p.warnings
+    );
+    assert_eq!(p.series[0].points.len(), 16);
+    Ok(())
+}
