@@ -168,17 +168,13 @@ thread_local! {
     static CELLS: Cell<*const Cells> = const { Cell::new(std::ptr::null()) };
 }
 
-/// The calling thread's cells, registering them on first use; `None` once they were folded into the retired
-/// total (while the thread exits).
+/// The calling thread's cells, registering them on first use; null once they were folded into the retired total
+/// (while the thread exits). A non-null pointer stays valid until this thread's `LOCAL` is destroyed, which nulls
+/// `CELLS` first.
 #[inline(always)]
-fn cells() -> Option<&'static Cells> {
-    let mut p = CELLS.get();
-    if p.is_null() {
-        p = register();
-    }
-    // SAFETY: a non-null `p` points into the `Arc<Cells>` held by this thread's `LOCAL`, which nulls `CELLS` before
-    // it releases them; the reference never leaves this thread's current call.
-    unsafe { p.as_ref() }
+fn cells() -> *const Cells {
+    let p = CELLS.get();
+    if p.is_null() { register() } else { p }
 }
 
 #[cold]
@@ -196,7 +192,8 @@ fn register() -> *const Cells {
 /// Records one round trip that did what `tally` says (its `round_trips` field is ignored: it is one).
 #[inline]
 pub(crate) fn record_round_trip(tally: &CounterSnapshot) {
-    if let Some(c) = cells() {
+    // SAFETY: see `cells`; the reference does not outlive this call.
+    if let Some(c) = unsafe { cells().as_ref() } {
         bump(&c.round_trips, 1);
         if tally.reads > 0 {
             bump(&c.reads, tally.reads);
@@ -221,7 +218,8 @@ pub(crate) fn record_round_trip(tally: &CounterSnapshot) {
 /// Records a round trip of one verb (the common case, kept short).
 #[inline(always)]
 pub(crate) fn record_single(kind: VerbKind, bytes_out: u64, bytes_in: u64) {
-    if let Some(c) = cells() {
+    // SAFETY: see `cells`; the reference does not outlive this call.
+    if let Some(c) = unsafe { cells().as_ref() } {
         bump(&c.round_trips, 1);
         bump(
             match kind {
