@@ -1221,14 +1221,8 @@ impl CentralClient {
             return r;
         }
         if r.is_err() {
-            // Best effort: the blocks go back so they are not lost while this client lives.
-            let _ = self.coordinator.call::<_, ()>(
-                method::RELEASE,
-                &ReleaseRequest {
-                    client: self.id,
-                    locations: vec![location],
-                },
-            );
+            // The blocks go back so they are not lost while this client lives.
+            self.release(vec![location]);
         }
         r
     }
@@ -1405,19 +1399,8 @@ impl PdpmStore for CentralClient {
 
 impl Drop for CentralClient {
     fn drop(&mut self) {
-        if self.granted.is_empty() {
-            return;
-        }
         let locations = std::mem::take(&mut self.granted);
-        if let Err(e) = self.coordinator.call::<_, ()>(
-            method::RELEASE,
-            &ReleaseRequest {
-                client: self.id,
-                locations,
-            },
-        ) {
-            tracing::debug!(error = %e, "could not give granted blocks back");
-        }
+        self.release(locations);
     }
 }
 
