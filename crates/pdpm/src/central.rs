@@ -1138,8 +1138,7 @@ impl CentralClient {
                 self.refill()?;
             }
             while let Some(location) = self.granted.pop() {
-                let nodes: Vec<usize> = location.0.iter().map(|b| b.node as usize).collect();
-                if nodes.into_iter().all(|n| self.reachable(n)) {
+                if location.0.iter().all(|b| self.reachable(b.node as usize)) {
                     return Ok(location);
                 }
                 self.release(vec![location]);
