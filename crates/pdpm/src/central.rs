@@ -52,8 +52,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::anchor::{self, Anchor, Anchored, HEADER_LEN, Located, le_u32, le_u64};
 use crate::{
-    Change, PdpmError, PdpmStore, check_key, check_value, hash, is_node_failure, new_client_id,
-    roots, tags, validate, write_validated,
+    Change, MemoryNodes, PdpmError, PdpmStore, check_key, check_value, hash, is_node_failure,
+    new_client_id, roots, tags, validate, write_validated,
 };
 
 /// Bytes before the key: stamp, version, key length, zero, value length.
@@ -938,13 +938,8 @@ pub enum CentralCrash {
 /// One compute-node thread's CentralDS client.
 pub struct CentralClient {
     coordinator: Endpoint,
-    connectors: Vec<Connector>,
-    eps: Vec<Endpoint>,
-    /// When each memory node was last found unreachable.
-    down: Vec<Option<Instant>>,
-    /// Each node's block area; its body starts with block 0.
-    areas: Vec<Located>,
-    layout: CentralLayout,
+    /// The memory nodes; each node's area is its block area, whose body starts with block 0.
+    nodes: MemoryNodes<CentralLayout>,
     settings: CentralSettings,
     id: u32,
     seq: u32,
@@ -958,7 +953,7 @@ impl std::fmt::Debug for CentralClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CentralClient")
             .field("id", &self.id)
-            .field("nodes", &self.eps.len())
+            .field("nodes", &self.nodes.len())
             .finish()
     }
 }
@@ -982,29 +977,18 @@ impl CentralClient {
                 memory_nodes.len()
             )));
         }
-        let mut eps = Vec::new();
-        let mut areas = Vec::new();
-        for (node, c) in memory_nodes.iter().enumerate() {
-            let mut ep = c.connect()?;
-            let (area, l) = anchor::locate::<CentralLayout>(&mut ep, node)?;
-            if l != reply.layout {
-                return Err(PdpmError::Layout {
-                    node,
-                    why: "block area differs from the coordinator's".into(),
-                });
-            }
-            eps.push(ep);
-            areas.push(area);
+        let nodes = MemoryNodes::<CentralLayout>::connect(memory_nodes, settings.node_retry)?;
+        if nodes.layout != reply.layout {
+            return Err(PdpmError::Layout {
+                node: 0,
+                why: "block area differs from the coordinator's".into(),
+            });
         }
         // Distinct ids in one process even if the random draw repeats.
         let id = new_client_id() ^ CLIENT_SEQ.fetch_add(1, Ordering::Relaxed).rotate_left(16);
         Ok(CentralClient {
             coordinator: coord,
-            connectors: memory_nodes.to_vec(),
-            down: vec![None; eps.len()],
-            eps,
-            areas,
-            layout: reply.layout,
+            nodes,
             settings,
             id: if id == 0 { 1 } else { id },
             seq: 0,
@@ -1020,7 +1004,7 @@ impl CentralClient {
 
     /// The block geometry of the memory nodes.
     pub fn layout(&self) -> &CentralLayout {
-        &self.layout
+        &self.nodes.layout
     }
 
     /// This client's identity at the coordinator (for [`Coordinator::reclaim_grants`]).
@@ -1055,64 +1039,22 @@ impl CentralClient {
     /// The fault hooks of this client's current connection to memory node `node` (tests cut it to fail the node;
     /// a reconnection after [`CentralSettings::node_retry`] gets fresh hooks).
     pub fn fault_hooks(&self, node: usize) -> Option<Arc<FaultHooks>> {
-        self.eps.get(node).map(|ep| ep.hooks().clone())
-    }
-
-    /// True unless `node` was found unreachable less than `node_retry` ago; after that the client connects again.
-    fn reachable(&mut self, node: usize) -> bool {
-        match self.down.get(node).copied().flatten() {
-            None => node < self.eps.len(),
-            Some(since) if since.elapsed() < self.settings.node_retry => false,
-            Some(_) => {
-                let r = self.connectors[node]
-                    .connect()
-                    .map_err(PdpmError::from)
-                    .and_then(|mut ep| {
-                        let (area, l) = anchor::locate::<CentralLayout>(&mut ep, node)?;
-                        if l != self.layout {
-                            return Err(PdpmError::Layout {
-                                node,
-                                why: "block area differs from the coordinator's".into(),
-                            });
-                        }
-                        Ok((ep, area))
-                    });
-                match r {
-                    Ok((ep, area)) => {
-                        self.eps[node] = ep;
-                        self.areas[node] = area;
-                        self.down[node] = None;
-                        true
-                    }
-                    Err(e) => {
-                        tracing::debug!(node, error = %e, "memory node still unreachable");
-                        self.down[node] = Some(Instant::now());
-                        false
-                    }
-                }
-            }
-        }
+        self.nodes.fault_hooks(node)
     }
 
     /// Passes `r` on; when its error says memory node `node` is gone, marks it down and tells the coordinator
     /// (best effort), so that new grants avoid it.
     fn on<T, E: Into<PdpmError>>(&mut self, node: usize, r: Result<T, E>) -> Result<T, PdpmError> {
-        r.map_err(|e| {
-            let e = e.into();
-            if is_node_failure(&e) {
-                if self.down[node].is_none() {
-                    tracing::warn!(node, error = %e, "memory node unreachable");
-                }
-                self.down[node] = Some(Instant::now());
-                if let Err(report) = self
-                    .coordinator
-                    .call::<_, ()>(method::REPORT_DOWN, &(node as u32))
-                {
-                    tracing::debug!(node, error = %report, "could not report a memory node down");
-                }
-            }
-            e
-        })
+        let r = self.nodes.track(node, r);
+        if let Err(e) = &r
+            && is_node_failure(e)
+            && let Err(report) = self
+                .coordinator
+                .call::<_, ()>(method::REPORT_DOWN, &(node as u32))
+        {
+            tracing::debug!(node, error = %report, "could not report a memory node down");
+        }
+        r
     }
 
     /// Gives granted locations back to the coordinator (best effort).
@@ -1138,7 +1080,11 @@ impl CentralClient {
                 self.refill()?;
             }
             while let Some(location) = self.granted.pop() {
-                if location.0.iter().all(|b| self.reachable(b.node as usize)) {
+                if location
+                    .0
+                    .iter()
+                    .all(|b| self.nodes.reachable(b.node as usize))
+                {
                     return Ok(location);
                 }
                 self.release(vec![location]);
@@ -1150,15 +1096,15 @@ impl CentralClient {
     }
 
     fn check(&self, key: &[u8], value: Option<&[u8]>) -> Result<(), PdpmError> {
-        check_key(key, self.layout.max_key)?;
-        value.map_or(Ok(()), |v| check_value(v, self.layout.max_value))
+        check_key(key, self.nodes.layout.max_key)?;
+        value.map_or(Ok(()), |v| check_value(v, self.nodes.layout.max_value))
     }
 
     fn block_addr(&self, b: BlockRef) -> Result<dinomo_fabric::RemoteAddr, PdpmError> {
-        let area = self.areas.get(b.node as usize).ok_or_else(|| {
+        let area = self.nodes.areas.get(b.node as usize).ok_or_else(|| {
             PdpmError::Coordinator(format!("location names memory node {}", b.node))
         })?;
-        if b.block as u64 >= self.layout.blocks {
+        if b.block as u64 >= self.nodes.layout.blocks {
             return Err(PdpmError::Coordinator(format!(
                 "location names block {}",
                 b.block
@@ -1166,7 +1112,7 @@ impl CentralClient {
         }
         Ok(area
             .data
-            .at(area.body + b.block as u64 * self.layout.block_len()))
+            .at(area.body + b.block as u64 * self.nodes.layout.block_len()))
     }
 
     /// Writes `value` out of place and commits it if `expect` holds; whether it did (when not, the written blocks
@@ -1190,7 +1136,7 @@ impl CentralClient {
             let location = self.take_location()?;
             let r = self.write_blocks(&location, &block, tail, crash);
             match r {
-                Err(e) if is_node_failure(&e) && attempt < self.eps.len() => {
+                Err(e) if is_node_failure(&e) && attempt < self.nodes.len() => {
                     tracing::debug!(error = %e, "writing the value elsewhere");
                     self.release(vec![location]);
                     attempt += 1;
@@ -1242,7 +1188,7 @@ impl CentralClient {
         if self.settings.fuse_validation && crash.is_none() {
             for &(node, addr) in &addrs {
                 let r = write_validated(
-                    &mut self.eps[node],
+                    &mut self.nodes.eps[node],
                     &mut self.batch,
                     node,
                     None,
@@ -1255,7 +1201,7 @@ impl CentralClient {
             return Ok(());
         }
         for &(node, addr) in &addrs {
-            let r = self.eps[node].write(addr, block);
+            let r = self.nodes.eps[node].write(addr, block);
             self.on(node, r)?;
         }
         if crash == Some(CentralCrash::AfterWrite) {
@@ -1263,7 +1209,7 @@ impl CentralClient {
         }
         for &(node, addr) in &addrs {
             let mut last = [0u8; 8];
-            let r = self.eps[node].read(addr.offset_by(tail), &mut last);
+            let r = self.nodes.eps[node].read(addr.offset_by(tail), &mut last);
             self.on(node, r)?;
             validate(node, None, &last, want)?;
         }
@@ -1274,7 +1220,7 @@ impl CentralClient {
 impl CentralClient {
     /// The committed version and value of `key` (LOOKUP, READ), starting over when the block was reused.
     fn read_current(&mut self, key: &[u8]) -> Result<Option<(u64, Vec<u8>)>, PdpmError> {
-        let len = self.layout.block_len() as usize;
+        let len = self.nodes.layout.block_len() as usize;
         for _ in 0..=self.settings.read_retries {
             let committed: Option<Committed> = self.coordinator.call(method::LOOKUP, &key)?;
             let Some(c) = committed else {
@@ -1286,12 +1232,12 @@ impl CentralClient {
             let mut why = String::new();
             for &b in &c.location.0 {
                 let node = b.node as usize;
-                if !self.reachable(node) {
+                if !self.nodes.reachable(node) {
                     why.push_str(&format!("node {node} down; "));
                     continue;
                 }
                 let addr = self.block_addr(b)?;
-                let r = self.eps[node].read(addr, &mut buf);
+                let r = self.nodes.eps[node].read(addr, &mut buf);
                 match self.on(node, r) {
                     Ok(()) => {
                         read = Some(b);
@@ -1310,7 +1256,7 @@ impl CentralClient {
                     ),
                 });
             };
-            match parse_block(&self.layout, &buf) {
+            match parse_block(&self.nodes.layout, &buf) {
                 Some((version, k, v)) if version == c.version && k == key => {
                     return Ok(Some((version, v.to_vec())));
                 }

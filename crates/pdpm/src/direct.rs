@@ -30,18 +30,17 @@
 //! a torn copy and fell back to locking).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use std::sync::Arc;
-
-use dinomo_fabric::{Batch, Connector, Endpoint, FaultHooks};
+use dinomo_fabric::{Batch, Connector, FaultHooks};
 use dinomo_pool::Pool;
 use serde::{Deserialize, Serialize};
 
-use crate::anchor::{self, Anchor, Anchored, HEADER_LEN, Located, le_u32, le_u64};
+use crate::anchor::{self, Anchor, Anchored, HEADER_LEN, le_u32, le_u64};
 use crate::{
-    Change, PdpmError, PdpmStore, check_key, check_value, hash, is_node_failure, new_client_id,
-    roots, tags, validate, write_validated,
+    Change, MemoryNodes, PdpmError, PdpmStore, check_key, check_value, hash, is_node_failure,
+    new_client_id, roots, tags, validate, write_validated,
 };
 
 const COPY_HEADER: usize = 16;
@@ -266,13 +265,8 @@ enum Copy {
 
 /// One compute-node thread's DirectDS or DirectDS-C client.
 pub struct DirectClient {
-    connectors: Vec<Connector>,
-    eps: Vec<Endpoint>,
-    /// When each memory node was last found unreachable (`None`: reachable as far as this client knows).
-    down: Vec<Option<Instant>>,
-    /// Each node's slot table; its body starts with slot 0 of section 0.
-    tables: Vec<Located>,
-    layout: DirectLayout,
+    /// The memory nodes; each node's area is its slot table, whose body starts with slot 0 of section 0.
+    nodes: MemoryNodes<DirectLayout>,
     settings: DirectSettings,
     id: u32,
     seq: u32,
@@ -284,8 +278,8 @@ pub struct DirectClient {
 impl std::fmt::Debug for DirectClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DirectClient")
-            .field("nodes", &self.eps.len())
-            .field("layout", &self.layout)
+            .field("nodes", &self.nodes.len())
+            .field("layout", &self.nodes.layout)
             .field("id", &self.id)
             .finish()
     }
@@ -303,26 +297,19 @@ impl DirectClient {
         connectors: &[Connector],
         settings: DirectSettings,
     ) -> Result<DirectClient, PdpmError> {
-        if connectors.is_empty() {
-            return Err(PdpmError::Config("no memory nodes".into()));
-        }
         if settings.max_probe == 0 {
             return Err(PdpmError::Config("max_probe must be at least 1".into()));
         }
-        let (eps, tables, layout) = anchor::locate_all::<DirectLayout>(connectors)?;
-        if layout.replication as usize > connectors.len() {
+        let nodes = MemoryNodes::<DirectLayout>::connect(connectors, settings.node_retry)?;
+        if nodes.layout.replication as usize > nodes.len() {
             return Err(PdpmError::Config(format!(
                 "replication {} needs at least that many memory nodes, have {}",
-                layout.replication,
-                connectors.len()
+                nodes.layout.replication,
+                nodes.len()
             )));
         }
         Ok(DirectClient {
-            connectors: connectors.to_vec(),
-            down: vec![None; eps.len()],
-            eps,
-            tables,
-            layout,
+            nodes,
             settings,
             id: new_client_id(),
             seq: 0,
@@ -334,7 +321,7 @@ impl DirectClient {
 
     /// The tables' geometry.
     pub fn layout(&self) -> &DirectLayout {
-        &self.layout
+        &self.nodes.layout
     }
 
     /// Protocol steps taken so far: round trips as the paper counts them, where the verbs of one step to several
@@ -345,63 +332,13 @@ impl DirectClient {
 
     /// The memory node holding `key`'s primary copy.
     pub fn primary_of(&self, key: &[u8]) -> usize {
-        (hash(key, self.settings.node_seed) % self.eps.len() as u64) as usize
+        (hash(key, self.settings.node_seed) % self.nodes.len() as u64) as usize
     }
 
     /// The fault hooks of this client's current connection to memory node `node` (tests cut it to fail the node;
     /// a reconnection after [`DirectSettings::node_retry`] gets fresh hooks).
     pub fn fault_hooks(&self, node: usize) -> Option<Arc<FaultHooks>> {
-        self.eps.get(node).map(|ep| ep.hooks().clone())
-    }
-
-    /// True unless `node` was found unreachable less than `node_retry` ago; after that the client connects again
-    /// (and re-reads the node's slot table, whose region keys change when the node restarts).
-    fn reachable(&mut self, node: usize) -> bool {
-        match self.down[node] {
-            None => true,
-            Some(since) if since.elapsed() < self.settings.node_retry => false,
-            Some(_) => match self.reconnect(node) {
-                Ok(()) => {
-                    tracing::info!(node, "memory node reachable again");
-                    self.down[node] = None;
-                    true
-                }
-                Err(e) => {
-                    tracing::debug!(node, error = %e, "memory node still unreachable");
-                    self.down[node] = Some(Instant::now());
-                    false
-                }
-            },
-        }
-    }
-
-    fn reconnect(&mut self, node: usize) -> Result<(), PdpmError> {
-        let mut ep = self.connectors[node].connect()?;
-        let (table, layout) = anchor::locate::<DirectLayout>(&mut ep, node)?;
-        if layout != self.layout {
-            return Err(PdpmError::Layout {
-                node,
-                why: format!(
-                    "slot table {layout:?} differs from {:?} seen before",
-                    self.layout
-                ),
-            });
-        }
-        self.eps[node] = ep;
-        self.tables[node] = table;
-        Ok(())
-    }
-
-    /// Passes `r` on, marking `node` down when its error says the node is gone.
-    fn on<T, E: Into<PdpmError>>(&mut self, node: usize, r: Result<T, E>) -> Result<T, PdpmError> {
-        r.map_err(|e| {
-            let e = e.into();
-            if is_node_failure(&e) && self.down[node].is_none() {
-                tracing::warn!(node, error = %e, "memory node unreachable");
-                self.down[node] = Some(Instant::now());
-            }
-            e
-        })
+        self.nodes.fault_hooks(node)
     }
 
     /// A write needs every replica of the key (the lock lives on the primary and the protocol writes all `R`
@@ -409,7 +346,7 @@ impl DirectClient {
     fn require_replicas(&mut self, primary: usize) -> Result<(), PdpmError> {
         let nodes: Vec<(usize, u32)> = self.replicas(primary).collect();
         for (node, _) in nodes {
-            if !self.reachable(node) {
+            if !self.nodes.reachable(node) {
                 return Err(PdpmError::NodeDown {
                     node,
                     why: "a replica of the key is down; writes need every replica".into(),
@@ -451,31 +388,35 @@ impl DirectClient {
     /// large READs; a copy found being rewritten is read again the way a GET reads it. While writes go on, the
     /// count is of no single instant.
     pub fn key_count(&mut self) -> Result<u64, PdpmError> {
-        let slot_len = self.layout.slot_len();
+        let slot_len = self.nodes.layout.slot_len();
         let copy_len = self.copy_len() as usize;
         let mut count = 0u64;
-        for node in 0..self.eps.len() {
+        for node in 0..self.nodes.len() {
             let per_read =
-                (u64::from(self.eps[node].max_message_len()) / 2 / slot_len).clamp(1, 256);
+                (u64::from(self.nodes.eps[node].max_message_len()) / 2 / slot_len).clamp(1, 256);
             let mut buf = Vec::new();
             let mut first = 0u64;
-            while first < self.layout.slots {
-                let n = (self.layout.slots - first).min(per_read);
+            while first < self.nodes.layout.slots {
+                let n = (self.nodes.layout.slots - first).min(per_read);
                 buf.resize((n * slot_len) as usize, 0);
-                let addr = self.tables[node].data.at(self.slot_offset(node, 0, first));
+                let addr = self.nodes.areas[node]
+                    .data
+                    .at(self.slot_offset(node, 0, first));
                 self.steps += 1;
                 {
-                    let r = self.eps[node].read(addr, &mut buf);
-                    self.on(node, r)?
+                    let r = self.nodes.eps[node].read(addr, &mut buf);
+                    self.nodes.track(node, r)?
                 };
                 for i in 0..n {
                     let at = (i * slot_len) as usize + 8;
-                    let copy =
-                        match parse_copy(self.layout.flavor, &self.layout, &buf[at..at + copy_len])
-                        {
-                            Copy::Torn => self.read_slot(node, first + i)?,
-                            c => c,
-                        };
+                    let copy = match parse_copy(
+                        self.nodes.layout.flavor,
+                        &self.nodes.layout,
+                        &buf[at..at + copy_len],
+                    ) {
+                        Copy::Torn => self.read_slot(node, first + i)?,
+                        c => c,
+                    };
                     if matches!(copy, Copy::Whole { value: Some(_), .. }) {
                         count += 1;
                     }
@@ -501,47 +442,49 @@ impl DirectClient {
     }
 
     fn check_key(&self, key: &[u8]) -> Result<(), PdpmError> {
-        check_key(key, self.layout.max_key)
+        check_key(key, self.nodes.layout.max_key)
     }
 
     fn check_value(&self, value: &[u8]) -> Result<(), PdpmError> {
-        check_value(value, self.layout.max_value)
+        check_value(value, self.nodes.layout.max_value)
     }
 
     fn copy_len(&self) -> u64 {
-        self.layout.copy_len()
+        self.nodes.layout.copy_len()
     }
 
     /// Pool offset of `slot`'s lock word in `section` on `node`.
     fn slot_offset(&self, node: usize, section: u32, slot: u64) -> u64 {
-        self.tables[node].body
-            + (section as u64 * self.layout.slots + slot) * self.layout.slot_len()
+        self.nodes.areas[node].body
+            + (section as u64 * self.nodes.layout.slots + slot) * self.nodes.layout.slot_len()
     }
 
     fn lock_addr(&self, node: usize, slot: u64) -> dinomo_fabric::RemoteAddr {
-        self.tables[node].data.at(self.slot_offset(node, 0, slot))
+        self.nodes.areas[node]
+            .data
+            .at(self.slot_offset(node, 0, slot))
     }
 
     fn committed_addr(&self, node: usize, section: u32, slot: u64) -> dinomo_fabric::RemoteAddr {
-        self.tables[node]
+        self.nodes.areas[node]
             .data
             .at(self.slot_offset(node, section, slot) + 8)
     }
 
     fn redo_addr(&self, node: usize, section: u32, slot: u64) -> dinomo_fabric::RemoteAddr {
-        self.tables[node]
+        self.nodes.areas[node]
             .data
             .at(self.slot_offset(node, section, slot) + 8 + self.copy_len())
     }
 
     /// The nodes holding `key` (primary first) with their section numbers.
     fn replicas(&self, primary: usize) -> impl Iterator<Item = (usize, u32)> + use<> {
-        let m = self.eps.len();
-        (0..self.layout.replication).map(move |j| ((primary + j as usize) % m, j))
+        let m = self.nodes.len();
+        (0..self.nodes.layout.replication).map(move |j| ((primary + j as usize) % m, j))
     }
 
     fn first_slot(&self, key: &[u8]) -> u64 {
-        hash(key, SLOT_SEED) % self.layout.slots
+        hash(key, SLOT_SEED) % self.nodes.layout.slots
     }
 
     fn next_unique(&mut self) -> u64 {
@@ -560,8 +503,8 @@ impl DirectClient {
         loop {
             self.steps += 1;
             let prev = {
-                let r = self.eps[node].cas(addr, 0, mine);
-                self.on(node, r)?
+                let r = self.nodes.eps[node].cas(addr, 0, mine);
+                self.nodes.track(node, r)?
             };
             if prev == 0 {
                 return Ok(LockOutcome::Free);
@@ -570,8 +513,8 @@ impl DirectClient {
                 Some((v, since)) if v == prev && since.elapsed() >= self.settings.lock_lease => {
                     self.steps += 1;
                     if {
-                        let r = self.eps[node].cas(addr, prev, mine);
-                        self.on(node, r)?
+                        let r = self.nodes.eps[node].cas(addr, prev, mine);
+                        self.nodes.track(node, r)?
                     } == prev
                     {
                         tracing::warn!(node, slot, stale = prev, "taking over a stale lock");
@@ -599,8 +542,8 @@ impl DirectClient {
         self.steps += 1;
         let addr = self.lock_addr(node, slot);
         {
-            let r = self.eps[node].write(addr, &0u64.to_le_bytes());
-            self.on(node, r)?
+            let r = self.nodes.eps[node].write(addr, &0u64.to_le_bytes());
+            self.nodes.track(node, r)?
         };
         Ok(())
     }
@@ -618,10 +561,14 @@ impl DirectClient {
         let mut buf = vec![0u8; self.copy_len() as usize];
         self.steps += 1;
         {
-            let r = self.eps[node].read(addr, &mut buf);
-            self.on(node, r)?
+            let r = self.nodes.eps[node].read(addr, &mut buf);
+            self.nodes.track(node, r)?
         };
-        Ok(parse_copy(self.layout.flavor, &self.layout, &buf))
+        Ok(parse_copy(
+            self.nodes.layout.flavor,
+            &self.nodes.layout,
+            &buf,
+        ))
     }
 
     fn read_committed(&mut self, node: usize, slot: u64) -> Result<Copy, PdpmError> {
@@ -646,7 +593,7 @@ impl DirectClient {
         }
         let first = self.first_slot(key);
         for i in 0..self.settings.max_probe as u64 {
-            let slot = (first + i) % self.layout.slots;
+            let slot = (first + i) % self.nodes.layout.slots;
             self.lock(node, slot)?;
             let copy = match self.read_committed(node, slot) {
                 Ok(c) => c,
@@ -685,7 +632,7 @@ impl DirectClient {
     ) -> Result<(), PdpmError> {
         let primary = self.primary_of(key);
         let marker = self.next_unique();
-        let copy = encode_copy(self.layout.flavor, marker, key, value);
+        let copy = encode_copy(self.nodes.layout.flavor, marker, key, value);
         let tail = copy.len() as u64 - 8;
         let nodes: Vec<(usize, u32)> = self.replicas(primary).collect();
         let mut committing = false;
@@ -701,13 +648,13 @@ impl DirectClient {
                 // No committed copy changed: the write is not applied. Release the lock where the primary still
                 // answers; otherwise the next writer takes it over after the lease and finds the old committed
                 // copy whole.
-                if self.down[primary].is_none() {
+                if !self.nodes.is_down(primary) {
                     let _ = self.unlock_slot(primary, slot);
                 }
                 let node = nodes
                     .iter()
                     .map(|&(n, _)| n)
-                    .find(|&n| self.down[n].is_some())
+                    .find(|&n| self.nodes.is_down(n))
                     .unwrap_or(primary);
                 Err(PdpmError::NodeDown {
                     node,
@@ -747,8 +694,8 @@ impl DirectClient {
                 let (node, section) = nodes[0];
                 let addr = self.phase_addr(phase, node, section, slot);
                 {
-                    let r = self.eps[node].write(addr, &copy[..bytes.min(copy.len())]);
-                    self.on(node, r)?
+                    let r = self.nodes.eps[node].write(addr, &copy[..bytes.min(copy.len())]);
+                    self.nodes.track(node, r)?
                 };
                 return Ok(true);
             }
@@ -762,7 +709,7 @@ impl DirectClient {
                 for &(node, section) in nodes {
                     let addr = self.phase_addr(phase, node, section, slot);
                     let r = write_validated(
-                        &mut self.eps[node],
+                        &mut self.nodes.eps[node],
                         &mut self.batch,
                         node,
                         Some(slot),
@@ -770,15 +717,15 @@ impl DirectClient {
                         copy,
                         tail,
                     );
-                    self.on(node, r)?;
+                    self.nodes.track(node, r)?;
                 }
             } else {
                 self.steps += 1;
                 for &(node, section) in nodes {
                     let addr = self.phase_addr(phase, node, section, slot);
                     {
-                        let r = self.eps[node].write(addr, copy);
-                        self.on(node, r)?
+                        let r = self.nodes.eps[node].write(addr, copy);
+                        self.nodes.track(node, r)?
                     };
                 }
                 if stop_after_write {
@@ -789,8 +736,8 @@ impl DirectClient {
                     let addr = self.phase_addr(phase, node, section, slot);
                     let mut last = [0u8; 8];
                     {
-                        let r = self.eps[node].read(addr.offset_by(tail), &mut last);
-                        self.on(node, r)?
+                        let r = self.nodes.eps[node].read(addr.offset_by(tail), &mut last);
+                        self.nodes.track(node, r)?
                     };
                     validate(node, Some(slot), &last, &copy[tail as usize..])?;
                 }
@@ -828,18 +775,18 @@ impl DirectClient {
         let caddr = self.committed_addr(primary, 0, slot);
         let raddr = self.redo_addr(primary, 0, slot);
         {
-            let r = self.eps[primary].read(caddr, &mut committed);
-            self.on(primary, r)?
+            let r = self.nodes.eps[primary].read(caddr, &mut committed);
+            self.nodes.track(primary, r)?
         };
-        let image = match parse_copy(self.layout.flavor, &self.layout, &committed) {
+        let image = match parse_copy(self.nodes.layout.flavor, &self.nodes.layout, &committed) {
             Copy::Empty | Copy::Whole { .. } => committed,
             Copy::Torn => {
                 {
-                    let r = self.eps[primary].read(raddr, &mut redo);
-                    self.on(primary, r)?
+                    let r = self.nodes.eps[primary].read(raddr, &mut redo);
+                    self.nodes.track(primary, r)?
                 };
                 if !matches!(
-                    parse_copy(self.layout.flavor, &self.layout, &redo),
+                    parse_copy(self.nodes.layout.flavor, &self.nodes.layout, &redo),
                     Copy::Whole { .. }
                 ) {
                     return Err(PdpmError::Unrecoverable {
@@ -848,13 +795,13 @@ impl DirectClient {
                     });
                 }
                 {
-                    let r = self.eps[primary].write(caddr, &redo);
-                    self.on(primary, r)?
+                    let r = self.nodes.eps[primary].write(caddr, &redo);
+                    self.nodes.track(primary, r)?
                 };
                 let mut check = vec![0u8; len];
                 {
-                    let r = self.eps[primary].read(caddr, &mut check);
-                    self.on(primary, r)?
+                    let r = self.nodes.eps[primary].read(caddr, &mut check);
+                    self.nodes.track(primary, r)?
                 };
                 validate(primary, Some(slot), &check, &redo)?;
                 redo
@@ -865,13 +812,13 @@ impl DirectClient {
         for (node, section) in others {
             let addr = self.committed_addr(node, section, slot);
             {
-                let r = self.eps[node].write(addr, &image);
-                self.on(node, r)?
+                let r = self.nodes.eps[node].write(addr, &image);
+                self.nodes.track(node, r)?
             };
             let mut check = vec![0u8; len];
             {
-                let r = self.eps[node].read(addr, &mut check);
-                self.on(node, r)?
+                let r = self.nodes.eps[node].read(addr, &mut check);
+                self.nodes.track(node, r)?
             };
             validate(node, Some(slot), &check, &image)?;
         }
@@ -891,7 +838,7 @@ impl DirectClient {
         let nodes: Vec<(usize, u32)> = self.replicas(primary).collect();
         let mut why = String::new();
         for (node, section) in nodes {
-            if !self.reachable(node) {
+            if !self.nodes.reachable(node) {
                 why.push_str(&format!("node {node} down; "));
                 continue;
             }
@@ -929,7 +876,7 @@ impl DirectClient {
             self.settings.max_probe as u64
         };
         for i in 0..probes {
-            let slot = cached.unwrap_or((first + i) % self.layout.slots);
+            let slot = cached.unwrap_or((first + i) % self.nodes.layout.slots);
             let copy = if section == 0 {
                 self.read_slot(node, slot)?
             } else {
@@ -978,7 +925,7 @@ impl DirectClient {
 
     /// The committed copy of one slot, read the flavor's way.
     fn read_slot(&mut self, node: usize, slot: u64) -> Result<Copy, PdpmError> {
-        if self.layout.flavor == Flavor::Crc {
+        if self.nodes.layout.flavor == Flavor::Crc {
             for attempt in 0..self.settings.torn_retries {
                 match self.read_committed(node, slot)? {
                     Copy::Torn => backoff(attempt),

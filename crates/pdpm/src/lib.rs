@@ -15,8 +15,13 @@ pub mod central;
 pub mod clover;
 pub mod direct;
 
-use dinomo_fabric::{Batch, Endpoint, FabricError, RemoteAddr, VerbError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dinomo_fabric::{Batch, Connector, Endpoint, FabricError, FaultHooks, RemoteAddr, VerbError};
 use dinomo_pool::PoolError;
+
+use crate::anchor::{Anchored, Located};
 
 /// Pool root slots used by the baselines (the data plane uses 1 and 2).
 pub mod roots {
@@ -183,6 +188,115 @@ pub(crate) fn is_node_failure(e: &PdpmError) -> bool {
         }
         PdpmError::NodeDown { .. } => true,
         _ => false,
+    }
+}
+
+/// A client's connections to the memory nodes of a store whose areas are laid out as `L` (node `i` is
+/// `connectors[i]`), and the nodes it found unreachable: those are left alone for `retry`, then connected again.
+pub(crate) struct MemoryNodes<L> {
+    connectors: Vec<Connector>,
+    /// Each node's current endpoint.
+    pub eps: Vec<Endpoint>,
+    /// Each node's area.
+    pub areas: Vec<Located>,
+    /// The geometry every node's area shares.
+    pub layout: L,
+    /// When each node was last found unreachable (`None`: reachable as far as this client knows).
+    down: Vec<Option<Instant>>,
+    retry: Duration,
+}
+
+impl<L: Anchored> MemoryNodes<L> {
+    /// Connects to every memory node (at least one) and locates their areas, which must share one geometry.
+    pub fn connect(connectors: &[Connector], retry: Duration) -> Result<MemoryNodes<L>, PdpmError> {
+        if connectors.is_empty() {
+            return Err(PdpmError::Config("no memory nodes".into()));
+        }
+        let (eps, areas, layout) = anchor::locate_all::<L>(connectors)?;
+        Ok(MemoryNodes {
+            connectors: connectors.to_vec(),
+            down: vec![None; eps.len()],
+            eps,
+            areas,
+            layout,
+            retry,
+        })
+    }
+
+    /// Memory nodes.
+    pub fn len(&self) -> usize {
+        self.eps.len()
+    }
+
+    /// True while `node` counts as unreachable (found so, and not connected again since).
+    pub fn is_down(&self, node: usize) -> bool {
+        self.down.get(node).is_some_and(Option::is_some)
+    }
+
+    /// The fault hooks of the current connection to `node` (tests cut it to fail the node; a reconnection gets
+    /// fresh hooks).
+    pub fn fault_hooks(&self, node: usize) -> Option<Arc<FaultHooks>> {
+        self.eps.get(node).map(|ep| ep.hooks().clone())
+    }
+
+    /// True unless `node` is unknown or was found unreachable less than `retry` ago; after that it is connected
+    /// again (and its area located again: a restarted node registers its regions under new keys).
+    pub fn reachable(&mut self, node: usize) -> bool {
+        match self.down.get(node).copied() {
+            None => false,
+            Some(None) => true,
+            Some(Some(since)) if since.elapsed() < self.retry => false,
+            Some(Some(_)) => match self.reconnect(node) {
+                Ok(()) => {
+                    tracing::info!(node, "memory node reachable again");
+                    self.down[node] = None;
+                    true
+                }
+                Err(e) => {
+                    tracing::debug!(node, error = %e, "memory node still unreachable");
+                    self.down[node] = Some(Instant::now());
+                    false
+                }
+            },
+        }
+    }
+
+    fn reconnect(&mut self, node: usize) -> Result<(), PdpmError> {
+        let mut ep = self.connectors[node].connect()?;
+        let (area, layout) = anchor::locate::<L>(&mut ep, node)?;
+        if layout != self.layout {
+            return Err(PdpmError::Layout {
+                node,
+                why: format!(
+                    "{} {layout:?} differs from {:?} seen before",
+                    L::ANCHOR.what,
+                    self.layout
+                ),
+            });
+        }
+        self.eps[node] = ep;
+        self.areas[node] = area;
+        Ok(())
+    }
+
+    /// Passes `r` (the outcome of a verb to `node`) on, marking `node` down when its error says the node is gone.
+    pub fn track<T, E: Into<PdpmError>>(
+        &mut self,
+        node: usize,
+        r: Result<T, E>,
+    ) -> Result<T, PdpmError> {
+        r.map_err(|e| {
+            let e = e.into();
+            if is_node_failure(&e)
+                && let Some(down) = self.down.get_mut(node)
+            {
+                if down.is_none() {
+                    tracing::warn!(node, error = %e, "memory node unreachable");
+                }
+                *down = Some(Instant::now());
+            }
+            e
+        })
     }
 }
 
