@@ -344,8 +344,7 @@ impl DirectClient {
     /// A write needs every replica of the key (the lock lives on the primary and the protocol writes all `R`
     /// copies): refuses, before anything is written, when one is known to be down.
     fn require_replicas(&mut self, primary: usize) -> Result<(), PdpmError> {
-        let nodes: Vec<(usize, u32)> = self.replicas(primary).collect();
-        for (node, _) in nodes {
+        for (node, _) in self.replicas(primary) {
             if !self.nodes.reachable(node) {
                 return Err(PdpmError::NodeDown {
                     node,
@@ -365,9 +364,8 @@ impl DirectClient {
                 "the key's slot is not known to this client".into(),
             ));
         };
-        let nodes: Vec<(usize, u32)> = self.replicas(primary).collect();
-        let mut out = Vec::with_capacity(nodes.len());
-        for (node, section) in nodes {
+        let mut out = Vec::with_capacity(self.nodes.layout.replication as usize);
+        for (node, section) in self.replicas(primary) {
             let addr = self.committed_addr(node, section, slot);
             match self.read_copy_at(node, addr)? {
                 Copy::Empty => out.push(None),
@@ -808,8 +806,7 @@ impl DirectClient {
             }
         };
         // Replicas follow the primary's outcome.
-        let others: Vec<(usize, u32)> = self.replicas(primary).skip(1).collect();
-        for (node, section) in others {
+        for (node, section) in self.replicas(primary).skip(1) {
             let addr = self.committed_addr(node, section, slot);
             {
                 let r = self.nodes.eps[node].write(addr, &image);
@@ -835,9 +832,8 @@ impl DirectClient {
     /// last acknowledged value (or that of a write whose outcome was reported unknown).
     fn lookup(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, PdpmError> {
         let primary = self.primary_of(key);
-        let nodes: Vec<(usize, u32)> = self.replicas(primary).collect();
         let mut why = String::new();
-        for (node, section) in nodes {
+        for (node, section) in self.replicas(primary) {
             if !self.nodes.reachable(node) {
                 why.push_str(&format!("node {node} down; "));
                 continue;
