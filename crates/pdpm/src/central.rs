@@ -744,6 +744,21 @@ impl Coordinator {
         }
     }
 
+    /// `key`'s entry, created empty when it has none. A key already present (every overwrite) costs a shared
+    /// lock of its shard; only a new key takes the shard's write lock.
+    fn entry(&self, key: &[u8]) -> Arc<RwLock<Entry>> {
+        let shard = self.shard(key);
+        if let Some(entry) = shard.read().unwrap_or_else(|e| e.into_inner()).get(key) {
+            return entry.clone();
+        }
+        shard
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key.to_vec())
+            .or_default()
+            .clone()
+    }
+
     fn lookup(&self, key: &[u8]) -> Option<Committed> {
         let entry = self
             .shard(key)
@@ -762,13 +777,7 @@ impl Coordinator {
             return Err(failed("key longer than the block limit"));
         }
         loop {
-            let entry = {
-                let mut shard = self
-                    .shard(&req.key)
-                    .write()
-                    .unwrap_or_else(|e| e.into_inner());
-                shard.entry(req.key.clone()).or_default().clone()
-            };
+            let entry = self.entry(&req.key);
             let mut e = entry.write().unwrap_or_else(|e| e.into_inner());
             if e.detached {
                 continue;
