@@ -52,8 +52,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::anchor::{self, Anchor, Anchored, HEADER_LEN, Located, le_u32, le_u64};
 use crate::{
-    Change, MemoryNodes, PdpmError, PdpmStore, check_key, check_value, hash, is_node_failure,
-    new_client_id, roots, tags, validate, write_validated,
+    Change, MemoryNodes, PdpmError, PdpmStore, Tried, check_key, check_value, hash,
+    is_node_failure, new_client_id, roots, tags, validate, write_validated,
 };
 
 /// Bytes before the key: stamp, version, key length, zero, value length.
@@ -1238,11 +1238,11 @@ impl CentralClient {
             // The first block on a reachable node; every block of a committed location holds the same value.
             let mut buf = vec![0u8; len];
             let mut read = None;
-            let mut why = String::new();
+            let mut tried = Tried::default();
             for &b in &c.location.0 {
                 let node = b.node as usize;
                 if !self.nodes.reachable(node) {
-                    why.push_str(&format!("node {node} down; "));
+                    tried.skipped(node);
                     continue;
                 }
                 let addr = self.block_addr(b)?;
@@ -1252,18 +1252,15 @@ impl CentralClient {
                         read = Some(b);
                         break;
                     }
-                    Err(e) if is_node_failure(&e) => why.push_str(&format!("node {node}: {e}; ")),
+                    Err(e) if is_node_failure(&e) => tried.failed(node, &e),
                     Err(e) => return Err(e),
                 }
             }
             let Some(first) = read else {
-                return Err(PdpmError::NodeDown {
-                    node: c.location.0.first().map_or(0, |b| b.node as usize),
-                    why: format!(
-                        "no block of the key's value answers ({})",
-                        why.trim_end_matches("; ")
-                    ),
-                });
+                return Err(tried.node_down(
+                    c.location.0.first().map_or(0, |b| b.node as usize),
+                    "block of the key's value",
+                ));
             };
             match parse_block(&self.nodes.layout, &buf) {
                 Some((version, k, v)) if version == c.version && k == key => {

@@ -39,8 +39,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::anchor::{self, Anchor, Anchored, HEADER_LEN, le_u32, le_u64};
 use crate::{
-    Change, MemoryNodes, PdpmError, PdpmStore, check_key, check_value, hash, is_node_failure,
-    new_client_id, roots, tags, validate, write_validated,
+    Change, MemoryNodes, PdpmError, PdpmStore, Tried, check_key, check_value, hash,
+    is_node_failure, new_client_id, roots, tags, validate, write_validated,
 };
 
 const COPY_HEADER: usize = 16;
@@ -832,27 +832,21 @@ impl DirectClient {
     /// last acknowledged value (or that of a write whose outcome was reported unknown).
     fn lookup(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, PdpmError> {
         let primary = self.primary_of(key);
-        let mut why = String::new();
+        let mut tried = Tried::default();
         for (node, section) in self.replicas(primary) {
             if !self.nodes.reachable(node) {
-                why.push_str(&format!("node {node} down; "));
+                tried.skipped(node);
                 continue;
             }
             match self.lookup_on(key, node, section) {
                 Err(e) if is_node_failure(&e) => {
                     tracing::debug!(node, error = %e, "read fails over to the next replica");
-                    why.push_str(&format!("node {node}: {e}; "));
+                    tried.failed(node, &e);
                 }
                 r => return r,
             }
         }
-        Err(PdpmError::NodeDown {
-            node: primary,
-            why: format!(
-                "no replica of the key answers ({})",
-                why.trim_end_matches("; ")
-            ),
-        })
+        Err(tried.node_down(primary, "replica of the key"))
     }
 
     /// Finds `key`'s slot in `section` of `node` and reads its committed copy. On the primary DirectDS reads under

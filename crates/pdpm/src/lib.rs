@@ -300,6 +300,31 @@ impl<L: Anchored> MemoryNodes<L> {
     }
 }
 
+/// The nodes a read that fails over from copy to copy tried, for the [`PdpmError::NodeDown`] it returns when none
+/// answered.
+#[derive(Default)]
+pub(crate) struct Tried(String);
+
+impl Tried {
+    /// `node` was skipped: it counts as down.
+    pub fn skipped(&mut self, node: usize) {
+        self.0.push_str(&format!("node {node} down; "));
+    }
+
+    /// The read on `node` failed as the node did.
+    pub fn failed(&mut self, node: usize, e: &PdpmError) {
+        self.0.push_str(&format!("node {node}: {e}; "));
+    }
+
+    /// No `what` answered: [`PdpmError::NodeDown`] naming `node` and every node tried.
+    pub fn node_down(self, node: usize, what: &str) -> PdpmError {
+        PdpmError::NodeDown {
+            node,
+            why: format!("no {what} answers ({})", self.0.trim_end_matches("; ")),
+        }
+    }
+}
+
 /// The seeded hash that places keys on memory nodes and slots.
 #[inline]
 pub(crate) fn hash(key: &[u8], seed: u64) -> u64 {
