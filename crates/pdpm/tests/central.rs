@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use anyhow::Result;
-use common::{Nodes, Op, apply, change, connector, counter, increment, op, start_node, traffic};
+use common::{
+    Nodes, Op, apply, change, connector, counter, increment_from_threads, op, start_node, traffic,
+};
 use dinomo_fabric::{Connector, MemoryNode, NodeConfig, Server};
 use dinomo_pdpm::central::{
     self, CentralClient, CentralCrash, CentralLayout, CentralSettings, Coordinator,
@@ -328,24 +330,8 @@ fn update_increments_from_many_clients_add_up() -> Result<()> {
         grant_batch: 2,
         ..CentralSettings::default()
     };
-    std::thread::scope(|scope| -> Result<()> {
-        let handles: Vec<_> = (0..THREADS)
-            .map(|_| {
-                let s = &s;
-                let settings = settings.clone();
-                scope.spawn(move || -> Result<()> {
-                    let mut c = s.client(false, settings);
-                    for _ in 0..INCREMENTS {
-                        c.update(b"count", &mut |old| increment(old, 24))?;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().unwrap()?;
-        }
-        Ok(())
+    increment_from_threads(THREADS, INCREMENTS, b"count", || {
+        Ok(s.client(false, settings.clone()))
     })?;
     let mut c = s.client(false, CentralSettings::default());
     assert_eq!(counter(c.get(b"count")?), (THREADS * INCREMENTS) as u64);

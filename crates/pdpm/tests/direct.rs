@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::Result;
-use common::{Nodes, Op, apply, change, counter, increment, op, traffic};
+use common::{Nodes, Op, apply, change, counter, increment_from_threads, op, traffic};
 use dinomo_pdpm::direct::{self, CrashPoint, DirectClient, DirectLayout, DirectSettings, Flavor};
 use dinomo_pdpm::{Change, PdpmError, PdpmStore};
 use proptest::prelude::*;
@@ -268,24 +268,11 @@ fn update_increments_from_many_clients_add_up() -> Result<()> {
             lock_wait: Duration::from_secs(120),
             ..DirectSettings::default()
         };
-        std::thread::scope(|s| -> Result<()> {
-            let handles: Vec<_> = (0..THREADS)
-                .map(|_| {
-                    let connectors = n.connectors(false);
-                    let settings = settings.clone();
-                    s.spawn(move || -> Result<()> {
-                        let mut c = DirectClient::connect(&connectors, settings)?;
-                        for _ in 0..INCREMENTS {
-                            c.update(b"count", &mut |old| increment(old, 24))?;
-                        }
-                        Ok(())
-                    })
-                })
-                .collect();
-            for h in handles {
-                h.join().unwrap()?;
-            }
-            Ok(())
+        increment_from_threads(THREADS, INCREMENTS, b"count", || {
+            Ok(DirectClient::connect(
+                &n.connectors(false),
+                settings.clone(),
+            )?)
         })?;
         let mut c = client(&n, settings);
         assert_eq!(

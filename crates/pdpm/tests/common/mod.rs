@@ -7,7 +7,7 @@ use dinomo_fabric::{
     Connector, CounterSnapshot, MemoryNode, NodeConfig, Server, ServerConfig, Target,
     counters::thread_snapshot,
 };
-use dinomo_pdpm::Change;
+use dinomo_pdpm::{Change, PdpmStore};
 use dinomo_pool::Pool;
 use proptest::prelude::*;
 
@@ -118,6 +118,33 @@ pub fn increment(old: Option<&[u8]>, len: usize) -> Change {
     let mut v = (n + 1).to_le_bytes().to_vec();
     v.resize(len, 0xab);
     Change::Put(v)
+}
+
+/// `threads` threads, each with a client from `connect`, add one to the counter under `key` `increments` times
+/// each through `update` ([`increment`], 24-byte values).
+pub fn increment_from_threads<C: PdpmStore>(
+    threads: usize,
+    increments: usize,
+    key: &[u8],
+    connect: impl Fn() -> anyhow::Result<C> + Sync,
+) -> anyhow::Result<()> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| -> anyhow::Result<()> {
+                    let mut c = connect()?;
+                    for _ in 0..increments {
+                        c.update(key, &mut |old| increment(old, 24))?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap()?;
+        }
+        Ok(())
+    })
 }
 
 /// The counter [`increment`] keeps.
