@@ -4,71 +4,34 @@
 mod common;
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use anyhow::Result;
 use common::{
-    Nodes, Op, apply, change, connector, counter, increment_from_threads, op, start_node, traffic,
+    Central, Op, apply, change, connector, counter, increment_from_threads, op, serve_coordinator,
+    traffic,
 };
-use dinomo_fabric::{Connector, MemoryNode, NodeConfig, Server};
+use dinomo_fabric::NodeConfig;
 use dinomo_pdpm::central::{
     self, CentralClient, CentralCrash, CentralLayout, CentralSettings, Coordinator,
     CoordinatorConfig,
 };
 use dinomo_pdpm::{Change, PdpmError, PdpmStore};
-use dinomo_pool::Pool;
 use proptest::prelude::*;
 
-pub struct Setup {
-    pub memory: Nodes,
-    pub coordinator: Arc<Coordinator>,
-    pub host: Arc<MemoryNode>,
-    pub host_server: Server,
-}
-
-impl Setup {
-    pub fn new(memory_nodes: usize, blocks: u64, config: CoordinatorConfig) -> Setup {
-        let layout = CentralLayout {
-            blocks,
-            max_key: 32,
-            max_value: 256,
-        };
-        let memory = Nodes::new(memory_nodes, |pool| central::format(pool, &layout).unwrap());
-        let coordinator = Coordinator::new(&memory.connectors(false), config).unwrap();
-        // The coordinator's own node: its processor threads are the coordinator's thread pool.
-        let (host, host_server) = start_node(
-            Arc::new(Pool::anonymous(4 << 20, 1 << 20).unwrap()),
-            NodeConfig {
-                rpc_threads: 4,
-                ..NodeConfig::default()
-            },
-        );
-        coordinator.serve(&host);
-        Setup {
-            memory,
-            coordinator,
-            host,
-            host_server,
-        }
-    }
-
-    pub fn coordinator_connector(&self, tcp: bool) -> Connector {
-        connector(&self.host, &self.host_server, tcp)
-    }
-
-    pub fn client(&self, tcp: bool, settings: CentralSettings) -> CentralClient {
-        CentralClient::connect(
-            &self.coordinator_connector(tcp),
-            &self.memory.connectors(tcp),
-            settings,
-        )
-        .unwrap()
-    }
+/// `memory_nodes` nodes of `blocks` blocks (keys up to 32 bytes, values up to 256) and a coordinator with four
+/// threads.
+fn setup(memory_nodes: usize, blocks: u64, config: CoordinatorConfig) -> Central {
+    let layout = CentralLayout {
+        blocks,
+        max_key: 32,
+        max_value: 256,
+    };
+    Central::new(memory_nodes, &layout, config, 4)
 }
 
 #[test]
 fn uncontended_round_trips_match_table_1() -> Result<()> {
-    let s = Setup::new(2, 64, CoordinatorConfig::default());
+    let s = setup(2, 64, CoordinatorConfig::default());
     let mut c = s.client(false, CentralSettings::default());
     c.refill()?;
     // PUT: WRITE, validating READ, COMMIT.
@@ -101,7 +64,7 @@ fn uncontended_round_trips_match_table_1() -> Result<()> {
 
 #[test]
 fn replicated_values_land_on_distinct_nodes_and_old_blocks_are_freed() -> Result<()> {
-    let s = Setup::new(
+    let s = setup(
         3,
         16,
         CoordinatorConfig {
@@ -136,7 +99,7 @@ fn replicated_values_land_on_distinct_nodes_and_old_blocks_are_freed() -> Result
 
 #[test]
 fn oversized_values_and_a_full_store_are_refused_clearly() {
-    let s = Setup::new(1, 4, CoordinatorConfig::default());
+    let s = setup(1, 4, CoordinatorConfig::default());
     let mut c = s.client(false, CentralSettings::default());
     assert!(matches!(
         c.put(b"k", &[0u8; 257]),
@@ -159,7 +122,7 @@ fn oversized_values_and_a_full_store_are_refused_clearly() {
 
 #[test]
 fn garbage_rpcs_get_errors_and_the_coordinator_keeps_serving() -> Result<()> {
-    let s = Setup::new(1, 16, CoordinatorConfig::default());
+    let s = setup(1, 16, CoordinatorConfig::default());
     let mut ep = s.coordinator_connector(true).connect()?;
     let mut reply = Vec::new();
     for method in [
@@ -182,7 +145,7 @@ proptest! {
 
     #[test]
     fn one_client_matches_a_hashmap(ops in proptest::collection::vec(op(), 1..60)) {
-        let s = Setup::new(2, 32, CoordinatorConfig { replication: 2, ..CoordinatorConfig::default() });
+        let s = setup(2, 32, CoordinatorConfig { replication: 2, ..CoordinatorConfig::default() });
         let mut c = s.client(false, CentralSettings { grant_batch: 4, ..CentralSettings::default() });
         let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
         for op in ops {
@@ -216,7 +179,7 @@ fn concurrent_writers_leave_one_of_their_values_and_readers_never_see_a_torn_one
     const WRITERS: usize = 4;
     const WRITES: usize = 60;
     // Few blocks, so that freed blocks are reused while readers are on their way to them.
-    let s = Setup::new(2, 24, CoordinatorConfig::default());
+    let s = setup(2, 24, CoordinatorConfig::default());
     let value = |w: usize, i: usize| [(w * 1000 + i) as u64; 8].map(u64::to_le_bytes).concat();
     std::thread::scope(|scope| -> Result<()> {
         let mut handles = Vec::new();
@@ -273,7 +236,7 @@ fn concurrent_writers_leave_one_of_their_values_and_readers_never_see_a_torn_one
 
 #[test]
 fn a_client_crashing_mid_put_leaves_the_old_value_and_its_blocks_can_be_reclaimed() -> Result<()> {
-    let s = Setup::new(
+    let s = setup(
         2,
         32,
         CoordinatorConfig {
@@ -317,7 +280,7 @@ fn a_client_crashing_mid_put_leaves_the_old_value_and_its_blocks_can_be_reclaime
 fn update_increments_from_many_clients_add_up() -> Result<()> {
     const THREADS: usize = 4;
     const INCREMENTS: usize = 50;
-    let s = Setup::new(
+    let s = setup(
         2,
         64,
         CoordinatorConfig {
@@ -350,7 +313,7 @@ fn update_increments_from_many_clients_add_up() -> Result<()> {
 
 #[test]
 fn a_new_coordinator_on_the_same_memory_nodes_serves_the_same_data() -> Result<()> {
-    let s = Setup::new(
+    let s = setup(
         3,
         64,
         CoordinatorConfig {
@@ -388,11 +351,7 @@ fn a_new_coordinator_on_the_same_memory_nodes_serves_the_same_data() -> Result<(
         restarted.free_blocks().iter().sum::<usize>(),
         3 * 64 - 2 * model.len()
     );
-    let (host, server) = start_node(
-        Arc::new(Pool::anonymous(4 << 20, 1 << 20).unwrap()),
-        NodeConfig::default(),
-    );
-    restarted.serve(&host);
+    let (host, server) = serve_coordinator(&restarted, NodeConfig::default().rpc_threads);
     let mut c = CentralClient::connect(
         &connector(&host, &server, true),
         &memory.connectors(true),

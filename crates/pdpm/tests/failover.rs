@@ -4,18 +4,14 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
-use common::{Nodes, connector, start_node};
-use dinomo_fabric::{MemoryNode, NodeConfig, Server};
-use dinomo_pdpm::central::{
-    self, CentralClient, CentralLayout, CentralSettings, Coordinator, CoordinatorConfig,
-};
+use common::{Central, Nodes};
+use dinomo_fabric::NodeConfig;
+use dinomo_pdpm::central::{CentralClient, CentralLayout, CentralSettings, CoordinatorConfig};
 use dinomo_pdpm::direct::{self, DirectClient, DirectLayout, DirectSettings, Flavor};
 use dinomo_pdpm::{PdpmError, PdpmStore};
-use dinomo_pool::Pool;
 
 const KEYS: usize = 40;
 const FAILED: usize = 1;
@@ -174,65 +170,41 @@ fn direct_unreplicated_keys_of_a_dead_node_get_a_clear_error() -> Result<()> {
     Ok(())
 }
 
-struct Central {
-    memory: Nodes,
-    coordinator: Arc<Coordinator>,
-    host: Arc<MemoryNode>,
-    host_server: Server,
+/// CentralDS on three memory nodes; the coordinator and its clients leave a failed node alone for an hour.
+fn central_store(replication: u32) -> Central {
+    let layout = CentralLayout {
+        blocks: 512,
+        max_key: 32,
+        max_value: 64,
+    };
+    let config = CoordinatorConfig {
+        replication,
+        ..CoordinatorConfig::default()
+    };
+    let s = Central::new(3, &layout, config, NodeConfig::default().rpc_threads);
+    s.coordinator.set_node_retry(Duration::from_secs(3600));
+    s
 }
 
-impl Central {
-    fn new(replication: u32) -> Central {
-        let layout = CentralLayout {
-            blocks: 512,
-            max_key: 32,
-            max_value: 64,
-        };
-        let memory = Nodes::new(3, |pool| central::format(pool, &layout).unwrap());
-        let config = CoordinatorConfig {
-            replication,
-            ..CoordinatorConfig::default()
-        };
-        let coordinator = Coordinator::new(&memory.connectors(false), config).unwrap();
-        coordinator.set_node_retry(Duration::from_secs(3600));
-        let (host, host_server) = start_node(
-            Arc::new(Pool::anonymous(4 << 20, 1 << 20).unwrap()),
-            NodeConfig::default(),
-        );
-        coordinator.serve(&host);
-        Central {
-            memory,
-            coordinator,
-            host,
-            host_server,
-        }
-    }
-
-    fn client(&self) -> CentralClient {
-        let settings = CentralSettings {
-            node_retry: Duration::from_secs(3600),
-            grant_batch: 8,
-            ..CentralSettings::default()
-        };
-        CentralClient::connect(
-            &connector(&self.host, &self.host_server, false),
-            &self.memory.connectors(false),
-            settings,
-        )
-        .unwrap()
-    }
+fn central_client(s: &Central) -> CentralClient {
+    let settings = CentralSettings {
+        node_retry: Duration::from_secs(3600),
+        grant_batch: 8,
+        ..CentralSettings::default()
+    };
+    s.client(false, settings)
 }
 
 #[test]
 fn central_reads_use_the_next_block_and_writes_avoid_the_dead_node() -> Result<()> {
-    let s = Central::new(2);
-    let mut writer = s.client();
+    let s = central_store(2);
+    let mut writer = central_client(&s);
     for i in 0..KEYS {
         writer.put(&key(i), &value(i, 0))?;
         writer.put(&key(i), &value(i, 1))?;
     }
     writer.delete(&key(0))?;
-    let mut reader = s.client();
+    let mut reader = central_client(&s);
     reader.fault_hooks(FAILED).unwrap().cut();
     assert_eq!(reader.get(&key(0))?, None);
     for i in 1..KEYS {
@@ -255,8 +227,8 @@ fn central_reads_use_the_next_block_and_writes_avoid_the_dead_node() -> Result<(
 
 #[test]
 fn central_unreplicated_values_on_a_dead_node_get_a_clear_error() -> Result<()> {
-    let s = Central::new(1);
-    let mut c = s.client();
+    let s = central_store(1);
+    let mut c = central_client(&s);
     for i in 0..KEYS {
         c.put(&key(i), &value(i, 0))?;
     }

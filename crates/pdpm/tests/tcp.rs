@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
-use common::{Nodes, connector, start_node, traffic};
+use common::{Nodes, connector, serve_coordinator, start_node, traffic};
 use dinomo_fabric::NodeConfig;
 use dinomo_pdpm::PdpmStore;
 use dinomo_pdpm::central::{
@@ -48,11 +48,7 @@ fn every_baseline_works_over_tcp_with_the_papers_round_trips() -> Result<()> {
     };
     let memory = Nodes::new(2, |pool| central::format(pool, &layout).unwrap());
     let coordinator = Coordinator::new(&memory.connectors(true), CoordinatorConfig::default())?;
-    let (host, server) = start_node(
-        Arc::new(Pool::anonymous(4 << 20, 1 << 20)?),
-        NodeConfig::default(),
-    );
-    coordinator.serve(&host);
+    let (host, server) = serve_coordinator(&coordinator, NodeConfig::default().rpc_threads);
     let coord = connector(&host, &server, true);
     let mut c =
         CentralClient::connect(&coord, &memory.connectors(true), CentralSettings::default())?;

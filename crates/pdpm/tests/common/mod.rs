@@ -7,6 +7,9 @@ use dinomo_fabric::{
     Connector, CounterSnapshot, MemoryNode, NodeConfig, Server, ServerConfig, Target,
     counters::thread_snapshot,
 };
+use dinomo_pdpm::central::{
+    self, CentralClient, CentralLayout, CentralSettings, Coordinator, CoordinatorConfig,
+};
 use dinomo_pdpm::{Change, PdpmStore};
 use dinomo_pool::Pool;
 use proptest::prelude::*;
@@ -70,6 +73,65 @@ pub fn connector(node: &Arc<MemoryNode>, server: &Server, tcp: bool) -> Connecto
     });
     c.config.cluster_token = TOKEN.into();
     c
+}
+
+/// Serves `coordinator` on a memory node of its own (its `rpc_threads` processor threads are the coordinator's
+/// thread pool).
+pub fn serve_coordinator(
+    coordinator: &Arc<Coordinator>,
+    rpc_threads: usize,
+) -> (Arc<MemoryNode>, Server) {
+    let (host, server) = start_node(
+        Arc::new(Pool::anonymous(4 << 20, 1 << 20).unwrap()),
+        NodeConfig {
+            rpc_threads,
+            ..NodeConfig::default()
+        },
+    );
+    coordinator.serve(&host);
+    (host, server)
+}
+
+/// CentralDS: memory nodes with block areas and a coordinator over them (connected in-process), served on a node
+/// of its own.
+pub struct Central {
+    pub memory: Nodes,
+    pub coordinator: Arc<Coordinator>,
+    pub host: Arc<MemoryNode>,
+    pub host_server: Server,
+}
+
+impl Central {
+    /// `memory_nodes` nodes formatted with `layout`; the coordinator has `rpc_threads` threads.
+    pub fn new(
+        memory_nodes: usize,
+        layout: &CentralLayout,
+        config: CoordinatorConfig,
+        rpc_threads: usize,
+    ) -> Central {
+        let memory = Nodes::new(memory_nodes, |pool| central::format(pool, layout).unwrap());
+        let coordinator = Coordinator::new(&memory.connectors(false), config).unwrap();
+        let (host, host_server) = serve_coordinator(&coordinator, rpc_threads);
+        Central {
+            memory,
+            coordinator,
+            host,
+            host_server,
+        }
+    }
+
+    pub fn coordinator_connector(&self, tcp: bool) -> Connector {
+        connector(&self.host, &self.host_server, tcp)
+    }
+
+    pub fn client(&self, tcp: bool, settings: CentralSettings) -> CentralClient {
+        CentralClient::connect(
+            &self.coordinator_connector(tcp),
+            &self.memory.connectors(tcp),
+            settings,
+        )
+        .unwrap()
+    }
 }
 
 /// The fabric traffic of this thread while `f` runs.
