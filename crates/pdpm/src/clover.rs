@@ -1251,45 +1251,60 @@ struct CursorCache {
 }
 
 impl CursorCache {
-    fn get(&mut self, key: &[u8]) -> Option<Cached> {
-        self.tick += 1;
-        let tick = self.tick;
+    /// The entry of `key`, now the most recently used.
+    fn get(&mut self, key: &[u8]) -> Option<&Cached> {
         let c = self.map.get_mut(key)?;
-        self.order.remove(&c.tick);
-        c.tick = tick;
-        self.order.insert(tick, key.to_vec());
-        Some(c.clone())
+        touch(&mut self.order, &mut self.tick, key, c);
+        Some(c)
     }
 
-    fn put(&mut self, key: &[u8], cell: CellRef, tail: Option<Ptr>, copies: Vec<Ptr>) {
-        self.tick += 1;
-        let tick = self.tick;
+    fn put(
+        &mut self,
+        key: &[u8],
+        cell: CellRef,
+        tail: Option<Ptr>,
+        copies: impl IntoIterator<Item = Ptr>,
+    ) {
         let tail = tail.map(|p| (p, Instant::now()));
         if let Some(c) = self.map.get_mut(key) {
-            self.order.remove(&c.tick);
-            c.tick = tick;
+            touch(&mut self.order, &mut self.tick, key, c);
             c.cell = cell;
             c.tail = tail;
-            c.copies = copies;
-        } else {
-            while self.map.len() >= self.capacity {
-                let Some((_, old)) = self.order.pop_first() else {
-                    break;
-                };
-                self.map.remove(&old);
-            }
-            self.map.insert(
-                key.to_vec(),
-                Cached {
-                    cell,
-                    tail,
-                    copies,
-                    tick,
-                },
-            );
+            // Refilled in place: a cursor refreshed by every read allocates nothing.
+            c.copies.clear();
+            c.copies.extend(copies);
+            return;
         }
-        self.order.insert(tick, key.to_vec());
+        while self.map.len() >= self.capacity {
+            let Some((_, old)) = self.order.pop_first() else {
+                break;
+            };
+            self.map.remove(&old);
+        }
+        self.tick += 1;
+        self.map.insert(
+            key.to_vec(),
+            Cached {
+                cell,
+                tail,
+                copies: copies.into_iter().collect(),
+                tick: self.tick,
+            },
+        );
+        self.order.insert(self.tick, key.to_vec());
     }
+}
+
+/// Makes `c` (the entry of `key`) the most recently used, moving its key within `order` rather than copying it;
+/// nothing to do when it is already (a read's lookup and its cursor refresh touch the same entry).
+fn touch(order: &mut BTreeMap<u64, Vec<u8>>, tick: &mut u64, key: &[u8], c: &mut Cached) {
+    if c.tick == *tick {
+        return;
+    }
+    *tick += 1;
+    let k = order.remove(&c.tick).unwrap_or_else(|| key.to_vec());
+    order.insert(*tick, k);
+    c.tick = *tick;
 }
 
 /// A key's tail as one read found it.
@@ -1753,17 +1768,13 @@ impl CloverClient {
     /// The key's tail: from the cursor when one is cached (one batch with the shortcut when they share a node),
     /// else from the shortcut. `None` when the key has no cell.
     fn read_tail(&mut self, key: &[u8]) -> Result<Option<Tail>, PdpmError> {
-        let cached = self.cache.get(key);
+        let cached = self.cache.get(key).map(|c| (c.cell, c.tail));
         let (cell, mut cur, mut first, mut shortcut) = match cached {
             None => match self.find_cell(key)? {
                 None => return Ok(None),
                 Some((cell, s)) => (cell, s, None, None),
             },
-            Some(Cached {
-                cell,
-                tail: Some((t, used)),
-                ..
-            }) if used.elapsed() < self.settings.cursor_idle => {
+            Some((cell, Some((t, used)))) if used.elapsed() < self.settings.cursor_idle => {
                 self.valid_ptr(t)?;
                 let node = t.node() as usize;
                 self.batch.clear();
@@ -1786,14 +1797,14 @@ impl CloverClient {
                 let s = sc.map(|v| Ptr::from_word(le_u64(self.batch.read_data(v), 0)));
                 (cell, Some(t), Some(e), s)
             }
-            Some(Cached { cell, .. }) => {
+            Some((cell, _)) => {
                 let s = self.read_cell(cell)?;
                 (cell, s, None, None)
             }
         };
         for _ in 0..self.settings.max_hops {
             let Some(p) = cur else {
-                self.cache.put(key, cell, None, Vec::new());
+                self.cache.put(key, cell, None, []);
                 return Ok(Some(Tail {
                     cell,
                     ptr: None,
@@ -1809,7 +1820,7 @@ impl CloverClient {
             match e {
                 Some(e) if e.key == key => match e.next {
                     None => {
-                        self.cache.put(key, cell, Some(p), e.copies.clone());
+                        self.cache.put(key, cell, Some(p), e.copies.iter().copied());
                         return Ok(Some(Tail {
                             cell,
                             ptr: Some(p),
@@ -2049,8 +2060,8 @@ impl CloverClient {
     ) -> Result<(), PdpmError> {
         let cell = tail.cell;
         let primary = new[0].ptr();
-        let copies: Vec<Ptr> = new.iter().map(|g| g.ptr()).collect();
-        self.cache.put(key, cell, Some(primary), copies);
+        self.cache
+            .put(key, cell, Some(primary), new.iter().map(|g| g.ptr()));
         if crash == Some(CloverCrash::AfterLink) {
             return Ok(());
         }
@@ -2116,18 +2127,15 @@ impl CloverClient {
     /// The key's tail for a blind write: the cursor when one is cached (no round trip), else read; creates the
     /// key's cell through the MS when it has none. The value is not known on the cursor path.
     fn tail_for_write(&mut self, key: &[u8]) -> Result<Tail, PdpmError> {
-        if let Some(Cached {
-            cell,
-            tail: Some((t, used)),
-            copies,
-            ..
-        }) = self.cache.get(key)
-            && used.elapsed() < self.settings.cursor_idle
+        let idle = self.settings.cursor_idle;
+        if let Some(c) = self.cache.get(key)
+            && let Some((t, used)) = c.tail
+            && used.elapsed() < idle
         {
             return Ok(Tail {
-                cell,
+                cell: c.cell,
                 ptr: Some(t),
-                copies,
+                copies: c.copies.clone(),
                 value: None,
             });
         }
@@ -2152,7 +2160,8 @@ impl CloverClient {
             },
             Some(p) => self.chase(key, cell, Some(p))?,
         };
-        self.cache.put(key, cell, tail.ptr, tail.copies.clone());
+        self.cache
+            .put(key, cell, tail.ptr, tail.copies.iter().copied());
         Ok(tail)
     }
 
@@ -2363,19 +2372,20 @@ impl PdpmStore for CloverClient {
     fn delete(&mut self, key: &[u8]) -> Result<(), PdpmError> {
         self.check(key, None)?;
         // A key without a cell has nothing to delete; otherwise a tombstone version is linked.
-        let r = match self.cache.get(key) {
-            Some(_) => self.write(key, None, None),
-            None => match self.find_cell(key)? {
+        let r = if self.cache.get(key).is_some() {
+            self.write(key, None, None)
+        } else {
+            match self.find_cell(key)? {
                 None => Ok(()),
                 Some((cell, s)) => {
-                    self.cache.put(key, cell, None, Vec::new());
+                    self.cache.put(key, cell, None, []);
                     if s.is_none() {
                         Ok(())
                     } else {
                         self.write(key, None, None)
                     }
                 }
-            },
+            }
         };
         self.after_op(r)
     }
@@ -2468,6 +2478,35 @@ mod tests {
         assert_eq!(e.copies, vec![group[0].ptr(), group[1].ptr()]);
         assert_eq!(e.nexts, vec![None, None]);
         assert_eq!(CloverLayout::decode(&l2.encode()), Ok(l2));
+    }
+
+    #[test]
+    fn the_cursor_cache_drops_the_least_recently_used_key() {
+        let mut cache = CursorCache {
+            capacity: 2,
+            ..CursorCache::default()
+        };
+        let cell = CellRef { node: 0, cell: 1 };
+        let p = Ptr::new(0, 7, 1);
+        cache.put(b"a", cell, Some(p), [p]);
+        cache.put(b"b", cell, None, []);
+        // `a` is used (looked up, then refreshed as a read does): `b` is now the oldest.
+        assert!(cache.get(b"a").is_some());
+        let q = Ptr::new(0, 8, 1);
+        cache.put(b"a", cell, Some(q), [q]);
+        cache.put(b"c", cell, None, []);
+        assert!(cache.get(b"b").is_none());
+        let a = cache.get(b"a").unwrap();
+        assert_eq!(
+            (a.tail.map(|t| t.0), a.copies.as_slice()),
+            (Some(q), &[q][..])
+        );
+        assert!(cache.get(b"c").is_some());
+        assert_eq!((cache.map.len(), cache.order.len()), (2, 2));
+        // `a` was looked up last but one: `c` stays, `a` goes.
+        cache.put(b"d", cell, None, []);
+        assert!(cache.get(b"a").is_none());
+        assert!(cache.get(b"c").is_some() && cache.get(b"d").is_some());
     }
 
     #[test]
