@@ -1101,11 +1101,13 @@ struct Entry {
 
 /// Copy `j` of a version whose copies are `copies` (the primary first): `[R header words][meta][R copy
 /// pointers][key][value][CRC]`, the header words "no next" and every word carrying the copy's own GC version.
-fn encode_entry(copies: &[Grant], j: usize, key: &[u8], value: Option<&[u8]>) -> Vec<u8> {
+/// Encoded into `b` (cleared first), so that a client reuses one buffer for every write.
+fn encode_entry(b: &mut Vec<u8>, copies: &[Grant], j: usize, key: &[u8], value: Option<&[u8]>) {
     let v = value.unwrap_or_default();
     let version = copies[j].version;
     let r = copies.len();
-    let mut b = Vec::with_capacity(8 + 16 * r + key.len() + v.len() + 4);
+    b.clear();
+    b.reserve(8 + 16 * r + key.len() + v.len() + 4);
     for _ in 0..r {
         b.extend_from_slice(&((version as u64) << 56).to_le_bytes());
     }
@@ -1124,7 +1126,6 @@ fn encode_entry(copies: &[Grant], j: usize, key: &[u8], value: Option<&[u8]>) ->
     b.extend_from_slice(v);
     let crc = crc32c::crc32c(&b[8 * r..]);
     b.extend_from_slice(&crc.to_le_bytes());
-    b
 }
 
 /// The entry in slot bytes `b` if it is whole and carries GC version `version`; `None` for anything else (never
@@ -1450,6 +1451,8 @@ pub struct CloverClient {
     stalled: Vec<PendingShortcut>,
     cache: CursorCache,
     batch: Batch,
+    /// The entry a write encodes, kept for the next write.
+    entry_buf: Vec<u8>,
 }
 
 impl std::fmt::Debug for CloverClient {
@@ -1538,6 +1541,7 @@ impl CloverClient {
             pending: Vec::new(),
             stalled: Vec::new(),
             batch: Batch::new(),
+            entry_buf: Vec::new(),
         })
     }
 
@@ -1954,9 +1958,10 @@ impl CloverClient {
     ) -> Result<(), PdpmError> {
         self.steps += 1;
         self.parallel = true;
+        let mut bytes = std::mem::take(&mut self.entry_buf);
         let r = (0..group.len()).try_for_each(|j| {
             let g = group[j];
-            let bytes = encode_entry(group, j, key, value);
+            encode_entry(&mut bytes, group, j, key, value);
             let node = g.node as usize;
             let addr = slot_addr(&self.areas[node], &self.layout, g.slot);
             self.batch.clear();
@@ -1972,6 +1977,7 @@ impl CloverClient {
                 &bytes[tail as usize..],
             )
         });
+        self.entry_buf = bytes;
         self.parallel = false;
         r
     }
@@ -2432,7 +2438,12 @@ mod tests {
                 version,
             }]
         };
-        let b = encode_entry(&one(7), 0, b"key", Some(&b"value"[..]));
+        let encode = |copies: &[Grant], j, key: &[u8], value| {
+            let mut b = Vec::new();
+            encode_entry(&mut b, copies, j, key, value);
+            b
+        };
+        let b = encode(&one(7), 0, b"key", Some(&b"value"[..]));
         let mut image = vec![0u8; l.slot_len() as usize];
         image[..b.len()].copy_from_slice(&b);
         let e = parse_entry(&l, &image, 7).unwrap();
@@ -2449,7 +2460,7 @@ mod tests {
         let next = Ptr::new(3, 99, 200);
         image[..8].copy_from_slice(&((7u64 << 56) | next.word()).to_le_bytes());
         assert_eq!(parse_entry(&l, &image, 7).unwrap().next, Some(next));
-        let t = encode_entry(&one(1), 0, b"k", None);
+        let t = encode(&one(1), 0, b"k", None);
         let mut image = vec![0u8; l.slot_len() as usize];
         image[..t.len()].copy_from_slice(&t);
         assert_eq!(parse_entry(&l, &image, 1).unwrap().value, None);
@@ -2471,7 +2482,7 @@ mod tests {
                 version: 9,
             },
         ];
-        let c1 = encode_entry(&group, 1, b"k", Some(&b"v"[..]));
+        let c1 = encode(&group, 1, b"k", Some(&b"v"[..]));
         let mut image = vec![0u8; l2.slot_len() as usize];
         image[..c1.len()].copy_from_slice(&c1);
         let e = parse_entry(&l2, &image, 9).unwrap();
