@@ -769,7 +769,7 @@ impl MetadataServer {
     /// Whether the entry at `p` is a version linked into its key's chain: reachable from the key's shortcut.
     fn is_linked(&self, p: Ptr) -> Result<bool, PdpmError> {
         let mut guard = self.eps.lock().unwrap_or_else(|e| e.into_inner());
-        let (eps, _) = &mut *guard;
+        let (eps, batch) = &mut *guard;
         let node = p.node() as usize;
         let mut buf = vec![0u8; self.layout.slot_len() as usize];
         eps[node].read(
@@ -783,6 +783,7 @@ impl MetadataServer {
         let home = home_node(&key, self.config.node_seed, self.areas.len());
         let cells = probe_cells(
             &mut eps[home],
+            batch,
             &self.areas[home],
             &self.layout,
             self.config.max_probe,
@@ -843,9 +844,11 @@ impl MetadataServer {
         space.reclaim(Instant::now(), self.config.wrap_park);
         let count = req.count.min(self.config.max_grant);
         let mut out = Vec::with_capacity(count as usize);
+        let mut order: Vec<usize> = Vec::with_capacity(m);
         for _ in 0..count {
             // The primary on the node asked for when it has room, the replicas on the nodes with most free slots.
-            let mut order: Vec<usize> = (0..m).collect();
+            order.clear();
+            order.extend(0..m);
             order.sort_by_key(|&n| {
                 (
                     n != req.node as usize || space.free[n].is_empty(),
@@ -911,6 +914,7 @@ impl MetadataServer {
         let (eps, batch) = &mut *guard;
         let cells = probe_cells(
             &mut eps[home],
+            batch,
             &self.areas[home],
             &self.layout,
             self.config.max_probe,
@@ -929,23 +933,18 @@ impl MetadataServer {
                 self.config.max_probe
             )));
         };
-        let mut bytes = vec![0u8; CELL_HEAD + key.len()];
-        bytes[8..10].copy_from_slice(&(key.len() as u16 + 1).to_le_bytes());
-        bytes[CELL_HEAD..].copy_from_slice(key);
+        // Cell bytes 8..16: the key length + 1 (0 = free), then padding.
+        let mut tag = [0u8; 8];
+        tag[..2].copy_from_slice(&(key.len() as u16 + 1).to_le_bytes());
         // The key first, then the length word that makes the cell taken (the pointer word stays 0).
         let addr = cell_addr(&self.areas[home], &self.layout, cell);
         batch.clear();
         batch.write(addr.offset_by(CELL_HEAD as u64), key);
-        batch.write(addr.offset_by(8), &bytes[8..16]);
+        batch.write(addr.offset_by(8), &tag);
         let check = batch.read(addr.offset_by(8), 8);
         eps[home].post(batch).map_err(|e| failed(e.to_string()))?;
-        validate(
-            home,
-            Some(cell as u64),
-            batch.read_data(check),
-            &bytes[8..16],
-        )
-        .map_err(|e| failed(e.to_string()))?;
+        validate(home, Some(cell as u64), batch.read_data(check), &tag)
+            .map_err(|e| failed(e.to_string()))?;
         Ok(CellRef {
             node: home as u16,
             cell,
@@ -1010,18 +1009,19 @@ struct Probe {
     first_free: Option<u32>,
 }
 
-/// The cells of `key`'s probe window, read in one round trip (two READs when the window wraps).
+/// The cells of `key`'s probe window, read in one round trip (two READs when the window wraps) with `batch`.
 fn probe_cells(
     ep: &mut Endpoint,
+    batch: &mut Batch,
     area: &Located,
     layout: &CloverLayout,
     max_probe: u32,
     key: &[u8],
 ) -> Result<Probe, PdpmError> {
-    let mut batch = Batch::new();
-    let slots = probe_reads(&mut batch, area, layout, max_probe, key);
-    ep.post(&mut batch)?;
-    Ok(scan_probe(&batch, &slots, layout, key))
+    batch.clear();
+    let slots = probe_reads(batch, area, layout, max_probe, key);
+    ep.post(batch)?;
+    Ok(scan_probe(batch, &slots, layout, key))
 }
 
 /// Adds the READs of `key`'s probe window to `batch`: `(first cell, cells, verb)` per READ.
