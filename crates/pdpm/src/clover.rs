@@ -545,33 +545,18 @@ fn rebuild(
     for (node, ep) in eps.iter_mut().enumerate() {
         let area = &areas[node];
         let cl = layout.cell_len();
-        let per_read = (u64::from(ep.max_message_len()) / 2 / cl).clamp(1, 4096);
-        let mut first = 0u64;
-        while first < layout.cells {
-            let n = (layout.cells - first).min(per_read);
+        for (first, n) in read_spans(ep.max_message_len(), layout.cells, cl, 4096) {
             buf.resize((n * cl) as usize, 0);
             ep.read(cell_addr(area, layout, first as u32), &mut buf)?;
             for c in buf.chunks_exact(cl as usize) {
-                let tag = u16::from_le_bytes([c[8], c[9]]) as usize;
-                if tag == 0 {
-                    continue;
+                if let Some((key, shortcut)) = parse_cell(node, c)? {
+                    chains.push((hash(key, SCAN_SEED), shortcut));
                 }
-                let Some(key) = c.get(CELL_HEAD..CELL_HEAD + tag - 1) else {
-                    return Err(PdpmError::Layout {
-                        node,
-                        why: "a cell names a key longer than the layout allows".into(),
-                    });
-                };
-                chains.push((hash(key, SCAN_SEED), Ptr::from_word(le_u64(c, 0))));
             }
-            first += n;
         }
         let sl = layout.slot_len();
-        let per_read = (u64::from(ep.max_message_len()) / 2 / sl).clamp(1, 1024);
         let mut found = Vec::with_capacity(slots);
-        let mut first = 0u64;
-        while first < layout.slots {
-            let n = (layout.slots - first).min(per_read);
+        for (first, n) in read_spans(ep.max_message_len(), layout.slots, sl, 1024) {
             buf.resize((n * sl) as usize, 0);
             ep.read(slot_addr(area, layout, first as u32), &mut buf)?;
             for b in buf.chunks_exact(sl as usize) {
@@ -585,7 +570,6 @@ fn rebuild(
                     .map(|e| (e.next, e.copies, hash(&e.key, SCAN_SEED)));
                 found.push(ScannedSlot { version, entry });
             }
-            first += n;
         }
         scanned.push(found);
     }
@@ -988,6 +972,40 @@ impl RpcHandler for MetadataServer {
             other => Err(RpcError::UnknownMethod(other)),
         }
     }
+}
+
+/// `(first, n)` ranges covering `count` records (cells or slots) of `len` bytes, read `cap` records at most per
+/// READ and no more than half of `max_message` bytes (a READ's reply must fit one message).
+fn read_spans(
+    max_message: u32,
+    count: u64,
+    len: u64,
+    cap: u64,
+) -> impl Iterator<Item = (u64, u64)> {
+    let per_read = (u64::from(max_message) / 2 / len).clamp(1, cap);
+    (0..count.div_ceil(per_read)).map(move |i| {
+        let first = i * per_read;
+        (first, per_read.min(count - first))
+    })
+}
+
+/// A cell holding a key: the key and its shortcut.
+type KeyCell<'a> = (&'a [u8], Option<Ptr>);
+
+/// The key and shortcut a cell's bytes hold, `None` for a free cell; a length word longer than the cell is damage
+/// on memory node `node`.
+fn parse_cell(node: usize, c: &[u8]) -> Result<Option<KeyCell<'_>>, PdpmError> {
+    let tag = u16::from_le_bytes([c[8], c[9]]) as usize;
+    if tag == 0 {
+        return Ok(None);
+    }
+    let key = c
+        .get(CELL_HEAD..CELL_HEAD + tag - 1)
+        .ok_or_else(|| PdpmError::Layout {
+            node,
+            why: "a cell names a key longer than the layout allows".into(),
+        })?;
+    Ok(Some((key, Ptr::from_word(le_u64(c, 0)))))
 }
 
 fn home_node(key: &[u8], seed: u64, nodes: usize) -> usize {
@@ -2264,10 +2282,13 @@ impl CloverClient {
         let mut count = 0u64;
         let mut buf = Vec::new();
         for node in 0..self.eps.len() {
-            let per_read = (u64::from(self.eps[node].max_message_len()) / 2 / cl).clamp(1, 4096);
-            let mut first = 0u64;
-            while first < self.layout.cells {
-                let n = (self.layout.cells - first).min(per_read);
+            let spans = read_spans(
+                self.eps[node].max_message_len(),
+                self.layout.cells,
+                cl,
+                4096,
+            );
+            for (first, n) in spans {
                 buf.resize((n * cl) as usize, 0);
                 self.steps += 1;
                 self.eps[node].read(
@@ -2276,16 +2297,13 @@ impl CloverClient {
                 )?;
                 let mut keys = Vec::new();
                 for (i, c) in buf.chunks_exact(cl as usize).enumerate() {
-                    let tag = u16::from_le_bytes([c[8], c[9]]) as usize;
-                    // A free cell, or a key created whose first version is not linked yet.
-                    let (true, Some(shortcut)) = (tag != 0, Ptr::from_word(le_u64(c, 0))) else {
+                    // A free cell, or a key created whose first version is not linked yet (checked before the
+                    // key, as such a cell is skipped whatever its length word says).
+                    if Ptr::from_word(le_u64(c, 0)).is_none() {
                         continue;
-                    };
-                    let Some(key) = c.get(CELL_HEAD..CELL_HEAD + tag - 1) else {
-                        return Err(PdpmError::Layout {
-                            node,
-                            why: "a cell names a key longer than the layout allows".into(),
-                        });
+                    }
+                    let Some((key, Some(shortcut))) = parse_cell(node, c)? else {
+                        continue;
                     };
                     let cell = CellRef {
                         node: node as u16,
@@ -2299,7 +2317,6 @@ impl CloverClient {
                         count += 1;
                     }
                 }
-                first += n;
             }
         }
         self.after_op(Ok(count))
