@@ -545,33 +545,18 @@ fn rebuild(
     for (node, ep) in eps.iter_mut().enumerate() {
         let area = &areas[node];
         let cl = layout.cell_len();
-        let per_read = (u64::from(ep.max_message_len()) / 2 / cl).clamp(1, 4096);
-        let mut first = 0u64;
-        while first < layout.cells {
-            let n = (layout.cells - first).min(per_read);
+        for (first, n) in read_spans(ep.max_message_len(), layout.cells, cl, 4096) {
             buf.resize((n * cl) as usize, 0);
             ep.read(cell_addr(area, layout, first as u32), &mut buf)?;
             for c in buf.chunks_exact(cl as usize) {
-                let tag = u16::from_le_bytes([c[8], c[9]]) as usize;
-                if tag == 0 {
-                    continue;
+                if let Some((key, shortcut)) = parse_cell(node, c)? {
+                    chains.push((hash(key, SCAN_SEED), shortcut));
                 }
-                let Some(key) = c.get(CELL_HEAD..CELL_HEAD + tag - 1) else {
-                    return Err(PdpmError::Layout {
-                        node,
-                        why: "a cell names a key longer than the layout allows".into(),
-                    });
-                };
-                chains.push((hash(key, SCAN_SEED), Ptr::from_word(le_u64(c, 0))));
             }
-            first += n;
         }
         let sl = layout.slot_len();
-        let per_read = (u64::from(ep.max_message_len()) / 2 / sl).clamp(1, 1024);
         let mut found = Vec::with_capacity(slots);
-        let mut first = 0u64;
-        while first < layout.slots {
-            let n = (layout.slots - first).min(per_read);
+        for (first, n) in read_spans(ep.max_message_len(), layout.slots, sl, 1024) {
             buf.resize((n * sl) as usize, 0);
             ep.read(slot_addr(area, layout, first as u32), &mut buf)?;
             for b in buf.chunks_exact(sl as usize) {
@@ -585,7 +570,6 @@ fn rebuild(
                     .map(|e| (e.next, e.copies, hash(&e.key, SCAN_SEED)));
                 found.push(ScannedSlot { version, entry });
             }
-            first += n;
         }
         scanned.push(found);
     }
@@ -769,7 +753,7 @@ impl MetadataServer {
     /// Whether the entry at `p` is a version linked into its key's chain: reachable from the key's shortcut.
     fn is_linked(&self, p: Ptr) -> Result<bool, PdpmError> {
         let mut guard = self.eps.lock().unwrap_or_else(|e| e.into_inner());
-        let (eps, _) = &mut *guard;
+        let (eps, batch) = &mut *guard;
         let node = p.node() as usize;
         let mut buf = vec![0u8; self.layout.slot_len() as usize];
         eps[node].read(
@@ -783,6 +767,7 @@ impl MetadataServer {
         let home = home_node(&key, self.config.node_seed, self.areas.len());
         let cells = probe_cells(
             &mut eps[home],
+            batch,
             &self.areas[home],
             &self.layout,
             self.config.max_probe,
@@ -843,9 +828,11 @@ impl MetadataServer {
         space.reclaim(Instant::now(), self.config.wrap_park);
         let count = req.count.min(self.config.max_grant);
         let mut out = Vec::with_capacity(count as usize);
+        let mut order: Vec<usize> = Vec::with_capacity(m);
         for _ in 0..count {
             // The primary on the node asked for when it has room, the replicas on the nodes with most free slots.
-            let mut order: Vec<usize> = (0..m).collect();
+            order.clear();
+            order.extend(0..m);
             order.sort_by_key(|&n| {
                 (
                     n != req.node as usize || space.free[n].is_empty(),
@@ -911,6 +898,7 @@ impl MetadataServer {
         let (eps, batch) = &mut *guard;
         let cells = probe_cells(
             &mut eps[home],
+            batch,
             &self.areas[home],
             &self.layout,
             self.config.max_probe,
@@ -929,23 +917,18 @@ impl MetadataServer {
                 self.config.max_probe
             )));
         };
-        let mut bytes = vec![0u8; CELL_HEAD + key.len()];
-        bytes[8..10].copy_from_slice(&(key.len() as u16 + 1).to_le_bytes());
-        bytes[CELL_HEAD..].copy_from_slice(key);
+        // Cell bytes 8..16: the key length + 1 (0 = free), then padding.
+        let mut tag = [0u8; 8];
+        tag[..2].copy_from_slice(&(key.len() as u16 + 1).to_le_bytes());
         // The key first, then the length word that makes the cell taken (the pointer word stays 0).
         let addr = cell_addr(&self.areas[home], &self.layout, cell);
         batch.clear();
         batch.write(addr.offset_by(CELL_HEAD as u64), key);
-        batch.write(addr.offset_by(8), &bytes[8..16]);
+        batch.write(addr.offset_by(8), &tag);
         let check = batch.read(addr.offset_by(8), 8);
         eps[home].post(batch).map_err(|e| failed(e.to_string()))?;
-        validate(
-            home,
-            Some(cell as u64),
-            batch.read_data(check),
-            &bytes[8..16],
-        )
-        .map_err(|e| failed(e.to_string()))?;
+        validate(home, Some(cell as u64), batch.read_data(check), &tag)
+            .map_err(|e| failed(e.to_string()))?;
         Ok(CellRef {
             node: home as u16,
             cell,
@@ -991,6 +974,40 @@ impl RpcHandler for MetadataServer {
     }
 }
 
+/// `(first, n)` ranges covering `count` records (cells or slots) of `len` bytes, read `cap` records at most per
+/// READ and no more than half of `max_message` bytes (a READ's reply must fit one message).
+fn read_spans(
+    max_message: u32,
+    count: u64,
+    len: u64,
+    cap: u64,
+) -> impl Iterator<Item = (u64, u64)> {
+    let per_read = (u64::from(max_message) / 2 / len).clamp(1, cap);
+    (0..count.div_ceil(per_read)).map(move |i| {
+        let first = i * per_read;
+        (first, per_read.min(count - first))
+    })
+}
+
+/// A cell holding a key: the key and its shortcut.
+type KeyCell<'a> = (&'a [u8], Option<Ptr>);
+
+/// The key and shortcut a cell's bytes hold, `None` for a free cell; a length word longer than the cell is damage
+/// on memory node `node`.
+fn parse_cell(node: usize, c: &[u8]) -> Result<Option<KeyCell<'_>>, PdpmError> {
+    let tag = u16::from_le_bytes([c[8], c[9]]) as usize;
+    if tag == 0 {
+        return Ok(None);
+    }
+    let key = c
+        .get(CELL_HEAD..CELL_HEAD + tag - 1)
+        .ok_or_else(|| PdpmError::Layout {
+            node,
+            why: "a cell names a key longer than the layout allows".into(),
+        })?;
+    Ok(Some((key, Ptr::from_word(le_u64(c, 0)))))
+}
+
 fn home_node(key: &[u8], seed: u64, nodes: usize) -> usize {
     (hash(key, seed) % nodes as u64) as usize
 }
@@ -1010,18 +1027,19 @@ struct Probe {
     first_free: Option<u32>,
 }
 
-/// The cells of `key`'s probe window, read in one round trip (two READs when the window wraps).
+/// The cells of `key`'s probe window, read in one round trip (two READs when the window wraps) with `batch`.
 fn probe_cells(
     ep: &mut Endpoint,
+    batch: &mut Batch,
     area: &Located,
     layout: &CloverLayout,
     max_probe: u32,
     key: &[u8],
 ) -> Result<Probe, PdpmError> {
-    let mut batch = Batch::new();
-    let slots = probe_reads(&mut batch, area, layout, max_probe, key);
-    ep.post(&mut batch)?;
-    Ok(scan_probe(&batch, &slots, layout, key))
+    batch.clear();
+    let slots = probe_reads(batch, area, layout, max_probe, key);
+    ep.post(batch)?;
+    Ok(scan_probe(batch, &slots, layout, key))
 }
 
 /// Adds the READs of `key`'s probe window to `batch`: `(first cell, cells, verb)` per READ.
@@ -1101,11 +1119,13 @@ struct Entry {
 
 /// Copy `j` of a version whose copies are `copies` (the primary first): `[R header words][meta][R copy
 /// pointers][key][value][CRC]`, the header words "no next" and every word carrying the copy's own GC version.
-fn encode_entry(copies: &[Grant], j: usize, key: &[u8], value: Option<&[u8]>) -> Vec<u8> {
+/// Encoded into `b` (cleared first), so that a client reuses one buffer for every write.
+fn encode_entry(b: &mut Vec<u8>, copies: &[Grant], j: usize, key: &[u8], value: Option<&[u8]>) {
     let v = value.unwrap_or_default();
     let version = copies[j].version;
     let r = copies.len();
-    let mut b = Vec::with_capacity(8 + 16 * r + key.len() + v.len() + 4);
+    b.clear();
+    b.reserve(8 + 16 * r + key.len() + v.len() + 4);
     for _ in 0..r {
         b.extend_from_slice(&((version as u64) << 56).to_le_bytes());
     }
@@ -1124,7 +1144,6 @@ fn encode_entry(copies: &[Grant], j: usize, key: &[u8], value: Option<&[u8]>) ->
     b.extend_from_slice(v);
     let crc = crc32c::crc32c(&b[8 * r..]);
     b.extend_from_slice(&crc.to_le_bytes());
-    b
 }
 
 /// The entry in slot bytes `b` if it is whole and carries GC version `version`; `None` for anything else (never
@@ -1251,45 +1270,60 @@ struct CursorCache {
 }
 
 impl CursorCache {
-    fn get(&mut self, key: &[u8]) -> Option<Cached> {
-        self.tick += 1;
-        let tick = self.tick;
+    /// The entry of `key`, now the most recently used.
+    fn get(&mut self, key: &[u8]) -> Option<&Cached> {
         let c = self.map.get_mut(key)?;
-        self.order.remove(&c.tick);
-        c.tick = tick;
-        self.order.insert(tick, key.to_vec());
-        Some(c.clone())
+        touch(&mut self.order, &mut self.tick, key, c);
+        Some(c)
     }
 
-    fn put(&mut self, key: &[u8], cell: CellRef, tail: Option<Ptr>, copies: Vec<Ptr>) {
-        self.tick += 1;
-        let tick = self.tick;
+    fn put(
+        &mut self,
+        key: &[u8],
+        cell: CellRef,
+        tail: Option<Ptr>,
+        copies: impl IntoIterator<Item = Ptr>,
+    ) {
         let tail = tail.map(|p| (p, Instant::now()));
         if let Some(c) = self.map.get_mut(key) {
-            self.order.remove(&c.tick);
-            c.tick = tick;
+            touch(&mut self.order, &mut self.tick, key, c);
             c.cell = cell;
             c.tail = tail;
-            c.copies = copies;
-        } else {
-            while self.map.len() >= self.capacity {
-                let Some((_, old)) = self.order.pop_first() else {
-                    break;
-                };
-                self.map.remove(&old);
-            }
-            self.map.insert(
-                key.to_vec(),
-                Cached {
-                    cell,
-                    tail,
-                    copies,
-                    tick,
-                },
-            );
+            // Refilled in place: a cursor refreshed by every read allocates nothing.
+            c.copies.clear();
+            c.copies.extend(copies);
+            return;
         }
-        self.order.insert(tick, key.to_vec());
+        while self.map.len() >= self.capacity {
+            let Some((_, old)) = self.order.pop_first() else {
+                break;
+            };
+            self.map.remove(&old);
+        }
+        self.tick += 1;
+        self.map.insert(
+            key.to_vec(),
+            Cached {
+                cell,
+                tail,
+                copies: copies.into_iter().collect(),
+                tick: self.tick,
+            },
+        );
+        self.order.insert(self.tick, key.to_vec());
     }
+}
+
+/// Makes `c` (the entry of `key`) the most recently used, moving its key within `order` rather than copying it;
+/// nothing to do when it is already (a read's lookup and its cursor refresh touch the same entry).
+fn touch(order: &mut BTreeMap<u64, Vec<u8>>, tick: &mut u64, key: &[u8], c: &mut Cached) {
+    if c.tick == *tick {
+        return;
+    }
+    *tick += 1;
+    let k = order.remove(&c.tick).unwrap_or_else(|| key.to_vec());
+    order.insert(*tick, k);
+    c.tick = *tick;
 }
 
 /// A key's tail as one read found it.
@@ -1435,6 +1469,8 @@ pub struct CloverClient {
     stalled: Vec<PendingShortcut>,
     cache: CursorCache,
     batch: Batch,
+    /// The entry a write encodes, kept for the next write.
+    entry_buf: Vec<u8>,
 }
 
 impl std::fmt::Debug for CloverClient {
@@ -1523,6 +1559,7 @@ impl CloverClient {
             pending: Vec::new(),
             stalled: Vec::new(),
             batch: Batch::new(),
+            entry_buf: Vec::new(),
         })
     }
 
@@ -1753,17 +1790,13 @@ impl CloverClient {
     /// The key's tail: from the cursor when one is cached (one batch with the shortcut when they share a node),
     /// else from the shortcut. `None` when the key has no cell.
     fn read_tail(&mut self, key: &[u8]) -> Result<Option<Tail>, PdpmError> {
-        let cached = self.cache.get(key);
+        let cached = self.cache.get(key).map(|c| (c.cell, c.tail));
         let (cell, mut cur, mut first, mut shortcut) = match cached {
             None => match self.find_cell(key)? {
                 None => return Ok(None),
                 Some((cell, s)) => (cell, s, None, None),
             },
-            Some(Cached {
-                cell,
-                tail: Some((t, used)),
-                ..
-            }) if used.elapsed() < self.settings.cursor_idle => {
+            Some((cell, Some((t, used)))) if used.elapsed() < self.settings.cursor_idle => {
                 self.valid_ptr(t)?;
                 let node = t.node() as usize;
                 self.batch.clear();
@@ -1786,14 +1819,14 @@ impl CloverClient {
                 let s = sc.map(|v| Ptr::from_word(le_u64(self.batch.read_data(v), 0)));
                 (cell, Some(t), Some(e), s)
             }
-            Some(Cached { cell, .. }) => {
+            Some((cell, _)) => {
                 let s = self.read_cell(cell)?;
                 (cell, s, None, None)
             }
         };
         for _ in 0..self.settings.max_hops {
             let Some(p) = cur else {
-                self.cache.put(key, cell, None, Vec::new());
+                self.cache.put(key, cell, None, []);
                 return Ok(Some(Tail {
                     cell,
                     ptr: None,
@@ -1809,7 +1842,7 @@ impl CloverClient {
             match e {
                 Some(e) if e.key == key => match e.next {
                     None => {
-                        self.cache.put(key, cell, Some(p), e.copies.clone());
+                        self.cache.put(key, cell, Some(p), e.copies.iter().copied());
                         return Ok(Some(Tail {
                             cell,
                             ptr: Some(p),
@@ -1943,9 +1976,10 @@ impl CloverClient {
     ) -> Result<(), PdpmError> {
         self.steps += 1;
         self.parallel = true;
+        let mut bytes = std::mem::take(&mut self.entry_buf);
         let r = (0..group.len()).try_for_each(|j| {
             let g = group[j];
-            let bytes = encode_entry(group, j, key, value);
+            encode_entry(&mut bytes, group, j, key, value);
             let node = g.node as usize;
             let addr = slot_addr(&self.areas[node], &self.layout, g.slot);
             self.batch.clear();
@@ -1961,6 +1995,7 @@ impl CloverClient {
                 &bytes[tail as usize..],
             )
         });
+        self.entry_buf = bytes;
         self.parallel = false;
         r
     }
@@ -2049,8 +2084,8 @@ impl CloverClient {
     ) -> Result<(), PdpmError> {
         let cell = tail.cell;
         let primary = new[0].ptr();
-        let copies: Vec<Ptr> = new.iter().map(|g| g.ptr()).collect();
-        self.cache.put(key, cell, Some(primary), copies);
+        self.cache
+            .put(key, cell, Some(primary), new.iter().map(|g| g.ptr()));
         if crash == Some(CloverCrash::AfterLink) {
             return Ok(());
         }
@@ -2116,18 +2151,15 @@ impl CloverClient {
     /// The key's tail for a blind write: the cursor when one is cached (no round trip), else read; creates the
     /// key's cell through the MS when it has none. The value is not known on the cursor path.
     fn tail_for_write(&mut self, key: &[u8]) -> Result<Tail, PdpmError> {
-        if let Some(Cached {
-            cell,
-            tail: Some((t, used)),
-            copies,
-            ..
-        }) = self.cache.get(key)
-            && used.elapsed() < self.settings.cursor_idle
+        let idle = self.settings.cursor_idle;
+        if let Some(c) = self.cache.get(key)
+            && let Some((t, used)) = c.tail
+            && used.elapsed() < idle
         {
             return Ok(Tail {
-                cell,
+                cell: c.cell,
                 ptr: Some(t),
-                copies,
+                copies: c.copies.clone(),
                 value: None,
             });
         }
@@ -2152,7 +2184,8 @@ impl CloverClient {
             },
             Some(p) => self.chase(key, cell, Some(p))?,
         };
-        self.cache.put(key, cell, tail.ptr, tail.copies.clone());
+        self.cache
+            .put(key, cell, tail.ptr, tail.copies.iter().copied());
         Ok(tail)
     }
 
@@ -2249,10 +2282,13 @@ impl CloverClient {
         let mut count = 0u64;
         let mut buf = Vec::new();
         for node in 0..self.eps.len() {
-            let per_read = (u64::from(self.eps[node].max_message_len()) / 2 / cl).clamp(1, 4096);
-            let mut first = 0u64;
-            while first < self.layout.cells {
-                let n = (self.layout.cells - first).min(per_read);
+            let spans = read_spans(
+                self.eps[node].max_message_len(),
+                self.layout.cells,
+                cl,
+                4096,
+            );
+            for (first, n) in spans {
                 buf.resize((n * cl) as usize, 0);
                 self.steps += 1;
                 self.eps[node].read(
@@ -2261,16 +2297,13 @@ impl CloverClient {
                 )?;
                 let mut keys = Vec::new();
                 for (i, c) in buf.chunks_exact(cl as usize).enumerate() {
-                    let tag = u16::from_le_bytes([c[8], c[9]]) as usize;
-                    // A free cell, or a key created whose first version is not linked yet.
-                    let (true, Some(shortcut)) = (tag != 0, Ptr::from_word(le_u64(c, 0))) else {
+                    // A free cell, or a key created whose first version is not linked yet (checked before the
+                    // key, as such a cell is skipped whatever its length word says).
+                    if Ptr::from_word(le_u64(c, 0)).is_none() {
                         continue;
-                    };
-                    let Some(key) = c.get(CELL_HEAD..CELL_HEAD + tag - 1) else {
-                        return Err(PdpmError::Layout {
-                            node,
-                            why: "a cell names a key longer than the layout allows".into(),
-                        });
+                    }
+                    let Some((key, Some(shortcut))) = parse_cell(node, c)? else {
+                        continue;
                     };
                     let cell = CellRef {
                         node: node as u16,
@@ -2284,7 +2317,6 @@ impl CloverClient {
                         count += 1;
                     }
                 }
-                first += n;
             }
         }
         self.after_op(Ok(count))
@@ -2363,19 +2395,20 @@ impl PdpmStore for CloverClient {
     fn delete(&mut self, key: &[u8]) -> Result<(), PdpmError> {
         self.check(key, None)?;
         // A key without a cell has nothing to delete; otherwise a tombstone version is linked.
-        let r = match self.cache.get(key) {
-            Some(_) => self.write(key, None, None),
-            None => match self.find_cell(key)? {
+        let r = if self.cache.get(key).is_some() {
+            self.write(key, None, None)
+        } else {
+            match self.find_cell(key)? {
                 None => Ok(()),
                 Some((cell, s)) => {
-                    self.cache.put(key, cell, None, Vec::new());
+                    self.cache.put(key, cell, None, []);
                     if s.is_none() {
                         Ok(())
                     } else {
                         self.write(key, None, None)
                     }
                 }
-            },
+            }
         };
         self.after_op(r)
     }
@@ -2422,7 +2455,12 @@ mod tests {
                 version,
             }]
         };
-        let b = encode_entry(&one(7), 0, b"key", Some(&b"value"[..]));
+        let encode = |copies: &[Grant], j, key: &[u8], value| {
+            let mut b = Vec::new();
+            encode_entry(&mut b, copies, j, key, value);
+            b
+        };
+        let b = encode(&one(7), 0, b"key", Some(&b"value"[..]));
         let mut image = vec![0u8; l.slot_len() as usize];
         image[..b.len()].copy_from_slice(&b);
         let e = parse_entry(&l, &image, 7).unwrap();
@@ -2439,7 +2477,7 @@ mod tests {
         let next = Ptr::new(3, 99, 200);
         image[..8].copy_from_slice(&((7u64 << 56) | next.word()).to_le_bytes());
         assert_eq!(parse_entry(&l, &image, 7).unwrap().next, Some(next));
-        let t = encode_entry(&one(1), 0, b"k", None);
+        let t = encode(&one(1), 0, b"k", None);
         let mut image = vec![0u8; l.slot_len() as usize];
         image[..t.len()].copy_from_slice(&t);
         assert_eq!(parse_entry(&l, &image, 1).unwrap().value, None);
@@ -2461,13 +2499,42 @@ mod tests {
                 version: 9,
             },
         ];
-        let c1 = encode_entry(&group, 1, b"k", Some(&b"v"[..]));
+        let c1 = encode(&group, 1, b"k", Some(&b"v"[..]));
         let mut image = vec![0u8; l2.slot_len() as usize];
         image[..c1.len()].copy_from_slice(&c1);
         let e = parse_entry(&l2, &image, 9).unwrap();
         assert_eq!(e.copies, vec![group[0].ptr(), group[1].ptr()]);
         assert_eq!(e.nexts, vec![None, None]);
         assert_eq!(CloverLayout::decode(&l2.encode()), Ok(l2));
+    }
+
+    #[test]
+    fn the_cursor_cache_drops_the_least_recently_used_key() {
+        let mut cache = CursorCache {
+            capacity: 2,
+            ..CursorCache::default()
+        };
+        let cell = CellRef { node: 0, cell: 1 };
+        let p = Ptr::new(0, 7, 1);
+        cache.put(b"a", cell, Some(p), [p]);
+        cache.put(b"b", cell, None, []);
+        // `a` is used (looked up, then refreshed as a read does): `b` is now the oldest.
+        assert!(cache.get(b"a").is_some());
+        let q = Ptr::new(0, 8, 1);
+        cache.put(b"a", cell, Some(q), [q]);
+        cache.put(b"c", cell, None, []);
+        assert!(cache.get(b"b").is_none());
+        let a = cache.get(b"a").unwrap();
+        assert_eq!(
+            (a.tail.map(|t| t.0), a.copies.as_slice()),
+            (Some(q), &[q][..])
+        );
+        assert!(cache.get(b"c").is_some());
+        assert_eq!((cache.map.len(), cache.order.len()), (2, 2));
+        // `a` was looked up last but one: `c` stays, `a` goes.
+        cache.put(b"d", cell, None, []);
+        assert!(cache.get(b"a").is_none());
+        assert!(cache.get(b"c").is_some() && cache.get(b"d").is_some());
     }
 
     #[test]

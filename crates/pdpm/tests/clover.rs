@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use common::{Nodes, Op, change, connector, op, start_node, traffic};
+use common::{Nodes, Op, apply, change, connector, op, start_node, traffic};
 use dinomo_fabric::{Connector, MemoryNode, NodeConfig, Server};
 use dinomo_pdpm::clover::{
     self, CloverClient, CloverCrash, CloverLayout, CloverSettings, MetadataConfig, MetadataServer,
@@ -103,6 +103,17 @@ fn short_reads() -> CloverSettings {
     }
 }
 
+/// Short reads; one slot per refill, asked for only when a write finds none, and every record sent at once: a
+/// tiny area's slots go round as fast as the lease lets them.
+fn one_slot_at_a_time() -> CloverSettings {
+    CloverSettings {
+        grant_batch: 1,
+        refill_at: 0,
+        record_batch: 1,
+        ..short_reads()
+    }
+}
+
 #[test]
 fn uncontended_round_trips_match_table_1() -> Result<()> {
     let s = Setup::new(1, 256, patient_ms());
@@ -190,28 +201,28 @@ proptest! {
     fn behaves_like_a_map(ops in proptest::collection::vec(op(), 1..60)) {
         let s = Setup::new(2, 512, short_lease());
         let mut c = s.client(false, short_reads());
-        let mut model: HashMap<u8, Vec<u8>> = HashMap::new();
+        let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
         for op in ops {
             match op {
                 Op::Put(k, v) => {
                     c.put(&[k], &v).unwrap();
-                    model.insert(k, v);
+                    model.insert(vec![k], v);
                 }
-                Op::Get(k) => prop_assert_eq!(c.get(&[k]).unwrap(), model.get(&k).cloned()),
+                Op::Get(k) => prop_assert_eq!(c.get(&[k]).unwrap(), model.get(&[k][..]).cloned()),
                 Op::Delete(k) => {
                     c.delete(&[k]).unwrap();
-                    model.remove(&k);
+                    model.remove(&[k][..]);
                 }
                 Op::Update(k, b) => {
                     c.update(&[k], &mut |old| change(old, b)).unwrap();
-                    apply_to(&mut model, k, b);
+                    apply(&mut model, vec![k], b);
                 }
             }
         }
         // A second client starts cold and must agree.
         let mut other = s.client(false, short_reads());
         for k in 0u8..12 {
-            prop_assert_eq!(other.get(&[k]).unwrap(), model.get(&k).cloned());
+            prop_assert_eq!(other.get(&[k]).unwrap(), model.get(&[k][..]).cloned());
         }
     }
 
@@ -221,37 +232,24 @@ proptest! {
     ) {
         let s = Setup::new(2, 512, short_lease());
         let mut clients = [s.client(false, short_reads()), s.client(false, short_reads())];
-        let mut model: HashMap<u8, Vec<u8>> = HashMap::new();
+        let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
         for (which, op) in ops {
             let c = &mut clients[which as usize];
             match op {
                 Op::Put(k, v) => {
                     c.update(&[k], &mut |_| Change::Put(v.clone())).unwrap();
-                    model.insert(k, v);
+                    model.insert(vec![k], v);
                 }
-                Op::Get(k) => prop_assert_eq!(c.get(&[k]).unwrap(), model.get(&k).cloned()),
+                Op::Get(k) => prop_assert_eq!(c.get(&[k]).unwrap(), model.get(&[k][..]).cloned()),
                 Op::Delete(k) => {
                     c.delete(&[k]).unwrap();
-                    model.remove(&k);
+                    model.remove(&[k][..]);
                 }
                 Op::Update(k, b) => {
                     c.update(&[k], &mut |old| change(old, b)).unwrap();
-                    apply_to(&mut model, k, b);
+                    apply(&mut model, vec![k], b);
                 }
             }
-        }
-    }
-}
-
-/// [`change`] applied to this file's model (keyed by the key's one byte).
-fn apply_to(model: &mut HashMap<u8, Vec<u8>>, key: u8, byte: u8) {
-    match change(model.get(&key).map(Vec::as_slice), byte) {
-        Change::Keep => {}
-        Change::Put(v) => {
-            model.insert(key, v);
-        }
-        Change::Delete => {
-            model.remove(&key);
         }
     }
 }
@@ -327,12 +325,7 @@ fn old_versions_are_reclaimed_and_a_bounded_overwrite_loop_never_runs_out() -> R
 fn a_stale_cursor_to_a_recycled_slot_is_not_fooled() -> Result<()> {
     // Tiny area, short lease: the slot under the reader's cursor is reused by another key.
     let s = Setup::new(1, 6, short_lease());
-    let settings = CloverSettings {
-        grant_batch: 1,
-        refill_at: 0,
-        record_batch: 1,
-        ..short_reads()
-    };
+    let settings = one_slot_at_a_time();
     let mut reader = s.client(false, settings.clone());
     let mut writer = s.client(false, settings);
     writer.put(b"a", b"a0")?;
@@ -358,12 +351,7 @@ fn a_stale_cursor_never_returns_an_unlinked_entry_written_into_its_recycled_slot
     // before linking it. Only the GC version in the slot tells the reader the entry is not the one it knew.
     // Two slots: the one the tail is in, and the reader's cursor slot, which is the only one left to grant.
     let s = Setup::new(1, 2, short_lease());
-    let settings = CloverSettings {
-        grant_batch: 1,
-        refill_at: 0,
-        record_batch: 1,
-        ..short_reads()
-    };
+    let settings = one_slot_at_a_time();
     let mut reader = s.client(false, settings.clone());
     let mut writer = s.client(false, settings.clone());
     writer.put(b"a", &0u32.to_le_bytes())?;
