@@ -248,38 +248,44 @@ impl ElasticOptions {
     }
 }
 
-/// What reading every record back found: (checked, missing, corrupt).
-fn check_every_value(o: &ElasticOptions, cfg: &ClientConfig) -> anyhow::Result<(u64, u64, u64)> {
+/// Reads every record back through up to 4 reader threads, each with its own client from `connect`, read with
+/// `get`: (checked, missing, corrupt).
+fn read_every_record_back<C>(
+    o: &ElasticOptions,
+    connect: impl Fn() -> anyhow::Result<C> + Sync,
+    get: impl Fn(&mut C, &[u8]) -> anyhow::Result<Option<Vec<u8>>> + Sync,
+) -> anyhow::Result<(u64, u64, u64)> {
     let readers = o.clients.clamp(1, 4) as u64;
-    let handles: Vec<_> = (0..readers)
-        .map(|c| {
-            let (cfg, keys) = (cfg.clone(), o.keys);
-            std::thread::spawn(move || -> anyhow::Result<(u64, u64, u64)> {
-                let mut cl = Client::connect(cfg)?;
-                let mut k = Vec::new();
-                let (mut checked, mut missing, mut corrupt) = (0, 0, 0);
-                for id in (c..keys).step_by(readers as usize) {
-                    key_bytes(id, 8, &mut k)?;
-                    checked += 1;
-                    match cl
-                        .get(&k)
-                        .with_context(|| format!("reading record {id} back"))?
-                    {
-                        None => missing += 1,
-                        Some(v) if verify_value(id, &v).is_err() => corrupt += 1,
-                        Some(_) => {}
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..readers)
+            .map(|c| {
+                let (connect, get) = (&connect, &get);
+                scope.spawn(move || -> anyhow::Result<(u64, u64, u64)> {
+                    let mut cl = connect()?;
+                    let mut k = Vec::new();
+                    let (mut checked, mut missing, mut corrupt) = (0, 0, 0);
+                    for id in (c..o.keys).step_by(readers as usize) {
+                        key_bytes(id, 8, &mut k)?;
+                        checked += 1;
+                        match get(&mut cl, &k)
+                            .with_context(|| format!("reading record {id} back"))?
+                        {
+                            None => missing += 1,
+                            Some(v) if verify_value(id, &v).is_err() => corrupt += 1,
+                            Some(_) => {}
+                        }
                     }
-                }
-                Ok((checked, missing, corrupt))
+                    Ok((checked, missing, corrupt))
+                })
             })
-        })
-        .collect();
-    let mut total = (0, 0, 0);
-    for h in handles {
-        let (c, m, x) = h.join().map_err(|_| anyhow::anyhow!("reader panicked"))??;
-        total = (total.0 + c, total.1 + m, total.2 + x);
-    }
-    Ok(total)
+            .collect();
+        let mut total = (0, 0, 0);
+        for h in handles {
+            let (c, m, x) = h.join().map_err(|_| anyhow::anyhow!("reader panicked"))??;
+            total = (total.0 + c, total.1 + m, total.2 + x);
+        }
+        Ok(total)
+    })
 }
 
 /// Runs one scenario.
@@ -483,7 +489,11 @@ pub fn run_elastic(
     let all = cluster.mnode().events();
     let reconfigurations = all[o.kns.min(all.len())..].to_vec();
     progress(&format!("reading all {} keys back", o.keys));
-    let (values_checked, values_missing, values_corrupt) = check_every_value(o, &client_cfg)?;
+    let (values_checked, values_missing, values_corrupt) = read_every_record_back(
+        o,
+        || Ok(Client::connect(client_cfg.clone())?),
+        |cl: &mut Client, k| Ok(cl.get(k)?),
+    )?;
     cluster.stop();
     Ok(ElasticReport {
         options: o.clone(),
@@ -776,44 +786,6 @@ fn spawn_clover_client(
     }))
 }
 
-/// Reads every record back through fresh Clover clients: (checked, missing, corrupt).
-fn check_every_clover_value(
-    o: &ElasticOptions,
-    d: &CloverDeployment,
-) -> anyhow::Result<(u64, u64, u64)> {
-    let readers = o.clients.clamp(1, 4) as u64;
-    let handles: Vec<_> = (0..readers)
-        .map(|c| {
-            let cl = d.client();
-            let keys = o.keys;
-            std::thread::spawn(move || -> anyhow::Result<(u64, u64, u64)> {
-                let mut cl = cl?;
-                let mut k = Vec::new();
-                let (mut checked, mut missing, mut corrupt) = (0, 0, 0);
-                for id in (c..keys).step_by(readers as usize) {
-                    key_bytes(id, 8, &mut k)?;
-                    checked += 1;
-                    match cl
-                        .get(&k)
-                        .with_context(|| format!("reading record {id} back"))?
-                    {
-                        None => missing += 1,
-                        Some(v) if verify_value(id, &v).is_err() => corrupt += 1,
-                        Some(_) => {}
-                    }
-                }
-                Ok((checked, missing, corrupt))
-            })
-        })
-        .collect();
-    let mut total = (0, 0, 0);
-    for h in handles {
-        let (c, m, x) = h.join().map_err(|_| anyhow::anyhow!("reader panicked"))??;
-        total = (total.0 + c, total.1 + m, total.2 + x);
-    }
-    Ok(total)
-}
-
 /// Runs `add`, `remove` or `failure` on Clover (see the module's documentation).
 fn run_elastic_clover(
     o: &ElasticOptions,
@@ -987,7 +959,9 @@ fn run_elastic_clover(
     }
     let t = Timeline::of(o, event_at, &done, &failed);
     progress(&format!("reading all {} keys back", o.keys));
-    let (values_checked, values_missing, values_corrupt) = check_every_clover_value(o, &d)?;
+    // Fresh clients: none of the run's cursors.
+    let (values_checked, values_missing, values_corrupt) =
+        read_every_record_back(o, || d.client(), |cl: &mut CloverClient, k| Ok(cl.get(k)?))?;
     let space = d.ms.space();
     event.space_after = (space.free, space.granted, space.live, space.waiting);
     Ok(ElasticReport {
