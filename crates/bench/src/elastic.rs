@@ -30,13 +30,12 @@ use dinomo_cluster::{
     ReconfigEvent,
 };
 use dinomo_dpm::ProcessorConfig;
-use dinomo_fabric::{Connector, MemoryNode, Target};
+use dinomo_fabric::{Connector, MemoryNode};
 use dinomo_kn::KnConfig;
 use dinomo_pdpm::clover::{
     CloverClient, CloverCrash, CloverLayout, CloverSettings, MetadataConfig, MetadataServer,
 };
 use dinomo_pdpm::{PdpmError, PdpmStore};
-use dinomo_pool::Pool;
 use serde::Serialize;
 
 use crate::svg;
@@ -44,6 +43,7 @@ use crate::ycsb::{
     Distribution, OpGenerator, OpKind, Workload, fill_value, key_bytes, verify_value,
 };
 use crate::ycsb_run::System;
+use crate::ycsb_run::pdpm::{COORDINATOR_POOL, connector, is_invalid_request, pool_for};
 
 /// What happens in the middle of the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -625,16 +625,6 @@ struct CloverDeployment {
 
 impl CloverDeployment {
     fn start(o: &ElasticOptions) -> anyhow::Result<CloverDeployment> {
-        const SEGMENT: u64 = 1 << 20;
-        let pool = |bytes: u64| -> anyhow::Result<Arc<Pool>> {
-            let size = bytes
-                .div_ceil(SEGMENT)
-                .saturating_add(2)
-                .saturating_mul(SEGMENT);
-            Ok(Arc::new(
-                Pool::anonymous(size, SEGMENT).context("creating a memory node's pool")?,
-            ))
-        };
         // Twice the live versions and the clients' grants (added clients too), and room for the versions that
         // wait out the reclaim lease under a write-heavy load.
         let grants = (o.clients as u64 * 2 + 8) * CloverSettings::default().grant_batch as u64;
@@ -650,23 +640,18 @@ impl CloverDeployment {
             max_value: u32::try_from(o.value_size.max(16)).context("value size")?,
             replication: 1,
         };
-        let data = pool(layout.area_len())?;
+        let data = pool_for(layout.area_len())?;
         dinomo_pdpm::clover::format(&data, &layout).context("formatting the Clover area")?;
         let node_config = dinomo_fabric::NodeConfig::default();
-        let connector = |node: &Arc<MemoryNode>| {
-            let mut c = Connector::new(Target::InProcess(node.clone()));
-            c.config.injected_latency_ns = o.latency_ns;
-            c
-        };
         let memory_node = MemoryNode::new(data, node_config.clone());
-        let connectors = vec![connector(&memory_node)];
+        let connectors = vec![connector(&memory_node, o.latency_ns)];
         let ms = MetadataServer::new(&connectors, MetadataConfig::default())
             .context("starting Clover's metadata server")?;
-        let ms_host = MemoryNode::new(pool(4 << 20)?, node_config);
+        let ms_host = MemoryNode::new(pool_for(COORDINATOR_POOL)?, node_config);
         ms.serve(&ms_host);
         Ok(CloverDeployment {
             _memory_node: memory_node,
-            ms_connector: connector(&ms_host),
+            ms_connector: connector(&ms_host, o.latency_ns),
             _ms_host: ms_host,
             ms,
             connectors,
@@ -681,14 +666,6 @@ impl CloverDeployment {
         )
         .context("connecting a Clover client")
     }
-}
-
-/// A Clover error the benchmark refuses (the request itself was wrong) rather than counting as failed.
-fn clover_invalid(e: &PdpmError) -> bool {
-    matches!(
-        e,
-        PdpmError::KeyTooLarge { .. } | PdpmError::ValueTooLarge { .. } | PdpmError::Config(_)
-    )
 }
 
 /// How a Clover client thread ended.
@@ -778,7 +755,7 @@ fn spawn_clover_client(
             let b = ((start.elapsed().as_nanos() / o.bucket.as_nanos()) as usize).min(buckets - 1);
             match r {
                 Ok(()) => done[b] += 1,
-                Err(e) if clover_invalid(&e) => anyhow::bail!("invalid request: {e}"),
+                Err(e) if is_invalid_request(&e) => anyhow::bail!("invalid request: {e}"),
                 Err(_) => failed[b] += 1,
             }
         }
