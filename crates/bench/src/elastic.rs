@@ -30,13 +30,12 @@ use dinomo_cluster::{
     ReconfigEvent,
 };
 use dinomo_dpm::ProcessorConfig;
-use dinomo_fabric::{Connector, MemoryNode, Target};
+use dinomo_fabric::{Connector, MemoryNode};
 use dinomo_kn::KnConfig;
 use dinomo_pdpm::clover::{
     CloverClient, CloverCrash, CloverLayout, CloverSettings, MetadataConfig, MetadataServer,
 };
 use dinomo_pdpm::{PdpmError, PdpmStore};
-use dinomo_pool::Pool;
 use serde::Serialize;
 
 use crate::svg;
@@ -44,6 +43,7 @@ use crate::ycsb::{
     Distribution, OpGenerator, OpKind, Workload, fill_value, key_bytes, verify_value,
 };
 use crate::ycsb_run::System;
+use crate::ycsb_run::pdpm::{COORDINATOR_POOL, connector, is_invalid_request, pool_for};
 
 /// What happens in the middle of the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -248,38 +248,44 @@ impl ElasticOptions {
     }
 }
 
-/// What reading every record back found: (checked, missing, corrupt).
-fn check_every_value(o: &ElasticOptions, cfg: &ClientConfig) -> anyhow::Result<(u64, u64, u64)> {
+/// Reads every record back through up to 4 reader threads, each with its own client from `connect`, read with
+/// `get`: (checked, missing, corrupt).
+fn read_every_record_back<C>(
+    o: &ElasticOptions,
+    connect: impl Fn() -> anyhow::Result<C> + Sync,
+    get: impl Fn(&mut C, &[u8]) -> anyhow::Result<Option<Vec<u8>>> + Sync,
+) -> anyhow::Result<(u64, u64, u64)> {
     let readers = o.clients.clamp(1, 4) as u64;
-    let handles: Vec<_> = (0..readers)
-        .map(|c| {
-            let (cfg, keys) = (cfg.clone(), o.keys);
-            std::thread::spawn(move || -> anyhow::Result<(u64, u64, u64)> {
-                let mut cl = Client::connect(cfg)?;
-                let mut k = Vec::new();
-                let (mut checked, mut missing, mut corrupt) = (0, 0, 0);
-                for id in (c..keys).step_by(readers as usize) {
-                    key_bytes(id, 8, &mut k)?;
-                    checked += 1;
-                    match cl
-                        .get(&k)
-                        .with_context(|| format!("reading record {id} back"))?
-                    {
-                        None => missing += 1,
-                        Some(v) if verify_value(id, &v).is_err() => corrupt += 1,
-                        Some(_) => {}
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..readers)
+            .map(|c| {
+                let (connect, get) = (&connect, &get);
+                scope.spawn(move || -> anyhow::Result<(u64, u64, u64)> {
+                    let mut cl = connect()?;
+                    let mut k = Vec::new();
+                    let (mut checked, mut missing, mut corrupt) = (0, 0, 0);
+                    for id in (c..o.keys).step_by(readers as usize) {
+                        key_bytes(id, 8, &mut k)?;
+                        checked += 1;
+                        match get(&mut cl, &k)
+                            .with_context(|| format!("reading record {id} back"))?
+                        {
+                            None => missing += 1,
+                            Some(v) if verify_value(id, &v).is_err() => corrupt += 1,
+                            Some(_) => {}
+                        }
                     }
-                }
-                Ok((checked, missing, corrupt))
+                    Ok((checked, missing, corrupt))
+                })
             })
-        })
-        .collect();
-    let mut total = (0, 0, 0);
-    for h in handles {
-        let (c, m, x) = h.join().map_err(|_| anyhow::anyhow!("reader panicked"))??;
-        total = (total.0 + c, total.1 + m, total.2 + x);
-    }
-    Ok(total)
+            .collect();
+        let mut total = (0, 0, 0);
+        for h in handles {
+            let (c, m, x) = h.join().map_err(|_| anyhow::anyhow!("reader panicked"))??;
+            total = (total.0 + c, total.1 + m, total.2 + x);
+        }
+        Ok(total)
+    })
 }
 
 /// Runs one scenario.
@@ -483,7 +489,11 @@ pub fn run_elastic(
     let all = cluster.mnode().events();
     let reconfigurations = all[o.kns.min(all.len())..].to_vec();
     progress(&format!("reading all {} keys back", o.keys));
-    let (values_checked, values_missing, values_corrupt) = check_every_value(o, &client_cfg)?;
+    let (values_checked, values_missing, values_corrupt) = read_every_record_back(
+        o,
+        || Ok(Client::connect(client_cfg.clone())?),
+        |cl: &mut Client, k| Ok(cl.get(k)?),
+    )?;
     cluster.stop();
     Ok(ElasticReport {
         options: o.clone(),
@@ -615,16 +625,6 @@ struct CloverDeployment {
 
 impl CloverDeployment {
     fn start(o: &ElasticOptions) -> anyhow::Result<CloverDeployment> {
-        const SEGMENT: u64 = 1 << 20;
-        let pool = |bytes: u64| -> anyhow::Result<Arc<Pool>> {
-            let size = bytes
-                .div_ceil(SEGMENT)
-                .saturating_add(2)
-                .saturating_mul(SEGMENT);
-            Ok(Arc::new(
-                Pool::anonymous(size, SEGMENT).context("creating a memory node's pool")?,
-            ))
-        };
         // Twice the live versions and the clients' grants (added clients too), and room for the versions that
         // wait out the reclaim lease under a write-heavy load.
         let grants = (o.clients as u64 * 2 + 8) * CloverSettings::default().grant_batch as u64;
@@ -640,23 +640,18 @@ impl CloverDeployment {
             max_value: u32::try_from(o.value_size.max(16)).context("value size")?,
             replication: 1,
         };
-        let data = pool(layout.area_len())?;
+        let data = pool_for(layout.area_len())?;
         dinomo_pdpm::clover::format(&data, &layout).context("formatting the Clover area")?;
         let node_config = dinomo_fabric::NodeConfig::default();
-        let connector = |node: &Arc<MemoryNode>| {
-            let mut c = Connector::new(Target::InProcess(node.clone()));
-            c.config.injected_latency_ns = o.latency_ns;
-            c
-        };
         let memory_node = MemoryNode::new(data, node_config.clone());
-        let connectors = vec![connector(&memory_node)];
+        let connectors = vec![connector(&memory_node, o.latency_ns)];
         let ms = MetadataServer::new(&connectors, MetadataConfig::default())
             .context("starting Clover's metadata server")?;
-        let ms_host = MemoryNode::new(pool(4 << 20)?, node_config);
+        let ms_host = MemoryNode::new(pool_for(COORDINATOR_POOL)?, node_config);
         ms.serve(&ms_host);
         Ok(CloverDeployment {
             _memory_node: memory_node,
-            ms_connector: connector(&ms_host),
+            ms_connector: connector(&ms_host, o.latency_ns),
             _ms_host: ms_host,
             ms,
             connectors,
@@ -671,14 +666,6 @@ impl CloverDeployment {
         )
         .context("connecting a Clover client")
     }
-}
-
-/// A Clover error the benchmark refuses (the request itself was wrong) rather than counting as failed.
-fn clover_invalid(e: &PdpmError) -> bool {
-    matches!(
-        e,
-        PdpmError::KeyTooLarge { .. } | PdpmError::ValueTooLarge { .. } | PdpmError::Config(_)
-    )
 }
 
 /// How a Clover client thread ended.
@@ -768,50 +755,12 @@ fn spawn_clover_client(
             let b = ((start.elapsed().as_nanos() / o.bucket.as_nanos()) as usize).min(buckets - 1);
             match r {
                 Ok(()) => done[b] += 1,
-                Err(e) if clover_invalid(&e) => anyhow::bail!("invalid request: {e}"),
+                Err(e) if is_invalid_request(&e) => anyhow::bail!("invalid request: {e}"),
                 Err(_) => failed[b] += 1,
             }
         }
         Ok((done, failed, CloverExit::Stopped))
     }))
-}
-
-/// Reads every record back through fresh Clover clients: (checked, missing, corrupt).
-fn check_every_clover_value(
-    o: &ElasticOptions,
-    d: &CloverDeployment,
-) -> anyhow::Result<(u64, u64, u64)> {
-    let readers = o.clients.clamp(1, 4) as u64;
-    let handles: Vec<_> = (0..readers)
-        .map(|c| {
-            let cl = d.client();
-            let keys = o.keys;
-            std::thread::spawn(move || -> anyhow::Result<(u64, u64, u64)> {
-                let mut cl = cl?;
-                let mut k = Vec::new();
-                let (mut checked, mut missing, mut corrupt) = (0, 0, 0);
-                for id in (c..keys).step_by(readers as usize) {
-                    key_bytes(id, 8, &mut k)?;
-                    checked += 1;
-                    match cl
-                        .get(&k)
-                        .with_context(|| format!("reading record {id} back"))?
-                    {
-                        None => missing += 1,
-                        Some(v) if verify_value(id, &v).is_err() => corrupt += 1,
-                        Some(_) => {}
-                    }
-                }
-                Ok((checked, missing, corrupt))
-            })
-        })
-        .collect();
-    let mut total = (0, 0, 0);
-    for h in handles {
-        let (c, m, x) = h.join().map_err(|_| anyhow::anyhow!("reader panicked"))??;
-        total = (total.0 + c, total.1 + m, total.2 + x);
-    }
-    Ok(total)
 }
 
 /// Runs `add`, `remove` or `failure` on Clover (see the module's documentation).
@@ -987,7 +936,9 @@ fn run_elastic_clover(
     }
     let t = Timeline::of(o, event_at, &done, &failed);
     progress(&format!("reading all {} keys back", o.keys));
-    let (values_checked, values_missing, values_corrupt) = check_every_clover_value(o, &d)?;
+    // Fresh clients: none of the run's cursors.
+    let (values_checked, values_missing, values_corrupt) =
+        read_every_record_back(o, || d.client(), |cl: &mut CloverClient, k| Ok(cl.get(k)?))?;
     let space = d.ms.space();
     event.space_after = (space.free, space.granted, space.live, space.waiting);
     Ok(ElasticReport {

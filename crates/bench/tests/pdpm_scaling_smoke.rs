@@ -78,7 +78,8 @@ fn check(axis: PdpmAxis) -> anyhow::Result<()> {
             assert!(row.ratio.is_none(), "the paper states no number: {row:?}");
         }
     }
-    assert!(report.not_built.iter().all(|s| s.contains("clover")));
+    // Every store of the pDPM paper these figures compare is built and run.
+    assert!(report.not_built.is_empty(), "{:?}", report.not_built);
     Ok(())
 }
 

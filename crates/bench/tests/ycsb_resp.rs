@@ -14,11 +14,11 @@ use dinomo_bench::ycsb_run::{
     RespOptions, Store, StoreError, StoreOp, StoreReply, TargetOptions, YcsbOptions, YcsbReport,
     load_reports, run_ycsb,
 };
-use dinomo_cluster::{LocalCluster, LocalClusterConfig, NodeConfig};
+use dinomo_cluster::{LocalCluster, LocalClusterConfig};
 use dinomo_resp::{MemoryBackend, ParseLimits, RequestParser, RespServer, ServerConfig};
 
 mod common;
-use common::tiny_run;
+use common::{patient_cluster, tiny_run};
 
 fn tiny(workload: Workload, addrs: Vec<String>) -> YcsbOptions {
     let target = TargetOptions::Resp(RespOptions {
@@ -63,16 +63,8 @@ fn check(r: &YcsbReport, system: &str) {
 #[test]
 fn a_dinomo_cluster_is_measured_through_its_redis_ports() -> anyhow::Result<()> {
     let cluster = LocalCluster::start(LocalClusterConfig {
-        pool_size: 256 << 20,
-        kns: 2,
-        // Long leases: a heartbeat late on a busy machine must not fail a node in the middle of the run.
-        node: NodeConfig {
-            lease_ttl: Duration::from_secs(2),
-            heartbeat: Duration::from_millis(200),
-            ..NodeConfig::default()
-        },
         resp_listen: vec![SocketAddr::from(([127, 0, 0, 1], 0))],
-        ..LocalClusterConfig::default()
+        ..patient_cluster()
     })?;
     let addrs: Vec<String> = cluster
         .nodes()

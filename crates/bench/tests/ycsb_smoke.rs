@@ -216,19 +216,8 @@ fn a_sweep_runs_each_node_count_and_plots_them() -> anyhow::Result<()> {
 #[test]
 fn a_running_cluster_is_measured_over_the_network() -> anyhow::Result<()> {
     use dinomo_bench::ycsb_run::NativeOptions;
-    use dinomo_cluster::{LocalCluster, LocalClusterConfig, NodeConfig};
-    use std::time::Duration;
-    let cluster = LocalCluster::start(LocalClusterConfig {
-        pool_size: 256 << 20,
-        kns: 2,
-        // Long leases: a heartbeat late on a busy machine must not fail a node in the middle of the run.
-        node: NodeConfig {
-            lease_ttl: Duration::from_secs(2),
-            heartbeat: Duration::from_millis(200),
-            ..NodeConfig::default()
-        },
-        ..LocalClusterConfig::default()
-    })?;
+    use dinomo_cluster::LocalCluster;
+    let cluster = LocalCluster::start(common::patient_cluster())?;
     let opts = YcsbOptions {
         target: TargetOptions::Native(NativeOptions {
             seeds: vec![cluster.rn_addr().to_string()],

@@ -70,7 +70,7 @@ const SEGMENT: u64 = 1 << 20;
 
 /// Pool of the coordinator's (or metadata server's) own memory node (it holds no data; the fabric needs a pool
 /// behind every node).
-const COORDINATOR_POOL: u64 = 4 << 20;
+pub(crate) const COORDINATOR_POOL: u64 = 4 << 20;
 
 /// Checks the settings of a pDPM run.
 pub(crate) fn validate(opts: &YcsbOptions, p: &InProcessOptions) -> anyhow::Result<()> {
@@ -113,7 +113,7 @@ fn capacity(opts: &YcsbOptions, p: &InProcessOptions) -> u64 {
 }
 
 /// An anonymous pool holding an extent of `bytes` and the pool's own metadata.
-fn pool_for(bytes: u64) -> anyhow::Result<Arc<Pool>> {
+pub(crate) fn pool_for(bytes: u64) -> anyhow::Result<Arc<Pool>> {
     let size = bytes
         .div_ceil(SEGMENT)
         .saturating_add(2)
@@ -359,7 +359,7 @@ impl PdpmTarget {
     }
 }
 
-fn connector(node: &Arc<MemoryNode>, latency_ns: u64) -> Connector {
+pub(crate) fn connector(node: &Arc<MemoryNode>, latency_ns: u64) -> Connector {
     let mut c = Connector::new(Target::InProcess(node.clone()));
     c.config.injected_latency_ns = latency_ns;
     c
@@ -431,14 +431,21 @@ struct PdpmSession {
     done: VecDeque<(u64, Result<StoreReply, StoreError>)>,
 }
 
+/// Whether a store refused the request itself (a key or value beyond its limits, a bad setting): the benchmark
+/// stops on it rather than counting a failed operation.
+pub(crate) fn is_invalid_request(e: &PdpmError) -> bool {
+    matches!(
+        e,
+        PdpmError::KeyTooLarge { .. } | PdpmError::ValueTooLarge { .. } | PdpmError::Config(_)
+    )
+}
+
 /// A store's error as the benchmark counts it: a request beyond the store's limits is invalid; a write whose
 /// fabric failed midway has an unknown outcome; everything else (lock timeouts, torn reads, a full table, a
 /// coordinator's refusal) left nothing applied.
 fn store_error(e: PdpmError, write: bool) -> StoreError {
     match e {
-        PdpmError::KeyTooLarge { .. } | PdpmError::ValueTooLarge { .. } | PdpmError::Config(_) => {
-            StoreError::Invalid(e.to_string())
-        }
+        _ if is_invalid_request(&e) => StoreError::Invalid(e.to_string()),
         PdpmError::Fabric(_) if write => StoreError::Indeterminate(e.to_string()),
         _ => StoreError::Unavailable(e.to_string()),
     }

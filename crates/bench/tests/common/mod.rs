@@ -1,7 +1,25 @@
 //! Setup shared by the `bench ycsb` tests that run a few hundred operations against a target.
 
+use std::time::Duration;
+
 use dinomo_bench::ycsb::{Distribution, Workload};
 use dinomo_bench::ycsb_run::{TargetOptions, YcsbOptions};
+use dinomo_cluster::{LocalClusterConfig, NodeConfig};
+
+/// Two KV nodes on a 256 MiB pool with long leases: a heartbeat late on a busy machine must not fail a node in the
+/// middle of the run.
+pub fn patient_cluster() -> LocalClusterConfig {
+    LocalClusterConfig {
+        pool_size: 256 << 20,
+        kns: 2,
+        node: NodeConfig {
+            lease_ttl: Duration::from_secs(2),
+            heartbeat: Duration::from_millis(200),
+            ..NodeConfig::default()
+        },
+        ..LocalClusterConfig::default()
+    }
+}
 
 /// A tiny run against `target`: 500 records of 64 B, two clients with four operations in flight each, 100
 /// warm-up and 400 measured operations.
