@@ -565,16 +565,14 @@ pub struct PdpmConn {
 }
 
 impl PdpmConn {
-    fn client(&mut self) -> Result<&mut Box<dyn PdpmClient>, BackendError> {
-        if self.client.is_none() {
-            let c = (self.connect)().map_err(|e| {
+    fn client(&mut self) -> Result<&mut dyn PdpmClient, BackendError> {
+        let client = match self.client.take() {
+            Some(c) => c,
+            None => (self.connect)().map_err(|e| {
                 BackendError::Unavailable(format!("connecting to the memory nodes: {e}"))
-            })?;
-            self.client = Some(c);
-        }
-        self.client
-            .as_mut()
-            .ok_or_else(|| BackendError::Unavailable("no client".into()))
+            })?,
+        };
+        Ok(self.client.insert(client).as_mut())
     }
 
     fn run_op(&mut self, op: Op) -> OpResult {
@@ -595,32 +593,8 @@ impl PdpmConn {
                 .put(&k, &v)
                 .map(|()| Output::Applied(true))
                 .map_err(failed),
-            Op::Insert(k, v) => {
-                let mut applied = false;
-                c.update(&k, &mut |old| {
-                    applied = old.is_none();
-                    if applied {
-                        Change::Put(v.clone())
-                    } else {
-                        Change::Keep
-                    }
-                })
-                .map_err(failed)?;
-                Ok(Output::Applied(applied))
-            }
-            Op::Update(k, v) => {
-                let mut applied = false;
-                c.update(&k, &mut |old| {
-                    applied = old.is_some();
-                    if applied {
-                        Change::Put(v.clone())
-                    } else {
-                        Change::Keep
-                    }
-                })
-                .map_err(failed)?;
-                Ok(Output::Applied(applied))
-            }
+            Op::Insert(k, v) => put_if(c, &k, &v, false).map_err(failed),
+            Op::Update(k, v) => put_if(c, &k, &v, true).map_err(failed),
             Op::GetSet(k, v) => {
                 let mut previous = None;
                 c.update(&k, &mut |old| {
@@ -664,6 +638,25 @@ impl PdpmConn {
             }
         }
     }
+}
+
+/// Puts `value` under `key` only if the key has a value (`present`) or has none (`!present`); whether it did.
+fn put_if(
+    c: &mut dyn PdpmClient,
+    key: &[u8],
+    value: &[u8],
+    present: bool,
+) -> Result<Output, PdpmError> {
+    let mut applied = false;
+    c.update(key, &mut |old| {
+        applied = old.is_some() == present;
+        if applied {
+            Change::Put(value.to_vec())
+        } else {
+            Change::Keep
+        }
+    })?;
+    Ok(Output::Applied(applied))
 }
 
 impl BackendConn for PdpmConn {
