@@ -413,22 +413,15 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
             },
         ))
     };
-    let (connect, coordinator): (Connect, _) = match geometry {
+    let (clients, coordinator) = match geometry {
         Geometry::Direct(wanted) => {
-            let settings = cfg.direct.clone();
             // Connecting checks that every node has a table and that they agree.
-            let probe = DirectClient::connect(&connectors, settings.clone())
+            let probe = DirectClient::connect(&connectors, cfg.direct.clone())
                 .context("opening the memory nodes")?;
             if *probe.layout() != wanted {
                 return Err(mismatch(probe.layout(), &wanted));
             }
-            let connect = move || -> Result<Box<dyn PdpmClient>, PdpmError> {
-                Ok(Box::new(DirectClient::connect(
-                    &connectors,
-                    settings.clone(),
-                )?))
-            };
-            (Arc::new(connect), None)
+            (Clients::Direct(cfg.direct.clone()), None)
         }
         Geometry::Central(central) => {
             let coordinator = Coordinator::new(
@@ -445,19 +438,14 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
             }
             let host = server_node()?;
             coordinator.serve(&host);
-            let to_coordinator = Connector {
-                target: Target::InProcess(host.clone()),
-                config: opts.endpoint.clone(),
+            let clients = Clients::Central {
+                coordinator: Connector {
+                    target: Target::InProcess(host.clone()),
+                    config: opts.endpoint.clone(),
+                },
+                settings: cfg.central.clone(),
             };
-            let settings = cfg.central.clone();
-            let connect = move || -> Result<Box<dyn PdpmClient>, PdpmError> {
-                Ok(Box::new(CentralClient::connect(
-                    &to_coordinator,
-                    &connectors,
-                    settings.clone(),
-                )?))
-            };
-            (Arc::new(connect), Some(host))
+            (clients, Some(host))
         }
         Geometry::Clover(wanted) => {
             let ms = MetadataServer::new(&connectors, cfg.metadata.clone())
@@ -474,19 +462,14 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
             );
             let host = server_node()?;
             ms.serve(&host);
-            let to_ms = Connector {
-                target: Target::InProcess(host.clone()),
-                config: opts.endpoint.clone(),
+            let clients = Clients::Clover {
+                metadata_server: Connector {
+                    target: Target::InProcess(host.clone()),
+                    config: opts.endpoint.clone(),
+                },
+                settings: cfg.clover.clone(),
             };
-            let settings = cfg.clover.clone();
-            let connect = move || -> Result<Box<dyn PdpmClient>, PdpmError> {
-                Ok(Box::new(CloverClient::connect(
-                    &to_ms,
-                    &connectors,
-                    settings.clone(),
-                )?))
-            };
-            (Arc::new(connect), Some(host))
+            (clients, Some(host))
         }
     };
     let resp = dinomo_resp::RespServer::start(
@@ -494,7 +477,9 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
             name: format!("dinomo-{}-resp", opts.system),
             ..opts.resp.clone()
         },
-        PdpmBackend { connect },
+        PdpmBackend {
+            connect: clients.connect(connectors),
+        },
     )
     .with_context(|| format!("serving the Redis protocol on {}", opts.resp.listen))?;
     Ok((
@@ -541,6 +526,48 @@ enum Geometry {
 
 /// Makes one compute-node thread's client.
 type Connect = Arc<dyn Fn() -> Result<Box<dyn PdpmClient>, PdpmError> + Send + Sync>;
+
+/// The clients of a baseline: their settings, and where CentralDS's coordinator or Clover's metadata server is.
+enum Clients {
+    Direct(DirectSettings),
+    Central {
+        coordinator: Connector,
+        settings: CentralSettings,
+    },
+    Clover {
+        metadata_server: Connector,
+        settings: CloverSettings,
+    },
+}
+
+impl Clients {
+    /// Connects a new client to `memory_nodes` at each call.
+    fn connect(self, memory_nodes: Vec<Connector>) -> Connect {
+        Arc::new(move || -> Result<Box<dyn PdpmClient>, PdpmError> {
+            Ok(match &self {
+                Clients::Direct(settings) => {
+                    Box::new(DirectClient::connect(&memory_nodes, settings.clone())?)
+                }
+                Clients::Central {
+                    coordinator,
+                    settings,
+                } => Box::new(CentralClient::connect(
+                    coordinator,
+                    &memory_nodes,
+                    settings.clone(),
+                )?),
+                Clients::Clover {
+                    metadata_server,
+                    settings,
+                } => Box::new(CloverClient::connect(
+                    metadata_server,
+                    &memory_nodes,
+                    settings.clone(),
+                )?),
+            })
+        })
+    }
+}
 
 /// The Redis front door's backend over a pDPM baseline: every connection gets its own client.
 pub struct PdpmBackend {
@@ -705,7 +732,15 @@ mod tests {
         let node = MemoryNode::new(pool.clone(), NodeConfig::default());
         let connectors = vec![Connector::new(Target::InProcess(node.clone()))];
         let mut keep = vec![node];
-        let connect: Connect = match system {
+        let mut server_node = || {
+            let host = MemoryNode::new(
+                Arc::new(Pool::anonymous(4 << 20, 1 << 20).unwrap()),
+                NodeConfig::default(),
+            );
+            keep.push(host.clone());
+            host
+        };
+        let clients = match system {
             Baseline::DirectDs | Baseline::DirectDsC => {
                 let flavor = if system == Baseline::DirectDs {
                     Flavor::Markers
@@ -713,51 +748,31 @@ mod tests {
                     Flavor::Crc
                 };
                 dinomo_pdpm::direct::format(&pool, &cfg.direct_layout(flavor)).unwrap();
-                Arc::new(move || -> Result<Box<dyn PdpmClient>, PdpmError> {
-                    Ok(Box::new(DirectClient::connect(
-                        &connectors,
-                        DirectSettings::default(),
-                    )?))
-                })
+                Clients::Direct(DirectSettings::default())
             }
             Baseline::CentralDs => {
                 dinomo_pdpm::central::format(&pool, &cfg.central_layout()).unwrap();
                 let coordinator =
                     Coordinator::new(&connectors, CoordinatorConfig::default()).unwrap();
-                let host = MemoryNode::new(
-                    Arc::new(Pool::anonymous(4 << 20, 1 << 20).unwrap()),
-                    NodeConfig::default(),
-                );
+                let host = server_node();
                 coordinator.serve(&host);
-                let to = Connector::new(Target::InProcess(host.clone()));
-                keep.push(host);
-                Arc::new(move || -> Result<Box<dyn PdpmClient>, PdpmError> {
-                    Ok(Box::new(CentralClient::connect(
-                        &to,
-                        &connectors,
-                        CentralSettings::default(),
-                    )?))
-                })
+                Clients::Central {
+                    coordinator: Connector::new(Target::InProcess(host)),
+                    settings: CentralSettings::default(),
+                }
             }
             Baseline::Clover => {
                 dinomo_pdpm::clover::format(&pool, &cfg.clover_layout()).unwrap();
                 let ms = MetadataServer::new(&connectors, MetadataConfig::default()).unwrap();
-                let host = MemoryNode::new(
-                    Arc::new(Pool::anonymous(4 << 20, 1 << 20).unwrap()),
-                    NodeConfig::default(),
-                );
+                let host = server_node();
                 ms.serve(&host);
-                let to = Connector::new(Target::InProcess(host.clone()));
-                keep.push(host);
-                Arc::new(move || -> Result<Box<dyn PdpmClient>, PdpmError> {
-                    Ok(Box::new(CloverClient::connect(
-                        &to,
-                        &connectors,
-                        CloverSettings::default(),
-                    )?))
-                })
+                Clients::Clover {
+                    metadata_server: Connector::new(Target::InProcess(host)),
+                    settings: CloverSettings::default(),
+                }
             }
         };
+        let connect = clients.connect(connectors);
         (PdpmBackend { connect }, keep)
     }
 
