@@ -185,6 +185,16 @@ impl PdpmUpConfig {
         errors
     }
 
+    /// What `system`'s memory nodes are formatted with.
+    fn geometry(&self, system: Baseline) -> Geometry {
+        match system {
+            Baseline::DirectDs => Geometry::Direct(self.direct_layout(Flavor::Markers)),
+            Baseline::DirectDsC => Geometry::Direct(self.direct_layout(Flavor::Crc)),
+            Baseline::CentralDs => Geometry::Central(self.central_layout()),
+            Baseline::Clover => Geometry::Clover(self.clover_layout()),
+        }
+    }
+
     fn direct_layout(&self, flavor: Flavor) -> DirectLayout {
         // A key's slot is on its primary: about keys/M per node, at a load factor of 1/2 for linear probing.
         let slots = self
@@ -339,17 +349,8 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
         beyond.display(),
         cfg.memory_nodes
     );
-    let geometry = match opts.system {
-        Baseline::DirectDs => Geometry::Direct(cfg.direct_layout(Flavor::Markers)),
-        Baseline::DirectDsC => Geometry::Direct(cfg.direct_layout(Flavor::Crc)),
-        Baseline::CentralDs => Geometry::Central(cfg.central_layout()),
-        Baseline::Clover => Geometry::Clover(cfg.clover_layout()),
-    };
-    let area = match &geometry {
-        Geometry::Direct(l) => l.table_len(),
-        Geometry::Central(l) => l.area_len(),
-        Geometry::Clover(l) => l.area_len(),
-    };
+    let geometry = cfg.geometry(opts.system);
+    let area = geometry.area_len();
     const SEGMENT: u64 = 1 << 20;
     // The area, the pool's own header and allocation table, and a segment of rounding.
     let pool_size = area
@@ -368,19 +369,11 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
         };
         let (pool, _) = Pool::open_or_create(&path, &options)
             .with_context(|| format!("opening {}", path.display()))?;
-        let root = match geometry {
-            Geometry::Direct(_) => roots::DIRECT_TABLE,
-            Geometry::Central(_) => roots::CENTRAL_BLOCKS,
-            Geometry::Clover(_) => roots::CLOVER_AREA,
-        };
-        let formatted = pool.root(root)? == 0;
+        let formatted = pool.root(geometry.root())? == 0;
         if formatted {
-            match &geometry {
-                Geometry::Direct(l) => dinomo_pdpm::direct::format(&pool, l),
-                Geometry::Central(l) => dinomo_pdpm::central::format(&pool, l),
-                Geometry::Clover(l) => dinomo_pdpm::clover::format(&pool, l),
-            }
-            .with_context(|| format!("formatting {} for {}", path.display(), opts.system))?;
+            geometry
+                .format(&pool)
+                .with_context(|| format!("formatting {} for {}", path.display(), opts.system))?;
         }
         let pool = Arc::new(pool);
         nodes.push(MemoryNode::new(pool.clone(), opts.node.clone()));
@@ -522,6 +515,35 @@ enum Geometry {
     Direct(DirectLayout),
     Central(CentralLayout),
     Clover(CloverLayout),
+}
+
+impl Geometry {
+    /// Bytes of the area it formats on each memory node.
+    fn area_len(&self) -> u64 {
+        match self {
+            Geometry::Direct(l) => l.table_len(),
+            Geometry::Central(l) => l.area_len(),
+            Geometry::Clover(l) => l.area_len(),
+        }
+    }
+
+    /// The pool root that holds the area once formatted (0 before).
+    fn root(&self) -> usize {
+        match self {
+            Geometry::Direct(_) => roots::DIRECT_TABLE,
+            Geometry::Central(_) => roots::CENTRAL_BLOCKS,
+            Geometry::Clover(_) => roots::CLOVER_AREA,
+        }
+    }
+
+    /// Formats a memory node's pool.
+    fn format(&self, pool: &Pool) -> Result<(), PdpmError> {
+        match self {
+            Geometry::Direct(l) => dinomo_pdpm::direct::format(pool, l),
+            Geometry::Central(l) => dinomo_pdpm::central::format(pool, l),
+            Geometry::Clover(l) => dinomo_pdpm::clover::format(pool, l),
+        }
+    }
 }
 
 /// Makes one compute-node thread's client.
@@ -740,18 +762,10 @@ mod tests {
             keep.push(host.clone());
             host
         };
+        cfg.geometry(system).format(&pool).unwrap();
         let clients = match system {
-            Baseline::DirectDs | Baseline::DirectDsC => {
-                let flavor = if system == Baseline::DirectDs {
-                    Flavor::Markers
-                } else {
-                    Flavor::Crc
-                };
-                dinomo_pdpm::direct::format(&pool, &cfg.direct_layout(flavor)).unwrap();
-                Clients::Direct(DirectSettings::default())
-            }
+            Baseline::DirectDs | Baseline::DirectDsC => Clients::Direct(DirectSettings::default()),
             Baseline::CentralDs => {
-                dinomo_pdpm::central::format(&pool, &cfg.central_layout()).unwrap();
                 let coordinator =
                     Coordinator::new(&connectors, CoordinatorConfig::default()).unwrap();
                 let host = server_node();
@@ -762,7 +776,6 @@ mod tests {
                 }
             }
             Baseline::Clover => {
-                dinomo_pdpm::clover::format(&pool, &cfg.clover_layout()).unwrap();
                 let ms = MetadataServer::new(&connectors, MetadataConfig::default()).unwrap();
                 let host = server_node();
                 ms.serve(&host);
