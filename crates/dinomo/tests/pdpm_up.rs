@@ -18,24 +18,32 @@ struct Up {
     formatted: Vec<bool>,
 }
 
+/// The arguments of `dinomo up --system SYSTEM` on `dir` with two memory nodes and small pools, for values up to
+/// `max_value` bytes.
+fn up_args(system: &str, dir: &Path, max_value: &str) -> Vec<String> {
+    [
+        "up",
+        "--system",
+        system,
+        "--data-dir",
+        dir.to_str().expect("utf-8 path"),
+        "--resp-listen",
+        "127.0.0.1:0",
+        "--memory-nodes",
+        "2",
+        "--keys",
+        "4096",
+        "--max-value",
+        max_value,
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// Starts `dinomo up --system SYSTEM` on `dir` with two memory nodes and small pools.
 fn up(system: &str, dir: &Path, extra: &[&str]) -> anyhow::Result<Up> {
     let child = Command::new(env!("CARGO_BIN_EXE_dinomo"))
-        .args([
-            "up",
-            "--system",
-            system,
-            "--data-dir",
-            dir.to_str().expect("utf-8 path"),
-            "--resp-listen",
-            "127.0.0.1:0",
-            "--memory-nodes",
-            "2",
-            "--keys",
-            "4096",
-            "--max-value",
-            "256",
-        ])
+        .args(up_args(system, dir, "256"))
         .args(extra)
         .env("DINOMO_LOG", "warn")
         .stdout(Stdio::piped())
@@ -124,22 +132,7 @@ fn every_baseline_serves_redis_commands_and_keeps_its_data_across_a_restart() ->
         // Different geometry on the same directory is refused, not misread.
         let refused = run(
             env!("CARGO_BIN_EXE_dinomo"),
-            &[
-                "up",
-                "--system",
-                system,
-                "--data-dir",
-                dir.path().to_str().expect("utf-8 path"),
-                "--resp-listen",
-                "127.0.0.1:0",
-                "--memory-nodes",
-                "2",
-                "--keys",
-                "4096",
-                "--max-value",
-                "512",
-            ]
-            .map(String::from),
+            &up_args(system, dir.path(), "512"),
             Duration::from_secs(60),
         )?;
         assert!(!refused.status.success(), "{system}");
