@@ -154,37 +154,14 @@ fn redis_benchmark_against(system: &str) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let up = up(system, dir.path(), &["--replication", "2"])?;
     let a = up.resp;
-    let args: Vec<String> = [
-        "-h",
-        &a.ip().to_string(),
-        "-p",
-        &a.port().to_string(),
-        "-t",
+    common::redis_benchmark(
+        a,
         "set,get,incr",
-        "-n",
-        "2000",
-        "-q",
-    ]
-    .map(String::from)
-    .to_vec();
-    let out = run("redis-benchmark", &args, Duration::from_secs(120))?;
-    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "\n");
-    let errors = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{system}: redis-benchmark failed: {text} {errors}"
-    );
-    assert!(
-        !text.contains("ERR") && !text.to_lowercase().contains("error"),
-        "{text}"
-    );
-    for test in ["SET", "GET", "INCR"] {
-        assert!(
-            text.lines()
-                .any(|l| l.starts_with(&format!("{test}: ")) && l.contains("requests per second")),
-            "no result for {test}: {text}"
-        );
-    }
+        2000,
+        &["SET", "GET", "INCR"],
+        Duration::from_secs(120),
+        system,
+    )?;
     // Every one of the 2,000 increments of the benchmark's counter was applied once, though its 50 clients
     // raced on the one key.
     assert_eq!(
