@@ -391,14 +391,7 @@ impl UpArgs {
         let set = |key: &str| {
             loaded.file_sets(key) || (key == "kn.workers.cache.policy" && self.kn.policy.is_some())
         };
-        let errors = cfg.apply_system(set);
-        if !errors.is_empty() {
-            return Err(ConfigErrors {
-                source: self.config.source(),
-                errors,
-            }
-            .into());
-        }
+        ConfigErrors::fail_if_any(&self.config.source(), cfg.apply_system(set))?;
         Ok(cfg.checked(&self.config.source())?)
     }
 }
@@ -497,13 +490,7 @@ impl UpArgs {
                 "metrics.listen: metrics are served for the DINOMO systems only, not for {baseline}"
             ));
         }
-        if !errors.is_empty() {
-            return Err(ConfigErrors {
-                source: self.config.source(),
-                errors,
-            }
-            .into());
-        }
+        ConfigErrors::fail_if_any(&self.config.source(), errors)?;
         Ok(cfg.checked(&self.config.source())?)
     }
 }

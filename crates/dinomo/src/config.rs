@@ -596,6 +596,20 @@ impl std::fmt::Display for ConfigErrors {
 
 impl std::error::Error for ConfigErrors {}
 
+impl ConfigErrors {
+    /// `errors` of the settings from `source`, when there are any.
+    pub fn fail_if_any(source: &str, errors: Vec<String>) -> Result<(), ConfigErrors> {
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigErrors {
+                source: source.to_string(),
+                errors,
+            })
+        }
+    }
+}
+
 /// A configuration read from a file, with the keys the file set.
 #[derive(Debug, Clone, Default)]
 pub struct Loaded {
@@ -794,15 +808,8 @@ impl Config {
 
     /// [`Config::validate`] as a result.
     pub fn checked(self, source: &str) -> Result<Config, ConfigErrors> {
-        let errors = self.validate();
-        if errors.is_empty() {
-            Ok(self)
-        } else {
-            Err(ConfigErrors {
-                source: source.to_string(),
-                errors,
-            })
-        }
+        ConfigErrors::fail_if_any(source, self.validate())?;
+        Ok(self)
     }
 }
 
@@ -862,13 +869,7 @@ pub enum ConfigOp {
 pub fn check(loaded: &Loaded, source: &str) -> Result<Config, ConfigErrors> {
     let mut config = loaded.config.clone();
     if loaded.file_sets("up.system") {
-        let errors = config.apply_system(|key| loaded.file_sets(key));
-        if !errors.is_empty() {
-            return Err(ConfigErrors {
-                source: source.to_string(),
-                errors,
-            });
-        }
+        ConfigErrors::fail_if_any(source, config.apply_system(|key| loaded.file_sets(key)))?;
     }
     config.checked(source)
 }
