@@ -985,6 +985,14 @@ mod tests {
         parse("t", text).unwrap_err().errors.join("\n")
     }
 
+    /// What [`check`] finds wrong with a file that parses.
+    fn check_error_of(text: &str) -> String {
+        check(&parse("t", text).unwrap(), "t")
+            .unwrap_err()
+            .errors
+            .join("\n")
+    }
+
     use dinomo_kn::KnConfig;
 
     #[test]
@@ -1034,10 +1042,7 @@ mod tests {
         // The defaults file round-trips the system's name.
         let text = toml::to_string(&c).unwrap();
         assert!(text.contains("system = \"directds-c\""), "{text}");
-        let e = check(&parse("t", "[up.pdpm]\nreplication = 3\n").unwrap(), "t")
-            .unwrap_err()
-            .errors
-            .join("\n");
+        let e = check_error_of("[up.pdpm]\nreplication = 3\n");
         assert!(e.contains("up.pdpm.replication"), "{e}");
         let e = error_of("[up]\nsystem = \"sepds\"\n");
         assert!(e.contains("up.system") && e.contains("centralds"), "{e}");
@@ -1063,32 +1068,15 @@ mod tests {
             check(&dpm_only, "t").unwrap().processor.partitioning,
             Partitioning::PerNode
         );
-        let e = check(
-            &parse(
-                "t",
-                "[up]\nsystem = \"dinomo-s\"\n[kn.workers.cache]\npolicy = \"value-only\"\n",
-            )
-            .unwrap(),
-            "t",
-        )
-        .unwrap_err()
-        .errors
-        .join("\n");
+        let e = check_error_of(
+            "[up]\nsystem = \"dinomo-s\"\n[kn.workers.cache]\npolicy = \"value-only\"\n",
+        );
         assert!(
             e.starts_with("kn.workers.cache.policy:") && e.contains("shortcuts only"),
             "{e}"
         );
-        let e = check(
-            &parse(
-                "t",
-                "[up]\nsystem = \"dinomo\"\n[processor]\npartitioning = \"per-node\"\n",
-            )
-            .unwrap(),
-            "t",
-        )
-        .unwrap_err()
-        .errors
-        .join("\n");
+        let e =
+            check_error_of("[up]\nsystem = \"dinomo\"\n[processor]\npartitioning = \"per-node\"\n");
         assert!(
             e.starts_with("processor.partitioning:") && e.contains("dinomo-n"),
             "{e}"
