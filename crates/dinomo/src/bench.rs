@@ -641,10 +641,10 @@ fn ycsb_options(a: &YcsbArgs) -> anyhow::Result<YcsbOptions> {
                 a.dpm.is_none(),
                 "--dpm is for --target native; an in-process cluster's memory node is read directly"
             );
+            let defaults = InProcessOptions::default();
             if a.system.is_pdpm() {
                 // Settings of DINOMO's KV nodes and memory-node processor mean nothing to these stores: refuse them
                 // rather than run without them.
-                let defaults = InProcessOptions::default();
                 let ignored = [
                     ("--kn-threads", a.kn_threads != defaults.kn_threads),
                     ("--cache-bytes", a.cache_bytes != defaults.cache_bytes),
@@ -660,7 +660,6 @@ fn ycsb_options(a: &YcsbArgs) -> anyhow::Result<YcsbOptions> {
                     );
                 }
             }
-            let defaults = InProcessOptions::default();
             let clover_only = [
                 (
                     "--clover-reclaim-lease-ms",
@@ -673,7 +672,7 @@ fn ycsb_options(a: &YcsbArgs) -> anyhow::Result<YcsbOptions> {
             ];
             if let Some((flag, _)) = clover_only.iter().find(|(_, given)| *given) {
                 anyhow::ensure!(
-                    a.system.name() == "clover",
+                    a.system == System::Clover,
                     "{flag} configures Clover; {} does not run it",
                     a.system
                 );

@@ -62,10 +62,15 @@ impl MetaArgs {
 pub fn connector(cfg: &Config) -> Connector {
     Connector {
         target: Target::Tcp(cfg.cluster.dpm),
-        config: EndpointConfig {
-            cluster_token: cfg.fabric.token.clone(),
-            ..cfg.fabric.endpoint.clone()
-        },
+        config: endpoint(cfg),
+    }
+}
+
+/// The fabric endpoints' settings, presenting the cluster token.
+fn endpoint(cfg: &Config) -> EndpointConfig {
+    EndpointConfig {
+        cluster_token: cfg.fabric.token.clone(),
+        ..cfg.fabric.endpoint.clone()
     }
 }
 
@@ -156,16 +161,21 @@ impl KnArgs {
         if let Some(ms) = self.heartbeat_ms {
             node.heartbeat = Duration::from_millis(ms);
         }
+        self.apply_resp(&mut node.resp);
+        Ok(())
+    }
+
+    /// Applies the Redis listener's flags (password, client limit, idle timeout).
+    fn apply_resp(&self, resp: &mut dinomo_resp::ServerConfig) {
         if let Some(p) = &self.requirepass {
-            node.resp.requirepass = Some(p.clone());
+            resp.requirepass = Some(p.clone());
         }
         if let Some(n) = self.resp_max_clients {
-            node.resp.max_clients = n;
+            resp.max_clients = n;
         }
         if let Some(s) = self.resp_timeout {
-            node.resp.idle_timeout = Duration::from_secs(s);
+            resp.idle_timeout = Duration::from_secs(s);
         }
-        Ok(())
     }
 }
 
@@ -362,26 +372,15 @@ impl UpArgs {
             pdpm_only.join(", "),
             cfg.up.system
         );
+        self.apply_shared(&mut cfg);
         if let Some(n) = self.kns {
             cfg.up.kns = n;
-        }
-        if let Some(dir) = &self.data_dir {
-            cfg.pool.path = dir.join("pool");
         }
         if let Some(size) = self.pool_size {
             cfg.pool.size = size;
         }
-        if let Some(p) = self.persist {
-            cfg.pool.persist = p;
-        }
         if let Some(l) = self.rn_listen {
             cfg.rn.listen = l;
-        }
-        if let Some(ns) = self.latency_ns {
-            cfg.fabric.endpoint.injected_latency_ns = ns;
-        }
-        if let Some(l) = &self.resp_listen {
-            cfg.up.resp_listen = l.clone();
         }
         if self.no_resp {
             cfg.up.resp = false;
@@ -392,19 +391,28 @@ impl UpArgs {
         let set = |key: &str| {
             loaded.file_sets(key) || (key == "kn.workers.cache.policy" && self.kn.policy.is_some())
         };
-        let errors = cfg.apply_system(set);
-        if !errors.is_empty() {
-            return Err(ConfigErrors {
-                source: self.config.source(),
-                errors,
-            }
-            .into());
-        }
+        ConfigErrors::fail_if_any(&self.config.source(), cfg.apply_system(set))?;
         Ok(cfg.checked(&self.config.source())?)
     }
 }
 
 impl UpArgs {
+    /// Applies the flags every system takes: data directory, durability, fabric latency, Redis addresses.
+    fn apply_shared(&self, cfg: &mut Config) {
+        if let Some(dir) = &self.data_dir {
+            cfg.pool.path = dir.join("pool");
+        }
+        if let Some(p) = self.persist {
+            cfg.pool.persist = p;
+        }
+        if let Some(ns) = self.latency_ns {
+            cfg.fabric.endpoint.injected_latency_ns = ns;
+        }
+        if let Some(l) = &self.resp_listen {
+            cfg.up.resp_listen = l.clone();
+        }
+    }
+
     /// The flags given that only the DINOMO systems have.
     fn dinomo_only_flags(&self) -> Vec<&'static str> {
         let (k, p) = (&self.kn, &self.policy);
@@ -447,18 +455,7 @@ impl UpArgs {
             "{} applies only to the DINOMO systems (dinomo, dinomo-s, dinomo-n), not to {baseline}",
             refused.join(", ")
         );
-        if let Some(dir) = &self.data_dir {
-            cfg.pool.path = dir.join("pool");
-        }
-        if let Some(p) = self.persist {
-            cfg.pool.persist = p;
-        }
-        if let Some(ns) = self.latency_ns {
-            cfg.fabric.endpoint.injected_latency_ns = ns;
-        }
-        if let Some(l) = &self.resp_listen {
-            cfg.up.resp_listen = l.clone();
-        }
+        self.apply_shared(&mut cfg);
         let pdpm = &mut cfg.up.pdpm;
         if let Some(n) = self.memory_nodes {
             pdpm.memory_nodes = n;
@@ -475,16 +472,7 @@ impl UpArgs {
         if let Some(v) = self.kn.max_value {
             pdpm.max_value = u32::try_from(v).context("--max-value is too large for a baseline")?;
         }
-        let resp = &mut cfg.kn.resp;
-        if let Some(p) = &self.kn.requirepass {
-            resp.requirepass = Some(p.clone());
-        }
-        if let Some(n) = self.kn.resp_max_clients {
-            resp.max_clients = n;
-        }
-        if let Some(s) = self.kn.resp_timeout {
-            resp.idle_timeout = Duration::from_secs(s);
-        }
+        self.kn.apply_resp(&mut cfg.kn.resp);
         let mut errors = Vec::new();
         if cfg.up.resp_listen.len() != 1 {
             errors.push(format!(
@@ -502,13 +490,7 @@ impl UpArgs {
                 "metrics.listen: metrics are served for the DINOMO systems only, not for {baseline}"
             ));
         }
-        if !errors.is_empty() {
-            return Err(ConfigErrors {
-                source: self.config.source(),
-                errors,
-            }
-            .into());
-        }
+        ConfigErrors::fail_if_any(&self.config.source(), errors)?;
         Ok(cfg.checked(&self.config.source())?)
     }
 }
@@ -797,10 +779,7 @@ fn up_pdpm(
         pdpm: cfg.up.pdpm.clone(),
         data_dir,
         persist: cfg.pool.persist,
-        endpoint: EndpointConfig {
-            cluster_token: cfg.fabric.token.clone(),
-            ..cfg.fabric.endpoint.clone()
-        },
+        endpoint: endpoint(cfg),
         node: cfg.dpm.node.clone(),
         resp: dinomo_resp::ServerConfig {
             listen,

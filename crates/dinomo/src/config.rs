@@ -596,6 +596,20 @@ impl std::fmt::Display for ConfigErrors {
 
 impl std::error::Error for ConfigErrors {}
 
+impl ConfigErrors {
+    /// `errors` of the settings from `source`, when there are any.
+    pub fn fail_if_any(source: &str, errors: Vec<String>) -> Result<(), ConfigErrors> {
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigErrors {
+                source: source.to_string(),
+                errors,
+            })
+        }
+    }
+}
+
 /// A configuration read from a file, with the keys the file set.
 #[derive(Debug, Clone, Default)]
 pub struct Loaded {
@@ -794,15 +808,8 @@ impl Config {
 
     /// [`Config::validate`] as a result.
     pub fn checked(self, source: &str) -> Result<Config, ConfigErrors> {
-        let errors = self.validate();
-        if errors.is_empty() {
-            Ok(self)
-        } else {
-            Err(ConfigErrors {
-                source: source.to_string(),
-                errors,
-            })
-        }
+        ConfigErrors::fail_if_any(source, self.validate())?;
+        Ok(self)
     }
 }
 
@@ -862,13 +869,7 @@ pub enum ConfigOp {
 pub fn check(loaded: &Loaded, source: &str) -> Result<Config, ConfigErrors> {
     let mut config = loaded.config.clone();
     if loaded.file_sets("up.system") {
-        let errors = config.apply_system(|key| loaded.file_sets(key));
-        if !errors.is_empty() {
-            return Err(ConfigErrors {
-                source: source.to_string(),
-                errors,
-            });
-        }
+        ConfigErrors::fail_if_any(source, config.apply_system(|key| loaded.file_sets(key)))?;
     }
     config.checked(source)
 }
@@ -984,6 +985,14 @@ mod tests {
         parse("t", text).unwrap_err().errors.join("\n")
     }
 
+    /// What [`check`] finds wrong with a file that parses.
+    fn check_error_of(text: &str) -> String {
+        check(&parse("t", text).unwrap(), "t")
+            .unwrap_err()
+            .errors
+            .join("\n")
+    }
+
     use dinomo_kn::KnConfig;
 
     #[test]
@@ -1033,10 +1042,7 @@ mod tests {
         // The defaults file round-trips the system's name.
         let text = toml::to_string(&c).unwrap();
         assert!(text.contains("system = \"directds-c\""), "{text}");
-        let e = check(&parse("t", "[up.pdpm]\nreplication = 3\n").unwrap(), "t")
-            .unwrap_err()
-            .errors
-            .join("\n");
+        let e = check_error_of("[up.pdpm]\nreplication = 3\n");
         assert!(e.contains("up.pdpm.replication"), "{e}");
         let e = error_of("[up]\nsystem = \"sepds\"\n");
         assert!(e.contains("up.system") && e.contains("centralds"), "{e}");
@@ -1062,32 +1068,15 @@ mod tests {
             check(&dpm_only, "t").unwrap().processor.partitioning,
             Partitioning::PerNode
         );
-        let e = check(
-            &parse(
-                "t",
-                "[up]\nsystem = \"dinomo-s\"\n[kn.workers.cache]\npolicy = \"value-only\"\n",
-            )
-            .unwrap(),
-            "t",
-        )
-        .unwrap_err()
-        .errors
-        .join("\n");
+        let e = check_error_of(
+            "[up]\nsystem = \"dinomo-s\"\n[kn.workers.cache]\npolicy = \"value-only\"\n",
+        );
         assert!(
             e.starts_with("kn.workers.cache.policy:") && e.contains("shortcuts only"),
             "{e}"
         );
-        let e = check(
-            &parse(
-                "t",
-                "[up]\nsystem = \"dinomo\"\n[processor]\npartitioning = \"per-node\"\n",
-            )
-            .unwrap(),
-            "t",
-        )
-        .unwrap_err()
-        .errors
-        .join("\n");
+        let e =
+            check_error_of("[up]\nsystem = \"dinomo\"\n[processor]\npartitioning = \"per-node\"\n");
         assert!(
             e.starts_with("processor.partitioning:") && e.contains("dinomo-n"),
             "{e}"

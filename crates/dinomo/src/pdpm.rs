@@ -185,6 +185,16 @@ impl PdpmUpConfig {
         errors
     }
 
+    /// What `system`'s memory nodes are formatted with.
+    fn geometry(&self, system: Baseline) -> Geometry {
+        match system {
+            Baseline::DirectDs => Geometry::Direct(self.direct_layout(Flavor::Markers)),
+            Baseline::DirectDsC => Geometry::Direct(self.direct_layout(Flavor::Crc)),
+            Baseline::CentralDs => Geometry::Central(self.central_layout()),
+            Baseline::Clover => Geometry::Clover(self.clover_layout()),
+        }
+    }
+
     fn direct_layout(&self, flavor: Flavor) -> DirectLayout {
         // A key's slot is on its primary: about keys/M per node, at a load factor of 1/2 for linear probing.
         let slots = self
@@ -339,17 +349,8 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
         beyond.display(),
         cfg.memory_nodes
     );
-    let geometry = match opts.system {
-        Baseline::DirectDs => Geometry::Direct(cfg.direct_layout(Flavor::Markers)),
-        Baseline::DirectDsC => Geometry::Direct(cfg.direct_layout(Flavor::Crc)),
-        Baseline::CentralDs => Geometry::Central(cfg.central_layout()),
-        Baseline::Clover => Geometry::Clover(cfg.clover_layout()),
-    };
-    let area = match &geometry {
-        Geometry::Direct(l) => l.table_len(),
-        Geometry::Central(l) => l.area_len(),
-        Geometry::Clover(l) => l.area_len(),
-    };
+    let geometry = cfg.geometry(opts.system);
+    let area = geometry.area_len();
     const SEGMENT: u64 = 1 << 20;
     // The area, the pool's own header and allocation table, and a segment of rounding.
     let pool_size = area
@@ -368,19 +369,11 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
         };
         let (pool, _) = Pool::open_or_create(&path, &options)
             .with_context(|| format!("opening {}", path.display()))?;
-        let root = match geometry {
-            Geometry::Direct(_) => roots::DIRECT_TABLE,
-            Geometry::Central(_) => roots::CENTRAL_BLOCKS,
-            Geometry::Clover(_) => roots::CLOVER_AREA,
-        };
-        let formatted = pool.root(root)? == 0;
+        let formatted = pool.root(geometry.root())? == 0;
         if formatted {
-            match &geometry {
-                Geometry::Direct(l) => dinomo_pdpm::direct::format(&pool, l),
-                Geometry::Central(l) => dinomo_pdpm::central::format(&pool, l),
-                Geometry::Clover(l) => dinomo_pdpm::clover::format(&pool, l),
-            }
-            .with_context(|| format!("formatting {} for {}", path.display(), opts.system))?;
+            geometry
+                .format(&pool)
+                .with_context(|| format!("formatting {} for {}", path.display(), opts.system))?;
         }
         let pool = Arc::new(pool);
         nodes.push(MemoryNode::new(pool.clone(), opts.node.clone()));
@@ -413,22 +406,15 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
             },
         ))
     };
-    let (connect, coordinator): (Connect, _) = match geometry {
+    let (clients, coordinator) = match geometry {
         Geometry::Direct(wanted) => {
-            let settings = cfg.direct.clone();
             // Connecting checks that every node has a table and that they agree.
-            let probe = DirectClient::connect(&connectors, settings.clone())
+            let probe = DirectClient::connect(&connectors, cfg.direct.clone())
                 .context("opening the memory nodes")?;
             if *probe.layout() != wanted {
                 return Err(mismatch(probe.layout(), &wanted));
             }
-            let connect = move || -> Result<Box<dyn PdpmClient>, PdpmError> {
-                Ok(Box::new(DirectClient::connect(
-                    &connectors,
-                    settings.clone(),
-                )?))
-            };
-            (Arc::new(connect), None)
+            (Clients::Direct(cfg.direct.clone()), None)
         }
         Geometry::Central(central) => {
             let coordinator = Coordinator::new(
@@ -445,19 +431,14 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
             }
             let host = server_node()?;
             coordinator.serve(&host);
-            let to_coordinator = Connector {
-                target: Target::InProcess(host.clone()),
-                config: opts.endpoint.clone(),
+            let clients = Clients::Central {
+                coordinator: Connector {
+                    target: Target::InProcess(host.clone()),
+                    config: opts.endpoint.clone(),
+                },
+                settings: cfg.central.clone(),
             };
-            let settings = cfg.central.clone();
-            let connect = move || -> Result<Box<dyn PdpmClient>, PdpmError> {
-                Ok(Box::new(CentralClient::connect(
-                    &to_coordinator,
-                    &connectors,
-                    settings.clone(),
-                )?))
-            };
-            (Arc::new(connect), Some(host))
+            (clients, Some(host))
         }
         Geometry::Clover(wanted) => {
             let ms = MetadataServer::new(&connectors, cfg.metadata.clone())
@@ -474,19 +455,14 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
             );
             let host = server_node()?;
             ms.serve(&host);
-            let to_ms = Connector {
-                target: Target::InProcess(host.clone()),
-                config: opts.endpoint.clone(),
+            let clients = Clients::Clover {
+                metadata_server: Connector {
+                    target: Target::InProcess(host.clone()),
+                    config: opts.endpoint.clone(),
+                },
+                settings: cfg.clover.clone(),
             };
-            let settings = cfg.clover.clone();
-            let connect = move || -> Result<Box<dyn PdpmClient>, PdpmError> {
-                Ok(Box::new(CloverClient::connect(
-                    &to_ms,
-                    &connectors,
-                    settings.clone(),
-                )?))
-            };
-            (Arc::new(connect), Some(host))
+            (clients, Some(host))
         }
     };
     let resp = dinomo_resp::RespServer::start(
@@ -494,7 +470,9 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
             name: format!("dinomo-{}-resp", opts.system),
             ..opts.resp.clone()
         },
-        PdpmBackend { connect },
+        PdpmBackend {
+            connect: clients.connect(connectors),
+        },
     )
     .with_context(|| format!("serving the Redis protocol on {}", opts.resp.listen))?;
     Ok((
@@ -539,8 +517,79 @@ enum Geometry {
     Clover(CloverLayout),
 }
 
+impl Geometry {
+    /// Bytes of the area it formats on each memory node.
+    fn area_len(&self) -> u64 {
+        match self {
+            Geometry::Direct(l) => l.table_len(),
+            Geometry::Central(l) => l.area_len(),
+            Geometry::Clover(l) => l.area_len(),
+        }
+    }
+
+    /// The pool root that holds the area once formatted (0 before).
+    fn root(&self) -> usize {
+        match self {
+            Geometry::Direct(_) => roots::DIRECT_TABLE,
+            Geometry::Central(_) => roots::CENTRAL_BLOCKS,
+            Geometry::Clover(_) => roots::CLOVER_AREA,
+        }
+    }
+
+    /// Formats a memory node's pool.
+    fn format(&self, pool: &Pool) -> Result<(), PdpmError> {
+        match self {
+            Geometry::Direct(l) => dinomo_pdpm::direct::format(pool, l),
+            Geometry::Central(l) => dinomo_pdpm::central::format(pool, l),
+            Geometry::Clover(l) => dinomo_pdpm::clover::format(pool, l),
+        }
+    }
+}
+
 /// Makes one compute-node thread's client.
 type Connect = Arc<dyn Fn() -> Result<Box<dyn PdpmClient>, PdpmError> + Send + Sync>;
+
+/// The clients of a baseline: their settings, and where CentralDS's coordinator or Clover's metadata server is.
+enum Clients {
+    Direct(DirectSettings),
+    Central {
+        coordinator: Connector,
+        settings: CentralSettings,
+    },
+    Clover {
+        metadata_server: Connector,
+        settings: CloverSettings,
+    },
+}
+
+impl Clients {
+    /// Connects a new client to `memory_nodes` at each call.
+    fn connect(self, memory_nodes: Vec<Connector>) -> Connect {
+        Arc::new(move || -> Result<Box<dyn PdpmClient>, PdpmError> {
+            Ok(match &self {
+                Clients::Direct(settings) => {
+                    Box::new(DirectClient::connect(&memory_nodes, settings.clone())?)
+                }
+                Clients::Central {
+                    coordinator,
+                    settings,
+                } => Box::new(CentralClient::connect(
+                    coordinator,
+                    &memory_nodes,
+                    settings.clone(),
+                )?),
+                Clients::Clover {
+                    metadata_server,
+                    settings,
+                } => Box::new(CloverClient::connect(
+                    metadata_server,
+                    &memory_nodes,
+                    settings.clone(),
+                )?),
+            })
+        })
+    }
+}
 
 /// The Redis front door's backend over a pDPM baseline: every connection gets its own client.
 pub struct PdpmBackend {
@@ -565,16 +614,14 @@ pub struct PdpmConn {
 }
 
 impl PdpmConn {
-    fn client(&mut self) -> Result<&mut Box<dyn PdpmClient>, BackendError> {
-        if self.client.is_none() {
-            let c = (self.connect)().map_err(|e| {
+    fn client(&mut self) -> Result<&mut dyn PdpmClient, BackendError> {
+        let client = match self.client.take() {
+            Some(c) => c,
+            None => (self.connect)().map_err(|e| {
                 BackendError::Unavailable(format!("connecting to the memory nodes: {e}"))
-            })?;
-            self.client = Some(c);
-        }
-        self.client
-            .as_mut()
-            .ok_or_else(|| BackendError::Unavailable("no client".into()))
+            })?,
+        };
+        Ok(self.client.insert(client).as_mut())
     }
 
     fn run_op(&mut self, op: Op) -> OpResult {
@@ -595,32 +642,8 @@ impl PdpmConn {
                 .put(&k, &v)
                 .map(|()| Output::Applied(true))
                 .map_err(failed),
-            Op::Insert(k, v) => {
-                let mut applied = false;
-                c.update(&k, &mut |old| {
-                    applied = old.is_none();
-                    if applied {
-                        Change::Put(v.clone())
-                    } else {
-                        Change::Keep
-                    }
-                })
-                .map_err(failed)?;
-                Ok(Output::Applied(applied))
-            }
-            Op::Update(k, v) => {
-                let mut applied = false;
-                c.update(&k, &mut |old| {
-                    applied = old.is_some();
-                    if applied {
-                        Change::Put(v.clone())
-                    } else {
-                        Change::Keep
-                    }
-                })
-                .map_err(failed)?;
-                Ok(Output::Applied(applied))
-            }
+            Op::Insert(k, v) => put_if(c, &k, &v, false).map_err(failed),
+            Op::Update(k, v) => put_if(c, &k, &v, true).map_err(failed),
             Op::GetSet(k, v) => {
                 let mut previous = None;
                 c.update(&k, &mut |old| {
@@ -664,6 +687,25 @@ impl PdpmConn {
             }
         }
     }
+}
+
+/// Puts `value` under `key` only if the key has a value (`present`) or has none (`!present`); whether it did.
+fn put_if(
+    c: &mut dyn PdpmClient,
+    key: &[u8],
+    value: &[u8],
+    present: bool,
+) -> Result<Output, PdpmError> {
+    let mut applied = false;
+    c.update(key, &mut |old| {
+        applied = old.is_some() == present;
+        if applied {
+            Change::Put(value.to_vec())
+        } else {
+            Change::Keep
+        }
+    })?;
+    Ok(Output::Applied(applied))
 }
 
 impl BackendConn for PdpmConn {
@@ -712,59 +754,38 @@ mod tests {
         let node = MemoryNode::new(pool.clone(), NodeConfig::default());
         let connectors = vec![Connector::new(Target::InProcess(node.clone()))];
         let mut keep = vec![node];
-        let connect: Connect = match system {
-            Baseline::DirectDs | Baseline::DirectDsC => {
-                let flavor = if system == Baseline::DirectDs {
-                    Flavor::Markers
-                } else {
-                    Flavor::Crc
-                };
-                dinomo_pdpm::direct::format(&pool, &cfg.direct_layout(flavor)).unwrap();
-                Arc::new(move || -> Result<Box<dyn PdpmClient>, PdpmError> {
-                    Ok(Box::new(DirectClient::connect(
-                        &connectors,
-                        DirectSettings::default(),
-                    )?))
-                })
-            }
+        let mut server_node = || {
+            let host = MemoryNode::new(
+                Arc::new(Pool::anonymous(4 << 20, 1 << 20).unwrap()),
+                NodeConfig::default(),
+            );
+            keep.push(host.clone());
+            host
+        };
+        cfg.geometry(system).format(&pool).unwrap();
+        let clients = match system {
+            Baseline::DirectDs | Baseline::DirectDsC => Clients::Direct(DirectSettings::default()),
             Baseline::CentralDs => {
-                dinomo_pdpm::central::format(&pool, &cfg.central_layout()).unwrap();
                 let coordinator =
                     Coordinator::new(&connectors, CoordinatorConfig::default()).unwrap();
-                let host = MemoryNode::new(
-                    Arc::new(Pool::anonymous(4 << 20, 1 << 20).unwrap()),
-                    NodeConfig::default(),
-                );
+                let host = server_node();
                 coordinator.serve(&host);
-                let to = Connector::new(Target::InProcess(host.clone()));
-                keep.push(host);
-                Arc::new(move || -> Result<Box<dyn PdpmClient>, PdpmError> {
-                    Ok(Box::new(CentralClient::connect(
-                        &to,
-                        &connectors,
-                        CentralSettings::default(),
-                    )?))
-                })
+                Clients::Central {
+                    coordinator: Connector::new(Target::InProcess(host)),
+                    settings: CentralSettings::default(),
+                }
             }
             Baseline::Clover => {
-                dinomo_pdpm::clover::format(&pool, &cfg.clover_layout()).unwrap();
                 let ms = MetadataServer::new(&connectors, MetadataConfig::default()).unwrap();
-                let host = MemoryNode::new(
-                    Arc::new(Pool::anonymous(4 << 20, 1 << 20).unwrap()),
-                    NodeConfig::default(),
-                );
+                let host = server_node();
                 ms.serve(&host);
-                let to = Connector::new(Target::InProcess(host.clone()));
-                keep.push(host);
-                Arc::new(move || -> Result<Box<dyn PdpmClient>, PdpmError> {
-                    Ok(Box::new(CloverClient::connect(
-                        &to,
-                        &connectors,
-                        CloverSettings::default(),
-                    )?))
-                })
+                Clients::Clover {
+                    metadata_server: Connector::new(Target::InProcess(host)),
+                    settings: CloverSettings::default(),
+                }
             }
         };
+        let connect = clients.connect(connectors);
         (PdpmBackend { connect }, keep)
     }
 

@@ -18,24 +18,32 @@ struct Up {
     formatted: Vec<bool>,
 }
 
+/// The arguments of `dinomo up --system SYSTEM` on `dir` with two memory nodes and small pools, for values up to
+/// `max_value` bytes.
+fn up_args(system: &str, dir: &Path, max_value: &str) -> Vec<String> {
+    [
+        "up",
+        "--system",
+        system,
+        "--data-dir",
+        dir.to_str().expect("utf-8 path"),
+        "--resp-listen",
+        "127.0.0.1:0",
+        "--memory-nodes",
+        "2",
+        "--keys",
+        "4096",
+        "--max-value",
+        max_value,
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// Starts `dinomo up --system SYSTEM` on `dir` with two memory nodes and small pools.
 fn up(system: &str, dir: &Path, extra: &[&str]) -> anyhow::Result<Up> {
     let child = Command::new(env!("CARGO_BIN_EXE_dinomo"))
-        .args([
-            "up",
-            "--system",
-            system,
-            "--data-dir",
-            dir.to_str().expect("utf-8 path"),
-            "--resp-listen",
-            "127.0.0.1:0",
-            "--memory-nodes",
-            "2",
-            "--keys",
-            "4096",
-            "--max-value",
-            "256",
-        ])
+        .args(up_args(system, dir, "256"))
         .args(extra)
         .env("DINOMO_LOG", "warn")
         .stdout(Stdio::piped())
@@ -124,22 +132,7 @@ fn every_baseline_serves_redis_commands_and_keeps_its_data_across_a_restart() ->
         // Different geometry on the same directory is refused, not misread.
         let refused = run(
             env!("CARGO_BIN_EXE_dinomo"),
-            &[
-                "up",
-                "--system",
-                system,
-                "--data-dir",
-                dir.path().to_str().expect("utf-8 path"),
-                "--resp-listen",
-                "127.0.0.1:0",
-                "--memory-nodes",
-                "2",
-                "--keys",
-                "4096",
-                "--max-value",
-                "512",
-            ]
-            .map(String::from),
+            &up_args(system, dir.path(), "512"),
             Duration::from_secs(60),
         )?;
         assert!(!refused.status.success(), "{system}");
@@ -161,37 +154,14 @@ fn redis_benchmark_against(system: &str) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let up = up(system, dir.path(), &["--replication", "2"])?;
     let a = up.resp;
-    let args: Vec<String> = [
-        "-h",
-        &a.ip().to_string(),
-        "-p",
-        &a.port().to_string(),
-        "-t",
+    common::redis_benchmark(
+        a,
         "set,get,incr",
-        "-n",
-        "2000",
-        "-q",
-    ]
-    .map(String::from)
-    .to_vec();
-    let out = run("redis-benchmark", &args, Duration::from_secs(120))?;
-    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "\n");
-    let errors = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{system}: redis-benchmark failed: {text} {errors}"
-    );
-    assert!(
-        !text.contains("ERR") && !text.to_lowercase().contains("error"),
-        "{text}"
-    );
-    for test in ["SET", "GET", "INCR"] {
-        assert!(
-            text.lines()
-                .any(|l| l.starts_with(&format!("{test}: ")) && l.contains("requests per second")),
-            "no result for {test}: {text}"
-        );
-    }
+        2000,
+        &["SET", "GET", "INCR"],
+        Duration::from_secs(120),
+        system,
+    )?;
     // Every one of the 2,000 increments of the benchmark's counter was applied once, though its 50 clients
     // raced on the one key.
     assert_eq!(

@@ -141,39 +141,14 @@ fn passwords_and_protected_mode() -> anyhow::Result<()> {
 #[test]
 fn redis_benchmark_completes_without_errors() -> anyhow::Result<()> {
     let up = up(&[])?;
-    let a = up.resp[0];
-    let args: Vec<String> = [
-        "-h",
-        &a.ip().to_string(),
-        "-p",
-        &a.port().to_string(),
-        "-t",
+    common::redis_benchmark(
+        up.resp[0],
         "set,get,incr,mset",
-        "-n",
-        "100000",
-        "-q",
-    ]
-    .map(String::from)
-    .to_vec();
-    let out = run("redis-benchmark", &args, Duration::from_secs(300))?;
-    // Progress lines end with \r; the results end with \n.
-    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "\n");
-    let errors = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "redis-benchmark failed: {text} {errors}"
-    );
-    assert!(
-        !text.contains("ERR") && !text.to_lowercase().contains("error"),
-        "{text}"
-    );
-    for test in ["SET", "GET", "INCR", "MSET (10 keys)"] {
-        assert!(
-            text.lines()
-                .any(|l| l.starts_with(&format!("{test}: ")) && l.contains("requests per second")),
-            "no result for {test}: {text}"
-        );
-    }
+        100_000,
+        &["SET", "GET", "INCR", "MSET (10 keys)"],
+        Duration::from_secs(300),
+        "dinomo",
+    )?;
     // Every one of the 100,000 increments of its counter was applied once.
     assert_eq!(
         cli(up.resp[1], &["GET", "counter:__rand_int__"])?,
@@ -364,17 +339,13 @@ impl RedisServer {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
-        let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "redis-server: {e} (scripts/test installs the Debian packages the tests need)"
-                )
-            })?;
+        let child = common::spawn(
+            Command::new("redis-server")
+                .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+                .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        )?;
         let mut server = RedisServer {
             child,
             addr: SocketAddr::from(([127, 0, 0, 1], port)),

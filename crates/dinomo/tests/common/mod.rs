@@ -49,17 +49,13 @@ pub fn read_banner(
 // Not every test binary runs programs.
 #[allow(dead_code)]
 pub fn run(program: &str, args: &[String], limit: Duration) -> anyhow::Result<Output> {
-    let mut child = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "{program}: {e} (scripts/test installs the Debian packages the tests need)"
-            )
-        })?;
+    let mut child = spawn(
+        Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )?;
     let deadline = Instant::now() + limit;
     loop {
         if child.try_wait()?.is_some() {
@@ -75,6 +71,63 @@ pub fn run(program: &str, args: &[String], limit: Duration) -> anyhow::Result<Ou
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Starts a program, saying where a missing one comes from.
+#[allow(dead_code)]
+pub fn spawn(command: &mut Command) -> anyhow::Result<Child> {
+    command.spawn().map_err(|e| {
+        anyhow::anyhow!(
+            "{}: {e} (scripts/test installs the Debian packages the tests need)",
+            command.get_program().to_string_lossy()
+        )
+    })
+}
+
+/// Runs `redis-benchmark -t TESTS -n REQUESTS -q` against `addr` within `limit`, and checks that it succeeded
+/// without an error and printed a result for each of `results` (`label` names the server in failures).
+#[allow(dead_code)]
+pub fn redis_benchmark(
+    addr: SocketAddr,
+    tests: &str,
+    requests: u32,
+    results: &[&str],
+    limit: Duration,
+    label: &str,
+) -> anyhow::Result<()> {
+    let args: Vec<String> = [
+        "-h",
+        &addr.ip().to_string(),
+        "-p",
+        &addr.port().to_string(),
+        "-t",
+        tests,
+        "-n",
+        &requests.to_string(),
+        "-q",
+    ]
+    .map(String::from)
+    .to_vec();
+    let out = run("redis-benchmark", &args, limit)?;
+    // Progress lines end with \r; the results end with \n.
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "\n");
+    let errors = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{label}: redis-benchmark failed: {text} {errors}"
+    );
+    assert!(
+        !text.contains("ERR") && !text.to_lowercase().contains("error"),
+        "{text}"
+    );
+    for test in results {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(&format!("{test}: ")) && l.contains("requests per second")),
+            "no result for {test}: {text}"
+        );
+    }
+    Ok(())
 }
 
 /// `redis-cli -p PORT args...` (raw output, as when not on a terminal).
