@@ -43,7 +43,7 @@ use crate::ycsb::{
     Distribution, OpGenerator, OpKind, Workload, fill_value, key_bytes, verify_value,
 };
 use crate::ycsb_run::System;
-use crate::ycsb_run::pdpm::{COORDINATOR_POOL, connector, is_invalid_request, pool_for};
+use crate::ycsb_run::pdpm::{COORDINATOR_POOL, connector, pool_for};
 
 /// What happens in the middle of the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -755,7 +755,7 @@ fn spawn_clover_client(
             let b = ((start.elapsed().as_nanos() / o.bucket.as_nanos()) as usize).min(buckets - 1);
             match r {
                 Ok(()) => done[b] += 1,
-                Err(e) if is_invalid_request(&e) => anyhow::bail!("invalid request: {e}"),
+                Err(e) if e.is_invalid_request() => anyhow::bail!("invalid request: {e}"),
                 Err(_) => failed[b] += 1,
             }
         }

@@ -24,7 +24,7 @@ use dinomo_pdpm::clover::{
     CloverClient, CloverLayout, CloverSettings, MetadataConfig, MetadataServer,
 };
 use dinomo_pdpm::direct::{DirectClient, DirectLayout, DirectSettings, Flavor};
-use dinomo_pdpm::{Change, PdpmError, PdpmStore, roots};
+use dinomo_pdpm::{Change, FailureKind, PdpmError, PdpmStore, roots};
 use dinomo_pool::{PersistMode, Pool, PoolOptions};
 use dinomo_resp::{Backend, BackendConn, BackendError, Op, OpResult, Output};
 use serde::{Deserialize, Serialize};
@@ -486,30 +486,6 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
     ))
 }
 
-/// A pDPM client the Redis front door can serve: the store's operations and a key count for `DBSIZE`.
-pub trait PdpmClient: PdpmStore + Send {
-    /// Keys with a value.
-    fn key_count(&mut self) -> Result<u64, PdpmError>;
-}
-
-impl PdpmClient for DirectClient {
-    fn key_count(&mut self) -> Result<u64, PdpmError> {
-        DirectClient::key_count(self)
-    }
-}
-
-impl PdpmClient for CentralClient {
-    fn key_count(&mut self) -> Result<u64, PdpmError> {
-        CentralClient::key_count(self)
-    }
-}
-
-impl PdpmClient for CloverClient {
-    fn key_count(&mut self) -> Result<u64, PdpmError> {
-        CloverClient::key_count(self)
-    }
-}
-
 /// The geometry a baseline formats its memory nodes with.
 enum Geometry {
     Direct(DirectLayout),
@@ -547,7 +523,7 @@ impl Geometry {
 }
 
 /// Makes one compute-node thread's client.
-type Connect = Arc<dyn Fn() -> Result<Box<dyn PdpmClient>, PdpmError> + Send + Sync>;
+type Connect = Arc<dyn Fn() -> Result<Box<dyn PdpmStore + Send>, PdpmError> + Send + Sync>;
 
 /// The clients of a baseline: their settings, and where CentralDS's coordinator or Clover's metadata server is.
 enum Clients {
@@ -565,7 +541,7 @@ enum Clients {
 impl Clients {
     /// Connects a new client to `memory_nodes` at each call.
     fn connect(self, memory_nodes: Vec<Connector>) -> Connect {
-        Arc::new(move || -> Result<Box<dyn PdpmClient>, PdpmError> {
+        Arc::new(move || -> Result<Box<dyn PdpmStore + Send>, PdpmError> {
             Ok(match &self {
                 Clients::Direct(settings) => {
                     Box::new(DirectClient::connect(&memory_nodes, settings.clone())?)
@@ -610,11 +586,11 @@ impl Backend for PdpmBackend {
 /// One Redis connection's pDPM client, connected on first use (and again after a failed connect).
 pub struct PdpmConn {
     connect: Connect,
-    client: Option<Box<dyn PdpmClient>>,
+    client: Option<Box<dyn PdpmStore + Send>>,
 }
 
 impl PdpmConn {
-    fn client(&mut self) -> Result<&mut dyn PdpmClient, BackendError> {
+    fn client(&mut self) -> Result<&mut (dyn PdpmStore + Send), BackendError> {
         let client = match self.client.take() {
             Some(c) => c,
             None => (self.connect)().map_err(|e| {
@@ -691,7 +667,7 @@ impl PdpmConn {
 
 /// Puts `value` under `key` only if the key has a value (`present`) or has none (`!present`); whether it did.
 fn put_if(
-    c: &mut dyn PdpmClient,
+    c: &mut (dyn PdpmStore + Send),
     key: &[u8],
     value: &[u8],
     present: bool,
@@ -729,12 +705,10 @@ impl BackendConn for PdpmConn {
 /// midway has an unknown outcome; everything else (a lock wait, a full table, a coordinator's refusal) left
 /// nothing applied.
 fn store_error(e: PdpmError, write: bool) -> BackendError {
-    match e {
-        PdpmError::KeyTooLarge { .. } | PdpmError::ValueTooLarge { .. } | PdpmError::Config(_) => {
-            BackendError::Invalid(e.to_string())
-        }
-        PdpmError::Fabric(_) if write => BackendError::Indeterminate(e.to_string()),
-        e => BackendError::Unavailable(e.to_string()),
+    match e.kind(write) {
+        FailureKind::Invalid => BackendError::Invalid(e.to_string()),
+        FailureKind::Indeterminate => BackendError::Indeterminate(e.to_string()),
+        FailureKind::NotApplied => BackendError::Unavailable(e.to_string()),
     }
 }
 

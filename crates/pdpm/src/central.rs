@@ -1006,11 +1006,6 @@ impl CentralClient {
         })
     }
 
-    /// Keys with a committed value, as the coordinator counts them (one RPC).
-    pub fn key_count(&mut self) -> Result<u64, PdpmError> {
-        Ok(self.coordinator.call(method::COUNT, &())?)
-    }
-
     /// The block geometry of the memory nodes.
     pub fn layout(&self) -> &CentralLayout {
         &self.nodes.layout
@@ -1294,6 +1289,11 @@ impl CentralClient {
 }
 
 impl PdpmStore for CentralClient {
+    /// Keys with a committed value, as the coordinator counts them (one RPC).
+    fn key_count(&mut self) -> Result<u64, PdpmError> {
+        Ok(self.coordinator.call(method::COUNT, &())?)
+    }
+
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, PdpmError> {
         self.check(key, None)?;
         Ok(self.read_current(key)?.map(|(_, v)| v))

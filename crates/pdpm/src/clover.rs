@@ -2274,54 +2274,6 @@ impl CloverClient {
         outcome
     }
 
-    /// Keys whose latest version is a value (not a tombstone): every memory node's cells are read in large
-    /// READs, and each key's chain is walked from its shortcut to the tail. For `DBSIZE`; a count taken while
-    /// others write may miss or include keys written meanwhile.
-    pub fn key_count(&mut self) -> Result<u64, PdpmError> {
-        let cl = self.layout.cell_len();
-        let mut count = 0u64;
-        let mut buf = Vec::new();
-        for node in 0..self.eps.len() {
-            let spans = read_spans(
-                self.eps[node].max_message_len(),
-                self.layout.cells,
-                cl,
-                4096,
-            );
-            for (first, n) in spans {
-                buf.resize((n * cl) as usize, 0);
-                self.steps += 1;
-                self.eps[node].read(
-                    cell_addr(&self.areas[node], &self.layout, first as u32),
-                    &mut buf,
-                )?;
-                let mut keys = Vec::new();
-                for (i, c) in buf.chunks_exact(cl as usize).enumerate() {
-                    // A free cell, or a key created whose first version is not linked yet (checked before the
-                    // key, as such a cell is skipped whatever its length word says).
-                    if Ptr::from_word(le_u64(c, 0)).is_none() {
-                        continue;
-                    }
-                    let Some((key, Some(shortcut))) = parse_cell(node, c)? else {
-                        continue;
-                    };
-                    let cell = CellRef {
-                        node: node as u16,
-                        cell: (first + i as u64) as u32,
-                    };
-                    keys.push((key.to_vec(), cell, shortcut));
-                }
-                for (key, cell, shortcut) in keys {
-                    self.valid_ptr(shortcut)?;
-                    if self.chase(&key, cell, Some(shortcut))?.value.is_some() {
-                        count += 1;
-                    }
-                }
-            }
-        }
-        self.after_op(Ok(count))
-    }
-
     /// Protocol steps taken so far: round trips as the paper counts them, where the verbs of one step to several
     /// memory nodes (the copies of a version) go out in parallel.
     pub fn protocol_steps(&self) -> u64 {
@@ -2371,6 +2323,54 @@ impl CloverClient {
 }
 
 impl PdpmStore for CloverClient {
+    /// Keys whose latest version is a value (not a tombstone): every memory node's cells are read in large
+    /// READs, and each key's chain is walked from its shortcut to the tail. For `DBSIZE`; a count taken while
+    /// others write may miss or include keys written meanwhile.
+    fn key_count(&mut self) -> Result<u64, PdpmError> {
+        let cl = self.layout.cell_len();
+        let mut count = 0u64;
+        let mut buf = Vec::new();
+        for node in 0..self.eps.len() {
+            let spans = read_spans(
+                self.eps[node].max_message_len(),
+                self.layout.cells,
+                cl,
+                4096,
+            );
+            for (first, n) in spans {
+                buf.resize((n * cl) as usize, 0);
+                self.steps += 1;
+                self.eps[node].read(
+                    cell_addr(&self.areas[node], &self.layout, first as u32),
+                    &mut buf,
+                )?;
+                let mut keys = Vec::new();
+                for (i, c) in buf.chunks_exact(cl as usize).enumerate() {
+                    // A free cell, or a key created whose first version is not linked yet (checked before the
+                    // key, as such a cell is skipped whatever its length word says).
+                    if Ptr::from_word(le_u64(c, 0)).is_none() {
+                        continue;
+                    }
+                    let Some((key, Some(shortcut))) = parse_cell(node, c)? else {
+                        continue;
+                    };
+                    let cell = CellRef {
+                        node: node as u16,
+                        cell: (first + i as u64) as u32,
+                    };
+                    keys.push((key.to_vec(), cell, shortcut));
+                }
+                for (key, cell, shortcut) in keys {
+                    self.valid_ptr(shortcut)?;
+                    if self.chase(&key, cell, Some(shortcut))?.value.is_some() {
+                        count += 1;
+                    }
+                }
+            }
+        }
+        self.after_op(Ok(count))
+    }
+
     fn update(
         &mut self,
         key: &[u8],

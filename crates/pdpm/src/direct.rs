@@ -382,49 +382,6 @@ impl DirectClient {
         Ok(out)
     }
 
-    /// Keys with a value: a scan of every memory node's primary section, reading the committed copies lock-free in
-    /// large READs; a copy found being rewritten is read again the way a GET reads it. While writes go on, the
-    /// count is of no single instant.
-    pub fn key_count(&mut self) -> Result<u64, PdpmError> {
-        let slot_len = self.nodes.layout.slot_len();
-        let copy_len = self.copy_len() as usize;
-        let mut count = 0u64;
-        for node in 0..self.nodes.len() {
-            let per_read =
-                (u64::from(self.nodes.eps[node].max_message_len()) / 2 / slot_len).clamp(1, 256);
-            let mut buf = Vec::new();
-            let mut first = 0u64;
-            while first < self.nodes.layout.slots {
-                let n = (self.nodes.layout.slots - first).min(per_read);
-                buf.resize((n * slot_len) as usize, 0);
-                let addr = self.nodes.areas[node]
-                    .data
-                    .at(self.slot_offset(node, 0, first));
-                self.steps += 1;
-                {
-                    let r = self.nodes.eps[node].read(addr, &mut buf);
-                    self.nodes.track(node, r)?
-                };
-                for i in 0..n {
-                    let at = (i * slot_len) as usize + 8;
-                    let copy = match parse_copy(
-                        self.nodes.layout.flavor,
-                        &self.nodes.layout,
-                        &buf[at..at + copy_len],
-                    ) {
-                        Copy::Torn => self.read_slot(node, first + i)?,
-                        c => c,
-                    };
-                    if matches!(copy, Copy::Whole { value: Some(_), .. }) {
-                        count += 1;
-                    }
-                }
-                first += n;
-            }
-        }
-        Ok(count)
-    }
-
     /// Runs a put up to `point` and stops there with the lock held, as a client that crashed would; the client
     /// should be dropped afterwards. For crash tests.
     pub fn put_crashing(
@@ -942,6 +899,49 @@ enum Phase {
 }
 
 impl PdpmStore for DirectClient {
+    /// Keys with a value: a scan of every memory node's primary section, reading the committed copies lock-free in
+    /// large READs; a copy found being rewritten is read again the way a GET reads it. While writes go on, the
+    /// count is of no single instant.
+    fn key_count(&mut self) -> Result<u64, PdpmError> {
+        let slot_len = self.nodes.layout.slot_len();
+        let copy_len = self.copy_len() as usize;
+        let mut count = 0u64;
+        for node in 0..self.nodes.len() {
+            let per_read =
+                (u64::from(self.nodes.eps[node].max_message_len()) / 2 / slot_len).clamp(1, 256);
+            let mut buf = Vec::new();
+            let mut first = 0u64;
+            while first < self.nodes.layout.slots {
+                let n = (self.nodes.layout.slots - first).min(per_read);
+                buf.resize((n * slot_len) as usize, 0);
+                let addr = self.nodes.areas[node]
+                    .data
+                    .at(self.slot_offset(node, 0, first));
+                self.steps += 1;
+                {
+                    let r = self.nodes.eps[node].read(addr, &mut buf);
+                    self.nodes.track(node, r)?
+                };
+                for i in 0..n {
+                    let at = (i * slot_len) as usize + 8;
+                    let copy = match parse_copy(
+                        self.nodes.layout.flavor,
+                        &self.nodes.layout,
+                        &buf[at..at + copy_len],
+                    ) {
+                        Copy::Torn => self.read_slot(node, first + i)?,
+                        c => c,
+                    };
+                    if matches!(copy, Copy::Whole { value: Some(_), .. }) {
+                        count += 1;
+                    }
+                }
+                first += n;
+            }
+        }
+        Ok(count)
+    }
+
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, PdpmError> {
         self.check_key(key)?;
         self.lookup(key)

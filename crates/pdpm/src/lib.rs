@@ -51,6 +51,9 @@ pub trait PdpmStore {
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), PdpmError>;
     /// Removes `key` (a no-op when it has no value).
     fn delete(&mut self, key: &[u8]) -> Result<(), PdpmError>;
+    /// How many keys have a value (for `DBSIZE`). Each store says how it counts and whether the count is of one
+    /// instant while others write.
+    fn key_count(&mut self) -> Result<u64, PdpmError>;
     /// Atomic read-modify-write: `f` gets `key`'s committed value (`None` for none) and says what becomes of it;
     /// no other write to `key` lands between the read `f` saw and the change. `f` may run more than once (a store
     /// that validates optimistically runs it again on a conflict), so it must compute its answer from its argument
@@ -170,6 +173,36 @@ pub enum PdpmError {
     /// A setting is out of range.
     #[error("invalid setting: {0}")]
     Config(String),
+}
+
+/// What a failed operation tells its caller about the store's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The store refused the request itself (a key or value beyond its limits, a bad setting); nothing applied.
+    Invalid,
+    /// A write whose fabric failed midway: it may or may not have taken effect.
+    Indeterminate,
+    /// Nothing was applied (a lock timeout, a torn read, a full table, a node down, a coordinator's refusal).
+    NotApplied,
+}
+
+impl PdpmError {
+    /// Whether the store refused the request itself rather than failing to serve it.
+    pub fn is_invalid_request(&self) -> bool {
+        matches!(
+            self,
+            PdpmError::KeyTooLarge { .. } | PdpmError::ValueTooLarge { .. } | PdpmError::Config(_)
+        )
+    }
+
+    /// What this error means for an operation that was (`write`) or was not a write.
+    pub fn kind(&self, write: bool) -> FailureKind {
+        match self {
+            e if e.is_invalid_request() => FailureKind::Invalid,
+            PdpmError::Fabric(_) if write => FailureKind::Indeterminate,
+            _ => FailureKind::NotApplied,
+        }
+    }
 }
 
 /// True when `e` says the memory node itself is gone rather than that one request was wrong: a lost connection,

@@ -51,7 +51,7 @@ use dinomo_pdpm::clover::{
     CloverClient, CloverLayout, CloverSettings, MetadataConfig, MetadataServer,
 };
 use dinomo_pdpm::direct::{DirectClient, DirectLayout, DirectSettings, Flavor};
-use dinomo_pdpm::{PdpmError, PdpmStore};
+use dinomo_pdpm::{FailureKind, PdpmError, PdpmStore};
 use dinomo_pool::Pool;
 
 use super::resources::{CpuTimes, NodeCounters, Snapshot};
@@ -431,23 +431,14 @@ struct PdpmSession {
     done: VecDeque<(u64, Result<StoreReply, StoreError>)>,
 }
 
-/// Whether a store refused the request itself (a key or value beyond its limits, a bad setting): the benchmark
-/// stops on it rather than counting a failed operation.
-pub(crate) fn is_invalid_request(e: &PdpmError) -> bool {
-    matches!(
-        e,
-        PdpmError::KeyTooLarge { .. } | PdpmError::ValueTooLarge { .. } | PdpmError::Config(_)
-    )
-}
-
 /// A store's error as the benchmark counts it: a request beyond the store's limits is invalid; a write whose
 /// fabric failed midway has an unknown outcome; everything else (lock timeouts, torn reads, a full table, a
 /// coordinator's refusal) left nothing applied.
 fn store_error(e: PdpmError, write: bool) -> StoreError {
-    match e {
-        _ if is_invalid_request(&e) => StoreError::Invalid(e.to_string()),
-        PdpmError::Fabric(_) if write => StoreError::Indeterminate(e.to_string()),
-        _ => StoreError::Unavailable(e.to_string()),
+    match e.kind(write) {
+        FailureKind::Invalid => StoreError::Invalid(e.to_string()),
+        FailureKind::Indeterminate => StoreError::Indeterminate(e.to_string()),
+        FailureKind::NotApplied => StoreError::Unavailable(e.to_string()),
     }
 }
 
