@@ -633,15 +633,14 @@ impl Worker {
             && !own.owns(key)
         {
             self.stats.not_owner += 1;
-            let _ = reply.send(Err(KnError::NotOwner { epoch: own.epoch() }));
+            let _ = reply.send(Err(self.not_owner(cmd)));
             return;
         }
         if !self.unsettled_sharing.is_empty()
             && let Some(key) = cmd.key()
             && self.unsettled_sharing.iter().any(|(k, _)| k == key)
         {
-            let epoch = self.ownership.as_ref().map_or(0, |o| o.epoch());
-            let _ = reply.send(Err(KnError::NotOwner { epoch }));
+            let _ = reply.send(Err(self.not_owner(cmd)));
             return;
         }
         // The key's hash, once: the access statistics, the conflict check and the log all use it.
@@ -683,6 +682,17 @@ impl Worker {
             Command::Shutdown => Ok(Reply::Applied(true)),
         };
         let _ = reply.send(result);
+    }
+
+    /// The refusal of `cmd`, whose key this node does not own (now): a data operation is handed back untouched.
+    fn not_owner(&self, cmd: Command) -> KnError {
+        KnError::NotOwner {
+            epoch: self.ownership.as_ref().map_or(0, |o| o.epoch()),
+            refused: match cmd {
+                Command::Data(op) => Some(Box::new(op)),
+                _ => None,
+            },
+        }
     }
 
     /// Whether the node's lease lets it serve now; a lapsed lease is waited for until this batch's wait ends.
@@ -850,7 +860,14 @@ impl Worker {
         }
         let attempts = self.cfg.shared_cas_attempts.max(1);
         for _ in 0..attempts {
-            let (seen, current) = self.read_cell(op.key(), cell, needs_value(&op))?;
+            let (seen, current) = match self.read_cell(op.key(), cell, needs_value(&op)) {
+                Ok(read) => read,
+                // No attempt's CAS won, so nothing of the operation was applied: it goes back whole.
+                Err(KnError::NotOwner { .. }) => {
+                    return Err(self.not_owner(Command::Data(op)));
+                }
+                Err(e) => return Err(e),
+            };
             let (new_value, reply) = match outcome(op.clone(), current).1 {
                 Outcome::Done(r) => return r,
                 Outcome::Write(v, r) => (v, r),
@@ -901,7 +918,10 @@ impl Worker {
         if seen == dinomo_dpm::cells::RETIRED {
             // The key went back to one owner; this node's routing table is older than that.
             let epoch = self.ownership.as_ref().map_or(0, |o| o.epoch());
-            return Err(KnError::NotOwner { epoch });
+            return Err(KnError::NotOwner {
+                epoch,
+                refused: None,
+            });
         }
         let Some(r) = EntryRef::from_raw(seen) else {
             return Ok((seen, None));

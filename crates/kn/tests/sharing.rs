@@ -188,3 +188,21 @@ fn a_retried_install_finishes_the_sharing_change() -> anyhow::Result<()> {
     assert_eq!(kv.get(b"beta")?, Some(b"b1".to_vec()));
     Ok(())
 }
+
+#[test]
+fn a_refused_operation_comes_back_whole() -> anyhow::Result<()> {
+    let s = Setup::start()?;
+    fail_partway(&s)?;
+    // A caller that forwards refused operations (the RESP front door) keeps no copy: it gets the operation back.
+    let write = dinomo_kn::DataOp::Set(b"alpha".to_vec(), b"forwarded".to_vec());
+    let (tx, rx) = crossbeam_channel::unbounded();
+    s.kn.submitter()
+        .submit(Command::Data(write.clone()), 7, &tx)?;
+    match rx.recv()? {
+        (7, Err(KnError::NotOwner { refused, .. })) => {
+            assert_eq!(refused.as_deref(), Some(&write));
+        }
+        other => panic!("alpha is unsettled, so the write is refused: {other:?}"),
+    }
+    Ok(())
+}
