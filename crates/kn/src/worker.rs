@@ -486,9 +486,10 @@ pub(crate) struct Worker {
     unsettled_sharing: Vec<(Vec<u8>, u64)>,
     /// The node's liveness lease (`None`: not part of a cluster).
     lease: Option<Arc<LeaseGate>>,
-    /// Until when the requests of the current batch may wait for a lapsed lease to be renewed: one wait per batch
-    /// at most, so a lease that stays lapsed delays a batch by [`LeaseGate::wait`], not each of its requests.
-    lease_wait_until: Instant,
+    /// Until when the requests of the current batch may wait for a lapsed lease to be renewed, set when the batch
+    /// first meets it lapsed (`None`: not yet): one wait per batch at most, so a lease that stays lapsed delays a
+    /// batch by [`LeaseGate::wait`], not each of its requests.
+    lease_wait_until: Option<Instant>,
     stats: WorkerStats,
     occupancy: Occupancy,
     /// Key accesses of the current monitoring epoch (`None`: not kept).
@@ -573,7 +574,7 @@ impl Worker {
             ownership,
             unsettled_sharing: Vec::new(),
             lease,
-            lease_wait_until: Instant::now(),
+            lease_wait_until: None,
             stats: WorkerStats::default(),
             occupancy: Occupancy::new(),
             key_sketch: cfg
@@ -590,9 +591,8 @@ impl Worker {
         let mut batch = Vec::with_capacity(self.cfg.max_batch);
         while let Ok(first) = rx.recv() {
             self.occupancy.begin_batch();
-            if let Some(lease) = &self.lease {
-                self.lease_wait_until = Instant::now() + lease.wait();
-            }
+            // No clock read here: only a batch that meets the lease lapsed needs its deadline.
+            self.lease_wait_until = None;
             batch.push(first);
             while batch.len() < self.cfg.max_batch {
                 match rx.try_recv() {
@@ -703,7 +703,10 @@ impl Worker {
         if lease.is_open() {
             return true;
         }
-        let served = lease.wait_open(self.lease_wait_until);
+        let until = *self
+            .lease_wait_until
+            .get_or_insert_with(|| Instant::now() + lease.wait());
+        let served = lease.wait_open(until);
         if served {
             self.stats.lease_waits_served += 1;
         } else {
