@@ -159,6 +159,22 @@ fn take_data_op(op: &mut Op) -> DataOp {
     }
 }
 
+/// The inverse of [`take_data_op`]: the op again, from a store operation the workers handed back.
+fn op_of(op: DataOp) -> Op {
+    match op {
+        DataOp::Get(k) => Op::Get(k),
+        DataOp::Exists(k) => Op::Exists(k),
+        DataOp::Strlen(k) => Op::Strlen(k),
+        DataOp::Set(k, v) => Op::Set(k, v),
+        DataOp::Insert(k, v) => Op::Insert(k, v),
+        DataOp::Update(k, v) => Op::Update(k, v),
+        DataOp::GetSet(k, v) => Op::GetSet(k, v),
+        DataOp::Delete(k) => Op::Delete(k),
+        DataOp::Incr(k, d) => Op::Incr(k, d),
+        DataOp::Append(k, v) => Op::Append(k, v),
+    }
+}
+
 /// The result of `op` from the store's answer, which must be of the kind `op` is answered with.
 fn output(op: &Op, answer: Output) -> OpResult {
     match (op, answer) {
@@ -235,17 +251,17 @@ impl NodeConn {
         });
     }
 
-    /// Queues the ops at `self.local` at this node's workers without waiting; [`NodeConn::collect_local`] takes
-    /// their results.
-    fn submit_local(&mut self, ops: &[Op]) {
+    /// Queues the ops at `self.local` at this node's workers without waiting, moving each one's key and value
+    /// into its request; [`NodeConn::collect_local`] takes their results.
+    fn submit_local(&mut self, ops: &mut [Op]) {
         self.batch = self.batch.wrapping_add(1);
         let batch = self.batch;
         let tag = |i: usize| (u64::from(batch) << 32) | i as u64;
         self.queued = 0;
         let _same_ownership = self.shared.queue_order.read().expect("queue order lock");
         for &i in &self.local {
-            // A copy: an op this node turns out not to own is forwarded afterwards.
-            let op = take_data_op(&mut ops[i].clone());
+            // An op this node turns out not to own comes back whole with its refusal and is forwarded then.
+            let op = take_data_op(&mut ops[i]);
             match self
                 .shared
                 .submitter
@@ -257,8 +273,9 @@ impl NodeConn {
         }
     }
 
-    /// Collects the results of the ops [`NodeConn::submit_local`] queued; refused ones join `self.remote`.
-    fn collect_local(&mut self, ops: &[Op], results: &mut [OpResult]) {
+    /// Collects the results of the ops [`NodeConn::submit_local`] queued; refused ones are put back in `ops` and
+    /// join `self.remote`.
+    fn collect_local(&mut self, ops: &mut [Op], results: &mut [OpResult]) {
         let answered = &mut self.answered;
         answered.clear();
         answered.resize(ops.len(), false);
@@ -280,7 +297,10 @@ impl NodeConn {
                     self.queued -= 1;
                     results[i] = match r {
                         Ok(reply) => from_reply(&ops[i], reply),
-                        Err(KnError::NotOwner { .. }) => {
+                        Err(KnError::NotOwner {
+                            refused: Some(op), ..
+                        }) => {
+                            ops[i] = op_of(*op);
                             self.remote.push(i);
                             continue;
                         }
@@ -501,6 +521,28 @@ mod tests {
             from_client_error(ClientError::Unavailable("down".into())),
             BackendError::Unavailable(_)
         ));
+    }
+
+    #[test]
+    fn an_op_handed_back_is_the_op_again() {
+        let (k, v) = (|| b"k".to_vec(), || b"v".to_vec());
+        for op in [
+            Op::Get(k()),
+            Op::Exists(k()),
+            Op::Strlen(k()),
+            Op::Set(k(), v()),
+            Op::Insert(k(), v()),
+            Op::Update(k(), v()),
+            Op::GetSet(k(), v()),
+            Op::Delete(k()),
+            Op::Incr(k(), -3),
+            Op::Append(k(), v()),
+        ] {
+            let mut taken = op.clone();
+            let data = take_data_op(&mut taken);
+            assert_eq!(taken.is_write(), op.is_write(), "the kind stays behind");
+            assert_eq!(op_of(data), op);
+        }
     }
 
     #[test]

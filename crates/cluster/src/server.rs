@@ -232,7 +232,7 @@ pub(crate) fn reply_body(r: Result<Reply, KnError>) -> ResponseBody {
         Ok(Reply::Int(n)) => ResponseBody::Int(n),
         Ok(Reply::Stats(s)) => ResponseBody::Stats(serde_json::to_string(&s).unwrap_or_default()),
         Ok(Reply::Epoch(s)) => ResponseBody::Stats(serde_json::to_string(&s).unwrap_or_default()),
-        Err(KnError::NotOwner { epoch }) => ResponseBody::NotOwner { epoch },
+        Err(KnError::NotOwner { epoch, .. }) => ResponseBody::NotOwner { epoch },
         Err(e) => error_body(e),
     }
 }

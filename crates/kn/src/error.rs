@@ -44,6 +44,9 @@ pub enum KnError {
     NotOwner {
         /// The epoch of this node's ownership map.
         epoch: u64,
+        /// The refused operation, handed back untouched (nothing of it was applied), so a caller that forwards it
+        /// to the owner need not have kept a copy. `None` when the request was not a [`crate::DataOp`].
+        refused: Option<Box<crate::DataOp>>,
     },
     /// The node's liveness lease lapsed while a write was in flight and was not renewed in time, so the cluster
     /// may already have handed its keys to other nodes. The write may or may not have been applied.

@@ -486,9 +486,10 @@ pub(crate) struct Worker {
     unsettled_sharing: Vec<(Vec<u8>, u64)>,
     /// The node's liveness lease (`None`: not part of a cluster).
     lease: Option<Arc<LeaseGate>>,
-    /// Until when the requests of the current batch may wait for a lapsed lease to be renewed: one wait per batch
-    /// at most, so a lease that stays lapsed delays a batch by [`LeaseGate::wait`], not each of its requests.
-    lease_wait_until: Instant,
+    /// Until when the requests of the current batch may wait for a lapsed lease to be renewed, set when the batch
+    /// first meets it lapsed (`None`: not yet): one wait per batch at most, so a lease that stays lapsed delays a
+    /// batch by [`LeaseGate::wait`], not each of its requests.
+    lease_wait_until: Option<Instant>,
     stats: WorkerStats,
     occupancy: Occupancy,
     /// Key accesses of the current monitoring epoch (`None`: not kept).
@@ -573,7 +574,7 @@ impl Worker {
             ownership,
             unsettled_sharing: Vec::new(),
             lease,
-            lease_wait_until: Instant::now(),
+            lease_wait_until: None,
             stats: WorkerStats::default(),
             occupancy: Occupancy::new(),
             key_sketch: cfg
@@ -590,9 +591,8 @@ impl Worker {
         let mut batch = Vec::with_capacity(self.cfg.max_batch);
         while let Ok(first) = rx.recv() {
             self.occupancy.begin_batch();
-            if let Some(lease) = &self.lease {
-                self.lease_wait_until = Instant::now() + lease.wait();
-            }
+            // No clock read here: only a batch that meets the lease lapsed needs its deadline.
+            self.lease_wait_until = None;
             batch.push(first);
             while batch.len() < self.cfg.max_batch {
                 match rx.try_recv() {
@@ -633,15 +633,14 @@ impl Worker {
             && !own.owns(key)
         {
             self.stats.not_owner += 1;
-            let _ = reply.send(Err(KnError::NotOwner { epoch: own.epoch() }));
+            let _ = reply.send(Err(self.not_owner(cmd)));
             return;
         }
         if !self.unsettled_sharing.is_empty()
             && let Some(key) = cmd.key()
             && self.unsettled_sharing.iter().any(|(k, _)| k == key)
         {
-            let epoch = self.ownership.as_ref().map_or(0, |o| o.epoch());
-            let _ = reply.send(Err(KnError::NotOwner { epoch }));
+            let _ = reply.send(Err(self.not_owner(cmd)));
             return;
         }
         // The key's hash, once: the access statistics, the conflict check and the log all use it.
@@ -685,6 +684,17 @@ impl Worker {
         let _ = reply.send(result);
     }
 
+    /// The refusal of `cmd`, whose key this node does not own (now): a data operation is handed back untouched.
+    fn not_owner(&self, cmd: Command) -> KnError {
+        KnError::NotOwner {
+            epoch: self.ownership.as_ref().map_or(0, |o| o.epoch()),
+            refused: match cmd {
+                Command::Data(op) => Some(Box::new(op)),
+                _ => None,
+            },
+        }
+    }
+
     /// Whether the node's lease lets it serve now; a lapsed lease is waited for until this batch's wait ends.
     fn lease_open(&mut self) -> bool {
         let Some(lease) = &self.lease else {
@@ -693,7 +703,10 @@ impl Worker {
         if lease.is_open() {
             return true;
         }
-        let served = lease.wait_open(self.lease_wait_until);
+        let until = *self
+            .lease_wait_until
+            .get_or_insert_with(|| Instant::now() + lease.wait());
+        let served = lease.wait_open(until);
         if served {
             self.stats.lease_waits_served += 1;
         } else {
@@ -850,7 +863,14 @@ impl Worker {
         }
         let attempts = self.cfg.shared_cas_attempts.max(1);
         for _ in 0..attempts {
-            let (seen, current) = self.read_cell(op.key(), cell, needs_value(&op))?;
+            let (seen, current) = match self.read_cell(op.key(), cell, needs_value(&op)) {
+                Ok(read) => read,
+                // No attempt's CAS won, so nothing of the operation was applied: it goes back whole.
+                Err(KnError::NotOwner { .. }) => {
+                    return Err(self.not_owner(Command::Data(op)));
+                }
+                Err(e) => return Err(e),
+            };
             let (new_value, reply) = match outcome(op.clone(), current).1 {
                 Outcome::Done(r) => return r,
                 Outcome::Write(v, r) => (v, r),
@@ -901,7 +921,10 @@ impl Worker {
         if seen == dinomo_dpm::cells::RETIRED {
             // The key went back to one owner; this node's routing table is older than that.
             let epoch = self.ownership.as_ref().map_or(0, |o| o.epoch());
-            return Err(KnError::NotOwner { epoch });
+            return Err(KnError::NotOwner {
+                epoch,
+                refused: None,
+            });
         }
         let Some(r) = EntryRef::from_raw(seen) else {
             return Ok((seen, None));

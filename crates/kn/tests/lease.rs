@@ -5,14 +5,15 @@
 //!
 //! The gate is driven by hand here, standing in for the heartbeat, so each case is deterministic.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use dinomo_dpm::{Processor, ProcessorConfig};
-use dinomo_fabric::{Connector, MemoryNode, NodeConfig, Target};
+use dinomo_dpm::Processor;
+use dinomo_fabric::Connector;
 use dinomo_kn::{KnConfig, KnError, KvHandle, KvNode, LeaseGate};
-use dinomo_pool::Pool;
 
 /// Far beyond any wait in these tests: a reply that needs it means the request never woke.
 const LONG: Duration = Duration::from_secs(600);
@@ -26,17 +27,7 @@ struct Setup {
 }
 
 fn start(gate: Option<Arc<LeaseGate>>, node_id: u16) -> anyhow::Result<Setup> {
-    let pool = Arc::new(Pool::anonymous(64 << 20, 16 << 10)?);
-    let processor = Processor::start(
-        pool.clone(),
-        &ProcessorConfig {
-            segment_size: 16 << 10,
-            ..ProcessorConfig::default()
-        },
-    )?;
-    let node = MemoryNode::new(pool, NodeConfig::default());
-    processor.serve(&node);
-    let connector = Connector::new(Target::InProcess(node));
+    let (processor, connector) = common::small_memory_node()?;
     let kn = start_kn(&connector, gate, node_id)?;
     Ok(Setup {
         _processor: processor,

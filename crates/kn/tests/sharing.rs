@@ -4,13 +4,14 @@
 //! until an install settles them, and an install of either map (the rollback or a retry) must settle them: no write
 //! may go to a key the memory node and the worker disagree about, and no value may be stranded in a cell.
 
+mod common;
+
 use std::sync::Arc;
 
 use dinomo_cache::CacheConfig;
-use dinomo_dpm::{Processor, ProcessorConfig, proto};
-use dinomo_fabric::{Connector, MemoryNode, NodeConfig, Target};
+use dinomo_dpm::{Processor, proto};
+use dinomo_fabric::Connector;
 use dinomo_kn::{Command, KnConfig, KnError, KvNode, Ownership};
-use dinomo_pool::Pool;
 
 /// One node owning every key; `shared` lists keys shared through a cell.
 struct Table {
@@ -44,17 +45,7 @@ struct Setup {
 
 impl Setup {
     fn start() -> anyhow::Result<Setup> {
-        let pool = Arc::new(Pool::anonymous(64 << 20, 16 << 10)?);
-        let processor = Processor::start(
-            pool.clone(),
-            &ProcessorConfig {
-                segment_size: 16 << 10,
-                ..ProcessorConfig::default()
-            },
-        )?;
-        let node = MemoryNode::new(pool, NodeConfig::default());
-        processor.serve(&node);
-        let connector = Connector::new(Target::InProcess(node));
+        let (processor, connector) = common::small_memory_node()?;
         // No cache: every read goes to the pool, so a value stranded in a cell shows as a missing key.
         let kn = KvNode::start(
             KnConfig {
@@ -186,5 +177,23 @@ fn a_retried_install_finishes_the_sharing_change() -> anyhow::Result<()> {
     assert_eq!(s.shared_at_memory_node(), 0);
     assert_eq!(kv.get(b"alpha")?, Some(b"a3".to_vec()));
     assert_eq!(kv.get(b"beta")?, Some(b"b1".to_vec()));
+    Ok(())
+}
+
+#[test]
+fn a_refused_operation_comes_back_whole() -> anyhow::Result<()> {
+    let s = Setup::start()?;
+    fail_partway(&s)?;
+    // A caller that forwards refused operations (the RESP front door) keeps no copy: it gets the operation back.
+    let write = dinomo_kn::DataOp::Set(b"alpha".to_vec(), b"forwarded".to_vec());
+    let (tx, rx) = crossbeam_channel::unbounded();
+    s.kn.submitter()
+        .submit(Command::Data(write.clone()), 7, &tx)?;
+    match rx.recv()? {
+        (7, Err(KnError::NotOwner { refused, .. })) => {
+            assert_eq!(refused.as_deref(), Some(&write));
+        }
+        other => panic!("alpha is unsettled, so the write is refused: {other:?}"),
+    }
     Ok(())
 }
