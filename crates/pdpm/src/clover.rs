@@ -376,6 +376,8 @@ struct Space {
     /// Retired slots by the time they may be reused: `(when, node, slot)`.
     leased: VecDeque<(Instant, u16, u32)>,
     parked: VecDeque<(Instant, u16, u32)>,
+    /// Slots ever parked.
+    wrapped: u64,
     granted: HashMap<u32, HashSet<(u16, u32)>>,
     /// The copies of every granted or live version, by its primary copy (the primary first).
     groups: HashMap<(u16, u32), Vec<(u16, u32)>>,
@@ -394,6 +396,7 @@ impl Space {
                 // The 8-bit version wraps: a cursor that old must have been dropped before the slot returns.
                 *v = 1;
                 self.parked.push_back((now + park, node, slot));
+                self.wrapped += 1;
             } else {
                 *v += 1;
                 self.free_slot(node, slot);
@@ -491,6 +494,9 @@ pub struct SpaceStats {
     pub live: usize,
     /// Retired, waiting out the lease or parked after a version wrap.
     pub waiting: usize,
+    /// Slots parked after a version wrap since the server started (each parked slot is also in `waiting` until
+    /// its park has passed).
+    pub wrapped: u64,
 }
 
 /// What a starting MS found on the memory nodes ([`MetadataServer::recovered`]).
@@ -615,6 +621,7 @@ fn rebuild(
         state: (0..m).map(|_| vec![SlotState::Free; slots]).collect(),
         leased: VecDeque::new(),
         parked: VecDeque::new(),
+        wrapped: 0,
         granted: HashMap::new(),
         groups,
     };
@@ -719,6 +726,7 @@ impl MetadataServer {
                 }
             }
         }
+        s.wrapped = space.wrapped;
         s
     }
 
@@ -2444,6 +2452,44 @@ impl Drop for CloverClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wrapped_slot_is_parked_before_it_is_free_again() {
+        let mut space = Space {
+            free: vec![VecDeque::new()],
+            version: vec![vec![u8::MAX - 1, u8::MAX]],
+            state: vec![vec![SlotState::Live; 2]],
+            leased: VecDeque::new(),
+            parked: VecDeque::new(),
+            wrapped: 0,
+            granted: HashMap::new(),
+            groups: HashMap::new(),
+        };
+        let (t0, lease, park) = (
+            Instant::now(),
+            Duration::from_millis(5),
+            Duration::from_secs(10),
+        );
+        space.retire(0, 0, t0 + lease);
+        space.retire(0, 1, t0 + lease);
+        space.reclaim(t0, park);
+        assert!(space.free[0].is_empty(), "nothing is free before the lease");
+        space.reclaim(t0 + lease, park);
+        // Slot 0 comes back at the next version; slot 1's version wrapped, so it is parked, not free.
+        assert_eq!(Vec::from(space.free[0].clone()), vec![0]);
+        assert_eq!(space.version[0], vec![u8::MAX, 1]);
+        assert_eq!(space.state[0][1], SlotState::Waiting);
+        assert_eq!(space.wrapped, 1);
+        space.reclaim(t0 + lease + park / 2, park);
+        assert_eq!(
+            space.free[0].len(),
+            1,
+            "still parked halfway through the park"
+        );
+        space.reclaim(t0 + lease + park, park);
+        assert_eq!(Vec::from(space.free[0].clone()), vec![0, 1]);
+        assert_eq!(space.state[0][1], SlotState::Free);
+    }
 
     #[test]
     fn entries_round_trip_and_damage_is_caught() {
