@@ -838,9 +838,12 @@ impl MetadataServer {
         self.lock_nodes().0.mark_down(node);
     }
 
-    /// The memory nodes the MS counts as unreachable.
+    /// The memory nodes the MS counts as unreachable (one found so `node_retry` ago or more is tried first).
     pub fn down_nodes(&self) -> Vec<usize> {
-        self.lock_nodes().0.down_nodes()
+        let nodes = &mut self.lock_nodes().0;
+        (0..self.node_count)
+            .filter(|&n| !nodes.reachable(n))
+            .collect()
     }
 
     /// The nodes holding the copies (and cells) of the keys whose home is `home`, refused with the first one that

@@ -276,11 +276,6 @@ impl<L: Anchored> MemoryNodes<L> {
         }
     }
 
-    /// The nodes that count as unreachable.
-    pub fn down_nodes(&self) -> Vec<usize> {
-        (0..self.down.len()).filter(|&n| self.is_down(n)).collect()
-    }
-
     /// The fault hooks of the current connection to `node` (tests cut it to fail the node; a reconnection gets
     /// fresh hooks).
     pub fn fault_hooks(&self, node: usize) -> Option<Arc<FaultHooks>> {
