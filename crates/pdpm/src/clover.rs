@@ -48,9 +48,16 @@
 //! header word 0 of the old primary copy (the commit point, as for R = 1), then CAS header word `j` of every old
 //! copy to the new copy `j`, so each replica chain can be followed on its own ([`CloverClient::replica_chain`]).
 //! The fabric counts one round trip per memory node a step reaches (`2R + 1` per write; the protocol's steps are
-//! [`CloverClient::protocol_steps`]). Reads follow the primary chain; reading from replicas after losing a memory
-//! node is not built, and a writer that dies between the commit and the last step leaves that replica link
-//! missing.
+//! [`CloverClient::protocol_steps`]).
+//!
+//! **Memory-node failure.** A key's `R` nodes are its home and the `R - 1` after it: copy `j` of every version
+//! and the key's cell in section `j` (a mirror of the home's cell) are on the `j`-th. Cell `j` names copy `j` of a
+//! version at or past the shortcut: the chaining step CASes it along with the old copy's header words, on the
+//! replicas before the home (whose batch carries the shortcut CAS). Reads use the primary chain; with the home
+//! down they follow replica chain `j` from cell `j` on the first replica node that answers. Writes need all `R`
+//! nodes and are refused ([`PdpmError::NodeDown`], nothing applied) while one is down; a writer that finds a
+//! replica cell behind (an earlier writer stopped between its commit and its chaining) completes the missing
+//! links from the primary chain and moves the cell.
 //!
 //! **MS restart.** The MS keeps its state (slot states, GC versions, free lists) in its memory only, and
 //! [`MetadataServer::new`] rebuilds it from the memory nodes (the cells, which are the key directory, are on the
@@ -2307,7 +2314,7 @@ impl CloverClient {
     /// key's cell in section `j` from the old copy `j` to the new one; then on the home, the primary's other header
     /// words, carrying the shortcut CAS pending there. So every replica cell is at or past the shortcut, and the
     /// version the shortcut passes (retired) is named by no cell. CASes expect "own GC version, no next" (a slot
-    /// recycled meanwhile is left alone); a replica cell found elsewhere is repaired ([`Self::repair_cell`]).
+    /// recycled meanwhile is left alone); a replica cell found elsewhere is repaired (`repair_cell`).
     fn chain_replicas(&mut self, key: &[u8], tail: &Tail, new: &[Grant]) -> Result<(), PdpmError> {
         let r = new.len();
         let home = new[0].node as usize;
