@@ -48,9 +48,16 @@
 //! header word 0 of the old primary copy (the commit point, as for R = 1), then CAS header word `j` of every old
 //! copy to the new copy `j`, so each replica chain can be followed on its own ([`CloverClient::replica_chain`]).
 //! The fabric counts one round trip per memory node a step reaches (`2R + 1` per write; the protocol's steps are
-//! [`CloverClient::protocol_steps`]). Reads follow the primary chain; reading from replicas after losing a memory
-//! node is not built, and a writer that dies between the commit and the last step leaves that replica link
-//! missing.
+//! [`CloverClient::protocol_steps`]).
+//!
+//! **Memory-node failure.** A key's `R` nodes are its home and the `R - 1` after it: copy `j` of every version
+//! and the key's cell in section `j` (a mirror of the home's cell) are on the `j`-th. Cell `j` names copy `j` of a
+//! version at or past the shortcut: the chaining step CASes it along with the old copy's header words, on the
+//! replicas before the home (whose batch carries the shortcut CAS). Reads use the primary chain; with the home
+//! down they follow replica chain `j` from cell `j` on the first replica node that answers. Writes need all `R`
+//! nodes and are refused ([`PdpmError::NodeDown`], nothing applied) while one is down; a writer that finds a
+//! replica cell behind (an earlier writer stopped between its commit and its chaining) completes the missing
+//! links from the primary chain and moves the cell.
 //!
 //! **MS restart.** The MS keeps its state (slot states, GC versions, free lists) in its memory only, and
 //! [`MetadataServer::new`] rebuilds it from the memory nodes (the cells, which are the key directory, are on the
@@ -79,8 +86,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::anchor::{self, Anchor, Anchored, HEADER_LEN, Located, le_u32, le_u64};
 use crate::{
-    Change, PdpmError, PdpmStore, check_key, check_value, hash, new_client_id, roots, tags,
-    validate,
+    Change, MemoryNodes, PdpmError, PdpmStore, Tried, check_key, check_value, hash,
+    is_node_failure, new_client_id, roots, tags, validate,
 };
 
 /// Bytes before the key in a cell: pointer word, key length (+1, 0 = free) and padding.
@@ -104,6 +111,8 @@ pub mod method {
     pub const CREATE: u16 = 0x4c04;
     /// Give back granted slots that will not be used.
     pub const RELEASE: u16 = 0x4c05;
+    /// A client found a memory node unreachable: no space is granted on it for the MS's `node_retry`.
+    pub const REPORT_DOWN: u16 = 0x4c06;
 }
 
 /// The area of a memory node, fixed when it is formatted.
@@ -151,15 +160,22 @@ impl CloverLayout {
             .next_multiple_of(8)
     }
 
+    /// Bytes of the cell sections: `R` sections of `cells` cells (section `j` of node `n` mirrors section 0 of
+    /// node `n - j`, so that a key's directory entry survives its home's failure).
+    fn cells_len(&self) -> u64 {
+        self.replication as u64 * self.cells * self.cell_len()
+    }
+
     /// Bytes of the whole area on one memory node, its header included.
     pub fn area_len(&self) -> u64 {
-        HEADER_LEN + self.cells * self.cell_len() + self.slots * self.slot_len()
+        HEADER_LEN + self.cells_len() + self.slots * self.slot_len()
     }
 
     fn check(&self) -> Result<(), PdpmError> {
         let area = self
             .cells
             .checked_mul(self.cell_len())
+            .and_then(|c| c.checked_mul(self.replication as u64))
             .zip(self.slots.checked_mul(self.slot_len()))
             .and_then(|(c, s)| c.checked_add(s))
             .and_then(|n| n.checked_add(HEADER_LEN));
@@ -184,7 +200,8 @@ impl Anchored for CloverLayout {
         root: roots::CLOVER_AREA,
         tag: tags::CLOVER_AREA,
         magic: b"PDPMCLV1",
-        version: 1,
+        // 2: one cell section per copy.
+        version: 2,
         store: "Clover",
         what: "area",
     };
@@ -344,6 +361,10 @@ pub struct MetadataConfig {
     pub max_grant: u32,
     /// Hops a recovery walk takes along a chain before giving up on it. Default 4096.
     pub max_walk: u32,
+    /// How long a memory node found unreachable (by the MS's own verbs or a client's report) gets no grants and
+    /// no new keys before the MS connects to it again. Default 1 s.
+    #[serde(with = "humantime_serde")]
+    pub node_retry: Duration,
 }
 
 impl Default for MetadataConfig {
@@ -355,6 +376,7 @@ impl Default for MetadataConfig {
             wrap_park: Duration::from_secs(10),
             max_grant: 1024,
             max_walk: 4096,
+            node_retry: Duration::from_secs(1),
         }
     }
 }
@@ -463,8 +485,9 @@ impl Space {
 pub struct MetadataServer {
     config: MetadataConfig,
     layout: CloverLayout,
-    eps: Mutex<(Vec<Endpoint>, Batch)>,
-    areas: Vec<Located>,
+    /// The MS's connections to the memory nodes (and which it counts as down).
+    nodes: Mutex<(MemoryNodes<CloverLayout>, Batch)>,
+    node_count: usize,
     space: Mutex<Space>,
     recovered: Recovered,
 }
@@ -474,7 +497,7 @@ impl std::fmt::Debug for MetadataServer {
         f.debug_struct("MetadataServer")
             .field("config", &self.config)
             .field("layout", &self.layout)
-            .field("nodes", &self.areas.len())
+            .field("nodes", &self.node_count)
             .finish()
     }
 }
@@ -663,7 +686,8 @@ impl MetadataServer {
                 "max_probe, max_grant and max_walk must be at least 1".into(),
             ));
         }
-        let (eps, areas, layout) = anchor::locate_all::<CloverLayout>(connectors)?;
+        let mut nodes = MemoryNodes::<CloverLayout>::connect(connectors, config.node_retry)?;
+        let layout = nodes.layout.clone();
         if layout.replication as usize > connectors.len() {
             return Err(PdpmError::Config(format!(
                 "replication {} needs at least that many memory nodes, have {}",
@@ -677,8 +701,7 @@ impl MetadataServer {
                 config.max_probe, layout.cells
             )));
         }
-        let mut eps = eps;
-        let (space, recovered) = rebuild(&mut eps, &areas, &layout, &config)?;
+        let (space, recovered) = rebuild(&mut nodes.eps, &nodes.areas, &layout, &config)?;
         tracing::info!(
             keys = recovered.keys,
             live = recovered.live,
@@ -690,8 +713,8 @@ impl MetadataServer {
             space: Mutex::new(space),
             config,
             layout,
-            eps: Mutex::new((eps, Batch::new())),
-            areas,
+            node_count: nodes.len(),
+            nodes: Mutex::new((nodes, Batch::new())),
             recovered,
         }))
     }
@@ -760,27 +783,32 @@ impl MetadataServer {
 
     /// Whether the entry at `p` is a version linked into its key's chain: reachable from the key's shortcut.
     fn is_linked(&self, p: Ptr) -> Result<bool, PdpmError> {
-        let mut guard = self.eps.lock().unwrap_or_else(|e| e.into_inner());
-        let (eps, batch) = &mut *guard;
+        let mut guard = self.lock_nodes();
+        let (nodes, batch) = &mut *guard;
         let node = p.node() as usize;
+        if node >= self.node_count {
+            return Ok(false);
+        }
         let mut buf = vec![0u8; self.layout.slot_len() as usize];
-        eps[node].read(
-            slot_addr(&self.areas[node], &self.layout, p.slot()),
+        let r = nodes.eps[node].read(
+            slot_addr(&nodes.areas[node], &self.layout, p.slot()),
             &mut buf,
-        )?;
+        );
+        nodes.track(node, r)?;
         let Some(entry) = parse_entry(&self.layout, &buf, p.version()) else {
             return Ok(false);
         };
         let key = entry.key.clone();
-        let home = home_node(&key, self.config.node_seed, self.areas.len());
-        let cells = probe_cells(
-            &mut eps[home],
+        let home = home_node(&key, self.config.node_seed, self.node_count);
+        let r = probe_cells(
+            &mut nodes.eps[home],
             batch,
-            &self.areas[home],
+            &nodes.areas[home],
             &self.layout,
             self.config.max_probe,
             &key,
-        )?;
+        );
+        let cells = nodes.track(home, r)?;
         let Some((_, mut cur)) = cells.found else {
             return Ok(false);
         };
@@ -790,7 +818,11 @@ impl MetadataServer {
                 return Ok(true);
             }
             let n = c.node() as usize;
-            eps[n].read(slot_addr(&self.areas[n], &self.layout, c.slot()), &mut buf)?;
+            if n >= self.node_count {
+                return Ok(false);
+            }
+            let r = nodes.eps[n].read(slot_addr(&nodes.areas[n], &self.layout, c.slot()), &mut buf);
+            nodes.track(n, r)?;
             match parse_entry(&self.layout, &buf, c.version()) {
                 Some(e) if e.key == key => cur = e.next,
                 _ => return Ok(false),
@@ -801,6 +833,42 @@ impl MetadataServer {
 
     fn lock_space(&self) -> std::sync::MutexGuard<'_, Space> {
         self.space.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_nodes(&self) -> std::sync::MutexGuard<'_, (MemoryNodes<CloverLayout>, Batch)> {
+        self.nodes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records that memory node `node` is unreachable: no space on it is granted, and no key whose cells it holds
+    /// is created, for `node_retry`; then the MS connects to it again.
+    pub fn mark_down(&self, node: usize) {
+        self.lock_nodes().0.mark_down(node);
+    }
+
+    /// The memory nodes the MS counts as unreachable (one found so `node_retry` ago or more is tried first).
+    pub fn down_nodes(&self) -> Vec<usize> {
+        let nodes = &mut self.lock_nodes().0;
+        (0..self.node_count)
+            .filter(|&n| !nodes.reachable(n))
+            .collect()
+    }
+
+    /// The nodes holding the copies (and cells) of the keys whose home is `home`, refused with the first one that
+    /// is unreachable (connected again once `node_retry` has passed).
+    fn copy_nodes_up(
+        &self,
+        nodes: &mut MemoryNodes<CloverLayout>,
+        home: usize,
+    ) -> Result<Vec<usize>, RpcError> {
+        let set: Vec<usize> = (0..self.layout.replication as usize)
+            .map(|j| copy_node(home, j, self.node_count))
+            .collect();
+        match set.iter().find(|&&n| !nodes.reachable(n)) {
+            Some(n) => Err(failed(format!(
+                "memory node {n} is down: keys whose home is node {home} keep their copies on nodes {set:?}"
+            ))),
+            None => Ok(set),
+        }
     }
 
     fn take_records(&self, space: &mut Space, client: u32, records: &[Record]) {
@@ -828,30 +896,26 @@ impl MetadataServer {
         }
     }
 
+    /// Versions for keys whose home is `req.node`: copy `j` on the `j`-th node from the home, so that a key's
+    /// chains and cells share its `R` nodes. Refused while one of them counts as down (the records are taken
+    /// first).
     fn grant(&self, req: GrantRequest) -> Result<Vec<Vec<Grant>>, RpcError> {
-        let m = self.areas.len();
-        let r = self.layout.replication as usize;
+        let home = req.node as usize;
         let mut space = self.lock_space();
         self.take_records(&mut space, req.client, &req.records);
         space.reclaim(Instant::now(), self.config.wrap_park);
+        if home >= self.node_count {
+            return Err(failed(format!("no memory node {home}")));
+        }
+        let set = self.copy_nodes_up(&mut self.lock_nodes().0, home)?;
         let count = req.count.min(self.config.max_grant);
         let mut out = Vec::with_capacity(count as usize);
-        let mut order: Vec<usize> = Vec::with_capacity(m);
         for _ in 0..count {
-            // The primary on the node asked for when it has room, the replicas on the nodes with most free slots.
-            order.clear();
-            order.extend(0..m);
-            order.sort_by_key(|&n| {
-                (
-                    n != req.node as usize || space.free[n].is_empty(),
-                    std::cmp::Reverse(space.free[n].len()),
-                )
-            });
-            if space.free[order[r - 1]].is_empty() {
+            if set.iter().any(|&n| space.free[n].is_empty()) {
                 break;
             }
-            let mut group = Vec::with_capacity(r);
-            for &node in &order[..r] {
+            let mut group = Vec::with_capacity(set.len());
+            for &node in &set {
                 let slot = space.free[node].pop_front().unwrap_or_default();
                 space.state[node][slot as usize] = SlotState::Granted(req.client);
                 space
@@ -901,18 +965,20 @@ impl MetadataServer {
         if key.len() > self.layout.max_key as usize {
             return Err(failed("key longer than the layout allows"));
         }
-        let home = home_node(key, self.config.node_seed, self.areas.len());
-        let mut guard = self.eps.lock().unwrap_or_else(|e| e.into_inner());
-        let (eps, batch) = &mut *guard;
-        let cells = probe_cells(
-            &mut eps[home],
+        let home = home_node(key, self.config.node_seed, self.node_count);
+        let mut guard = self.lock_nodes();
+        let (nodes, batch) = &mut *guard;
+        // Every node holding the key's cells must answer: a key is created on all of them or not at all.
+        let set = self.copy_nodes_up(nodes, home)?;
+        let r = probe_cells(
+            &mut nodes.eps[home],
             batch,
-            &self.areas[home],
+            &nodes.areas[home],
             &self.layout,
             self.config.max_probe,
             key,
-        )
-        .map_err(|e| failed(e.to_string()))?;
+        );
+        let cells = nodes.track(home, r).map_err(|e| failed(e.to_string()))?;
         if let Some((cell, _)) = cells.found {
             return Ok(CellRef {
                 node: home as u16,
@@ -928,15 +994,24 @@ impl MetadataServer {
         // Cell bytes 8..16: the key length + 1 (0 = free), then padding.
         let mut tag = [0u8; 8];
         tag[..2].copy_from_slice(&(key.len() as u16 + 1).to_le_bytes());
-        // The key first, then the length word that makes the cell taken (the pointer word stays 0).
-        let addr = cell_addr(&self.areas[home], &self.layout, cell);
-        batch.clear();
-        batch.write(addr.offset_by(CELL_HEAD as u64), key);
-        batch.write(addr.offset_by(8), &tag);
-        let check = batch.read(addr.offset_by(8), 8);
-        eps[home].post(batch).map_err(|e| failed(e.to_string()))?;
-        validate(home, Some(cell as u64), batch.read_data(check), &tag)
-            .map_err(|e| failed(e.to_string()))?;
+        // The replicas' cells first (pointer word 0, in case an earlier creation stopped halfway there), then the
+        // home's: the key, then the length word that makes the cell taken (its pointer word is 0 while free).
+        for j in (0..set.len()).rev() {
+            let node = set[j];
+            let addr = section_cell_addr(&nodes.areas[node], &self.layout, j, cell);
+            batch.clear();
+            if j > 0 {
+                batch.write(addr, &[0u8; 8]);
+            }
+            batch.write(addr.offset_by(CELL_HEAD as u64), key);
+            batch.write(addr.offset_by(8), &tag);
+            let check = batch.read(addr.offset_by(8), 8);
+            let r = nodes.eps[node].post(batch);
+            nodes
+                .track(node, r)
+                .and_then(|()| validate(node, Some(cell as u64), batch.read_data(check), &tag))
+                .map_err(|e| failed(e.to_string()))?;
+        }
         Ok(CellRef {
             node: home as u16,
             cell,
@@ -949,7 +1024,7 @@ impl RpcHandler for MetadataServer {
         match method {
             method::LAYOUT => encode(
                 &LayoutReply {
-                    nodes: self.areas.len() as u32,
+                    nodes: self.node_count as u32,
                     layout: self.layout.clone(),
                     max_probe: self.config.max_probe,
                     node_seed: self.config.node_seed,
@@ -975,6 +1050,14 @@ impl RpcHandler for MetadataServer {
             method::RELEASE => {
                 let req: ReleaseRequest = decode(request)?;
                 self.release(req);
+                encode(&(), response)
+            }
+            method::REPORT_DOWN => {
+                let node: u32 = decode(request)?;
+                if node as usize >= self.node_count {
+                    return Err(failed(format!("no memory node {node}")));
+                }
+                self.mark_down(node as usize);
                 encode(&(), response)
             }
             other => Err(RpcError::UnknownMethod(other)),
@@ -1020,13 +1103,31 @@ fn home_node(key: &[u8], seed: u64, nodes: usize) -> usize {
     (hash(key, seed) % nodes as u64) as usize
 }
 
+/// Cell `cell` of section 0 (the keys whose home this node is).
 fn cell_addr(area: &Located, layout: &CloverLayout, cell: u32) -> RemoteAddr {
-    area.data.at(area.body + cell as u64 * layout.cell_len())
+    section_cell_addr(area, layout, 0, cell)
+}
+
+/// Cell `cell` of section `section` (section `j` mirrors section 0 of the node `j` before this one).
+fn section_cell_addr(
+    area: &Located,
+    layout: &CloverLayout,
+    section: usize,
+    cell: u32,
+) -> RemoteAddr {
+    area.data
+        .at(area.body + (section as u64 * layout.cells + cell as u64) * layout.cell_len())
 }
 
 fn slot_addr(area: &Located, layout: &CloverLayout, slot: u32) -> RemoteAddr {
     area.data
-        .at(area.body + layout.cells * layout.cell_len() + slot as u64 * layout.slot_len())
+        .at(area.body + layout.cells_len() + slot as u64 * layout.slot_len())
+}
+
+/// The memory node holding copy `j` of every version of the keys whose home is `home` (and their cells' section
+/// `j`): the `R` copies of a key's versions live on its home and the `R - 1` nodes after it.
+fn copy_node(home: usize, j: usize, nodes: usize) -> usize {
+    (home + j) % nodes
 }
 
 struct Probe {
@@ -1035,7 +1136,8 @@ struct Probe {
     first_free: Option<u32>,
 }
 
-/// The cells of `key`'s probe window, read in one round trip (two READs when the window wraps) with `batch`.
+/// The cells of `key`'s probe window in section 0, read in one round trip (two READs when the window wraps) with
+/// `batch`.
 fn probe_cells(
     ep: &mut Endpoint,
     batch: &mut Batch,
@@ -1045,16 +1147,18 @@ fn probe_cells(
     key: &[u8],
 ) -> Result<Probe, PdpmError> {
     batch.clear();
-    let slots = probe_reads(batch, area, layout, max_probe, key);
+    let slots = probe_reads(batch, area, layout, 0, max_probe, key);
     ep.post(batch)?;
     Ok(scan_probe(batch, &slots, layout, key))
 }
 
-/// Adds the READs of `key`'s probe window to `batch`: `(first cell, cells, verb)` per READ.
+/// Adds the READs of `key`'s probe window in cell section `section` to `batch`: `(first cell, cells, verb)` per
+/// READ.
 fn probe_reads(
     batch: &mut Batch,
     area: &Located,
     layout: &CloverLayout,
+    section: usize,
     max_probe: u32,
     key: &[u8],
 ) -> Vec<(u32, u32, dinomo_fabric::Slot)> {
@@ -1064,7 +1168,7 @@ fn probe_reads(
         start,
         first,
         batch.read(
-            cell_addr(area, layout, start),
+            section_cell_addr(area, layout, section, start),
             first * layout.cell_len() as u32,
         ),
     )];
@@ -1073,7 +1177,10 @@ fn probe_reads(
         out.push((
             0,
             rest,
-            batch.read(cell_addr(area, layout, 0), rest * layout.cell_len() as u32),
+            batch.read(
+                section_cell_addr(area, layout, section, 0),
+                rest * layout.cell_len() as u32,
+            ),
         ));
     }
     out
@@ -1222,6 +1329,9 @@ pub struct CloverSettings {
     /// Default 2 s.
     #[serde(with = "humantime_serde")]
     pub space_wait: Duration,
+    /// A memory node found unreachable is left alone for this long, then connected again. Default 1 s.
+    #[serde(with = "humantime_serde")]
+    pub node_retry: Duration,
 }
 
 impl Default for CloverSettings {
@@ -1235,6 +1345,7 @@ impl Default for CloverSettings {
             read_timeout: Duration::from_millis(50),
             max_hops: 4096,
             space_wait: Duration::from_secs(2),
+            node_retry: Duration::from_secs(1),
         }
     }
 }
@@ -1458,8 +1569,8 @@ impl Background {
 pub struct CloverClient {
     ms: Endpoint,
     background: Background,
-    eps: Vec<Endpoint>,
-    areas: Vec<Located>,
+    /// Connections to the memory nodes, and those found unreachable.
+    nodes: MemoryNodes<CloverLayout>,
     layout: CloverLayout,
     max_probe: u32,
     node_seed: u64,
@@ -1485,7 +1596,7 @@ impl std::fmt::Debug for CloverClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CloverClient")
             .field("id", &self.id)
-            .field("nodes", &self.eps.len())
+            .field("nodes", &self.nodes.len())
             .finish()
     }
 }
@@ -1529,19 +1640,12 @@ impl CloverClient {
                 reply.wrap_park_us
             )));
         }
-        let mut eps = Vec::new();
-        let mut areas = Vec::new();
-        for (node, c) in memory_nodes.iter().enumerate() {
-            let mut ep = c.connect()?;
-            let (area, l) = anchor::locate::<CloverLayout>(&mut ep, node)?;
-            if l != reply.layout {
-                return Err(PdpmError::Layout {
-                    node,
-                    why: "area differs from the metadata server's".into(),
-                });
-            }
-            eps.push(ep);
-            areas.push(area);
+        let nodes = MemoryNodes::<CloverLayout>::connect(memory_nodes, settings.node_retry)?;
+        if nodes.layout != reply.layout {
+            return Err(PdpmError::Layout {
+                node: 0,
+                why: "area differs from the metadata server's".into(),
+            });
         }
         let id = new_client_id() ^ CLIENT_SEQ.fetch_add(1, Ordering::Relaxed).rotate_left(16);
         let id = if id == 0 { 1 } else { id };
@@ -1549,9 +1653,8 @@ impl CloverClient {
         Ok(CloverClient {
             ms,
             background,
-            free: vec![Vec::new(); eps.len()],
-            eps,
-            areas,
+            free: vec![Vec::new(); nodes.len()],
+            nodes,
             layout: reply.layout,
             max_probe: reply.max_probe,
             node_seed: reply.node_seed,
@@ -1576,17 +1679,64 @@ impl CloverClient {
         self.id
     }
 
-    /// Has the background thread fetch free slots now and waits for them (up to `space_wait`), so that the next
-    /// writes find some.
+    /// Has the background thread fetch free slots for the keys of every home node whose copy nodes answer, and
+    /// waits for them (up to `space_wait` each), so that the next writes find some.
     pub fn refill(&mut self) -> Result<(), PdpmError> {
-        let g = self.wait_for_grants(0)?;
-        self.give_back(g);
+        for home in 0..self.nodes.len() {
+            if self.copies_up(home).is_err() {
+                continue;
+            }
+            let g = self.wait_for_grants(home)?;
+            self.give_back(g);
+        }
+        Ok(())
+    }
+
+    /// The fault hooks of this client's current connection to memory node `node` (tests cut it to fail the node;
+    /// a reconnection after [`CloverSettings::node_retry`] gets fresh hooks).
+    pub fn fault_hooks(&self, node: usize) -> Option<Arc<dinomo_fabric::FaultHooks>> {
+        self.nodes.fault_hooks(node)
+    }
+
+    /// The home node of `key`: its cells and the primary copies of its versions are there, copy `j` on the `j`-th
+    /// node after it.
+    pub fn home_of(&self, key: &[u8]) -> usize {
+        self.home(key)
+    }
+
+    /// Passes `r` (the outcome of a verb to `node`) on; when its error says the node is gone, marks it down and
+    /// tells the MS (best effort), which then grants no space on it.
+    fn on<T, E: Into<PdpmError>>(&mut self, node: usize, r: Result<T, E>) -> Result<T, PdpmError> {
+        let r = self.nodes.track(node, r);
+        if let Err(e) = &r
+            && is_node_failure(e)
+            && let Err(report) = self.ms.call::<_, ()>(method::REPORT_DOWN, &(node as u32))
+        {
+            tracing::debug!(node, error = %report, "could not report a memory node down");
+        }
+        r
+    }
+
+    /// Writes need every node holding a copy of the key's versions (the commit point is the primary's header,
+    /// and every copy is chained before the write returns): refused, nothing applied, while one counts as down.
+    fn copies_up(&mut self, home: usize) -> Result<(), PdpmError> {
+        for j in 0..self.layout.replication as usize {
+            let node = copy_node(home, j, self.nodes.len());
+            if !self.nodes.reachable(node) {
+                return Err(PdpmError::NodeDown {
+                    node,
+                    why: format!(
+                        "it holds copy {j} of the versions of keys whose home is node {home}; writes need every copy"
+                    ),
+                });
+            }
+        }
         Ok(())
     }
 
     /// Sends the shortcut CASes and records held, so that the MS knows of every retired slot.
     pub fn flush(&mut self) -> Result<(), PdpmError> {
-        for node in 0..self.eps.len() {
+        for node in 0..self.nodes.len() {
             if self.pending.iter().any(|p| p.cell.node as usize == node) {
                 self.batch.clear();
                 let carried = self.carry_pending(node);
@@ -1646,12 +1796,24 @@ impl CloverClient {
         r
     }
 
+    /// `e` from a write step before anything became visible: a node failure means the write was not applied.
+    fn refused(node: usize, e: PdpmError) -> PdpmError {
+        match e {
+            PdpmError::NodeDown { .. } => e,
+            e if is_node_failure(&e) => PdpmError::NodeDown {
+                node,
+                why: e.to_string(),
+            },
+            e => e,
+        }
+    }
+
     fn home(&self, key: &[u8]) -> usize {
-        home_node(key, self.node_seed, self.eps.len())
+        home_node(key, self.node_seed, self.nodes.len())
     }
 
     fn valid_ptr(&self, p: Ptr) -> Result<(), PdpmError> {
-        if (p.node() as usize) < self.eps.len() && (p.slot() as u64) < self.layout.slots {
+        if (p.node() as usize) < self.nodes.len() && (p.slot() as u64) < self.layout.slots {
             return Ok(());
         }
         Err(PdpmError::Layout {
@@ -1667,7 +1829,7 @@ impl CloverClient {
         while i < self.pending.len() {
             let p = self.pending[i];
             if p.cell.node as usize == node {
-                let addr = cell_addr(&self.areas[node], &self.layout, p.cell.cell);
+                let addr = cell_addr(&self.nodes.areas[node], &self.layout, p.cell.cell);
                 carried.push((p, self.batch.cas(addr, p.from.word(), p.to.word())));
                 self.pending.remove(i);
             } else {
@@ -1686,7 +1848,8 @@ impl CloverClient {
         if !self.parallel {
             self.steps += 1;
         }
-        self.eps[node].post(&mut self.batch)?;
+        let r = self.nodes.eps[node].post(&mut self.batch);
+        self.on(node, r)?;
         for (p, verb) in carried {
             if self.batch.old_value(verb) == p.from.word() {
                 self.records.push(Record::Retired(p.from));
@@ -1703,9 +1866,10 @@ impl CloverClient {
     fn help_stalled(&mut self) -> Result<(), PdpmError> {
         while let Some(p) = self.stalled.pop() {
             let node = p.cell.node as usize;
-            let addr = cell_addr(&self.areas[node], &self.layout, p.cell.cell);
+            let addr = cell_addr(&self.nodes.areas[node], &self.layout, p.cell.cell);
             let mut word = [0u8; 8];
-            self.eps[node].read(addr, &mut word)?;
+            let r = self.nodes.eps[node].read(addr, &mut word);
+            self.on(node, r)?;
             let mut cur = Ptr::from_word(u64::from_le_bytes(word));
             for _ in 0..self.settings.max_hops {
                 let Some(c) = cur else { break };
@@ -1715,7 +1879,8 @@ impl CloverClient {
                 self.valid_ptr(c)?;
                 let Some(e) = self.read_entry(c)? else {
                     // Retired and reused meanwhile: someone moved the shortcut past it; look again.
-                    self.eps[node].read(addr, &mut word)?;
+                    let r = self.nodes.eps[node].read(addr, &mut word);
+                    self.on(node, r)?;
                     let now = Ptr::from_word(u64::from_le_bytes(word));
                     if now == cur {
                         break;
@@ -1724,7 +1889,8 @@ impl CloverClient {
                     continue;
                 };
                 let Some(next) = e.next else { break };
-                let old = self.eps[node].cas(addr, c.word(), next.word())?;
+                let r = self.nodes.eps[node].cas(addr, c.word(), next.word());
+                let old = self.on(node, r)?;
                 if old == c.word() {
                     self.records.push(Record::Retired(c));
                     cur = Some(next);
@@ -1743,7 +1909,7 @@ impl CloverClient {
         self.batch.clear();
         let carried = self.carry_pending(node);
         let verb = self.batch.read(
-            slot_addr(&self.areas[node], &self.layout, p.slot()),
+            slot_addr(&self.nodes.areas[node], &self.layout, p.slot()),
             self.layout.slot_len() as u32,
         );
         let start = Instant::now();
@@ -1763,9 +1929,10 @@ impl CloverClient {
         let node = cell.node as usize;
         self.batch.clear();
         let carried = self.carry_pending(node);
-        let verb = self
-            .batch
-            .read(cell_addr(&self.areas[node], &self.layout, cell.cell), 8);
+        let verb = self.batch.read(
+            cell_addr(&self.nodes.areas[node], &self.layout, cell.cell),
+            8,
+        );
         self.post(node, carried)?;
         Ok(Ptr::from_word(le_u64(self.batch.read_data(verb), 0)))
     }
@@ -1777,8 +1944,9 @@ impl CloverClient {
         let carried = self.carry_pending(home);
         let reads = probe_reads(
             &mut self.batch,
-            &self.areas[home],
+            &self.nodes.areas[home],
             &self.layout,
+            0,
             self.max_probe,
             key,
         );
@@ -1810,12 +1978,14 @@ impl CloverClient {
                 self.batch.clear();
                 let carried = self.carry_pending(node);
                 let entry = self.batch.read(
-                    slot_addr(&self.areas[node], &self.layout, t.slot()),
+                    slot_addr(&self.nodes.areas[node], &self.layout, t.slot()),
                     self.layout.slot_len() as u32,
                 );
                 let sc = (cell.node as usize == node).then(|| {
-                    self.batch
-                        .read(cell_addr(&self.areas[node], &self.layout, cell.cell), 8)
+                    self.batch.read(
+                        cell_addr(&self.nodes.areas[node], &self.layout, cell.cell),
+                        8,
+                    )
                 });
                 let start = Instant::now();
                 self.post(node, carried)?;
@@ -1882,20 +2052,99 @@ impl CloverClient {
         })
     }
 
-    /// A granted version (one slot per copy, the primary first), its primary preferably on `node`. Slots come
+    /// `key`'s committed value: from the primary chain on its home; when the home is down, from the first replica
+    /// node that answers, along its own chain (cell section `j`, header words `j`), which every write chains
+    /// before it returns. No copy answers: [`PdpmError::NodeDown`].
+    fn read_value(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, PdpmError> {
+        let home = self.home(key);
+        let mut tried = Tried::default();
+        if self.nodes.reachable(home) {
+            match self.read_tail(key) {
+                Ok(t) => return Ok(t.and_then(|t| t.value)),
+                Err(e) if is_node_failure(&e) => tried.failed(home, &e),
+                Err(e) => return Err(e),
+            }
+        } else {
+            tried.skipped(home);
+        }
+        for j in 1..self.layout.replication as usize {
+            let node = copy_node(home, j, self.nodes.len());
+            if !self.nodes.reachable(node) {
+                tried.skipped(node);
+                continue;
+            }
+            match self.read_replica(key, j) {
+                Ok(v) => return Ok(v),
+                Err(e) if is_node_failure(&e) => tried.failed(node, &e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(tried.node_down(home, "copy of the key"))
+    }
+
+    /// `key`'s value along replica chain `j`: its cell in section `j` (the cached cell index, else the probe
+    /// window there) names copy `j` of a version at or past the shortcut; header word `j` leads on to the tail.
+    /// A copy that fails validation (its slot was recycled under this walk) restarts from the cell.
+    fn read_replica(&mut self, key: &[u8], j: usize) -> Result<Option<Vec<u8>>, PdpmError> {
+        let home = self.home(key);
+        let node = copy_node(home, j, self.nodes.len());
+        let cell = match self.cache.get(key).map(|c| c.cell.cell) {
+            Some(c) => c,
+            None => {
+                self.batch.clear();
+                let carried = self.carry_pending(node);
+                let reads = probe_reads(
+                    &mut self.batch,
+                    &self.nodes.areas[node],
+                    &self.layout,
+                    j,
+                    self.max_probe,
+                    key,
+                );
+                self.post(node, carried)?;
+                match scan_probe(&self.batch, &reads, &self.layout, key).found {
+                    None => return Ok(None),
+                    Some((c, _)) => c,
+                }
+            }
+        };
+        let addr = section_cell_addr(&self.nodes.areas[node], &self.layout, j, cell);
+        let mut word = [0u8; 8];
+        let mut cur = None;
+        let mut from_cell = true;
+        for _ in 0..self.settings.max_hops {
+            if from_cell {
+                let r = self.nodes.eps[node].read(addr, &mut word);
+                self.on(node, r)?;
+                cur = Ptr::from_word(u64::from_le_bytes(word));
+                from_cell = false;
+            }
+            let Some(p) = cur else { return Ok(None) };
+            self.valid_ptr(p)?;
+            match self.read_entry(p)? {
+                Some(e) if e.key == key => match e.nexts.get(j).copied().flatten() {
+                    None => return Ok(e.value),
+                    Some(n) => cur = Some(n),
+                },
+                _ => from_cell = true,
+            }
+        }
+        Err(PdpmError::Contended {
+            node,
+            slot: cell as u64,
+            attempts: self.settings.max_hops,
+        })
+    }
+
+    /// A granted version (one slot per copy, the primary first) for a key whose home is `node`. Slots come
     /// from the background thread, asked for once fewer than `refill_at` are left; a write that finds none waits
     /// for them (up to `space_wait`, while retired slots wait out their lease).
     fn take_group(&mut self, node: usize) -> Result<Vec<Grant>, PdpmError> {
         self.take_inbox()?;
-        let g = match self.free[node].pop() {
-            Some(g) => Some(g),
-            None => self.free.iter_mut().find_map(|f| f.pop()),
-        };
-        let Some(g) = g else {
+        let Some(g) = self.free[node].pop() else {
             return self.wait_for_grants(node);
         };
-        let held: usize = self.free.iter().map(Vec::len).sum();
-        if held < self.settings.refill_at as usize {
+        if self.free[node].len() < self.settings.refill_at as usize {
             self.ask_for_grants(node);
         }
         Ok(g)
@@ -1923,9 +2172,18 @@ impl CloverClient {
                 self.valid_ptr(g.ptr())?;
                 nodes.insert(g.node);
             }
-            if group.len() != self.layout.replication as usize || nodes.len() != group.len() {
+            let m = self.nodes.len();
+            let placed = group
+                .iter()
+                .enumerate()
+                .all(|(j, g)| g.node as usize == copy_node(group[0].node as usize, j, m));
+            if group.len() != self.layout.replication as usize
+                || nodes.len() != group.len()
+                || !placed
+            {
                 return Err(PdpmError::Coordinator(
-                    "granted version does not have one slot per copy on distinct nodes".into(),
+                    "granted version does not have copy j on the j-th node from its primary's"
+                        .into(),
                 ));
             }
             self.give_back(group);
@@ -1956,7 +2214,7 @@ impl CloverClient {
                 }
             }
             self.take_inbox()?;
-            if let Some(g) = self.free.iter_mut().find_map(|f| f.pop()) {
+            if let Some(g) = self.free[node].pop() {
                 return Ok(g);
             }
             if Instant::now() >= deadline || self.background.thread.is_none() {
@@ -1989,7 +2247,7 @@ impl CloverClient {
             let g = group[j];
             encode_entry(&mut bytes, group, j, key, value);
             let node = g.node as usize;
-            let addr = slot_addr(&self.areas[node], &self.layout, g.slot);
+            let addr = slot_addr(&self.nodes.areas[node], &self.layout, g.slot);
             self.batch.clear();
             let carried = self.carry_pending(node);
             self.batch.write(addr, &bytes);
@@ -2021,7 +2279,7 @@ impl CloverClient {
                 let node = cell.node as usize;
                 (
                     node,
-                    cell_addr(&self.areas[node], &self.layout, cell.cell),
+                    cell_addr(&self.nodes.areas[node], &self.layout, cell.cell),
                     0,
                     new.word(),
                 )
@@ -2031,14 +2289,15 @@ impl CloverClient {
                 let own = (t.version() as u64) << 56;
                 (
                     node,
-                    slot_addr(&self.areas[node], &self.layout, t.slot()),
+                    slot_addr(&self.nodes.areas[node], &self.layout, t.slot()),
                     own,
                     own | new.word(),
                 )
             }
         };
         self.steps += 1;
-        let old = self.eps[node].cas(addr, expect, swap)?;
+        let r = self.nodes.eps[node].cas(addr, expect, swap);
+        let old = self.on(node, r)?;
         if old == expect {
             return Ok(None);
         }
@@ -2050,39 +2309,172 @@ impl CloverClient {
         }
     }
 
-    /// All-way chaining (R > 1): every copy of the old tail gets header word `j` pointing at the new version's copy
-    /// `j` (word 0 of the primary was the link). CASes expecting "own GC version, no next", so a slot recycled
-    /// meanwhile is left alone. One round trip per memory node; one protocol step.
-    fn chain_replicas(&mut self, old: &[Ptr], new: &[Grant]) -> Result<(), PdpmError> {
-        if new.len() < 2 || old.len() != new.len() {
-            return Ok(());
-        }
+    /// All-way chaining (R > 1), one protocol step with one round trip per memory node: on each replica node `j`
+    /// (the last first), header word `k` of the old tail's copy `j` is CASed to the new version's copy `k` and the
+    /// key's cell in section `j` from the old copy `j` to the new one; then on the home, the primary's other header
+    /// words, carrying the shortcut CAS pending there. So every replica cell is at or past the shortcut, and the
+    /// version the shortcut passes (retired) is named by no cell. CASes expect "own GC version, no next" (a slot
+    /// recycled meanwhile is left alone); a replica cell found elsewhere is repaired (`repair_cell`).
+    fn chain_replicas(&mut self, key: &[u8], tail: &Tail, new: &[Grant]) -> Result<(), PdpmError> {
+        let r = new.len();
+        let home = new[0].node as usize;
+        let old: &[Ptr] = if tail.copies.len() == r {
+            &tail.copies
+        } else {
+            &[]
+        };
         for &o in old {
             self.valid_ptr(o)?;
         }
         self.steps += 1;
         self.parallel = true;
-        let r = old.iter().enumerate().try_for_each(|(i, &o)| {
-            let node = o.node() as usize;
-            let base = slot_addr(&self.areas[node], &self.layout, o.slot());
-            let own = (o.version() as u64) << 56;
+        let result = (1..r).rev().try_for_each(|j| {
+            let node = new[j].node as usize;
             self.batch.clear();
             let carried = self.carry_pending(node);
-            for (j, n) in new.iter().enumerate() {
-                if i == 0 && j == 0 {
-                    continue;
+            if let Some(&o) = old.get(j) {
+                if o.node() as usize != node {
+                    return Err(PdpmError::Layout {
+                        node,
+                        why: format!("copy {j} of a version is on node {}", o.node()),
+                    });
                 }
-                self.batch
-                    .cas(base.offset_by(8 * j as u64), own, own | n.ptr().word());
+                let base = slot_addr(&self.nodes.areas[node], &self.layout, o.slot());
+                let own = (o.version() as u64) << 56;
+                for (k, n) in new.iter().enumerate() {
+                    self.batch
+                        .cas(base.offset_by(8 * k as u64), own, own | n.ptr().word());
+                }
             }
-            self.post(node, carried)
+            let cell = section_cell_addr(&self.nodes.areas[node], &self.layout, j, tail.cell.cell);
+            let expect = old.get(j).map_or(0, |o| o.word());
+            let verb = self.batch.cas(cell, expect, new[j].ptr().word());
+            self.post(node, carried)?;
+            if self.batch.old_value(verb) != expect {
+                self.repair_cell(key, j, tail.cell.cell, new[j].ptr())?;
+            }
+            Ok(())
+        });
+        let result = result.and_then(|()| {
+            // The shortcut CAS (old tail to new) rides in the home's batch.
+            if let Some(from) = tail.ptr {
+                self.pending.push(PendingShortcut {
+                    cell: tail.cell,
+                    from,
+                    to: new[0].ptr(),
+                });
+            }
+            self.batch.clear();
+            let carried = self.carry_pending(home);
+            if let Some(&o) = old.first() {
+                let base = slot_addr(&self.nodes.areas[home], &self.layout, o.slot());
+                let own = (o.version() as u64) << 56;
+                for (k, n) in new.iter().enumerate().skip(1) {
+                    self.batch
+                        .cas(base.offset_by(8 * k as u64), own, own | n.ptr().word());
+                }
+            }
+            self.post(home, carried)
         });
         self.parallel = false;
-        r
+        result
+    }
+
+    /// Brings `key`'s cell in section `j` (on the `j`-th node from its home) to `target` (copy `j` of the version
+    /// this client just linked) unless it is past it already. The cell was not at the old tail's copy: an earlier
+    /// writer stopped between its commit and its chaining (then replica chain `j` misses that link too), or a
+    /// later writer's chaining ran first. Walks chain `j` from the cell: meeting `target`, the cell was behind and
+    /// is CASed forward; reaching the key's tail without meeting it, the cell is past it. A copy with no next
+    /// whose primary has one is a link a writer left out: it is completed from the primary chain (the home answers:
+    /// writes need every copy node).
+    fn repair_cell(
+        &mut self,
+        key: &[u8],
+        j: usize,
+        cell: u32,
+        target: Ptr,
+    ) -> Result<(), PdpmError> {
+        let node = target.node() as usize;
+        let addr = section_cell_addr(&self.nodes.areas[node], &self.layout, j, cell);
+        let mut hops = 0;
+        'restart: while hops < self.settings.max_hops {
+            let mut word = [0u8; 8];
+            let r = self.nodes.eps[node].read(addr, &mut word);
+            self.on(node, r)?;
+            let start = u64::from_le_bytes(word);
+            let mut at = match Ptr::from_word(start) {
+                Some(p) if p == target => return Ok(()),
+                Some(p) => p,
+                None => {
+                    // Never set (the first version's writer stopped before chaining): point it at ours.
+                    let r = self.nodes.eps[node].cas(addr, 0, target.word());
+                    if self.on(node, r)? == 0 {
+                        return Ok(());
+                    }
+                    hops += 1;
+                    continue;
+                }
+            };
+            loop {
+                hops += 1;
+                if hops > self.settings.max_hops {
+                    break 'restart;
+                }
+                self.valid_ptr(at)?;
+                let Some(e) = self.read_entry(at)?.filter(|e| e.key == key) else {
+                    continue 'restart;
+                };
+                let next = match e.nexts.get(j).copied().flatten() {
+                    Some(n) => n,
+                    None => {
+                        let Some(primary) = e.copies.first().copied() else {
+                            continue 'restart;
+                        };
+                        self.valid_ptr(primary)?;
+                        let Some(p) = self.read_entry(primary)?.filter(|p| p.key == key) else {
+                            continue 'restart;
+                        };
+                        // No next on the primary either: `at` is the tail, the cell is past `target`.
+                        let Some(z) = p.next else { return Ok(()) };
+                        self.valid_ptr(z)?;
+                        let Some(ze) = self.read_entry(z)?.filter(|z| z.key == key) else {
+                            continue 'restart;
+                        };
+                        let Some(&zj) = ze.copies.get(j) else {
+                            continue 'restart;
+                        };
+                        // Complete the link the writer of `z` left out.
+                        let n = at.node() as usize;
+                        let base = slot_addr(&self.nodes.areas[n], &self.layout, at.slot());
+                        let own = (at.version() as u64) << 56;
+                        self.batch.clear();
+                        for (k, c) in ze.copies.iter().enumerate() {
+                            self.batch
+                                .cas(base.offset_by(8 * k as u64), own, own | c.word());
+                        }
+                        self.post(n, Vec::new())?;
+                        zj
+                    }
+                };
+                if next == target {
+                    let r = self.nodes.eps[node].cas(addr, start, target.word());
+                    if self.on(node, r)? == start {
+                        return Ok(());
+                    }
+                    continue 'restart;
+                }
+                at = next;
+            }
+        }
+        Err(PdpmError::Contended {
+            node,
+            slot: cell as u64,
+            attempts: self.settings.max_hops,
+        })
     }
 
     /// Bookkeeping after the version `new` was linked after `tail`: replica chaining, cursor, the shortcut CAS
-    /// for the next batch, the record.
+    /// (for the next batch to the cell's node; with replicas, in the chaining's), the record.
     fn linked(
         &mut self,
         key: &[u8],
@@ -2097,8 +2489,9 @@ impl CloverClient {
         if crash == Some(CloverCrash::AfterLink) {
             return Ok(());
         }
-        self.chain_replicas(&tail.copies, new)?;
-        if let Some(from) = tail.ptr {
+        if new.len() > 1 {
+            self.chain_replicas(key, tail, new)?;
+        } else if let Some(from) = tail.ptr {
             self.pending.push(PendingShortcut {
                 cell,
                 from,
@@ -2175,8 +2568,12 @@ impl CloverClient {
             return Ok(t);
         }
         self.steps += 1;
-        let cell: CellRef = self.ms.call(method::CREATE, &key)?;
-        if cell.node as usize >= self.eps.len() || cell.cell as u64 >= self.layout.cells {
+        // A refused or lost CREATE made nothing visible (a claimed cell holds no version).
+        let cell: CellRef = self
+            .ms
+            .call(method::CREATE, &key)
+            .map_err(|e| PdpmError::Coordinator(format!("CREATE: {e}")))?;
+        if cell.node as usize >= self.nodes.len() || cell.cell as u64 >= self.layout.cells {
             return Err(PdpmError::Coordinator(
                 "CREATE named a cell out of range".into(),
             ));
@@ -2204,11 +2601,15 @@ impl CloverClient {
         value: Option<&[u8]>,
         crash: Option<CloverCrash>,
     ) -> Result<(), PdpmError> {
-        let mut tail = self.tail_for_write(key)?;
-        let group = self.take_group(tail.cell.node as usize)?;
+        let home = self.home(key);
+        self.copies_up(home)?;
+        let mut tail = self
+            .tail_for_write(key)
+            .map_err(|e| Self::refused(home, e))?;
+        let group = self.take_group(home)?;
         if let Err(e) = self.write_copies(&group, key, value) {
             self.give_back(group);
-            return Err(e);
+            return Err(Self::refused(home, e));
         }
         if crash == Some(CloverCrash::AfterWrite) {
             return Ok(());
@@ -2235,16 +2636,20 @@ impl CloverClient {
         key: &[u8],
         f: &mut dyn FnMut(Option<&[u8]>) -> Change,
     ) -> Result<(), PdpmError> {
-        let mut tail = match self.read_tail(key)? {
-            Some(t) => t,
-            None => {
+        let home = self.home(key);
+        self.copies_up(home)?;
+        let tail = match self.read_tail(key) {
+            Ok(Some(t)) => Ok(t),
+            Ok(None) => {
                 // No cell: create it only if `f` wants a value there.
                 if matches!(f(None), Change::Keep | Change::Delete) {
                     return Ok(());
                 }
-                self.tail_for_write(key)?
+                self.tail_for_write(key)
             }
+            Err(e) => Err(e),
         };
+        let mut tail = tail.map_err(|e| Self::refused(home, e))?;
         let mut group: Option<Vec<Grant>> = None;
         let mut outcome = Ok(());
         for _ in 0..self.settings.max_hops {
@@ -2262,11 +2667,11 @@ impl CloverClient {
             };
             let g = match group.take() {
                 Some(g) => g,
-                None => self.take_group(tail.cell.node as usize)?,
+                None => self.take_group(home)?,
             };
             // Rewriting an unlinked version in place is safe: no reader can reach it.
             if let Err(e) = self.write_copies(&g, key, value.as_deref()) {
-                outcome = Err(e);
+                outcome = Err(Self::refused(home, e));
                 group = Some(g);
                 break;
             }
@@ -2338,9 +2743,9 @@ impl PdpmStore for CloverClient {
         let cl = self.layout.cell_len();
         let mut count = 0u64;
         let mut buf = Vec::new();
-        for node in 0..self.eps.len() {
+        for node in 0..self.nodes.len() {
             let spans = read_spans(
-                self.eps[node].max_message_len(),
+                self.nodes.eps[node].max_message_len(),
                 self.layout.cells,
                 cl,
                 4096,
@@ -2348,10 +2753,11 @@ impl PdpmStore for CloverClient {
             for (first, n) in spans {
                 buf.resize((n * cl) as usize, 0);
                 self.steps += 1;
-                self.eps[node].read(
-                    cell_addr(&self.areas[node], &self.layout, first as u32),
+                let r = self.nodes.eps[node].read(
+                    cell_addr(&self.nodes.areas[node], &self.layout, first as u32),
                     &mut buf,
-                )?;
+                );
+                self.on(node, r)?;
                 let mut keys = Vec::new();
                 for (i, c) in buf.chunks_exact(cl as usize).enumerate() {
                     // A free cell, or a key created whose first version is not linked yet (checked before the
@@ -2390,7 +2796,7 @@ impl PdpmStore for CloverClient {
 
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, PdpmError> {
         self.check(key, None)?;
-        let r = self.read_tail(key).map(|t| t.and_then(|t| t.value));
+        let r = self.read_value(key);
         self.after_op(r)
     }
 
@@ -2402,11 +2808,15 @@ impl PdpmStore for CloverClient {
 
     fn delete(&mut self, key: &[u8]) -> Result<(), PdpmError> {
         self.check(key, None)?;
+        let home = self.home(key);
+        if let Err(e) = self.copies_up(home) {
+            return self.after_op(Err(e));
+        }
         // A key without a cell has nothing to delete; otherwise a tombstone version is linked.
         let r = if self.cache.get(key).is_some() {
             self.write(key, None, None)
         } else {
-            match self.find_cell(key)? {
+            match self.find_cell(key).map_err(|e| Self::refused(home, e))? {
                 None => Ok(()),
                 Some((cell, s)) => {
                     self.cache.put(key, cell, None, []);

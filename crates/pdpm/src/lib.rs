@@ -266,6 +266,16 @@ impl<L: Anchored> MemoryNodes<L> {
         self.down.get(node).is_some_and(Option::is_some)
     }
 
+    /// Counts `node` as unreachable from now on (another party found it so), until `retry` has passed.
+    pub fn mark_down(&mut self, node: usize) {
+        if let Some(down) = self.down.get_mut(node) {
+            if down.is_none() {
+                tracing::warn!(node, "memory node reported unreachable");
+            }
+            *down = Some(Instant::now());
+        }
+    }
+
     /// The fault hooks of the current connection to `node` (tests cut it to fail the node; a reconnection gets
     /// fresh hooks).
     pub fn fault_hooks(&self, node: usize) -> Option<Arc<FaultHooks>> {

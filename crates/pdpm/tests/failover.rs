@@ -6,10 +6,15 @@ mod common;
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use anyhow::Result;
-use common::{Central, Nodes};
-use dinomo_fabric::NodeConfig;
+use common::{Central, Nodes, connector, start_node};
+use dinomo_fabric::{MemoryNode, NodeConfig, Server};
 use dinomo_pdpm::central::{CentralClient, CentralLayout, CentralSettings, CoordinatorConfig};
+use dinomo_pdpm::clover::{
+    self, CloverClient, CloverCrash, CloverLayout, CloverSettings, MetadataConfig, MetadataServer,
+};
 use dinomo_pdpm::direct::{self, DirectClient, DirectLayout, DirectSettings, Flavor};
 use dinomo_pdpm::{PdpmError, PdpmStore};
 
@@ -247,5 +252,222 @@ fn central_unreplicated_values_on_a_dead_node_get_a_clear_error() -> Result<()> 
         c.put(&key(i), &value(i, 1))?;
         assert_eq!(c.get(&key(i))?, Some(value(i, 1)));
     }
+    Ok(())
+}
+
+/// Clover on three memory nodes and a metadata server on a node of its own; the MS and its clients leave a failed
+/// node alone for `node_retry`.
+struct CloverStore {
+    memory: Nodes,
+    ms: Arc<MetadataServer>,
+    host: Arc<MemoryNode>,
+    host_server: Server,
+    node_retry: Duration,
+}
+
+impl CloverStore {
+    fn new(replication: u32, node_retry: Duration) -> CloverStore {
+        let layout = CloverLayout {
+            cells: 128,
+            slots: 1024,
+            max_key: 32,
+            max_value: 64,
+            replication,
+        };
+        let memory = Nodes::new(3, |pool| clover::format(pool, &layout).unwrap());
+        let config = MetadataConfig {
+            node_retry,
+            ..MetadataConfig::default()
+        };
+        let ms = MetadataServer::new(&memory.connectors(false), config).unwrap();
+        let (host, host_server) = start_node(
+            Arc::new(dinomo_pool::Pool::anonymous(4 << 20, 1 << 20).unwrap()),
+            NodeConfig {
+                rpc_threads: 2,
+                ..NodeConfig::default()
+            },
+        );
+        ms.serve(&host);
+        CloverStore {
+            memory,
+            ms,
+            host,
+            host_server,
+            node_retry,
+        }
+    }
+
+    fn client(&self) -> CloverClient {
+        let settings = CloverSettings {
+            node_retry: self.node_retry,
+            // Reads here are never abandoned for a slow round trip (a stalled test machine would retry them).
+            read_timeout: Duration::from_millis(50),
+            ..CloverSettings::default()
+        };
+        CloverClient::connect(
+            &connector(&self.host, &self.host_server, false),
+            &self.memory.connectors(false),
+            settings,
+        )
+        .unwrap()
+    }
+}
+
+/// The memory nodes holding `key`'s versions and cells under replication `r` (its home first).
+fn clover_holders(c: &CloverClient, key: &[u8], r: usize) -> Vec<usize> {
+    let home = c.home_of(key);
+    (0..r).map(|j| (home + j) % 3).collect()
+}
+
+#[test]
+fn clover_replicated_keys_survive_a_memory_node_failure() -> Result<()> {
+    let s = CloverStore::new(2, Duration::from_secs(3600));
+    let mut writer = s.client();
+    for i in 0..KEYS {
+        writer.put(&key(i), &value(i, 0))?;
+        writer.put(&key(i), &value(i, 1))?;
+    }
+    writer.delete(&key(0))?;
+    // A client that never met the keys reads the replica cells' probe windows; the writer knows their cells.
+    let mut fresh = s.client();
+    writer.fault_hooks(FAILED).unwrap().cut();
+    fresh.fault_hooks(FAILED).unwrap().cut();
+    for c in [&mut fresh, &mut writer] {
+        assert_eq!(c.get(&key(0))?, None, "the delete holds");
+        for i in 1..KEYS {
+            assert_eq!(c.get(&key(i))?, Some(value(i, 1)), "key {i}");
+        }
+    }
+    // Some keys had their home on the dead node: the readers met it and told the MS.
+    assert_eq!(s.ms.down_nodes(), vec![FAILED]);
+
+    // Writes of keys with a copy on the dead node are refused, nothing applied; the others go on.
+    let mut refused = Vec::new();
+    for i in 1..KEYS {
+        let holders = clover_holders(&writer, &key(i), 2);
+        let r = writer.put(&key(i), &value(i, 2));
+        if holders.contains(&FAILED) {
+            match r {
+                Err(e @ PdpmError::NodeDown { .. }) => {
+                    assert_eq!(e.kind(true), dinomo_pdpm::FailureKind::NotApplied);
+                    refused.push(i);
+                }
+                other => panic!("key {i} on {holders:?}: {other:?}"),
+            }
+        } else {
+            r?;
+        }
+    }
+    assert!(!refused.is_empty() && refused.len() < KEYS - 1);
+    for c in [&mut writer, &mut fresh] {
+        for i in 1..KEYS {
+            let round = if refused.contains(&i) { 1 } else { 2 };
+            assert_eq!(c.get(&key(i))?, Some(value(i, round)), "key {i}");
+        }
+    }
+    // A client that still reaches the node is refused space for those keys by the MS (clearly, nothing applied).
+    let mut untouched = s.client();
+    let r = untouched.put(&key(refused[0]), &value(refused[0], 3));
+    match r {
+        Err(PdpmError::Coordinator(why)) => assert!(why.contains("is down"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(untouched.get(&key(refused[0]))?, Some(value(refused[0], 1)));
+    Ok(())
+}
+
+#[test]
+fn clover_node_that_returns_serves_again() -> Result<()> {
+    let retry = Duration::from_millis(20);
+    let s = CloverStore::new(2, retry);
+    let mut c = s.client();
+    for i in 0..KEYS {
+        c.put(&key(i), &value(i, 0))?;
+    }
+    c.fault_hooks(FAILED).unwrap().cut();
+    for i in 0..KEYS {
+        assert_eq!(c.get(&key(i))?, Some(value(i, 0)));
+    }
+    let refused = (0..KEYS)
+        .filter(|&i| {
+            matches!(
+                c.put(&key(i), &value(i, 1)),
+                Err(PdpmError::NodeDown { .. })
+            )
+        })
+        .count();
+    assert!(refused > 0);
+    // After `node_retry` the client (and the MS, told by the client) connect again and every write goes
+    // through; the node missed no acknowledged write, so its chains are current.
+    std::thread::sleep(retry * 2);
+    for i in 0..KEYS {
+        c.put(&key(i), &value(i, 2))?;
+    }
+    assert!(s.ms.down_nodes().is_empty());
+    let mut other = s.client();
+    for i in 0..KEYS {
+        assert_eq!(other.get(&key(i))?, Some(value(i, 2)));
+        for j in 0..2 {
+            let chain = other.replica_chain(&key(i), j)?;
+            assert_eq!(chain.last(), Some(&Some(value(i, 2))), "key {i} chain {j}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn clover_replica_chain_left_short_by_a_stopped_writer_is_completed_by_the_next() -> Result<()> {
+    let s = CloverStore::new(2, Duration::from_secs(3600));
+    let mut survivor = s.client();
+    // A key whose home is the node that fails later: its reads then need replica chain 1.
+    let i = (0..KEYS)
+        .find(|&i| survivor.home_of(&key(i)) == FAILED)
+        .unwrap();
+    survivor.put(&key(i), &value(i, 0))?;
+    // This writer commits (links on the primary) and stops before chaining the replica and its cell.
+    let mut stopped = s.client();
+    stopped.get(&key(i))?;
+    stopped.put_crashing(&key(i), &value(i, 1), CloverCrash::AfterLink)?;
+    std::mem::forget(stopped);
+    // The next write finds the replica cell behind, completes the missing link and moves the cell.
+    survivor.put(&key(i), &value(i, 2))?;
+    let mut fresh = s.client();
+    fresh.fault_hooks(FAILED).unwrap().cut();
+    assert_eq!(fresh.get(&key(i))?, Some(value(i, 2)));
+    assert_eq!(
+        survivor.replica_chain(&key(i), 1)?.last(),
+        Some(&Some(value(i, 2)))
+    );
+    Ok(())
+}
+
+#[test]
+fn clover_unreplicated_keys_of_a_dead_node_get_a_clear_error() -> Result<()> {
+    let s = CloverStore::new(1, Duration::from_secs(3600));
+    let mut c = s.client();
+    for i in 0..KEYS {
+        c.put(&key(i), &value(i, 0))?;
+    }
+    let mut fresh = s.client();
+    c.fault_hooks(FAILED).unwrap().cut();
+    fresh.fault_hooks(FAILED).unwrap().cut();
+    let mut lost = 0;
+    for cl in [&mut c, &mut fresh] {
+        for i in 0..KEYS {
+            let r = cl.get(&key(i));
+            if cl.home_of(&key(i)) == FAILED {
+                assert!(
+                    matches!(r, Err(PdpmError::NodeDown { node: FAILED, .. })),
+                    "{r:?}"
+                );
+                let w = cl.put(&key(i), b"x");
+                assert!(matches!(w, Err(PdpmError::NodeDown { .. })), "{w:?}");
+                lost += 1;
+            } else {
+                assert_eq!(r?, Some(value(i, 0)));
+            }
+        }
+    }
+    assert!(lost > 0);
     Ok(())
 }
