@@ -342,6 +342,18 @@ impl ClusterNode {
         self.gate.is_open()
     }
 
+    /// Whether it stopped serving for good: its lease expired at the metadata store (the node was starved of CPU
+    /// or cut off from the store for longer than the lease, and the cluster may already have handed its keys to
+    /// others) or it crashed. Only a restart, which takes its logs back, brings its id into service again.
+    pub fn is_fenced(&self) -> bool {
+        self.gate.is_fenced()
+    }
+
+    /// The liveness lease it keeps alive at the metadata store.
+    pub fn lease(&self) -> LeaseId {
+        self.lease
+    }
+
     /// Waits for a lease renewal its requests (and group commits) began because they found the lease lapsed.
     pub fn lease_waits(&self) -> u64 {
         self.gate.waits()
