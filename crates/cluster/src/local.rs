@@ -14,6 +14,7 @@ use dinomo_fabric::{
 use dinomo_meta::{EmbeddedMeta, META_METHODS, MetaConfig, MetaService, MetaStore};
 use dinomo_pool::{PersistMode, Pool, PoolOptions};
 use dinomo_ring::NodeId;
+use tracing::warn;
 
 use crate::{
     Actuator, AutoscaleConfig, Autoscaler, ClusterError, ClusterNode, ClusterRecord, MNode,
@@ -120,6 +121,8 @@ pub struct LocalCluster {
     rn: Option<RoutingNode>,
     mnode: Option<Arc<MNode>>,
     autoscaler: Option<Autoscaler>,
+    /// Restarts KV nodes whose lease expired ([`LocalScaler::restart_fenced`]).
+    supervisor: Option<std::thread::JoinHandle<()>>,
 }
 
 impl LocalCluster {
@@ -169,6 +172,8 @@ impl LocalCluster {
             stopping: AtomicBool::new(false),
             resp_listen: cfg.resp_listen.clone(),
             started: std::sync::atomic::AtomicUsize::new(0),
+            to_restart: Mutex::new(Vec::new()),
+            restarted: Mutex::new(Vec::new()),
         });
         let mut c = LocalCluster {
             pool,
@@ -179,6 +184,7 @@ impl LocalCluster {
             rn: None,
             mnode: None,
             autoscaler: None,
+            supervisor: None,
             cfg,
         };
         c.mnode = Some(Arc::new(MNode::start(
@@ -207,6 +213,18 @@ impl LocalCluster {
             c.scaler.start_node_with_id(id)?;
         }
         c.wait_until_serving(Duration::from_secs(30))?;
+        c.supervisor = Some({
+            let (scaler, period) = (c.scaler.clone(), c.cfg.node.heartbeat);
+            std::thread::Builder::new()
+                .name("dinomo-kn-supervisor".into())
+                .spawn(move || {
+                    while !scaler.stopping.load(Ordering::Acquire) {
+                        scaler.restart_fenced();
+                        std::thread::sleep(period);
+                    }
+                })
+                .map_err(|e| ClusterError::Io(format!("cannot start the node supervisor: {e}")))?
+        });
         if c.cfg.autoscale.enabled {
             let actuator: Arc<dyn Actuator> = c.mnode.clone().expect("started above");
             c.autoscaler = Some(Autoscaler::start(
@@ -247,6 +265,16 @@ impl LocalCluster {
         Ok(())
     }
 
+    /// The ids of the KV nodes restarted because their lease expired while they ran, in restart order (an id
+    /// appears once per restart).
+    pub fn restarted_nodes(&self) -> Vec<NodeId> {
+        self.scaler
+            .restarted
+            .lock()
+            .expect("restarted lock")
+            .clone()
+    }
+
     /// Stops `node` as if its process died; the M-node notices when its lease expires.
     pub fn crash_node(&mut self, node: NodeId) -> Result<(), ClusterError> {
         self.scaler
@@ -267,7 +295,7 @@ impl LocalCluster {
                 running.sort_unstable();
                 let all_installed = nodes
                     .iter()
-                    .all(|n| n.routing().epoch() == r.routing.epoch());
+                    .all(|n| n.routing().epoch() == r.routing.epoch() && !n.is_fenced());
                 drop(nodes);
                 if ring == running && all_installed {
                     return Ok(());
@@ -339,6 +367,9 @@ impl LocalCluster {
         // The policy loop first (it may be starting a node), then the M-node, so stopping nodes is not taken for
         // failures.
         self.scaler.stopping.store(true, Ordering::Release);
+        if let Some(s) = self.supervisor.take() {
+            let _ = s.join();
+        }
         self.autoscaler.take();
         self.mnode.take();
         self.rn.take();
@@ -408,6 +439,10 @@ struct LocalScaler {
     resp_listen: Vec<SocketAddr>,
     /// KV nodes started so far (picks each one's RESP address).
     started: std::sync::atomic::AtomicUsize,
+    /// Nodes whose lease expired, stopped and waiting to start again: id and RESP address.
+    to_restart: Mutex<Vec<(NodeId, Option<SocketAddr>)>>,
+    /// Every restart so far, by node id.
+    restarted: Mutex<Vec<NodeId>>,
 }
 
 impl LocalScaler {
@@ -425,6 +460,58 @@ impl LocalScaler {
         let node = ClusterNode::start(cfg, self.connector.clone(), self.meta.clone())?;
         self.nodes().push(node);
         Ok(())
+    }
+
+    /// Restarts, with its id and its RESP address, every node that stopped serving because its lease expired while
+    /// it ran (starved of CPU or cut off from the metadata store for longer than the lease), as a supervisor
+    /// restarts a process: the new incarnation takes its logs back and the M-node gives it keys again. Without
+    /// this, a loaded machine that starves every node at once would leave the cluster with no node serving.
+    /// A start that fails (its port not free yet) is retried on the next call.
+    fn restart_fenced(&self) {
+        let fenced: Vec<ClusterNode> = {
+            let mut nodes = self.nodes();
+            let mut out = Vec::new();
+            let mut i = 0;
+            while i < nodes.len() {
+                if nodes[i].is_fenced() {
+                    out.push(nodes.remove(i));
+                } else {
+                    i += 1;
+                }
+            }
+            out
+        };
+        let mut to_restart = self.to_restart.lock().expect("restart lock");
+        for old in fenced {
+            warn!(
+                node = old.id(),
+                "KV node's lease expired while it ran (starved of CPU or cut off from the metadata store); \
+                 restarting it with its id"
+            );
+            to_restart.push((old.id(), old.resp_addr()));
+            old.crash();
+        }
+        to_restart.retain(|&(id, resp_listen)| {
+            if self.stopping.load(Ordering::Acquire) {
+                return false;
+            }
+            let cfg = NodeConfig {
+                node_id: id,
+                resp_listen,
+                ..self.node.clone()
+            };
+            match ClusterNode::start(cfg, self.connector.clone(), self.meta.clone()) {
+                Ok(node) => {
+                    self.nodes().push(node);
+                    self.restarted.lock().expect("restarted lock").push(id);
+                    false
+                }
+                Err(e) => {
+                    warn!(node = id, error = %e, "restarting a KV node failed; retrying");
+                    true
+                }
+            }
+        });
     }
 
     /// Takes `node` out of the running set (the caller stops it, outside the lock).

@@ -216,6 +216,8 @@ pub struct ClusterNode {
     meta: Arc<dyn MetaStore>,
     lease: LeaseId,
     stop_heartbeat: Arc<AtomicBool>,
+    /// Fault injection: while set, the heartbeat sends nothing ([`ClusterNode::hold_heartbeats`]).
+    heartbeats_held: Arc<AtomicBool>,
     heartbeat: Option<JoinHandle<()>>,
     crashed: bool,
 }
@@ -228,8 +230,8 @@ impl ClusterNode {
         connector: Connector,
         meta: Arc<dyn MetaStore>,
     ) -> Result<ClusterNode, ClusterError> {
-        let t0 = Instant::now();
-        let lease = meta.grant(config.lease_ttl)?;
+        let mut t0 = Instant::now();
+        let mut lease = meta.grant(config.lease_ttl)?;
         let gate = LeaseGate::with_wait(t0 + config.lease_ttl, config.lease_wait);
         // A node serves nothing until the M-node installs the current table at it: the M-node may still be
         // handing over this node id's keys from an earlier incarnation.
@@ -287,15 +289,31 @@ impl ClusterNode {
             incarnation,
         })
         .map_err(|e| ClusterError::Corrupt(e.to_string()))?;
-        meta.register(&member_name(config.node_id), &info, lease)?;
+        // On a starved machine starting can take longer than the lease: a lease that expired before the node
+        // registered is replaced (nothing was served under it; the node owns nothing until the M-node says so).
+        let mut fresh_leases = 0;
+        loop {
+            match meta.register(&member_name(config.node_id), &info, lease) {
+                Ok(()) => break,
+                Err(MetaError::LeaseExpired(_)) if fresh_leases < 3 => {
+                    fresh_leases += 1;
+                    t0 = Instant::now();
+                    lease = meta.grant(config.lease_ttl)?;
+                    gate.extend_to(t0 + config.lease_ttl);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
         let stop_heartbeat = Arc::new(AtomicBool::new(false));
+        let heartbeats_held = Arc::new(AtomicBool::new(false));
         let heartbeat = {
             let (meta, gate, stop) = (meta.clone(), gate.clone(), stop_heartbeat.clone());
+            let held = heartbeats_held.clone();
             let (ttl, period, id) = (config.lease_ttl, config.heartbeat, config.node_id);
             std::thread::Builder::new()
                 .name(format!("dinomo-kn{id}-heartbeat"))
                 .spawn(move || {
-                    heartbeat_loop(&*meta, lease, &gate, &stop, t0, ttl, period, id);
+                    heartbeat_loop(&*meta, lease, &gate, &stop, &held, t0, ttl, period, id);
                     gate.stop_renewals();
                 })
                 .map_err(|e| ClusterError::Io(format!("cannot start the heartbeat: {e}")))?
@@ -312,6 +330,7 @@ impl ClusterNode {
             meta,
             lease,
             stop_heartbeat,
+            heartbeats_held,
             heartbeat: Some(heartbeat),
             crashed: false,
         })
@@ -340,6 +359,25 @@ impl ClusterNode {
     /// Whether its lease still allows it to serve.
     pub fn is_serving(&self) -> bool {
         self.gate.is_open()
+    }
+
+    /// Whether it stopped serving for good: its lease expired at the metadata store (the node was starved of CPU
+    /// or cut off from the store for longer than the lease, and the cluster may already have handed its keys to
+    /// others) or it crashed. Only a restart, which takes its logs back, brings its id into service again.
+    pub fn is_fenced(&self) -> bool {
+        self.gate.is_fenced()
+    }
+
+    /// Fault injection: while `held`, the heartbeat thread sends no renewal, as one that gets no CPU. The lease
+    /// lapses at the node first, then expires at the store (the M-node fails the node); once released, the next
+    /// renewal finds it expired and the node is fenced.
+    pub fn hold_heartbeats(&self, held: bool) {
+        self.heartbeats_held.store(held, Ordering::Release);
+    }
+
+    /// The liveness lease it keeps alive at the metadata store.
+    pub fn lease(&self) -> LeaseId {
+        self.lease
     }
 
     /// Waits for a lease renewal its requests (and group commits) began because they found the lease lapsed.
@@ -409,6 +447,7 @@ fn heartbeat_loop(
     lease: LeaseId,
     gate: &LeaseGate,
     stop: &AtomicBool,
+    held: &AtomicBool,
     granted: Instant,
     ttl: Duration,
     period: Duration,
@@ -418,6 +457,10 @@ fn heartbeat_loop(
     let mut due = granted + interval;
     while !stop.load(Ordering::Acquire) {
         let now = Instant::now();
+        if held.load(Ordering::Acquire) {
+            std::thread::sleep(period);
+            continue;
+        }
         if now < due {
             // In steps of at most a period, so a stop is noticed soon.
             std::thread::sleep((due - now).min(period));

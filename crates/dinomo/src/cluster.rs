@@ -677,6 +677,20 @@ fn wait_for_signal(mut s: signal_hook::iterator::Signals) {
     tracing::info!(?signal, "stopping");
 }
 
+/// Waits for SIGINT or SIGTERM (true) or until `done` says so (false), asking it every 50 ms.
+fn wait_for_signal_or(s: &mut signal_hook::iterator::Signals, done: impl Fn() -> bool) -> bool {
+    loop {
+        if let Some(signal) = s.pending().next() {
+            tracing::info!(?signal, "stopping");
+            return true;
+        }
+        if done() {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The in-process cluster the settings describe.
 pub fn local_cluster_config(cfg: &Config) -> LocalClusterConfig {
     LocalClusterConfig {
@@ -810,23 +824,45 @@ fn up_pdpm(
 }
 
 pub fn kn(args: KnCmdArgs) -> anyhow::Result<()> {
-    let signals = signals()?;
+    let mut signals = signals()?;
     let cfg = args.settings()?;
     let meta = store(&cfg)?;
-    let node = ClusterNode::start(cfg.kn.clone(), connector(&cfg), meta)
-        .context("starting the KV node")?;
-    println!("dinomo kn {} listening on {}", node.id(), node.addr());
-    if let Some(resp) = node.resp_addr() {
-        println!("  Redis protocol on {resp}");
+    let mut node_cfg = cfg.kn.clone();
+    let mut restart = false;
+    loop {
+        let node = ClusterNode::start(node_cfg.clone(), connector(&cfg), meta.clone()).context(
+            if restart {
+                "restarting the KV node"
+            } else {
+                "starting the KV node"
+            },
+        )?;
+        println!("dinomo kn {} listening on {}", node.id(), node.addr());
+        if let Some(resp) = node.resp_addr() {
+            println!("  Redis protocol on {resp}");
+        }
+        let metrics = cfg
+            .metrics
+            .serve(|| vec![Arc::new(node.metrics()), Arc::new(FabricMetrics)])?;
+        let fenced = !wait_for_signal_or(&mut signals, || node.is_fenced());
+        drop(metrics);
+        if !fenced {
+            node.stop();
+            println!("dinomo kn stopped cleanly");
+            return Ok(());
+        }
+        // The cluster declared this incarnation failed and may have handed its keys to others: start again
+        // with the same id, which takes its logs back, and let the M-node give it keys. Clients find it where
+        // they found it before when its RESP port was picked by the system.
+        tracing::warn!(
+            node = node.id(),
+            "the lease expired while the node ran (starved of CPU or cut off from the metadata store); \
+             restarting with the same id"
+        );
+        node_cfg.resp_listen = node.resp_addr().or(node_cfg.resp_listen);
+        node.crash();
+        restart = true;
     }
-    let metrics = cfg
-        .metrics
-        .serve(|| vec![Arc::new(node.metrics()), Arc::new(FabricMetrics)])?;
-    wait_for_signal(signals);
-    drop(metrics);
-    node.stop();
-    println!("dinomo kn stopped cleanly");
-    Ok(())
 }
 
 pub fn rn(args: RnArgs) -> anyhow::Result<()> {

@@ -205,3 +205,93 @@ fn kill_and_join(partitioning: &str) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Sends `signal` (`STOP`, `CONT`) to a process.
+fn signal(p: &Proc, signal: &str) -> anyhow::Result<()> {
+    let status = Command::new("kill")
+        .args([&format!("-{signal}"), &p.child.id().to_string()])
+        .status()?;
+    anyhow::ensure!(status.success(), "kill -{signal} failed: {status}");
+    Ok(())
+}
+
+/// A KV node frozen (SIGSTOP) for longer than its lease, as a starved process is, is declared failed and its keys
+/// go to the other node. Woken again, it finds its lease expired, serves nothing under the old table, restarts
+/// itself with the same id and rejoins; every write made while it was frozen is read back through it.
+#[test]
+fn a_kv_node_frozen_past_its_lease_restarts_itself_and_rejoins() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (_dpm, dpm_addr) = dpm(&dir.path().join("pool"), "shared")?;
+    let _m = start(&["mnode", "--dpm", &dpm_addr, "--lease-ms", "500"])?;
+    let rn = start(&["rn", "--dpm", &dpm_addr, "--listen", "127.0.0.1:0"])?;
+    let rn_addr = rn
+        .banner
+        .split_whitespace()
+        .nth(4)
+        .expect("address")
+        .to_string();
+    let mut nodes: Vec<Proc> = (1..=2)
+        .map(|id| kn(&dpm_addr, id))
+        .collect::<Result<_, _>>()?;
+    let mut client = Client::connect(ClientConfig {
+        seeds: vec![rn_addr],
+        op_timeout: Duration::from_secs(10),
+        ..ClientConfig::default()
+    })?;
+    let wait_for_ring =
+        |client: &mut Client, want: &dyn Fn(&dinomo_cluster::Routing) -> bool, what: &str| {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                client.refresh_routing();
+                if client.routing().is_some_and(want) {
+                    return Ok(());
+                }
+                anyhow::ensure!(Instant::now() < deadline, "{what}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        };
+    wait_for_ring(
+        &mut client,
+        &|r| r.ring.len() == 2,
+        "two nodes never joined",
+    )?;
+    let n = 200;
+    for i in 0..n {
+        client.set(format!("key{i}").as_bytes(), &value(i, 0))?;
+    }
+    let frozen = client.owner(b"key0").expect("owner");
+    let idx = (frozen - 1) as usize;
+    signal(&nodes[idx], "STOP")?;
+    wait_for_ring(
+        &mut client,
+        &|r| !r.ring.contains(frozen),
+        "the frozen node was never declared failed",
+    )?;
+    for i in 0..n {
+        client.set(format!("key{i}").as_bytes(), &value(i, 1))?;
+    }
+    signal(&nodes[idx], "CONT")?;
+    wait_for_ring(
+        &mut client,
+        &|r| r.ring.contains(frozen),
+        "the woken node never rejoined",
+    )?;
+    assert!(
+        nodes[idx].child.try_wait()?.is_none(),
+        "the woken node exited instead of restarting"
+    );
+    for i in 0..n {
+        assert_eq!(
+            client.get(format!("key{i}").as_bytes())?,
+            Some(value(i, 1)),
+            "key{i}"
+        );
+    }
+    assert_eq!(
+        client.owner(b"key0"),
+        Some(frozen),
+        "key0 is back at the node that owned it"
+    );
+    nodes.clear();
+    Ok(())
+}
