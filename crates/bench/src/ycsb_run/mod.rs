@@ -402,9 +402,12 @@ impl YcsbOptions {
             );
         }
         self.distribution.validate()?;
-        if self.system.is_pdpm() && !matches!(self.target, TargetOptions::InProcess(_)) {
+        // Over RESP the system names what serves the address (`dinomo up --system S`).
+        if self.system.is_pdpm() && matches!(self.target, TargetOptions::Native(_)) {
             bail!(
-                "{} runs in this process only (--target in-process): it has no server of its own",
+                "{} has no native server: run it in this process (--target in-process) or behind `dinomo up \
+                 --system {}` (--target resp)",
+                self.system,
                 self.system
             );
         }
