@@ -31,7 +31,7 @@ use crate::ycsb::{
     Distribution, MAX_KEY_SIZE, MAX_VALUE_SIZE, MIN_BINARY_KEY_SIZE, MIN_VALUE_SIZE, Workload,
 };
 
-pub use report::{PlotKind, YcsbReport, YcsbSweep, load_reports, plot};
+pub use report::{PlotKind, ServerFabric, YcsbReport, YcsbSweep, load_reports, plot};
 pub use resources::CpuRole;
 pub use target::{ServerIdentity, Session, Store, StoreError, StoreOp, StoreReply};
 

@@ -408,6 +408,24 @@ pub struct YcsbReport {
     pub nodes: Vec<NodeReport>,
     /// Per second.
     pub timeline: Vec<Second>,
+    /// The serving processes' whole fabric traffic over the measured phase, as a RESP server publishes it
+    /// (`INFO fabric`); `None` where it cannot be read.
+    #[serde(default)]
+    pub server_fabric: Option<ServerFabric>,
+}
+
+/// Fabric traffic of the server processes, every thread of them: the data path and the background work
+/// (heartbeats, routing refreshes, a metadata server), per operation of the measured phase.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServerFabric {
+    /// Round trips in all.
+    pub round_trips: u64,
+    /// Round trips per operation.
+    pub round_trips_per_op: f64,
+    /// Bytes received from memory nodes per operation.
+    pub bytes_in_per_op: f64,
+    /// Bytes sent to memory nodes per operation.
+    pub bytes_out_per_op: f64,
 }
 
 fn ratio(a: u64, b: u64) -> f64 {
@@ -564,6 +582,15 @@ pub(crate) fn assemble(
         merge,
         nodes,
         timeline,
+        server_fabric: deltas.fabric.map(|f| {
+            let per_op = |n: u64| if ops > 0 { n as f64 / ops as f64 } else { 0.0 };
+            ServerFabric {
+                round_trips: f.round_trips,
+                round_trips_per_op: per_op(f.round_trips),
+                bytes_in_per_op: per_op(f.bytes_in),
+                bytes_out_per_op: per_op(f.bytes_out),
+            }
+        }),
     }
 }
 
