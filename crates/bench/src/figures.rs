@@ -289,9 +289,7 @@ impl FromStr for FrontDoor {
         match s.trim().to_ascii_lowercase().as_str() {
             "in-process" => Ok(FrontDoor::InProcess),
             "resp" => Ok(FrontDoor::Resp),
-            other => Err(format!(
-                "unknown front door {other:?} (in-process or resp)"
-            )),
+            other => Err(format!("unknown front door {other:?} (in-process or resp)")),
         }
     }
 }

@@ -928,9 +928,10 @@ fn figure(a: FigureArgs) -> anyhow::Result<()> {
         );
         // The benchmark is the dinomo binary: it starts itself as `dinomo up`.
         let exe = std::env::current_exe().context("locating the dinomo binary")?;
-        let report = dinomo_bench::figures::run_figure5_front_door(a.scale, &a.out, &exe, &mut |s| {
-            eprintln!("{s}")
-        })?;
+        let report =
+            dinomo_bench::figures::run_figure5_front_door(a.scale, &a.out, &exe, &mut |s| {
+                eprintln!("{s}")
+            })?;
         println!("{}", report.to_markdown());
         eprintln!(
             "wrote {}/{}/ ({})",

@@ -748,5 +748,9 @@ fn info_fabric_is_there_only_for_a_store_that_counts_it() {
     // The default: no section at all.
     let mut plain = Client::plain();
     assert_eq!(plain.send(b"info fabric\r\n"), b"$0\r\n\r\n");
-    assert!(!String::from_utf8(plain.send(b"info\r\n")).unwrap().contains("Fabric"));
+    assert!(
+        !String::from_utf8(plain.send(b"info\r\n"))
+            .unwrap()
+            .contains("Fabric")
+    );
 }

@@ -162,7 +162,10 @@ pub fn up_args(system: System, kns: usize, p: &Plan, dir: &Path) -> (Vec<String>
         );
         "# DINOMO: every setting is a flag.\n".to_string()
     };
-    args.extend(["--config".to_string(), dir.join("up.toml").display().to_string()]);
+    args.extend([
+        "--config".to_string(),
+        dir.join("up.toml").display().to_string(),
+    ]);
     (args, config)
 }
 
@@ -178,8 +181,8 @@ struct Up {
 impl Up {
     /// Starts `exe args` and reads its banner until it has printed everything it serves.
     fn start(exe: &Path, args: &[String], log: &Path) -> anyhow::Result<Up> {
-        let stderr = std::fs::File::create(log)
-            .with_context(|| format!("creating {}", log.display()))?;
+        let stderr =
+            std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let mut child = Command::new(exe)
             .args(args)
             .env("DINOMO_LOG", "warn")
@@ -209,7 +212,10 @@ impl Up {
             let line = match up.lines.recv_timeout(left) {
                 Ok(line) => line,
                 Err(RecvTimeoutError::Timeout) => {
-                    bail!("dinomo up printed no banner within {START_TIMEOUT:?} (log: {})", log.display())
+                    bail!(
+                        "dinomo up printed no banner within {START_TIMEOUT:?} (log: {})",
+                        log.display()
+                    )
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     let status = up.child.as_mut().map(|c| c.wait()).transpose()?;
@@ -340,7 +346,12 @@ fn run_one(
 
 /// The command line of one `dinomo up` and its benchmark, for the report.
 fn commands(system: System, p: &Plan, out: &Path) -> Vec<String> {
-    let kns = p.kns.iter().map(|k| k.to_string()).collect::<Vec<_>>().join(" ");
+    let kns = p
+        .kns
+        .iter()
+        .map(|k| k.to_string())
+        .collect::<Vec<_>>()
+        .join(" ");
     let dir = out.join("data");
     let (mut args, _) = up_args(system, 0, p, &dir);
     // The placeholders the loop fills.
@@ -357,10 +368,7 @@ fn commands(system: System, p: &Plan, out: &Path) -> Vec<String> {
         _ => format!("--warmup-secs {} --secs {}", p.warmup_secs, p.secs),
     };
     let config_note = if system.is_pdpm() {
-        format!(
-            "   # up.toml: [kn.resp] io_threads = {} x N",
-            p.kn_threads
-        )
+        format!("   # up.toml: [kn.resp] io_threads = {} x N", p.kn_threads)
     } else {
         String::new()
     };
@@ -394,7 +402,9 @@ pub(super) fn figure5_resp(
                 progress(&format!(
                     "figure 5 (front door: RESP): {system}, {name}, {n} KV node(s)"
                 ));
-                sweep.runs.push(run_one(exe, system, n, workload, &p, &data)?);
+                sweep
+                    .runs
+                    .push(run_one(exe, system, n, workload, &p, &data)?);
             }
             files.write_results(&sweep.file_stem(), &sweep, &sweep.to_csv(), &sweep.to_svg())?;
             all.extend(sweep.runs);
@@ -426,6 +436,10 @@ pub(super) fn figure5_resp(
                  DINOMO's workers. One memory node, no replication",
                 p.kn_threads
             ),
+            "a Redis client does not route by owner: at N > 1 DINOMO's KV node forwards a key it does not own to \
+             its owner over loopback TCP ((N-1)/N of the requests; DINOMO's native client goes straight to the \
+             owner), a hop Clover, which has no owners, never makes"
+                .into(),
             format!(
                 "{} client threads, {} request(s) in flight each (the paper raises the requests in flight until \
                  the KV nodes saturate); {} records of 1 KiB; DINOMO caches 1/32 of the data per KV node",
@@ -502,7 +516,10 @@ fn rows(scale: Scale, runs: &[YcsbReport], p: &Plan, largest: usize) -> Vec<Comp
                 .collect::<Vec<_>>()
                 .join(" / ")
         };
-        let ratio = match (at(System::Dinomo, w, largest), at(System::Clover, w, largest)) {
+        let ratio = match (
+            at(System::Dinomo, w, largest),
+            at(System::Clover, w, largest),
+        ) {
             (Some(d), Some(c)) if c > 0.0 => Some(d / c),
             _ => None,
         };
@@ -512,7 +529,12 @@ fn rows(scale: Scale, runs: &[YcsbReport], p: &Plan, largest: usize) -> Vec<Comp
         if let (Some(c), Some(d)) = (rt(System::Clover, w), rt(System::Dinomo, w)) {
             rt_ratios.push((name, c, d));
         }
-        let kns = p.kns.iter().map(|k| k.to_string()).collect::<Vec<_>>().join(" / ");
+        let kns = p
+            .kns
+            .iter()
+            .map(|k| k.to_string())
+            .collect::<Vec<_>>()
+            .join(" / ");
         out.push(Comparison::new(
             format!("{name}: ops/s at {kns} KNs, and DINOMO / Clover at {largest}"),
             "DINOMO ≥ 3.8× Clover at 16 KNs",

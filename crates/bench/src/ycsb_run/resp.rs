@@ -119,7 +119,10 @@ impl RespStore {
                 return Ok(None);
             };
             // The counters are the whole process's: one process's ports count once.
-            let process = (addr.ip(), field("process_id").unwrap_or_default().to_string());
+            let process = (
+                addr.ip(),
+                field("process_id").unwrap_or_default().to_string(),
+            );
             if seen.contains(&process) {
                 continue;
             }
