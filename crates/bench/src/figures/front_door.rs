@@ -66,13 +66,17 @@ pub struct Plan {
     pub cache_bytes: u64,
     /// DINOMO's pool file.
     pub pool_bytes: u64,
-    /// Client threads, one connection each, and requests each keeps in flight.
+    /// Client threads, one connection each.
     pub clients: usize,
+    /// Requests each client keeps in flight.
     pub outstanding: usize,
+    /// Warm-up before the measured phase, in seconds (at most, with `warmup_ops`).
     pub warmup_secs: f64,
+    /// The measured phase, in seconds (at most, with `ops`).
     pub secs: f64,
-    /// Operation counts (tiny: they end the phases; the times still bound them).
+    /// Warm-up operations in all (tiny: they end the phase; the time still bounds it).
     pub warmup_ops: Option<u64>,
+    /// Measured operations in all (tiny).
     pub ops: Option<u64>,
 }
 

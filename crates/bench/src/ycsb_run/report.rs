@@ -379,8 +379,8 @@ pub struct YcsbReport {
     pub host: Host,
     /// Its settings.
     pub options: YcsbOptions,
-    /// The system: "dinomo", or over RESP what the server says it is ("dinomo", "redis"; "resp" when it does
-    /// not say).
+    /// The system: the one run, or over RESP what the server says it is ("redis"; "resp" when it does not say;
+    /// for a dinomo server, whose `INFO` does not tell its systems apart, the `--system` given).
     pub system: String,
     /// The server's version as it reports it (RESP targets).
     #[serde(default)]
@@ -530,6 +530,8 @@ pub(crate) fn assemble(
         .collect();
     let seen = deltas.kv_counters;
     let (system, server_version) = match identity {
+        // dinomo's INFO does not tell its systems apart: `--system` names the one serving the address.
+        Some(id) if id.system == "dinomo" => (opts.system.name().to_string(), id.version),
         Some(id) => (id.system, id.version),
         None => (opts.system.name().to_string(), None),
     };
