@@ -37,6 +37,9 @@ use crate::ycsb_run::{
 };
 use crate::{DacBenchOptions, DacReport, run_dac};
 
+mod front_door;
+pub use front_door::{FOLDER as FRONT_DOOR_FOLDER, SYSTEMS as FRONT_DOOR_SYSTEMS};
+
 /// The figures with a recipe.
 pub const FIGURES: [u32; 5] = [3, 5, 6, 7, 8];
 
@@ -264,6 +267,71 @@ pub fn run_figure(
     };
     files.write(&json_name, &serde_json::to_string_pretty(&report)?)?;
     files.write(&md_name, &report.to_markdown())?;
+    Ok(report)
+}
+
+/// Where the systems of a figure are reached from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FrontDoor {
+    /// Each system as its recipe runs it: DINOMO in process behind loopback TCP, Clover's compute nodes as the
+    /// benchmark's client threads.
+    InProcess,
+    /// Every system behind the Redis protocol of a `dinomo up --system S` child process, driven by the same clients
+    /// (Figure 5 only; written to `OUT/figure5-resp/`).
+    Resp,
+}
+
+impl FromStr for FrontDoor {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<FrontDoor, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "in-process" => Ok(FrontDoor::InProcess),
+            "resp" => Ok(FrontDoor::Resp),
+            other => Err(format!("unknown front door {other:?} (in-process or resp)")),
+        }
+    }
+}
+
+/// Runs Figure 5's DINOMO / Clover comparison with both systems behind the Redis protocol: each system, KV-node
+/// count and workload on a `dinomo up` child process started from `dinomo_exe`, writing into
+/// `out/figure5-resp/`. `progress` hears what is happening.
+pub fn run_figure5_front_door(
+    scale: Scale,
+    out: &Path,
+    dinomo_exe: &Path,
+    progress: &mut dyn FnMut(&str),
+) -> anyhow::Result<FigureReport> {
+    let dir = out.join(front_door::FOLDER);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut files = Files {
+        dir: dir.clone(),
+        written: Vec::new(),
+    };
+    let found = front_door::figure5_resp(scale, dinomo_exe, &mut files, progress)?;
+    let mut commands = vec![format!(
+        "dinomo bench figure 5 --front-door resp --scale {scale} --out {}",
+        out.display()
+    )];
+    commands.extend(found.commands);
+    let mut written = files.written.clone();
+    written.push("figure5.json".into());
+    written.push("figure5.md".into());
+    let report = FigureReport {
+        figure: 5,
+        paper: dinomo_paper(),
+        title: found.title.into(),
+        scale,
+        host_cores: cores(),
+        commands,
+        rows: found.rows,
+        not_built: found.not_built,
+        differences: found.differences,
+        files: written,
+    };
+    files.write("figure5.json", &serde_json::to_string_pretty(&report)?)?;
+    files.write("figure5.md", &report.to_markdown())?;
     Ok(report)
 }
 

@@ -446,6 +446,17 @@ impl BackendConn for NodeConn {
         ops.clear();
     }
 
+    /// Every thread of this process: its KV nodes' workers, and the background work (heartbeats, leases, routing
+    /// refreshes; with `dinomo up`, every node of the cluster).
+    fn fabric_counts(&mut self) -> Option<dinomo_resp::FabricCounts> {
+        let c = dinomo_fabric::counters::global_snapshot();
+        Some(dinomo_resp::FabricCounts {
+            round_trips: c.round_trips,
+            bytes_out: c.bytes_out,
+            bytes_in: c.bytes_in,
+        })
+    }
+
     fn dbsize(&mut self) -> Result<u64, BackendError> {
         let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
         if memory.is_none() {

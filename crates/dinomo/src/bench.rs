@@ -159,6 +159,11 @@ pub struct FigureArgs {
     /// Folder under which figureN/ is written.
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
+    /// Figure 5 only: `resp` runs DINOMO and Clover both behind the Redis protocol of a `dinomo up --system S`
+    /// child process per run, driven by the same clients (written to OUT/figure5-resp/); `in-process` (the
+    /// default) is the recipe above.
+    #[arg(long, default_value = "in-process")]
+    pub front_door: dinomo_bench::figures::FrontDoor,
 }
 
 /// Settings of `dinomo bench elastic`.
@@ -916,6 +921,26 @@ fn figure(a: FigureArgs) -> anyhow::Result<()> {
         FIGURES, PDPM_FIGURE, PdpmAxis, run_figure, run_pdpm_figure, run_pdpm_scaling_figure,
     };
     let all = a.figure.eq_ignore_ascii_case("all");
+    if a.front_door == dinomo_bench::figures::FrontDoor::Resp {
+        anyhow::ensure!(
+            a.figure == "5",
+            "--front-door resp is Figure 5's comparison of DINOMO and Clover: use it with figure 5"
+        );
+        // The benchmark is the dinomo binary: it starts itself as `dinomo up`.
+        let exe = std::env::current_exe().context("locating the dinomo binary")?;
+        let report =
+            dinomo_bench::figures::run_figure5_front_door(a.scale, &a.out, &exe, &mut |s| {
+                eprintln!("{s}")
+            })?;
+        println!("{}", report.to_markdown());
+        eprintln!(
+            "wrote {}/{}/ ({})",
+            a.out.display(),
+            dinomo_bench::figures::FRONT_DOOR_FOLDER,
+            report.files.join(", ")
+        );
+        return Ok(());
+    }
     let (figures, pdpm, axes): (Vec<u32>, bool, Vec<PdpmAxis>) = if all {
         (FIGURES.to_vec(), true, PdpmAxis::ALL.to_vec())
     } else if a.figure.eq_ignore_ascii_case(PDPM_FIGURE) {

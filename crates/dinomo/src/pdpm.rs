@@ -694,6 +694,17 @@ impl BackendConn for PdpmConn {
         }
     }
 
+    /// Every thread of this process: the connections' clients (the compute nodes), and CentralDS's coordinator or
+    /// Clover's metadata server.
+    fn fabric_counts(&mut self) -> Option<dinomo_resp::FabricCounts> {
+        let c = dinomo_fabric::counters::global_snapshot();
+        Some(dinomo_resp::FabricCounts {
+            round_trips: c.round_trips,
+            bytes_out: c.bytes_out,
+            bytes_in: c.bytes_in,
+        })
+    }
+
     fn dbsize(&mut self) -> Result<u64, BackendError> {
         self.client()?
             .key_count()

@@ -81,6 +81,18 @@ pub enum BackendError {
 /// A result of an [`Op`].
 pub type OpResult = Result<Output, BackendError>;
 
+/// The fabric traffic of the process serving a connection (every thread of it, background work included), for
+/// `INFO fabric`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FabricCounts {
+    /// Round trips to memory nodes: a one-sided verb, a posted batch or a two-sided call each count one.
+    pub round_trips: u64,
+    /// Bytes sent to memory nodes.
+    pub bytes_out: u64,
+    /// Bytes received from memory nodes.
+    pub bytes_in: u64,
+}
+
 /// A store the server can serve.
 pub trait Backend: Send + Sync + 'static {
     /// A connection's handle.
@@ -111,6 +123,12 @@ pub trait BackendConn: Send + 'static {
 
     /// How many keys the store holds.
     fn dbsize(&mut self) -> Result<u64, BackendError>;
+
+    /// The serving process's fabric counters since it started, when the store reaches memory nodes through a
+    /// fabric that counts them; `None` (the default) leaves the `fabric` section out of `INFO`.
+    fn fabric_counts(&mut self) -> Option<FabricCounts> {
+        None
+    }
 
     /// Runs one op.
     fn run(&mut self, op: Op) -> OpResult {

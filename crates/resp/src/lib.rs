@@ -20,7 +20,9 @@ pub mod server;
 mod session;
 pub mod value;
 
-pub use backend::{Backend, BackendConn, BackendError, MemoryBackend, Op, OpResult, Output};
+pub use backend::{
+    Backend, BackendConn, BackendError, FabricCounts, MemoryBackend, Op, OpResult, Output,
+};
 pub use parse::{ParseLimits, ProtocolError, RequestParser, encode_request};
 pub use reply::{Protocol, ReplyWriter};
 pub use server::{RespServer, ServerConfig, ServerError, ServerStats, StatsHandle};

@@ -754,7 +754,7 @@ impl<C: BackendConn> Session<C> {
     }
 
     fn info(&mut self, args: &[Vec<u8>], out: &mut Vec<u8>) {
-        const ALL: [&str; 4] = ["server", "clients", "stats", "keyspace"];
+        const ALL: [&str; 5] = ["server", "clients", "stats", "fabric", "keyspace"];
         let wanted: Vec<&str> = if args.len() == 1 {
             ALL.to_vec()
         } else {
@@ -775,6 +775,12 @@ impl<C: BackendConn> Session<C> {
             }
         } else {
             0
+        };
+        let fabric = if wanted.contains(&"fabric") {
+            self.flush(out);
+            self.conn.fabric_counts()
+        } else {
+            None
         };
         // The counters of this connection's earlier commands are published first, so INFO counts them.
         self.publish_counts();
@@ -814,6 +820,14 @@ impl<C: BackendConn> Session<C> {
                     load(&k.keyspace_misses),
                     load(&k.error_replies),
                 ),
+                // Only a store that counts its fabric traffic has the section.
+                "fabric" => match fabric {
+                    Some(f) => format!(
+                        "# Fabric\r\nfabric_scope:process\r\nfabric_round_trips:{}\r\nfabric_bytes_out:{}\r\nfabric_bytes_in:{}\r\n",
+                        f.round_trips, f.bytes_out, f.bytes_in
+                    ),
+                    None => continue,
+                },
                 _ => {
                     if keys > 0 {
                         format!("# Keyspace\r\ndb0:keys={keys},expires=0,avg_ttl=0\r\n")

@@ -710,3 +710,47 @@ fn writes_of_unknown_outcome_are_errors_never_ok() {
     assert_eq!(run("dbsize"), "-ERR no memory node\r\n");
     assert_eq!(run("ping"), "+PONG\r\n");
 }
+
+/// A store that counts fabric traffic: a fixed count, for `INFO fabric`.
+#[derive(Clone)]
+struct Counted(MemoryBackend);
+
+impl BackendConn for Counted {
+    fn execute(&mut self, ops: &mut Vec<Op>, results: &mut Vec<OpResult>) {
+        self.0.execute(ops, results);
+    }
+
+    fn dbsize(&mut self) -> Result<u64, BackendError> {
+        self.0.dbsize()
+    }
+
+    fn fabric_counts(&mut self) -> Option<crate::FabricCounts> {
+        Some(crate::FabricCounts {
+            round_trips: 7,
+            bytes_out: 300,
+            bytes_in: 1100,
+        })
+    }
+}
+
+#[test]
+fn info_fabric_is_there_only_for_a_store_that_counts_it() {
+    let mut c = Client::on(ServerConfig::default(), Counted(MemoryBackend::new()));
+    let fabric = "# Fabric\r\nfabric_scope:process\r\nfabric_round_trips:7\r\nfabric_bytes_out:300\r\nfabric_bytes_in:1100\r\n";
+    let one = String::from_utf8(c.send(b"info fabric\r\n")).unwrap();
+    assert_eq!(one, format!("${}\r\n{fabric}\r\n", fabric.len()));
+    let all = String::from_utf8(c.send(b"info\r\n")).unwrap();
+    assert!(
+        all.find("# Stats").unwrap() < all.find(fabric).unwrap()
+            && all.find(fabric).unwrap() < all.find("# Keyspace").unwrap(),
+        "{all}"
+    );
+    // The default: no section at all.
+    let mut plain = Client::plain();
+    assert_eq!(plain.send(b"info fabric\r\n"), b"$0\r\n\r\n");
+    assert!(
+        !String::from_utf8(plain.send(b"info\r\n"))
+            .unwrap()
+            .contains("Fabric")
+    );
+}

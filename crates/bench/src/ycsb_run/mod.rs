@@ -31,7 +31,7 @@ use crate::ycsb::{
     Distribution, MAX_KEY_SIZE, MAX_VALUE_SIZE, MIN_BINARY_KEY_SIZE, MIN_VALUE_SIZE, Workload,
 };
 
-pub use report::{PlotKind, YcsbReport, YcsbSweep, load_reports, plot};
+pub use report::{PlotKind, ServerFabric, YcsbReport, YcsbSweep, load_reports, plot};
 pub use resources::CpuRole;
 pub use target::{ServerIdentity, Session, Store, StoreError, StoreOp, StoreReply};
 
@@ -402,9 +402,12 @@ impl YcsbOptions {
             );
         }
         self.distribution.validate()?;
-        if self.system.is_pdpm() && !matches!(self.target, TargetOptions::InProcess(_)) {
+        // Over RESP the system names what serves the address (`dinomo up --system S`).
+        if self.system.is_pdpm() && matches!(self.target, TargetOptions::Native(_)) {
             bail!(
-                "{} runs in this process only (--target in-process): it has no server of its own",
+                "{} has no native server: run it in this process (--target in-process) or behind `dinomo up \
+                 --system {}` (--target resp)",
+                self.system,
                 self.system
             );
         }

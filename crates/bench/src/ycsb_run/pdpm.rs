@@ -412,6 +412,7 @@ impl Store for PdpmTarget {
             memory: None,
             cpu: CpuTimes::read(),
             caches: false,
+            fabric: None,
         })
     }
 

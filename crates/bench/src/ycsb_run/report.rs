@@ -379,8 +379,8 @@ pub struct YcsbReport {
     pub host: Host,
     /// Its settings.
     pub options: YcsbOptions,
-    /// The system: "dinomo", or over RESP what the server says it is ("dinomo", "redis"; "resp" when it does
-    /// not say).
+    /// The system: the one run, or over RESP what the server says it is ("redis"; "resp" when it does not say;
+    /// for a dinomo server, whose `INFO` does not tell its systems apart, the `--system` given).
     pub system: String,
     /// The server's version as it reports it (RESP targets).
     #[serde(default)]
@@ -408,6 +408,24 @@ pub struct YcsbReport {
     pub nodes: Vec<NodeReport>,
     /// Per second.
     pub timeline: Vec<Second>,
+    /// The serving processes' whole fabric traffic over the measured phase, as a RESP server publishes it
+    /// (`INFO fabric`); `None` where it cannot be read.
+    #[serde(default)]
+    pub server_fabric: Option<ServerFabric>,
+}
+
+/// Fabric traffic of the server processes, every thread of them: the data path and the background work
+/// (heartbeats, routing refreshes, a metadata server), per operation of the measured phase.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServerFabric {
+    /// Round trips in all.
+    pub round_trips: u64,
+    /// Round trips per operation.
+    pub round_trips_per_op: f64,
+    /// Bytes received from memory nodes per operation.
+    pub bytes_in_per_op: f64,
+    /// Bytes sent to memory nodes per operation.
+    pub bytes_out_per_op: f64,
 }
 
 fn ratio(a: u64, b: u64) -> f64 {
@@ -512,6 +530,8 @@ pub(crate) fn assemble(
         .collect();
     let seen = deltas.kv_counters;
     let (system, server_version) = match identity {
+        // dinomo's INFO does not tell its systems apart: `--system` names the one serving the address.
+        Some(id) if id.system == "dinomo" => (opts.system.name().to_string(), id.version),
         Some(id) => (id.system, id.version),
         None => (opts.system.name().to_string(), None),
     };
@@ -564,6 +584,15 @@ pub(crate) fn assemble(
         merge,
         nodes,
         timeline,
+        server_fabric: deltas.fabric.map(|f| {
+            let per_op = |n: u64| if ops > 0 { n as f64 / ops as f64 } else { 0.0 };
+            ServerFabric {
+                round_trips: f.round_trips,
+                round_trips_per_op: per_op(f.round_trips),
+                bytes_in_per_op: per_op(f.bytes_in),
+                bytes_out_per_op: per_op(f.bytes_out),
+            }
+        }),
     }
 }
 

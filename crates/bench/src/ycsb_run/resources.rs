@@ -22,6 +22,20 @@ pub struct Snapshot {
     /// Whether the nodes have caches (DINOMO's KV nodes do; the pDPM baselines' compute nodes do not): without,
     /// the report leaves the cache section out.
     pub caches: bool,
+    /// The serving processes' fabric counters, summed over them (a RESP server's `INFO fabric`); `None` where
+    /// they cannot be read.
+    pub fabric: Option<FabricTotals>,
+}
+
+/// Fabric counters of whole server processes, every thread included.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FabricTotals {
+    /// Round trips to memory nodes.
+    pub round_trips: u64,
+    /// Bytes sent to memory nodes.
+    pub bytes_out: u64,
+    /// Bytes received from memory nodes.
+    pub bytes_in: u64,
 }
 
 /// One KV node's counters.
@@ -248,6 +262,8 @@ pub struct Deltas {
     pub memory: Option<(ProcessorStats, ProcessorStats)>,
     /// CPU time by role.
     pub cpu: Option<BTreeMap<CpuRole, u64>>,
+    /// The serving processes' fabric counters over the phase, when read at both ends.
+    pub fabric: Option<FabricTotals>,
 }
 
 /// The counters' changes from `start` to `end`, matched by node id and thread.
@@ -268,6 +284,14 @@ pub fn diff(start: &Snapshot, end: &Snapshot) -> Deltas {
             out.per_node.push((node.node_id, node.share, totals));
         }
     }
+    out.fabric = match (start.fabric, end.fabric) {
+        (Some(a), Some(b)) => Some(FabricTotals {
+            round_trips: b.round_trips.saturating_sub(a.round_trips),
+            bytes_out: b.bytes_out.saturating_sub(a.bytes_out),
+            bytes_in: b.bytes_in.saturating_sub(a.bytes_in),
+        }),
+        _ => None,
+    };
     out.memory = start.memory.clone().zip(end.memory.clone());
     out.cpu = match (&start.cpu, &end.cpu) {
         (Some(a), Some(b)) => Some(a.delta_by_role(b)),

@@ -6,9 +6,10 @@
 //! as one pipeline; RESP answers in request order, so completions come back in submission order. A read is `GET`,
 //! a write `SET` (a read-modify-write is a `GET`, then a `SET`, as the driver issues it).
 //!
-//! What the server keeps to itself is not measured: a RESP server does not publish fabric round trips, cache hits
-//! or merge backlogs (dinomo's `INFO` has none of them either), so a run through this target reports them as
-//! absent, never as zero.
+//! What the server keeps to itself is not measured: a RESP server does not publish cache hits or merge backlogs,
+//! so a run through this target reports them as absent, never as zero. dinomo's servers (`dinomo up`, `dinomo kn`)
+//! publish their process's fabric counters in `INFO fabric`: the report's `server_fabric` is their change over
+//! the measured phase, every thread of the server processes included (absent for a server without them).
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
@@ -22,7 +23,7 @@ use dinomo_resp::encode_request;
 use dinomo_resp::value::{Value, ValueLimits};
 
 use super::RespOptions;
-use super::resources::Snapshot;
+use super::resources::{FabricTotals, Snapshot};
 use super::target::{ServerIdentity, Session, Store, StoreError, StoreOp, StoreReply};
 
 /// Bytes asked of the socket per read.
@@ -88,6 +89,52 @@ impl RespStore {
     }
 }
 
+impl RespStore {
+    /// The fabric counters of every server process behind the addresses (`INFO fabric`, each process counted
+    /// once however many of its ports are listed); `None` when one of them does not publish them.
+    fn fabric(&self) -> anyhow::Result<Option<FabricTotals>> {
+        let mut seen: Vec<(std::net::IpAddr, String)> = Vec::new();
+        let mut sum = FabricTotals::default();
+        for &addr in &self.addrs {
+            let mut conn = Conn::open(addr, self.password.as_deref(), self.timeout, &self.limits)
+                .map_err(|e| anyhow!("{e}"))?;
+            let text = match conn.call(&[b"INFO".as_slice(), b"server", b"fabric"]) {
+                Ok(Value::Bulk(text) | Value::Verbatim(_, text)) => text,
+                Ok(Value::Error(e)) => bail!("INFO at {addr}: {}", String::from_utf8_lossy(&e)),
+                Ok(other) => bail!("INFO at {addr}: unexpected reply {other:?}"),
+                Err(e) => bail!("INFO at {addr}: {e}"),
+            };
+            let text = String::from_utf8_lossy(&text);
+            let field = |name: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                    .map(str::trim)
+            };
+            let number = |name: &str| field(name).and_then(|v| v.parse::<u64>().ok());
+            let (Some(round_trips), Some(bytes_out), Some(bytes_in)) = (
+                number("fabric_round_trips"),
+                number("fabric_bytes_out"),
+                number("fabric_bytes_in"),
+            ) else {
+                return Ok(None);
+            };
+            // The counters are the whole process's: one process's ports count once.
+            let process = (
+                addr.ip(),
+                field("process_id").unwrap_or_default().to_string(),
+            );
+            if seen.contains(&process) {
+                continue;
+            }
+            seen.push(process);
+            sum.round_trips += round_trips;
+            sum.bytes_out += bytes_out;
+            sum.bytes_in += bytes_in;
+        }
+        Ok(Some(sum))
+    }
+}
+
 /// What `INFO server` says the server is: dinomo names itself in `dinomo_version`, Redis in `redis_version`.
 fn identify(info: &[u8]) -> ServerIdentity {
     let text = String::from_utf8_lossy(info);
@@ -129,8 +176,11 @@ impl Store for RespStore {
     }
 
     fn snapshot(&self) -> anyhow::Result<Snapshot> {
-        // Nothing the report's resources are made of can be read through RESP.
-        Ok(Snapshot::default())
+        // Nothing else the report's resources are made of can be read through RESP.
+        Ok(Snapshot {
+            fabric: self.fabric()?,
+            ..Snapshot::default()
+        })
     }
 
     fn memory_stats(&self) -> Option<ProcessorStats> {

@@ -288,6 +288,7 @@ impl Store for DinomoStore {
             memory: self.memory_stats(),
             cpu,
             caches: true,
+            fabric: None,
         })
     }
 

@@ -6,6 +6,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// A child process stopped with SIGINT when dropped, and killed if it has not exited 10 s later.
+// Not every test binary starts `dinomo up` itself.
+#[allow(dead_code)]
 pub struct Interrupted(Child);
 
 impl Drop for Interrupted {
@@ -26,6 +28,7 @@ impl Drop for Interrupted {
 
 /// Reads the banner of `dinomo up` (started with stdout piped), handing each line to `on_line` until it returns
 /// true; stdout is drained from then on so the child never blocks on a full pipe.
+#[allow(dead_code)]
 pub fn read_banner(
     mut child: Child,
     mut on_line: impl FnMut(&str) -> anyhow::Result<bool>,
