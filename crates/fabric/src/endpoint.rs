@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::counters::{self, CounterSnapshot};
+use crate::counters;
 use crate::error::{FabricError, RpcError, VerbError};
 use crate::faults::{Fault, FaultHooks, spin_for};
 use crate::node::{MemoryNode, Nic};
@@ -231,8 +231,7 @@ impl Endpoint {
     fn fast_path(&self, kind: VerbKind, len: usize) -> Option<&Nic> {
         match &self.transport {
             Transport::InProcess(_, nic) if self.ready() => {
-                let (o, i) = wire::verb_bytes(kind, len as u64);
-                counters::record_single(kind, o, i);
+                counters::record_single(kind, len as u64);
                 Some(nic)
             }
             _ => None,
@@ -256,12 +255,11 @@ impl Endpoint {
             VerbKind::Read | VerbKind::Write => self.check_len(kind, len)?,
             VerbKind::Cas | VerbKind::Faa => len as u32,
         };
-        let (o, i) = wire::verb_bytes(kind, len as u64);
         let r = match &mut self.transport {
             Transport::InProcess(_, nic) => local(nic, buf).map_err(|e| verb_err(kind, e)),
             Transport::Tcp(c) => remote(c, len, buf),
         };
-        counters::record_single(kind, o, i);
+        counters::record_single(kind, len as u64);
         r.map_err(|e| self.fail(e))
     }
 
@@ -350,18 +348,15 @@ impl Endpoint {
             self.begin()?;
         }
         let max = self.max_message_len;
-        let (r, tally, first_error) = match &mut self.transport {
-            Transport::InProcess(_, nic) => {
-                let (tally, first_error) = exec_batch_in_process(nic, batch, max);
-                (Ok(()), tally, first_error)
-            }
+        let (r, first_error) = match &mut self.transport {
+            Transport::InProcess(_, nic) => (Ok(()), exec_batch_in_process(nic, batch, max)),
             Transport::Tcp(c) => {
                 batch.reset_results();
                 let r = c.batch(batch);
-                (r, batch.tally(), batch.first_error())
+                (r, batch.first_error())
             }
         };
-        counters::record_round_trip(&tally);
+        counters::record_batch(&batch.tally);
         r.map_err(|e| self.fail(e))?;
         match first_error {
             Some((index, kind, error)) => Err(FabricError::Verb { index, kind, error }),
@@ -390,12 +385,10 @@ impl Endpoint {
             Transport::Tcp(c) => c.rpc(method, request, response),
         };
         let reply_len = if r.is_ok() { response.len() } else { 0 };
-        counters::record_round_trip(&CounterSnapshot {
-            rpcs: 1,
-            bytes_out: (REQ_HEADER + request.len()) as u64,
-            bytes_in: (RESP_HEADER + reply_len) as u64,
-            ..CounterSnapshot::ZERO
-        });
+        counters::record_rpc(
+            (REQ_HEADER + request.len()) as u64,
+            (RESP_HEADER + reply_len) as u64,
+        );
         r.map_err(|e| self.fail(e))
     }
 
@@ -422,18 +415,17 @@ fn verb_err(kind: VerbKind, error: VerbError) -> FabricError {
 }
 
 /// Runs every verb of `batch` on the executor in one pass: sets each verb's status and result, and returns the
-/// batch's counts (every verb, skipped ones included) and its first refused verb.
+/// batch's first refused verb. (The batch counted its verbs as they were added.)
 fn exec_batch_in_process(
     nic: &Nic,
     batch: &mut Batch,
     max: u32,
-) -> (CounterSnapshot, Option<(usize, VerbKind, VerbError)>) {
-    let Batch { ops, out, data_in } = batch;
-    let mut tally = CounterSnapshot::ZERO;
+) -> Option<(usize, VerbKind, VerbError)> {
+    let Batch {
+        ops, out, data_in, ..
+    } = batch;
     let mut first_error = None;
     for (index, op) in ops.iter_mut().enumerate() {
-        let (o, i) = wire::verb_bytes(op.kind, op.len as u64);
-        tally.add_verb(op.kind, o, i);
         op.result = 0;
         if first_error.is_some() {
             op.status = Some(VerbError::Skipped);
@@ -472,7 +464,7 @@ fn exec_batch_in_process(
             }
         };
     }
-    (tally, first_error)
+    first_error
 }
 
 /// Client side of a TCP connection to a memory node.
