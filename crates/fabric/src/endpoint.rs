@@ -12,7 +12,7 @@ use crate::counters;
 use crate::error::{FabricError, RpcError, VerbError};
 use crate::faults::{Fault, FaultHooks, spin_for};
 use crate::node::{MemoryNode, Nic};
-use crate::verbs::{Batch, RegionInfo, RemoteAddr, VerbKind};
+use crate::verbs::{Batch, BatchOp, RegionInfo, RemoteAddr, VerbKind};
 use crate::wire::{
     self, FLAG_LAST, HandshakeReply, REQ_HEADER, RESP_HEADER, ReqHeader, RespHeader, op, status,
 };
@@ -88,6 +88,7 @@ impl Connector {
                     hooks: Arc::new(FaultHooks::default()),
                     latency_ns: self.config.injected_latency_ns,
                     broken: None,
+                    slow: self.config.injected_latency_ns > 0,
                 })
             }
             Target::Tcp(addr) => {
@@ -100,6 +101,7 @@ impl Connector {
                     hooks: Arc::new(FaultHooks::default()),
                     latency_ns: self.config.injected_latency_ns,
                     broken: None,
+                    slow: self.config.injected_latency_ns > 0,
                 })
             }
         }
@@ -121,6 +123,9 @@ pub struct Endpoint {
     hooks: Arc<FaultHooks>,
     latency_ns: u64,
     broken: Option<String>,
+    /// True when a broken connection or an injected latency must be handled: `broken.is_some() || latency_ns > 0`,
+    /// kept in one flag so the per-verb check reads one byte.
+    slow: bool,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -169,12 +174,23 @@ impl Endpoint {
     /// Changes the injected per-round-trip latency.
     pub fn set_injected_latency(&mut self, ns: u64) {
         self.latency_ns = ns;
+        self.refresh_slow();
+    }
+
+    /// Marks the endpoint broken: every later round trip fails fast with `why`.
+    fn set_broken(&mut self, why: String) {
+        self.broken = Some(why);
+        self.refresh_slow();
+    }
+
+    fn refresh_slow(&mut self) {
+        self.slow = self.broken.is_some() || self.latency_ns > 0;
     }
 
     /// True when a round trip needs no fault, latency or broken-connection handling.
     #[inline(always)]
     fn ready(&self) -> bool {
-        self.broken.is_none() && self.latency_ns == 0 && !self.hooks.is_armed()
+        !self.slow && !self.hooks.is_armed()
     }
 
     /// Starts a round trip: refuses on a broken endpoint, applies faults and injected latency.
@@ -186,14 +202,14 @@ impl Endpoint {
         match self.hooks.before_round_trip() {
             Fault::None => {}
             Fault::Drop => {
-                self.broken = Some("an earlier round trip timed out".into());
+                self.set_broken("an earlier round trip timed out".into());
                 return Err(FabricError::Timeout);
             }
             Fault::Cut => {
                 if let Transport::Tcp(c) = &self.transport {
                     let _ = c.stream.shutdown(Shutdown::Both);
                 }
-                self.broken = Some("connection cut".into());
+                self.set_broken("connection cut".into());
                 return Err(FabricError::Disconnected("connection cut".into()));
             }
         }
@@ -206,7 +222,7 @@ impl Endpoint {
     /// Records a transport failure so that later calls fail fast.
     fn fail(&mut self, e: FabricError) -> FabricError {
         if e.is_connection_lost() && self.broken.is_none() {
-            self.broken = Some(e.to_string());
+            self.set_broken(e.to_string());
         }
         e
     }
@@ -415,7 +431,8 @@ fn verb_err(kind: VerbKind, error: VerbError) -> FabricError {
 }
 
 /// Runs every verb of `batch` on the executor in one pass: sets each verb's status and result, and returns the
-/// batch's first refused verb. (The batch counted its verbs as they were added.)
+/// batch's first refused verb, after which the rest are marked skipped. (The batch counted its verbs as they were
+/// added.)
 fn exec_batch_in_process(
     nic: &Nic,
     batch: &mut Batch,
@@ -424,47 +441,49 @@ fn exec_batch_in_process(
     let Batch {
         ops, out, data_in, ..
     } = batch;
-    let mut first_error = None;
     for (index, op) in ops.iter_mut().enumerate() {
-        op.result = 0;
-        if first_error.is_some() {
-            op.status = Some(VerbError::Skipped);
-            continue;
-        }
         let a = op.addr;
         let r = if op.len > max {
             Err(VerbError::TooLarge)
         } else {
+            let data = op.data..op.data + op.len as usize;
             match op.kind {
-                VerbKind::Read => nic.read(
-                    a.region,
-                    a.rkey,
-                    a.offset,
-                    &mut data_in[op.data..op.data + op.len as usize],
-                ),
-                VerbKind::Write => nic.write(
-                    a.region,
-                    a.rkey,
-                    a.offset,
-                    &out[op.data..op.data + op.len as usize],
-                ),
-                VerbKind::Cas => nic
-                    .cas(a.region, a.rkey, a.offset, op.arg0, op.arg1)
-                    .map(|v| op.result = v),
-                VerbKind::Faa => nic
-                    .faa(a.region, a.rkey, a.offset, op.arg0)
-                    .map(|v| op.result = v),
+                VerbKind::Read => nic
+                    .read(a.region, a.rkey, a.offset, &mut data_in[data])
+                    .map(|()| 0),
+                VerbKind::Write => nic
+                    .write(a.region, a.rkey, a.offset, &out[data])
+                    .map(|()| 0),
+                VerbKind::Cas => nic.cas(a.region, a.rkey, a.offset, op.arg0, op.arg1),
+                VerbKind::Faa => nic.faa(a.region, a.rkey, a.offset, op.arg0),
             }
         };
-        op.status = match r {
-            Ok(()) => None,
+        match r {
+            Ok(result) => {
+                op.result = result;
+                op.status = None;
+            }
             Err(e) => {
-                first_error = Some((index, op.kind, e));
-                Some(e)
+                skip_from(ops, index, e);
+                return Some((index, ops[index].kind, e));
             }
-        };
+        }
     }
-    first_error
+    None
+}
+
+/// Marks verb `index` of a batch refused with `error` and every later verb skipped.
+#[cold]
+#[inline(never)]
+fn skip_from(ops: &mut [BatchOp], index: usize, error: VerbError) {
+    for (i, op) in ops.iter_mut().enumerate().skip(index) {
+        op.result = 0;
+        op.status = Some(if i == index {
+            error
+        } else {
+            VerbError::Skipped
+        });
+    }
 }
 
 /// Client side of a TCP connection to a memory node.
