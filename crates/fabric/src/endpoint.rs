@@ -777,3 +777,95 @@ fn io_to_fabric(e: std::io::Error) -> FabricError {
         _ => FabricError::Io(e),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::{DATA_REGION, NodeConfig};
+    use crate::verbs::Slot;
+    use dinomo_pool::Pool;
+
+    fn in_process_endpoint() -> (Arc<MemoryNode>, Endpoint, RegionInfo) {
+        let pool = Arc::new(Pool::anonymous(1 << 20, 1 << 16).unwrap());
+        let node = MemoryNode::new(pool, NodeConfig::default());
+        let ep = Connector::new(Target::InProcess(node.clone()))
+            .connect()
+            .unwrap();
+        let region = ep.region(DATA_REGION).unwrap().clone();
+        (node, ep, region)
+    }
+
+    #[test]
+    fn a_reused_batch_reads_fresh_data_and_refuses_from_the_first_bad_verb() {
+        let (_node, mut ep, r) = in_process_endpoint();
+        let at = |i: u64| r.at(r.start + 64 * i);
+        let mut batch = Batch::new();
+        for round in 0..3u8 {
+            ep.write(at(0), &[round; 8]).unwrap();
+            ep.write(at(1), &[round + 10; 32]).unwrap();
+            batch.clear();
+            let a = batch.read(at(0), 8);
+            // Larger READs than any earlier use of the batch grow its buffer.
+            let b = batch.read(at(1), 8 + 8 * round as u32);
+            let c = batch.faa(at(2), 1);
+            ep.post(&mut batch).unwrap();
+            assert_eq!(batch.read_data(a), &[round; 8]);
+            assert_eq!(
+                batch.read_data(b),
+                &vec![round + 10; 8 + 8 * round as usize][..]
+            );
+            assert_eq!(batch.old_value(c), round as u64);
+        }
+        // A refusal in the middle: the verbs before it ran, the ones after it were skipped and did not run, and all
+        // of them were counted in one round trip.
+        batch.clear();
+        let ok = batch.faa(at(2), 1);
+        let bad = batch.faa(r.at(r.start + 3), 1);
+        let skipped = batch.faa(at(2), 1);
+        let before = counters::thread_snapshot();
+        let e = ep.post(&mut batch).unwrap_err();
+        let d = counters::thread_snapshot() - before;
+        assert!(matches!(
+            e,
+            FabricError::Verb {
+                index: 1,
+                kind: VerbKind::Faa,
+                error: VerbError::Misaligned
+            }
+        ));
+        assert_eq!((d.round_trips, d.faa), (1, 3));
+        assert_eq!(batch.status(ok), Ok(()));
+        assert_eq!(batch.old_value(ok), 3);
+        assert_eq!(batch.status(bad), Err(VerbError::Misaligned));
+        assert_eq!(batch.status(skipped), Err(VerbError::Skipped));
+        assert_eq!(batch.old_value(Slot(2)), 0);
+        assert_eq!(ep.faa(at(2), 0).unwrap(), 4);
+    }
+
+    #[test]
+    fn latency_switches_the_slow_path_on_and_off_but_a_broken_endpoint_stays_broken() {
+        let (_node, mut ep, r) = in_process_endpoint();
+        let w = r.at(r.start);
+        ep.set_injected_latency(1_000);
+        assert!(ep.slow);
+        let before = counters::thread_snapshot();
+        assert_eq!(ep.faa(w, 1).unwrap(), 0);
+        ep.set_injected_latency(0);
+        assert!(!ep.slow);
+        assert_eq!(ep.faa(w, 1).unwrap(), 1);
+        let d = counters::thread_snapshot() - before;
+        assert_eq!((d.round_trips, d.faa), (2, 2));
+        // A lost request breaks the endpoint; clearing the latency must not mend it.
+        ep.hooks().drop_next(1);
+        assert!(matches!(ep.faa(w, 1), Err(FabricError::Timeout)));
+        ep.set_injected_latency(0);
+        assert!(ep.slow);
+        assert!(matches!(ep.faa(w, 1), Err(FabricError::Disconnected(_))));
+        let mut batch = Batch::new();
+        batch.faa(w, 1);
+        assert!(matches!(
+            ep.post(&mut batch),
+            Err(FabricError::Disconnected(_))
+        ));
+    }
+}
