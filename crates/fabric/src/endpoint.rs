@@ -256,6 +256,8 @@ impl Endpoint {
 
     /// One verb in one round trip through the full path: faults, injected latency, length limit, either transport.
     /// `len` is the payload length; `buf` (the verb's buffer, if any) goes to whichever of `local` and `remote` runs.
+    /// Callers pass `move` closures: built only on this path, they copy the verb's arguments, where closures
+    /// borrowing them would make the fast path store the arguments to the stack on every verb.
     #[inline(never)]
     fn verb_slow<B, T>(
         &mut self,
@@ -291,8 +293,8 @@ impl Endpoint {
             VerbKind::Read,
             buf.len(),
             buf,
-            |nic, buf| nic.read(addr.region, addr.rkey, addr.offset, buf),
-            |c, len, buf| {
+            move |nic, buf| nic.read(addr.region, addr.rkey, addr.offset, buf),
+            move |c, len, buf| {
                 c.single(VerbKind::Read, addr, len, 0, 0, &[], Some(buf))
                     .map(|_| ())
             },
@@ -312,8 +314,8 @@ impl Endpoint {
             VerbKind::Write,
             data.len(),
             data,
-            |nic, data| nic.write(addr.region, addr.rkey, addr.offset, data),
-            |c, len, data| {
+            move |nic, data| nic.write(addr.region, addr.rkey, addr.offset, data),
+            move |c, len, data| {
                 c.single(VerbKind::Write, addr, len, 0, 0, data, None)
                     .map(|_| ())
             },
@@ -332,8 +334,8 @@ impl Endpoint {
             VerbKind::Cas,
             8,
             (),
-            |nic, ()| nic.cas(addr.region, addr.rkey, addr.offset, expected, new),
-            |c, len, ()| c.single(VerbKind::Cas, addr, len, expected, new, &[], None),
+            move |nic, ()| nic.cas(addr.region, addr.rkey, addr.offset, expected, new),
+            move |c, len, ()| c.single(VerbKind::Cas, addr, len, expected, new, &[], None),
         )
     }
 
@@ -349,8 +351,8 @@ impl Endpoint {
             VerbKind::Faa,
             8,
             (),
-            |nic, ()| nic.faa(addr.region, addr.rkey, addr.offset, add),
-            |c, len, ()| c.single(VerbKind::Faa, addr, len, add, 0, &[], None),
+            move |nic, ()| nic.faa(addr.region, addr.rkey, addr.offset, add),
+            move |c, len, ()| c.single(VerbKind::Faa, addr, len, add, 0, &[], None),
         )
     }
 
