@@ -378,14 +378,25 @@ impl std::ops::AddAssign for Timing {
     }
 }
 
+/// One iteration of a timed loop: one fabric round trip, one reference exchange or one group of raw operations.
+///
+/// Every implementation is `#[inline(always)]`, so that the fabric's loop and its reference's are compiled alike:
+/// a closure holding a whole inlined verb may be left out of line by the optimiser (a call and a returned `Result`
+/// in memory per iteration) while the reference's small closure is inlined, which would charge the fabric for
+/// the benchmark's own call.
+trait Iteration {
+    type Error;
+    fn run(&mut self) -> Result<(), Self::Error>;
+}
+
 /// Runs `iteration` for a warm-up of a tenth of `duration` (at most 30 ms) and returns how many iterations fit
 /// between two looks at the clock in the timed loop (about 200 µs worth, judging by the warm-up).
-fn warm_up<E>(duration: Duration, iteration: &mut impl FnMut() -> Result<(), E>) -> Result<u64, E> {
+fn warm_up<I: Iteration>(duration: Duration, iteration: &mut I) -> Result<u64, I::Error> {
     let warm_for = (duration / 10).min(MAX_WARMUP);
     let start = Instant::now();
     let mut n = 0u64;
     let elapsed = loop {
-        iteration()?;
+        iteration.run()?;
         n += 1;
         let e = start.elapsed();
         if n >= MIN_WARMUP_ITERATIONS && e >= warm_for {
@@ -399,17 +410,17 @@ fn warm_up<E>(duration: Duration, iteration: &mut impl FnMut() -> Result<(), E>)
 
 /// Runs `iteration` for at least `duration`, `chunk` iterations between two looks at the clock.
 #[inline(always)]
-fn timed_slice<E>(
+fn timed_slice<I: Iteration>(
     duration: Duration,
     chunk: u64,
-    iteration: &mut impl FnMut() -> Result<(), E>,
-) -> Result<Timing, E> {
+    iteration: &mut I,
+) -> Result<Timing, I::Error> {
     let before = counters::thread_snapshot();
     let start = Instant::now();
     let mut iterations = 0u64;
     let elapsed = loop {
         for _ in 0..chunk {
-            iteration()?;
+            iteration.run()?;
         }
         iterations += chunk;
         let e = start.elapsed();
@@ -427,13 +438,13 @@ fn timed_slice<E>(
 
 /// Measures `fabric` and `reference` side by side: both warm up, then they take turns in [`SLICES`] timed slices
 /// each, `duration` in all for each, so that drift of the machine (frequency, neighbours) affects both alike.
-fn paired<E1, E2>(
+fn paired<F: Iteration, R: Iteration>(
     duration: Duration,
-    mut fabric: impl FnMut() -> Result<(), E1>,
-    mut reference: impl FnMut() -> Result<(), E2>,
+    mut fabric: F,
+    mut reference: R,
 ) -> anyhow::Result<(Timing, Timing)>
 where
-    anyhow::Error: From<E1> + From<E2>,
+    anyhow::Error: From<F::Error> + From<R::Error>,
 {
     let fabric_chunk = warm_up(duration, &mut fabric)?;
     let reference_chunk = warm_up(duration, &mut reference)?;
@@ -527,11 +538,8 @@ impl Bench<'_> {
                 let mut raw = RawOp::new(self.pool, case, &offsets, values)?;
                 let (timing, r) = monomorphic!(case.kind, batched, |K, B| paired(
                     d,
-                    || fabric.iterate::<K, B>(),
-                    || {
-                        raw.iterate::<K>();
-                        Ok::<_, std::convert::Infallible>(())
-                    },
+                    FabricIteration::<K, B>(&mut fabric),
+                    RawIteration::<K>(&mut raw),
                 ))?;
                 let method = if n > 1 {
                     format!("{} x{n}", raw.method())
@@ -545,8 +553,8 @@ impl Bench<'_> {
                 let mut pp = pingpong::PingPong::start((n * out) as usize, (n * inb) as usize)?;
                 let (timing, r) = monomorphic!(case.kind, batched, |K, B| paired(
                     d,
-                    || fabric.iterate::<K, B>(),
-                    || pp.exchange()
+                    FabricIteration::<K, B>(&mut fabric),
+                    &mut pp,
                 ))?;
                 pp.finish()?;
                 let method = format!("tcp ping-pong {}/{} B", n * out, n * inb);
@@ -561,6 +569,41 @@ impl Bench<'_> {
             &timing,
             reference,
         ))
+    }
+}
+
+/// The fabric's [`Iteration`]: one round trip of verb `K` ([`verb_code`]), batched when `B`.
+struct FabricIteration<'a, 'e, const K: u8, const B: bool>(&'a mut FabricOp<'e>);
+
+impl<const K: u8, const B: bool> Iteration for FabricIteration<'_, '_, K, B> {
+    type Error = FabricError;
+
+    #[inline(always)]
+    fn run(&mut self) -> Result<(), FabricError> {
+        self.0.iterate::<K, B>()
+    }
+}
+
+/// The in-process reference's [`Iteration`]: the raw operations of verb `K` ([`verb_code`]).
+struct RawIteration<'a, 'p, const K: u8>(&'a mut RawOp<'p>);
+
+impl<const K: u8> Iteration for RawIteration<'_, '_, K> {
+    type Error = std::convert::Infallible;
+
+    #[inline(always)]
+    fn run(&mut self) -> Result<(), Self::Error> {
+        self.0.iterate::<K>();
+        Ok(())
+    }
+}
+
+/// The TCP reference's [`Iteration`]: one ping-pong exchange.
+impl Iteration for &mut pingpong::PingPong {
+    type Error = std::io::Error;
+
+    #[inline(always)]
+    fn run(&mut self) -> Result<(), std::io::Error> {
+        self.exchange()
     }
 }
 

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, Weak};
 use serde::{Deserialize, Serialize};
 
 use crate::verbs::VerbKind;
+use crate::wire::{REQ_HEADER, RESP_HEADER};
 
 /// A copy of a set of counters.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,19 +51,6 @@ impl CounterSnapshot {
         bytes_in: 0,
     };
 
-    /// Adds one verb of `kind` moving `bytes_out` and `bytes_in` wire bytes (no round trip).
-    #[inline]
-    pub(crate) fn add_verb(&mut self, kind: VerbKind, bytes_out: u64, bytes_in: u64) {
-        match kind {
-            VerbKind::Read => self.reads += 1,
-            VerbKind::Write => self.writes += 1,
-            VerbKind::Cas => self.cas += 1,
-            VerbKind::Faa => self.faa += 1,
-        }
-        self.bytes_out += bytes_out;
-        self.bytes_in += bytes_in;
-    }
-
     /// One-sided verbs of all kinds.
     pub fn verbs(&self) -> u64 {
         self.reads + self.writes + self.cas + self.faa
@@ -91,16 +79,37 @@ macro_rules! fieldwise {
 fieldwise!(Add, add, wrapping_add);
 fieldwise!(Sub, sub, wrapping_sub);
 
+/// What one thread recorded, kept so that every verb updates as few cells as possible: a single verb bumps its
+/// kind's single-verb count and, for READ and WRITE, the payload bytes; round trips, verbs and wire bytes are derived
+/// from these in [`Cells::snapshot`]. Every cell only grows, so every derived figure only grows too.
 #[derive(Default)]
 struct Cells {
-    round_trips: AtomicU64,
-    reads: AtomicU64,
-    writes: AtomicU64,
-    cas: AtomicU64,
-    faa: AtomicU64,
+    /// Verbs sent alone, by [`kind_index`]: each one verb and one round trip.
+    single: [AtomicU64; 4],
+    /// Verbs posted in batches, by [`kind_index`].
+    batched: [AtomicU64; 4],
+    /// Posted batches (one round trip each).
+    batches: AtomicU64,
+    /// Two-sided calls (one round trip each).
     rpcs: AtomicU64,
-    bytes_out: AtomicU64,
-    bytes_in: AtomicU64,
+    /// READ payload bytes (received beyond the response headers).
+    read_payload: AtomicU64,
+    /// WRITE payload bytes (sent beyond the request headers).
+    write_payload: AtomicU64,
+    /// Bytes of two-sided calls, headers included.
+    rpc_bytes_out: AtomicU64,
+    rpc_bytes_in: AtomicU64,
+}
+
+/// Position of `kind` in the per-kind cells.
+#[inline(always)]
+const fn kind_index(kind: VerbKind) -> usize {
+    match kind {
+        VerbKind::Read => 0,
+        VerbKind::Write => 1,
+        VerbKind::Cas => 2,
+        VerbKind::Faa => 3,
+    }
 }
 
 #[inline(always)]
@@ -114,15 +123,31 @@ fn bump(c: &AtomicU64, by: u64) {
 
 impl Cells {
     fn snapshot(&self) -> CounterSnapshot {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let verbs: [u64; 4] =
+            std::array::from_fn(|k| load(&self.single[k]).wrapping_add(load(&self.batched[k])));
+        let all_verbs = verbs.iter().fold(0u64, |a, &v| a.wrapping_add(v));
+        let singles = self
+            .single
+            .iter()
+            .fold(0u64, |a, c| a.wrapping_add(load(c)));
         CounterSnapshot {
-            round_trips: self.round_trips.load(Ordering::Relaxed),
-            reads: self.reads.load(Ordering::Relaxed),
-            writes: self.writes.load(Ordering::Relaxed),
-            cas: self.cas.load(Ordering::Relaxed),
-            faa: self.faa.load(Ordering::Relaxed),
-            rpcs: self.rpcs.load(Ordering::Relaxed),
-            bytes_out: self.bytes_out.load(Ordering::Relaxed),
-            bytes_in: self.bytes_in.load(Ordering::Relaxed),
+            round_trips: singles
+                .wrapping_add(load(&self.batches))
+                .wrapping_add(load(&self.rpcs)),
+            reads: verbs[kind_index(VerbKind::Read)],
+            writes: verbs[kind_index(VerbKind::Write)],
+            cas: verbs[kind_index(VerbKind::Cas)],
+            faa: verbs[kind_index(VerbKind::Faa)],
+            rpcs: load(&self.rpcs),
+            bytes_out: all_verbs
+                .wrapping_mul(REQ_HEADER as u64)
+                .wrapping_add(load(&self.write_payload))
+                .wrapping_add(load(&self.rpc_bytes_out)),
+            bytes_in: all_verbs
+                .wrapping_mul(RESP_HEADER as u64)
+                .wrapping_add(load(&self.read_payload))
+                .wrapping_add(load(&self.rpc_bytes_in)),
         }
     }
 }
@@ -189,49 +214,88 @@ fn register() -> *const Cells {
         .unwrap_or(std::ptr::null())
 }
 
-/// Records one round trip that did what `tally` says (its `round_trips` field is ignored: it is one).
-#[inline]
-pub(crate) fn record_round_trip(tally: &CounterSnapshot) {
-    // SAFETY: see `cells`; the reference does not outlive this call.
-    if let Some(c) = unsafe { cells().as_ref() } {
-        bump(&c.round_trips, 1);
-        if tally.reads > 0 {
-            bump(&c.reads, tally.reads);
+/// The verbs of one posted batch, counted as the batch is built so that posting it costs a handful of counter
+/// updates whatever its size.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BatchTally {
+    /// Verbs by [`kind_index`].
+    verbs: [u64; 4],
+    read_payload: u64,
+    write_payload: u64,
+}
+
+impl BatchTally {
+    /// Adds one verb of `kind` with `len` payload bytes (ignored for CAS and FAA, which carry none).
+    #[inline(always)]
+    pub(crate) fn add(&mut self, kind: VerbKind, len: u64) {
+        self.verbs[kind_index(kind)] += 1;
+        match kind {
+            VerbKind::Read => self.read_payload += len,
+            VerbKind::Write => self.write_payload += len,
+            VerbKind::Cas | VerbKind::Faa => {}
         }
-        if tally.writes > 0 {
-            bump(&c.writes, tally.writes);
+    }
+
+    /// The same counts as a snapshot of one round trip.
+    #[cfg(test)]
+    pub(crate) fn snapshot(&self) -> CounterSnapshot {
+        let all = self.verbs.iter().sum::<u64>();
+        CounterSnapshot {
+            round_trips: 1,
+            reads: self.verbs[kind_index(VerbKind::Read)],
+            writes: self.verbs[kind_index(VerbKind::Write)],
+            cas: self.verbs[kind_index(VerbKind::Cas)],
+            faa: self.verbs[kind_index(VerbKind::Faa)],
+            rpcs: 0,
+            bytes_out: all * REQ_HEADER as u64 + self.write_payload,
+            bytes_in: all * RESP_HEADER as u64 + self.read_payload,
         }
-        if tally.cas > 0 {
-            bump(&c.cas, tally.cas);
-        }
-        if tally.faa > 0 {
-            bump(&c.faa, tally.faa);
-        }
-        if tally.rpcs > 0 {
-            bump(&c.rpcs, tally.rpcs);
-        }
-        bump(&c.bytes_out, tally.bytes_out);
-        bump(&c.bytes_in, tally.bytes_in);
     }
 }
 
-/// Records a round trip of one verb (the common case, kept short).
-#[inline(always)]
-pub(crate) fn record_single(kind: VerbKind, bytes_out: u64, bytes_in: u64) {
+/// Records one posted batch (one round trip) holding the verbs of `tally`.
+#[inline]
+pub(crate) fn record_batch(tally: &BatchTally) {
     // SAFETY: see `cells`; the reference does not outlive this call.
     if let Some(c) = unsafe { cells().as_ref() } {
-        bump(&c.round_trips, 1);
-        bump(
-            match kind {
-                VerbKind::Read => &c.reads,
-                VerbKind::Write => &c.writes,
-                VerbKind::Cas => &c.cas,
-                VerbKind::Faa => &c.faa,
-            },
-            1,
-        );
-        bump(&c.bytes_out, bytes_out);
-        bump(&c.bytes_in, bytes_in);
+        bump(&c.batches, 1);
+        for (cell, &n) in c.batched.iter().zip(&tally.verbs) {
+            if n > 0 {
+                bump(cell, n);
+            }
+        }
+        if tally.read_payload > 0 {
+            bump(&c.read_payload, tally.read_payload);
+        }
+        if tally.write_payload > 0 {
+            bump(&c.write_payload, tally.write_payload);
+        }
+    }
+}
+
+/// Records one two-sided call (one round trip) of `bytes_out` and `bytes_in` wire bytes, headers included.
+#[inline]
+pub(crate) fn record_rpc(bytes_out: u64, bytes_in: u64) {
+    // SAFETY: see `cells`; the reference does not outlive this call.
+    if let Some(c) = unsafe { cells().as_ref() } {
+        bump(&c.rpcs, 1);
+        bump(&c.rpc_bytes_out, bytes_out);
+        bump(&c.rpc_bytes_in, bytes_in);
+    }
+}
+
+/// Records a round trip of one verb of `kind` with `len` payload bytes (the common case: one cell for CAS and FAA,
+/// two for READ and WRITE).
+#[inline(always)]
+pub(crate) fn record_single(kind: VerbKind, len: u64) {
+    // SAFETY: see `cells`; the reference does not outlive this call.
+    if let Some(c) = unsafe { cells().as_ref() } {
+        bump(&c.single[kind_index(kind)], 1);
+        match kind {
+            VerbKind::Read => bump(&c.read_payload, len),
+            VerbKind::Write => bump(&c.write_payload, len),
+            VerbKind::Cas | VerbKind::Faa => {}
+        }
     }
 }
 
@@ -257,10 +321,10 @@ mod tests {
     fn thread_counters_are_separate_and_global_sums_them() {
         let before_global = global_snapshot();
         let before = thread_snapshot();
-        record_single(VerbKind::Read, 48, 32);
+        record_single(VerbKind::Read, 8);
         let t = std::thread::spawn(|| {
-            record_single(VerbKind::Faa, 48, 24);
-            record_single(VerbKind::Faa, 48, 24);
+            record_single(VerbKind::Faa, 8);
+            record_single(VerbKind::Faa, 8);
             thread_snapshot()
         })
         .join()
@@ -275,5 +339,68 @@ mod tests {
         // Other tests may run concurrently: the global view grew by at least what these two threads did.
         let g = global_snapshot() - before_global;
         assert!(g.round_trips >= 3 && g.faa >= 2 && g.reads >= 1);
+    }
+
+    #[test]
+    fn derived_counts_and_bytes_match_the_wire_sizes_of_every_round_trip() {
+        // A fresh thread: nothing else records on it.
+        std::thread::spawn(|| {
+            let before = thread_snapshot();
+            record_single(VerbKind::Read, 1024);
+            record_single(VerbKind::Write, 100);
+            record_single(VerbKind::Cas, 8);
+            let mut tally = BatchTally::default();
+            tally.add(VerbKind::Read, 8);
+            tally.add(VerbKind::Write, 16);
+            tally.add(VerbKind::Write, 16);
+            tally.add(VerbKind::Faa, 8);
+            assert_eq!(
+                tally.snapshot(),
+                CounterSnapshot {
+                    round_trips: 1,
+                    reads: 1,
+                    writes: 2,
+                    cas: 0,
+                    faa: 1,
+                    rpcs: 0,
+                    bytes_out: 4 * REQ_HEADER as u64 + 32,
+                    bytes_in: 4 * RESP_HEADER as u64 + 8,
+                }
+            );
+            record_batch(&tally);
+            record_rpc(70, 30);
+            let mut expected = CounterSnapshot::ZERO;
+            for (kind, len) in [
+                (VerbKind::Read, 1024),
+                (VerbKind::Write, 100),
+                (VerbKind::Cas, 8),
+            ] {
+                let (o, i) = crate::wire::verb_bytes(kind, len);
+                expected = expected
+                    + CounterSnapshot {
+                        round_trips: 1,
+                        reads: (kind == VerbKind::Read) as u64,
+                        writes: (kind == VerbKind::Write) as u64,
+                        cas: (kind == VerbKind::Cas) as u64,
+                        bytes_out: o,
+                        bytes_in: i,
+                        ..CounterSnapshot::ZERO
+                    };
+            }
+            expected = expected
+                + tally.snapshot()
+                + CounterSnapshot {
+                    round_trips: 1,
+                    rpcs: 1,
+                    bytes_out: 70,
+                    bytes_in: 30,
+                    ..CounterSnapshot::ZERO
+                };
+            assert_eq!(thread_snapshot() - before, expected);
+            assert_eq!(expected.round_trips, 5);
+            assert_eq!(expected.verbs(), 7);
+        })
+        .join()
+        .unwrap();
     }
 }

@@ -8,11 +8,11 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::counters::{self, CounterSnapshot};
+use crate::counters;
 use crate::error::{FabricError, RpcError, VerbError};
 use crate::faults::{Fault, FaultHooks, spin_for};
 use crate::node::{MemoryNode, Nic};
-use crate::verbs::{Batch, RegionInfo, RemoteAddr, VerbKind};
+use crate::verbs::{Batch, BatchOp, RegionInfo, RemoteAddr, VerbKind};
 use crate::wire::{
     self, FLAG_LAST, HandshakeReply, REQ_HEADER, RESP_HEADER, ReqHeader, RespHeader, op, status,
 };
@@ -88,6 +88,7 @@ impl Connector {
                     hooks: Arc::new(FaultHooks::default()),
                     latency_ns: self.config.injected_latency_ns,
                     broken: None,
+                    slow: self.config.injected_latency_ns > 0,
                 })
             }
             Target::Tcp(addr) => {
@@ -100,6 +101,7 @@ impl Connector {
                     hooks: Arc::new(FaultHooks::default()),
                     latency_ns: self.config.injected_latency_ns,
                     broken: None,
+                    slow: self.config.injected_latency_ns > 0,
                 })
             }
         }
@@ -121,6 +123,9 @@ pub struct Endpoint {
     hooks: Arc<FaultHooks>,
     latency_ns: u64,
     broken: Option<String>,
+    /// True when a broken connection or an injected latency must be handled: `broken.is_some() || latency_ns > 0`,
+    /// kept in one flag so the per-verb check reads one byte.
+    slow: bool,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -169,12 +174,23 @@ impl Endpoint {
     /// Changes the injected per-round-trip latency.
     pub fn set_injected_latency(&mut self, ns: u64) {
         self.latency_ns = ns;
+        self.refresh_slow();
+    }
+
+    /// Marks the endpoint broken: every later round trip fails fast with `why`.
+    fn set_broken(&mut self, why: String) {
+        self.broken = Some(why);
+        self.refresh_slow();
+    }
+
+    fn refresh_slow(&mut self) {
+        self.slow = self.broken.is_some() || self.latency_ns > 0;
     }
 
     /// True when a round trip needs no fault, latency or broken-connection handling.
     #[inline(always)]
     fn ready(&self) -> bool {
-        self.broken.is_none() && self.latency_ns == 0 && !self.hooks.is_armed()
+        !self.slow && !self.hooks.is_armed()
     }
 
     /// Starts a round trip: refuses on a broken endpoint, applies faults and injected latency.
@@ -186,14 +202,14 @@ impl Endpoint {
         match self.hooks.before_round_trip() {
             Fault::None => {}
             Fault::Drop => {
-                self.broken = Some("an earlier round trip timed out".into());
+                self.set_broken("an earlier round trip timed out".into());
                 return Err(FabricError::Timeout);
             }
             Fault::Cut => {
                 if let Transport::Tcp(c) = &self.transport {
                     let _ = c.stream.shutdown(Shutdown::Both);
                 }
-                self.broken = Some("connection cut".into());
+                self.set_broken("connection cut".into());
                 return Err(FabricError::Disconnected("connection cut".into()));
             }
         }
@@ -206,7 +222,7 @@ impl Endpoint {
     /// Records a transport failure so that later calls fail fast.
     fn fail(&mut self, e: FabricError) -> FabricError {
         if e.is_connection_lost() && self.broken.is_none() {
-            self.broken = Some(e.to_string());
+            self.set_broken(e.to_string());
         }
         e
     }
@@ -231,8 +247,7 @@ impl Endpoint {
     fn fast_path(&self, kind: VerbKind, len: usize) -> Option<&Nic> {
         match &self.transport {
             Transport::InProcess(_, nic) if self.ready() => {
-                let (o, i) = wire::verb_bytes(kind, len as u64);
-                counters::record_single(kind, o, i);
+                counters::record_single(kind, len as u64);
                 Some(nic)
             }
             _ => None,
@@ -241,6 +256,8 @@ impl Endpoint {
 
     /// One verb in one round trip through the full path: faults, injected latency, length limit, either transport.
     /// `len` is the payload length; `buf` (the verb's buffer, if any) goes to whichever of `local` and `remote` runs.
+    /// Callers pass `move` closures: built only on this path, they copy the verb's arguments, where closures
+    /// borrowing them would make the fast path store the arguments to the stack on every verb.
     #[inline(never)]
     fn verb_slow<B, T>(
         &mut self,
@@ -256,12 +273,11 @@ impl Endpoint {
             VerbKind::Read | VerbKind::Write => self.check_len(kind, len)?,
             VerbKind::Cas | VerbKind::Faa => len as u32,
         };
-        let (o, i) = wire::verb_bytes(kind, len as u64);
         let r = match &mut self.transport {
             Transport::InProcess(_, nic) => local(nic, buf).map_err(|e| verb_err(kind, e)),
             Transport::Tcp(c) => remote(c, len, buf),
         };
-        counters::record_single(kind, o, i);
+        counters::record_single(kind, len as u64);
         r.map_err(|e| self.fail(e))
     }
 
@@ -277,8 +293,8 @@ impl Endpoint {
             VerbKind::Read,
             buf.len(),
             buf,
-            |nic, buf| nic.read(addr.region, addr.rkey, addr.offset, buf),
-            |c, len, buf| {
+            move |nic, buf| nic.read(addr.region, addr.rkey, addr.offset, buf),
+            move |c, len, buf| {
                 c.single(VerbKind::Read, addr, len, 0, 0, &[], Some(buf))
                     .map(|_| ())
             },
@@ -298,8 +314,8 @@ impl Endpoint {
             VerbKind::Write,
             data.len(),
             data,
-            |nic, data| nic.write(addr.region, addr.rkey, addr.offset, data),
-            |c, len, data| {
+            move |nic, data| nic.write(addr.region, addr.rkey, addr.offset, data),
+            move |c, len, data| {
                 c.single(VerbKind::Write, addr, len, 0, 0, data, None)
                     .map(|_| ())
             },
@@ -318,8 +334,8 @@ impl Endpoint {
             VerbKind::Cas,
             8,
             (),
-            |nic, ()| nic.cas(addr.region, addr.rkey, addr.offset, expected, new),
-            |c, len, ()| c.single(VerbKind::Cas, addr, len, expected, new, &[], None),
+            move |nic, ()| nic.cas(addr.region, addr.rkey, addr.offset, expected, new),
+            move |c, len, ()| c.single(VerbKind::Cas, addr, len, expected, new, &[], None),
         )
     }
 
@@ -335,8 +351,8 @@ impl Endpoint {
             VerbKind::Faa,
             8,
             (),
-            |nic, ()| nic.faa(addr.region, addr.rkey, addr.offset, add),
-            |c, len, ()| c.single(VerbKind::Faa, addr, len, add, 0, &[], None),
+            move |nic, ()| nic.faa(addr.region, addr.rkey, addr.offset, add),
+            move |c, len, ()| c.single(VerbKind::Faa, addr, len, add, 0, &[], None),
         )
     }
 
@@ -350,18 +366,15 @@ impl Endpoint {
             self.begin()?;
         }
         let max = self.max_message_len;
-        let (r, tally, first_error) = match &mut self.transport {
-            Transport::InProcess(_, nic) => {
-                let (tally, first_error) = exec_batch_in_process(nic, batch, max);
-                (Ok(()), tally, first_error)
-            }
+        let (r, first_error) = match &mut self.transport {
+            Transport::InProcess(_, nic) => (Ok(()), exec_batch_in_process(nic, batch, max)),
             Transport::Tcp(c) => {
                 batch.reset_results();
                 let r = c.batch(batch);
-                (r, batch.tally(), batch.first_error())
+                (r, batch.first_error())
             }
         };
-        counters::record_round_trip(&tally);
+        counters::record_batch(&batch.tally);
         r.map_err(|e| self.fail(e))?;
         match first_error {
             Some((index, kind, error)) => Err(FabricError::Verb { index, kind, error }),
@@ -390,12 +403,10 @@ impl Endpoint {
             Transport::Tcp(c) => c.rpc(method, request, response),
         };
         let reply_len = if r.is_ok() { response.len() } else { 0 };
-        counters::record_round_trip(&CounterSnapshot {
-            rpcs: 1,
-            bytes_out: (REQ_HEADER + request.len()) as u64,
-            bytes_in: (RESP_HEADER + reply_len) as u64,
-            ..CounterSnapshot::ZERO
-        });
+        counters::record_rpc(
+            (REQ_HEADER + request.len()) as u64,
+            (RESP_HEADER + reply_len) as u64,
+        );
         r.map_err(|e| self.fail(e))
     }
 
@@ -422,57 +433,59 @@ fn verb_err(kind: VerbKind, error: VerbError) -> FabricError {
 }
 
 /// Runs every verb of `batch` on the executor in one pass: sets each verb's status and result, and returns the
-/// batch's counts (every verb, skipped ones included) and its first refused verb.
+/// batch's first refused verb, after which the rest are marked skipped. (The batch counted its verbs as they were
+/// added.)
 fn exec_batch_in_process(
     nic: &Nic,
     batch: &mut Batch,
     max: u32,
-) -> (CounterSnapshot, Option<(usize, VerbKind, VerbError)>) {
-    let Batch { ops, out, data_in } = batch;
-    let mut tally = CounterSnapshot::ZERO;
-    let mut first_error = None;
+) -> Option<(usize, VerbKind, VerbError)> {
+    let Batch {
+        ops, out, data_in, ..
+    } = batch;
     for (index, op) in ops.iter_mut().enumerate() {
-        let (o, i) = wire::verb_bytes(op.kind, op.len as u64);
-        tally.add_verb(op.kind, o, i);
-        op.result = 0;
-        if first_error.is_some() {
-            op.status = Some(VerbError::Skipped);
-            continue;
-        }
         let a = op.addr;
         let r = if op.len > max {
             Err(VerbError::TooLarge)
         } else {
+            let data = op.data..op.data + op.len as usize;
             match op.kind {
-                VerbKind::Read => nic.read(
-                    a.region,
-                    a.rkey,
-                    a.offset,
-                    &mut data_in[op.data..op.data + op.len as usize],
-                ),
-                VerbKind::Write => nic.write(
-                    a.region,
-                    a.rkey,
-                    a.offset,
-                    &out[op.data..op.data + op.len as usize],
-                ),
-                VerbKind::Cas => nic
-                    .cas(a.region, a.rkey, a.offset, op.arg0, op.arg1)
-                    .map(|v| op.result = v),
-                VerbKind::Faa => nic
-                    .faa(a.region, a.rkey, a.offset, op.arg0)
-                    .map(|v| op.result = v),
+                VerbKind::Read => nic
+                    .read(a.region, a.rkey, a.offset, &mut data_in[data])
+                    .map(|()| 0),
+                VerbKind::Write => nic
+                    .write(a.region, a.rkey, a.offset, &out[data])
+                    .map(|()| 0),
+                VerbKind::Cas => nic.cas(a.region, a.rkey, a.offset, op.arg0, op.arg1),
+                VerbKind::Faa => nic.faa(a.region, a.rkey, a.offset, op.arg0),
             }
         };
-        op.status = match r {
-            Ok(()) => None,
+        match r {
+            Ok(result) => {
+                op.result = result;
+                op.status = None;
+            }
             Err(e) => {
-                first_error = Some((index, op.kind, e));
-                Some(e)
+                skip_from(ops, index, e);
+                return Some((index, ops[index].kind, e));
             }
-        };
+        }
     }
-    (tally, first_error)
+    None
+}
+
+/// Marks verb `index` of a batch refused with `error` and every later verb skipped.
+#[cold]
+#[inline(never)]
+fn skip_from(ops: &mut [BatchOp], index: usize, error: VerbError) {
+    for (i, op) in ops.iter_mut().enumerate().skip(index) {
+        op.result = 0;
+        op.status = Some(if i == index {
+            error
+        } else {
+            VerbError::Skipped
+        });
+    }
 }
 
 /// Client side of a TCP connection to a memory node.
@@ -764,5 +777,97 @@ fn io_to_fabric(e: std::io::Error) -> FabricError {
             FabricError::Disconnected(e.to_string())
         }
         _ => FabricError::Io(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::{DATA_REGION, NodeConfig};
+    use crate::verbs::Slot;
+    use dinomo_pool::Pool;
+
+    fn in_process_endpoint() -> (Arc<MemoryNode>, Endpoint, RegionInfo) {
+        let pool = Arc::new(Pool::anonymous(1 << 20, 1 << 16).unwrap());
+        let node = MemoryNode::new(pool, NodeConfig::default());
+        let ep = Connector::new(Target::InProcess(node.clone()))
+            .connect()
+            .unwrap();
+        let region = ep.region(DATA_REGION).unwrap().clone();
+        (node, ep, region)
+    }
+
+    #[test]
+    fn a_reused_batch_reads_fresh_data_and_refuses_from_the_first_bad_verb() {
+        let (_node, mut ep, r) = in_process_endpoint();
+        let at = |i: u64| r.at(r.start + 64 * i);
+        let mut batch = Batch::new();
+        for round in 0..3u8 {
+            ep.write(at(0), &[round; 8]).unwrap();
+            ep.write(at(1), &[round + 10; 32]).unwrap();
+            batch.clear();
+            let a = batch.read(at(0), 8);
+            // Larger READs than any earlier use of the batch grow its buffer.
+            let b = batch.read(at(1), 8 + 8 * round as u32);
+            let c = batch.faa(at(2), 1);
+            ep.post(&mut batch).unwrap();
+            assert_eq!(batch.read_data(a), &[round; 8]);
+            assert_eq!(
+                batch.read_data(b),
+                &vec![round + 10; 8 + 8 * round as usize][..]
+            );
+            assert_eq!(batch.old_value(c), round as u64);
+        }
+        // A refusal in the middle: the verbs before it ran, the ones after it were skipped and did not run, and all
+        // of them were counted in one round trip.
+        batch.clear();
+        let ok = batch.faa(at(2), 1);
+        let bad = batch.faa(r.at(r.start + 3), 1);
+        let skipped = batch.faa(at(2), 1);
+        let before = counters::thread_snapshot();
+        let e = ep.post(&mut batch).unwrap_err();
+        let d = counters::thread_snapshot() - before;
+        assert!(matches!(
+            e,
+            FabricError::Verb {
+                index: 1,
+                kind: VerbKind::Faa,
+                error: VerbError::Misaligned
+            }
+        ));
+        assert_eq!((d.round_trips, d.faa), (1, 3));
+        assert_eq!(batch.status(ok), Ok(()));
+        assert_eq!(batch.old_value(ok), 3);
+        assert_eq!(batch.status(bad), Err(VerbError::Misaligned));
+        assert_eq!(batch.status(skipped), Err(VerbError::Skipped));
+        assert_eq!(batch.old_value(Slot(2)), 0);
+        assert_eq!(ep.faa(at(2), 0).unwrap(), 4);
+    }
+
+    #[test]
+    fn latency_switches_the_slow_path_on_and_off_but_a_broken_endpoint_stays_broken() {
+        let (_node, mut ep, r) = in_process_endpoint();
+        let w = r.at(r.start);
+        ep.set_injected_latency(1_000);
+        assert!(ep.slow);
+        let before = counters::thread_snapshot();
+        assert_eq!(ep.faa(w, 1).unwrap(), 0);
+        ep.set_injected_latency(0);
+        assert!(!ep.slow);
+        assert_eq!(ep.faa(w, 1).unwrap(), 1);
+        let d = counters::thread_snapshot() - before;
+        assert_eq!((d.round_trips, d.faa), (2, 2));
+        // A lost request breaks the endpoint; clearing the latency must not mend it.
+        ep.hooks().drop_next(1);
+        assert!(matches!(ep.faa(w, 1), Err(FabricError::Timeout)));
+        ep.set_injected_latency(0);
+        assert!(ep.slow);
+        assert!(matches!(ep.faa(w, 1), Err(FabricError::Disconnected(_))));
+        let mut batch = Batch::new();
+        batch.faa(w, 1);
+        assert!(matches!(
+            ep.post(&mut batch),
+            Err(FabricError::Disconnected(_))
+        ));
     }
 }

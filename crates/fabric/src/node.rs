@@ -15,6 +15,8 @@ use crate::verbs::{Access, RegionInfo, VerbKind};
 pub const DATA_REGION: &str = "data";
 /// Name of the read-only region covering the pool's root slots.
 pub const ROOTS_REGION: &str = "roots";
+/// Regions every memory node registers: the data area and the root slots.
+const REGION_COUNT: usize = 2;
 
 /// Settings of a memory node's fabric side. Configuration files hold the cluster token elsewhere (it is shared
 /// with the endpoints), so it is left out here.
@@ -89,7 +91,7 @@ impl MemoryNode {
     /// and starts the processor threads.
     pub fn new(pool: Arc<Pool>, config: NodeConfig) -> Arc<MemoryNode> {
         let layout = *pool.layout();
-        let regions = vec![
+        let regions: [RegionInfo; REGION_COUNT] = [
             RegionInfo {
                 id: 0,
                 name: DATA_REGION.to_string(),
@@ -121,15 +123,12 @@ impl MemoryNode {
             .collect();
         let nic = Nic {
             base: pool.as_ptr(),
-            bounds: regions
-                .iter()
-                .map(|r| RegionBounds {
-                    rkey: r.rkey,
-                    start: r.start,
-                    end: r.start + r.len,
-                    access: r.access,
-                })
-                .collect(),
+            bounds: regions.each_ref().map(|r| RegionBounds {
+                rkey: r.rkey,
+                start: r.start,
+                end: r.start + r.len,
+                access: r.access,
+            }),
             max_len: config.max_message_len as u64,
             flush: pool
                 .persist_mode()
@@ -139,7 +138,7 @@ impl MemoryNode {
         Arc::new(MemoryNode {
             nic,
             pool,
-            regions,
+            regions: regions.into(),
             config,
             handler,
             rpc_tx,
@@ -263,7 +262,9 @@ struct RegionBounds {
 #[derive(Clone)]
 pub(crate) struct Nic {
     base: *mut u8,
-    bounds: Arc<[RegionBounds]>,
+    /// Held inline (not behind a pointer) so that the per-verb check loads the region's bounds straight from the
+    /// endpoint.
+    bounds: [RegionBounds; REGION_COUNT],
     max_len: u64,
     /// The pool, when its durability mode needs a flush before a write is acknowledged.
     flush: Option<Arc<Pool>>,

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::counters::BatchTally;
 use crate::error::VerbError;
 
 /// The one-sided verbs.
@@ -137,7 +138,12 @@ pub(crate) struct BatchOp {
 pub struct Batch {
     pub(crate) ops: Vec<BatchOp>,
     pub(crate) out: Vec<u8>,
+    /// Destination of the READs: the first `data_len` bytes. It keeps its length across [`Batch::clear`], so that a
+    /// reused batch does not zero its READ buffers again before every post.
     pub(crate) data_in: Vec<u8>,
+    data_len: usize,
+    /// Counts of the verbs added, for the thread counters.
+    pub(crate) tally: BatchTally,
 }
 
 /// Index of a verb inside a [`Batch`].
@@ -155,7 +161,8 @@ impl Batch {
     pub fn clear(&mut self) {
         self.ops.clear();
         self.out.clear();
-        self.data_in.clear();
+        self.data_len = 0;
+        self.tally = BatchTally::default();
     }
 
     /// Number of verbs.
@@ -178,6 +185,7 @@ impl Batch {
         arg0: u64,
         arg1: u64,
     ) -> Slot {
+        self.tally.add(kind, len as u64);
         self.ops.push(BatchOp {
             kind,
             addr,
@@ -194,9 +202,18 @@ impl Batch {
     /// Adds a READ of `len` bytes.
     #[inline]
     pub fn read(&mut self, addr: RemoteAddr, len: u32) -> Slot {
-        let data = self.data_in.len();
-        self.data_in.resize(data + len as usize, 0);
+        let data = self.data_len;
+        self.data_len = data + len as usize;
+        if self.data_in.len() < self.data_len {
+            self.grow_data_in();
+        }
         self.push(VerbKind::Read, addr, len, data, 0, 0)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn grow_data_in(&mut self) {
+        self.data_in.resize(self.data_len, 0);
     }
 
     /// Adds a WRITE of `bytes` (copied into the batch).
@@ -219,7 +236,8 @@ impl Batch {
         self.push(VerbKind::Faa, addr, 8, 0, add, 0)
     }
 
-    /// Bytes read by a completed READ.
+    /// Bytes read by a completed READ. Those of a READ that did not complete (refused or skipped) are unspecified:
+    /// zeros, or bytes an earlier use of this batch read.
     #[inline]
     pub fn read_data(&self, slot: Slot) -> &[u8] {
         let op = &self.ops[slot.0];
@@ -245,16 +263,6 @@ impl Batch {
             op.status = None;
             op.result = 0;
         }
-    }
-
-    /// Counts of every verb of the batch, as one round trip's share of the thread counters (`round_trips` left 0).
-    pub(crate) fn tally(&self) -> crate::counters::CounterSnapshot {
-        let mut tally = crate::counters::CounterSnapshot::ZERO;
-        for op in &self.ops {
-            let (o, i) = crate::wire::verb_bytes(op.kind, op.len as u64);
-            tally.add_verb(op.kind, o, i);
-        }
-        tally
     }
 
     pub(crate) fn first_error(&self) -> Option<(usize, VerbKind, VerbError)> {
