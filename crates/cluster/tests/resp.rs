@@ -384,3 +384,93 @@ fn a_pipeline_mixing_local_and_forwarded_keys_is_answered_in_order() -> anyhow::
     }
     Ok(())
 }
+
+/// Clients pipelining reads and writes of a few keys at two nodes (each node serves some keys and forwards the
+/// others): the recorded history is linearizable.
+#[test]
+fn pipelined_reads_and_writes_over_resp_are_linearizable() -> anyhow::Result<()> {
+    use dinomo_lincheck::{CheckConfig, Op, Outcome, Recorder, Verdict, check};
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    let c = cluster(2)?;
+    let addrs = resp_addrs(&c);
+    let rec = Arc::new(Recorder::new());
+    let clients: Vec<_> = (0..4u32)
+        .map(|client| {
+            let (rec, addr) = (rec.clone(), addrs[client as usize % addrs.len()]);
+            std::thread::spawn(move || {
+                let mut conn = Conn::open(addr);
+                let start = Instant::now();
+                let mut n = 0u64;
+                // A small deterministic mix per client: pipelines of 1 to 3 operations on 4 keys, mostly reads.
+                let mut x = 0x9e37_79b9_u64.wrapping_mul(u64::from(client) + 1);
+                let mut next = move |m: u64| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x % m
+                };
+                for round in 0..400u64 {
+                    if start.elapsed() > Duration::from_secs(10) {
+                        break;
+                    }
+                    let ops: Vec<Op> = (0..1 + next(3))
+                        .map(|j| {
+                            let key = format!("lin{}", next(4)).into_bytes();
+                            match next(10) {
+                                0..=5 => Op::Get(key),
+                                6..=8 => {
+                                    Op::Set(key, format!("c{client}-{round}-{j}").into_bytes())
+                                }
+                                _ => Op::Delete(key),
+                            }
+                        })
+                        .collect();
+                    let mut tickets = Vec::new();
+                    for op in &ops {
+                        tickets.push(rec.invoke(client, op.clone()));
+                        match op {
+                            Op::Get(k) => conn.send(&[b"GET", k]),
+                            Op::Set(k, v) => conn.send(&[b"SET", k, v]),
+                            Op::Delete(k) => conn.send(&[b"DEL", k]),
+                            _ => unreachable!("only these are generated"),
+                        }
+                    }
+                    for (op, ticket) in ops.iter().zip(tickets) {
+                        let reply = conn.read();
+                        let outcome = match (op, reply) {
+                            (Op::Get(_), Value::Bulk(v)) => Outcome::Value(Some(v)),
+                            (Op::Get(_), Value::NullBulk | Value::Null) => Outcome::Value(None),
+                            (Op::Set(..), Value::Simple(s)) if s == b"OK" => Outcome::Ok,
+                            (Op::Delete(_), Value::Integer(d)) => Outcome::Applied(d == 1),
+                            // An error reply: not applied or applied unknowably; the checker may place it anywhere.
+                            (_, Value::Error(_)) => {
+                                rec.unknown(ticket);
+                                continue;
+                            }
+                            (op, other) => panic!("{op:?} answered with {other:?}"),
+                        };
+                        rec.complete(ticket, outcome);
+                        n += 1;
+                    }
+                }
+                n
+            })
+        })
+        .collect();
+    let ops: u64 = clients
+        .into_iter()
+        .map(|t| t.join().expect("client thread"))
+        .sum();
+    assert!(ops > 400, "only {ops} operations completed");
+    let history = rec.history();
+    match check(&history, &CheckConfig::default())? {
+        Verdict::Linearizable => Ok(()),
+        other => {
+            let path = std::env::temp_dir().join("dinomo-resp-nonlinearizable-history.json");
+            let _ = history.save(&path);
+            panic!("{other:?} (history saved to {})", path.display());
+        }
+    }
+}
