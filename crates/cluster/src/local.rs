@@ -439,8 +439,8 @@ struct LocalScaler {
     resp_listen: Vec<SocketAddr>,
     /// KV nodes started so far (picks each one's RESP address).
     started: std::sync::atomic::AtomicUsize,
-    /// Nodes whose lease expired, stopped and waiting to start again: id and RESP address.
-    to_restart: Mutex<Vec<(NodeId, Option<SocketAddr>)>>,
+    /// Nodes whose lease expired, stopped and waiting to start again ([`ClusterNode::restart_config`]).
+    to_restart: Mutex<Vec<NodeConfig>>,
     /// Every restart so far, by node id.
     restarted: Mutex<Vec<NodeId>>,
 }
@@ -468,18 +468,13 @@ impl LocalScaler {
     /// this, a loaded machine that starves every node at once would leave the cluster with no node serving.
     /// A start that fails (its port not free yet) is retried on the next call.
     fn restart_fenced(&self) {
-        let fenced: Vec<ClusterNode> = {
+        let fenced = {
             let mut nodes = self.nodes();
-            let mut out = Vec::new();
-            let mut i = 0;
-            while i < nodes.len() {
-                if nodes[i].is_fenced() {
-                    out.push(nodes.remove(i));
-                } else {
-                    i += 1;
-                }
-            }
-            out
+            let (fenced, running): (Vec<ClusterNode>, _) = std::mem::take(&mut *nodes)
+                .into_iter()
+                .partition(|n| n.is_fenced());
+            *nodes = running;
+            fenced
         };
         let mut to_restart = self.to_restart.lock().expect("restart lock");
         for old in fenced {
@@ -488,26 +483,24 @@ impl LocalScaler {
                 "KV node's lease expired while it ran (starved of CPU or cut off from the metadata store); \
                  restarting it with its id"
             );
-            to_restart.push((old.id(), old.resp_addr()));
+            to_restart.push(old.restart_config());
             old.crash();
         }
-        to_restart.retain(|&(id, resp_listen)| {
+        to_restart.retain(|cfg| {
             if self.stopping.load(Ordering::Acquire) {
                 return false;
             }
-            let cfg = NodeConfig {
-                node_id: id,
-                resp_listen,
-                ..self.node.clone()
-            };
-            match ClusterNode::start(cfg, self.connector.clone(), self.meta.clone()) {
+            match ClusterNode::start(cfg.clone(), self.connector.clone(), self.meta.clone()) {
                 Ok(node) => {
                     self.nodes().push(node);
-                    self.restarted.lock().expect("restarted lock").push(id);
+                    self.restarted
+                        .lock()
+                        .expect("restarted lock")
+                        .push(cfg.node_id);
                     false
                 }
                 Err(e) => {
-                    warn!(node = id, error = %e, "restarting a KV node failed; retrying");
+                    warn!(node = cfg.node_id, error = %e, "restarting a KV node failed; retrying");
                     true
                 }
             }

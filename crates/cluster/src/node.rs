@@ -206,7 +206,8 @@ impl NodeShared {
 
 /// A running cluster KV node.
 pub struct ClusterNode {
-    id: NodeId,
+    /// What it was started with (its RESP address as configured, not as bound).
+    config: NodeConfig,
     shared: Arc<NodeShared>,
     kv: Option<KvNode>,
     server: Option<Server>,
@@ -320,7 +321,7 @@ impl ClusterNode {
         };
         info!(node = config.node_id, %addr, resp = ?config.resp_listen, "KV node serving");
         Ok(ClusterNode {
-            id: config.node_id,
+            config,
             shared,
             kv: Some(kv),
             server: Some(server),
@@ -338,7 +339,16 @@ impl ClusterNode {
 
     /// The node's id.
     pub fn id(&self) -> NodeId {
-        self.id
+        self.config.node_id
+    }
+
+    /// The settings a new incarnation of this node starts with after it was fenced: the same id and settings, and
+    /// the RESP address it bound, so clients find it where they did also when the system picked the port.
+    pub fn restart_config(&self) -> NodeConfig {
+        NodeConfig {
+            resp_listen: self.resp_addr().or(self.config.resp_listen),
+            ..self.config.clone()
+        }
     }
 
     /// The native-protocol address.

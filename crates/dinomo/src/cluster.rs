@@ -828,15 +828,9 @@ pub fn kn(args: KnCmdArgs) -> anyhow::Result<()> {
     let cfg = args.settings()?;
     let meta = store(&cfg)?;
     let mut node_cfg = cfg.kn.clone();
-    let mut restart = false;
+    let mut starting = "starting the KV node";
     loop {
-        let node = ClusterNode::start(node_cfg.clone(), connector(&cfg), meta.clone()).context(
-            if restart {
-                "restarting the KV node"
-            } else {
-                "starting the KV node"
-            },
-        )?;
+        let node = ClusterNode::start(node_cfg, connector(&cfg), meta.clone()).context(starting)?;
         println!("dinomo kn {} listening on {}", node.id(), node.addr());
         if let Some(resp) = node.resp_addr() {
             println!("  Redis protocol on {resp}");
@@ -844,24 +838,23 @@ pub fn kn(args: KnCmdArgs) -> anyhow::Result<()> {
         let metrics = cfg
             .metrics
             .serve(|| vec![Arc::new(node.metrics()), Arc::new(FabricMetrics)])?;
-        let fenced = !wait_for_signal_or(&mut signals, || node.is_fenced());
+        let signalled = wait_for_signal_or(&mut signals, || node.is_fenced());
         drop(metrics);
-        if !fenced {
+        if signalled {
             node.stop();
             println!("dinomo kn stopped cleanly");
             return Ok(());
         }
         // The cluster declared this incarnation failed and may have handed its keys to others: start again
-        // with the same id, which takes its logs back, and let the M-node give it keys. Clients find it where
-        // they found it before when its RESP port was picked by the system.
+        // with the same id, which takes its logs back, and let the M-node give it keys.
         tracing::warn!(
             node = node.id(),
             "the lease expired while the node ran (starved of CPU or cut off from the metadata store); \
              restarting with the same id"
         );
-        node_cfg.resp_listen = node.resp_addr().or(node_cfg.resp_listen);
+        node_cfg = node.restart_config();
         node.crash();
-        restart = true;
+        starting = "restarting the KV node";
     }
 }
 
