@@ -95,6 +95,68 @@ fn value(i: u32, v: u32) -> Vec<u8> {
     format!("v{i}-{v}").into_bytes()
 }
 
+/// A memory node, an M-node, a routing node and `kns` KV nodes (ids 1 to `kns`), each its own process. Killed in
+/// field order: the KV nodes first, the memory node last.
+struct Cluster {
+    nodes: Vec<Proc>,
+    _rn: Proc,
+    rn_addr: String,
+    _mnode: Proc,
+    dpm: Proc,
+    dpm_addr: String,
+}
+
+impl Cluster {
+    fn start(pool: &Path, partitioning: &str, kns: u32) -> anyhow::Result<Cluster> {
+        let (dpm, dpm_addr) = dpm(pool, partitioning)?;
+        let mnode = start(&["mnode", "--dpm", &dpm_addr, "--lease-ms", "500"])?;
+        let rn = start(&["rn", "--dpm", &dpm_addr, "--listen", "127.0.0.1:0"])?;
+        let rn_addr = rn
+            .banner
+            .split_whitespace()
+            .nth(4)
+            .expect("address")
+            .to_string();
+        let nodes = (1..=kns)
+            .map(|id| kn(&dpm_addr, id))
+            .collect::<Result<_, _>>()?;
+        Ok(Cluster {
+            nodes,
+            _rn: rn,
+            rn_addr,
+            _mnode: mnode,
+            dpm,
+            dpm_addr,
+        })
+    }
+
+    /// A client seeded with the routing node.
+    fn client(&self) -> anyhow::Result<Client> {
+        Ok(Client::connect(ClientConfig {
+            seeds: vec![self.rn_addr.clone()],
+            op_timeout: Duration::from_secs(10),
+            ..ClientConfig::default()
+        })?)
+    }
+}
+
+/// Refreshes `client`'s routing table until `want` holds of it; fails with `what` after 20 s.
+fn wait_for_ring(
+    client: &mut Client,
+    want: impl Fn(&dinomo_cluster::Routing) -> bool,
+    what: &str,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        client.refresh_routing();
+        if client.routing().is_some_and(&want) {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn a_sigkilled_kv_node_is_replaced_without_losing_acknowledged_writes() -> anyhow::Result<()> {
     kill_and_join("shared")
@@ -108,39 +170,23 @@ fn a_sigkilled_shared_nothing_kv_node_is_replaced_without_losing_acknowledged_wr
 
 fn kill_and_join(partitioning: &str) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let (dpm_proc, dpm_addr) = dpm(&dir.path().join("pool"), partitioning)?;
+    let mut cluster = Cluster::start(&dir.path().join("pool"), partitioning, 3)?;
     let layout = match partitioning {
         "per-node" => "0 index partitions",
         _ => "one shared index",
     };
-    assert!(dpm_proc.banner.contains(layout), "{}", dpm_proc.banner);
-    let _m = start(&["mnode", "--dpm", &dpm_addr, "--lease-ms", "500"])?;
-    let rn = start(&["rn", "--dpm", &dpm_addr, "--listen", "127.0.0.1:0"])?;
-    let rn_addr = rn
-        .banner
-        .split_whitespace()
-        .nth(4)
-        .expect("address")
-        .to_string();
-    let mut nodes: Vec<Proc> = (1..=3)
-        .map(|id| kn(&dpm_addr, id))
-        .collect::<Result<_, _>>()?;
-
-    let mut client = Client::connect(ClientConfig {
-        seeds: vec![rn_addr.clone()],
-        op_timeout: Duration::from_secs(10),
-        ..ClientConfig::default()
-    })?;
+    assert!(
+        cluster.dpm.banner.contains(layout),
+        "{}",
+        cluster.dpm.banner
+    );
+    let mut client = cluster.client()?;
     // Wait for the M-node to add all three.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        client.refresh_routing();
-        if client.routing().is_some_and(|r| r.ring.len() == 3) {
-            break;
-        }
-        anyhow::ensure!(Instant::now() < deadline, "three nodes never joined");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_ring(
+        &mut client,
+        |r| r.ring.len() == 3,
+        "three nodes never joined",
+    )?;
     let n = 300;
     for i in 0..n {
         client.set(format!("key{i}").as_bytes(), &value(i, 0))?;
@@ -148,13 +194,8 @@ fn kill_and_join(partitioning: &str) -> anyhow::Result<()> {
     // Kill the owner of key 0 while a writer keeps writing.
     let victim = client.owner(b"key0").expect("owner");
     let writer = {
-        let seeds = vec![rn_addr.clone()];
+        let mut c = cluster.client()?;
         std::thread::spawn(move || -> anyhow::Result<u32> {
-            let mut c = Client::connect(ClientConfig {
-                seeds,
-                op_timeout: Duration::from_secs(10),
-                ..ClientConfig::default()
-            })?;
             for i in 0..n {
                 match c.set(format!("key{i}").as_bytes(), &value(i, 1)) {
                     Ok(()) => {}
@@ -169,8 +210,8 @@ fn kill_and_join(partitioning: &str) -> anyhow::Result<()> {
     std::thread::sleep(Duration::from_millis(5));
     let killed_at = Instant::now();
     let idx = (victim - 1) as usize;
-    nodes[idx].child.kill()?; // SIGKILL
-    nodes[idx].child.wait()?;
+    cluster.nodes[idx].child.kill()?; // SIGKILL
+    cluster.nodes[idx].child.wait()?;
     let acknowledged = writer.join().expect("writer")?;
 
     // Every key is served again, with its last acknowledged value (or the in-flight one).
@@ -193,13 +234,8 @@ fn kill_and_join(partitioning: &str) -> anyhow::Result<()> {
     eprintln!("all keys served {served_again:?} after the SIGKILL");
 
     // A new node joins and takes a share.
-    nodes.push(kn(&dpm_addr, 4)?);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !client.routing().is_some_and(|r| r.ring.contains(4)) {
-        client.refresh_routing();
-        anyhow::ensure!(Instant::now() < deadline, "node 4 never joined");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    cluster.nodes.push(kn(&cluster.dpm_addr, 4)?);
+    wait_for_ring(&mut client, |r| r.ring.contains(4), "node 4 never joined")?;
     for i in 0..n {
         assert!(client.get(format!("key{i}").as_bytes())?.is_some());
     }
@@ -221,63 +257,32 @@ fn signal(p: &Proc, signal: &str) -> anyhow::Result<()> {
 #[test]
 fn a_kv_node_frozen_past_its_lease_restarts_itself_and_rejoins() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let (_dpm, dpm_addr) = dpm(&dir.path().join("pool"), "shared")?;
-    let _m = start(&["mnode", "--dpm", &dpm_addr, "--lease-ms", "500"])?;
-    let rn = start(&["rn", "--dpm", &dpm_addr, "--listen", "127.0.0.1:0"])?;
-    let rn_addr = rn
-        .banner
-        .split_whitespace()
-        .nth(4)
-        .expect("address")
-        .to_string();
-    let mut nodes: Vec<Proc> = (1..=2)
-        .map(|id| kn(&dpm_addr, id))
-        .collect::<Result<_, _>>()?;
-    let mut client = Client::connect(ClientConfig {
-        seeds: vec![rn_addr],
-        op_timeout: Duration::from_secs(10),
-        ..ClientConfig::default()
-    })?;
-    let wait_for_ring =
-        |client: &mut Client, want: &dyn Fn(&dinomo_cluster::Routing) -> bool, what: &str| {
-            let deadline = Instant::now() + Duration::from_secs(20);
-            loop {
-                client.refresh_routing();
-                if client.routing().is_some_and(want) {
-                    return Ok(());
-                }
-                anyhow::ensure!(Instant::now() < deadline, "{what}");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        };
-    wait_for_ring(
-        &mut client,
-        &|r| r.ring.len() == 2,
-        "two nodes never joined",
-    )?;
+    let mut cluster = Cluster::start(&dir.path().join("pool"), "shared", 2)?;
+    let mut client = cluster.client()?;
+    wait_for_ring(&mut client, |r| r.ring.len() == 2, "two nodes never joined")?;
     let n = 200;
     for i in 0..n {
         client.set(format!("key{i}").as_bytes(), &value(i, 0))?;
     }
     let frozen = client.owner(b"key0").expect("owner");
     let idx = (frozen - 1) as usize;
-    signal(&nodes[idx], "STOP")?;
+    signal(&cluster.nodes[idx], "STOP")?;
     wait_for_ring(
         &mut client,
-        &|r| !r.ring.contains(frozen),
+        |r| !r.ring.contains(frozen),
         "the frozen node was never declared failed",
     )?;
     for i in 0..n {
         client.set(format!("key{i}").as_bytes(), &value(i, 1))?;
     }
-    signal(&nodes[idx], "CONT")?;
+    signal(&cluster.nodes[idx], "CONT")?;
     wait_for_ring(
         &mut client,
-        &|r| r.ring.contains(frozen),
+        |r| r.ring.contains(frozen),
         "the woken node never rejoined",
     )?;
     assert!(
-        nodes[idx].child.try_wait()?.is_none(),
+        cluster.nodes[idx].child.try_wait()?.is_none(),
         "the woken node exited instead of restarting"
     );
     for i in 0..n {
@@ -292,6 +297,5 @@ fn a_kv_node_frozen_past_its_lease_restarts_itself_and_rejoins() -> anyhow::Resu
         Some(frozen),
         "key0 is back at the node that owned it"
     );
-    nodes.clear();
     Ok(())
 }
