@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use dinomo_cluster::{
     Client, ClientConfig, ClientError, LocalCluster, ReconfigEvent, ReconfigKind, Variant,
 };
-use dinomo_lincheck::{CheckConfig, Op, Outcome, Recorder, Verdict, check};
+use dinomo_lincheck::{Op, Outcome, Recorder};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
@@ -123,15 +123,7 @@ impl Load {
             self.rec.complete(t, Outcome::Value(v));
         }
         assert!(ops > 500, "only {ops} operations ran");
-        let history = self.rec.history();
-        match check(&history, &CheckConfig::default())? {
-            Verdict::Linearizable => Ok(()),
-            other => {
-                let path = std::env::temp_dir().join("dinomo-nonlinearizable-history.json");
-                let _ = history.save(&path);
-                panic!("{other:?} (history saved to {})", path.display());
-            }
-        }
+        common::assert_linearizable(&self.rec.history(), "dinomo-nonlinearizable-history.json")
     }
 }
 

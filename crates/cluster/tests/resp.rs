@@ -389,7 +389,7 @@ fn a_pipeline_mixing_local_and_forwarded_keys_is_answered_in_order() -> anyhow::
 /// others): the recorded history is linearizable.
 #[test]
 fn pipelined_reads_and_writes_over_resp_are_linearizable() -> anyhow::Result<()> {
-    use dinomo_lincheck::{CheckConfig, Op, Outcome, Recorder, Verdict, check};
+    use dinomo_lincheck::{Op, Outcome, Recorder};
     use std::sync::Arc;
     use std::time::Instant;
 
@@ -464,13 +464,5 @@ fn pipelined_reads_and_writes_over_resp_are_linearizable() -> anyhow::Result<()>
         .map(|t| t.join().expect("client thread"))
         .sum();
     assert!(ops > 400, "only {ops} operations completed");
-    let history = rec.history();
-    match check(&history, &CheckConfig::default())? {
-        Verdict::Linearizable => Ok(()),
-        other => {
-            let path = std::env::temp_dir().join("dinomo-resp-nonlinearizable-history.json");
-            let _ = history.save(&path);
-            panic!("{other:?} (history saved to {})", path.display());
-        }
-    }
+    common::assert_linearizable(&rec.history(), "dinomo-resp-nonlinearizable-history.json")
 }

@@ -33,3 +33,18 @@ pub fn small_cluster(kns: usize) -> LocalClusterConfig {
         ..LocalClusterConfig::default()
     }
 }
+
+/// Checks a recorded history; one that is not linearizable is saved to the temporary directory as `file` (to
+/// replay it) and the test fails with the checker's explanation.
+#[allow(dead_code)] // Not every test file records histories.
+pub fn assert_linearizable(history: &dinomo_lincheck::History, file: &str) -> anyhow::Result<()> {
+    use dinomo_lincheck::{CheckConfig, Verdict, check};
+    match check(history, &CheckConfig::default())? {
+        Verdict::Linearizable => Ok(()),
+        other => {
+            let path = std::env::temp_dir().join(file);
+            let _ = history.save(&path);
+            panic!("{other:?} (history saved to {})", path.display());
+        }
+    }
+}
