@@ -172,7 +172,6 @@ impl LocalCluster {
             stopping: AtomicBool::new(false),
             resp_listen: cfg.resp_listen.clone(),
             started: std::sync::atomic::AtomicUsize::new(0),
-            to_restart: Mutex::new(Vec::new()),
             restarted: Mutex::new(Vec::new()),
         });
         let mut c = LocalCluster {
@@ -218,8 +217,10 @@ impl LocalCluster {
             std::thread::Builder::new()
                 .name("dinomo-kn-supervisor".into())
                 .spawn(move || {
+                    // Stopped nodes waiting to start again.
+                    let mut to_restart = Vec::new();
                     while !scaler.stopping.load(Ordering::Acquire) {
-                        scaler.restart_fenced();
+                        scaler.restart_fenced(&mut to_restart);
                         std::thread::sleep(period);
                     }
                 })
@@ -439,8 +440,6 @@ struct LocalScaler {
     resp_listen: Vec<SocketAddr>,
     /// KV nodes started so far (picks each one's RESP address).
     started: std::sync::atomic::AtomicUsize,
-    /// Nodes whose lease expired, stopped and waiting to start again ([`ClusterNode::restart_config`]).
-    to_restart: Mutex<Vec<NodeConfig>>,
     /// Every restart so far, by node id.
     restarted: Mutex<Vec<NodeId>>,
 }
@@ -466,17 +465,20 @@ impl LocalScaler {
     /// it ran (starved of CPU or cut off from the metadata store for longer than the lease), as a supervisor
     /// restarts a process: the new incarnation takes its logs back and the M-node gives it keys again. Without
     /// this, a loaded machine that starves every node at once would leave the cluster with no node serving.
-    /// A start that fails (its port not free yet) is retried on the next call.
-    fn restart_fenced(&self) {
+    /// A start that fails (its port not free yet) stays in `to_restart` for the next call.
+    fn restart_fenced(&self, to_restart: &mut Vec<NodeConfig>) {
         let fenced = {
             let mut nodes = self.nodes();
-            let (fenced, running): (Vec<ClusterNode>, _) = std::mem::take(&mut *nodes)
-                .into_iter()
-                .partition(|n| n.is_fenced());
-            *nodes = running;
-            fenced
+            if !nodes.iter().any(ClusterNode::is_fenced) {
+                Vec::new() // The usual tick: nothing to take out, nothing allocated.
+            } else {
+                let (fenced, running): (Vec<ClusterNode>, _) = std::mem::take(&mut *nodes)
+                    .into_iter()
+                    .partition(ClusterNode::is_fenced);
+                *nodes = running;
+                fenced
+            }
         };
-        let mut to_restart = self.to_restart.lock().expect("restart lock");
         for old in fenced {
             warn!(
                 node = old.id(),
