@@ -246,6 +246,14 @@ impl Command {
             | Command::Shutdown => None,
         }
     }
+
+    /// The data operation, if the command is one.
+    fn into_data(self) -> Option<DataOp> {
+        match self {
+            Command::Data(op) => Some(op),
+            _ => None,
+        }
+    }
 }
 
 /// A worker's answer.
@@ -633,14 +641,14 @@ impl Worker {
             && !own.owns(key)
         {
             self.stats.not_owner += 1;
-            let _ = reply.send(Err(self.not_owner(cmd)));
+            let _ = reply.send(Err(self.not_owner(cmd.into_data())));
             return;
         }
         if !self.unsettled_sharing.is_empty()
             && let Some(key) = cmd.key()
             && self.unsettled_sharing.iter().any(|(k, _)| k == key)
         {
-            let _ = reply.send(Err(self.not_owner(cmd)));
+            let _ = reply.send(Err(self.not_owner(cmd.into_data())));
             return;
         }
         // The key's hash, once: the access statistics, the conflict check and the log all use it.
@@ -684,14 +692,12 @@ impl Worker {
         let _ = reply.send(result);
     }
 
-    /// The refusal of `cmd`, whose key this node does not own (now): a data operation is handed back untouched.
-    fn not_owner(&self, cmd: Command) -> KnError {
+    /// The refusal of an operation on a key this node does not own (now): the data operation, if there is one to
+    /// hand back, goes back untouched.
+    fn not_owner(&self, refused: Option<DataOp>) -> KnError {
         KnError::NotOwner {
             epoch: self.ownership.as_ref().map_or(0, |o| o.epoch()),
-            refused: match cmd {
-                Command::Data(op) => Some(Box::new(op)),
-                _ => None,
-            },
+            refused: refused.map(Box::new),
         }
     }
 
@@ -867,7 +873,7 @@ impl Worker {
                 Ok(read) => read,
                 // No attempt's CAS won, so nothing of the operation was applied: it goes back whole.
                 Err(KnError::NotOwner { .. }) => {
-                    return Err(self.not_owner(Command::Data(op)));
+                    return Err(self.not_owner(Some(op)));
                 }
                 Err(e) => return Err(e),
             };
@@ -920,11 +926,7 @@ impl Worker {
         let seen = u64::from_le_bytes(word);
         if seen == dinomo_dpm::cells::RETIRED {
             // The key went back to one owner; this node's routing table is older than that.
-            let epoch = self.ownership.as_ref().map_or(0, |o| o.epoch());
-            return Err(KnError::NotOwner {
-                epoch,
-                refused: None,
-            });
+            return Err(self.not_owner(None));
         }
         let Some(r) = EntryRef::from_raw(seen) else {
             return Ok((seen, None));
