@@ -1,6 +1,7 @@
 //! One KV-node worker thread: its cache, its log, its endpoint, and the request loop with group commit.
 
 use std::collections::{HashSet, VecDeque};
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -127,29 +128,37 @@ impl LeaseGate {
     /// Whether the node may serve, waiting (parked, not spinning) until `until` at the latest for a renewal when
     /// the gate has lapsed. Returns at once when open, fenced, or no renewal can come.
     pub fn wait_open(&self, until: Instant) -> bool {
-        if self.is_open() {
-            return true;
-        }
-        if self.is_fenced() || !self.renewing.load(Ordering::Acquire) || Instant::now() >= until {
-            return false;
+        if let ControlFlow::Break(serve) = self.verdict(until) {
+            return serve;
         }
         self.waits.fetch_add(1, Ordering::Relaxed);
         let (lock, cv) = &self.changed;
         let mut guard = lock.lock().unwrap_or_else(|p| p.into_inner());
         // Checked under the lock, and the deadline is moved before the lock is taken to wake: no wake-up is lost.
         loop {
-            if self.is_open() {
-                return true;
+            match self.verdict(until) {
+                ControlFlow::Break(serve) => return serve,
+                ControlFlow::Continue(left) => {
+                    guard = cv
+                        .wait_timeout(guard, left)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
+                }
             }
-            let now = Instant::now();
-            if self.is_fenced() || !self.renewing.load(Ordering::Acquire) || now >= until {
-                return false;
-            }
-            guard = cv
-                .wait_timeout(guard, until - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
         }
+    }
+
+    /// Whether a request waiting until `until` is decided now (`Break`: served or not) or waits on for up to the
+    /// duration in `Continue`.
+    fn verdict(&self, until: Instant) -> ControlFlow<bool, Duration> {
+        if self.is_open() {
+            return ControlFlow::Break(true);
+        }
+        let now = Instant::now();
+        if self.is_fenced() || !self.renewing.load(Ordering::Acquire) || now >= until {
+            return ControlFlow::Break(false);
+        }
+        ControlFlow::Continue(until - now)
     }
 
     /// Waits for a renewal begun so far (by requests or group commits that met the gate lapsed).
