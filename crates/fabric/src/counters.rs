@@ -124,32 +124,43 @@ fn bump(c: &AtomicU64, by: u64) {
 impl Cells {
     fn snapshot(&self) -> CounterSnapshot {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let verbs: [u64; 4] =
-            std::array::from_fn(|k| load(&self.single[k]).wrapping_add(load(&self.batched[k])));
-        let all_verbs = verbs.iter().fold(0u64, |a, &v| a.wrapping_add(v));
-        let singles = self
-            .single
-            .iter()
-            .fold(0u64, |a, c| a.wrapping_add(load(c)));
-        CounterSnapshot {
-            round_trips: singles
-                .wrapping_add(load(&self.batches))
-                .wrapping_add(load(&self.rpcs)),
-            reads: verbs[kind_index(VerbKind::Read)],
-            writes: verbs[kind_index(VerbKind::Write)],
-            cas: verbs[kind_index(VerbKind::Cas)],
-            faa: verbs[kind_index(VerbKind::Faa)],
-            rpcs: load(&self.rpcs),
-            bytes_out: all_verbs
-                .wrapping_mul(REQ_HEADER as u64)
-                .wrapping_add(load(&self.write_payload))
-                .wrapping_add(load(&self.rpc_bytes_out)),
-            bytes_in: all_verbs
-                .wrapping_mul(RESP_HEADER as u64)
-                .wrapping_add(load(&self.read_payload))
-                .wrapping_add(load(&self.rpc_bytes_in)),
-        }
+        let single = self.single.each_ref().map(load);
+        let verbs = std::array::from_fn(|k| single[k].wrapping_add(load(&self.batched[k])));
+        let rpcs = load(&self.rpcs);
+        verbs_snapshot(verbs, load(&self.read_payload), load(&self.write_payload))
+            + CounterSnapshot {
+                round_trips: sum(single)
+                    .wrapping_add(load(&self.batches))
+                    .wrapping_add(rpcs),
+                rpcs,
+                bytes_out: load(&self.rpc_bytes_out),
+                bytes_in: load(&self.rpc_bytes_in),
+                ..CounterSnapshot::ZERO
+            }
     }
+}
+
+/// The counts of one-sided verbs, by [`kind_index`], moving `read_payload` and `write_payload` payload bytes, with
+/// their wire bytes (headers included); no round trips.
+fn verbs_snapshot(verbs: [u64; 4], read_payload: u64, write_payload: u64) -> CounterSnapshot {
+    let all = sum(verbs);
+    CounterSnapshot {
+        reads: verbs[kind_index(VerbKind::Read)],
+        writes: verbs[kind_index(VerbKind::Write)],
+        cas: verbs[kind_index(VerbKind::Cas)],
+        faa: verbs[kind_index(VerbKind::Faa)],
+        bytes_out: all
+            .wrapping_mul(REQ_HEADER as u64)
+            .wrapping_add(write_payload),
+        bytes_in: all
+            .wrapping_mul(RESP_HEADER as u64)
+            .wrapping_add(read_payload),
+        ..CounterSnapshot::ZERO
+    }
+}
+
+fn sum(counts: [u64; 4]) -> u64 {
+    counts.iter().fold(0, |a, &c| a.wrapping_add(c))
 }
 
 struct Registry {
@@ -239,17 +250,11 @@ impl BatchTally {
     /// The same counts as a snapshot of one round trip.
     #[cfg(test)]
     pub(crate) fn snapshot(&self) -> CounterSnapshot {
-        let all = self.verbs.iter().sum::<u64>();
-        CounterSnapshot {
-            round_trips: 1,
-            reads: self.verbs[kind_index(VerbKind::Read)],
-            writes: self.verbs[kind_index(VerbKind::Write)],
-            cas: self.verbs[kind_index(VerbKind::Cas)],
-            faa: self.verbs[kind_index(VerbKind::Faa)],
-            rpcs: 0,
-            bytes_out: all * REQ_HEADER as u64 + self.write_payload,
-            bytes_in: all * RESP_HEADER as u64 + self.read_payload,
-        }
+        verbs_snapshot(self.verbs, self.read_payload, self.write_payload)
+            + CounterSnapshot {
+                round_trips: 1,
+                ..CounterSnapshot::ZERO
+            }
     }
 }
 

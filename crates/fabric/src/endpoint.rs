@@ -75,36 +75,40 @@ impl Connector {
 
     /// Opens a new endpoint (a new connection for TCP).
     pub fn connect(&self) -> Result<Endpoint, FabricError> {
-        match &self.target {
+        let (transport, regions, pool_id, max_message_len) = match &self.target {
             Target::InProcess(node) => {
                 if !node.token_matches(self.config.cluster_token.as_bytes()) {
                     return Err(FabricError::Handshake("wrong cluster token".into()));
                 }
-                Ok(Endpoint {
-                    transport: Transport::InProcess(node.clone(), node.nic().clone()),
-                    regions: node.regions().to_vec(),
-                    pool_id: node.pool().superblock().pool_id,
-                    max_message_len: node.config().max_message_len,
-                    hooks: Arc::new(FaultHooks::default()),
-                    latency_ns: self.config.injected_latency_ns,
-                    broken: None,
-                    slow: self.config.injected_latency_ns > 0,
-                })
+                (
+                    Transport::InProcess(node.clone(), node.nic().clone()),
+                    node.regions().to_vec(),
+                    node.pool().superblock().pool_id,
+                    node.config().max_message_len,
+                )
             }
             Target::Tcp(addr) => {
                 let (conn, reply) = TcpConn::connect(*addr, &self.config)?;
-                Ok(Endpoint {
-                    transport: Transport::Tcp(Box::new(conn)),
-                    regions: reply.regions,
-                    pool_id: reply.pool_id,
-                    max_message_len: reply.max_message_len,
-                    hooks: Arc::new(FaultHooks::default()),
-                    latency_ns: self.config.injected_latency_ns,
-                    broken: None,
-                    slow: self.config.injected_latency_ns > 0,
-                })
+                (
+                    Transport::Tcp(Box::new(conn)),
+                    reply.regions,
+                    reply.pool_id,
+                    reply.max_message_len,
+                )
             }
-        }
+        };
+        let mut ep = Endpoint {
+            transport,
+            regions,
+            pool_id,
+            max_message_len,
+            hooks: Arc::new(FaultHooks::default()),
+            latency_ns: 0,
+            broken: None,
+            slow: false,
+        };
+        ep.set_injected_latency(self.config.injected_latency_ns);
+        Ok(ep)
     }
 }
 

@@ -1,6 +1,7 @@
 //! One KV-node worker thread: its cache, its log, its endpoint, and the request loop with group commit.
 
 use std::collections::{HashSet, VecDeque};
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -127,29 +128,37 @@ impl LeaseGate {
     /// Whether the node may serve, waiting (parked, not spinning) until `until` at the latest for a renewal when
     /// the gate has lapsed. Returns at once when open, fenced, or no renewal can come.
     pub fn wait_open(&self, until: Instant) -> bool {
-        if self.is_open() {
-            return true;
-        }
-        if self.is_fenced() || !self.renewing.load(Ordering::Acquire) || Instant::now() >= until {
-            return false;
+        if let ControlFlow::Break(serve) = self.verdict(until) {
+            return serve;
         }
         self.waits.fetch_add(1, Ordering::Relaxed);
         let (lock, cv) = &self.changed;
         let mut guard = lock.lock().unwrap_or_else(|p| p.into_inner());
         // Checked under the lock, and the deadline is moved before the lock is taken to wake: no wake-up is lost.
         loop {
-            if self.is_open() {
-                return true;
+            match self.verdict(until) {
+                ControlFlow::Break(serve) => return serve,
+                ControlFlow::Continue(left) => {
+                    guard = cv
+                        .wait_timeout(guard, left)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
+                }
             }
-            let now = Instant::now();
-            if self.is_fenced() || !self.renewing.load(Ordering::Acquire) || now >= until {
-                return false;
-            }
-            guard = cv
-                .wait_timeout(guard, until - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
         }
+    }
+
+    /// Whether a request waiting until `until` is decided now (`Break`: served or not) or waits on for up to the
+    /// duration in `Continue`.
+    fn verdict(&self, until: Instant) -> ControlFlow<bool, Duration> {
+        if self.is_open() {
+            return ControlFlow::Break(true);
+        }
+        let now = Instant::now();
+        if self.is_fenced() || !self.renewing.load(Ordering::Acquire) || now >= until {
+            return ControlFlow::Break(false);
+        }
+        ControlFlow::Continue(until - now)
     }
 
     /// Waits for a renewal begun so far (by requests or group commits that met the gate lapsed).
@@ -244,6 +253,14 @@ impl Command {
             | Command::EpochStats
             | Command::TrackKeys(_)
             | Command::Shutdown => None,
+        }
+    }
+
+    /// The data operation, if the command is one.
+    fn into_data(self) -> Option<DataOp> {
+        match self {
+            Command::Data(op) => Some(op),
+            _ => None,
         }
     }
 }
@@ -633,14 +650,14 @@ impl Worker {
             && !own.owns(key)
         {
             self.stats.not_owner += 1;
-            let _ = reply.send(Err(self.not_owner(cmd)));
+            let _ = reply.send(Err(self.not_owner(cmd.into_data())));
             return;
         }
         if !self.unsettled_sharing.is_empty()
             && let Some(key) = cmd.key()
             && self.unsettled_sharing.iter().any(|(k, _)| k == key)
         {
-            let _ = reply.send(Err(self.not_owner(cmd)));
+            let _ = reply.send(Err(self.not_owner(cmd.into_data())));
             return;
         }
         // The key's hash, once: the access statistics, the conflict check and the log all use it.
@@ -684,14 +701,12 @@ impl Worker {
         let _ = reply.send(result);
     }
 
-    /// The refusal of `cmd`, whose key this node does not own (now): a data operation is handed back untouched.
-    fn not_owner(&self, cmd: Command) -> KnError {
+    /// The refusal of an operation on a key this node does not own (now): the data operation, if there is one to
+    /// hand back, goes back untouched.
+    fn not_owner(&self, refused: Option<DataOp>) -> KnError {
         KnError::NotOwner {
             epoch: self.ownership.as_ref().map_or(0, |o| o.epoch()),
-            refused: match cmd {
-                Command::Data(op) => Some(Box::new(op)),
-                _ => None,
-            },
+            refused: refused.map(Box::new),
         }
     }
 
@@ -867,7 +882,7 @@ impl Worker {
                 Ok(read) => read,
                 // No attempt's CAS won, so nothing of the operation was applied: it goes back whole.
                 Err(KnError::NotOwner { .. }) => {
-                    return Err(self.not_owner(Command::Data(op)));
+                    return Err(self.not_owner(Some(op)));
                 }
                 Err(e) => return Err(e),
             };
@@ -920,11 +935,7 @@ impl Worker {
         let seen = u64::from_le_bytes(word);
         if seen == dinomo_dpm::cells::RETIRED {
             // The key went back to one owner; this node's routing table is older than that.
-            let epoch = self.ownership.as_ref().map_or(0, |o| o.epoch());
-            return Err(KnError::NotOwner {
-                epoch,
-                refused: None,
-            });
+            return Err(self.not_owner(None));
         }
         let Some(r) = EntryRef::from_raw(seen) else {
             return Ok((seen, None));

@@ -54,6 +54,14 @@ fn start_kn(
     )?)
 }
 
+/// The value of `key` as another node (id 2, outside any lease) reads it from the pool: what reached the log.
+fn read_by_another_node(connector: &Connector, key: &[u8]) -> anyhow::Result<Option<Vec<u8>>> {
+    let other = start_kn(connector, None, 2)?;
+    let value = other.handle().get(key)?;
+    other.stop();
+    Ok(value)
+}
+
 /// A gate that lapsed a moment ago (and can still be renewed).
 fn lapsed(wait: Duration) -> Arc<LeaseGate> {
     let gate = LeaseGate::with_wait(Instant::now(), wait);
@@ -105,9 +113,10 @@ fn without_a_wait_a_lapsed_lease_refuses_at_once_and_nothing_is_applied() -> any
     assert!(!KnError::LeaseLapsed.is_indeterminate());
     kn.stop();
     // Another node reading the pool sees the value from before: the refused write never reached the log.
-    let other = start_kn(&s.connector, None, 2)?;
-    assert_eq!(other.handle().get(b"k")?, Some(b"before".to_vec()));
-    other.stop();
+    assert_eq!(
+        read_by_another_node(&s.connector, b"k")?,
+        Some(b"before".to_vec())
+    );
     Ok(())
 }
 
@@ -160,9 +169,7 @@ fn a_fenced_lease_refuses_waiting_requests_and_never_serves_again() -> anyhow::R
     // Counters are still answered.
     assert_eq!(h.stats()?[0].lease_refusals, 2);
     s.kn.stop();
-    let other = start_kn(&s.connector, None, 2)?;
-    assert_eq!(other.handle().get(b"k")?, None);
-    other.stop();
+    assert_eq!(read_by_another_node(&s.connector, b"k")?, None);
     Ok(())
 }
 
