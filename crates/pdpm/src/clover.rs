@@ -1940,19 +1940,8 @@ impl CloverClient {
     /// Finds `key`'s cell by reading its probe window; `None` when the key was never created.
     fn find_cell(&mut self, key: &[u8]) -> Result<Option<(CellRef, Option<Ptr>)>, PdpmError> {
         let home = self.home(key);
-        self.batch.clear();
-        let carried = self.carry_pending(home);
-        let reads = probe_reads(
-            &mut self.batch,
-            &self.nodes.areas[home],
-            &self.layout,
-            0,
-            self.max_probe,
-            key,
-        );
-        self.post(home, carried)?;
-        let probe = scan_probe(&self.batch, &reads, &self.layout, key);
-        Ok(probe.found.map(|(cell, ptr)| {
+        let found = self.probe_section(home, 0, key)?;
+        Ok(found.map(|(cell, ptr)| {
             (
                 CellRef {
                     node: home as u16,
@@ -1961,6 +1950,28 @@ impl CloverClient {
                 ptr,
             )
         }))
+    }
+
+    /// Reads `key`'s probe window in cell section `section` of memory node `node` (carrying the shortcut CASes
+    /// pending there): its cell index and the pointer word there, `None` when the key has no cell.
+    fn probe_section(
+        &mut self,
+        node: usize,
+        section: usize,
+        key: &[u8],
+    ) -> Result<Option<(u32, Option<Ptr>)>, PdpmError> {
+        self.batch.clear();
+        let carried = self.carry_pending(node);
+        let reads = probe_reads(
+            &mut self.batch,
+            &self.nodes.areas[node],
+            &self.layout,
+            section,
+            self.max_probe,
+            key,
+        );
+        self.post(node, carried)?;
+        Ok(scan_probe(&self.batch, &reads, &self.layout, key).found)
     }
 
     /// The key's tail: from the cursor when one is cached (one batch with the shortcut when they share a node),
@@ -2090,23 +2101,10 @@ impl CloverClient {
         let node = copy_node(home, j, self.nodes.len());
         let cell = match self.cache.get(key).map(|c| c.cell.cell) {
             Some(c) => c,
-            None => {
-                self.batch.clear();
-                let carried = self.carry_pending(node);
-                let reads = probe_reads(
-                    &mut self.batch,
-                    &self.nodes.areas[node],
-                    &self.layout,
-                    j,
-                    self.max_probe,
-                    key,
-                );
-                self.post(node, carried)?;
-                match scan_probe(&self.batch, &reads, &self.layout, key).found {
-                    None => return Ok(None),
-                    Some((c, _)) => c,
-                }
-            }
+            None => match self.probe_section(node, j, key)? {
+                None => return Ok(None),
+                Some((c, _)) => c,
+            },
         };
         let addr = section_cell_addr(&self.nodes.areas[node], &self.layout, j, cell);
         let mut word = [0u8; 8];
