@@ -1729,14 +1729,8 @@ impl CloverClient {
     /// Passes `r` (the outcome of a verb to `node`) on; when its error says the node is gone, marks it down and
     /// tells the MS (best effort), which then grants no space on it.
     fn on<T, E: Into<PdpmError>>(&mut self, node: usize, r: Result<T, E>) -> Result<T, PdpmError> {
-        let r = self.nodes.track(node, r);
-        if let Err(e) = &r
-            && is_node_failure(e)
-            && let Err(report) = self.ms.call::<_, ()>(method::REPORT_DOWN, &(node as u32))
-        {
-            tracing::debug!(node, error = %report, "could not report a memory node down");
-        }
-        r
+        self.nodes
+            .track_reporting(node, r, &mut self.ms, method::REPORT_DOWN)
     }
 
     /// Writes need every node holding a copy of the key's versions (the commit point is the primary's header,
