@@ -52,7 +52,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::anchor::{self, Anchor, Anchored, HEADER_LEN, Located, le_u32, le_u64};
 use crate::{
-    Change, MemoryNodes, PdpmError, PdpmStore, Tried, check_key, check_value, hash,
+    Change, DownSince, MemoryNodes, PdpmError, PdpmStore, Tried, check_key, check_value, hash,
     is_node_failure, new_client_id, roots, tags, validate, write_validated,
 };
 
@@ -321,7 +321,7 @@ pub struct Coordinator {
     next_stamp: AtomicU64,
     rebuilt: Mutex<Rebuilt>,
     /// When each memory node was last found unreachable.
-    down: Mutex<Vec<Option<Instant>>>,
+    down: Mutex<DownSince>,
     /// Nanoseconds a node found unreachable gets no new blocks.
     node_retry_ns: AtomicU64,
 }
@@ -398,7 +398,7 @@ impl Coordinator {
             areas,
             next_stamp: AtomicU64::new(1),
             rebuilt: Mutex::new(Rebuilt::default()),
-            down: Mutex::new(vec![None; connectors.len()]),
+            down: Mutex::new(DownSince::new(connectors.len())),
             node_retry_ns: AtomicU64::new(DEFAULT_NODE_RETRY.as_nanos() as u64),
         };
         let rebuilt = coordinator.rebuild()?;
@@ -594,13 +594,10 @@ impl Coordinator {
 
     /// Records that memory node `node` is unreachable: no blocks on it are granted for `node_retry`.
     pub fn mark_down(&self, node: usize) {
-        let mut down = self.down.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(d) = down.get_mut(node) {
-            if d.is_none() {
-                tracing::warn!(node, "memory node unreachable; granting no blocks on it");
-            }
-            *d = Some(Instant::now());
-        }
+        self.down
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .mark(node, &"granting no blocks on it");
     }
 
     /// Sets how long a memory node found unreachable (by a failed stamp or a client's report) gets no new
@@ -614,9 +611,7 @@ impl Coordinator {
     pub fn down_nodes(&self) -> Vec<usize> {
         let retry = Duration::from_nanos(self.node_retry_ns.load(Ordering::Relaxed));
         let down = self.down.lock().unwrap_or_else(|e| e.into_inner());
-        (0..down.len())
-            .filter(|&n| down[n].is_some_and(|t| t.elapsed() < retry))
-            .collect()
+        (0..self.nodes).filter(|&n| down.within(n, retry)).collect()
     }
 
     /// Clears the stamps of a location's blocks and frees them.
@@ -1049,16 +1044,8 @@ impl CentralClient {
     /// Passes `r` on; when its error says memory node `node` is gone, marks it down and tells the coordinator
     /// (best effort), so that new grants avoid it.
     fn on<T, E: Into<PdpmError>>(&mut self, node: usize, r: Result<T, E>) -> Result<T, PdpmError> {
-        let r = self.nodes.track(node, r);
-        if let Err(e) = &r
-            && is_node_failure(e)
-            && let Err(report) = self
-                .coordinator
-                .call::<_, ()>(method::REPORT_DOWN, &(node as u32))
-        {
-            tracing::debug!(node, error = %report, "could not report a memory node down");
-        }
-        r
+        self.nodes
+            .track_reporting(node, r, &mut self.coordinator, method::REPORT_DOWN)
     }
 
     /// Gives granted locations back to the coordinator (best effort).

@@ -596,7 +596,7 @@ fn rebuild(
                     .max()
                     .unwrap_or(0);
                 let entry = parse_entry(layout, b, b[meta + 3])
-                    .map(|e| (e.next, e.copies, hash(&e.key, SCAN_SEED)));
+                    .map(|e| (e.next, e.copies().collect(), hash(e.key, SCAN_SEED)));
                 found.push(ScannedSlot { version, entry });
             }
         }
@@ -798,7 +798,7 @@ impl MetadataServer {
         let Some(entry) = parse_entry(&self.layout, &buf, p.version()) else {
             return Ok(false);
         };
-        let key = entry.key.clone();
+        let key = entry.key.to_vec();
         let home = home_node(&key, self.config.node_seed, self.node_count);
         let r = probe_cells(
             &mut nodes.eps[home],
@@ -824,7 +824,7 @@ impl MetadataServer {
             let r = nodes.eps[n].read(slot_addr(&nodes.areas[n], &self.layout, c.slot()), &mut buf);
             nodes.track(n, r)?;
             match parse_entry(&self.layout, &buf, c.version()) {
-                Some(e) if e.key == key => cur = e.next,
+                Some(e) if e.key == key.as_slice() => cur = e.next,
                 _ => return Ok(false),
             }
         }
@@ -1218,18 +1218,40 @@ fn scan_probe(
     probe
 }
 
-/// A version as read from its slot.
-#[derive(Debug, Clone)]
-struct Entry {
+/// A version as read from its slot: a view of the slot's bytes, so that a walk's hops allocate nothing.
+#[derive(Debug, Clone, Copy)]
+struct Entry<'a> {
+    /// The slot's bytes (header words, meta word and copy pointers checked whole).
+    bytes: &'a [u8],
+    /// Copies of every version (`R`).
+    replication: usize,
     /// Header word 0: the next version's primary copy.
     next: Option<Ptr>,
-    /// Header word `j`: the next version's copy `j` (all-way chaining).
-    nexts: Vec<Option<Ptr>>,
-    /// Every copy of this version, the primary first.
-    copies: Vec<Ptr>,
-    key: Vec<u8>,
+    key: &'a [u8],
     /// `None`: a tombstone.
-    value: Option<Vec<u8>>,
+    value: Option<&'a [u8]>,
+}
+
+impl<'a> Entry<'a> {
+    /// Header word `j`: the next version's copy `j` (all-way chaining).
+    fn next_copy(&self, j: usize) -> Option<Ptr> {
+        (j < self.replication)
+            .then(|| Ptr::from_word(le_u64(self.bytes, 8 * j)))
+            .flatten()
+    }
+
+    /// Copy `j` of this version.
+    fn copy(&self, j: usize) -> Option<Ptr> {
+        (j < self.replication)
+            .then(|| Ptr::from_word(le_u64(self.bytes, 8 * self.replication + 8 + 8 * j)))
+            .flatten()
+    }
+
+    /// Every copy of this version, the primary first.
+    fn copies(&self) -> impl Iterator<Item = Ptr> + 'a {
+        let entry = *self;
+        (0..self.replication).filter_map(move |j| entry.copy(j))
+    }
 }
 
 /// Copy `j` of a version whose copies are `copies` (the primary first): `[R header words][meta][R copy
@@ -1263,7 +1285,7 @@ fn encode_entry(b: &mut Vec<u8>, copies: &[Grant], j: usize, key: &[u8], value: 
 
 /// The entry in slot bytes `b` if it is whole and carries GC version `version`; `None` for anything else (never
 /// written, torn, or the slot reused for another version).
-fn parse_entry(layout: &CloverLayout, b: &[u8], version: u8) -> Option<Entry> {
+fn parse_entry<'a>(layout: &CloverLayout, b: &'a [u8], version: u8) -> Option<Entry<'a>> {
     let r = layout.replication as usize;
     let head = layout.entry_head();
     if b.len() < head {
@@ -1286,18 +1308,18 @@ fn parse_entry(layout: &CloverLayout, b: &[u8], version: u8) -> Option<Entry> {
         return None;
     }
     let value = match flags {
-        FLAG_VALUE => Some(b[head + klen..end].to_vec()),
+        FLAG_VALUE => Some(&b[head + klen..end]),
         FLAG_TOMBSTONE => None,
         _ => return None,
     };
-    let copies = (0..r)
-        .map(|i| Ptr::from_word(le_u64(b, m + 8 + 8 * i)))
-        .collect::<Option<Vec<Ptr>>>()?;
+    if (0..r).any(|i| Ptr::from_word(le_u64(b, m + 8 + 8 * i)).is_none()) {
+        return None;
+    }
     Some(Entry {
+        bytes: b,
+        replication: r,
         next: Ptr::from_word(header),
-        nexts: (0..r).map(|i| Ptr::from_word(le_u64(b, 8 * i))).collect(),
-        copies,
-        key: b[head..head + klen].to_vec(),
+        key: &b[head..head + klen],
         value,
     })
 }
@@ -1707,14 +1729,8 @@ impl CloverClient {
     /// Passes `r` (the outcome of a verb to `node`) on; when its error says the node is gone, marks it down and
     /// tells the MS (best effort), which then grants no space on it.
     fn on<T, E: Into<PdpmError>>(&mut self, node: usize, r: Result<T, E>) -> Result<T, PdpmError> {
-        let r = self.nodes.track(node, r);
-        if let Err(e) = &r
-            && is_node_failure(e)
-            && let Err(report) = self.ms.call::<_, ()>(method::REPORT_DOWN, &(node as u32))
-        {
-            tracing::debug!(node, error = %report, "could not report a memory node down");
-        }
-        r
+        self.nodes
+            .track_reporting(node, r, &mut self.ms, method::REPORT_DOWN)
     }
 
     /// Writes need every node holding a copy of the key's versions (the commit point is the primary's header,
@@ -1904,7 +1920,20 @@ impl CloverClient {
 
     /// READs the entry at `p` in its own round trip (carrying pending shortcut CASes for its node); `None` when it
     /// is not a whole version of that GC version or the READ took longer than the read timeout.
-    fn read_entry(&mut self, p: Ptr) -> Result<Option<Entry>, PdpmError> {
+    fn read_entry(&mut self, p: Ptr) -> Result<Option<Entry<'_>>, PdpmError> {
+        let (verb, _) = self.read_slot(p, None)?;
+        Ok(verb.and_then(|v| parse_entry(&self.layout, self.batch.read_data(v), p.version())))
+    }
+
+    /// READs the slot `p` names in its own round trip (carrying pending shortcut CASes for its node), with the
+    /// shortcut word of `cell` in the same batch when the cell is on that node. Returns the slot READ's verb in
+    /// the batch (`None` when the round trip took longer than the read timeout: the slot may have been reused
+    /// meanwhile) and the shortcut, when it was read.
+    fn read_slot(
+        &mut self,
+        p: Ptr,
+        cell: Option<CellRef>,
+    ) -> Result<(Option<dinomo_fabric::Slot>, Option<Option<Ptr>>), PdpmError> {
         let node = p.node() as usize;
         self.batch.clear();
         let carried = self.carry_pending(node);
@@ -1912,16 +1941,15 @@ impl CloverClient {
             slot_addr(&self.nodes.areas[node], &self.layout, p.slot()),
             self.layout.slot_len() as u32,
         );
+        let shortcut = cell.filter(|c| c.node as usize == node).map(|c| {
+            self.batch
+                .read(cell_addr(&self.nodes.areas[node], &self.layout, c.cell), 8)
+        });
         let start = Instant::now();
         self.post(node, carried)?;
-        if start.elapsed() > self.settings.read_timeout {
-            return Ok(None);
-        }
-        Ok(parse_entry(
-            &self.layout,
-            self.batch.read_data(verb),
-            p.version(),
-        ))
+        let fresh = start.elapsed() <= self.settings.read_timeout;
+        let shortcut = shortcut.map(|v| Ptr::from_word(le_u64(self.batch.read_data(v), 0)));
+        Ok((fresh.then_some(verb), shortcut))
     }
 
     /// Reads the shortcut word of `cell`.
@@ -1940,19 +1968,8 @@ impl CloverClient {
     /// Finds `key`'s cell by reading its probe window; `None` when the key was never created.
     fn find_cell(&mut self, key: &[u8]) -> Result<Option<(CellRef, Option<Ptr>)>, PdpmError> {
         let home = self.home(key);
-        self.batch.clear();
-        let carried = self.carry_pending(home);
-        let reads = probe_reads(
-            &mut self.batch,
-            &self.nodes.areas[home],
-            &self.layout,
-            0,
-            self.max_probe,
-            key,
-        );
-        self.post(home, carried)?;
-        let probe = scan_probe(&self.batch, &reads, &self.layout, key);
-        Ok(probe.found.map(|(cell, ptr)| {
+        let found = self.probe_section(home, 0, key)?;
+        Ok(found.map(|(cell, ptr)| {
             (
                 CellRef {
                     node: home as u16,
@@ -1961,6 +1978,28 @@ impl CloverClient {
                 ptr,
             )
         }))
+    }
+
+    /// Reads `key`'s probe window in cell section `section` of memory node `node` (carrying the shortcut CASes
+    /// pending there): its cell index and the pointer word there, `None` when the key has no cell.
+    fn probe_section(
+        &mut self,
+        node: usize,
+        section: usize,
+        key: &[u8],
+    ) -> Result<Option<(u32, Option<Ptr>)>, PdpmError> {
+        self.batch.clear();
+        let carried = self.carry_pending(node);
+        let reads = probe_reads(
+            &mut self.batch,
+            &self.nodes.areas[node],
+            &self.layout,
+            section,
+            self.max_probe,
+            key,
+        );
+        self.post(node, carried)?;
+        Ok(scan_probe(&self.batch, &reads, &self.layout, key).found)
     }
 
     /// The key's tail: from the cursor when one is cached (one batch with the shortcut when they share a node),
@@ -1974,28 +2013,8 @@ impl CloverClient {
             },
             Some((cell, Some((t, used)))) if used.elapsed() < self.settings.cursor_idle => {
                 self.valid_ptr(t)?;
-                let node = t.node() as usize;
-                self.batch.clear();
-                let carried = self.carry_pending(node);
-                let entry = self.batch.read(
-                    slot_addr(&self.nodes.areas[node], &self.layout, t.slot()),
-                    self.layout.slot_len() as u32,
-                );
-                let sc = (cell.node as usize == node).then(|| {
-                    self.batch.read(
-                        cell_addr(&self.nodes.areas[node], &self.layout, cell.cell),
-                        8,
-                    )
-                });
-                let start = Instant::now();
-                self.post(node, carried)?;
-                let e = if start.elapsed() > self.settings.read_timeout {
-                    None
-                } else {
-                    parse_entry(&self.layout, self.batch.read_data(entry), t.version())
-                };
-                let s = sc.map(|v| Ptr::from_word(le_u64(self.batch.read_data(v), 0)));
-                (cell, Some(t), Some(e), s)
+                let (entry, s) = self.read_slot(t, Some(cell))?;
+                (cell, Some(t), Some(entry), s)
             }
             Some((cell, _)) => {
                 let s = self.read_cell(cell)?;
@@ -2013,19 +2032,21 @@ impl CloverClient {
                 }));
             };
             self.valid_ptr(p)?;
-            let e = match first.take() {
-                Some(e) => e,
-                None => self.read_entry(p)?,
+            let verb = match first.take() {
+                Some(verb) => verb,
+                None => self.read_slot(p, None)?.0,
             };
+            let e =
+                verb.and_then(|v| parse_entry(&self.layout, self.batch.read_data(v), p.version()));
             match e {
                 Some(e) if e.key == key => match e.next {
                     None => {
-                        self.cache.put(key, cell, Some(p), e.copies.iter().copied());
+                        self.cache.put(key, cell, Some(p), e.copies());
                         return Ok(Some(Tail {
                             cell,
                             ptr: Some(p),
-                            copies: e.copies,
-                            value: e.value,
+                            copies: e.copies().collect(),
+                            value: e.value.map(<[u8]>::to_vec),
                         }));
                     }
                     Some(next) => {
@@ -2090,23 +2111,10 @@ impl CloverClient {
         let node = copy_node(home, j, self.nodes.len());
         let cell = match self.cache.get(key).map(|c| c.cell.cell) {
             Some(c) => c,
-            None => {
-                self.batch.clear();
-                let carried = self.carry_pending(node);
-                let reads = probe_reads(
-                    &mut self.batch,
-                    &self.nodes.areas[node],
-                    &self.layout,
-                    j,
-                    self.max_probe,
-                    key,
-                );
-                self.post(node, carried)?;
-                match scan_probe(&self.batch, &reads, &self.layout, key).found {
-                    None => return Ok(None),
-                    Some((c, _)) => c,
-                }
-            }
+            None => match self.probe_section(node, j, key)? {
+                None => return Ok(None),
+                Some((c, _)) => c,
+            },
         };
         let addr = section_cell_addr(&self.nodes.areas[node], &self.layout, j, cell);
         let mut word = [0u8; 8];
@@ -2122,8 +2130,8 @@ impl CloverClient {
             let Some(p) = cur else { return Ok(None) };
             self.valid_ptr(p)?;
             match self.read_entry(p)? {
-                Some(e) if e.key == key => match e.nexts.get(j).copied().flatten() {
-                    None => return Ok(e.value),
+                Some(e) if e.key == key => match e.next_copy(j) {
+                    None => return Ok(e.value.map(<[u8]>::to_vec)),
                     Some(n) => cur = Some(n),
                 },
                 _ => from_cell = true,
@@ -2424,10 +2432,10 @@ impl CloverClient {
                 let Some(e) = self.read_entry(at)?.filter(|e| e.key == key) else {
                     continue 'restart;
                 };
-                let next = match e.nexts.get(j).copied().flatten() {
+                let next = match e.next_copy(j) {
                     Some(n) => n,
                     None => {
-                        let Some(primary) = e.copies.first().copied() else {
+                        let Some(primary) = e.copy(0) else {
                             continue 'restart;
                         };
                         self.valid_ptr(primary)?;
@@ -2440,15 +2448,16 @@ impl CloverClient {
                         let Some(ze) = self.read_entry(z)?.filter(|z| z.key == key) else {
                             continue 'restart;
                         };
-                        let Some(&zj) = ze.copies.get(j) else {
+                        let Some(zj) = ze.copy(j) else {
                             continue 'restart;
                         };
+                        let copies: Vec<Ptr> = ze.copies().collect();
                         // Complete the link the writer of `z` left out.
                         let n = at.node() as usize;
                         let base = slot_addr(&self.nodes.areas[n], &self.layout, at.slot());
                         let own = (at.version() as u64) << 56;
                         self.batch.clear();
-                        for (k, c) in ze.copies.iter().enumerate() {
+                        for (k, c) in copies.iter().enumerate() {
                             self.batch
                                 .cas(base.offset_by(8 * k as u64), own, own | c.word());
                         }
@@ -2533,8 +2542,8 @@ impl CloverClient {
                         return Ok(Tail {
                             cell,
                             ptr: Some(p),
-                            copies: e.copies,
-                            value: e.value,
+                            copies: e.copies().collect(),
+                            value: e.value.map(<[u8]>::to_vec),
                         });
                     }
                     Some(n) => cur = Some(n),
@@ -2714,7 +2723,7 @@ impl CloverClient {
                 attempts: 1,
             });
         };
-        let mut cur = e.copies.get(j).copied();
+        let mut cur = e.copy(j);
         let mut out = Vec::new();
         for _ in 0..self.settings.max_hops {
             let Some(p) = cur else { return Ok(out) };
@@ -2728,8 +2737,8 @@ impl CloverClient {
                     ),
                 });
             };
-            out.push(e.value);
-            cur = e.nexts.get(j).copied().flatten();
+            out.push(e.value.map(<[u8]>::to_vec));
+            cur = e.next_copy(j);
         }
         Ok(out)
     }
@@ -2921,7 +2930,7 @@ mod tests {
         image[..b.len()].copy_from_slice(&b);
         let e = parse_entry(&l, &image, 7).unwrap();
         assert_eq!(
-            (e.key.as_slice(), e.value.as_deref(), e.next),
+            (e.key, e.value, e.next),
             (&b"key"[..], Some(&b"value"[..]), None)
         );
         assert!(parse_entry(&l, &image, 8).is_none(), "another GC version");
@@ -2959,8 +2968,11 @@ mod tests {
         let mut image = vec![0u8; l2.slot_len() as usize];
         image[..c1.len()].copy_from_slice(&c1);
         let e = parse_entry(&l2, &image, 9).unwrap();
-        assert_eq!(e.copies, vec![group[0].ptr(), group[1].ptr()]);
-        assert_eq!(e.nexts, vec![None, None]);
+        assert_eq!(
+            e.copies().collect::<Vec<_>>(),
+            vec![group[0].ptr(), group[1].ptr()]
+        );
+        assert_eq!((e.next_copy(0), e.next_copy(1)), (None, None));
         assert_eq!(CloverLayout::decode(&l2.encode()), Ok(l2));
     }
 

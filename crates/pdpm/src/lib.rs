@@ -224,6 +224,47 @@ pub(crate) fn is_node_failure(e: &PdpmError) -> bool {
     }
 }
 
+/// When each memory node was last found unreachable (`None`: reachable as far as its holder knows).
+#[derive(Debug, Clone)]
+pub(crate) struct DownSince(Vec<Option<Instant>>);
+
+impl DownSince {
+    /// `nodes` memory nodes, all reachable.
+    pub fn new(nodes: usize) -> DownSince {
+        DownSince(vec![None; nodes])
+    }
+
+    /// Counts `node` unreachable from now on; logs `why` when it was not already.
+    pub fn mark(&mut self, node: usize, why: &dyn std::fmt::Display) {
+        if let Some(down) = self.0.get_mut(node) {
+            if down.is_none() {
+                tracing::warn!(node, %why, "memory node unreachable");
+            }
+            *down = Some(Instant::now());
+        }
+    }
+
+    /// Whether `node` was found unreachable less than `retry` ago.
+    pub fn within(&self, node: usize, retry: Duration) -> bool {
+        self.since(node).is_some_and(|t| t.elapsed() < retry)
+    }
+
+    /// When `node` was last found unreachable, `None` when it counts as reachable (or is unknown).
+    fn since(&self, node: usize) -> Option<Instant> {
+        self.0.get(node).copied().flatten()
+    }
+
+    fn clear(&mut self, node: usize) {
+        if let Some(down) = self.0.get_mut(node) {
+            *down = None;
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
 /// A client's connections to the memory nodes of a store whose areas are laid out as `L` (node `i` is
 /// `connectors[i]`), and the nodes it found unreachable: those are left alone for `retry`, then connected again.
 pub(crate) struct MemoryNodes<L> {
@@ -234,8 +275,7 @@ pub(crate) struct MemoryNodes<L> {
     pub areas: Vec<Located>,
     /// The geometry every node's area shares.
     pub layout: L,
-    /// When each node was last found unreachable (`None`: reachable as far as this client knows).
-    down: Vec<Option<Instant>>,
+    down: DownSince,
     retry: Duration,
 }
 
@@ -248,7 +288,7 @@ impl<L: Anchored> MemoryNodes<L> {
         let (eps, areas, layout) = anchor::locate_all::<L>(connectors)?;
         Ok(MemoryNodes {
             connectors: connectors.to_vec(),
-            down: vec![None; eps.len()],
+            down: DownSince::new(eps.len()),
             eps,
             areas,
             layout,
@@ -263,17 +303,12 @@ impl<L: Anchored> MemoryNodes<L> {
 
     /// True while `node` counts as unreachable (found so, and not connected again since).
     pub fn is_down(&self, node: usize) -> bool {
-        self.down.get(node).is_some_and(Option::is_some)
+        self.down.since(node).is_some()
     }
 
     /// Counts `node` as unreachable from now on (another party found it so), until `retry` has passed.
     pub fn mark_down(&mut self, node: usize) {
-        if let Some(down) = self.down.get_mut(node) {
-            if down.is_none() {
-                tracing::warn!(node, "memory node reported unreachable");
-            }
-            *down = Some(Instant::now());
-        }
+        self.down.mark(node, &"reported");
     }
 
     /// The fault hooks of the current connection to `node` (tests cut it to fail the node; a reconnection gets
@@ -285,22 +320,26 @@ impl<L: Anchored> MemoryNodes<L> {
     /// True unless `node` is unknown or was found unreachable less than `retry` ago; after that it is connected
     /// again (and its area located again: a restarted node registers its regions under new keys).
     pub fn reachable(&mut self, node: usize) -> bool {
-        match self.down.get(node).copied() {
-            None => false,
-            Some(None) => true,
-            Some(Some(since)) if since.elapsed() < self.retry => false,
-            Some(Some(_)) => match self.reconnect(node) {
-                Ok(()) => {
-                    tracing::info!(node, "memory node reachable again");
-                    self.down[node] = None;
-                    true
-                }
-                Err(e) => {
-                    tracing::debug!(node, error = %e, "memory node still unreachable");
-                    self.down[node] = Some(Instant::now());
-                    false
-                }
-            },
+        if node >= self.down.len() {
+            return false;
+        }
+        if self.down.since(node).is_none() {
+            return true;
+        }
+        if self.down.within(node, self.retry) {
+            return false;
+        }
+        match self.reconnect(node) {
+            Ok(()) => {
+                tracing::info!(node, "memory node reachable again");
+                self.down.clear(node);
+                true
+            }
+            Err(e) => {
+                tracing::debug!(node, error = %e, "memory node still unreachable");
+                self.down.mark(node, &e);
+                false
+            }
         }
     }
 
@@ -330,16 +369,30 @@ impl<L: Anchored> MemoryNodes<L> {
     ) -> Result<T, PdpmError> {
         r.map_err(|e| {
             let e = e.into();
-            if is_node_failure(&e)
-                && let Some(down) = self.down.get_mut(node)
-            {
-                if down.is_none() {
-                    tracing::warn!(node, error = %e, "memory node unreachable");
-                }
-                *down = Some(Instant::now());
+            if is_node_failure(&e) {
+                self.down.mark(node, &e);
             }
             e
         })
+    }
+
+    /// As [`MemoryNodes::track`], and when the error says `node` is gone, tells the server behind `server` too
+    /// (RPC `method` with the node's index; best effort), so that it grants no space there.
+    pub fn track_reporting<T, E: Into<PdpmError>>(
+        &mut self,
+        node: usize,
+        r: Result<T, E>,
+        server: &mut Endpoint,
+        method: u16,
+    ) -> Result<T, PdpmError> {
+        let r = self.track(node, r);
+        if let Err(e) = &r
+            && is_node_failure(e)
+            && let Err(report) = server.call::<_, ()>(method, &(node as u32))
+        {
+            tracing::debug!(node, error = %report, "could not report a memory node down");
+        }
+        r
     }
 }
 

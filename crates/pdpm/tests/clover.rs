@@ -4,74 +4,36 @@
 mod common;
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use common::{Nodes, Op, apply, change, connector, op, start_node, traffic};
-use dinomo_fabric::{Connector, MemoryNode, NodeConfig, Server};
+use common::{Clover, Nodes, Op, apply, change, connector, op, serve_metadata, traffic};
+use dinomo_fabric::NodeConfig;
 use dinomo_pdpm::clover::{
     self, CloverClient, CloverCrash, CloverLayout, CloverSettings, MetadataConfig, MetadataServer,
 };
 use dinomo_pdpm::{Change, PdpmStore};
-use dinomo_pool::Pool;
 use proptest::prelude::*;
 
-pub struct Setup {
-    pub memory: Nodes,
-    pub ms: Arc<MetadataServer>,
-    pub host: Arc<MemoryNode>,
-    pub host_server: Server,
+/// Clover with `slots` slots per memory node.
+fn setup(memory_nodes: usize, slots: u64, config: MetadataConfig) -> Clover {
+    replicated_setup(memory_nodes, 1, slots, config)
 }
 
-impl Setup {
-    pub fn new(memory_nodes: usize, slots: u64, config: MetadataConfig) -> Setup {
-        Setup::replicated(memory_nodes, 1, slots, config)
-    }
-
-    pub fn replicated(
-        memory_nodes: usize,
-        replication: u32,
-        slots: u64,
-        config: MetadataConfig,
-    ) -> Setup {
-        let layout = CloverLayout {
-            cells: 256,
-            slots,
-            max_key: 32,
-            max_value: 256,
-            replication,
-        };
-        let memory = Nodes::new(memory_nodes, |pool| clover::format(pool, &layout).unwrap());
-        let ms = MetadataServer::new(&memory.connectors(false), config).unwrap();
-        let (host, host_server) = start_node(
-            Arc::new(Pool::anonymous(4 << 20, 1 << 20).unwrap()),
-            NodeConfig {
-                rpc_threads: 2,
-                ..NodeConfig::default()
-            },
-        );
-        ms.serve(&host);
-        Setup {
-            memory,
-            ms,
-            host,
-            host_server,
-        }
-    }
-
-    pub fn ms_connector(&self, tcp: bool) -> Connector {
-        connector(&self.host, &self.host_server, tcp)
-    }
-
-    pub fn client(&self, tcp: bool, settings: CloverSettings) -> CloverClient {
-        CloverClient::connect(
-            &self.ms_connector(tcp),
-            &self.memory.connectors(tcp),
-            settings,
-        )
-        .unwrap()
-    }
+fn replicated_setup(
+    memory_nodes: usize,
+    replication: u32,
+    slots: u64,
+    config: MetadataConfig,
+) -> Clover {
+    let layout = CloverLayout {
+        cells: 256,
+        slots,
+        max_key: 32,
+        max_value: 256,
+        replication,
+    };
+    Clover::new(memory_nodes, &layout, config)
 }
 
 fn short_lease() -> MetadataConfig {
@@ -116,7 +78,7 @@ fn one_slot_at_a_time() -> CloverSettings {
 
 #[test]
 fn uncontended_round_trips_match_table_1() -> Result<()> {
-    let s = Setup::new(1, 256, patient_ms());
+    let s = setup(1, 256, patient_ms());
     let mut a = s.client(false, patient());
     let mut b = s.client(false, patient());
     a.refill()?;
@@ -158,7 +120,7 @@ fn uncontended_round_trips_match_table_1() -> Result<()> {
 
 #[test]
 fn keys_spread_over_memory_nodes_and_deletes_leave_tombstones() -> Result<()> {
-    let s = Setup::new(3, 256, MetadataConfig::default());
+    let s = setup(3, 256, MetadataConfig::default());
     let mut a = s.client(false, CloverSettings::default());
     let mut b = s.client(false, CloverSettings::default());
     for i in 0..60u32 {
@@ -186,7 +148,7 @@ fn keys_spread_over_memory_nodes_and_deletes_leave_tombstones() -> Result<()> {
 
 #[test]
 fn oversized_keys_and_values_are_refused() {
-    let s = Setup::new(1, 16, MetadataConfig::default());
+    let s = setup(1, 16, MetadataConfig::default());
     let mut c = s.client(false, CloverSettings::default());
     assert!(c.put(&[1u8; 33], b"v").is_err());
     assert!(c.put(b"k", &[1u8; 257]).is_err());
@@ -199,7 +161,7 @@ proptest! {
 
     #[test]
     fn behaves_like_a_map(ops in proptest::collection::vec(op(), 1..60)) {
-        let s = Setup::new(2, 512, short_lease());
+        let s = setup(2, 512, short_lease());
         let mut c = s.client(false, short_reads());
         let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
         for op in ops {
@@ -230,7 +192,7 @@ proptest! {
     fn two_clients_interleaving_see_each_others_writes(
         ops in proptest::collection::vec((any::<bool>(), op()), 1..60),
     ) {
-        let s = Setup::new(2, 512, short_lease());
+        let s = setup(2, 512, short_lease());
         let mut clients = [s.client(false, short_reads()), s.client(false, short_reads())];
         let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
         for (which, op) in ops {
@@ -258,7 +220,7 @@ proptest! {
 fn concurrent_updates_are_atomic() -> Result<()> {
     const THREADS: u64 = 4;
     const EACH: u64 = 60;
-    let s = Setup::new(2, 1024, short_lease());
+    let s = setup(2, 1024, short_lease());
     let mut seed = s.client(false, short_reads());
     seed.put(b"counter", &0u64.to_le_bytes())?;
     std::thread::scope(|scope| {
@@ -293,7 +255,7 @@ fn concurrent_updates_are_atomic() -> Result<()> {
 #[test]
 fn old_versions_are_reclaimed_and_a_bounded_overwrite_loop_never_runs_out() -> Result<()> {
     // 24 slots for 4 keys overwritten 600 times: only reclamation keeps the writer going.
-    let s = Setup::new(1, 24, short_lease());
+    let s = setup(1, 24, short_lease());
     let mut c = s.client(
         false,
         CloverSettings {
@@ -324,7 +286,7 @@ fn old_versions_are_reclaimed_and_a_bounded_overwrite_loop_never_runs_out() -> R
 #[test]
 fn a_stale_cursor_to_a_recycled_slot_is_not_fooled() -> Result<()> {
     // Tiny area, short lease: the slot under the reader's cursor is reused by another key.
-    let s = Setup::new(1, 6, short_lease());
+    let s = setup(1, 6, short_lease());
     let settings = one_slot_at_a_time();
     let mut reader = s.client(false, settings.clone());
     let mut writer = s.client(false, settings);
@@ -350,7 +312,7 @@ fn a_stale_cursor_never_returns_an_unlinked_entry_written_into_its_recycled_slot
     // The reader's cursor slot is retired, reclaimed and granted again; a client writes an entry there and dies
     // before linking it. Only the GC version in the slot tells the reader the entry is not the one it knew.
     // Two slots: the one the tail is in, and the reader's cursor slot, which is the only one left to grant.
-    let s = Setup::new(1, 2, short_lease());
+    let s = setup(1, 2, short_lease());
     let settings = one_slot_at_a_time();
     let mut reader = s.client(false, settings.clone());
     let mut writer = s.client(false, settings.clone());
@@ -378,7 +340,7 @@ fn a_stale_cursor_never_returns_an_unlinked_entry_written_into_its_recycled_slot
 
 #[test]
 fn wrapped_versions_are_parked() -> Result<()> {
-    let s = Setup::new(
+    let s = setup(
         1,
         3,
         MetadataConfig {
@@ -417,7 +379,7 @@ fn wrapped_versions_are_parked() -> Result<()> {
 
 #[test]
 fn idle_cursors_are_dropped() -> Result<()> {
-    let s = Setup::new(1, 16, patient_ms());
+    let s = setup(1, 16, patient_ms());
     // Long enough that no scheduling stall between the put and the first read outlasts it (the first read must
     // find the cursor fresh), below the MS's wrap park.
     let idle = Duration::from_secs(2);
@@ -447,7 +409,7 @@ fn a_client_that_crashes_mid_write_leaves_old_or_new() -> Result<()> {
         CloverCrash::AfterLink,
         CloverCrash::AfterShortcut,
     ] {
-        let s = Setup::new(2, 64, short_lease());
+        let s = setup(2, 64, short_lease());
         let mut survivor = s.client(false, short_reads());
         survivor.put(b"k", b"old")?;
         survivor.put(b"other", b"x")?;
@@ -488,7 +450,7 @@ fn a_client_that_crashes_mid_write_leaves_old_or_new() -> Result<()> {
 
 #[test]
 fn replicated_versions_are_all_way_chained_in_three_steps() -> Result<()> {
-    let s = Setup::replicated(3, 2, 512, patient_ms());
+    let s = replicated_setup(3, 2, 512, patient_ms());
     let mut a = s.client(false, patient());
     let mut b = s.client(false, patient());
     a.refill()?;
@@ -573,7 +535,7 @@ fn replication_needs_as_many_memory_nodes() {
 fn a_restarted_metadata_server_rebuilds_its_space_from_the_memory_nodes() -> Result<()> {
     // A lease no run outlasts: every slot written before the restart is still distinct. A key's versions stay on
     // its home node: room for the busier home's share of the 63 versions and the client's grants.
-    let s = Setup::new(2, 96, patient_ms());
+    let s = setup(2, 96, patient_ms());
     let mut model: HashMap<Vec<u8>, Option<Vec<u8>>> = HashMap::new();
     let mut c = s.client(false, patient());
     for round in 0..3u8 {
@@ -601,11 +563,7 @@ fn a_restarted_metadata_server_rebuilds_its_space_from_the_memory_nodes() -> Res
 
     // A new MS over the same memory nodes, as after a restart.
     let ms = MetadataServer::new(&s.memory.connectors(false), short_lease())?;
-    let (host, host_server) = start_node(
-        Arc::new(Pool::anonymous(4 << 20, 1 << 20)?),
-        NodeConfig::default(),
-    );
-    ms.serve(&host);
+    let (host, host_server) = serve_metadata(&ms, NodeConfig::default().rpc_threads);
     let r = ms.recovered();
     // 20 keys; the tails (k0's tombstone included) and k1's extra version behind its lagging shortcut are live;
     // the 60 + 1 + 2 written versions less those wait out a lease.

@@ -6,14 +6,12 @@ mod common;
 
 use std::time::Duration;
 
-use std::sync::Arc;
-
 use anyhow::Result;
-use common::{Central, Nodes, connector, start_node};
-use dinomo_fabric::{MemoryNode, NodeConfig, Server};
+use common::{Central, Clover, Nodes};
+use dinomo_fabric::NodeConfig;
 use dinomo_pdpm::central::{CentralClient, CentralLayout, CentralSettings, CoordinatorConfig};
 use dinomo_pdpm::clover::{
-    self, CloverClient, CloverCrash, CloverLayout, CloverSettings, MetadataConfig, MetadataServer,
+    CloverClient, CloverCrash, CloverLayout, CloverSettings, MetadataConfig,
 };
 use dinomo_pdpm::direct::{self, DirectClient, DirectLayout, DirectSettings, Flavor};
 use dinomo_pdpm::{PdpmError, PdpmStore};
@@ -258,10 +256,7 @@ fn central_unreplicated_values_on_a_dead_node_get_a_clear_error() -> Result<()> 
 /// Clover on three memory nodes and a metadata server on a node of its own; the MS and its clients leave a failed
 /// node alone for `node_retry`.
 struct CloverStore {
-    memory: Nodes,
-    ms: Arc<MetadataServer>,
-    host: Arc<MemoryNode>,
-    host_server: Server,
+    clover: Clover,
     node_retry: Duration,
 }
 
@@ -274,25 +269,12 @@ impl CloverStore {
             max_value: 64,
             replication,
         };
-        let memory = Nodes::new(3, |pool| clover::format(pool, &layout).unwrap());
         let config = MetadataConfig {
             node_retry,
             ..MetadataConfig::default()
         };
-        let ms = MetadataServer::new(&memory.connectors(false), config).unwrap();
-        let (host, host_server) = start_node(
-            Arc::new(dinomo_pool::Pool::anonymous(4 << 20, 1 << 20).unwrap()),
-            NodeConfig {
-                rpc_threads: 2,
-                ..NodeConfig::default()
-            },
-        );
-        ms.serve(&host);
         CloverStore {
-            memory,
-            ms,
-            host,
-            host_server,
+            clover: Clover::new(3, &layout, config),
             node_retry,
         }
     }
@@ -304,12 +286,7 @@ impl CloverStore {
             read_timeout: Duration::from_millis(50),
             ..CloverSettings::default()
         };
-        CloverClient::connect(
-            &connector(&self.host, &self.host_server, false),
-            &self.memory.connectors(false),
-            settings,
-        )
-        .unwrap()
+        self.clover.client(false, settings)
     }
 }
 
@@ -339,7 +316,7 @@ fn clover_replicated_keys_survive_a_memory_node_failure() -> Result<()> {
         }
     }
     // Some keys had their home on the dead node: the readers met it and told the MS.
-    assert_eq!(s.ms.down_nodes(), vec![FAILED]);
+    assert_eq!(s.clover.ms.down_nodes(), vec![FAILED]);
 
     // Writes of keys with a copy on the dead node are refused, nothing applied; the others go on.
     let mut refused = Vec::new();
@@ -403,7 +380,7 @@ fn clover_node_that_returns_serves_again() -> Result<()> {
     for i in 0..KEYS {
         c.put(&key(i), &value(i, 2))?;
     }
-    assert!(s.ms.down_nodes().is_empty());
+    assert!(s.clover.ms.down_nodes().is_empty());
     let mut other = s.client();
     for i in 0..KEYS {
         assert_eq!(other.get(&key(i))?, Some(value(i, 2)));

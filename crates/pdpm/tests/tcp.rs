@@ -2,11 +2,10 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
-use common::{Nodes, connector, serve_coordinator, start_node, traffic};
+use common::{Nodes, connector, serve_coordinator, serve_metadata, traffic};
 use dinomo_fabric::NodeConfig;
 use dinomo_pdpm::PdpmStore;
 use dinomo_pdpm::central::{
@@ -16,7 +15,6 @@ use dinomo_pdpm::clover::{
     self, CloverClient, CloverLayout, CloverSettings, MetadataConfig, MetadataServer,
 };
 use dinomo_pdpm::direct::{self, DirectClient, DirectLayout, DirectSettings, Flavor};
-use dinomo_pool::Pool;
 
 #[test]
 fn every_baseline_works_over_tcp_with_the_papers_round_trips() -> Result<()> {
@@ -82,11 +80,7 @@ fn every_baseline_works_over_tcp_with_the_papers_round_trips() -> Result<()> {
             read_timeout: Duration::from_secs(2),
             ..CloverSettings::default()
         };
-        let (host, server) = start_node(
-            Arc::new(Pool::anonymous(4 << 20, 1 << 20)?),
-            NodeConfig::default(),
-        );
-        ms.serve(&host);
+        let (host, server) = serve_metadata(&ms, NodeConfig::default().rpc_threads);
         let ms_connector = connector(&host, &server, true);
         let mut c =
             CloverClient::connect(&ms_connector, &memory.connectors(true), settings.clone())?;

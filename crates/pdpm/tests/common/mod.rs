@@ -10,6 +10,9 @@ use dinomo_fabric::{
 use dinomo_pdpm::central::{
     self, CentralClient, CentralLayout, CentralSettings, Coordinator, CoordinatorConfig,
 };
+use dinomo_pdpm::clover::{
+    self, CloverClient, CloverLayout, CloverSettings, MetadataConfig, MetadataServer,
+};
 use dinomo_pdpm::{Change, PdpmStore};
 use dinomo_pool::Pool;
 use proptest::prelude::*;
@@ -75,20 +78,32 @@ pub fn connector(node: &Arc<MemoryNode>, server: &Server, tcp: bool) -> Connecto
     c
 }
 
-/// Serves `coordinator` on a memory node of its own (its `rpc_threads` processor threads are the coordinator's
-/// thread pool).
-pub fn serve_coordinator(
-    coordinator: &Arc<Coordinator>,
-    rpc_threads: usize,
-) -> (Arc<MemoryNode>, Server) {
-    let (host, server) = start_node(
+/// A memory node of its own for a server behind RPC (a coordinator, a metadata server): its `rpc_threads`
+/// processor threads are the server's thread pool.
+pub fn rpc_host(rpc_threads: usize) -> (Arc<MemoryNode>, Server) {
+    start_node(
         Arc::new(Pool::anonymous(4 << 20, 1 << 20).unwrap()),
         NodeConfig {
             rpc_threads,
             ..NodeConfig::default()
         },
-    );
+    )
+}
+
+/// Serves `coordinator` on a memory node of its own with `rpc_threads` threads.
+pub fn serve_coordinator(
+    coordinator: &Arc<Coordinator>,
+    rpc_threads: usize,
+) -> (Arc<MemoryNode>, Server) {
+    let (host, server) = rpc_host(rpc_threads);
     coordinator.serve(&host);
+    (host, server)
+}
+
+/// Serves `ms` on a memory node of its own with `rpc_threads` threads.
+pub fn serve_metadata(ms: &Arc<MetadataServer>, rpc_threads: usize) -> (Arc<MemoryNode>, Server) {
+    let (host, server) = rpc_host(rpc_threads);
+    ms.serve(&host);
     (host, server)
 }
 
@@ -221,4 +236,41 @@ pub fn op() -> impl Strategy<Value = Op> {
         (0u8..12).prop_map(Op::Delete),
         (0u8..12, any::<u8>()).prop_map(|(k, b)| Op::Update(k, b)),
     ]
+}
+
+/// Clover: memory nodes with Clover areas and a metadata server over them (connected in-process), served with two
+/// RPC threads on a node of its own.
+pub struct Clover {
+    pub memory: Nodes,
+    pub ms: Arc<MetadataServer>,
+    pub host: Arc<MemoryNode>,
+    pub host_server: Server,
+}
+
+impl Clover {
+    /// `memory_nodes` nodes formatted with `layout`; the MS has `config`.
+    pub fn new(memory_nodes: usize, layout: &CloverLayout, config: MetadataConfig) -> Clover {
+        let memory = Nodes::new(memory_nodes, |pool| clover::format(pool, layout).unwrap());
+        let ms = MetadataServer::new(&memory.connectors(false), config).unwrap();
+        let (host, host_server) = serve_metadata(&ms, 2);
+        Clover {
+            memory,
+            ms,
+            host,
+            host_server,
+        }
+    }
+
+    pub fn ms_connector(&self, tcp: bool) -> Connector {
+        connector(&self.host, &self.host_server, tcp)
+    }
+
+    pub fn client(&self, tcp: bool, settings: CloverSettings) -> CloverClient {
+        CloverClient::connect(
+            &self.ms_connector(tcp),
+            &self.memory.connectors(tcp),
+            settings,
+        )
+        .unwrap()
+    }
 }
