@@ -17,7 +17,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, Instant};
 
@@ -246,19 +246,8 @@ impl Up {
         let Some(mut child) = self.child.take() else {
             bail!("dinomo up is not running");
         };
-        // SAFETY: kill(2) on the pid of a child this process started and has not reaped.
-        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-        let deadline = Instant::now() + STOP_TIMEOUT;
-        let status = loop {
-            if let Some(status) = child.try_wait()? {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!("dinomo up did not stop within {STOP_TIMEOUT:?} of SIGINT: killed");
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let Some(status) = interrupt(&mut child)? else {
+            bail!("dinomo up did not stop within {STOP_TIMEOUT:?} of SIGINT: killed");
         };
         // The reader thread hands over the last lines, then ends when the pipe closes.
         let mut rest = Vec::new();
@@ -281,17 +270,26 @@ impl Up {
 impl Drop for Up {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            // SAFETY: as in `stop`.
-            unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-            let deadline = Instant::now() + STOP_TIMEOUT;
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
+            let _ = interrupt(&mut child);
+        }
+    }
+}
+
+/// Sends `child` SIGINT and waits up to [`STOP_TIMEOUT`] for it to exit: its status, or `None` when it had to be
+/// killed. A child that cannot be waited on is killed too.
+fn interrupt(child: &mut Child) -> std::io::Result<Option<ExitStatus>> {
+    // SAFETY: kill(2) on the pid of a child this process started and has not reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Ok(Some(status)),
+            Ok(None) if Instant::now() <= deadline => std::thread::sleep(Duration::from_millis(20)),
+            waited => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return waited.map(|_| None);
             }
-            let _ = child.kill();
-            let _ = child.wait();
         }
     }
 }
