@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 
 use super::{Comparison, Files, Findings, Scale, cores, mean};
+use crate::format::rate;
 use crate::ycsb::{Distribution, Workload};
 use crate::ycsb_run::{
     PlotKind, RespOptions, System, TargetOptions, YcsbOptions, YcsbReport, YcsbSweep, plot,
@@ -100,6 +101,17 @@ pub fn plan(scale: Scale) -> Plan {
         secs,
         warmup_ops: tiny.then_some(100),
         ops: tiny.then_some(400),
+    }
+}
+
+impl Plan {
+    /// The KV-node counts, joined by `sep`.
+    fn kns_list(&self, sep: &str) -> String {
+        self.kns
+            .iter()
+            .map(|k| k.to_string())
+            .collect::<Vec<_>>()
+            .join(sep)
     }
 }
 
@@ -348,12 +360,7 @@ fn run_one(
 
 /// The command line of one `dinomo up` and its benchmark, for the report.
 fn commands(system: System, p: &Plan, out: &Path) -> Vec<String> {
-    let kns = p
-        .kns
-        .iter()
-        .map(|k| k.to_string())
-        .collect::<Vec<_>>()
-        .join(" ");
+    let kns = p.kns_list(" ");
     let dir = out.join("data");
     let (mut args, _) = up_args(system, 0, p, &dir);
     // The placeholders the loop fills.
@@ -482,31 +489,17 @@ fn round_trips(r: &YcsbReport) -> Option<f64> {
     r.server_fabric.as_ref().map(|f| f.round_trips_per_op)
 }
 
-fn kops(v: f64) -> String {
-    if v >= 1e6 {
-        format!("{:.2}M", v / 1e6)
-    } else if v >= 1e3 {
-        format!("{:.1}k", v / 1e3)
-    } else {
-        format!("{v:.0}")
-    }
-}
-
 /// The report's rows: each workload's throughput at every node count, the DINOMO / Clover ratio at the largest,
 /// and the runs' errors.
 fn rows(scale: Scale, runs: &[YcsbReport], p: &Plan, largest: usize) -> Vec<Comparison> {
-    let at = |system: System, w: Workload, n: usize| {
+    let run = |system: System, w: Workload, n: usize| {
         runs.iter()
             .find(|r| r.system == system.name() && r.kv_nodes == Some(n) && r.options.workload == w)
-            .map(|r| r.measured.ops_per_s)
     };
-    let rt = |system: System, w: Workload| {
-        runs.iter()
-            .find(|r| {
-                r.system == system.name() && r.kv_nodes == Some(largest) && r.options.workload == w
-            })
-            .and_then(round_trips)
-    };
+    let at =
+        |system: System, w: Workload, n: usize| run(system, w, n).map(|r| r.measured.ops_per_s);
+    let rt = |system: System, w: Workload| run(system, w, largest).and_then(round_trips);
+    let kns = p.kns_list(" / ");
     let mut out = Vec::new();
     let mut ratios: Vec<(&str, f64)> = Vec::new();
     let mut rt_ratios: Vec<(&str, f64, f64)> = Vec::new();
@@ -514,7 +507,7 @@ fn rows(scale: Scale, runs: &[YcsbReport], p: &Plan, largest: usize) -> Vec<Comp
         let series = |system: System| {
             p.kns
                 .iter()
-                .map(|&n| at(system, w, n).map_or("—".into(), kops))
+                .map(|&n| at(system, w, n).map_or("—".into(), rate))
                 .collect::<Vec<_>>()
                 .join(" / ")
         };
@@ -531,12 +524,6 @@ fn rows(scale: Scale, runs: &[YcsbReport], p: &Plan, largest: usize) -> Vec<Comp
         if let (Some(c), Some(d)) = (rt(System::Clover, w), rt(System::Dinomo, w)) {
             rt_ratios.push((name, c, d));
         }
-        let kns = p
-            .kns
-            .iter()
-            .map(|k| k.to_string())
-            .collect::<Vec<_>>()
-            .join(" / ");
         out.push(Comparison::new(
             format!("{name}: ops/s at {kns} KNs, and DINOMO / Clover at {largest}"),
             "DINOMO ≥ 3.8× Clover at 16 KNs",
