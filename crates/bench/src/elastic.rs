@@ -248,6 +248,37 @@ impl ElasticOptions {
     }
 }
 
+/// Writes version 0 of every record through up to 4 loader threads, each with its own client from `connect`,
+/// written with `put`.
+fn load_every_record<C>(
+    o: &ElasticOptions,
+    connect: impl Fn() -> anyhow::Result<C> + Sync,
+    put: impl Fn(&mut C, &[u8], &[u8]) -> anyhow::Result<()> + Sync,
+) -> anyhow::Result<()> {
+    let loaders = o.clients.clamp(1, 4) as u64;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..loaders)
+            .map(|c| {
+                let (connect, put) = (&connect, &put);
+                scope.spawn(move || -> anyhow::Result<()> {
+                    let mut cl = connect()?;
+                    let (mut k, mut v) = (Vec::new(), Vec::new());
+                    for id in (c..o.keys).step_by(loaders as usize) {
+                        key_bytes(id, 8, &mut k)?;
+                        fill_value(id, 0, o.value_size.max(16), &mut v)?;
+                        put(&mut cl, &k, &v).with_context(|| format!("loading record {id}"))?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().map_err(|_| anyhow::anyhow!("loader panicked"))??;
+        }
+        Ok(())
+    })
+}
+
 /// Reads every record back through up to 4 reader threads, each with its own client from `connect`, read with
 /// `get`: (checked, missing, corrupt).
 fn read_every_record_back<C>(
@@ -320,26 +351,11 @@ pub fn run_elastic(
         ..ClientConfig::default()
     };
     progress(&format!("loading {} keys", o.keys));
-    {
-        let loaders: Vec<_> = (0..o.clients.min(4) as u64)
-            .map(|c| {
-                let (cfg, o) = (client_cfg.clone(), o.clone());
-                std::thread::spawn(move || -> anyhow::Result<()> {
-                    let mut cl = Client::connect(cfg)?;
-                    let (mut k, mut v) = (Vec::new(), Vec::new());
-                    for id in (c..o.keys).step_by(o.clients.min(4)) {
-                        key_bytes(id, 8, &mut k)?;
-                        fill_value(id, 0, o.value_size.max(16), &mut v)?;
-                        cl.set(&k, &v)?;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for l in loaders {
-            l.join().map_err(|_| anyhow::anyhow!("loader panicked"))??;
-        }
-    }
+    load_every_record(
+        o,
+        || Ok(Client::connect(client_cfg.clone())?),
+        |cl: &mut Client, k, v| Ok(cl.set(k, v)?),
+    )?;
     let buckets = ((o.before + o.after).as_nanos() / o.bucket.as_nanos()) as usize + 1;
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
@@ -775,28 +791,11 @@ fn run_elastic_clover(
     );
     let d = CloverDeployment::start(o)?;
     progress(&format!("loading {} keys", o.keys));
-    {
-        let loaders = o.clients.clamp(1, 4) as u64;
-        let handles: Vec<_> = (0..loaders)
-            .map(|c| {
-                let (cl, o) = (d.client(), o.clone());
-                std::thread::spawn(move || -> anyhow::Result<()> {
-                    let mut cl = cl?;
-                    let (mut k, mut v) = (Vec::new(), Vec::new());
-                    for id in (c..o.keys).step_by(loaders as usize) {
-                        key_bytes(id, 8, &mut k)?;
-                        fill_value(id, 0, o.value_size.max(16), &mut v)?;
-                        cl.put(&k, &v)
-                            .with_context(|| format!("loading record {id}"))?;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().map_err(|_| anyhow::anyhow!("loader panicked"))??;
-        }
-    }
+    load_every_record(
+        o,
+        || d.client(),
+        |cl: &mut CloverClient, k, v| Ok(cl.put(k, v)?),
+    )?;
     let buckets = ((o.before + o.after).as_nanos() / o.bucket.as_nanos()) as usize + 1;
     let stop_all = Arc::new(AtomicBool::new(false));
     let nodes: Vec<Arc<ComputeNode>> = (0..o.kns).map(|_| Arc::default()).collect();
