@@ -248,6 +248,37 @@ impl ElasticOptions {
     }
 }
 
+/// Writes version 0 of every record through up to 4 loader threads, each with its own client from `connect`,
+/// written with `put`.
+fn load_every_record<C>(
+    o: &ElasticOptions,
+    connect: impl Fn() -> anyhow::Result<C> + Sync,
+    put: impl Fn(&mut C, &[u8], &[u8]) -> anyhow::Result<()> + Sync,
+) -> anyhow::Result<()> {
+    let loaders = o.clients.clamp(1, 4) as u64;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..loaders)
+            .map(|c| {
+                let (connect, put) = (&connect, &put);
+                scope.spawn(move || -> anyhow::Result<()> {
+                    let mut cl = connect()?;
+                    let (mut k, mut v) = (Vec::new(), Vec::new());
+                    for id in (c..o.keys).step_by(loaders as usize) {
+                        key_bytes(id, 8, &mut k)?;
+                        fill_value(id, 0, o.value_size.max(16), &mut v)?;
+                        put(&mut cl, &k, &v).with_context(|| format!("loading record {id}"))?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().map_err(|_| anyhow::anyhow!("loader panicked"))??;
+        }
+        Ok(())
+    })
+}
+
 /// Reads every record back through up to 4 reader threads, each with its own client from `connect`, read with
 /// `get`: (checked, missing, corrupt).
 fn read_every_record_back<C>(
@@ -320,27 +351,11 @@ pub fn run_elastic(
         ..ClientConfig::default()
     };
     progress(&format!("loading {} keys", o.keys));
-    {
-        let loaders: Vec<_> = (0..o.clients.min(4) as u64)
-            .map(|c| {
-                let (cfg, o) = (client_cfg.clone(), o.clone());
-                std::thread::spawn(move || -> anyhow::Result<()> {
-                    let mut cl = Client::connect(cfg)?;
-                    let (mut k, mut v) = (Vec::new(), Vec::new());
-                    for id in (c..o.keys).step_by(o.clients.min(4)) {
-                        key_bytes(id, 8, &mut k)?;
-                        fill_value(id, 0, o.value_size.max(16), &mut v)?;
-                        cl.set(&k, &v)?;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for l in loaders {
-            l.join().map_err(|_| anyhow::anyhow!("loader panicked"))??;
-        }
-    }
-    let buckets = ((o.before + o.after).as_nanos() / o.bucket.as_nanos()) as usize + 1;
+    load_every_record(
+        o,
+        || Ok(Client::connect(client_cfg.clone())?),
+        |cl: &mut Client, k, v| Ok(cl.set(k, v)?),
+    )?;
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
     progress(&format!(
@@ -351,7 +366,7 @@ pub fn run_elastic(
     let workers: Vec<_> = (0..o.clients as u64)
         .map(|c| {
             let (cfg, o, stop) = (client_cfg.clone(), o.clone(), stop.clone());
-            std::thread::spawn(move || -> anyhow::Result<(Vec<u64>, Vec<u64>)> {
+            std::thread::spawn(move || -> anyhow::Result<BucketCounts> {
                 let mut cl = Client::connect(cfg)?;
                 let mut ops = OpGenerator::for_client(
                     o.workload,
@@ -361,7 +376,7 @@ pub fn run_elastic(
                     c,
                     o.clients as u64,
                 )?;
-                let (mut done, mut failed) = (vec![0u64; buckets], vec![0u64; buckets]);
+                let mut counts = BucketCounts::new(&o);
                 let (mut k, mut v) = (Vec::new(), Vec::new());
                 let mut version = 1;
                 while !stop.load(Ordering::Acquire) {
@@ -381,15 +396,14 @@ pub fn run_elastic(
                         }
                     };
                     version += 1;
-                    let b = ((start.elapsed().as_nanos() / o.bucket.as_nanos()) as usize)
-                        .min(buckets - 1);
-                    match r {
-                        Ok(()) => done[b] += 1,
+                    let ok = match r {
+                        Ok(()) => true,
                         Err(ClientError::Invalid(e)) => anyhow::bail!("invalid request: {e}"),
-                        Err(_) => failed[b] += 1,
-                    }
+                        Err(_) => false,
+                    };
+                    counts.count(&o, start, ok);
                 }
-                Ok((done, failed))
+                Ok(counts)
             })
         })
         .collect();
@@ -476,15 +490,11 @@ pub fn run_elastic(
     }
     std::thread::sleep((o.before + o.after).saturating_sub(start.elapsed()));
     stop.store(true, Ordering::Release);
-    let (mut done, mut failed) = (vec![0u64; buckets], vec![0u64; buckets]);
+    let mut counts = BucketCounts::new(o);
     for w in workers {
-        let (d, f) = w.join().map_err(|_| anyhow::anyhow!("client panicked"))??;
-        for i in 0..buckets {
-            done[i] += d[i];
-            failed[i] += f[i];
-        }
+        counts.add(&w.join().map_err(|_| anyhow::anyhow!("client panicked"))??);
     }
-    let t = Timeline::of(o, event_at, &done, &failed);
+    let t = Timeline::of(o, event_at, &counts);
     // The first `kns` events are the initial joins.
     let all = cluster.mnode().events();
     let reconfigurations = all[o.kns.min(all.len())..].to_vec();
@@ -525,6 +535,42 @@ pub fn run_elastic(
     })
 }
 
+/// Operations completed and failed per bucket of a run, one bucket past its end taking the stragglers.
+struct BucketCounts {
+    done: Vec<u64>,
+    failed: Vec<u64>,
+}
+
+impl BucketCounts {
+    fn new(o: &ElasticOptions) -> BucketCounts {
+        let buckets = ((o.before + o.after).as_nanos() / o.bucket.as_nanos()) as usize + 1;
+        BucketCounts {
+            done: vec![0; buckets],
+            failed: vec![0; buckets],
+        }
+    }
+
+    /// Counts an operation that ended now, `ok` or failed, in the bucket of its time since `start`.
+    fn count(&mut self, o: &ElasticOptions, start: Instant, ok: bool) {
+        let b =
+            ((start.elapsed().as_nanos() / o.bucket.as_nanos()) as usize).min(self.done.len() - 1);
+        if ok {
+            self.done[b] += 1;
+        } else {
+            self.failed[b] += 1;
+        }
+    }
+
+    fn add(&mut self, other: &BucketCounts) {
+        for (a, b) in self.done.iter_mut().zip(&other.done) {
+            *a += b;
+        }
+        for (a, b) in self.failed.iter_mut().zip(&other.failed) {
+            *a += b;
+        }
+    }
+}
+
 /// A run's timeline and what it shows about the event.
 struct Timeline {
     buckets: Vec<Bucket>,
@@ -535,8 +581,9 @@ struct Timeline {
 }
 
 impl Timeline {
-    /// From the operations completed (`done`) and failed per bucket, the event at `event_at`.
-    fn of(o: &ElasticOptions, event_at: Duration, done: &[u64], failed: &[u64]) -> Timeline {
+    /// From the operations completed and failed per bucket, the event at `event_at`.
+    fn of(o: &ElasticOptions, event_at: Duration, counts: &BucketCounts) -> Timeline {
+        let (done, failed) = (&counts.done, &counts.failed);
         let bucket_s = o.bucket.as_secs_f64();
         let last_full = (((o.before + o.after).as_nanos() / o.bucket.as_nanos()) as usize)
             .min(done.len())
@@ -689,7 +736,7 @@ struct ComputeNode {
     crash: AtomicBool,
 }
 
-type CloverWorker = std::thread::JoinHandle<anyhow::Result<(Vec<u64>, Vec<u64>, CloverExit)>>;
+type CloverWorker = std::thread::JoinHandle<anyhow::Result<(BucketCounts, CloverExit)>>;
 
 /// Starts client thread `c` (of `of` generators) of compute node `node`.
 #[allow(clippy::too_many_arguments)]
@@ -701,13 +748,12 @@ fn spawn_clover_client(
     node: Arc<ComputeNode>,
     stop_all: Arc<AtomicBool>,
     start: Instant,
-    buckets: usize,
 ) -> anyhow::Result<CloverWorker> {
     let mut cl = d.client()?;
     let o = o.clone();
     Ok(std::thread::spawn(move || {
         let mut ops = OpGenerator::for_client(o.workload, o.distribution, o.keys, o.seed, c, of)?;
-        let (mut done, mut failed) = (vec![0u64; buckets], vec![0u64; buckets]);
+        let mut counts = BucketCounts::new(&o);
         let (mut k, mut v) = (Vec::new(), Vec::new());
         let mut version = 1;
         while !stop_all.load(Ordering::Acquire) && !node.stop.load(Ordering::Acquire) {
@@ -729,8 +775,7 @@ fn spawn_clover_client(
                     );
                 }
                 return Ok((
-                    done,
-                    failed,
+                    counts,
                     CloverExit::Crashed {
                         client,
                         key_id: op.key_id,
@@ -752,14 +797,14 @@ fn spawn_clover_client(
                 }
             };
             version += 1;
-            let b = ((start.elapsed().as_nanos() / o.bucket.as_nanos()) as usize).min(buckets - 1);
-            match r {
-                Ok(()) => done[b] += 1,
+            let ok = match r {
+                Ok(()) => true,
                 Err(e) if e.is_invalid_request() => anyhow::bail!("invalid request: {e}"),
-                Err(_) => failed[b] += 1,
-            }
+                Err(_) => false,
+            };
+            counts.count(&o, start, ok);
         }
-        Ok((done, failed, CloverExit::Stopped))
+        Ok((counts, CloverExit::Stopped))
     }))
 }
 
@@ -775,29 +820,11 @@ fn run_elastic_clover(
     );
     let d = CloverDeployment::start(o)?;
     progress(&format!("loading {} keys", o.keys));
-    {
-        let loaders = o.clients.clamp(1, 4) as u64;
-        let handles: Vec<_> = (0..loaders)
-            .map(|c| {
-                let (cl, o) = (d.client(), o.clone());
-                std::thread::spawn(move || -> anyhow::Result<()> {
-                    let mut cl = cl?;
-                    let (mut k, mut v) = (Vec::new(), Vec::new());
-                    for id in (c..o.keys).step_by(loaders as usize) {
-                        key_bytes(id, 8, &mut k)?;
-                        fill_value(id, 0, o.value_size.max(16), &mut v)?;
-                        cl.put(&k, &v)
-                            .with_context(|| format!("loading record {id}"))?;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().map_err(|_| anyhow::anyhow!("loader panicked"))??;
-        }
-    }
-    let buckets = ((o.before + o.after).as_nanos() / o.bucket.as_nanos()) as usize + 1;
+    load_every_record(
+        o,
+        || d.client(),
+        |cl: &mut CloverClient, k, v| Ok(cl.put(k, v)?),
+    )?;
     let stop_all = Arc::new(AtomicBool::new(false));
     let nodes: Vec<Arc<ComputeNode>> = (0..o.kns).map(|_| Arc::default()).collect();
     // Client c belongs to compute node c mod kns; a joining node gets as many as the first node has.
@@ -821,7 +848,6 @@ fn run_elastic_clover(
             nodes[node].clone(),
             stop_all.clone(),
             start,
-            buckets,
         )?;
         workers.push((node, w));
     }
@@ -837,7 +863,7 @@ fn run_elastic_clover(
         space_after: (0, 0, 0, 0),
     };
     let mut served_after = None;
-    let mut results = Vec::new();
+    let mut counts = BucketCounts::new(o);
     match o.scenario {
         Scenario::Add => {
             let joined = Arc::new(ComputeNode::default());
@@ -851,7 +877,6 @@ fn run_elastic_clover(
                     joined.clone(),
                     stop_all.clone(),
                     start,
-                    buckets,
                 )?;
                 workers.push((o.kns, w));
             }
@@ -872,9 +897,8 @@ fn run_elastic_clover(
             workers = others;
             let mut crashed = Vec::new();
             for (_, w) in theirs {
-                let (done, failed, exit) =
-                    w.join().map_err(|_| anyhow::anyhow!("client panicked"))??;
-                results.push((done, failed));
+                let (theirs, exit) = w.join().map_err(|_| anyhow::anyhow!("client panicked"))??;
+                counts.add(&theirs);
                 event.clients_changed += 1;
                 if let CloverExit::Crashed {
                     client,
@@ -924,17 +948,10 @@ fn run_elastic_clover(
     std::thread::sleep((o.before + o.after).saturating_sub(start.elapsed()));
     stop_all.store(true, Ordering::Release);
     for (_, w) in workers {
-        let (done, failed, _) = w.join().map_err(|_| anyhow::anyhow!("client panicked"))??;
-        results.push((done, failed));
+        let (theirs, _) = w.join().map_err(|_| anyhow::anyhow!("client panicked"))??;
+        counts.add(&theirs);
     }
-    let (mut done, mut failed) = (vec![0u64; buckets], vec![0u64; buckets]);
-    for (d_, f_) in results {
-        for i in 0..buckets {
-            done[i] += d_[i];
-            failed[i] += f_[i];
-        }
-    }
-    let t = Timeline::of(o, event_at, &done, &failed);
+    let t = Timeline::of(o, event_at, &counts);
     progress(&format!("reading all {} keys back", o.keys));
     // Fresh clients: none of the run's cursors.
     let (values_checked, values_missing, values_corrupt) =

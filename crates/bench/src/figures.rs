@@ -226,12 +226,7 @@ pub fn run_figure(
     out: &Path,
     progress: &mut dyn FnMut(&str),
 ) -> anyhow::Result<FigureReport> {
-    let dir = out.join(format!("figure{figure}"));
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut files = Files {
-        dir: dir.clone(),
-        written: Vec::new(),
-    };
+    let mut files = Files::create(out.join(format!("figure{figure}")))?;
     let found = match figure {
         3 => figure3(scale, &mut files, progress)?,
         5 => figure5(scale, &mut files, progress)?,
@@ -248,26 +243,21 @@ pub fn run_figure(
         out.display()
     )];
     commands.extend(found.commands);
-    let json_name = format!("figure{figure}.json");
-    let md_name = format!("figure{figure}.md");
-    let mut written = files.written.clone();
-    written.push(json_name.clone());
-    written.push(md_name.clone());
-    let report = FigureReport {
-        figure,
-        paper: dinomo_paper(),
-        title: found.title.into(),
-        scale,
-        host_cores: cores(),
-        commands,
-        rows: found.rows,
-        not_built: found.not_built,
-        differences: found.differences,
-        files: written,
-    };
-    files.write(&json_name, &serde_json::to_string_pretty(&report)?)?;
-    files.write(&md_name, &report.to_markdown())?;
-    Ok(report)
+    files.publish(
+        &format!("figure{figure}"),
+        FigureReport {
+            figure,
+            paper: dinomo_paper(),
+            title: found.title.into(),
+            scale,
+            host_cores: cores(),
+            commands,
+            rows: found.rows,
+            not_built: found.not_built,
+            differences: found.differences,
+            files: Vec::new(),
+        },
+    )
 }
 
 /// Where the systems of a figure are reached from.
@@ -303,36 +293,28 @@ pub fn run_figure5_front_door(
     dinomo_exe: &Path,
     progress: &mut dyn FnMut(&str),
 ) -> anyhow::Result<FigureReport> {
-    let dir = out.join(front_door::FOLDER);
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut files = Files {
-        dir: dir.clone(),
-        written: Vec::new(),
-    };
+    let mut files = Files::create(out.join(front_door::FOLDER))?;
     let found = front_door::figure5_resp(scale, dinomo_exe, &mut files, progress)?;
     let mut commands = vec![format!(
         "dinomo bench figure 5 --front-door resp --scale {scale} --out {}",
         out.display()
     )];
     commands.extend(found.commands);
-    let mut written = files.written.clone();
-    written.push("figure5.json".into());
-    written.push("figure5.md".into());
-    let report = FigureReport {
-        figure: 5,
-        paper: dinomo_paper(),
-        title: found.title.into(),
-        scale,
-        host_cores: cores(),
-        commands,
-        rows: found.rows,
-        not_built: found.not_built,
-        differences: found.differences,
-        files: written,
-    };
-    files.write("figure5.json", &serde_json::to_string_pretty(&report)?)?;
-    files.write("figure5.md", &report.to_markdown())?;
-    Ok(report)
+    files.publish(
+        "figure5",
+        FigureReport {
+            figure: 5,
+            paper: dinomo_paper(),
+            title: found.title.into(),
+            scale,
+            host_cores: cores(),
+            commands,
+            rows: found.rows,
+            not_built: found.not_built,
+            differences: found.differences,
+            files: Vec::new(),
+        },
+    )
 }
 
 /// What a recipe found; [`run_figure`] adds the figure, scale, host and files to make its report.
@@ -352,6 +334,26 @@ struct Files {
 }
 
 impl Files {
+    /// Creates the recipe's folder `dir`.
+    fn create(dir: PathBuf) -> anyhow::Result<Files> {
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Files {
+            dir,
+            written: Vec::new(),
+        })
+    }
+
+    /// Writes `report` as `stem.json` and `stem.md`, its `files` set to every file the recipe wrote and those two.
+    fn publish(mut self, stem: &str, mut report: FigureReport) -> anyhow::Result<FigureReport> {
+        let (json_name, md_name) = (format!("{stem}.json"), format!("{stem}.md"));
+        report.files = self.written.clone();
+        report.files.push(json_name.clone());
+        report.files.push(md_name.clone());
+        self.write(&json_name, &serde_json::to_string_pretty(&report)?)?;
+        self.write(&md_name, &report.to_markdown())?;
+        Ok(report)
+    }
+
     fn write(&mut self, name: &str, body: &str) -> anyhow::Result<()> {
         let path = self.dir.join(name);
         std::fs::write(&path, body).with_context(|| format!("writing {}", path.display()))?;
@@ -1953,12 +1955,7 @@ pub fn run_pdpm_figure(
     out: &Path,
     progress: &mut dyn FnMut(&str),
 ) -> anyhow::Result<FigureReport> {
-    let dir = out.join("pdpm-figure7");
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut files = Files {
-        dir: dir.clone(),
-        written: Vec::new(),
-    };
+    let mut files = Files::create(out.join("pdpm-figure7"))?;
     let mut commands = vec![format!(
         "dinomo bench figure {PDPM_FIGURE} --scale {scale} --out {}",
         out.display()
@@ -2160,14 +2157,8 @@ pub fn run_pdpm_figure(
         None,
         "hotpot",
     ));
-    let figure = 7;
-    let json_name = "pdpm-figure7.json".to_string();
-    let md_name = "pdpm-figure7.md".to_string();
-    let mut written = files.written.clone();
-    written.push(json_name.clone());
-    written.push(md_name.clone());
     let report = FigureReport {
-        figure,
+        figure: 7,
         paper: "pDPM".into(),
         title: "DPM throughput and replication: DirectDS, DirectDS-C, CentralDS and Clover on YCSB, Zipf 0.99"
             .into(),
@@ -2183,11 +2174,9 @@ pub fn run_pdpm_figure(
                 .into(),
             "replication degree 2 (the paper's text; its caption says three)".into(),
         ],
-        files: written,
+        files: Vec::new(),
     };
-    files.write(&json_name, &serde_json::to_string_pretty(&report)?)?;
-    files.write(&md_name, &report.to_markdown())?;
-    Ok(report)
+    files.publish("pdpm-figure7", report)
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -2331,12 +2320,7 @@ pub fn run_pdpm_scaling_figure(
     progress: &mut dyn FnMut(&str),
 ) -> anyhow::Result<FigureReport> {
     let figure = axis.figure();
-    let dir = out.join(format!("pdpm-figure{figure}"));
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut files = Files {
-        dir: dir.clone(),
-        written: Vec::new(),
-    };
+    let mut files = Files::create(out.join(format!("pdpm-figure{figure}")))?;
     let plan = pdpm_scaling_plan(axis, scale);
     let mut commands = vec![format!(
         "dinomo bench figure {} --scale {scale} --out {}",
@@ -2412,11 +2396,6 @@ pub fn run_pdpm_scaling_figure(
             cores()
         ),
     };
-    let json_name = format!("pdpm-figure{figure}.json");
-    let md_name = format!("pdpm-figure{figure}.md");
-    let mut written = files.written.clone();
-    written.push(json_name.clone());
-    written.push(md_name.clone());
     let report = FigureReport {
         figure,
         paper: "pDPM".into(),
@@ -2444,11 +2423,9 @@ pub fn run_pdpm_scaling_figure(
             ),
             cores_note,
         ],
-        files: written,
+        files: Vec::new(),
     };
-    files.write(&json_name, &serde_json::to_string_pretty(&report)?)?;
-    files.write(&md_name, &report.to_markdown())?;
-    Ok(report)
+    files.publish(&format!("pdpm-figure{figure}"), report)
 }
 
 /// One store on one workload along the axis: throughput at every count, and the largest count's throughput and

@@ -7,10 +7,8 @@ use dinomo_bench::figures::{FigureReport, Scale, run_figure};
 use dinomo_bench::project::Projection;
 use dinomo_bench::ycsb_run::load_reports;
 
-/// A JSON file the recipe wrote.
-fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<T> {
-    Ok(serde_json::from_str(&std::fs::read_to_string(path)?)?)
-}
+mod common;
+use common::read_json;
 
 fn run(figure: u32, out: &Path) -> anyhow::Result<FigureReport> {
     let report = run_figure(figure, Scale::Tiny, out, &mut |_| {})?;

@@ -3,7 +3,10 @@
 
 use dinomo_bench::figures::{FigureReport, PDPM_FIGURE, Scale, run_pdpm_figure};
 use dinomo_bench::ycsb::Workload;
-use dinomo_bench::ycsb_run::{System, TargetOptions, YcsbReport};
+use dinomo_bench::ycsb_run::{System, TargetOptions};
+
+mod common;
+use common::{read_json, ycsb_runs};
 
 #[test]
 fn pdpm_figure7_runs_every_store_with_and_without_replication() -> anyhow::Result<()> {
@@ -14,8 +17,7 @@ fn pdpm_figure7_runs_every_store_with_and_without_replication() -> anyhow::Resul
         report.commands[0].starts_with(&format!("dinomo bench figure {PDPM_FIGURE} --scale tiny"))
     );
     let dir = out.path().join("pdpm-figure7");
-    let back: FigureReport =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("pdpm-figure7.json"))?)?;
+    let back: FigureReport = read_json(&dir.join("pdpm-figure7.json"))?;
     assert_eq!(back, report);
     let md = std::fs::read_to_string(dir.join("pdpm-figure7.md"))?;
     assert!(md.starts_with("## pDPM Figure 7"), "{md}");
@@ -24,16 +26,7 @@ fn pdpm_figure7_runs_every_store_with_and_without_replication() -> anyhow::Resul
         report.rows.len() + 1
     );
     // Two workloads at the tiny scale, two replication degrees, four stores: one report each, all clean.
-    let runs: Vec<YcsbReport> = report
-        .files
-        .iter()
-        .filter(|f| f.starts_with("ycsb-"))
-        .map(|f| {
-            Ok(serde_json::from_str(&std::fs::read_to_string(
-                dir.join(f),
-            )?)?)
-        })
-        .collect::<anyhow::Result<_>>()?;
+    let runs = ycsb_runs(&report, &dir)?;
     assert_eq!(runs.len(), 2 * 2 * System::PDPM.len());
     assert!(System::PDPM.contains(&System::Clover));
     for r in &runs {

@@ -5,7 +5,10 @@
 use dinomo_bench::figures::{
     FigureReport, PdpmAxis, Scale, pdpm_scaling_plan, run_pdpm_scaling_figure,
 };
-use dinomo_bench::ycsb_run::{System, TargetOptions, YcsbReport};
+use dinomo_bench::ycsb_run::{System, TargetOptions};
+
+mod common;
+use common::{read_json, ycsb_runs};
 
 fn check(axis: PdpmAxis) -> anyhow::Result<()> {
     let out = tempfile::tempdir()?;
@@ -19,21 +22,10 @@ fn check(axis: PdpmAxis) -> anyhow::Result<()> {
             .starts_with(&format!("dinomo bench figure {} --scale tiny", axis.name()))
     );
     let dir = out.path().join(format!("pdpm-figure{}", axis.figure()));
-    let back: FigureReport = serde_json::from_str(&std::fs::read_to_string(
-        dir.join(format!("pdpm-figure{}.json", axis.figure())),
-    )?)?;
+    let back: FigureReport = read_json(&dir.join(format!("pdpm-figure{}.json", axis.figure())))?;
     assert_eq!(back, report);
     let plan = pdpm_scaling_plan(axis, Scale::Tiny);
-    let runs: Vec<YcsbReport> = report
-        .files
-        .iter()
-        .filter(|f| f.starts_with("ycsb-"))
-        .map(|f| {
-            Ok(serde_json::from_str(&std::fs::read_to_string(
-                dir.join(f),
-            )?)?)
-        })
-        .collect::<anyhow::Result<_>>()?;
+    let runs = ycsb_runs(&report, &dir)?;
     // Two workloads at the tiny scale, every store, every count: one clean report each.
     assert_eq!(runs.len(), 2 * System::PDPM.len() * plan.counts.len());
     for r in &runs {

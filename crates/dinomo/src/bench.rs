@@ -921,6 +921,18 @@ fn figure(a: FigureArgs) -> anyhow::Result<()> {
         FIGURES, PDPM_FIGURE, PdpmAxis, run_figure, run_pdpm_figure, run_pdpm_scaling_figure,
     };
     let all = a.figure.eq_ignore_ascii_case("all");
+    let mut markdown = String::new();
+    let mut emit = |report: &dinomo_bench::figures::FigureReport, folder: String| {
+        let md = report.to_markdown();
+        println!("{md}");
+        markdown.push_str(&md);
+        markdown.push('\n');
+        eprintln!(
+            "wrote {}/{folder}/ ({})",
+            a.out.display(),
+            report.files.join(", ")
+        );
+    };
     if a.front_door == dinomo_bench::figures::FrontDoor::Resp {
         anyhow::ensure!(
             a.figure == "5",
@@ -932,13 +944,7 @@ fn figure(a: FigureArgs) -> anyhow::Result<()> {
             dinomo_bench::figures::run_figure5_front_door(a.scale, &a.out, &exe, &mut |s| {
                 eprintln!("{s}")
             })?;
-        println!("{}", report.to_markdown());
-        eprintln!(
-            "wrote {}/{}/ ({})",
-            a.out.display(),
-            dinomo_bench::figures::FRONT_DOOR_FOLDER,
-            report.files.join(", ")
-        );
+        emit(&report, dinomo_bench::figures::FRONT_DOOR_FOLDER.into());
         return Ok(());
     }
     let (figures, pdpm, axes): (Vec<u32>, bool, Vec<PdpmAxis>) = if all {
@@ -955,18 +961,6 @@ fn figure(a: FigureArgs) -> anyhow::Result<()> {
             )
         })?;
         (vec![n], false, Vec::new())
-    };
-    let mut markdown = String::new();
-    let mut emit = |report: &dinomo_bench::figures::FigureReport, folder: String| {
-        let md = report.to_markdown();
-        println!("{md}");
-        markdown.push_str(&md);
-        markdown.push('\n');
-        eprintln!(
-            "wrote {}/{folder}/ ({})",
-            a.out.display(),
-            report.files.join(", ")
-        );
     };
     for n in figures {
         let report = run_figure(n, a.scale, &a.out, &mut |s| eprintln!("{s}"))?;

@@ -17,13 +17,14 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 
 use super::{Comparison, Files, Findings, Scale, cores, mean};
+use crate::format::rate;
 use crate::ycsb::{Distribution, Workload};
 use crate::ycsb_run::{
     PlotKind, RespOptions, System, TargetOptions, YcsbOptions, YcsbReport, YcsbSweep, plot,
@@ -100,6 +101,17 @@ pub fn plan(scale: Scale) -> Plan {
         secs,
         warmup_ops: tiny.then_some(100),
         ops: tiny.then_some(400),
+    }
+}
+
+impl Plan {
+    /// The KV-node counts, joined by `sep`.
+    fn kns_list(&self, sep: &str) -> String {
+        self.kns
+            .iter()
+            .map(|k| k.to_string())
+            .collect::<Vec<_>>()
+            .join(sep)
     }
 }
 
@@ -246,19 +258,8 @@ impl Up {
         let Some(mut child) = self.child.take() else {
             bail!("dinomo up is not running");
         };
-        // SAFETY: kill(2) on the pid of a child this process started and has not reaped.
-        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-        let deadline = Instant::now() + STOP_TIMEOUT;
-        let status = loop {
-            if let Some(status) = child.try_wait()? {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!("dinomo up did not stop within {STOP_TIMEOUT:?} of SIGINT: killed");
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let Some(status) = interrupt(&mut child)? else {
+            bail!("dinomo up did not stop within {STOP_TIMEOUT:?} of SIGINT: killed");
         };
         // The reader thread hands over the last lines, then ends when the pipe closes.
         let mut rest = Vec::new();
@@ -281,17 +282,26 @@ impl Up {
 impl Drop for Up {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            // SAFETY: as in `stop`.
-            unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-            let deadline = Instant::now() + STOP_TIMEOUT;
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
+            let _ = interrupt(&mut child);
+        }
+    }
+}
+
+/// Sends `child` SIGINT and waits up to [`STOP_TIMEOUT`] for it to exit: its status, or `None` when it had to be
+/// killed. A child that cannot be waited on is killed too.
+fn interrupt(child: &mut Child) -> std::io::Result<Option<ExitStatus>> {
+    // SAFETY: kill(2) on the pid of a child this process started and has not reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Ok(Some(status)),
+            Ok(None) if Instant::now() <= deadline => std::thread::sleep(Duration::from_millis(20)),
+            waited => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return waited.map(|_| None);
             }
-            let _ = child.kill();
-            let _ = child.wait();
         }
     }
 }
@@ -350,12 +360,7 @@ fn run_one(
 
 /// The command line of one `dinomo up` and its benchmark, for the report.
 fn commands(system: System, p: &Plan, out: &Path) -> Vec<String> {
-    let kns = p
-        .kns
-        .iter()
-        .map(|k| k.to_string())
-        .collect::<Vec<_>>()
-        .join(" ");
+    let kns = p.kns_list(" ");
     let dir = out.join("data");
     let (mut args, _) = up_args(system, 0, p, &dir);
     // The placeholders the loop fills.
@@ -484,31 +489,17 @@ fn round_trips(r: &YcsbReport) -> Option<f64> {
     r.server_fabric.as_ref().map(|f| f.round_trips_per_op)
 }
 
-fn kops(v: f64) -> String {
-    if v >= 1e6 {
-        format!("{:.2}M", v / 1e6)
-    } else if v >= 1e3 {
-        format!("{:.1}k", v / 1e3)
-    } else {
-        format!("{v:.0}")
-    }
-}
-
 /// The report's rows: each workload's throughput at every node count, the DINOMO / Clover ratio at the largest,
 /// and the runs' errors.
 fn rows(scale: Scale, runs: &[YcsbReport], p: &Plan, largest: usize) -> Vec<Comparison> {
-    let at = |system: System, w: Workload, n: usize| {
+    let run = |system: System, w: Workload, n: usize| {
         runs.iter()
             .find(|r| r.system == system.name() && r.kv_nodes == Some(n) && r.options.workload == w)
-            .map(|r| r.measured.ops_per_s)
     };
-    let rt = |system: System, w: Workload| {
-        runs.iter()
-            .find(|r| {
-                r.system == system.name() && r.kv_nodes == Some(largest) && r.options.workload == w
-            })
-            .and_then(round_trips)
-    };
+    let at =
+        |system: System, w: Workload, n: usize| run(system, w, n).map(|r| r.measured.ops_per_s);
+    let rt = |system: System, w: Workload| run(system, w, largest).and_then(round_trips);
+    let kns = p.kns_list(" / ");
     let mut out = Vec::new();
     let mut ratios: Vec<(&str, f64)> = Vec::new();
     let mut rt_ratios: Vec<(&str, f64, f64)> = Vec::new();
@@ -516,7 +507,7 @@ fn rows(scale: Scale, runs: &[YcsbReport], p: &Plan, largest: usize) -> Vec<Comp
         let series = |system: System| {
             p.kns
                 .iter()
-                .map(|&n| at(system, w, n).map_or("—".into(), kops))
+                .map(|&n| at(system, w, n).map_or("—".into(), rate))
                 .collect::<Vec<_>>()
                 .join(" / ")
         };
@@ -533,12 +524,6 @@ fn rows(scale: Scale, runs: &[YcsbReport], p: &Plan, largest: usize) -> Vec<Comp
         if let (Some(c), Some(d)) = (rt(System::Clover, w), rt(System::Dinomo, w)) {
             rt_ratios.push((name, c, d));
         }
-        let kns = p
-            .kns
-            .iter()
-            .map(|k| k.to_string())
-            .collect::<Vec<_>>()
-            .join(" / ");
         out.push(Comparison::new(
             format!("{name}: ops/s at {kns} KNs, and DINOMO / Clover at {largest}"),
             "DINOMO ≥ 3.8× Clover at 16 KNs",

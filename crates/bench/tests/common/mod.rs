@@ -1,9 +1,16 @@
-//! Setup shared by the `bench ycsb` tests that run a few hundred operations against a target.
+//! Setup shared by the `bench ycsb` tests that run a few hundred operations against a target, and by the figure
+//! tests that read back what a recipe wrote.
+
+// Every test binary compiles this module and uses a part of it.
+#![allow(dead_code)]
+
+use std::path::Path;
 
 use std::time::Duration;
 
+use dinomo_bench::figures::FigureReport;
 use dinomo_bench::ycsb::{Distribution, Workload};
-use dinomo_bench::ycsb_run::{TargetOptions, YcsbOptions};
+use dinomo_bench::ycsb_run::{TargetOptions, YcsbOptions, YcsbReport};
 use dinomo_cluster::{LocalClusterConfig, NodeConfig};
 
 /// Two KV nodes on a 256 MiB pool with long leases: a heartbeat late on a busy machine must not fail a node in the
@@ -45,4 +52,19 @@ pub fn tiny_run(
         seed,
         ..YcsbOptions::default()
     }
+}
+
+/// A JSON file a recipe wrote.
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<T> {
+    Ok(serde_json::from_str(&std::fs::read_to_string(path)?)?)
+}
+
+/// The YCSB reports (`ycsb-*` files) `report` lists, read from the figure's folder `dir`.
+pub fn ycsb_runs(report: &FigureReport, dir: &Path) -> anyhow::Result<Vec<YcsbReport>> {
+    report
+        .files
+        .iter()
+        .filter(|f| f.starts_with("ycsb-"))
+        .map(|f| read_json(&dir.join(f)))
+        .collect()
 }
