@@ -412,7 +412,6 @@ fn waves(ops: &[Op], remote: &[usize]) -> Vec<Vec<usize>> {
 
 impl BackendConn for NodeConn {
     fn execute(&mut self, ops: &mut Vec<Op>, results: &mut Vec<OpResult>) {
-        self.start(ops);
         self.finish(ops, results);
     }
 
@@ -425,16 +424,14 @@ impl BackendConn for NodeConn {
     }
 
     fn finish(&mut self, ops: &mut Vec<Op>, results: &mut Vec<OpResult>) {
-        if !std::mem::take(&mut self.started) {
-            self.route(ops);
-            if !self.local.is_empty() {
-                self.submit_local(ops);
-            }
+        if !self.started {
+            self.start(ops);
         }
+        self.started = false;
+        // Every op is local or remote, and each path writes the result of every op it holds: the placeholder is
+        // always overwritten, so it carries no message (an empty `String` allocates nothing, unlike a text per op).
         results.clear();
-        results.resize_with(ops.len(), || {
-            Err(BackendError::Unavailable("not run".into()))
-        });
+        results.resize_with(ops.len(), || Err(BackendError::Unavailable(String::new())));
         if !self.local.is_empty() {
             self.collect_local(ops, results);
         }

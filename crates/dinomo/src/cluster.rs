@@ -358,14 +358,11 @@ impl UpArgs {
         if let UpSystem::Pdpm(baseline) = cfg.up.system {
             return self.pdpm_settings(cfg, baseline);
         }
-        let pdpm_only: Vec<&str> = [
+        let pdpm_only = given([
             ("--memory-nodes", self.memory_nodes.is_some()),
             ("--replication", self.replication.is_some()),
             ("--keys", self.keys.is_some()),
-        ]
-        .into_iter()
-        .filter_map(|(flag, given)| given.then_some(flag))
-        .collect();
+        ]);
         anyhow::ensure!(
             pdpm_only.is_empty(),
             "{} applies only to the pDPM baselines (directds, directds-c, centralds, clover), not to {}",
@@ -416,7 +413,7 @@ impl UpArgs {
     /// The flags given that only the DINOMO systems have.
     fn dinomo_only_flags(&self) -> Vec<&'static str> {
         let (k, p) = (&self.kn, &self.policy);
-        [
+        given([
             ("--kns", self.kns.is_some()),
             ("--pool-size", self.pool_size.is_some()),
             ("--rn-listen", self.rn_listen.is_some()),
@@ -440,10 +437,7 @@ impl UpArgs {
             ("--max-kns", p.max_kns.is_some()),
             ("--max-replication", p.max_replication.is_some()),
             ("--no-selective-replication", p.no_selective_replication),
-        ]
-        .into_iter()
-        .filter_map(|(flag, given)| given.then_some(flag))
-        .collect()
+        ])
     }
 
     /// The settings of a pDPM baseline: the flags it shares with DINOMO (data directory, durability, fabric
@@ -493,6 +487,14 @@ impl UpArgs {
         ConfigErrors::fail_if_any(&self.config.source(), errors)?;
         Ok(cfg.checked(&self.config.source())?)
     }
+}
+
+/// The flags of `flags` that were given, in order.
+fn given<const N: usize>(flags: [(&'static str, bool); N]) -> Vec<&'static str> {
+    flags
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect()
 }
 
 /// `dinomo kn`.

@@ -380,13 +380,12 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
         pools.push(pool);
         reports.push(MemoryNodeReport { path, formatted });
     }
-    let connectors: Vec<Connector> = nodes
-        .iter()
-        .map(|n| Connector {
-            target: Target::InProcess(n.clone()),
-            config: opts.endpoint.clone(),
-        })
-        .collect();
+    // Every node of this process is reached in process, with the endpoints' settings.
+    let in_process = |node: &Arc<MemoryNode>| Connector {
+        target: Target::InProcess(node.clone()),
+        config: opts.endpoint.clone(),
+    };
+    let connectors: Vec<Connector> = nodes.iter().map(in_process).collect();
     let mismatch = |stored: &dyn std::fmt::Debug, wanted: &dyn std::fmt::Debug| {
         anyhow::anyhow!(
             "the memory nodes in {} were formatted as {stored:?}, the settings ask for {wanted:?} (a memory node \
@@ -432,10 +431,7 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
             let host = server_node()?;
             coordinator.serve(&host);
             let clients = Clients::Central {
-                coordinator: Connector {
-                    target: Target::InProcess(host.clone()),
-                    config: opts.endpoint.clone(),
-                },
+                coordinator: in_process(&host),
                 settings: cfg.central.clone(),
             };
             (clients, Some(host))
@@ -456,10 +452,7 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
             let host = server_node()?;
             ms.serve(&host);
             let clients = Clients::Clover {
-                metadata_server: Connector {
-                    target: Target::InProcess(host.clone()),
-                    config: opts.endpoint.clone(),
-                },
+                metadata_server: in_process(&host),
                 settings: cfg.clover.clone(),
             };
             (clients, Some(host))
