@@ -36,6 +36,7 @@ pub use local::{LocalCluster, LocalClusterConfig, MemoryNodeRpc, resp_address};
 pub use mnode::{MNode, MNodeConfig, ReconfigEvent, ReconfigKind};
 pub use node::{ClusterNode, NodeConfig, NodeStats};
 pub use pipeline::{Completion, PipelinedClient};
+pub use resp::process_fabric_counts;
 pub use rn::RoutingNode;
 pub use server::{Server, ServerLimits};
 pub use stats::{NodeEpochStats, SampleWindow};

@@ -446,12 +446,7 @@ impl BackendConn for NodeConn {
     /// Every thread of this process: its KV nodes' workers, and the background work (heartbeats, leases, routing
     /// refreshes; with `dinomo up`, every node of the cluster).
     fn fabric_counts(&mut self) -> Option<dinomo_resp::FabricCounts> {
-        let c = dinomo_fabric::counters::global_snapshot();
-        Some(dinomo_resp::FabricCounts {
-            round_trips: c.round_trips,
-            bytes_out: c.bytes_out,
-            bytes_in: c.bytes_in,
-        })
+        Some(process_fabric_counts())
     }
 
     fn dbsize(&mut self) -> Result<u64, BackendError> {
@@ -471,6 +466,17 @@ impl BackendConn for NodeConn {
                 )))
             }
         }
+    }
+}
+
+/// This process's fabric traffic (every thread, background work included), for a Redis front door's
+/// `INFO fabric`: the DINOMO nodes' and the pDPM baselines' alike.
+pub fn process_fabric_counts() -> dinomo_resp::FabricCounts {
+    let c = dinomo_fabric::counters::global_snapshot();
+    dinomo_resp::FabricCounts {
+        round_trips: c.round_trips,
+        bytes_out: c.bytes_out,
+        bytes_in: c.bytes_in,
     }
 }
 

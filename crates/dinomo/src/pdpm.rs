@@ -690,12 +690,7 @@ impl BackendConn for PdpmConn {
     /// Every thread of this process: the connections' clients (the compute nodes), and CentralDS's coordinator or
     /// Clover's metadata server.
     fn fabric_counts(&mut self) -> Option<dinomo_resp::FabricCounts> {
-        let c = dinomo_fabric::counters::global_snapshot();
-        Some(dinomo_resp::FabricCounts {
-            round_trips: c.round_trips,
-            bytes_out: c.bytes_out,
-            bytes_in: c.bytes_in,
-        })
+        Some(dinomo_cluster::process_fabric_counts())
     }
 
     fn dbsize(&mut self) -> Result<u64, BackendError> {
