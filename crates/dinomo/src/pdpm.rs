@@ -17,14 +17,10 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use dinomo_fabric::{Connector, EndpointConfig, MemoryNode, NodeConfig, Target};
-use dinomo_pdpm::central::{
-    CentralClient, CentralLayout, CentralSettings, Coordinator, CoordinatorConfig,
-};
-use dinomo_pdpm::clover::{
-    CloverClient, CloverLayout, CloverSettings, MetadataConfig, MetadataServer,
-};
+use dinomo_pdpm::central::{CentralLayout, CentralSettings, Coordinator, CoordinatorConfig};
+use dinomo_pdpm::clover::{CloverLayout, CloverSettings, MetadataConfig, MetadataServer};
 use dinomo_pdpm::direct::{DirectClient, DirectLayout, DirectSettings, Flavor};
-use dinomo_pdpm::{Change, FailureKind, PdpmError, PdpmStore, roots};
+use dinomo_pdpm::{Change, ClientSettings, FailureKind, Layout, PdpmError, PdpmStore};
 use dinomo_pool::{PersistMode, Pool, PoolOptions};
 use dinomo_resp::{Backend, BackendConn, BackendError, Op, OpResult, Output};
 use serde::{Deserialize, Serialize};
@@ -186,12 +182,12 @@ impl PdpmUpConfig {
     }
 
     /// What `system`'s memory nodes are formatted with.
-    fn geometry(&self, system: Baseline) -> Geometry {
+    fn geometry(&self, system: Baseline) -> Layout {
         match system {
-            Baseline::DirectDs => Geometry::Direct(self.direct_layout(Flavor::Markers)),
-            Baseline::DirectDsC => Geometry::Direct(self.direct_layout(Flavor::Crc)),
-            Baseline::CentralDs => Geometry::Central(self.central_layout()),
-            Baseline::Clover => Geometry::Clover(self.clover_layout()),
+            Baseline::DirectDs => Layout::Direct(self.direct_layout(Flavor::Markers)),
+            Baseline::DirectDsC => Layout::Direct(self.direct_layout(Flavor::Crc)),
+            Baseline::CentralDs => Layout::Central(self.central_layout()),
+            Baseline::Clover => Layout::Clover(self.clover_layout()),
         }
     }
 
@@ -406,16 +402,16 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
         ))
     };
     let (clients, coordinator) = match geometry {
-        Geometry::Direct(wanted) => {
+        Layout::Direct(wanted) => {
             // Connecting checks that every node has a table and that they agree.
             let probe = DirectClient::connect(&connectors, cfg.direct.clone())
                 .context("opening the memory nodes")?;
             if *probe.layout() != wanted {
                 return Err(mismatch(probe.layout(), &wanted));
             }
-            (Clients::Direct(cfg.direct.clone()), None)
+            (ClientSettings::Direct(cfg.direct.clone()), None)
         }
-        Geometry::Central(central) => {
+        Layout::Central(central) => {
             let coordinator = Coordinator::new(
                 &connectors,
                 CoordinatorConfig {
@@ -430,13 +426,13 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
             }
             let host = server_node()?;
             coordinator.serve(&host);
-            let clients = Clients::Central {
+            let clients = ClientSettings::Central {
                 coordinator: in_process(&host),
                 settings: cfg.central.clone(),
             };
             (clients, Some(host))
         }
-        Geometry::Clover(wanted) => {
+        Layout::Clover(wanted) => {
             let ms = MetadataServer::new(&connectors, cfg.metadata.clone())
                 .context("starting Clover's metadata server")?;
             if *ms.layout() != wanted {
@@ -451,7 +447,7 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
             );
             let host = server_node()?;
             ms.serve(&host);
-            let clients = Clients::Clover {
+            let clients = ClientSettings::Clover {
                 metadata_server: in_process(&host),
                 settings: cfg.clover.clone(),
             };
@@ -464,7 +460,7 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
             ..opts.resp.clone()
         },
         PdpmBackend {
-            connect: clients.connect(connectors),
+            connect: connect_each(clients, connectors),
         },
     )
     .with_context(|| format!("serving the Redis protocol on {}", opts.resp.listen))?;
@@ -479,85 +475,12 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
     ))
 }
 
-/// The geometry a baseline formats its memory nodes with.
-enum Geometry {
-    Direct(DirectLayout),
-    Central(CentralLayout),
-    Clover(CloverLayout),
-}
-
-impl Geometry {
-    /// Bytes of the area it formats on each memory node.
-    fn area_len(&self) -> u64 {
-        match self {
-            Geometry::Direct(l) => l.table_len(),
-            Geometry::Central(l) => l.area_len(),
-            Geometry::Clover(l) => l.area_len(),
-        }
-    }
-
-    /// The pool root that holds the area once formatted (0 before).
-    fn root(&self) -> usize {
-        match self {
-            Geometry::Direct(_) => roots::DIRECT_TABLE,
-            Geometry::Central(_) => roots::CENTRAL_BLOCKS,
-            Geometry::Clover(_) => roots::CLOVER_AREA,
-        }
-    }
-
-    /// Formats a memory node's pool.
-    fn format(&self, pool: &Pool) -> Result<(), PdpmError> {
-        match self {
-            Geometry::Direct(l) => dinomo_pdpm::direct::format(pool, l),
-            Geometry::Central(l) => dinomo_pdpm::central::format(pool, l),
-            Geometry::Clover(l) => dinomo_pdpm::clover::format(pool, l),
-        }
-    }
-}
-
 /// Makes one compute-node thread's client.
 type Connect = Arc<dyn Fn() -> Result<Box<dyn PdpmStore + Send>, PdpmError> + Send + Sync>;
 
-/// The clients of a baseline: their settings, and where CentralDS's coordinator or Clover's metadata server is.
-enum Clients {
-    Direct(DirectSettings),
-    Central {
-        coordinator: Connector,
-        settings: CentralSettings,
-    },
-    Clover {
-        metadata_server: Connector,
-        settings: CloverSettings,
-    },
-}
-
-impl Clients {
-    /// Connects a new client to `memory_nodes` at each call.
-    fn connect(self, memory_nodes: Vec<Connector>) -> Connect {
-        Arc::new(move || -> Result<Box<dyn PdpmStore + Send>, PdpmError> {
-            Ok(match &self {
-                Clients::Direct(settings) => {
-                    Box::new(DirectClient::connect(&memory_nodes, settings.clone())?)
-                }
-                Clients::Central {
-                    coordinator,
-                    settings,
-                } => Box::new(CentralClient::connect(
-                    coordinator,
-                    &memory_nodes,
-                    settings.clone(),
-                )?),
-                Clients::Clover {
-                    metadata_server,
-                    settings,
-                } => Box::new(CloverClient::connect(
-                    metadata_server,
-                    &memory_nodes,
-                    settings.clone(),
-                )?),
-            })
-        })
-    }
+/// Connects a new client of `clients` to `memory_nodes` at each call.
+fn connect_each(clients: ClientSettings, memory_nodes: Vec<Connector>) -> Connect {
+    Arc::new(move || clients.connect(&memory_nodes))
 }
 
 /// The Redis front door's backend over a pDPM baseline: every connection gets its own client.
@@ -737,13 +660,15 @@ mod tests {
         };
         cfg.geometry(system).format(&pool).unwrap();
         let clients = match system {
-            Baseline::DirectDs | Baseline::DirectDsC => Clients::Direct(DirectSettings::default()),
+            Baseline::DirectDs | Baseline::DirectDsC => {
+                ClientSettings::Direct(DirectSettings::default())
+            }
             Baseline::CentralDs => {
                 let coordinator =
                     Coordinator::new(&connectors, CoordinatorConfig::default()).unwrap();
                 let host = server_node();
                 coordinator.serve(&host);
-                Clients::Central {
+                ClientSettings::Central {
                     coordinator: Connector::new(Target::InProcess(host)),
                     settings: CentralSettings::default(),
                 }
@@ -752,13 +677,13 @@ mod tests {
                 let ms = MetadataServer::new(&connectors, MetadataConfig::default()).unwrap();
                 let host = server_node();
                 ms.serve(&host);
-                Clients::Clover {
+                ClientSettings::Clover {
                     metadata_server: Connector::new(Target::InProcess(host)),
                     settings: CloverSettings::default(),
                 }
             }
         };
-        let connect = clients.connect(connectors);
+        let connect = connect_each(clients, connectors);
         (PdpmBackend { connect }, keep)
     }
 

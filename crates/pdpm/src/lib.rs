@@ -43,6 +43,99 @@ pub mod tags {
     pub const CLOVER_AREA: u16 = 0x42;
 }
 
+/// What a baseline formats each of its memory nodes with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Layout {
+    /// DirectDS or DirectDS-C: a slot table.
+    Direct(direct::DirectLayout),
+    /// CentralDS: a block area.
+    Central(central::CentralLayout),
+    /// Clover: shortcut cells and data slots.
+    Clover(clover::CloverLayout),
+}
+
+impl Layout {
+    /// Bytes of the area it formats on each memory node.
+    pub fn area_len(&self) -> u64 {
+        match self {
+            Layout::Direct(l) => l.table_len(),
+            Layout::Central(l) => l.area_len(),
+            Layout::Clover(l) => l.area_len(),
+        }
+    }
+
+    /// The pool root that holds the area once formatted (0 before).
+    pub fn root(&self) -> usize {
+        match self {
+            Layout::Direct(_) => roots::DIRECT_TABLE,
+            Layout::Central(_) => roots::CENTRAL_BLOCKS,
+            Layout::Clover(_) => roots::CLOVER_AREA,
+        }
+    }
+
+    /// Formats a memory node's pool.
+    pub fn format(&self, pool: &dinomo_pool::Pool) -> Result<(), PdpmError> {
+        match self {
+            Layout::Direct(l) => direct::format(pool, l),
+            Layout::Central(l) => central::format(pool, l),
+            Layout::Clover(l) => clover::format(pool, l),
+        }
+    }
+}
+
+/// How a baseline's clients reach it: their settings, and where CentralDS's coordinator or Clover's metadata
+/// server is.
+#[derive(Debug, Clone)]
+pub enum ClientSettings {
+    /// DirectDS or DirectDS-C (the flavour is in the memory nodes' layout).
+    Direct(direct::DirectSettings),
+    /// CentralDS.
+    Central {
+        /// The coordinator's node.
+        coordinator: Connector,
+        /// The clients' settings.
+        settings: central::CentralSettings,
+    },
+    /// Clover.
+    Clover {
+        /// The metadata server's node.
+        metadata_server: Connector,
+        /// The clients' settings.
+        settings: clover::CloverSettings,
+    },
+}
+
+impl ClientSettings {
+    /// Connects a new client (one compute-node thread's) to `memory_nodes`.
+    pub fn connect(
+        &self,
+        memory_nodes: &[Connector],
+    ) -> Result<Box<dyn PdpmStore + Send>, PdpmError> {
+        Ok(match self {
+            ClientSettings::Direct(settings) => Box::new(direct::DirectClient::connect(
+                memory_nodes,
+                settings.clone(),
+            )?),
+            ClientSettings::Central {
+                coordinator,
+                settings,
+            } => Box::new(central::CentralClient::connect(
+                coordinator,
+                memory_nodes,
+                settings.clone(),
+            )?),
+            ClientSettings::Clover {
+                metadata_server,
+                settings,
+            } => Box::new(clover::CloverClient::connect(
+                metadata_server,
+                memory_nodes,
+                settings.clone(),
+            )?),
+        })
+    }
+}
+
 /// The operations every baseline offers to one compute-node thread.
 pub trait PdpmStore {
     /// The committed value of `key`, or `None` when it has none.

@@ -44,14 +44,10 @@ use anyhow::{Context, bail, ensure};
 use dinomo_fabric::counters::thread_snapshot;
 use dinomo_fabric::{Connector, CounterSnapshot, MemoryNode, NodeConfig, Target};
 use dinomo_kn::WorkerStats;
-use dinomo_pdpm::central::{
-    CentralClient, CentralLayout, CentralSettings, Coordinator, CoordinatorConfig,
-};
-use dinomo_pdpm::clover::{
-    CloverClient, CloverLayout, CloverSettings, MetadataConfig, MetadataServer,
-};
-use dinomo_pdpm::direct::{DirectClient, DirectLayout, DirectSettings, Flavor};
-use dinomo_pdpm::{FailureKind, PdpmError, PdpmStore};
+use dinomo_pdpm::central::{CentralLayout, CentralSettings, Coordinator, CoordinatorConfig};
+use dinomo_pdpm::clover::{CloverLayout, CloverSettings, MetadataConfig, MetadataServer};
+use dinomo_pdpm::direct::{DirectLayout, DirectSettings, Flavor};
+use dinomo_pdpm::{ClientSettings, FailureKind, Layout, PdpmError, PdpmStore};
 use dinomo_pool::Pool;
 
 use super::resources::{CpuTimes, NodeCounters, Snapshot};
@@ -156,26 +152,6 @@ impl ComputeCounters {
     }
 }
 
-/// What the memory nodes are formatted with.
-enum Geometry {
-    Direct(DirectLayout),
-    Central(CentralLayout),
-    Clover(CloverLayout),
-}
-
-/// How clients of the store under test connect.
-enum Kind {
-    Direct(DirectSettings),
-    Central {
-        coordinator: Connector,
-        settings: CentralSettings,
-    },
-    Clover {
-        metadata_server: Connector,
-        settings: CloverSettings,
-    },
-}
-
 /// The server of a store that has one (CentralDS's coordinator, Clover's metadata server), only kept alive.
 type Server = Arc<dyn std::any::Any + Send + Sync>;
 
@@ -187,7 +163,7 @@ pub struct PdpmTarget {
     /// CentralDS's coordinator or Clover's metadata server, and its node.
     _server: Option<(Arc<MemoryNode>, Server)>,
     connectors: Vec<Connector>,
-    kind: Kind,
+    clients: ClientSettings,
     compute_nodes: Vec<Arc<ComputeCounters>>,
     threads_per_node: usize,
     next_session: AtomicUsize,
@@ -222,7 +198,7 @@ impl PdpmTarget {
             System::DirectDs | System::DirectDsC => {
                 // A key's slot is on its primary: about keys/M per node, at a load factor of 1/2 for linear probing.
                 let slots = keys.saturating_mul(2).div_ceil(m as u64).max(64);
-                Geometry::Direct(DirectLayout {
+                Layout::Direct(DirectLayout {
                     flavor: if opts.system == System::DirectDsC {
                         Flavor::Crc
                     } else {
@@ -242,7 +218,7 @@ impl PdpmTarget {
                     .saturating_add(sessions.saturating_mul(central_settings.grant_batch as u64))
                     .saturating_mul(replication as u64)
                     .div_ceil(m as u64);
-                Geometry::Central(CentralLayout {
+                Layout::Central(CentralLayout {
                     blocks: blocks.saturating_add(blocks / 4).saturating_add(64),
                     max_key,
                     max_value,
@@ -257,7 +233,7 @@ impl PdpmTarget {
                     .saturating_mul(2 * r)
                     .div_ceil(m as u64)
                     .max(8192);
-                Geometry::Clover(CloverLayout {
+                Layout::Clover(CloverLayout {
                     cells: keys.saturating_mul(2).div_ceil(m as u64).max(64),
                     slots,
                     max_key,
@@ -268,40 +244,24 @@ impl PdpmTarget {
             other => bail!("{other} is not a pDPM baseline"),
         };
         for _ in 0..m {
-            let pool = match &geometry {
-                Geometry::Direct(layout) => {
-                    let pool = pool_for(layout.table_len())?;
-                    dinomo_pdpm::direct::format(&pool, layout)
-                        .context("formatting a DirectDS slot table")?;
-                    pool
-                }
-                Geometry::Central(layout) => {
-                    let pool = pool_for(layout.area_len())?;
-                    dinomo_pdpm::central::format(&pool, layout)
-                        .context("formatting a CentralDS block area")?;
-                    pool
-                }
-                Geometry::Clover(layout) => {
-                    let pool = pool_for(layout.area_len())?;
-                    dinomo_pdpm::clover::format(&pool, layout)
-                        .context("formatting a Clover area")?;
-                    pool
-                }
-            };
+            let pool = pool_for(geometry.area_len())?;
+            geometry
+                .format(&pool)
+                .with_context(|| format!("formatting a {} memory node", opts.system))?;
             let node = MemoryNode::new(pool, node_config.clone());
             connectors.push(connector(&node, p.latency_ns));
             nodes.push(node);
         }
-        let (kind, coordinator) = match geometry {
-            Geometry::Direct(_) => (
-                Kind::Direct(DirectSettings {
+        let (clients, coordinator) = match geometry {
+            Layout::Direct(_) => (
+                ClientSettings::Direct(DirectSettings {
                     lock_lease: lock_wait.saturating_mul(2),
                     lock_wait,
                     ..DirectSettings::default()
                 }),
                 None,
             ),
-            Geometry::Central(_) => {
+            Layout::Central(_) => {
                 let coordinator = Coordinator::new(
                     &connectors,
                     CoordinatorConfig {
@@ -314,14 +274,14 @@ impl PdpmTarget {
                 coordinator.serve(&host);
                 let coordinator_connector = connector(&host, p.latency_ns);
                 (
-                    Kind::Central {
+                    ClientSettings::Central {
                         coordinator: coordinator_connector,
                         settings: central_settings,
                     },
                     Some((host, coordinator as Server)),
                 )
             }
-            Geometry::Clover(_) => {
+            Layout::Clover(_) => {
                 let ms = MetadataServer::new(
                     &connectors,
                     MetadataConfig {
@@ -334,7 +294,7 @@ impl PdpmTarget {
                 ms.serve(&host);
                 let ms_connector = connector(&host, p.latency_ns);
                 (
-                    Kind::Clover {
+                    ClientSettings::Clover {
                         metadata_server: ms_connector,
                         settings: CloverSettings {
                             read_timeout: Duration::from_millis(p.clover_read_timeout_ms),
@@ -351,7 +311,7 @@ impl PdpmTarget {
             _memory_nodes: nodes,
             _server: coordinator,
             connectors,
-            kind,
+            clients,
             compute_nodes: (0..compute).map(|_| Arc::default()).collect(),
             threads_per_node: opts.clients.div_ceil(compute),
             next_session: AtomicUsize::new(0),
@@ -367,26 +327,10 @@ pub(crate) fn connector(node: &Arc<MemoryNode>, latency_ns: u64) -> Connector {
 
 impl Store for PdpmTarget {
     fn session(&self) -> anyhow::Result<Box<dyn Session>> {
-        let client: Box<dyn PdpmStore + Send> = match &self.kind {
-            Kind::Direct(settings) => Box::new(
-                DirectClient::connect(&self.connectors, settings.clone())
-                    .with_context(|| format!("connecting a {} client", self.system))?,
-            ),
-            Kind::Central {
-                coordinator,
-                settings,
-            } => Box::new(
-                CentralClient::connect(coordinator, &self.connectors, settings.clone())
-                    .context("connecting a centralds client")?,
-            ),
-            Kind::Clover {
-                metadata_server,
-                settings,
-            } => Box::new(
-                CloverClient::connect(metadata_server, &self.connectors, settings.clone())
-                    .context("connecting a clover client")?,
-            ),
-        };
+        let client = self
+            .clients
+            .connect(&self.connectors)
+            .with_context(|| format!("connecting a {} client", self.system))?;
         let n = self.next_session.fetch_add(1, Ordering::Relaxed) % self.compute_nodes.len();
         Ok(Box::new(PdpmSession {
             client,
