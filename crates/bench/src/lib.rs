@@ -620,7 +620,7 @@ struct FabricOp<'e> {
     /// The value each CAS expects next, one per address.
     values: Vec<u64>,
     /// Reused for every batched round trip.
-    batch: Batch,
+    batch: Batch<'static>,
 }
 
 impl FabricOp<'_> {
@@ -650,8 +650,8 @@ impl FabricOp<'_> {
             }
             return Ok(());
         }
-        let batch = &mut self.batch;
-        batch.clear();
+        // The WRITEs borrow `buf` for this round trip only; the batch's buffers are kept for the next.
+        let mut batch = std::mem::take(&mut self.batch).reuse();
         match kind {
             VerbKind::Read => {
                 for &a in &self.addrs {
@@ -674,22 +674,25 @@ impl FabricOp<'_> {
                 }
             }
         }
-        ep.post(batch)?;
-        match kind {
-            VerbKind::Read => {
-                black_box(batch.read_data(Slot(0)));
-            }
-            VerbKind::Write => {}
-            VerbKind::Cas => {
-                for (i, v) in self.values.iter_mut().enumerate() {
-                    *v = next_expected(*v, batch.old_value(Slot(i)));
+        let posted = ep.post(&mut batch);
+        if posted.is_ok() {
+            match kind {
+                VerbKind::Read => {
+                    black_box(batch.read_data(Slot(0)));
+                }
+                VerbKind::Write => {}
+                VerbKind::Cas => {
+                    for (i, v) in self.values.iter_mut().enumerate() {
+                        *v = next_expected(*v, batch.old_value(Slot(i)));
+                    }
+                }
+                VerbKind::Faa => {
+                    black_box(batch.old_value(Slot(0)));
                 }
             }
-            VerbKind::Faa => {
-                black_box(batch.old_value(Slot(0)));
-            }
         }
-        Ok(())
+        self.batch = batch.reuse();
+        posted
     }
 }
 

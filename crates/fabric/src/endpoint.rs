@@ -9,10 +9,11 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::counters;
+use crate::counters::BatchTally;
 use crate::error::{FabricError, RpcError, VerbError};
 use crate::faults::{Fault, FaultHooks, spin_for};
 use crate::node::{MemoryNode, Nic};
-use crate::verbs::{Batch, BatchOp, RegionInfo, RemoteAddr, VerbKind};
+use crate::verbs::{Batch, RegionInfo, RemoteAddr, VerbKind};
 use crate::wire::{
     self, FLAG_LAST, HandshakeReply, REQ_HEADER, RESP_HEADER, ReqHeader, RespHeader, op, status,
 };
@@ -362,7 +363,8 @@ impl Endpoint {
 
     /// Posts every verb of `batch` in one round trip and waits for all completions. Verbs execute in order; the
     /// first refused verb is returned as the error and the verbs after it are skipped.
-    pub fn post(&mut self, batch: &mut Batch) -> Result<(), FabricError> {
+    pub fn post(&mut self, batch: &mut Batch<'_>) -> Result<(), FabricError> {
+        batch.failed = None;
         if batch.is_empty() {
             return Ok(());
         }
@@ -373,12 +375,11 @@ impl Endpoint {
         let (r, first_error) = match &mut self.transport {
             Transport::InProcess(_, nic) => (Ok(()), exec_batch_in_process(nic, batch, max)),
             Transport::Tcp(c) => {
-                batch.reset_results();
+                counters::record_batch(&batch.tally());
                 let r = c.batch(batch);
                 (r, batch.first_error())
             }
         };
-        counters::record_batch(&batch.tally);
         r.map_err(|e| self.fail(e))?;
         match first_error {
             Some((index, kind, error)) => Err(FabricError::Verb { index, kind, error }),
@@ -436,60 +437,56 @@ fn verb_err(kind: VerbKind, error: VerbError) -> FabricError {
     }
 }
 
-/// Runs every verb of `batch` on the executor in one pass: sets each verb's status and result, and returns the
-/// batch's first refused verb, after which the rest are marked skipped. (The batch counted its verbs as they were
-/// added.)
+/// Runs every verb of `batch` on the executor in one pass, and returns the batch's first refused verb; the verbs after
+/// it are skipped. Counts the batch in the thread's counters as it goes.
+#[inline]
 fn exec_batch_in_process(
     nic: &Nic,
-    batch: &mut Batch,
+    batch: &mut Batch<'_>,
     max: u32,
 ) -> Option<(usize, VerbKind, VerbError)> {
     let Batch {
-        ops, out, data_in, ..
+        ops,
+        out,
+        data_in,
+        failed,
+        ..
     } = batch;
+    let mut tally = BatchTally::default();
     for (index, op) in ops.iter_mut().enumerate() {
-        let a = op.addr;
-        let r = if op.len > max {
-            Err(VerbError::TooLarge)
-        } else {
-            let data = op.data..op.data + op.len as usize;
-            match op.kind {
-                VerbKind::Read => nic
-                    .read(a.region, a.rkey, a.offset, &mut data_in[data])
-                    .map(|()| 0),
-                VerbKind::Write => nic
-                    .write(a.region, a.rkey, a.offset, &out[data])
-                    .map(|()| 0),
-                VerbKind::Cas => nic.cas(a.region, a.rkey, a.offset, op.arg0, op.arg1),
-                VerbKind::Faa => nic.faa(a.region, a.rkey, a.offset, op.arg0),
-            }
+        tally.add(op.kind, op.len as u64);
+        let r = match op.kind {
+            // CAS and FAA move 8 bytes, within every message limit.
+            VerbKind::Cas => nic.cas(op.region, op.rkey, op.offset, op.arg0, op.arg1),
+            VerbKind::Faa => nic.faa(op.region, op.rkey, op.offset, op.arg0),
+            _ if op.len > max => Err(VerbError::TooLarge),
+            VerbKind::Read => nic
+                .read(
+                    op.region,
+                    op.rkey,
+                    op.offset,
+                    &mut data_in[op.arg0 as usize..][..op.len as usize],
+                )
+                .map(|()| 0),
+            VerbKind::Write => nic
+                .write(op.region, op.rkey, op.offset, op.payload(out))
+                .map(|()| 0),
         };
         match r {
-            Ok(result) => {
-                op.result = result;
-                op.status = None;
-            }
+            Ok(result) => op.result = result,
             Err(e) => {
-                skip_from(ops, index, e);
-                return Some((index, ops[index].kind, e));
+                *failed = Some((index as u32, e));
+                let kind = op.kind;
+                for skipped in &ops[index + 1..] {
+                    tally.add(skipped.kind, skipped.len as u64);
+                }
+                counters::record_batch(&tally);
+                return Some((index, kind, e));
             }
         }
     }
+    counters::record_batch(&tally);
     None
-}
-
-/// Marks verb `index` of a batch refused with `error` and every later verb skipped.
-#[cold]
-#[inline(never)]
-fn skip_from(ops: &mut [BatchOp], index: usize, error: VerbError) {
-    for (i, op) in ops.iter_mut().enumerate().skip(index) {
-        op.result = 0;
-        op.status = Some(if i == index {
-            error
-        } else {
-            VerbError::Skipped
-        });
-    }
 }
 
 /// Client side of a TCP connection to a memory node.
@@ -693,32 +690,37 @@ impl TcpConn {
         Ok(h.value)
     }
 
-    fn batch(&mut self, batch: &mut Batch) -> Result<(), FabricError> {
+    fn batch(&mut self, batch: &mut Batch<'_>) -> Result<(), FabricError> {
         let first_id = self.next_id;
         let n = batch.ops.len();
         for (i, op) in batch.ops.iter().enumerate() {
             let flags = if i + 1 == n { FLAG_LAST } else { 0 };
-            self.header(
-                wire::opcode(op.kind),
-                op.addr,
-                op.len,
-                op.arg0,
-                op.arg1,
-                flags,
-            );
+            // A READ's arg0 is local (where its bytes land) and a WRITE's carries no meaning on the wire.
+            let (arg0, arg1) = match op.kind {
+                VerbKind::Cas | VerbKind::Faa => (op.arg0, op.arg1),
+                VerbKind::Read | VerbKind::Write => (0, 0),
+            };
+            self.header(wire::opcode(op.kind), op.addr(), op.len, arg0, arg1, flags);
             if op.kind == VerbKind::Write {
-                self.out
-                    .extend_from_slice(&batch.out[op.data..op.data + op.len as usize]);
+                self.out.extend_from_slice(op.payload(&batch.out));
             }
         }
         self.send()?;
         for (i, op) in batch.ops.iter_mut().enumerate() {
             let (h, at) = self.response(first_id.wrapping_add(i as u32))?;
             if h.status != status::OK {
-                op.status = Some(VerbError::from_code(h.status).ok_or_else(|| {
-                    FabricError::Protocol(format!("unknown status {}", h.status))
-                })?);
+                let e = VerbError::from_code(h.status)
+                    .ok_or_else(|| FabricError::Protocol(format!("unknown status {}", h.status)))?;
+                // The node skips every verb after the first it refuses.
+                if batch.failed.is_none() {
+                    batch.failed = Some((i as u32, e));
+                }
                 continue;
+            }
+            if batch.failed.is_some() {
+                return Err(FabricError::Protocol(format!(
+                    "verb {i} of a batch ran after an earlier one was refused"
+                )));
             }
             op.result = h.value;
             if op.kind == VerbKind::Read {
@@ -728,7 +730,7 @@ impl TcpConn {
                         h.len, op.len
                     )));
                 }
-                batch.data_in[op.data..op.data + op.len as usize]
+                batch.data_in[op.arg0 as usize..][..op.len as usize]
                     .copy_from_slice(&self.rbuf[at..at + op.len as usize]);
             }
         }

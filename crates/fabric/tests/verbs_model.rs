@@ -224,19 +224,21 @@ proptest! {
                 let got = run_single(&mut ep, oob_addr(&op), &op);
                 prop_assert_eq!(got, expect, "tcp={} op={:?}", tcp, op);
             }
-            // The same ops again, in batches: results agree and a refusal skips the rest of its batch.
-            let mut batch = Batch::new();
+            // The same ops again, in batches: results agree and a refusal skips the rest of its batch. WRITEs alternate
+            // between borrowed and copied payloads, and one batch's buffers serve every round.
+            let mut spare = Batch::new();
             let mut i = 0;
             for &size in batch_sizes.iter().cycle() {
                 if i >= ops.len() { break; }
                 let chunk: Vec<Op> = ops[i..(i + size).min(ops.len())].iter().map(|o| model.resolve(o)).collect();
                 i += chunk.len();
-                batch.clear();
-                let slots: Vec<_> = chunk.iter().map(|op| {
+                let mut batch = std::mem::take(&mut spare).reuse();
+                let slots: Vec<_> = chunk.iter().enumerate().map(|(k, op)| {
                     let a = oob_addr(op);
                     match op {
                         Op::Read { len, .. } => batch.read(a, *len),
-                        Op::Write { data, .. } => batch.write(a, data),
+                        Op::Write { data, .. } if k % 2 == 0 => batch.write(a, data),
+                        Op::Write { data, .. } => batch.write_copy(a, data),
                         Op::Cas { expected, new, .. } => batch.cas(a, *expected, *new),
                         Op::Faa { add, .. } => batch.faa(a, *add),
                         Op::BadAtomic { .. } => batch.faa(a, 1),
@@ -268,6 +270,7 @@ proptest! {
                     (Some(k), Err(FabricError::Verb { index, .. })) => prop_assert_eq!(index, k),
                     (f, r) => prop_assert!(false, "batch result {:?} with failure at {:?}", r, f),
                 }
+                spare = batch.reuse();
             }
             // And the memory itself matches the model.
             let mut image = vec![0u8; REGION_BYTES as usize];

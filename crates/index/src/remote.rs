@@ -26,7 +26,7 @@ pub struct RemoteIndex {
     table: CurrentWord,
     /// Overflow capacity of `table`, once its header was read and validated.
     overflow_capacity: Option<u64>,
-    batch: Batch,
+    batch: Batch<'static>,
 }
 
 fn word_at(b: &[u8]) -> u64 {

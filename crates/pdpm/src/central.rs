@@ -948,7 +948,7 @@ pub struct CentralClient {
     id: u32,
     seq: u32,
     granted: Vec<Location>,
-    batch: Batch,
+    batch: Batch<'static>,
 }
 
 static CLIENT_SEQ: AtomicU32 = AtomicU32::new(0);

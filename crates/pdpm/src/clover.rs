@@ -486,7 +486,7 @@ pub struct MetadataServer {
     config: MetadataConfig,
     layout: CloverLayout,
     /// The MS's connections to the memory nodes (and which it counts as down).
-    nodes: Mutex<(MemoryNodes<CloverLayout>, Batch)>,
+    nodes: Mutex<(MemoryNodes<CloverLayout>, Batch<'static>)>,
     node_count: usize,
     space: Mutex<Space>,
     recovered: Recovered,
@@ -835,7 +835,7 @@ impl MetadataServer {
         self.space.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn lock_nodes(&self) -> std::sync::MutexGuard<'_, (MemoryNodes<CloverLayout>, Batch)> {
+    fn lock_nodes(&self) -> std::sync::MutexGuard<'_, (MemoryNodes<CloverLayout>, Batch<'static>)> {
         self.nodes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -1003,8 +1003,8 @@ impl MetadataServer {
             if j > 0 {
                 batch.write(addr, &[0u8; 8]);
             }
-            batch.write(addr.offset_by(CELL_HEAD as u64), key);
-            batch.write(addr.offset_by(8), &tag);
+            batch.write_copy(addr.offset_by(CELL_HEAD as u64), key);
+            batch.write_copy(addr.offset_by(8), &tag);
             let check = batch.read(addr.offset_by(8), 8);
             let r = nodes.eps[node].post(batch);
             nodes
@@ -1609,7 +1609,7 @@ pub struct CloverClient {
     /// Shortcut CASes that found the shortcut elsewhere: advanced by a walk at the end of the operation.
     stalled: Vec<PendingShortcut>,
     cache: CursorCache,
-    batch: Batch,
+    batch: Batch<'static>,
     /// The entry a write encodes, kept for the next write.
     entry_buf: Vec<u8>,
 }
@@ -2258,7 +2258,7 @@ impl CloverClient {
             let addr = slot_addr(&self.nodes.areas[node], &self.layout, g.slot);
             self.batch.clear();
             let carried = self.carry_pending(node);
-            self.batch.write(addr, &bytes);
+            self.batch.write_copy(addr, &bytes);
             let tail = bytes.len() as u64 - 8;
             let check = self.batch.read(addr.offset_by(tail), 8);
             self.post(node, carried)?;

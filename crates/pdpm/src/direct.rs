@@ -272,7 +272,7 @@ pub struct DirectClient {
     seq: u32,
     cache: HashMap<Vec<u8>, u64>,
     steps: u64,
-    batch: Batch,
+    batch: Batch<'static>,
 }
 
 impl std::fmt::Debug for DirectClient {

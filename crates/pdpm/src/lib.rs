@@ -585,7 +585,7 @@ pub(crate) fn write_validated(
     tail: u64,
 ) -> Result<(), PdpmError> {
     batch.clear();
-    batch.write(addr, bytes);
+    batch.write_copy(addr, bytes);
     let check = batch.read(addr.offset_by(tail), 8);
     ep.post(batch)?;
     validate(node, slot, batch.read_data(check), &bytes[tail as usize..])
