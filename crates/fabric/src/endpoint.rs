@@ -371,9 +371,9 @@ impl Endpoint {
         if !self.ready() {
             self.begin()?;
         }
-        let max = self.max_message_len;
         let (r, first_error) = match &mut self.transport {
-            Transport::InProcess(_, nic) => (Ok(()), exec_batch_in_process(nic, batch, max)),
+            // The executor's own length limit is the node's message limit, which the endpoint took at connect.
+            Transport::InProcess(_, nic) => (Ok(()), exec_batch_in_process(nic, batch)),
             Transport::Tcp(c) => {
                 counters::record_batch(&batch.tally());
                 let r = c.batch(batch);
@@ -440,11 +440,7 @@ fn verb_err(kind: VerbKind, error: VerbError) -> FabricError {
 /// Runs every verb of `batch` on the executor in one pass, and returns the batch's first refused verb; the verbs after
 /// it are skipped. Counts the batch in the thread's counters as it goes.
 #[inline]
-fn exec_batch_in_process(
-    nic: &Nic,
-    batch: &mut Batch<'_>,
-    max: u32,
-) -> Option<(usize, VerbKind, VerbError)> {
+fn exec_batch_in_process(nic: &Nic, batch: &mut Batch<'_>) -> Option<(usize, VerbKind, VerbError)> {
     let Batch {
         ops,
         out,
@@ -456,10 +452,8 @@ fn exec_batch_in_process(
     for (index, op) in ops.iter_mut().enumerate() {
         tally.add(op.kind, op.len as u64);
         let r = match op.kind {
-            // CAS and FAA move 8 bytes, within every message limit.
             VerbKind::Cas => nic.cas(op.region, op.rkey, op.offset, op.arg0, op.arg1),
             VerbKind::Faa => nic.faa(op.region, op.rkey, op.offset, op.arg0),
-            _ if op.len > max => Err(VerbError::TooLarge),
             VerbKind::Read => nic
                 .read(
                     op.region,
@@ -691,9 +685,28 @@ impl TcpConn {
     }
 
     fn batch(&mut self, batch: &mut Batch<'_>) -> Result<(), FabricError> {
+        // A READ or WRITE larger than the node's message limit is refused here, as a single verb is, rather than sent
+        // (the node would drop the connection): the verbs before it go out, the rest are skipped.
+        let max = self.max_message_len;
+        let oversized = batch.ops.iter().position(|op| {
+            matches!(op.kind, VerbKind::Read | VerbKind::Write) && op.len > max
+        });
+        let n = oversized.unwrap_or(batch.ops.len());
+        if n > 0 {
+            self.batch_prefix(batch, n)?;
+        }
+        if let Some(at) = oversized
+            && batch.failed.is_none()
+        {
+            batch.failed = Some((at as u32, VerbError::TooLarge));
+        }
+        Ok(())
+    }
+
+    /// Sends the first `n` verbs of `batch` (at least one) in one round trip and takes their results.
+    fn batch_prefix(&mut self, batch: &mut Batch<'_>, n: usize) -> Result<(), FabricError> {
         let first_id = self.next_id;
-        let n = batch.ops.len();
-        for (i, op) in batch.ops.iter().enumerate() {
+        for (i, op) in batch.ops[..n].iter().enumerate() {
             let flags = if i + 1 == n { FLAG_LAST } else { 0 };
             // A READ's arg0 is local (where its bytes land) and a WRITE's carries no meaning on the wire.
             let (arg0, arg1) = match op.kind {
@@ -706,7 +719,7 @@ impl TcpConn {
             }
         }
         self.send()?;
-        for (i, op) in batch.ops.iter_mut().enumerate() {
+        for (i, op) in batch.ops[..n].iter_mut().enumerate() {
             let (h, at) = self.response(first_id.wrapping_add(i as u32))?;
             if h.status != status::OK {
                 let e = VerbError::from_code(h.status)

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::{Harness, TOKEN};
 use dinomo_fabric::wire::{self, REQ_HEADER, RESP_HEADER, ReqHeader, RespHeader, op, status};
 use dinomo_fabric::{
-    Connector, DATA_REGION, FabricError, MemoryNode, NodeConfig, ROOTS_REGION, RegionInfo,
+    Batch, Connector, DATA_REGION, FabricError, MemoryNode, NodeConfig, ROOTS_REGION, RegionInfo,
     RemoteAddr, RpcError, RpcHandler, Server, ServerConfig, Target, VerbError,
 };
 use dinomo_pool::Pool;
@@ -93,6 +93,27 @@ fn refused_verbs_leave_the_connection_usable() {
             verb_error(ep.read(data.at(data.start), &mut huge)),
             VerbError::TooLarge
         );
+        // In a batch, an oversized WRITE is refused where it stands: the verb before it ran, the one after it did
+        // not.
+        let mut batch = Batch::new();
+        let before = batch.faa(data.at(data.start + 8), 0);
+        let oversized = batch.write(data.at(data.start), &huge);
+        let after = batch.write(data.at(data.start), b"after");
+        let posted = ep.post(&mut batch);
+        assert!(
+            matches!(
+                posted,
+                Err(FabricError::Verb {
+                    index: 1,
+                    error: VerbError::TooLarge,
+                    ..
+                })
+            ),
+            "tcp={tcp}: {posted:?}"
+        );
+        assert_eq!(batch.status(before), Ok(()));
+        assert_eq!(batch.status(oversized), Err(VerbError::TooLarge));
+        assert_eq!(batch.status(after), Err(VerbError::Skipped));
         // Still usable.
         ep.read(data.at(data.start), &mut buf).unwrap();
         ep.read(roots.at(roots.start), &mut buf).unwrap();
