@@ -688,9 +688,10 @@ impl TcpConn {
         // A READ or WRITE larger than the node's message limit is refused here, as a single verb is, rather than sent
         // (the node would drop the connection): the verbs before it go out, the rest are skipped.
         let max = self.max_message_len;
-        let oversized = batch.ops.iter().position(|op| {
-            matches!(op.kind, VerbKind::Read | VerbKind::Write) && op.len > max
-        });
+        let oversized = batch
+            .ops
+            .iter()
+            .position(|op| matches!(op.kind, VerbKind::Read | VerbKind::Write) && op.len > max);
         let n = oversized.unwrap_or(batch.ops.len());
         if n > 0 {
             self.batch_prefix(batch, n)?;
