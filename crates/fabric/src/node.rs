@@ -286,8 +286,7 @@ impl std::fmt::Debug for Nic {
 }
 
 impl Nic {
-    /// Validates a verb's target and returns a pointer to it. Every condition is evaluated without a branch and
-    /// tested once, so an accepted verb (the hot path) costs one well-predicted branch after the region lookup.
+    /// Validates a verb's target and returns a pointer to it.
     #[inline(always)]
     fn check(
         &self,
@@ -301,46 +300,24 @@ impl Nic {
             .bounds
             .get(region as usize)
             .ok_or(VerbError::NoSuchRegion)?;
-        let end = offset.wrapping_add(len);
-        let atomic = matches!(kind, VerbKind::Cas | VerbKind::Faa);
-        let refused = (r.rkey != rkey)
-            | !r.access.allows(Access::for_verb(kind))
-            | (len > self.max_len)
-            | (end < offset)
-            | (offset < r.start)
-            | (end > r.end)
-            | (atomic & (offset % 8 != 0));
-        if refused {
-            return Err(self.refusal(r, kind, rkey, offset, len));
+        if r.rkey != rkey {
+            return Err(VerbError::BadKey);
+        }
+        if !r.access.allows(Access::for_verb(kind)) {
+            return Err(VerbError::AccessDenied);
+        }
+        if len > self.max_len {
+            return Err(VerbError::TooLarge);
+        }
+        match offset.checked_add(len) {
+            Some(end) if offset >= r.start && end <= r.end => {}
+            _ => return Err(VerbError::OutOfBounds),
+        }
+        if matches!(kind, VerbKind::Cas | VerbKind::Faa) && offset % 8 != 0 {
+            return Err(VerbError::Misaligned);
         }
         // SAFETY: offset + len lies within the region, which lies within the pool mapping.
         Ok(unsafe { self.base.add(offset as usize) })
-    }
-
-    /// Why [`Nic::check`] refused a verb, in a fixed order of precedence.
-    #[cold]
-    #[inline(never)]
-    fn refusal(
-        &self,
-        r: &RegionBounds,
-        kind: VerbKind,
-        rkey: u64,
-        offset: u64,
-        len: u64,
-    ) -> VerbError {
-        if r.rkey != rkey {
-            return VerbError::BadKey;
-        }
-        if !r.access.allows(Access::for_verb(kind)) {
-            return VerbError::AccessDenied;
-        }
-        if len > self.max_len {
-            return VerbError::TooLarge;
-        }
-        match offset.checked_add(len) {
-            Some(end) if offset >= r.start && end <= r.end => VerbError::Misaligned,
-            _ => VerbError::OutOfBounds,
-        }
     }
 
     #[inline(always)]
