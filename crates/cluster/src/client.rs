@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::io::{BufReader, BufWriter, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use dinomo_kn::DataOp;
@@ -85,6 +86,31 @@ pub(crate) fn open_stream(addr: &str, timeout: Duration) -> std::io::Result<TcpS
     let s = TcpStream::connect_timeout(&sock, timeout)?;
     s.set_nodelay(true)?;
     Ok(s)
+}
+
+/// Whether the peer has closed or reset `stream`. A pooled connection found so carries nothing of the next request
+/// yet, so that request can go on a new connection instead of being written into a dead one (where a write would
+/// end with its outcome unknown). One non-blocking peek; bytes waiting (a late reply) mean the connection is open.
+pub(crate) fn peer_closed(stream: &TcpStream) -> bool {
+    let mut byte = 0u8;
+    // SAFETY: `recv` writes at most one byte into `byte`, and the descriptor stays open (owned by `stream`) for the
+    // duration of the call.
+    let n = unsafe {
+        libc::recv(
+            stream.as_raw_fd(),
+            (&mut byte as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    match n {
+        0 => true,
+        n if n > 0 => false,
+        _ => !matches!(
+            std::io::Error::last_os_error().kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+        ),
+    }
 }
 
 impl Conn {
@@ -338,6 +364,13 @@ impl Client {
     }
 
     fn attempt(&mut self, addr: &str, body: &RequestBody, deadline: Instant) -> Attempt {
+        if self
+            .conns
+            .get(addr)
+            .is_some_and(|c| peer_closed(c.reader.get_ref()))
+        {
+            self.conns.remove(addr);
+        }
         if !self.conns.contains_key(addr) {
             match Conn::open(addr, self.cfg.connect_timeout) {
                 Ok(c) => {

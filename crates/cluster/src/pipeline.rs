@@ -13,7 +13,7 @@ use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use crate::client::{Client, ClientConfig, ClientError, open_stream};
+use crate::client::{Client, ClientConfig, ClientError, open_stream, peer_closed};
 use crate::wire::{ErrorKind, RequestBody, RequestRef, Response, ResponseBody, write_frame};
 
 /// How one request ended.
@@ -155,6 +155,15 @@ impl PipelinedClient {
             self.retry_later(p);
             return;
         };
+        // An idle connection the node has closed since (it stopped, or crashed) is replaced before anything is
+        // queued on it; one with requests in flight fails them as it would anyway.
+        if self
+            .conns
+            .get(&addr)
+            .is_some_and(|c| c.in_flight == 0 && c.wbuf.is_empty() && peer_closed(&c.stream))
+        {
+            self.conns.remove(&addr);
+        }
         if !self.conns.contains_key(&addr) {
             match open_stream(&addr, self.client.config().connect_timeout) {
                 Ok(stream) => {

@@ -90,6 +90,29 @@ fn raw_call(addr: &str, body: RequestBody) -> anyhow::Result<ResponseBody> {
     Ok(r.body)
 }
 
+/// A client still holding the table and an idle connection of a node that crashed: its next write to that node's key
+/// finds the connection closed before sending, so it goes to the new owner and is applied, rather than being written
+/// into the dead connection and reported with its outcome unknown.
+#[test]
+fn a_write_after_its_owner_crashed_is_rerouted_not_left_unknown() -> anyhow::Result<()> {
+    let mut c = dinomo_cluster::LocalCluster::start(small_cluster(2))?;
+    let mut cl = client(&c);
+    let victim = c.nodes()[1].id();
+    let k = (0..10_000)
+        .map(key)
+        .find(|k| cl.owner(k) == Some(victim))
+        .expect("some key of the second node");
+    cl.set(&k, b"before")?;
+    c.crash_node(victim)?;
+    c.wait_until_serving(Duration::from_secs(10))?;
+    // The client's table still names the crashed node as the owner, and its connection there is pooled.
+    assert_eq!(cl.owner(&k), Some(victim));
+    cl.set(&k, b"after")?;
+    assert_eq!(cl.get(&k)?.as_deref(), Some(&b"after"[..]));
+    c.stop();
+    Ok(())
+}
+
 #[test]
 fn adding_removing_and_crashing_nodes_moves_ownership_not_data() -> anyhow::Result<()> {
     let moved = add_remove_and_crash(Variant::Dinomo)?;
