@@ -225,8 +225,8 @@ fn register() -> *const Cells {
         .unwrap_or(std::ptr::null())
 }
 
-/// The verbs of one posted batch, counted as the batch is built so that posting it costs a handful of counter
-/// updates whatever its size.
+/// The verbs of one posted batch, summed when it is posted so that recording it costs a handful of counter updates
+/// whatever its size.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct BatchTally {
     /// Verbs by [`kind_index`].

@@ -9,7 +9,6 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::counters;
-use crate::counters::BatchTally;
 use crate::error::{FabricError, RpcError, VerbError};
 use crate::faults::{Fault, FaultHooks, spin_for};
 use crate::node::{MemoryNode, Nic};
@@ -371,17 +370,17 @@ impl Endpoint {
         if !self.ready() {
             self.begin()?;
         }
-        let (r, first_error) = match &mut self.transport {
+        let r = match &mut self.transport {
             // The executor's own length limit is the node's message limit, which the endpoint took at connect.
-            Transport::InProcess(_, nic) => (Ok(()), exec_batch_in_process(nic, batch)),
-            Transport::Tcp(c) => {
-                counters::record_batch(&batch.tally());
-                let r = c.batch(batch);
-                (r, batch.first_error())
+            Transport::InProcess(_, nic) => {
+                exec_batch_in_process(nic, batch);
+                Ok(())
             }
+            Transport::Tcp(c) => c.batch(batch),
         };
+        counters::record_batch(&batch.tally());
         r.map_err(|e| self.fail(e))?;
-        match first_error {
+        match batch.first_error() {
             Some((index, kind, error)) => Err(FabricError::Verb { index, kind, error }),
             None => Ok(()),
         }
@@ -437,10 +436,10 @@ fn verb_err(kind: VerbKind, error: VerbError) -> FabricError {
     }
 }
 
-/// Runs every verb of `batch` on the executor in one pass, and returns the batch's first refused verb; the verbs after
-/// it are skipped. Counts the batch in the thread's counters as it goes.
+/// Runs every verb of `batch` on the executor in one pass, stopping at the first refused verb (the batch keeps it; the
+/// verbs after it are skipped).
 #[inline]
-fn exec_batch_in_process(nic: &Nic, batch: &mut Batch<'_>) -> Option<(usize, VerbKind, VerbError)> {
+fn exec_batch_in_process(nic: &Nic, batch: &mut Batch<'_>) {
     let Batch {
         ops,
         out,
@@ -448,9 +447,7 @@ fn exec_batch_in_process(nic: &Nic, batch: &mut Batch<'_>) -> Option<(usize, Ver
         failed,
         ..
     } = batch;
-    let mut tally = BatchTally::default();
     for (index, op) in ops.iter_mut().enumerate() {
-        tally.add(op.kind, op.len as u64);
         let r = match op.kind {
             VerbKind::Cas => nic.cas(op.region, op.rkey, op.offset, op.arg0, op.arg1),
             VerbKind::Faa => nic.faa(op.region, op.rkey, op.offset, op.arg0),
@@ -470,17 +467,10 @@ fn exec_batch_in_process(nic: &Nic, batch: &mut Batch<'_>) -> Option<(usize, Ver
             Ok(result) => op.result = result,
             Err(e) => {
                 *failed = Some((index as u32, e));
-                let kind = op.kind;
-                for skipped in &ops[index + 1..] {
-                    tally.add(skipped.kind, skipped.len as u64);
-                }
-                counters::record_batch(&tally);
-                return Some((index, kind, e));
+                return;
             }
         }
     }
-    counters::record_batch(&tally);
-    None
 }
 
 /// Client side of a TCP connection to a memory node.

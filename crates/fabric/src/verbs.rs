@@ -166,7 +166,7 @@ impl BatchOp {
 /// the pool; [`Batch::write_copy`] copies the payload into the batch instead, for a batch kept across calls
 /// (`Batch<'static>`). Reuse a batch with [`Batch::clear`], or with [`Batch::reuse`] to free it of its borrows, to
 /// avoid allocating on the hot path.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Batch<'a> {
     pub(crate) ops: Vec<BatchOp>,
     pub(crate) out: Vec<u8>,
@@ -185,19 +185,6 @@ pub struct Batch<'a> {
 unsafe impl Send for Batch<'_> {}
 // SAFETY: as above.
 unsafe impl Sync for Batch<'_> {}
-
-impl Clone for Batch<'_> {
-    fn clone(&self) -> Self {
-        Batch {
-            ops: self.ops.clone(),
-            out: self.out.clone(),
-            data_in: self.data_in.clone(),
-            data_len: self.data_len,
-            failed: self.failed,
-            borrows: PhantomData,
-        }
-    }
-}
 
 /// Index of a verb inside a [`Batch`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,11 +209,12 @@ impl<'a> Batch<'a> {
     /// whose payloads live shorter than the batch (keep a `Batch<'static>`, and `reuse` it for each round).
     #[inline]
     pub fn reuse<'b>(mut self) -> Batch<'b> {
-        self.clear();
+        self.ops.clear();
+        self.out.clear();
         Batch {
-            ops: std::mem::take(&mut self.ops),
-            out: std::mem::take(&mut self.out),
-            data_in: std::mem::take(&mut self.data_in),
+            ops: self.ops,
+            out: self.out,
+            data_in: self.data_in,
             data_len: 0,
             failed: None,
             borrows: PhantomData,
