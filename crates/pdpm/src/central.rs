@@ -52,8 +52,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::anchor::{self, Anchor, Anchored, HEADER_LEN, Located, le_u32, le_u64};
 use crate::{
-    Change, DownSince, MemoryNodes, PdpmError, PdpmStore, Tried, check_key, check_value, hash,
-    is_node_failure, new_client_id, roots, tags, validate, write_validated,
+    Change, DownSince, MemoryNodes, PdpmError, PdpmStore, Tried, check_key, check_value, failed,
+    hash, is_node_failure, new_client_id, reported_down, roots, tags, validate, write_validated,
 };
 
 /// Bytes before the key: stamp, version, key length, zero, value length.
@@ -354,10 +354,6 @@ impl std::fmt::Debug for Coordinator {
             .field("nodes", &self.nodes)
             .finish()
     }
-}
-
-fn failed(why: impl Into<String>) -> RpcError {
-    RpcError::Failed(why.into())
 }
 
 impl Coordinator {
@@ -881,11 +877,7 @@ impl RpcHandler for Coordinator {
             }
             method::COUNT => encode(&(self.key_count() as u64), response),
             method::REPORT_DOWN => {
-                let node: u32 = decode(request)?;
-                if node as usize >= self.nodes {
-                    return Err(failed(format!("no memory node {node}")));
-                }
-                self.mark_down(node as usize);
+                self.mark_down(reported_down(request, self.nodes)?);
                 encode(&(), response)
             }
             other => Err(RpcError::UnknownMethod(other)),

@@ -86,8 +86,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::anchor::{self, Anchor, Anchored, HEADER_LEN, Located, le_u32, le_u64};
 use crate::{
-    Change, MemoryNodes, PdpmError, PdpmStore, Tried, check_key, check_value, hash,
-    is_node_failure, new_client_id, roots, tags, validate,
+    Change, MemoryNodes, PdpmError, PdpmStore, Tried, check_key, check_value, failed, hash,
+    is_node_failure, new_client_id, not_applied, reported_down, roots, tags, validate,
 };
 
 /// Bytes before the key in a cell: pointer word, key length (+1, 0 = free) and padding.
@@ -500,10 +500,6 @@ impl std::fmt::Debug for MetadataServer {
             .field("nodes", &self.node_count)
             .finish()
     }
-}
-
-fn failed(why: impl Into<String>) -> RpcError {
-    RpcError::Failed(why.into())
 }
 
 /// Space usage as the MS sees it.
@@ -1053,11 +1049,7 @@ impl RpcHandler for MetadataServer {
                 encode(&(), response)
             }
             method::REPORT_DOWN => {
-                let node: u32 = decode(request)?;
-                if node as usize >= self.node_count {
-                    return Err(failed(format!("no memory node {node}")));
-                }
-                self.mark_down(node as usize);
+                self.mark_down(reported_down(request, self.node_count)?);
                 encode(&(), response)
             }
             other => Err(RpcError::UnknownMethod(other)),
@@ -1810,18 +1802,6 @@ impl CloverClient {
             self.background.shared.1.notify_all();
         }
         r
-    }
-
-    /// `e` from a write step before anything became visible: a node failure means the write was not applied.
-    fn refused(node: usize, e: PdpmError) -> PdpmError {
-        match e {
-            PdpmError::NodeDown { .. } => e,
-            e if is_node_failure(&e) => PdpmError::NodeDown {
-                node,
-                why: e.to_string(),
-            },
-            e => e,
-        }
     }
 
     fn home(&self, key: &[u8]) -> usize {
@@ -2612,13 +2592,11 @@ impl CloverClient {
     ) -> Result<(), PdpmError> {
         let home = self.home(key);
         self.copies_up(home)?;
-        let mut tail = self
-            .tail_for_write(key)
-            .map_err(|e| Self::refused(home, e))?;
+        let mut tail = self.tail_for_write(key).map_err(|e| not_applied(home, e))?;
         let group = self.take_group(home)?;
         if let Err(e) = self.write_copies(&group, key, value) {
             self.give_back(group);
-            return Err(Self::refused(home, e));
+            return Err(not_applied(home, e));
         }
         if crash == Some(CloverCrash::AfterWrite) {
             return Ok(());
@@ -2658,7 +2636,7 @@ impl CloverClient {
             }
             Err(e) => Err(e),
         };
-        let mut tail = tail.map_err(|e| Self::refused(home, e))?;
+        let mut tail = tail.map_err(|e| not_applied(home, e))?;
         let mut group: Option<Vec<Grant>> = None;
         let mut outcome = Ok(());
         for _ in 0..self.settings.max_hops {
@@ -2680,7 +2658,7 @@ impl CloverClient {
             };
             // Rewriting an unlinked version in place is safe: no reader can reach it.
             if let Err(e) = self.write_copies(&g, key, value.as_deref()) {
-                outcome = Err(Self::refused(home, e));
+                outcome = Err(not_applied(home, e));
                 group = Some(g);
                 break;
             }
@@ -2825,7 +2803,7 @@ impl PdpmStore for CloverClient {
         let r = if self.cache.get(key).is_some() {
             self.write(key, None, None)
         } else {
-            match self.find_cell(key).map_err(|e| Self::refused(home, e))? {
+            match self.find_cell(key).map_err(|e| not_applied(home, e))? {
                 None => Ok(()),
                 Some((cell, s)) => {
                     self.cache.put(key, cell, None, []);

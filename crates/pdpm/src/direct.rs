@@ -40,7 +40,7 @@ use serde::{Deserialize, Serialize};
 use crate::anchor::{self, Anchor, Anchored, HEADER_LEN, le_u32, le_u64};
 use crate::{
     Change, MemoryNodes, PdpmError, PdpmStore, Tried, check_key, check_value, hash,
-    is_node_failure, new_client_id, roots, tags, validate, write_validated,
+    is_node_failure, new_client_id, not_applied, roots, tags, validate, write_validated,
 };
 
 const COPY_HEADER: usize = 16;
@@ -1002,18 +1002,6 @@ impl PdpmStore for DirectClient {
             }
         };
         self.write_locked(key, slot, new.as_deref(), None)
-    }
-}
-
-/// A failure before the write changed anything: a node failure becomes [`PdpmError::NodeDown`] (not applied).
-fn not_applied(node: usize, e: PdpmError) -> PdpmError {
-    match e {
-        PdpmError::NodeDown { .. } => e,
-        e if is_node_failure(&e) => PdpmError::NodeDown {
-            node,
-            why: e.to_string(),
-        },
-        e => e,
     }
 }
 

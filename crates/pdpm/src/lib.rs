@@ -18,7 +18,9 @@ pub mod direct;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dinomo_fabric::{Batch, Connector, Endpoint, FabricError, FaultHooks, RemoteAddr, VerbError};
+use dinomo_fabric::{
+    Batch, Connector, Endpoint, FabricError, FaultHooks, RemoteAddr, RpcError, VerbError,
+};
 use dinomo_pool::PoolError;
 
 use crate::anchor::{Anchored, Located};
@@ -298,6 +300,34 @@ impl PdpmError {
     }
 }
 
+/// An RPC refusal with its reason, as the metadata services answer a request they cannot serve.
+pub(crate) fn failed(why: impl Into<String>) -> RpcError {
+    RpcError::Failed(why.into())
+}
+
+/// The memory node a client's down report (`REPORT_DOWN`) names, refused unless it is one of the `nodes` the
+/// service knows.
+pub(crate) fn reported_down(request: &[u8], nodes: usize) -> Result<usize, RpcError> {
+    let node: u32 = dinomo_fabric::decode(request)?;
+    if node as usize >= nodes {
+        return Err(failed(format!("no memory node {node}")));
+    }
+    Ok(node as usize)
+}
+
+/// `e` from a write step on `node` before the write changed anything: a node failure becomes
+/// [`PdpmError::NodeDown`] (not applied); anything else is returned as it is.
+pub(crate) fn not_applied(node: usize, e: PdpmError) -> PdpmError {
+    match e {
+        PdpmError::NodeDown { .. } => e,
+        e if is_node_failure(&e) => PdpmError::NodeDown {
+            node,
+            why: e.to_string(),
+        },
+        e => e,
+    }
+}
+
 /// True when `e` says the memory node itself is gone rather than that one request was wrong: a lost connection,
 /// or a refusal of the region key or region (a restarted node registers its regions under new keys).
 pub(crate) fn is_node_failure(e: &PdpmError) -> bool {
@@ -574,19 +604,23 @@ pub(crate) fn validate(
 }
 
 /// WRITEs `bytes` at `addr` and READs back its last 8 bytes (from `tail`) in the same round trip (the fabric
-/// executes a batch in order), then validates them.
+/// executes a batch in order), then validates them. `batch` lends its buffers; the WRITE borrows `bytes`.
 pub(crate) fn write_validated(
     ep: &mut Endpoint,
-    batch: &mut Batch,
+    batch: &mut Batch<'static>,
     node: usize,
     slot: Option<u64>,
     addr: RemoteAddr,
     bytes: &[u8],
     tail: u64,
 ) -> Result<(), PdpmError> {
-    batch.clear();
-    batch.write_copy(addr, bytes);
-    let check = batch.read(addr.offset_by(tail), 8);
-    ep.post(batch)?;
-    validate(node, slot, batch.read_data(check), &bytes[tail as usize..])
+    let mut round = std::mem::take(batch).reuse();
+    round.write(addr, bytes);
+    let check = round.read(addr.offset_by(tail), 8);
+    let r = ep
+        .post(&mut round)
+        .map_err(PdpmError::from)
+        .and_then(|()| validate(node, slot, round.read_data(check), &bytes[tail as usize..]));
+    *batch = round.reuse();
+    r
 }
