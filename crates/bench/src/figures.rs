@@ -238,25 +238,13 @@ pub fn run_figure(
             FIGURES.map(|f| f.to_string()).join(", ")
         ),
     };
-    let mut commands = vec![format!(
+    let command = format!(
         "dinomo bench figure {figure} --scale {scale} --out {}",
         out.display()
-    )];
-    commands.extend(found.commands);
+    );
     files.publish(
         &format!("figure{figure}"),
-        FigureReport {
-            figure,
-            paper: dinomo_paper(),
-            title: found.title.into(),
-            scale,
-            host_cores: cores(),
-            commands,
-            rows: found.rows,
-            not_built: found.not_built,
-            differences: found.differences,
-            files: Vec::new(),
-        },
+        found.into_report(figure, scale, command),
     )
 }
 
@@ -295,26 +283,11 @@ pub fn run_figure5_front_door(
 ) -> anyhow::Result<FigureReport> {
     let mut files = Files::create(out.join(front_door::FOLDER))?;
     let found = front_door::figure5_resp(scale, dinomo_exe, &mut files, progress)?;
-    let mut commands = vec![format!(
+    let command = format!(
         "dinomo bench figure 5 --front-door resp --scale {scale} --out {}",
         out.display()
-    )];
-    commands.extend(found.commands);
-    files.publish(
-        "figure5",
-        FigureReport {
-            figure: 5,
-            paper: dinomo_paper(),
-            title: found.title.into(),
-            scale,
-            host_cores: cores(),
-            commands,
-            rows: found.rows,
-            not_built: found.not_built,
-            differences: found.differences,
-            files: Vec::new(),
-        },
-    )
+    );
+    files.publish("figure5", found.into_report(5, scale, command))
 }
 
 /// What a recipe found; [`run_figure`] adds the figure, scale, host and files to make its report.
@@ -325,6 +298,26 @@ struct Findings {
     rows: Vec<Comparison>,
     not_built: Vec<String>,
     differences: Vec<String>,
+}
+
+impl Findings {
+    /// The report of `figure` at `scale`: `command` (the one that ran the recipe) first, then the recipe's own.
+    fn into_report(self, figure: u32, scale: Scale, command: String) -> FigureReport {
+        let mut commands = vec![command];
+        commands.extend(self.commands);
+        FigureReport {
+            figure,
+            paper: dinomo_paper(),
+            title: self.title.into(),
+            scale,
+            host_cores: cores(),
+            commands,
+            rows: self.rows,
+            not_built: self.not_built,
+            differences: self.differences,
+            files: Vec::new(),
+        }
+    }
 }
 
 /// Where a recipe writes, and what it wrote.
@@ -547,15 +540,26 @@ const FIGURE5_SYSTEMS: [System; 4] = [
     System::Clover,
 ];
 
-fn figure5_options(scale: Scale, workload: Workload, system: System) -> (YcsbOptions, Vec<usize>) {
-    let (records, kns, secs, warmup): (u64, Vec<usize>, f64, f64) = match scale {
+/// Figure 5 at `scale`: records loaded, KV-node counts, and the measured and warm-up phases' seconds (a tiny run's
+/// operation counts end it first).
+fn figure5_sizes(scale: Scale) -> (u64, Vec<usize>, f64, f64) {
+    match scale {
         Scale::Tiny => (500, vec![1, 2], 20.0, 20.0),
         Scale::Small => (20_000, vec![1, 2, 4], 3.0, 1.0),
         Scale::Full => (100_000, vec![1, 2, 4, 8], 10.0, 2.0),
-    };
+    }
+}
+
+/// A Figure 5 KV node's cache for `records` values of `value_bytes` (8 B keys): the paper's KV nodes each cache 1 GB
+/// of 32 GB loaded, 1/32 of the data per node.
+fn figure5_cache_bytes(records: u64, value_bytes: u64) -> u64 {
+    (records * (8 + value_bytes) / 32).max(64 << 10)
+}
+
+fn figure5_options(scale: Scale, workload: Workload, system: System) -> (YcsbOptions, Vec<usize>) {
+    let (records, kns, secs, warmup) = figure5_sizes(scale);
     let value_bytes = 1024;
-    // The paper's KV nodes each cache 1 GB of 32 GB loaded: 1/32 of the data per node.
-    let cache_bytes = (records * (8 + value_bytes as u64) / 32).max(64 << 10);
+    let cache_bytes = figure5_cache_bytes(records, value_bytes as u64);
     let tiny = scale == Scale::Tiny;
     // A pDPM store is sized for its keys up front (Clover's shortcut cells, found by bounded probing): an insert
     // workload also counts its operations (the time limits still hold), so that at most 600 000 keys are inserted,

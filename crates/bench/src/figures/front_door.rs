@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 
-use super::{Comparison, Files, Findings, Scale, cores, mean};
+use super::{Comparison, Files, Findings, Scale, cores, figure5_cache_bytes, figure5_sizes, mean};
 use crate::format::rate;
 use crate::ycsb::{Distribution, Workload};
 use crate::ycsb_run::{
@@ -83,17 +83,17 @@ pub struct Plan {
 
 /// The plan of `scale`: the in-process Figure 5's settings.
 pub fn plan(scale: Scale) -> Plan {
-    let (records, kns, secs, warmup): (u64, Vec<usize>, f64, f64) = match scale {
+    // A tiny run starts a `dinomo up` per case: fewer records than in process.
+    let (records, kns, secs, warmup) = match scale {
         Scale::Tiny => (300, vec![1, 2], 10.0, 10.0),
-        Scale::Small => (20_000, vec![1, 2, 4], 3.0, 1.0),
-        Scale::Full => (100_000, vec![1, 2, 4, 8], 10.0, 2.0),
+        _ => figure5_sizes(scale),
     };
     let tiny = scale == Scale::Tiny;
     Plan {
         records,
         kns,
         kn_threads: 2,
-        cache_bytes: (records * (8 + 1024) / 32).max(64 << 10),
+        cache_bytes: figure5_cache_bytes(records, 1024),
         pool_bytes: if tiny { 128 << 20 } else { 1 << 30 },
         clients: if tiny { 2 } else { 8 },
         outstanding: 1,
