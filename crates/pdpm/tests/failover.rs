@@ -27,6 +27,34 @@ fn value(i: usize, round: u32) -> Vec<u8> {
     format!("value {i} of round {round}").into_bytes()
 }
 
+/// Writes every key's value of `round`.
+fn put_all(c: &mut impl PdpmStore, round: u32) -> Result<()> {
+    for i in 0..KEYS {
+        c.put(&key(i), &value(i, round))?;
+    }
+    Ok(())
+}
+
+/// Checks that every key reads its value of `round`.
+fn assert_all(c: &mut impl PdpmStore, round: u32) -> Result<()> {
+    for i in 0..KEYS {
+        assert_eq!(c.get(&key(i))?, Some(value(i, round)), "key {i}");
+    }
+    Ok(())
+}
+
+/// Tries to write every key's value of `round`; how many writes were refused because a memory node is down.
+fn count_refused_writes(c: &mut impl PdpmStore, round: u32) -> usize {
+    (0..KEYS)
+        .filter(|&i| {
+            matches!(
+                c.put(&key(i), &value(i, round)),
+                Err(PdpmError::NodeDown { .. })
+            )
+        })
+        .count()
+}
+
 fn direct_nodes(flavor: Flavor, replication: u32) -> Nodes {
     let layout = DirectLayout {
         flavor,
@@ -114,28 +142,14 @@ fn direct_node_that_returns_serves_again() -> Result<()> {
     let n = direct_nodes(Flavor::Crc, 2);
     let retry = Duration::from_millis(20);
     let mut c = direct_client(&n, retry);
-    for i in 0..KEYS {
-        c.put(&key(i), &value(i, 0))?;
-    }
+    put_all(&mut c, 0)?;
     fail(&c, FAILED);
-    for i in 0..KEYS {
-        assert_eq!(c.get(&key(i))?, Some(value(i, 0)));
-    }
-    let refused = (0..KEYS)
-        .filter(|&i| {
-            matches!(
-                c.put(&key(i), &value(i, 1)),
-                Err(PdpmError::NodeDown { .. })
-            )
-        })
-        .count();
-    assert!(refused > 0);
+    assert_all(&mut c, 0)?;
+    assert!(count_refused_writes(&mut c, 1) > 0);
     // After `node_retry` the client connects again (a fresh connection, no fault) and every write goes through;
     // the node never missed an acknowledged write, so its copies are current.
     std::thread::sleep(retry * 2);
-    for i in 0..KEYS {
-        c.put(&key(i), &value(i, 2))?;
-    }
+    put_all(&mut c, 2)?;
     let mut other = direct_client(&n, retry);
     for i in 0..KEYS {
         assert_eq!(other.get(&key(i))?, Some(value(i, 2)));
@@ -149,9 +163,7 @@ fn direct_unreplicated_keys_of_a_dead_node_get_a_clear_error() -> Result<()> {
     for flavor in [Flavor::Markers, Flavor::Crc] {
         let n = direct_nodes(flavor, 1);
         let mut c = direct_client(&n, Duration::from_secs(3600));
-        for i in 0..KEYS {
-            c.put(&key(i), &value(i, 0))?;
-        }
+        put_all(&mut c, 0)?;
         fail(&c, FAILED);
         let mut lost = 0;
         for i in 0..KEYS {
@@ -232,9 +244,7 @@ fn central_reads_use_the_next_block_and_writes_avoid_the_dead_node() -> Result<(
 fn central_unreplicated_values_on_a_dead_node_get_a_clear_error() -> Result<()> {
     let s = central_store(1);
     let mut c = central_client(&s);
-    for i in 0..KEYS {
-        c.put(&key(i), &value(i, 0))?;
-    }
+    put_all(&mut c, 0)?;
     c.fault_hooks(FAILED).unwrap().cut();
     let mut lost = Vec::new();
     for i in 0..KEYS {
@@ -358,28 +368,14 @@ fn clover_node_that_returns_serves_again() -> Result<()> {
     let retry = Duration::from_millis(20);
     let s = CloverStore::new(2, retry);
     let mut c = s.client();
-    for i in 0..KEYS {
-        c.put(&key(i), &value(i, 0))?;
-    }
+    put_all(&mut c, 0)?;
     c.fault_hooks(FAILED).unwrap().cut();
-    for i in 0..KEYS {
-        assert_eq!(c.get(&key(i))?, Some(value(i, 0)));
-    }
-    let refused = (0..KEYS)
-        .filter(|&i| {
-            matches!(
-                c.put(&key(i), &value(i, 1)),
-                Err(PdpmError::NodeDown { .. })
-            )
-        })
-        .count();
-    assert!(refused > 0);
+    assert_all(&mut c, 0)?;
+    assert!(count_refused_writes(&mut c, 1) > 0);
     // After `node_retry` the client (and the MS, told by the client) connect again and every write goes
     // through; the node missed no acknowledged write, so its chains are current.
     std::thread::sleep(retry * 2);
-    for i in 0..KEYS {
-        c.put(&key(i), &value(i, 2))?;
-    }
+    put_all(&mut c, 2)?;
     assert!(s.clover.ms.down_nodes().is_empty());
     let mut other = s.client();
     for i in 0..KEYS {
@@ -422,9 +418,7 @@ fn clover_replica_chain_left_short_by_a_stopped_writer_is_completed_by_the_next(
 fn clover_unreplicated_keys_of_a_dead_node_get_a_clear_error() -> Result<()> {
     let s = CloverStore::new(1, Duration::from_secs(3600));
     let mut c = s.client();
-    for i in 0..KEYS {
-        c.put(&key(i), &value(i, 0))?;
-    }
+    put_all(&mut c, 0)?;
     let mut fresh = s.client();
     c.fault_hooks(FAILED).unwrap().cut();
     fresh.fault_hooks(FAILED).unwrap().cut();
