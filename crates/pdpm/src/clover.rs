@@ -1465,10 +1465,14 @@ struct Tail {
     cell: CellRef,
     /// `None`: the key has no version yet.
     ptr: Option<Ptr>,
-    /// Every copy of the tail (empty when there is none).
-    copies: Vec<Ptr>,
+    /// Every copy of the tail (empty when there is none); inline up to four copies, so that a read, which drops
+    /// them, allocates nothing for them.
+    copies: Copies,
     value: Option<Vec<u8>>,
 }
+
+/// The copies of one version, the primary first.
+type Copies = smallvec::SmallVec<[Ptr; 4]>;
 
 static CLIENT_SEQ: AtomicU32 = AtomicU32::new(0);
 
@@ -2007,7 +2011,7 @@ impl CloverClient {
                 return Ok(Some(Tail {
                     cell,
                     ptr: None,
-                    copies: Vec::new(),
+                    copies: Copies::new(),
                     value: None,
                 }));
             };
@@ -2511,7 +2515,7 @@ impl CloverClient {
                 return Ok(Tail {
                     cell,
                     ptr: None,
-                    copies: Vec::new(),
+                    copies: Copies::new(),
                     value: None,
                 });
             };
@@ -2549,7 +2553,7 @@ impl CloverClient {
             return Ok(Tail {
                 cell: c.cell,
                 ptr: Some(t),
-                copies: c.copies.clone(),
+                copies: c.copies.iter().copied().collect(),
                 value: None,
             });
         }
@@ -2573,7 +2577,7 @@ impl CloverClient {
             None => Tail {
                 cell,
                 ptr: None,
-                copies: Vec::new(),
+                copies: Copies::new(),
                 value: None,
             },
             Some(p) => self.chase(key, cell, Some(p))?,
