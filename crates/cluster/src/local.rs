@@ -84,6 +84,11 @@ pub struct LocalClusterConfig {
     pub autoscale: AutoscaleConfig,
     /// How long starting a node may take until it serves (when the autoscaler adds one). Default 30 s.
     pub node_start_timeout: Duration,
+    /// A node removed from the ring keeps answering (refusing its former keys) until no request has reached it for
+    /// this long, so that clients still routing to it learn the new table before it closes. Default 50 ms.
+    pub retire_quiet: Duration,
+    /// The longest a removed node drains before it stops, requests or not. Default 2 s.
+    pub retire_max: Duration,
 }
 
 impl Default for LocalClusterConfig {
@@ -105,6 +110,8 @@ impl Default for LocalClusterConfig {
             resp_listen: Vec::new(),
             autoscale: AutoscaleConfig::default(),
             node_start_timeout: Duration::from_secs(30),
+            retire_quiet: Duration::from_millis(50),
+            retire_max: Duration::from_secs(2),
         }
     }
 }
@@ -169,6 +176,7 @@ impl LocalCluster {
             connector,
             meta: meta.clone(),
             start_timeout: cfg.node_start_timeout,
+            retire: (cfg.retire_quiet, cfg.retire_max),
             stopping: AtomicBool::new(false),
             resp_listen: cfg.resp_listen.clone(),
             started: std::sync::atomic::AtomicUsize::new(0),
@@ -257,12 +265,11 @@ impl LocalCluster {
         Ok(id)
     }
 
-    /// Has the M-node remove `node` from the ring, then stops it.
+    /// Has the M-node remove `node` from the ring, then stops it once it has drained
+    /// ([`LocalClusterConfig::retire_quiet`]).
     pub fn remove_node(&mut self, node: NodeId) -> Result<(), ClusterError> {
         self.mnode().remove_node(node)?;
-        if let Some(n) = self.scaler.take(node) {
-            n.stop();
-        }
+        self.scaler.retire(node);
         Ok(())
     }
 
@@ -434,6 +441,8 @@ struct LocalScaler {
     connector: Connector,
     meta: Arc<EmbeddedMeta>,
     start_timeout: Duration,
+    /// How a removed node drains: [`LocalClusterConfig::retire_quiet`] and [`LocalClusterConfig::retire_max`].
+    retire: (Duration, Duration),
     /// Set when the cluster stops: a node being added stops waiting for its join.
     stopping: AtomicBool,
     /// Where the KV nodes serve the Redis protocol ([`LocalClusterConfig::resp_listen`]).
@@ -510,6 +519,16 @@ impl LocalScaler {
     }
 
     /// Takes `node` out of the running set (the caller stops it, outside the lock).
+    /// Stops `node`, removed from the ring, after its drain; false when no such node runs.
+    fn retire(&self, node: NodeId) -> bool {
+        let Some(n) = self.take(node) else {
+            return false;
+        };
+        let (quiet, max) = self.retire;
+        n.retire(quiet, max);
+        true
+    }
+
     fn take(&self, node: NodeId) -> Option<ClusterNode> {
         let mut nodes = self.nodes();
         let i = nodes.iter().position(|n| n.id() == node)?;
@@ -546,10 +565,11 @@ impl Scaler for LocalScaler {
         }
     }
 
+    /// Stops a node the autoscaler had the M-node remove, once it has drained.
     fn stop_node(&self, node: NodeId) -> Result<(), ClusterError> {
-        self.take(node)
-            .ok_or_else(|| ClusterError::Reconfig(format!("no node {node} is running")))?
-            .stop();
+        if !self.retire(node) {
+            return Err(ClusterError::Reconfig(format!("no node {node} is running")));
+        }
         Ok(())
     }
 }

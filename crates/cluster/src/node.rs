@@ -430,6 +430,30 @@ impl ClusterNode {
         self.shutdown();
     }
 
+    /// Stops a node the M-node has removed from the ring once it has drained: it keeps serving, refusing its former
+    /// keys with NotOwner, until no request has reached it for `quiet` (or `max` has passed). Clients and forwarders
+    /// still routing by the old table then learn the new one from its refusals, instead of writing a request into a
+    /// connection that closes under it (a write whose outcome they could not know).
+    pub fn retire(self, quiet: Duration, max: Duration) {
+        let deadline = Instant::now() + max;
+        let mut seen = self.requests_seen();
+        while Instant::now() < deadline {
+            std::thread::sleep(quiet.min(deadline.saturating_duration_since(Instant::now())));
+            let now = self.requests_seen();
+            if now == seen {
+                break;
+            }
+            seen = now;
+        }
+        self.stop();
+    }
+
+    /// Data requests its workers have taken so far, served or refused (`None` when they cannot say).
+    fn requests_seen(&self) -> Option<u64> {
+        let threads = self.shared.submitter.handle().stats().ok()?;
+        Some(threads.iter().map(|t| t.ops.total() + t.not_owner).sum())
+    }
+
     /// Stops heartbeats, server and workers; a clean stop (not a crash) also gives the lease back.
     fn shutdown(&mut self) {
         self.stop_heartbeat.store(true, Ordering::Release);

@@ -720,6 +720,8 @@ pub fn local_cluster_config(cfg: &Config) -> LocalClusterConfig {
         },
         autoscale: cfg.autoscale.clone(),
         node_start_timeout: cfg.up.node_start_timeout,
+        retire_quiet: cfg.up.retire_quiet,
+        retire_max: cfg.up.retire_max,
     }
 }
 

@@ -247,6 +247,13 @@ pub struct UpConfig {
     /// How long starting a KV node may take.
     #[serde(with = "humantime_serde")]
     pub node_start_timeout: Duration,
+    /// A KV node removed from the ring keeps refusing its former keys until no request has reached it for this
+    /// long, then stops.
+    #[serde(with = "humantime_serde")]
+    pub retire_quiet: Duration,
+    /// The longest a removed KV node drains before it stops.
+    #[serde(with = "humantime_serde")]
+    pub retire_max: Duration,
     /// A pDPM baseline's memory nodes, sizes and clients.
     pub pdpm: PdpmUpConfig,
 }
@@ -259,6 +266,8 @@ impl Default for UpConfig {
             resp: true,
             resp_listen: vec![SocketAddr::from(([127, 0, 0, 1], 6379))],
             node_start_timeout: Duration::from_secs(30),
+            retire_quiet: Duration::from_millis(50),
+            retire_max: Duration::from_secs(2),
             pdpm: PdpmUpConfig::default(),
         }
     }
@@ -431,6 +440,8 @@ const DOCS: &[(&str, &str)] = &[
     ("up.resp", "whether `up`'s KV nodes serve the Redis protocol"),
     ("up.resp_listen", "Redis-protocol addresses of `up`'s KV nodes, one per node; later nodes take the next ports"),
     ("up.node_start_timeout", "how long starting a KV node may take until it serves"),
+    ("up.retire_quiet", "a KV node removed from the ring keeps refusing its former keys (so clients learn the new table) until no request has reached it for this long"),
+    ("up.retire_max", "the longest a removed KV node drains before it stops"),
     ("up.pdpm.memory_nodes", "pDPM baseline: memory nodes, each a pool file SYSTEM-I.pool in the data directory (formatted on first start)"),
     ("up.pdpm.replication", "pDPM baseline: copies of every value on distinct memory nodes (at most memory_nodes)"),
     ("up.pdpm.keys", "pDPM baseline: keys the memory nodes are sized for when formatted (DirectDS: slots at load 1/2; CentralDS: blocks for a quarter more; Clover: cells at load 1/2, data slots for twice the copies and the grants)"),
