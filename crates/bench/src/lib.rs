@@ -21,6 +21,7 @@
 //! in-process within 2x of its reference, TCP within 1.5x of ping-pong per round trip, and a batch of 16 giving at
 //! least 5x the verbs per second of single verbs.
 
+mod cache_lookup;
 mod dac;
 mod elastic;
 pub mod figures;
@@ -33,6 +34,7 @@ pub mod svg;
 pub mod ycsb;
 pub mod ycsb_run;
 
+pub use cache_lookup::{CacheBenchOptions, CacheCase, CacheReport, run_cache};
 pub use dac::{DacBenchOptions, DacCase, DacReport, DacVersusBest, run_dac};
 pub use elastic::{Bucket, CloverEvent, ElasticOptions, ElasticReport, Scenario, run_elastic};
 pub use key_stats::{KeyStatsBenchOptions, KeyStatsReport, run_key_stats};

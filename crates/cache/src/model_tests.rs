@@ -25,6 +25,8 @@ enum Op {
     SetBudget(u64),
     MissRoundTrips(u32),
     Clear,
+    /// A worker's batch announced before its lookups: must change nothing a caller can see.
+    Prefetch(Vec<u8>),
 }
 
 const KEYS: u8 = 12;
@@ -52,10 +54,11 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (k.clone(), value_len()).prop_map(|(k, l)| Op::ShortcutHit(k, l)),
         3 => (k.clone(), value_len()).prop_map(|(k, l)| Op::Write(k, l)),
         1 => k.clone().prop_map(Op::Invalidate),
-        1 => k.prop_map(Op::Stale),
+        1 => k.clone().prop_map(Op::Stale),
         1 => (0..4000u64).prop_map(Op::SetBudget),
         1 => (0..12u32).prop_map(Op::MissRoundTrips),
         1 => Just(Op::Clear),
+        2 => prop::collection::vec(k, 0..20).prop_map(Op::Prefetch),
     ]
 }
 
@@ -111,6 +114,16 @@ impl Harness {
 
     fn apply(&mut self, op: &Op) {
         match *op {
+            Op::Prefetch(ref keys) => {
+                let seen = |dac: &Dac| {
+                    let entries: Vec<_> = (0..KEYS).map(|i| dac.contains(&key(i))).collect();
+                    (dac.stats(), entries)
+                };
+                let before = seen(&self.dac);
+                let keys: Vec<Vec<u8>> = keys.iter().map(|&i| key(i)).collect();
+                self.dac.prefetch(keys.iter().map(Vec::as_slice));
+                assert_eq!(seen(&self.dac), before, "a prefetch changed the cache");
+            }
             Op::Read { key: i, len, stale } => {
                 let k = key(i);
                 match self.lookup(&k) {

@@ -46,6 +46,9 @@ pub enum Which {
     /// What the KV node's per-epoch key-access statistics (for the M-node's policy) cost: in-process throughput
     /// with and without them, side by side, and the sketch's own nanoseconds per access.
     KeyStats(KeyStatsArgs),
+    /// A KV-node worker's cache lookup (and value copy) with every key cached, keys served one at a time beside
+    /// batches announced first with a prefetch, as a worker announces the requests it takes together.
+    Cache(CacheArgs),
     /// A MODEL, not a measurement: from the per-operation resources of `bench ycsb` results and a hardware profile,
     /// each component's throughput ceiling and the predicted throughput for 1 to --max-kns KV nodes, with the
     /// component that binds; compared with the measured runs.
@@ -55,6 +58,29 @@ pub enum Which {
     /// this machine: runs the benchmarks and writes their results, plots and a table of the paper's numbers beside
     /// ours to OUT/figureN/ (OUT/pdpm-figureN/).
     Figure(FigureArgs),
+}
+
+/// Settings of `dinomo bench cache`.
+#[derive(Debug, Args)]
+pub struct CacheArgs {
+    /// Keys cached.
+    #[arg(long, default_value_t = 100_000)]
+    pub keys: u64,
+    /// Bytes per value.
+    #[arg(long, default_value_t = 1024)]
+    pub value_size: usize,
+    /// Keys per round (comma-separated), one case each.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+    pub batch: Vec<usize>,
+    /// Milliseconds per timed slice.
+    #[arg(long, default_value_t = 100)]
+    pub ms: u64,
+    /// Slices per way and batch size (the two ways take turns).
+    #[arg(long, default_value_t = 10)]
+    pub slices: u32,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Settings of `dinomo bench key-stats`.
@@ -367,6 +393,23 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 ..dinomo_bench::KeyStatsBenchOptions::default()
             };
             let report = dinomo_bench::run_key_stats(&opts, |step| eprintln!("key-stats: {step}"))?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                report.print_table();
+            }
+            Ok(())
+        }
+        Which::Cache(a) => {
+            let opts = dinomo_bench::CacheBenchOptions {
+                keys: a.keys,
+                value_size: a.value_size,
+                batches: a.batch,
+                slice: Duration::from_millis(a.ms),
+                slices: a.slices,
+                ..dinomo_bench::CacheBenchOptions::default()
+            };
+            let report = dinomo_bench::run_cache(&opts, |step| eprintln!("cache: {step}"))?;
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {

@@ -617,6 +617,11 @@ impl Worker {
                     Err(_) => break,
                 }
             }
+            // Ask for every key's cache entry at once, so that the memory loads of their lookups overlap.
+            if batch.len() > 1 {
+                self.cache
+                    .prefetch(batch.iter().filter_map(|r| r.cmd.key()));
+            }
             let mut stop = false;
             for req in batch.drain(..) {
                 if matches!(req.cmd, Command::Shutdown) {
