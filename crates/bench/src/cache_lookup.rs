@@ -158,7 +158,8 @@ pub fn run_cache(o: &CacheBenchOptions, progress: impl Fn(&str)) -> anyhow::Resu
         // Warm-up: both ways once.
         slice(&mut dac, false)?;
         slice(&mut dac, true)?;
-        let (mut plain, mut prefetched) = ((0u64, Duration::ZERO), (0u64, Duration::ZERO));
+        // Lookups and time of each way: one at a time [0], prefetched [1].
+        let mut totals = [(0u64, Duration::ZERO); 2];
         let mut ratios = Vec::new();
         for s in 0..o.slices {
             let mut ns = [0.0f64; 2];
@@ -169,20 +170,15 @@ pub fn run_cache(o: &CacheBenchOptions, progress: impl Fn(&str)) -> anyhow::Resu
             };
             for prefetch in order {
                 let (n, t) = slice(&mut dac, prefetch)?;
-                let total = if prefetch {
-                    &mut prefetched
-                } else {
-                    &mut plain
-                };
-                total.0 += n;
-                total.1 += t;
-                ns[usize::from(prefetch)] = t.as_nanos() as f64 / n as f64;
+                let way = usize::from(prefetch);
+                totals[way].0 += n;
+                totals[way].1 += t;
+                ns[way] = t.as_nanos() as f64 / n as f64;
             }
             ratios.push(ns[0] / ns[1]);
         }
         ratios.sort_by(f64::total_cmp);
-        let per = |(n, t): (u64, Duration)| t.as_nanos() as f64 / n as f64;
-        let (plain_ns, prefetched_ns) = (per(plain), per(prefetched));
+        let [plain_ns, prefetched_ns] = totals.map(|(n, t)| t.as_nanos() as f64 / n as f64);
         cases.push(CacheCase {
             batch,
             plain_ns,

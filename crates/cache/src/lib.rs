@@ -63,6 +63,8 @@ use std::mem::size_of;
 use hashbrown::HashTable;
 
 use crate::lfu::{Frontier, Lfu};
+use crate::node::{Kind, List, NIL, Node};
+pub use crate::policy::{ParsePolicyError, Policy};
 
 /// Bytes of an entry's key and value [`Dac::prefetch`] asks for (the hardware's own prefetcher follows a copy of the
 /// rest).
@@ -79,8 +81,6 @@ fn prefetch_read<T>(p: *const T) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
 }
-use crate::node::{Kind, List, NIL, Node};
-pub use crate::policy::{ParsePolicyError, Policy};
 
 /// Bytes a hash-table slot costs per entry: a 4-byte slot index plus a 1-byte control byte,
 /// at the table's typical load factor of about two thirds.

@@ -393,12 +393,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 ..dinomo_bench::KeyStatsBenchOptions::default()
             };
             let report = dinomo_bench::run_key_stats(&opts, |step| eprintln!("key-stats: {step}"))?;
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                report.print_table();
-            }
-            Ok(())
+            print_report(a.json, &report, dinomo_bench::KeyStatsReport::print_table)
         }
         Which::Cache(a) => {
             let opts = dinomo_bench::CacheBenchOptions {
@@ -410,12 +405,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 ..dinomo_bench::CacheBenchOptions::default()
             };
             let report = dinomo_bench::run_cache(&opts, |step| eprintln!("cache: {step}"))?;
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                report.print_table();
-            }
-            Ok(())
+            print_report(a.json, &report, dinomo_bench::CacheReport::print_table)
         }
         Which::Dac(a) => {
             let opts = DacBenchOptions {
@@ -442,6 +432,20 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Prints `report` as JSON when `json`, else as the table `table` prints.
+fn print_report<R: serde::Serialize>(
+    json: bool,
+    report: &R,
+    table: impl FnOnce(&R),
+) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+    } else {
+        table(report);
+    }
+    Ok(())
 }
 
 /// Settings of `dinomo bench ycsb`.

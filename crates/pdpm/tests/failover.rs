@@ -55,6 +55,31 @@ fn count_refused_writes(c: &mut impl PdpmStore, round: u32) -> usize {
         .count()
 }
 
+/// With memory node [`FAILED`] down and no replicas, checks every key of round 0: one whose node (`node_of`) is
+/// the failed one is refused as `NodeDown` for both a read and a write, any other reads its value. Returns how many
+/// keys were refused.
+fn check_keys_after_failure<C: PdpmStore>(
+    c: &mut C,
+    node_of: impl Fn(&C, &[u8]) -> usize,
+) -> Result<usize> {
+    let mut lost = 0;
+    for i in 0..KEYS {
+        let r = c.get(&key(i));
+        if node_of(c, &key(i)) == FAILED {
+            assert!(
+                matches!(r, Err(PdpmError::NodeDown { node: FAILED, .. })),
+                "{r:?}"
+            );
+            let w = c.put(&key(i), b"x");
+            assert!(matches!(w, Err(PdpmError::NodeDown { .. })), "{w:?}");
+            lost += 1;
+        } else {
+            assert_eq!(r?, Some(value(i, 0)));
+        }
+    }
+    Ok(lost)
+}
+
 fn direct_nodes(flavor: Flavor, replication: u32) -> Nodes {
     let layout = DirectLayout {
         flavor,
@@ -165,21 +190,7 @@ fn direct_unreplicated_keys_of_a_dead_node_get_a_clear_error() -> Result<()> {
         let mut c = direct_client(&n, Duration::from_secs(3600));
         put_all(&mut c, 0)?;
         fail(&c, FAILED);
-        let mut lost = 0;
-        for i in 0..KEYS {
-            let r = c.get(&key(i));
-            if c.primary_of(&key(i)) == FAILED {
-                assert!(
-                    matches!(r, Err(PdpmError::NodeDown { node: FAILED, .. })),
-                    "{r:?}"
-                );
-                let w = c.put(&key(i), b"x");
-                assert!(matches!(w, Err(PdpmError::NodeDown { .. })), "{w:?}");
-                lost += 1;
-            } else {
-                assert_eq!(r?, Some(value(i, 0)));
-            }
-        }
+        let lost = check_keys_after_failure(&mut c, |c, k| c.primary_of(k))?;
         assert!(lost > 0);
     }
     Ok(())
@@ -424,20 +435,7 @@ fn clover_unreplicated_keys_of_a_dead_node_get_a_clear_error() -> Result<()> {
     fresh.fault_hooks(FAILED).unwrap().cut();
     let mut lost = 0;
     for cl in [&mut c, &mut fresh] {
-        for i in 0..KEYS {
-            let r = cl.get(&key(i));
-            if cl.home_of(&key(i)) == FAILED {
-                assert!(
-                    matches!(r, Err(PdpmError::NodeDown { node: FAILED, .. })),
-                    "{r:?}"
-                );
-                let w = cl.put(&key(i), b"x");
-                assert!(matches!(w, Err(PdpmError::NodeDown { .. })), "{w:?}");
-                lost += 1;
-            } else {
-                assert_eq!(r?, Some(value(i, 0)));
-            }
-        }
+        lost += check_keys_after_failure(cl, |c, k| c.home_of(k))?;
     }
     assert!(lost > 0);
     Ok(())
