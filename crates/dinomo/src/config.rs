@@ -445,7 +445,7 @@ const DOCS: &[(&str, &str)] = &[
     ("up.pdpm.memory_nodes", "pDPM baseline: memory nodes, each a pool file SYSTEM-I.pool in the data directory (formatted on first start)"),
     ("up.pdpm.replication", "pDPM baseline: copies of every value on distinct memory nodes (at most memory_nodes)"),
     ("up.pdpm.keys", "pDPM baseline: keys the memory nodes are sized for when formatted (DirectDS: slots at load 1/2; CentralDS: blocks for a quarter more; Clover: cells at load 1/2, data slots for twice the copies and the grants)"),
-    ("up.pdpm.max_key", "pDPM baseline: longest key in bytes (fixed when formatted; at most 65535)"),
+    ("up.pdpm.max_key", "pDPM baseline: longest key in bytes (fixed when formatted; at most 65534)"),
     ("up.pdpm.max_value", "pDPM baseline: longest value in bytes (fixed when formatted)"),
     ("up.pdpm.grant_clients", "CentralDS and Clover: connected clients whose block (slot) grants each memory node has room for (fixed when formatted)"),
     ("up.pdpm.coordinator_threads", "CentralDS's coordinator and Clover's metadata server: RPC threads"),

@@ -134,8 +134,9 @@ impl PdpmUpConfig {
         if self.keys == 0 {
             errors.push("up.pdpm.keys: must be at least 1".into());
         }
-        if self.max_key == 0 || self.max_key > u16::MAX as u32 {
-            errors.push("up.pdpm.max_key: must be 1 to 65535".into());
+        // Clover's cells store a key's length + 1 in 16 bits.
+        if self.max_key == 0 || self.max_key >= u16::MAX as u32 {
+            errors.push("up.pdpm.max_key: must be 1 to 65534".into());
         }
         if self.coordinator_threads == 0 {
             errors.push("up.pdpm.coordinator_threads: must be at least 1".into());

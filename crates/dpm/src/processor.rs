@@ -394,6 +394,15 @@ impl Processor {
                 config.segment_size
             )));
         }
+        // The index names an entry by an `EntryRef`, whose length field bounds how large an entry (and so a
+        // segment worth filling) can be.
+        if config.segment_size > EntryRef::MAX_LEN {
+            return Err(ProcessorError::Config(format!(
+                "segment_size {} is above the maximum of {} bytes",
+                config.segment_size,
+                EntryRef::MAX_LEN
+            )));
+        }
         let indexes = Indexes::open(&pool, config)?;
         let dir = match Directory::open(pool.clone())? {
             Some(d) => d,
@@ -795,6 +804,15 @@ impl Inner {
     fn recover(&self) -> Result<(), ProcessorError> {
         let mut chained = HashSet::new();
         let mut logs = HashMap::new();
+        // A chain may only link whole segments this processor allocated: the data region is writable by every
+        // client, so a chain word or header pointing elsewhere is corruption, not a segment.
+        let segment_extents: HashMap<u64, u64> = self
+            .pool
+            .allocated()
+            .into_iter()
+            .filter(|e| e.tag == tags::LOG_SEGMENT)
+            .map(|e| (e.offset, e.len))
+            .collect();
         for log_id in 0..self.dir.capacity() {
             let owner = self.dir.owner(log_id);
             if owner == 0 {
@@ -809,6 +827,12 @@ impl Inner {
                     )));
                 }
                 let h = read_segment_header(&self.pool, at)?;
+                if segment_extents.get(&at) != Some(&h.capacity) {
+                    return Err(ProcessorError::Corrupt(format!(
+                        "log {log_id}: {at:#x} is not an allocated log segment of {} bytes",
+                        h.capacity
+                    )));
+                }
                 if h.log_id != log_id {
                     return Err(ProcessorError::Corrupt(format!(
                         "log {log_id}: segment at {at:#x} belongs to log {}",
@@ -998,7 +1022,14 @@ impl Inner {
         Ok(proto::LogOpened {
             log_id: log.id,
             session: meta.session,
-            next_seq: meta.last_seq.max(meta.merged_seq) + 1,
+            next_seq: meta
+                .last_seq
+                .max(meta.merged_seq)
+                .checked_add(1)
+                .ok_or_else(|| ProcessorError::BadLog {
+                    log_id: log.id,
+                    why: "its sequence numbers are used up".into(),
+                })?,
             merged_seq_offset: self.dir.merged_seq_offset(log.id),
             hash_mode: self.dir.hash_mode().to_word(),
             segment_size: self.dir.segment_size(),
@@ -1043,7 +1074,7 @@ impl Inner {
         let mut meta = log.meta.lock().expect("log lock");
         // Sequence numbers must grow, or recovery could not tell new entries from old ones.
         let known = meta.last_seq.max(meta.merged_seq);
-        if req.first_seq <= known {
+        if req.first_seq <= known || req.first_seq == u64::MAX {
             return Err(ProcessorError::BadLog {
                 log_id: req.log_id,
                 why: format!("first_seq {} does not follow {known}", req.first_seq),
@@ -1282,8 +1313,17 @@ impl Inner {
             if e.header.seq <= merged_seq {
                 return;
             }
-            let r = EntryRef::new(base + at as u64, e.len() as u64)
-                .expect("segments are 8-byte aligned");
+            // Segments start 8-byte aligned and entries are padded to 8 bytes; only a segment whose bytes were
+            // overwritten (any client may WRITE the data region) or an entry longer than a reference can name gets
+            // here without a reference.
+            let Some(r) = EntryRef::new(base + at as u64, e.len() as u64) else {
+                error = Some(ProcessorError::Corrupt(format!(
+                    "log {log_id}: the entry at {:#x} ({} bytes) cannot be indexed",
+                    base + at as u64,
+                    e.len()
+                )));
+                return;
+            };
             if let Some(cells) = cells.as_deref_mut()
                 && let Some(slot) = cells
                     .by_key(e.key)
@@ -1483,7 +1523,10 @@ impl Inner {
     fn unshare(&self, slot: u32) -> Result<(), ProcessorError> {
         let index = self.indexes.shared()?;
         let mut cells = self.cells.lock().expect("cells lock");
-        let cell = cells.get(slot).expect("used slot").clone();
+        // Another processor thread may have released the slot since the caller looked it up.
+        let Some(cell) = cells.get(slot).cloned() else {
+            return Ok(());
+        };
         if cell.state != CellState::Active {
             return Ok(());
         }

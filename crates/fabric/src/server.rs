@@ -316,11 +316,16 @@ fn serve_connection(mut stream: TcpStream, shared: &Shared) -> std::io::Result<(
                 return Ok(());
             }
             if avail < REQ_HEADER + payload {
-                if rbuf.len() < REQ_HEADER + payload {
+                let need = REQ_HEADER + payload;
+                if rbuf.len() < need {
                     rbuf.copy_within(start..end, 0);
                     end -= start;
                     start = 0;
-                    rbuf.resize(REQ_HEADER + payload, 0);
+                    // Grow with the bytes that arrive, not with what a header announces: a header alone must not
+                    // commit a whole payload's worth of memory per connection.
+                    if end == rbuf.len() {
+                        rbuf.resize(need.min(rbuf.len() * 2), 0);
+                    }
                 }
                 break;
             }
@@ -376,7 +381,12 @@ fn execute(
 ) {
     let last = h.flags & FLAG_LAST != 0;
     if h.op == op::RPC {
-        match node.call(h.target as u16, body.to_vec()) {
+        // Method ids are 16-bit; a larger target names no method (rather than one it would truncate to).
+        let Ok(method) = u16::try_from(h.target) else {
+            reply(out, h.id, status::RPC_UNKNOWN, 0, &[]);
+            return;
+        };
+        match node.call(method, body.to_vec()) {
             Ok(resp) => reply(out, h.id, status::OK, 0, &resp),
             Err(RpcError::UnknownMethod(_)) => reply(out, h.id, status::RPC_UNKNOWN, 0, &[]),
             Err(RpcError::Failed(m)) => reply(out, h.id, status::RPC_FAILED, 0, m.as_bytes()),

@@ -443,4 +443,48 @@ fn rpc_calls_and_their_failures() {
         assert!(ep.rpc(1, &big, &mut resp).is_err());
         ep.rpc(1, b"ok", &mut resp).unwrap();
     }
+    // Method ids are 16 bits: a frame naming 0x1_0001 must not run method 1 (the echo) that it truncates to.
+    let mut s = raw_client(&h);
+    let mut frame = Vec::new();
+    ReqHeader {
+        op: op::RPC,
+        flags: wire::FLAG_LAST,
+        target: 0x1_0001,
+        rkey: 0,
+        offset: 0,
+        len: 3,
+        id: 11,
+        arg0: 0,
+        arg1: 0,
+    }
+    .encode(&mut frame);
+    frame.extend_from_slice(b"abc");
+    s.write_all(&frame).unwrap();
+    let r = read_response(&mut s).unwrap();
+    assert_eq!((r.id, r.status, r.len), (11, status::RPC_UNKNOWN, 0));
+}
+
+#[test]
+fn a_large_write_that_arrives_in_pieces_is_applied_whole() {
+    // The server grows a connection's buffer with the bytes that arrive, not with the announced length; a payload
+    // many times the initial buffer, sent in pieces with pauses, must still land whole.
+    let h = Harness::new(2 << 20, 1 << 16);
+    let data = h.node.regions()[0].clone();
+    let len = 600_000usize;
+    assert!(data.len >= len as u64);
+    let payload: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    let mut s = raw_client(&h);
+    s.write_all(&header(&data, op::WRITE, len as u32, 12))
+        .unwrap();
+    for piece in payload.chunks(100_000) {
+        std::thread::sleep(Duration::from_millis(5));
+        s.write_all(piece).unwrap();
+    }
+    let r = read_response(&mut s).unwrap();
+    assert_eq!((r.id, r.status), (12, status::OK));
+    let mut back = vec![0u8; len];
+    h.connect(true)
+        .read(data.at(data.start), &mut back)
+        .unwrap();
+    assert!(back == payload, "the pool holds something else");
 }

@@ -64,7 +64,12 @@ impl RemoteIndex {
             offset: header,
             reason,
         };
-        if header % 64 != 0 || header < data.start || header + HEADER_LEN > data.end() {
+        if header % 64 != 0
+            || header < data.start
+            || header
+                .checked_add(HEADER_LEN)
+                .is_none_or(|end| end > data.end())
+        {
             return Err(corrupt(
                 "the index header lies outside the data region".into(),
             ));

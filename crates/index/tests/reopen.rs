@@ -346,6 +346,8 @@ fn indexes_anchored_in_pool_words_live_side_by_side() {
         remote.candidates(&mut ep, hash(7), &mut out).unwrap();
         assert!(out.contains(&index.get(hash(7), |e| key_of(e) == 7).unwrap()));
     }
+    // A header offset from a damaged root or reply: aligned, but so high that the header's end overflows.
+    assert!(RemoteIndex::connect_at(&mut ep, u64::MAX - 63).is_err());
 }
 
 /// CRC32C (Castagnoli), bitwise: the index header's checksum.

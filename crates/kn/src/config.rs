@@ -74,6 +74,17 @@ impl KnConfig {
                 self.max_value_len
             ));
         }
+        // The memory node's index names an entry by an `EntryRef`, whose length field bounds an entry.
+        let largest = dinomo_log::entry_len(self.max_key_len, self.max_value_len) as u64;
+        if largest > dinomo_log::EntryRef::MAX_LEN {
+            return bad(format!(
+                "max_key_len {} + max_value_len {} need {largest} bytes per log entry, above the log format's \
+                 limit of {} bytes",
+                self.max_key_len,
+                self.max_value_len,
+                dinomo_log::EntryRef::MAX_LEN
+            ));
+        }
         if self.max_unmerged_segments == 0 || self.max_batch == 0 || self.queue_depth == 0 {
             return bad(
                 "max_unmerged_segments, max_batch and queue_depth must be at least 1".into(),
@@ -81,5 +92,26 @@ impl KnConfig {
         }
         self.key_stats.validate().map_err(crate::KnError::Config)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_whose_entries_an_entry_ref_cannot_name_are_refused() {
+        let fits = KnConfig {
+            max_value_len: 64 << 20,
+            ..KnConfig::default()
+        };
+        fits.validate().unwrap();
+        // 1 GiB passes the 4 GiB bound of the value length, but an entry that large cannot be indexed.
+        let too_large = KnConfig {
+            max_value_len: 1 << 30,
+            ..KnConfig::default()
+        };
+        let err = too_large.validate().unwrap_err().to_string();
+        assert!(err.contains("limit of"), "{err}");
     }
 }

@@ -357,7 +357,10 @@ impl OpCounts {
 
     /// Operations of every kind.
     pub fn total(&self) -> u64 {
-        self.by_kind().iter().map(|(_, n)| n).sum()
+        // Saturating: the counts may come from a peer's report.
+        self.by_kind()
+            .iter()
+            .fold(0u64, |total, (_, n)| total.saturating_add(*n))
     }
 
     fn count(&mut self, op: &DataOp) {
@@ -531,6 +534,13 @@ fn claim_log(
         .map_err(refused)?;
     let hash_mode = HashMode::from_word(log.hash_mode)
         .ok_or_else(|| KnError::Corrupt(format!("unknown hash mode {:#x}", log.hash_mode)))?;
+    // Sequence numbers start at 1 and must have room to grow.
+    if log.next_seq == 0 || log.next_seq == u64::MAX {
+        return Err(KnError::Corrupt(format!(
+            "the memory node gave log {} the next sequence number {}",
+            log.log_id, log.next_seq
+        )));
+    }
     let room = log.segment_size.saturating_sub(SEGMENT_HEADER_LEN as u64);
     let largest = entry_len(cfg.max_key_len, cfg.max_value_len) as u64;
     if largest > room {
@@ -667,7 +677,10 @@ impl Worker {
         }
         // The key's hash, once: the access statistics, the conflict check and the log all use it.
         let hash = cmd.key().map(dinomo_log::key_hash);
-        if let (Some(sketch), Some(key), Some(h)) = (&mut self.key_sketch, cmd.key(), hash) {
+        // A key over the limit is refused below; the sketch must not keep a copy of it.
+        if let (Some(sketch), Some(key), Some(h)) = (&mut self.key_sketch, cmd.key(), hash)
+            && key.len() <= self.cfg.max_key_len
+        {
             sketch.record_hashed(crate::hotkeys::sketch_hash_of(h), key);
         }
         if self.broken
@@ -723,9 +736,12 @@ impl Worker {
         if lease.is_open() {
             return true;
         }
-        let until = *self
-            .lease_wait_until
-            .get_or_insert_with(|| Instant::now() + lease.wait());
+        let until = *self.lease_wait_until.get_or_insert_with(|| {
+            // A wait too long for the clock is as good as forever.
+            let now = Instant::now();
+            now.checked_add(lease.wait())
+                .unwrap_or(now + Duration::from_secs(100 * 365 * 24 * 3600))
+        });
         let served = lease.wait_open(until);
         if served {
             self.stats.lease_waits_served += 1;
@@ -1221,6 +1237,7 @@ impl Worker {
         encode_entry(&mut seg.buf, op, self.log.log_id, seq, key, value);
         seg.last_seq = seq;
         self.next_seq += 1;
+        // Granted segments are aligned (`check_grant`) and entries are no longer than `KnConfig::validate` allows.
         let r = EntryRef::new(seg.entries_offset() + at as u64, len as u64).expect("aligned entry");
         seg.keys.insert(hash, at as u32);
         Ok((r, seq))
@@ -1249,7 +1266,7 @@ impl Worker {
             )
             .map_err(|e| self.fail_rpc(e))?;
         self.seal_active();
-        let capacity = (granted.capacity - SEGMENT_HEADER_LEN as u64) as usize;
+        let capacity = self.check_grant(&granted)?;
         let mut buf = self.spare_buffers.pop().unwrap_or_default();
         buf.clear();
         buf.reserve_exact(capacity);
@@ -1263,6 +1280,31 @@ impl Worker {
         });
         self.note_merged(granted.merged_seq);
         Ok(())
+    }
+
+    /// The entry bytes a granted segment holds, once the grant is known to be usable: 8-byte aligned, inside the
+    /// data region, room for the largest entry, positions that fit the segment's key table.
+    fn check_grant(&mut self, granted: &proto::SegmentGranted) -> Result<usize, KnError> {
+        let largest = entry_len(self.cfg.max_key_len, self.cfg.max_value_len) as u64;
+        let header = SEGMENT_HEADER_LEN as u64;
+        let usable = granted.offset % 8 == 0
+            && granted.offset >= self.data.start
+            && granted
+                .offset
+                .checked_add(granted.capacity)
+                .is_some_and(|end| end <= self.data.end())
+            && granted.capacity >= header + largest
+            && granted.capacity - header <= u64::from(u32::MAX);
+        if !usable {
+            // The memory node sealed the old segment and expects entries in this one: nothing can be written
+            // safely, so this thread stops logging until it reconnects.
+            self.broken = true;
+            return Err(KnError::Corrupt(format!(
+                "the memory node granted an unusable log segment ({} bytes at {:#x})",
+                granted.capacity, granted.offset
+            )));
+        }
+        Ok((granted.capacity - header) as usize)
     }
 
     /// Moves the active segment (which the memory node has just sealed) to the sealed ones.

@@ -131,6 +131,70 @@ fn memory_node_restart_merges_committed_entries_and_rejects_torn_ones() -> anyho
 }
 
 #[test]
+fn a_segment_chain_forged_through_the_data_region_is_refused_at_start() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("forged.pool");
+    let opts = PoolOptions {
+        size: 64 << 20,
+        segment_size: 16 << 10,
+        persist: PersistMode::Volatile,
+    };
+    let head_word;
+    let head;
+    {
+        let pool = Arc::new(Pool::create(&path, &opts)?);
+        let processor = Processor::start(pool.clone(), &small_processor())?;
+        let node = MemoryNode::new(pool.clone(), NodeConfig::default());
+        processor.serve(&node);
+        let mut w = DirectWorker::start(
+            kn(1 << 20),
+            0,
+            Connector::new(Target::InProcess(node.clone())),
+        )?;
+        for i in 0..10u32 {
+            w.set(format!("k{i}").as_bytes(), b"committed")?;
+        }
+        drop(w);
+        processor.shutdown();
+        head_word = pool.root(dinomo_log::roots::LOG_DIRECTORY)? + 64 + 8;
+        let mut word = [0u8; 8];
+        pool.read(head_word, &mut word)?;
+        head = u64::from_le_bytes(word);
+        pool.close()?;
+    }
+    // Any client may WRITE the data region, the log directory and segments included. A copy of the head's header
+    // placed inside the segment, and the directory pointed at it (aligned, then not), is not a segment the
+    // processor allocated: starting must fail with a clear error, never panic, and change nothing.
+    for forged in [head + 4096, head + 4100] {
+        {
+            let pool = Pool::open(&path, PersistMode::Volatile)?.0;
+            let mut header = [0u8; 64];
+            pool.read(head, &mut header)?;
+            pool.write(forged, &header)?;
+            pool.write(head_word, &forged.to_le_bytes())?;
+            pool.close()?;
+        }
+        let pool = Arc::new(Pool::open(&path, PersistMode::Volatile)?.0);
+        let err = match Processor::start(pool.clone(), &small_processor()) {
+            Ok(_) => anyhow::bail!("a forged chain at {forged:#x} was accepted"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            err.contains("not an allocated log segment"),
+            "{forged:#x}: {err}"
+        );
+        let mut word = [0u8; 8];
+        pool.read(head_word, &mut word)?;
+        assert_eq!(
+            u64::from_le_bytes(word),
+            forged,
+            "the refused start wrote nothing"
+        );
+    }
+    Ok(())
+}
+
+#[test]
 fn space_stays_bounded_under_a_long_update_heavy_run() -> anyhow::Result<()> {
     let cfg = EmbeddedConfig {
         pool_size: 64 << 20,

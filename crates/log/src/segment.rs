@@ -163,7 +163,11 @@ pub fn scan(
         }
         visit(at, &e);
         at += e.len();
-        expected += 1;
+        // The last sequence number ends the log: nothing can follow it.
+        let Some(next) = expected.checked_add(1) else {
+            return (at, ScanEnd::Complete);
+        };
+        expected = next;
     }
     (at, ScanEnd::Complete)
 }
@@ -189,6 +193,20 @@ mod tests {
             ..h
         };
         assert_eq!(SegmentHeader::decode(&bad.encode()), None);
+    }
+
+    #[test]
+    fn the_last_sequence_number_ends_a_scan() {
+        // Sequence numbers come from the pool, which any client may write: an entry numbered u64::MAX is valid,
+        // and nothing can follow it.
+        let mut data = Vec::new();
+        encode_entry(&mut data, Op::Put, 1, u64::MAX, b"k", b"v");
+        let first_len = data.len();
+        encode_entry(&mut data, Op::Put, 1, 0, b"k2", b"v2");
+        let mut seen = Vec::new();
+        let (end, how) = scan(&data, 1, u64::MAX, |_, e| seen.push(e.header.seq));
+        assert_eq!(seen, vec![u64::MAX]);
+        assert_eq!((end, how), (first_len, ScanEnd::Complete));
     }
 
     #[test]

@@ -460,6 +460,12 @@ impl Coordinator {
                         }
                         continue;
                     };
+                    // The stamp word lies outside the block's checksum; the last stamp would leave no next one.
+                    if stamp == u64::MAX {
+                        out.damaged += 1;
+                        stale.push(r);
+                        continue;
+                    }
                     if stamp == 0 {
                         unstamped
                             .entry((key.to_vec(), version))

@@ -123,7 +123,7 @@ pub struct CloverLayout {
     pub cells: u64,
     /// Data slots on this memory node. Default 65536.
     pub slots: u64,
-    /// Longest key in bytes (at most 65535). Default 64.
+    /// Longest key in bytes (at most 65534: a cell stores its length + 1). Default 64.
     pub max_key: u32,
     /// Longest value in bytes. Default 1024.
     pub max_value: u32,
@@ -182,12 +182,13 @@ impl CloverLayout {
         if self.cells == 0
             || self.slots == 0
             || self.slots > u32::MAX as u64
-            || self.max_key > u16::MAX as u32
+            // A cell's tag word stores the key length + 1.
+            || self.max_key >= u16::MAX as u32
             || !(1..=16).contains(&self.replication)
             || area.is_none()
         {
             return Err(PdpmError::Config(format!(
-                "Clover area needs cells > 0, 0 < slots < 2^32, max_key <= 65535, replication 1 to 16 and a size \
+                "Clover area needs cells > 0, 0 < slots < 2^32, max_key <= 65534, replication 1 to 16 and a size \
                  that fits 64 bits: {self:?}"
             )));
         }
@@ -691,12 +692,7 @@ impl MetadataServer {
                 connectors.len()
             )));
         }
-        if config.max_probe as u64 > layout.cells {
-            return Err(PdpmError::Config(format!(
-                "max_probe {} exceeds the {} cells per node",
-                config.max_probe, layout.cells
-            )));
-        }
+        check_probe(config.max_probe, &layout)?;
         let (space, recovered) = rebuild(&mut nodes.eps, &nodes.areas, &layout, &config)?;
         tracing::info!(
             keys = recovered.keys,
@@ -1178,6 +1174,18 @@ fn probe_reads(
     out
 }
 
+/// A probe reads `max_probe` consecutive cells in at most two READs, each of which must name its length in 32 bits.
+fn check_probe(max_probe: u32, layout: &CloverLayout) -> Result<(), PdpmError> {
+    let bytes = u64::from(max_probe).saturating_mul(layout.cell_len());
+    if max_probe == 0 || u64::from(max_probe) > layout.cells || bytes > u64::from(u32::MAX) {
+        return Err(PdpmError::Config(format!(
+            "max_probe {max_probe} must be 1 to the {} cells per node, and its cells ({bytes} bytes) fit one READ",
+            layout.cells
+        )));
+    }
+    Ok(())
+}
+
 fn scan_probe(
     batch: &Batch,
     reads: &[(u32, u32, dinomo_fabric::Slot)],
@@ -1639,6 +1647,8 @@ impl CloverClient {
         }
         let mut ms = metadata_server.connect()?;
         let reply: LayoutReply = ms.call(method::LAYOUT, &())?;
+        reply.layout.check()?;
+        check_probe(reply.max_probe, &reply.layout)?;
         if reply.nodes as usize != memory_nodes.len() {
             return Err(PdpmError::Config(format!(
                 "the metadata server manages {} memory nodes, {} given",
@@ -2853,6 +2863,35 @@ impl Drop for CloverClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn probes_and_key_lengths_beyond_the_formats_limits_are_refused() {
+        let layout = CloverLayout::default();
+        check_probe(16, &layout).unwrap();
+        check_probe(layout.cells as u32, &layout).unwrap();
+        // None, more than the cells, or more bytes than one READ can name (the metadata server's reply is checked
+        // the same way, so a bad reply cannot make a client overflow its probe lengths).
+        for bad in [0, layout.cells as u32 + 1] {
+            assert!(check_probe(bad, &layout).is_err(), "{bad}");
+        }
+        let wide = CloverLayout {
+            cells: 1 << 20,
+            max_key: 60_000,
+            ..layout.clone()
+        };
+        assert!(check_probe(1 << 20, &wide).is_err());
+        // A cell's tag stores the key length + 1 in 16 bits.
+        let longest = CloverLayout {
+            max_key: 65_534,
+            ..layout.clone()
+        };
+        longest.check().unwrap();
+        let too_long = CloverLayout {
+            max_key: 65_535,
+            ..layout
+        };
+        assert!(too_long.check().is_err());
+    }
 
     #[test]
     fn a_wrapped_slot_is_parked_before_it_is_free_again() {
