@@ -124,11 +124,15 @@ impl LatencyHistogram {
     /// Adds the latencies of `s` (checked first: a malformed summary changes nothing).
     pub fn merge(&mut self, s: &LatencySummary) -> Result<(), String> {
         s.validate()?;
+        // The buckets always add up to `count`, so a count that fits means every bucket does: merged whole or
+        // not at all, the quantiles stay exact.
+        self.count = self
+            .count
+            .checked_add(s.count)
+            .ok_or("the latency histogram cannot count that many more values")?;
         for &(i, c) in &s.buckets {
-            let slot = &mut self.counts[i as usize];
-            *slot = slot.saturating_add(c);
+            self.counts[i as usize] += c;
         }
-        self.count = self.count.saturating_add(s.count);
         self.sum_ns = self.sum_ns.saturating_add(s.sum_ns);
         self.max_ns = self.max_ns.max(s.max_ns);
         Ok(())
@@ -303,6 +307,33 @@ mod tests {
             assert!(acc.merge(&bad).is_err(), "{bad:?}");
             assert_eq!(acc.count(), 0);
         }
+    }
+
+    #[test]
+    fn a_merge_that_would_overflow_the_counts_is_refused_whole() {
+        // Two summaries, each valid, whose counts together exceed u64: the second must change nothing, so that the
+        // buckets still add up to the count and every quantile stays computable.
+        let first = LatencySummary {
+            count: 1 << 63,
+            sum_ns: 0,
+            max_ns: 0,
+            buckets: vec![(0, 1 << 63)],
+        };
+        let second = LatencySummary {
+            count: u64::MAX,
+            sum_ns: u64::MAX,
+            max_ns: 1,
+            buckets: vec![(bucket_of(1) as u16, u64::MAX)],
+        };
+        let mut h = LatencyHistogram::new();
+        h.merge(&first).unwrap();
+        assert!(h.merge(&second).is_err());
+        assert_eq!(h.count(), 1 << 63);
+        assert_eq!(h.quantile_ns(0.99), 0);
+        assert_eq!(
+            h.counts_below_powers_of_two(0..=1),
+            vec![(0, 1 << 63), (1, 1 << 63)]
+        );
     }
 
     proptest! {

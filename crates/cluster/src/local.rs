@@ -209,9 +209,15 @@ impl LocalCluster {
         let known: Vec<NodeId> = ClusterRecord::load(&*c.meta)?
             .map(|(r, _)| r.routing.ring.nodes().collect())
             .unwrap_or_default();
-        c.scaler
-            .next_id
-            .store(known.iter().max().map_or(1, |m| m + 1), Ordering::Release);
+        let next_id = match known.iter().max() {
+            None => 1,
+            Some(m) => m.checked_add(1).ok_or_else(|| {
+                ClusterError::Corrupt(format!(
+                    "the stored ring names node {m}, leaving no id for a new node"
+                ))
+            })?,
+        };
+        c.scaler.next_id.store(next_id, Ordering::Release);
         for i in 0..c.cfg.kns {
             let id = known
                 .get(i)
@@ -294,7 +300,7 @@ impl LocalCluster {
 
     /// Waits until the record's ring holds exactly the running nodes and every one of them serves under it.
     pub fn wait_until_serving(&self, timeout: Duration) -> Result<(), ClusterError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::deadline_after(timeout);
         loop {
             if let Some((r, _)) = ClusterRecord::load(&*self.meta)? {
                 let ring: Vec<NodeId> = r.routing.ring.nodes().collect();
@@ -541,7 +547,7 @@ impl Scaler for LocalScaler {
     fn add_node(&self) -> Result<NodeId, ClusterError> {
         let id = self.next_id.fetch_add(1, Ordering::AcqRel);
         self.start_node_with_id(id)?;
-        let deadline = Instant::now() + self.start_timeout;
+        let deadline = crate::deadline_after(self.start_timeout);
         loop {
             if let Some((r, _)) = ClusterRecord::load(&*self.meta)?
                 && r.routing.ring.contains(id)

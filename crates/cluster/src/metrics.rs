@@ -733,9 +733,9 @@ impl MetricsSource for MNodeMetrics {
             if let Some(slot) = by_kind.iter_mut().find(|(k, _)| *k == kind) {
                 slot.1 += 1;
             }
-            keys += e.moved_keys;
-            bytes += e.moved_bytes;
-            took += e.move_duration;
+            keys = keys.saturating_add(e.moved_keys);
+            bytes = bytes.saturating_add(e.moved_bytes);
+            took = took.saturating_add(e.move_duration);
         }
         for (kind, n) in &by_kind {
             out.counter(

@@ -415,7 +415,7 @@ impl State {
             next.routing.addrs.insert(id, info.addr.clone());
             next.routing
                 .ring
-                .set_epoch_at_least(record.routing.epoch() + 1);
+                .set_epoch_at_least(record.routing.epoch().saturating_add(1));
             next.store(&*self.meta, version)?;
             return Ok(());
         }
@@ -560,7 +560,7 @@ impl State {
             }
             next.routing
                 .ring
-                .set_epoch_at_least(record.routing.epoch() + 1);
+                .set_epoch_at_least(record.routing.epoch().saturating_add(1));
             next.routing.cells.insert(key.to_vec(), cell);
             // The nodes giving the key up install first; when the key becomes shared, that is its sole owner,
             // which moves the key's value into the cell before anyone else may serve it.
@@ -592,7 +592,7 @@ impl State {
             next.routing.ring.set_replication(key, 1);
             next.routing
                 .ring
-                .set_epoch_at_least(record.routing.epoch() + 1);
+                .set_epoch_at_least(record.routing.epoch().saturating_add(1));
             next.routing.cells.remove(key);
             // Every other owner stops and merges its log first; then the primary moves the value back into the
             // index.
@@ -647,7 +647,7 @@ impl State {
         let mut back = record.clone();
         back.routing
             .ring
-            .set_epoch_at_least(attempted.routing.epoch() + 1);
+            .set_epoch_at_least(attempted.routing.epoch().saturating_add(1));
         let undone = match self.install(&back.routing, nodes) {
             Ok(()) => true,
             Err(e) => {

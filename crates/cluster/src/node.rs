@@ -52,7 +52,8 @@ pub struct NodeConfig {
     /// Settings of the RESP server (its `listen` is replaced by `resp_listen`).
     pub resp: dinomo_resp::ServerConfig,
     /// Native clients the RESP connections share to forward keys this node does not own (each keeps a connection
-    /// to every owner it reached, so this bounds the connections a node opens to each other node). Default 32.
+    /// to every owner it reached, so this bounds the connections a node opens to each other node). Default 32, at most
+    /// 1024.
     pub resp_forward_clients: usize,
 }
 
@@ -435,7 +436,7 @@ impl ClusterNode {
     /// still routing by the old table then learn the new one from its refusals, instead of writing a request into a
     /// connection that closes under it (a write whose outcome they could not know).
     pub fn retire(self, quiet: Duration, max: Duration) {
-        let deadline = Instant::now() + max;
+        let deadline = crate::deadline_after(max);
         let mut seen = self.requests_seen();
         while Instant::now() < deadline {
             std::thread::sleep(quiet.min(deadline.saturating_duration_since(Instant::now())));
@@ -514,7 +515,7 @@ fn heartbeat_loop(
             }
             Err(e) => {
                 warn!(node = id, error = %e, "heartbeat failed");
-                due = Instant::now() + interval / 4;
+                due = crate::deadline_after(interval / 4);
             }
         }
     }

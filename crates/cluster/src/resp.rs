@@ -44,10 +44,11 @@ pub(crate) fn start(
     connector: Connector,
     native_addr: String,
 ) -> Result<dinomo_resp::RespServer, ClusterError> {
-    if config.resp_forward_clients == 0 {
-        return Err(ClusterError::Io(
-            "resp_forward_clients must be at least 1".into(),
-        ));
+    if !(1..=1024).contains(&config.resp_forward_clients) {
+        return Err(ClusterError::Io(format!(
+            "resp_forward_clients must be 1 to 1024, not {}",
+            config.resp_forward_clients
+        )));
     }
     let backend = NodeBackend {
         shared,
@@ -64,7 +65,7 @@ pub(crate) fn start(
         ),
         next_forwarder: AtomicUsize::new(0),
         memory: Arc::new(Mutex::new(None)),
-        worker_timeout: WORKER_REPLY_TIMEOUT.max(config.kn.merge_wait_timeout * 2),
+        worker_timeout: WORKER_REPLY_TIMEOUT.max(config.kn.merge_wait_timeout.saturating_mul(2)),
     };
     let server_config = dinomo_resp::ServerConfig {
         listen,

@@ -59,20 +59,25 @@ pub struct ClusterStatus {
 fn hits(s: &NodeStats) -> (u64, u64) {
     s.threads.iter().fold((0, 0), |(h, l), t| {
         (
-            h + t.value_hits + t.shortcut_hits + t.log_hits,
-            l + t.lookups,
+            // Saturating: the counts come from peers and must not overflow.
+            h.saturating_add(t.value_hits)
+                .saturating_add(t.shortcut_hits)
+                .saturating_add(t.log_hits),
+            l.saturating_add(t.lookups),
         )
     })
 }
 
 fn ops(s: &NodeStats) -> u64 {
-    s.threads.iter().map(|t| t.ops.total()).sum()
+    s.threads
+        .iter()
+        .fold(0u64, |n, t| n.saturating_add(t.ops.total()))
 }
 
 fn busy(s: &NodeStats) -> (u64, u64) {
-    s.threads
-        .iter()
-        .fold((0, 0), |(b, w), t| (b + t.busy_ns, w + t.wall_ns))
+    s.threads.iter().fold((0u64, 0u64), |(b, w), t| {
+        (b.saturating_add(t.busy_ns), w.saturating_add(t.wall_ns))
+    })
 }
 
 fn ratio(part: u64, whole: u64) -> Option<f64> {
@@ -252,7 +257,7 @@ impl ClusterStatus {
         }
         match &self.memory {
             Some(m) => {
-                let total = m.pool_used_bytes + m.pool_free_bytes;
+                let total = m.pool_used_bytes.saturating_add(m.pool_free_bytes);
                 out.push_str(&format!(
                     "memory node: pool {} used of {} ({}), {} keys in the index, merge backlog {} segments ({})\n",
                     bytes(m.pool_used_bytes),

@@ -185,8 +185,13 @@ pub fn read_frame<T: for<'de> Deserialize<'de>>(
     if len > max {
         return Err(FrameError::TooLarge { len, max });
     }
-    buf.resize(len as usize, 0);
-    r.read_exact(buf)?;
+    // Read what arrives rather than zero-fill what the prefix announces: a peer that sends only a length must not
+    // make this connection hold `max` bytes.
+    buf.clear();
+    let got = r.take(u64::from(len)).read_to_end(buf)?;
+    if got < len as usize {
+        return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+    }
     postcard::from_bytes(buf).map_err(|e| FrameError::Malformed(e.to_string()))
 }
 

@@ -26,6 +26,9 @@ use crate::session::{Flow, Session, Shared};
 pub const DEFAULT_MAX_CLIENTS: usize = 10_000;
 /// Default of [`ServerConfig::max_pipeline`].
 pub const DEFAULT_MAX_PIPELINE: usize = 1024;
+/// The most [`ServerConfig::io_threads`] a server starts.
+pub const MAX_IO_THREADS: usize = 1024;
+
 /// Default of [`ServerConfig::io_threads`].
 pub const DEFAULT_IO_THREADS: usize = 1;
 /// Readiness events taken from the kernel per wait.
@@ -61,7 +64,7 @@ pub struct ServerConfig {
     /// Default [`DEFAULT_MAX_PIPELINE`].
     pub max_pipeline: usize,
     /// Event-loop threads serving the connections (each connection stays on one; Redis's `io-threads`, but
-    /// each thread also runs the commands). Default [`DEFAULT_IO_THREADS`].
+    /// each thread also runs the commands). Default [`DEFAULT_IO_THREADS`], at most [`MAX_IO_THREADS`].
     pub io_threads: usize,
     /// Prefix of thread names. Default `dinomo-resp`.
     #[serde(skip)]
@@ -169,6 +172,12 @@ impl RespServer {
             return Err(ServerError::Config(
                 "max_clients, max_pipeline and io_threads must be at least 1".into(),
             ));
+        }
+        if config.io_threads > MAX_IO_THREADS {
+            return Err(ServerError::Config(format!(
+                "io_threads {} is above the maximum of {MAX_IO_THREADS}",
+                config.io_threads
+            )));
         }
         let io = |error| ServerError::Io {
             addr: config.listen,

@@ -229,9 +229,15 @@ impl Reader<'_> {
         Ok(Some(rest[..len].to_vec()))
     }
 
+    /// Room reserved for an aggregate announcing `n` elements: bounded by what the rest of the input could hold
+    /// (an element takes at least 3 bytes) and by a constant, so that deep nesting cannot multiply it; a larger
+    /// aggregate grows as its elements arrive.
+    fn preallocation(&self, n: usize) -> usize {
+        n.min((self.input.len() - self.pos) / 3).min(1024)
+    }
+
     fn items(&mut self, n: usize, depth: usize) -> Result<Vec<Value>, Stop> {
-        // Preallocation is bounded by what the input could hold, not by the announced count.
-        let mut v = Vec::with_capacity(n.min(self.input.len() - self.pos));
+        let mut v = Vec::with_capacity(self.preallocation(n));
         for _ in 0..n {
             v.push(self.value(depth + 1)?);
         }
@@ -239,7 +245,7 @@ impl Reader<'_> {
     }
 
     fn pairs(&mut self, n: usize, depth: usize) -> Result<Vec<(Value, Value)>, Stop> {
-        let mut v = Vec::with_capacity(n.min(self.input.len() - self.pos));
+        let mut v = Vec::with_capacity(self.preallocation(n));
         for _ in 0..n {
             let k = self.value(depth + 1)?;
             v.push((k, self.value(depth + 1)?));
