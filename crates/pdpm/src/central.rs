@@ -723,7 +723,14 @@ impl Coordinator {
     fn take_granted(&self, client: u32, location: &Location) -> Result<(), RpcError> {
         let mut space = self.lock_space();
         let mine = space.granted.entry(client).or_default();
+        // Each block once: a repeated block would be freed twice later, and then granted twice.
+        let distinct = location
+            .0
+            .iter()
+            .enumerate()
+            .all(|(i, b)| !location.0[..i].contains(b));
         if location.0.len() != self.config.replication as usize
+            || !distinct
             || !location.0.iter().all(|b| mine.contains(b))
         {
             return Err(failed("location was not granted to this client"));

@@ -140,6 +140,65 @@ fn garbage_rpcs_get_errors_and_the_coordinator_keeps_serving() -> Result<()> {
     Ok(())
 }
 
+#[test]
+fn a_commit_naming_a_granted_block_twice_is_refused() -> Result<()> {
+    // The coordinator's own request shapes, as a client other than `CentralClient` would send them.
+    #[derive(serde::Serialize)]
+    struct GrantRequest {
+        client: u32,
+        count: u32,
+    }
+    #[derive(serde::Serialize)]
+    enum Expect {
+        Any,
+    }
+    #[derive(serde::Serialize)]
+    struct CommitRequest {
+        client: u32,
+        key: Vec<u8>,
+        location: central::Location,
+        version: u64,
+        expect: Expect,
+    }
+    let s = setup(
+        2,
+        8,
+        CoordinatorConfig {
+            replication: 2,
+            ..CoordinatorConfig::default()
+        },
+    );
+    let mut ep = s.coordinator_connector(true).connect()?;
+    let granted: Vec<central::Location> = ep.call(
+        central::method::GRANT,
+        &GrantRequest {
+            client: 7,
+            count: 1,
+        },
+    )?;
+    let first = granted[0].0[0];
+    let twice = CommitRequest {
+        client: 7,
+        key: b"k".to_vec(),
+        location: central::Location(vec![first, first]),
+        version: 1,
+        expect: Expect::Any,
+    };
+    assert!(
+        ep.call::<_, bool>(central::method::COMMIT, &twice).is_err(),
+        "a location repeating one block would later be freed twice"
+    );
+    // The grant is untouched: committing it as granted works, and no block was freed twice.
+    let proper = CommitRequest {
+        location: granted[0].clone(),
+        ..twice
+    };
+    assert!(ep.call::<_, bool>(central::method::COMMIT, &proper)?);
+    let free: usize = s.coordinator.free_blocks().iter().sum();
+    assert_eq!(free, 2 * 8 - 2);
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
