@@ -251,8 +251,8 @@ impl Loop {
         let epoch = self.cfg.monitoring_epoch;
         let period = self.cfg.policy.decision_period;
         let mut window = SampleWindow::new();
-        let mut next_epoch = crate::deadline_after(epoch);
-        let mut next_decision = crate::deadline_after(period);
+        let mut next_epoch = dinomo_kn::deadline_after(epoch);
+        let mut next_decision = dinomo_kn::deadline_after(period);
         loop {
             match stop.recv_timeout(next_epoch.saturating_duration_since(Instant::now())) {
                 Err(RecvTimeoutError::Timeout) => {}
@@ -262,7 +262,7 @@ impl Loop {
             next_epoch = next_epoch.checked_add(epoch).unwrap_or(next_epoch).max(now);
             if !self.actuator.is_leading() {
                 window = SampleWindow::new();
-                next_decision = crate::deadline_after(period);
+                next_decision = dinomo_kn::deadline_after(period);
                 continue;
             }
             let record = match ClusterRecord::load(&*self.meta) {
@@ -283,7 +283,7 @@ impl Loop {
             if Instant::now() < next_decision {
                 continue;
             }
-            next_decision = crate::deadline_after(period);
+            next_decision = dinomo_kn::deadline_after(period);
             if let Some(t) = self.actuator.last_membership_change() {
                 self.engine.note_membership_change(t);
             }

@@ -171,7 +171,7 @@ impl Client {
             latency_since: Instant::now(),
             report_support: HashMap::new(),
         };
-        let deadline = crate::deadline_after(c.cfg.op_timeout);
+        let deadline = dinomo_kn::deadline_after(c.cfg.op_timeout);
         while !c.refresh(0, None) {
             if Instant::now() > deadline {
                 return Err(ClientError::Unavailable(
@@ -274,7 +274,7 @@ impl Client {
             .key()
             .ok_or_else(|| ClientError::Invalid("not a data request".into()))?;
         let write = body.is_write();
-        let deadline = crate::deadline_after(self.cfg.op_timeout);
+        let deadline = dinomo_kn::deadline_after(self.cfg.op_timeout);
         let mut pause = Duration::from_micros(200).min(self.cfg.max_retry_pause);
         let mut last = String::from("no routing table");
         loop {
@@ -349,7 +349,7 @@ impl Client {
             .ok_or_else(|| {
                 ClientError::Invalid(format!("node {node} is not in the routing table"))
             })?;
-        let deadline = crate::deadline_after(self.cfg.op_timeout);
+        let deadline = dinomo_kn::deadline_after(self.cfg.op_timeout);
         match self.attempt(&addr, &RequestBody::Stats, deadline) {
             Attempt::Done(ResponseBody::Stats(s)) => Ok(s),
             Attempt::Done(ResponseBody::Error { message, .. }) => {
@@ -483,7 +483,7 @@ impl Client {
     pub(crate) fn refresh(&mut self, min_epoch: u64, hint: Option<&str>) -> bool {
         let mut sources: Vec<String> = hint.into_iter().map(str::to_string).collect();
         sources.extend(self.cfg.seeds.iter().cloned());
-        let deadline = crate::deadline_after(self.cfg.connect_timeout);
+        let deadline = dinomo_kn::deadline_after(self.cfg.connect_timeout);
         for addr in sources {
             if let Attempt::Done(ResponseBody::Routing(r)) =
                 self.attempt(&addr, &RequestBody::Routing, deadline)

@@ -41,14 +41,6 @@ pub use rn::RoutingNode;
 pub use server::{Server, ServerLimits};
 pub use stats::{NodeEpochStats, SampleWindow};
 pub use variant::Variant;
-
-/// The instant `after` from now; a setting too large for the clock means "not in this process's lifetime"
-/// (a century) rather than a panic.
-pub(crate) fn deadline_after(after: std::time::Duration) -> std::time::Instant {
-    let now = std::time::Instant::now();
-    now.checked_add(after)
-        .unwrap_or_else(|| now + std::time::Duration::from_secs(100 * 365 * 24 * 3600))
-}
 pub use wire::Routing;
 
 /// What can go wrong running a cluster component.

@@ -300,7 +300,7 @@ impl LocalCluster {
 
     /// Waits until the record's ring holds exactly the running nodes and every one of them serves under it.
     pub fn wait_until_serving(&self, timeout: Duration) -> Result<(), ClusterError> {
-        let deadline = crate::deadline_after(timeout);
+        let deadline = dinomo_kn::deadline_after(timeout);
         loop {
             if let Some((r, _)) = ClusterRecord::load(&*self.meta)? {
                 let ring: Vec<NodeId> = r.routing.ring.nodes().collect();
@@ -524,7 +524,6 @@ impl LocalScaler {
         });
     }
 
-    /// Takes `node` out of the running set (the caller stops it, outside the lock).
     /// Stops `node`, removed from the ring, after its drain; false when no such node runs.
     fn retire(&self, node: NodeId) -> bool {
         let Some(n) = self.take(node) else {
@@ -535,6 +534,7 @@ impl LocalScaler {
         true
     }
 
+    /// Takes `node` out of the running set (the caller stops it, outside the lock).
     fn take(&self, node: NodeId) -> Option<ClusterNode> {
         let mut nodes = self.nodes();
         let i = nodes.iter().position(|n| n.id() == node)?;
@@ -547,7 +547,7 @@ impl Scaler for LocalScaler {
     fn add_node(&self) -> Result<NodeId, ClusterError> {
         let id = self.next_id.fetch_add(1, Ordering::AcqRel);
         self.start_node_with_id(id)?;
-        let deadline = crate::deadline_after(self.start_timeout);
+        let deadline = dinomo_kn::deadline_after(self.start_timeout);
         loop {
             if let Some((r, _)) = ClusterRecord::load(&*self.meta)?
                 && r.routing.ring.contains(id)

@@ -436,7 +436,7 @@ impl ClusterNode {
     /// still routing by the old table then learn the new one from its refusals, instead of writing a request into a
     /// connection that closes under it (a write whose outcome they could not know).
     pub fn retire(self, quiet: Duration, max: Duration) {
-        let deadline = crate::deadline_after(max);
+        let deadline = dinomo_kn::deadline_after(max);
         let mut seen = self.requests_seen();
         while Instant::now() < deadline {
             std::thread::sleep(quiet.min(deadline.saturating_duration_since(Instant::now())));
@@ -515,7 +515,7 @@ fn heartbeat_loop(
             }
             Err(e) => {
                 warn!(node = id, error = %e, "heartbeat failed");
-                due = crate::deadline_after(interval / 4);
+                due = dinomo_kn::deadline_after(interval / 4);
             }
         }
     }

@@ -36,6 +36,9 @@ use crate::wire::{RequestBody, ResponseBody};
 /// longest a worker waits for the memory node to merge (`KnConfig::merge_wait_timeout`, 10 s by default).
 const WORKER_REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The most native clients a node's RESP connections share for forwarding ([`NodeConfig::resp_forward_clients`]).
+const MAX_FORWARD_CLIENTS: usize = 1024;
+
 /// Starts the RESP server of a node.
 pub(crate) fn start(
     listen: SocketAddr,
@@ -44,9 +47,9 @@ pub(crate) fn start(
     connector: Connector,
     native_addr: String,
 ) -> Result<dinomo_resp::RespServer, ClusterError> {
-    if !(1..=1024).contains(&config.resp_forward_clients) {
+    if !(1..=MAX_FORWARD_CLIENTS).contains(&config.resp_forward_clients) {
         return Err(ClusterError::Io(format!(
-            "resp_forward_clients must be 1 to 1024, not {}",
+            "resp_forward_clients must be 1 to {MAX_FORWARD_CLIENTS}, not {}",
             config.resp_forward_clients
         )));
     }

@@ -579,18 +579,31 @@ impl RpcHandler for Handler {
     }
 }
 
-/// Reads the header of the segment at `offset`.
-fn read_segment_header(pool: &Pool, offset: u64) -> Result<SegmentHeader, ProcessorError> {
+/// Reads the header of the log segment a chain names at `offset`, which must be one of the allocated log segment
+/// `extents` (offset → length) and as long as its header says: the data region is writable by every client, so a
+/// chain word or header pointing elsewhere is corruption, not a segment.
+fn read_segment_header(
+    pool: &Pool,
+    offset: u64,
+    extents: &HashMap<u64, u64>,
+) -> Result<SegmentHeader, ProcessorError> {
+    let not_a_segment = |why: &str| {
+        ProcessorError::Corrupt(format!(
+            "{offset:#x} is not an allocated log segment: {why}"
+        ))
+    };
+    let len = *extents
+        .get(&offset)
+        .ok_or_else(|| not_a_segment("no extent starts there"))?;
     let mut b = [0u8; SEGMENT_HEADER_LEN];
-    pool.read(offset, &mut b).map_err(|_| {
-        ProcessorError::Corrupt(format!("segment at {offset:#x} lies outside the pool"))
-    })?;
-    let h = SegmentHeader::decode(&b).ok_or_else(|| {
-        ProcessorError::Corrupt(format!("segment at {offset:#x} has no valid header"))
-    })?;
-    pool.check_range(offset, h.capacity).map_err(|_| {
-        ProcessorError::Corrupt(format!("segment at {offset:#x} runs past the pool"))
-    })?;
+    pool.read(offset, &mut b)?;
+    let h = SegmentHeader::decode(&b).ok_or_else(|| not_a_segment("no valid header"))?;
+    if h.capacity != len {
+        return Err(not_a_segment(&format!(
+            "its header says {} bytes, the extent holds {len}",
+            h.capacity
+        )));
+    }
     Ok(h)
 }
 
@@ -804,8 +817,7 @@ impl Inner {
     fn recover(&self) -> Result<(), ProcessorError> {
         let mut chained = HashSet::new();
         let mut logs = HashMap::new();
-        // A chain may only link whole segments this processor allocated: the data region is writable by every
-        // client, so a chain word or header pointing elsewhere is corruption, not a segment.
+        // A chain may only link whole segments this processor allocated.
         let segment_extents: HashMap<u64, u64> = self
             .pool
             .allocated()
@@ -826,13 +838,7 @@ impl Inner {
                         "log {log_id}: segment chain loops at {at:#x}"
                     )));
                 }
-                let h = read_segment_header(&self.pool, at)?;
-                if segment_extents.get(&at) != Some(&h.capacity) {
-                    return Err(ProcessorError::Corrupt(format!(
-                        "log {log_id}: {at:#x} is not an allocated log segment of {} bytes",
-                        h.capacity
-                    )));
-                }
+                let h = read_segment_header(&self.pool, at, &segment_extents)?;
                 if h.log_id != log_id {
                     return Err(ProcessorError::Corrupt(format!(
                         "log {log_id}: segment at {at:#x} belongs to log {}",

@@ -29,3 +29,11 @@ pub use worker::{
     Command, DataOp, DirectWorker, EpochStats, LeaseGate, OpCounts, Ownership, Reply, Tagged,
     WorkerStats,
 };
+
+/// The instant `after` from now; a setting too large for the clock means "not in this process's lifetime" (a
+/// century) rather than a panic.
+pub fn deadline_after(after: std::time::Duration) -> std::time::Instant {
+    let now = std::time::Instant::now();
+    now.checked_add(after)
+        .unwrap_or_else(|| now + std::time::Duration::from_secs(100 * 365 * 24 * 3600))
+}

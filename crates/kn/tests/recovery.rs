@@ -67,39 +67,52 @@ fn restarted_kv_node_has_its_log_merged_before_it_serves() -> anyhow::Result<()>
     Ok(())
 }
 
-#[test]
-fn memory_node_restart_merges_committed_entries_and_rejects_torn_ones() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("torn.pool");
+/// Where log 0's head segment is recorded: the directory's head word for it, and the segment it names.
+struct LogHead {
+    word: u64,
+    segment: u64,
+}
+
+/// Creates a pool file at `path`, commits ten keys through one worker of log 0 and stops the memory node, leaving
+/// the head segment open; returns the pool (still open) and where its head is.
+fn ten_committed_keys(path: &std::path::Path) -> anyhow::Result<(Arc<Pool>, LogHead)> {
     let opts = PoolOptions {
         size: 64 << 20,
         segment_size: 16 << 10,
         persist: PersistMode::Volatile,
     };
+    let pool = Arc::new(Pool::create(path, &opts)?);
+    let processor = Processor::start(pool.clone(), &small_processor())?;
+    let node = MemoryNode::new(pool.clone(), NodeConfig::default());
+    processor.serve(&node);
+    let mut w = DirectWorker::start(
+        kn(1 << 20),
+        0,
+        Connector::new(Target::InProcess(node.clone())),
+    )?;
+    for i in 0..10u32 {
+        w.set(format!("k{i}").as_bytes(), b"committed")?;
+    }
+    drop(w);
+    processor.shutdown();
+    let word = pool.root(dinomo_log::roots::LOG_DIRECTORY)? + 64 + 8;
+    let mut head = [0u8; 8];
+    pool.read(word, &mut head)?;
+    let segment = u64::from_le_bytes(head);
+    Ok((pool, LogHead { word, segment }))
+}
+
+#[test]
+fn memory_node_restart_merges_committed_entries_and_rejects_torn_ones() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("torn.pool");
+    let log_id = 0u32;
     let head;
-    let log_id;
     {
-        let pool = Arc::new(Pool::create(&path, &opts)?);
-        let processor = Processor::start(pool.clone(), &small_processor())?;
-        let node = MemoryNode::new(pool.clone(), NodeConfig::default());
-        processor.serve(&node);
-        let mut w = DirectWorker::start(
-            kn(1 << 20),
-            0,
-            Connector::new(Target::InProcess(node.clone())),
-        )?;
-        for i in 0..10u32 {
-            w.set(format!("k{i}").as_bytes(), b"committed")?;
-        }
-        drop(w);
-        processor.shutdown();
-        // Find the open head segment and append a torn entry after the committed ones: what a crash in the
-        // middle of a WRITE leaves behind.
-        let dir_off = pool.root(dinomo_log::roots::LOG_DIRECTORY)?;
-        log_id = 0u32;
-        let mut word = [0u8; 8];
-        pool.read(dir_off + 64 + 8, &mut word)?;
-        head = u64::from_le_bytes(word);
+        let (pool, log_head) = ten_committed_keys(&path)?;
+        head = log_head.segment;
+        // Append a torn entry after the committed ones in the open head segment: what a crash in the middle of a
+        // WRITE leaves behind.
         let mut data = vec![0u8; 4096];
         pool.read(head + 64, &mut data)?;
         let (end, _) = dinomo_log::segment::scan(&data, log_id, 1, |_, _| {});
@@ -134,34 +147,10 @@ fn memory_node_restart_merges_committed_entries_and_rejects_torn_ones() -> anyho
 fn a_segment_chain_forged_through_the_data_region_is_refused_at_start() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("forged.pool");
-    let opts = PoolOptions {
-        size: 64 << 20,
-        segment_size: 16 << 10,
-        persist: PersistMode::Volatile,
-    };
-    let head_word;
-    let head;
-    {
-        let pool = Arc::new(Pool::create(&path, &opts)?);
-        let processor = Processor::start(pool.clone(), &small_processor())?;
-        let node = MemoryNode::new(pool.clone(), NodeConfig::default());
-        processor.serve(&node);
-        let mut w = DirectWorker::start(
-            kn(1 << 20),
-            0,
-            Connector::new(Target::InProcess(node.clone())),
-        )?;
-        for i in 0..10u32 {
-            w.set(format!("k{i}").as_bytes(), b"committed")?;
-        }
-        drop(w);
-        processor.shutdown();
-        head_word = pool.root(dinomo_log::roots::LOG_DIRECTORY)? + 64 + 8;
-        let mut word = [0u8; 8];
-        pool.read(head_word, &mut word)?;
-        head = u64::from_le_bytes(word);
-        pool.close()?;
-    }
+    let (pool, log_head) = ten_committed_keys(&path)?;
+    pool.close()?;
+    drop(pool);
+    let (head_word, head) = (log_head.word, log_head.segment);
     // Any client may WRITE the data region, the log directory and segments included. A copy of the head's header
     // placed inside the segment, and the directory pointed at it (aligned, then not), is not a segment the
     // processor allocated: starting must fail with a clear error, never panic, and change nothing.

@@ -1647,8 +1647,6 @@ impl CloverClient {
         }
         let mut ms = metadata_server.connect()?;
         let reply: LayoutReply = ms.call(method::LAYOUT, &())?;
-        reply.layout.check()?;
-        check_probe(reply.max_probe, &reply.layout)?;
         if reply.nodes as usize != memory_nodes.len() {
             return Err(PdpmError::Config(format!(
                 "the metadata server manages {} memory nodes, {} given",
@@ -1675,6 +1673,8 @@ impl CloverClient {
                 why: "area differs from the metadata server's".into(),
             });
         }
+        // The layout is the memory nodes' own (checked when located); the probe length is the server's word alone.
+        check_probe(reply.max_probe, &nodes.layout)?;
         let id = new_client_id() ^ CLIENT_SEQ.fetch_add(1, Ordering::Relaxed).rotate_left(16);
         let id = if id == 0 { 1 } else { id };
         let background = Background::start(metadata_server.connect()?, id, &settings)?;
@@ -2445,7 +2445,7 @@ impl CloverClient {
                         let Some(zj) = ze.copy(j) else {
                             continue 'restart;
                         };
-                        let copies: Vec<Ptr> = ze.copies().collect();
+                        let copies: Copies = ze.copies().collect();
                         // Complete the link the writer of `z` left out.
                         let n = at.node() as usize;
                         let base = slot_addr(&self.nodes.areas[n], &self.layout, at.slot());

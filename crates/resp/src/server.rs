@@ -26,11 +26,10 @@ use crate::session::{Flow, Session, Shared};
 pub const DEFAULT_MAX_CLIENTS: usize = 10_000;
 /// Default of [`ServerConfig::max_pipeline`].
 pub const DEFAULT_MAX_PIPELINE: usize = 1024;
-/// The most [`ServerConfig::io_threads`] a server starts.
-pub const MAX_IO_THREADS: usize = 1024;
-
 /// Default of [`ServerConfig::io_threads`].
 pub const DEFAULT_IO_THREADS: usize = 1;
+/// The most [`ServerConfig::io_threads`] a server starts.
+pub const MAX_IO_THREADS: usize = 1024;
 /// Readiness events taken from the kernel per wait.
 const EVENTS_PER_POLL: usize = 1024;
 /// The token of a loop's waker (connections are numbered from 0).
