@@ -343,12 +343,10 @@ pub fn run_elastic(
         "dinomo-n has no selective replication: the replicate scenario runs on dinomo or dinomo-s"
     );
     let mut cluster = LocalCluster::start(cluster_config(o)).context("starting the cluster")?;
-    let seeds = vec![cluster.rn_addr().to_string()];
     let client_cfg = ClientConfig {
-        seeds: seeds.clone(),
         op_timeout: Duration::from_secs(10),
         max_retry_pause: Duration::from_millis(1),
-        ..ClientConfig::default()
+        ..cluster.client_config()
     };
     progress(&format!("loading {} keys", o.keys));
     load_every_record(

@@ -37,11 +37,17 @@ pub trait Actuator: Send + Sync {
     fn set_replication(&self, key: &[u8], factor: u32) -> Result<(), ClusterError>;
     /// When the latest membership change (join, removal, failure) completed, if any.
     fn last_membership_change(&self) -> Option<Instant>;
+    /// The cluster token, presented to the KV nodes when their statistics are collected.
+    fn cluster_token(&self) -> &str;
 }
 
 impl Actuator for MNode {
     fn is_leading(&self) -> bool {
         MNode::is_leading(self)
+    }
+
+    fn cluster_token(&self) -> &str {
+        MNode::cluster_token(self)
     }
 
     fn remove_node(&self, node: NodeId) -> Result<(), ClusterError> {
@@ -273,7 +279,11 @@ impl Loop {
                     continue;
                 }
             };
-            for (node, r) in collect_epoch(&record.routing, self.cfg.collect_timeout) {
+            for (node, r) in collect_epoch(
+                &record.routing,
+                self.actuator.cluster_token(),
+                self.cfg.collect_timeout,
+            ) {
                 match r.and_then(|st| window.add(&st)) {
                     Ok(()) => {}
                     Err(e) => warn!(node, error = %e, "autoscaler: no statistics from a node"),
@@ -392,6 +402,9 @@ mod tests {
         }
         fn last_membership_change(&self) -> Option<Instant> {
             None
+        }
+        fn cluster_token(&self) -> &str {
+            ""
         }
     }
 

@@ -21,15 +21,20 @@ use dinomo_ring::NodeId;
 
 use crate::latency::LatencyHistogram;
 use crate::wire::{
-    DEFAULT_MAX_FRAME, ErrorKind, RequestBody, RequestRef, Response, ResponseBody, Routing,
-    read_frame, write_frame,
+    DEFAULT_MAX_FRAME, ErrorKind, FrameError, PROTOCOL_VERSION, RequestBody, RequestRef, Response,
+    ResponseBody, Routing, Secret, read_frame, write_frame,
 };
 
+/// Largest answer to a handshake: a welcome or a refusal.
+const MAX_HANDSHAKE_REPLY: u32 = 64 << 10;
+
 /// Client settings.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ClientConfig {
     /// Routing nodes (or any KV nodes) to fetch the routing table from.
     pub seeds: Vec<String>,
+    /// The cluster token presented in every connection's handshake (`fabric.token`). Default: empty.
+    pub token: String,
     /// How long one operation may take, retries included. Default 5 s.
     pub op_timeout: Duration,
     /// Bound on establishing a connection. Default 1 s.
@@ -48,6 +53,7 @@ impl Default for ClientConfig {
     fn default() -> Self {
         ClientConfig {
             seeds: Vec::new(),
+            token: String::new(),
             op_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(1),
             max_frame: DEFAULT_MAX_FRAME,
@@ -55,6 +61,21 @@ impl Default for ClientConfig {
             report_latency: true,
             latency_report_period: Duration::from_secs(1),
         }
+    }
+}
+
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("seeds", &self.seeds)
+            .field("token", &Secret(self.token.clone()))
+            .field("op_timeout", &self.op_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("max_frame", &self.max_frame)
+            .field("max_retry_pause", &self.max_retry_pause)
+            .field("report_latency", &self.report_latency)
+            .field("latency_report_period", &self.latency_report_period)
+            .finish()
     }
 }
 
@@ -88,6 +109,58 @@ pub(crate) fn open_stream(addr: &str, timeout: Duration) -> std::io::Result<TcpS
     Ok(s)
 }
 
+/// Why a native-protocol session could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// The node could not be reached, or the connection failed before the handshake was answered.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// The node refused the handshake (a wrong cluster token, another protocol version); retrying cannot help.
+    #[error("refused the connection: {0}")]
+    Refused(String),
+}
+
+/// Connects to the KV or routing node at `addr` and does the handshake: presents the protocol version and the
+/// cluster `token`, and waits at most `timeout` for the welcome. The stream is then ready for requests.
+pub fn open_session(addr: &str, timeout: Duration, token: &str) -> Result<TcpStream, SessionError> {
+    let stream = open_stream(addr, timeout)?;
+    let wait = Some(timeout.max(Duration::from_millis(1)));
+    stream.set_read_timeout(wait)?;
+    stream.set_write_timeout(wait)?;
+    let hello = RequestBody::Hello {
+        version: PROTOCOL_VERSION,
+        token: Secret(token.to_string()),
+    };
+    let mut buf = Vec::new();
+    write_frame(
+        &mut &stream,
+        &RequestRef {
+            id: 0,
+            body: &hello,
+        },
+        &mut buf,
+    )?;
+    // Unbuffered: nothing past the answer may be consumed from the stream.
+    let answer = read_frame::<Response>(&mut &stream, &mut buf, MAX_HANDSHAKE_REPLY).map_err(
+        |e| match e {
+            FrameError::Io(e) => SessionError::Io(e),
+            e => SessionError::Refused(format!("unreadable answer to the handshake: {e}")),
+        },
+    )?;
+    match answer.body {
+        ResponseBody::Welcome { .. } => {}
+        ResponseBody::Error { message, .. } => return Err(SessionError::Refused(message)),
+        other => {
+            return Err(SessionError::Refused(format!(
+                "unexpected answer to the handshake: {other:?}"
+            )));
+        }
+    }
+    stream.set_read_timeout(None)?;
+    stream.set_write_timeout(None)?;
+    Ok(stream)
+}
+
 /// Whether the peer has closed or reset `stream`. A pooled connection found so carries nothing of the next request
 /// yet, so that request can go on a new connection instead of being written into a dead one (where a write would
 /// end with its outcome unknown). One non-blocking peek; bytes waiting (a late reply) mean the connection is open.
@@ -114,8 +187,8 @@ pub(crate) fn peer_closed(stream: &TcpStream) -> bool {
 }
 
 impl Conn {
-    fn open(addr: &str, timeout: Duration) -> std::io::Result<Conn> {
-        let s = open_stream(addr, timeout)?;
+    fn open(addr: &str, timeout: Duration, token: &str) -> Result<Conn, SessionError> {
+        let s = open_session(addr, timeout, token)?;
         Ok(Conn {
             reader: BufReader::new(s.try_clone()?),
             writer: BufWriter::new(s),
@@ -137,6 +210,8 @@ enum Attempt {
     Retry,
     /// Sent, no reply.
     Lost(String),
+    /// The node refused the connection's handshake: retrying cannot help.
+    Refused(String),
 }
 
 /// A client of a cluster. Not shared between threads: give each thread its own.
@@ -152,6 +227,8 @@ pub struct Client {
     latency_since: Instant,
     /// Whether each node address takes latency reports (absent: not asked yet).
     report_support: HashMap<String, bool>,
+    /// Why the last refused handshake was refused, until [`Client::connect`] reports it.
+    refused: Option<String>,
 }
 
 impl Client {
@@ -170,9 +247,13 @@ impl Client {
             latency: LatencyHistogram::new(),
             latency_since: Instant::now(),
             report_support: HashMap::new(),
+            refused: None,
         };
         let deadline = dinomo_kn::deadline_after(c.cfg.op_timeout);
         while !c.refresh(0, None) {
+            if let Some(why) = c.refused.take() {
+                return Err(ClientError::Invalid(why));
+            }
             if Instant::now() > deadline {
                 return Err(ClientError::Unavailable(
                     "no seed answered with a routing table".into(),
@@ -301,6 +382,7 @@ impl Client {
                         last = format!("node {node} at {addr} unreachable");
                         self.refresh(0, None);
                     }
+                    Attempt::Refused(why) => return Err(ClientError::Invalid(why)),
                     Attempt::Lost(why) if write => return Err(ClientError::Indeterminate(why)),
                     Attempt::Lost(why) => {
                         last = why;
@@ -360,6 +442,7 @@ impl Client {
                 "node {node} at {addr} unreachable"
             ))),
             Attempt::Lost(why) => Err(ClientError::Unavailable(why)),
+            Attempt::Refused(why) => Err(ClientError::Invalid(why)),
         }
     }
 
@@ -372,11 +455,16 @@ impl Client {
             self.conns.remove(addr);
         }
         if !self.conns.contains_key(addr) {
-            match Conn::open(addr, self.cfg.connect_timeout) {
+            match Conn::open(addr, self.cfg.connect_timeout, &self.cfg.token) {
                 Ok(c) => {
                     self.conns.insert(addr.to_string(), c);
                 }
-                Err(_) => return Attempt::Retry,
+                Err(SessionError::Io(_)) => return Attempt::Retry,
+                Err(e @ SessionError::Refused(_)) => {
+                    let why = format!("{addr} {e}");
+                    self.refused = Some(why.clone());
+                    return Attempt::Refused(why);
+                }
             }
         }
         if body.key().is_some() && !self.send_report_if_due(addr, deadline) {
@@ -529,13 +617,15 @@ fn unexpected(body: ResponseBody) -> ClientError {
     ClientError::Invalid(format!("unexpected reply {body:?}"))
 }
 
-/// One request to one server on a fresh connection, with a deadline (the M-node's calls to KV nodes).
+/// One request to one server on a fresh connection presenting `token`, with a deadline (the M-node's calls to KV
+/// nodes).
 pub(crate) fn call_once(
     addr: &str,
     body: &RequestBody,
+    token: &str,
     timeout: Duration,
 ) -> Result<ResponseBody, String> {
-    let mut conn = Conn::open(addr, timeout).map_err(|e| format!("{addr}: {e}"))?;
+    let mut conn = Conn::open(addr, timeout, token).map_err(|e| format!("{addr}: {e}"))?;
     let mut buf = Vec::new();
     write_frame(&mut conn.writer, &RequestRef { id: 1, body }, &mut buf)
         .and_then(|_| conn.writer.flush())
@@ -550,6 +640,7 @@ pub(crate) fn call_once(
 pub(crate) fn call_each<T: Send>(
     targets: &[(NodeId, String)],
     body: &RequestBody,
+    token: &str,
     timeout: Duration,
     answer: impl Fn(NodeId, &str, ResponseBody) -> Result<T, String> + Sync,
 ) -> Vec<(NodeId, Result<T, String>)> {
@@ -560,7 +651,7 @@ pub(crate) fn call_each<T: Send>(
                 let answer = &answer;
                 (
                     *n,
-                    s.spawn(move || answer(*n, addr, call_once(addr, body, timeout)?)),
+                    s.spawn(move || answer(*n, addr, call_once(addr, body, token, timeout)?)),
                 )
             })
             .collect();

@@ -17,8 +17,8 @@ use dinomo_ring::NodeId;
 use tracing::warn;
 
 use crate::{
-    Actuator, AutoscaleConfig, Autoscaler, ClusterError, ClusterNode, ClusterRecord, MNode,
-    MNodeConfig, NodeConfig, RoutingNode, Scaler, ServerLimits,
+    Actuator, AutoscaleConfig, Autoscaler, ClientConfig, ClusterError, ClusterNode, ClusterRecord,
+    MNode, MNodeConfig, NodeConfig, RoutingNode, Scaler, ServerLimits,
 };
 
 /// One memory node's RPCs: the processor's data-plane calls and the metadata service.
@@ -70,7 +70,8 @@ pub struct LocalClusterConfig {
     pub rn_refresh: Duration,
     /// The routing node's server limits.
     pub rn_limits: ServerLimits,
-    /// The memory node's fabric side (message limit, processor threads).
+    /// The memory node's fabric side (message limit, processor threads) and the cluster token, which every part
+    /// presents: the KV nodes to the memory node, the M-node and clients to the KV and routing nodes.
     pub memory_node: FabricNodeConfig,
     /// Limits of the cluster record kept in the pool.
     pub meta: MetaConfig,
@@ -114,6 +115,14 @@ impl Default for LocalClusterConfig {
             retire_max: Duration::from_secs(2),
         }
     }
+}
+
+/// An endpoint factory for the in-process memory node: the cluster token and the injected latency of `cfg`.
+fn in_process_connector(memory: &Arc<MemoryNode>, cfg: &LocalClusterConfig) -> Connector {
+    let mut c = Connector::new(Target::InProcess(memory.clone()));
+    c.config.cluster_token = cfg.memory_node.cluster_token.clone();
+    c.config.injected_latency_ns = cfg.injected_latency_ns;
+    c
 }
 
 /// A running in-process cluster.
@@ -167,8 +176,7 @@ impl LocalCluster {
             processor.rpc_handler(),
             meta.clone(),
         )));
-        let mut connector = Connector::new(Target::InProcess(memory.clone()));
-        connector.config.injected_latency_ns = cfg.injected_latency_ns;
+        let connector = in_process_connector(&memory, &cfg);
         let scaler = Arc::new(LocalScaler {
             nodes: Mutex::new(Vec::new()),
             next_id: AtomicU32::new(1),
@@ -204,6 +212,7 @@ impl LocalCluster {
             c.meta_store(),
             c.cfg.rn_refresh,
             c.cfg.rn_limits.clone(),
+            &c.cfg.memory_node.cluster_token,
         )?);
         // Nodes of an earlier run come back with their ids (and so their logs).
         let known: Vec<NodeId> = ClusterRecord::load(&*c.meta)?
@@ -253,9 +262,16 @@ impl LocalCluster {
     }
 
     fn connector(&self) -> Connector {
-        let mut c = Connector::new(Target::InProcess(self.memory.clone()));
-        c.config.injected_latency_ns = self.cfg.injected_latency_ns;
-        c
+        in_process_connector(&self.memory, &self.cfg)
+    }
+
+    /// Settings for a native client of this cluster: its routing node as the seed, and the cluster token.
+    pub fn client_config(&self) -> ClientConfig {
+        ClientConfig {
+            seeds: vec![self.rn_addr().to_string()],
+            token: self.cfg.memory_node.cluster_token.clone(),
+            ..ClientConfig::default()
+        }
     }
 
     /// The metadata store.

@@ -132,6 +132,8 @@ pub struct MNode {
     stop: Arc<AtomicBool>,
     /// Whether stopping gives the leadership up at once (a crash leaves it to expire).
     resign: Arc<AtomicBool>,
+    /// The cluster token, which the M-node presents to the KV nodes (the memory node's, which it shares).
+    token: String,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -151,6 +153,7 @@ impl MNode {
         // Moving a shared-nothing cluster's data may take as long as an install.
         let mut dpm = dpm;
         dpm.config.timeout = dpm.config.timeout.max(config.install_timeout);
+        let token = dpm.config.cluster_token.clone();
         let mut state = State {
             lease: meta.grant(config.lease_ttl)?,
             cfg: config,
@@ -181,8 +184,14 @@ impl MNode {
             leading,
             stop,
             resign,
+            token,
             thread: Some(thread),
         })
+    }
+
+    /// The cluster token it presents to the KV nodes.
+    pub fn cluster_token(&self) -> &str {
+        &self.token
     }
 
     /// Whether this M-node leads now.
@@ -681,6 +690,7 @@ impl State {
         let results = call_each(
             targets,
             &body,
+            &self.dpm.config.cluster_token,
             self.cfg.install_timeout,
             |_, _, r| match r {
                 ResponseBody::Done => Ok(()),

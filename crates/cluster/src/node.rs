@@ -264,6 +264,7 @@ impl ClusterNode {
         let server = Server::start(
             config.listen,
             config.limits.clone(),
+            &connector.config.cluster_token,
             shared.clone(),
             &format!("dinomo-kn{}", config.node_id),
         )

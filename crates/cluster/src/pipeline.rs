@@ -13,7 +13,7 @@ use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use crate::client::{Client, ClientConfig, ClientError, open_stream, peer_closed};
+use crate::client::{Client, ClientConfig, ClientError, SessionError, open_session, peer_closed};
 use crate::wire::{ErrorKind, RequestBody, RequestRef, Response, ResponseBody, write_frame};
 
 /// How one request ended.
@@ -165,7 +165,8 @@ impl PipelinedClient {
             self.conns.remove(&addr);
         }
         if !self.conns.contains_key(&addr) {
-            match open_stream(&addr, self.client.config().connect_timeout) {
+            let cfg = self.client.config();
+            match open_session(&addr, cfg.connect_timeout, &cfg.token) {
                 Ok(stream) => {
                     // A peer that stops reading must not block a write for ever.
                     let _ = stream.set_write_timeout(Some(self.client.config().op_timeout));
@@ -179,6 +180,13 @@ impl PipelinedClient {
                             in_flight: 0,
                         },
                     );
+                }
+                Err(e @ SessionError::Refused(_)) => {
+                    self.done.push_back(Completion {
+                        tag: p.tag,
+                        result: Err(ClientError::Invalid(format!("{addr} {e}"))),
+                    });
+                    return;
                 }
                 Err(e) => {
                     p.last = format!("node {node} at {addr} unreachable: {e}").into();

@@ -55,12 +55,13 @@ pub(crate) fn start(
     }
     let backend = NodeBackend {
         shared,
-        connector,
         // The node's own native server answers routing requests: the forwarding clients start there.
         forward: ClientConfig {
             seeds: vec![native_addr],
+            token: connector.config.cluster_token.clone(),
             ..ClientConfig::default()
         },
+        connector,
         forwarders: Arc::new(
             (0..config.resp_forward_clients)
                 .map(|_| Mutex::new(None))

@@ -65,17 +65,19 @@ pub struct RoutingNode {
 }
 
 impl RoutingNode {
-    /// Starts serving on `listen`, refreshing from `meta` every `refresh`.
+    /// Starts serving on `listen` to clients presenting the cluster token `token`, refreshing from `meta` every
+    /// `refresh`.
     pub fn start(
         listen: SocketAddr,
         meta: Arc<dyn MetaStore>,
         refresh: Duration,
         limits: ServerLimits,
+        token: &str,
     ) -> Result<RoutingNode, ClusterError> {
         let service = Arc::new(RoutingService {
             routing: RwLock::new(ClusterRecord::load(&*meta)?.map(|(r, _)| r.routing)),
         });
-        let server = Server::start(listen, limits, service.clone(), "dinomo-rn")
+        let server = Server::start(listen, limits, token, service.clone(), "dinomo-rn")
             .map_err(|e| ClusterError::Io(format!("cannot listen on {listen}: {e}")))?;
         let stop = Arc::new(AtomicBool::new(false));
         let poller = {

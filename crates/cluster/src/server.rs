@@ -14,8 +14,12 @@ use tracing::{debug, warn};
 
 use crate::node::NodeShared;
 use crate::wire::{
-    ErrorKind, FrameError, Request, RequestBody, Response, ResponseBody, read_frame, write_frame,
+    ErrorKind, FrameError, PROTOCOL_VERSION, Request, RequestBody, Response, ResponseBody,
+    read_frame, write_frame,
 };
+
+/// Largest first frame of a connection: a `Hello` carries a version and a token, nothing more.
+const MAX_HELLO_FRAME: u32 = 64 << 10;
 
 /// Limits of a server.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -25,6 +29,9 @@ pub struct ServerLimits {
     pub max_frame: u32,
     /// Connections served at once; more are closed right after accept. Default 1024.
     pub max_connections: usize,
+    /// How long a new connection may take to send its `Hello` before it is closed. Default 5 s.
+    #[serde(with = "humantime_serde")]
+    pub handshake_timeout: Duration,
 }
 
 impl Default for ServerLimits {
@@ -32,6 +39,7 @@ impl Default for ServerLimits {
         ServerLimits {
             max_frame: crate::wire::DEFAULT_MAX_FRAME,
             max_connections: 1024,
+            handshake_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -54,12 +62,26 @@ pub struct Server {
 }
 
 impl Server {
+    /// Serves `service` on `listen` to connections that present `token` in their handshake. Like Redis's protected
+    /// mode, a non-loopback address needs a token: without one, anyone who reaches the port could change the
+    /// cluster's ownership.
     pub(crate) fn start(
         listen: SocketAddr,
         limits: ServerLimits,
+        token: &str,
         service: Arc<dyn Service>,
         name: &str,
     ) -> std::io::Result<Server> {
+        if token.is_empty() && !listen.ip().is_loopback() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "refusing to serve the native protocol on non-loopback address {listen} without a cluster \
+                     token (set fabric.token or DINOMO_CLUSTER_TOKEN)"
+                ),
+            ));
+        }
+        let token: Arc<str> = token.into();
         let listener = TcpListener::bind(listen)?;
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -95,12 +117,13 @@ impl Server {
                         }
                         live.fetch_add(1, Ordering::AcqRel);
                         let slot = LiveSlot(live.clone());
-                        let (service, limits) = (service.clone(), limits.clone());
+                        let (service, limits, token) =
+                            (service.clone(), limits.clone(), token.clone());
                         let spawned = std::thread::Builder::new()
                             .name("dinomo-conn".into())
                             .spawn(move || {
                                 let _slot = slot;
-                                serve_connection(stream, &*service, &limits);
+                                serve_connection(stream, &*service, &limits, &token);
                             });
                         if spawned.is_err() {
                             warn!("cannot start a connection thread");
@@ -151,7 +174,78 @@ impl Drop for LiveSlot {
     }
 }
 
-fn serve_connection(stream: TcpStream, service: &dyn Service, limits: &ServerLimits) {
+/// Reads a connection's first frame, which must be a `Hello` of this protocol version with the cluster token, and
+/// answers it. False when the connection must close: refused (the refusal is sent), or gone.
+fn handshake(
+    stream: &TcpStream,
+    reader: &mut BufReader<&TcpStream>,
+    buf: &mut Vec<u8>,
+    limits: &ServerLimits,
+    token: &str,
+) -> bool {
+    let wait = Some(limits.handshake_timeout.max(Duration::from_millis(1)));
+    if stream.set_read_timeout(wait).is_err() || stream.set_write_timeout(wait).is_err() {
+        return false;
+    }
+    let (id, message) = match read_frame::<Request>(reader, buf, MAX_HELLO_FRAME) {
+        // Gone, or silent for the whole timeout.
+        Err(FrameError::Io(_)) => return false,
+        Err(e) => (u64::MAX, format!("no handshake: {e}")),
+        Ok(Request {
+            id,
+            body:
+                RequestBody::Hello {
+                    version,
+                    token: presented,
+                },
+        }) => {
+            if version != PROTOCOL_VERSION {
+                (
+                    id,
+                    format!(
+                        "native protocol version {version} is not spoken here (this node speaks \
+                         {PROTOCOL_VERSION})"
+                    ),
+                )
+            } else if !dinomo_fabric::token_matches(presented.0.as_bytes(), token.as_bytes()) {
+                (id, "wrong cluster token".to_string())
+            } else {
+                let welcome = Response {
+                    id,
+                    body: ResponseBody::Welcome {
+                        version: PROTOCOL_VERSION,
+                    },
+                };
+                return write_frame(&mut &*stream, &welcome, buf).is_ok()
+                    && stream.set_read_timeout(None).is_ok()
+                    && stream.set_write_timeout(None).is_ok();
+            }
+        }
+        Ok(Request { id, .. }) => (
+            id,
+            "the first request on a connection must be Hello, with the protocol version and the cluster token"
+                .to_string(),
+        ),
+    };
+    warn!(peer = ?stream.peer_addr().ok(), reason = %message, "refused a native-protocol connection");
+    let refusal = Response {
+        id,
+        body: ResponseBody::Error {
+            kind: ErrorKind::Refused,
+            message,
+        },
+    };
+    let _ = write_frame(&mut &*stream, &refusal, buf);
+    false
+}
+
+fn serve_connection(stream: TcpStream, service: &dyn Service, limits: &ServerLimits, token: &str) {
+    let mut reader = BufReader::new(&stream);
+    let mut buf = Vec::new();
+    if !handshake(&stream, &mut reader, &mut buf, limits, token) {
+        let _ = stream.shutdown(Shutdown::Both);
+        return;
+    }
     let Ok(write_half) = stream.try_clone() else {
         return;
     };
@@ -161,8 +255,6 @@ fn serve_connection(stream: TcpStream, service: &dyn Service, limits: &ServerLim
         .name("dinomo-conn-w".into())
         .spawn(move || write_loop(write_half, direct_rx, tagged_rx));
     let Ok(writer) = writer else { return };
-    let mut reader = BufReader::new(&stream);
-    let mut buf = Vec::new();
     loop {
         let req: Request = match read_frame(&mut reader, &mut buf, limits.max_frame) {
             Ok(r) => r,
@@ -182,6 +274,10 @@ fn serve_connection(stream: TcpStream, service: &dyn Service, limits: &ServerLim
         let id = req.id;
         let immediate = match req.body {
             RequestBody::Data(op) => service.submit(id, op, &tagged_tx),
+            RequestBody::Hello { .. } => Some(ResponseBody::Error {
+                kind: ErrorKind::Invalid,
+                message: "this connection's handshake is done already".into(),
+            }),
             other => Some(service.answer(other)),
         };
         if let Some(body) = immediate

@@ -153,9 +153,10 @@ impl NodeShared {
     }
 }
 
-/// Asks every node of `routing` for its epoch statistics, in parallel; each answer or why there is none.
+/// Asks every node of `routing` for its epoch statistics, in parallel, presenting `token`; each answer or why there is none.
 pub(crate) fn collect_epoch(
     routing: &Routing,
+    token: &str,
     timeout: Duration,
 ) -> Vec<(NodeId, Result<NodeEpochStats, String>)> {
     let targets: Vec<(NodeId, String)> = routing
@@ -166,6 +167,7 @@ pub(crate) fn collect_epoch(
     call_each(
         &targets,
         &RequestBody::EpochStats,
+        token,
         timeout,
         |n, addr, r| match r {
             ResponseBody::EpochStats(st) if st.node == n => {

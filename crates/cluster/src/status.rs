@@ -84,10 +84,15 @@ fn ratio(part: u64, whole: u64) -> Option<f64> {
     (whole > 0).then(|| part as f64 / whole as f64)
 }
 
-fn node_stats(targets: &[(NodeId, String)], timeout: Duration) -> Vec<Result<NodeStats, String>> {
+fn node_stats(
+    targets: &[(NodeId, String)],
+    token: &str,
+    timeout: Duration,
+) -> Vec<Result<NodeStats, String>> {
     call_each(
         targets,
         &RequestBody::Stats,
+        token,
         timeout,
         |_, addr, body| match body {
             ResponseBody::Stats(json) => serde_json::from_str(&json)
@@ -101,13 +106,14 @@ fn node_stats(targets: &[(NodeId, String)], timeout: Duration) -> Vec<Result<Nod
 }
 
 /// Asks `seed` for the routing table, samples every KV node's counters twice, `window` apart, and asks a live
-/// node for the memory node's statistics. `timeout` bounds each call.
+/// node for the memory node's statistics, presenting the cluster `token`. `timeout` bounds each call.
 pub fn collect(
     seed: &str,
+    token: &str,
     window: Duration,
     timeout: Duration,
 ) -> Result<ClusterStatus, ClusterError> {
-    let routing: Routing = match call_once(seed, &RequestBody::Routing, timeout) {
+    let routing: Routing = match call_once(seed, &RequestBody::Routing, token, timeout) {
         Ok(ResponseBody::Routing(r)) => r,
         Ok(ResponseBody::Error { message, .. }) => {
             return Err(ClusterError::Io(format!("{seed}: {message}")));
@@ -120,10 +126,10 @@ pub fn collect(
         .nodes()
         .map(|n| (n, routing.addrs.get(&n).cloned().unwrap_or_default()))
         .collect();
-    let first = node_stats(&targets, timeout);
+    let first = node_stats(&targets, token, timeout);
     let t0 = Instant::now();
     std::thread::sleep(window);
-    let second = node_stats(&targets, timeout);
+    let second = node_stats(&targets, token, timeout);
     let elapsed = t0.elapsed().as_secs_f64().max(1e-9);
     let mut nodes = Vec::new();
     for (((id, addr), a), b) in targets.iter().zip(first).zip(second) {
@@ -158,7 +164,7 @@ pub fn collect(
         nodes.push(status);
     }
     let memory = nodes.iter().filter(|n| n.alive).find_map(|n| {
-        match call_once(&n.addr, &RequestBody::MemoryStats, timeout) {
+        match call_once(&n.addr, &RequestBody::MemoryStats, token, timeout) {
             Ok(ResponseBody::Stats(json)) => serde_json::from_str(&json).ok(),
             _ => None,
         }

@@ -1,6 +1,10 @@
 //! The native protocol between clients (and the M-node) and KV nodes or routing nodes: length-prefixed frames
 //! (`u32` little-endian length, then a postcard body) carrying a request id, so a connection can keep many requests
 //! in flight and replies may come back in any order.
+//!
+//! Every connection opens with a handshake: the client's first request is [`RequestBody::Hello`] with the
+//! protocol version and the cluster token, and the server answers [`ResponseBody::Welcome`], or refuses
+//! ([`ErrorKind::Refused`]) and closes the connection. Nothing else is served before a welcome.
 
 use std::io::{self, Read, Write};
 
@@ -11,6 +15,9 @@ use crate::stats::NodeEpochStats;
 use dinomo_ring::{NodeId, Ring};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+
+/// Version of the native protocol, checked in the handshake: both ends must speak the same one.
+pub const PROTOCOL_VERSION: u32 = 1;
 
 /// Default bound on one frame: a value of the largest allowed size plus its key and headers fit comfortably.
 pub const DEFAULT_MAX_FRAME: u32 = 8 << 20;
@@ -31,6 +38,17 @@ impl Routing {
     /// The version of this table.
     pub fn epoch(&self) -> u64 {
         self.ring.epoch()
+    }
+}
+
+/// A secret on the wire: encoded as the plain string, shown by `Debug` only as its length.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "<secret of {} bytes>", self.0.len())
     }
 }
 
@@ -64,6 +82,13 @@ pub enum RequestBody {
     /// The statistics of the KV node's memory node (pool space, merge backlog, index), which the node fetches
     /// with the memory node's `STATS` call; answered with `Stats`, a JSON `ProcessorStats`.
     MemoryStats,
+    /// The handshake, first on every connection: answered with `Welcome`, or refused and the connection closed.
+    Hello {
+        /// [`PROTOCOL_VERSION`] of the client.
+        version: u32,
+        /// The cluster's shared secret (`fabric.token`; empty when the cluster has none).
+        token: Secret,
+    },
 }
 
 impl RequestBody {
@@ -128,6 +153,11 @@ pub enum ResponseBody {
     },
     /// A node's statistics of one monitoring epoch.
     EpochStats(Box<NodeEpochStats>),
+    /// The handshake was accepted.
+    Welcome {
+        /// The server's [`PROTOCOL_VERSION`].
+        version: u32,
+    },
 }
 
 /// Kinds of failure a client acts on.
@@ -140,6 +170,9 @@ pub enum ErrorKind {
     /// The node cannot serve now (stopping, fenced, the memory node unreachable before anything was written); the
     /// request was not applied and may be retried elsewhere.
     Unavailable,
+    /// The handshake was refused (a wrong cluster token, another protocol version, or no handshake at all); the
+    /// server closes the connection.
+    Refused,
 }
 
 /// Why a frame could not be read.
@@ -221,6 +254,7 @@ mod tests {
                     buckets: vec![(7, 1)],
                 }),
                 RequestBody::EpochStats,
+                RequestBody::Hello { version: PROTOCOL_VERSION, token: Secret(String::from_utf8_lossy(&key).into_owned()) },
             ];
             for body in &reqs {
                 write_frame(&mut wire, &Request { id, body: body.clone() }, &mut buf).unwrap();
@@ -248,6 +282,17 @@ mod tests {
                 let _ = read_frame::<Request>(&mut r, &mut buf, 256);
             }
         }
+    }
+
+    #[test]
+    fn a_hello_shows_its_token_only_as_a_length() {
+        let hello = RequestBody::Hello {
+            version: PROTOCOL_VERSION,
+            token: Secret("hunter2-secret".into()),
+        };
+        let shown = format!("{hello:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("<secret of 14 bytes>"), "{shown}");
     }
 
     #[test]

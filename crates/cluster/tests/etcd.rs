@@ -45,9 +45,19 @@ fn standby_mnode_takes_over_and_handles_failures_and_joins() -> Result<()> {
             ..ProcessorConfig::default()
         },
     )?;
-    let memory = MemoryNode::new(pool, FabricNodeConfig::default());
+    // Every part presents the cluster token: the KV nodes and M-nodes to the memory node, the M-nodes and the
+    // client to the KV and routing nodes.
+    const TOKEN: &str = "etcd-test-token";
+    let memory = MemoryNode::new(
+        pool,
+        FabricNodeConfig {
+            cluster_token: TOKEN.into(),
+            ..FabricNodeConfig::default()
+        },
+    );
     processor.serve(&memory);
-    let connector = Connector::new(Target::InProcess(memory.clone()));
+    let mut connector = Connector::new(Target::InProcess(memory.clone()));
+    connector.config.cluster_token = TOKEN.into();
     let node_cfg = |id| NodeConfig {
         node_id: id,
         kn: KnConfig {
@@ -80,9 +90,11 @@ fn standby_mnode_takes_over_and_handles_failures_and_joins() -> Result<()> {
         connect(&mut etcd)?,
         Duration::from_millis(20),
         ServerLimits::default(),
+        TOKEN,
     )?;
     let mut client = Client::connect(ClientConfig {
         seeds: vec![rn.local_addr().to_string()],
+        token: TOKEN.into(),
         op_timeout: Duration::from_secs(15),
         ..ClientConfig::default()
     })?;

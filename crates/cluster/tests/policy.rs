@@ -3,7 +3,7 @@
 //! stops, with every acknowledged write still readable.
 
 use std::io::{BufReader, BufWriter, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -29,7 +29,7 @@ fn client(c: &LocalCluster, report_every: Duration) -> anyhow::Result<Client> {
 }
 
 fn epoch_stats(addr: &str) -> anyhow::Result<NodeEpochStats> {
-    let mut s = TcpStream::connect(addr)?;
+    let mut s = dinomo_cluster::open_session(addr, Duration::from_secs(5), "")?;
     let mut buf = Vec::new();
     write_frame(
         &mut s,
@@ -145,6 +145,12 @@ fn old_node(listener: TcpListener, reports_seen: Arc<AtomicUsize>, stop: Arc<Ato
                         let _ = w.flush();
                         return;
                     }
+                    RequestBody::Hello { .. } => (
+                        req.id,
+                        ResponseBody::Welcome {
+                            version: dinomo_cluster::wire::PROTOCOL_VERSION,
+                        },
+                    ),
                     RequestBody::Routing => (req.id, ResponseBody::Routing(routing.clone())),
                     RequestBody::Data(_) => (req.id, ResponseBody::Applied(true)),
                     _ => (req.id, ResponseBody::Done),

@@ -81,7 +81,7 @@ fn nodes_serve_only_their_keys_and_refuse_the_rest() -> anyhow::Result<()> {
 fn raw_call(addr: &str, body: RequestBody) -> anyhow::Result<ResponseBody> {
     use dinomo_cluster::wire::{Request, Response, read_frame, write_frame};
     use std::io::Write;
-    let mut s = std::net::TcpStream::connect(addr)?;
+    let mut s = dinomo_cluster::open_session(addr, std::time::Duration::from_secs(5), "")?;
     let mut buf = Vec::new();
     write_frame(&mut s, &Request { id: 7, body }, &mut buf)?;
     s.flush()?;

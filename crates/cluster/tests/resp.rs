@@ -17,9 +17,11 @@ fn any_port() -> SocketAddr {
 }
 
 /// No test here kills a node, so leases are long: a machine loaded by other work must not make a node miss
-/// its heartbeats and fence itself mid-test.
+/// its heartbeats and fence itself mid-test. The cluster has a token, so forwarding (and the M-node's installs
+/// when nodes join and leave) present it on the native protocol.
 fn cluster(kns: usize) -> anyhow::Result<LocalCluster> {
     let mut cfg = common::small_cluster(kns);
+    cfg.memory_node.cluster_token = "resp-test-token".into();
     cfg.node.lease_ttl = Duration::from_secs(5);
     cfg.node.heartbeat = Duration::from_millis(50);
     cfg.resp_listen = vec![any_port()];

@@ -344,6 +344,8 @@ pub struct UpArgs {
     #[command(flatten)]
     pub policy: PolicyArgs,
     #[command(flatten)]
+    pub token: crate::dpm::ClusterToken,
+    #[command(flatten)]
     pub config: ConfigArgs,
 }
 
@@ -408,6 +410,7 @@ impl UpArgs {
         if let Some(l) = &self.resp_listen {
             cfg.up.resp_listen = l.clone();
         }
+        self.token.apply(cfg);
     }
 
     /// The flags given that only the DINOMO systems have.
@@ -622,12 +625,15 @@ pub struct StatusArgs {
     /// Print JSON instead of the table.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub token: crate::dpm::ClusterToken,
 }
 
 pub fn status(args: StatusArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.timeout_ms > 0, "--timeout-ms must be above zero");
     let s = dinomo_cluster::status::collect(
         &args.seed,
+        args.token.value.as_deref().unwrap_or_default(),
         Duration::from_millis(args.window_ms),
         Duration::from_millis(args.timeout_ms),
     )
@@ -646,6 +652,8 @@ pub struct KvArgs {
     /// A routing node (or any KV node).
     #[arg(long, default_value = "127.0.0.1:7200")]
     pub seed: String,
+    #[command(flatten)]
+    pub token: crate::dpm::ClusterToken,
     #[command(subcommand)]
     pub op: KvOp,
 }
@@ -710,7 +718,7 @@ pub fn local_cluster_config(cfg: &Config) -> LocalClusterConfig {
         rn_listen: cfg.rn.listen,
         rn_refresh: cfg.rn.refresh,
         rn_limits: cfg.rn.limits.clone(),
-        memory_node: cfg.dpm.node.clone(),
+        memory_node: memory_node(cfg),
         meta: cfg.dpm.meta.clone(),
         injected_latency_ns: cfg.fabric.endpoint.injected_latency_ns,
         resp_listen: if cfg.up.resp {
@@ -722,6 +730,14 @@ pub fn local_cluster_config(cfg: &Config) -> LocalClusterConfig {
         node_start_timeout: cfg.up.node_start_timeout,
         retire_quiet: cfg.up.retire_quiet,
         retire_max: cfg.up.retire_max,
+    }
+}
+
+/// The memory node's fabric side as the settings describe it, with the cluster token it requires.
+fn memory_node(cfg: &Config) -> dinomo_fabric::NodeConfig {
+    dinomo_fabric::NodeConfig {
+        cluster_token: cfg.fabric.token.clone(),
+        ..cfg.dpm.node.clone()
     }
 }
 
@@ -798,7 +814,7 @@ fn up_pdpm(
         data_dir,
         persist: cfg.pool.persist,
         endpoint: endpoint(cfg),
-        node: cfg.dpm.node.clone(),
+        node: memory_node(cfg),
         resp: dinomo_resp::ServerConfig {
             listen,
             ..cfg.kn.resp.clone()
@@ -870,6 +886,7 @@ pub fn rn(args: RnArgs) -> anyhow::Result<()> {
         store(&cfg)?,
         cfg.rn.refresh,
         cfg.rn.limits.clone(),
+        &cfg.fabric.token,
     )?;
     println!("dinomo rn listening on {}", rn.local_addr());
     let metrics = cfg
@@ -927,6 +944,7 @@ pub fn mnode(args: MnodeArgs) -> anyhow::Result<()> {
 pub fn kv(args: KvArgs) -> anyhow::Result<()> {
     let mut c = Client::connect(ClientConfig {
         seeds: vec![args.seed],
+        token: args.token.value.unwrap_or_default(),
         ..ClientConfig::default()
     })?;
     match args.op {

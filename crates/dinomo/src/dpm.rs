@@ -13,11 +13,12 @@ use dinomo_pool::{PersistMode, Pool, PoolOptions};
 use crate::config::{Config, ConfigArgs};
 use crate::size::parse_size;
 
-/// The memory node's shared secret: the dpm requires it of every fabric connection, and every process that
-/// connects presents it.
+/// The cluster's shared secret: the memory node requires it of every fabric connection, the KV and routing nodes
+/// of every native-protocol connection, and every process that connects presents it.
 #[derive(Debug, Clone, Default, Args)]
 pub struct ClusterToken {
-    /// Shared secret of the memory node's fabric; also read from DINOMO_CLUSTER_TOKEN [fabric.token].
+    /// Shared secret of the cluster (the memory node's fabric, the KV and routing nodes' native protocol); also
+    /// read from DINOMO_CLUSTER_TOKEN [fabric.token].
     #[arg(
         long = "token",
         value_name = "TOKEN",

@@ -2,7 +2,7 @@
 //! which a KV node is SIGKILLed under load: its keys are served again by the others (the memory node merged its
 //! log), every acknowledged write is there, and a node started later joins. Once with the memory node's index shared
 //! (DINOMO), once partitioned per KV node (`--partitioning per-node`, DINOMO-N: the keys' data moves between the
-//! nodes' partitions).
+//! nodes' partitions). Every process shares one cluster token, given through `DINOMO_CLUSTER_TOKEN`.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -10,6 +10,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dinomo_cluster::{Client, ClientConfig};
+
+/// The cluster token every process of these tests is given.
+const TOKEN: &str = "process-test-token";
 
 struct Proc {
     child: Child,
@@ -28,6 +31,7 @@ fn start(args: &[&str]) -> anyhow::Result<Proc> {
     let mut child = Command::new(env!("CARGO_BIN_EXE_dinomo"))
         .args(args)
         .env("DINOMO_LOG", "warn")
+        .env("DINOMO_CLUSTER_TOKEN", TOKEN)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()?;
@@ -134,6 +138,7 @@ impl Cluster {
     fn client(&self) -> anyhow::Result<Client> {
         Ok(Client::connect(ClientConfig {
             seeds: vec![self.rn_addr.clone()],
+            token: TOKEN.into(),
             op_timeout: Duration::from_secs(10),
             ..ClientConfig::default()
         })?)
@@ -297,5 +302,38 @@ fn a_kv_node_frozen_past_its_lease_restarts_itself_and_rejoins() -> anyhow::Resu
         Some(frozen),
         "key0 is back at the node that owned it"
     );
+    the_command_line_tools_present_the_token(&cluster.rn_addr)
+}
+
+/// `dinomo kv` and `dinomo status` present the token they are given, and without it are refused with the reason.
+fn the_command_line_tools_present_the_token(rn: &str) -> anyhow::Result<()> {
+    let tool = |args: &[&str], token: Option<&str>| -> anyhow::Result<std::process::Output> {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_dinomo"));
+        c.args(args).env("DINOMO_LOG", "warn");
+        match token {
+            Some(t) => c.env("DINOMO_CLUSTER_TOKEN", t),
+            None => c.env_remove("DINOMO_CLUSTER_TOKEN"),
+        };
+        Ok(c.output()?)
+    };
+    let set = tool(&["kv", "--seed", rn, "set", "cli", "yes"], Some(TOKEN))?;
+    assert!(set.status.success(), "{set:?}");
+    let get = tool(&["kv", "--seed", rn, "get", "cli"], Some(TOKEN))?;
+    assert_eq!(String::from_utf8_lossy(&get.stdout).trim(), "yes");
+    let status = tool(
+        &["status", "--seed", rn, "--window-ms", "50", "--json"],
+        Some(TOKEN),
+    )?;
+    assert!(status.status.success(), "{status:?}");
+    assert!(String::from_utf8_lossy(&status.stdout).contains("\"alive\": true"));
+    for args in [
+        &["kv", "--seed", rn, "get", "cli"][..],
+        &["status", "--seed", rn, "--window-ms", "50"][..],
+    ] {
+        let refused = tool(args, None)?;
+        assert!(!refused.status.success(), "{args:?} ran without the token");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(stderr.contains("wrong cluster token"), "{args:?}: {stderr}");
+    }
     Ok(())
 }

@@ -23,6 +23,8 @@ pub use counters::CounterSnapshot;
 pub use endpoint::{Connector, Endpoint, EndpointConfig, Target};
 pub use error::{FabricError, RpcError, VerbError};
 pub use faults::{FaultHooks, spin_for};
-pub use node::{DATA_REGION, MemoryNode, NodeConfig, ROOTS_REGION, RpcHandler, decode, encode};
+pub use node::{
+    DATA_REGION, MemoryNode, NodeConfig, ROOTS_REGION, RpcHandler, decode, encode, token_matches,
+};
 pub use server::{Server, ServerConfig, ServerError};
 pub use verbs::{Access, Batch, RegionInfo, RemoteAddr, Slot, VerbKind};

@@ -18,6 +18,19 @@ pub const ROOTS_REGION: &str = "roots";
 /// Regions every memory node registers: the data area and the root slots.
 const REGION_COUNT: usize = 2;
 
+/// Whether a presented cluster token equals the expected one, in time that does not depend on where they differ
+/// (the token is a secret; only its length can leak).
+pub fn token_matches(presented: &[u8], expected: &[u8]) -> bool {
+    if presented.len() != expected.len() {
+        return false;
+    }
+    presented
+        .iter()
+        .zip(expected)
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+        == 0
+}
+
 /// Settings of a memory node's fabric side. Configuration files hold the cluster token elsewhere (it is shared
 /// with the endpoints), so it is left out here.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -172,16 +185,7 @@ impl MemoryNode {
     }
 
     pub(crate) fn token_matches(&self, presented: &[u8]) -> bool {
-        // Constant-time comparison: the token is a secret.
-        let expected = self.config.cluster_token.as_bytes();
-        if presented.len() != expected.len() {
-            return false;
-        }
-        presented
-            .iter()
-            .zip(expected)
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+        token_matches(presented, self.config.cluster_token.as_bytes())
     }
 
     /// Runs a two-sided call on a processor thread and waits for its reply.

@@ -278,7 +278,7 @@ pub struct NativeOptions {
     pub seeds: Vec<String>,
     /// The memory node's fabric address, to read its merge statistics (optional).
     pub dpm: Option<String>,
-    /// The memory node's cluster token (never written to reports).
+    /// The cluster token, presented to the memory node and the KV and routing nodes (never written to reports).
     #[serde(skip)]
     pub token: String,
 }

@@ -207,8 +207,9 @@ impl DinomoStore {
         variant.configure(&mut cfg);
         let cluster = LocalCluster::start(cfg).context("starting the in-process cluster")?;
         let client = ClientConfig {
-            seeds: vec![cluster.rn_addr().to_string()],
-            ..client
+            op_timeout: client.op_timeout,
+            max_retry_pause: client.max_retry_pause,
+            ..cluster.client_config()
         };
         let stats = Client::connect(client.clone()).context("connecting to the cluster")?;
         Ok(DinomoStore {
@@ -225,6 +226,7 @@ impl DinomoStore {
     pub fn native(n: &NativeOptions, client: ClientConfig) -> anyhow::Result<DinomoStore> {
         let client = ClientConfig {
             seeds: n.seeds.clone(),
+            token: n.token.clone(),
             ..client
         };
         let stats = Client::connect(client.clone())
