@@ -30,16 +30,23 @@ fn cluster() -> anyhow::Result<LocalCluster> {
     Ok(LocalCluster::start(cfg)?)
 }
 
-/// The first frame `request` on a fresh connection to `addr`, and the answer; then whether the server closed the
-/// connection.
-fn first_frame(addr: &str, request: Request) -> anyhow::Result<(Response, bool)> {
+/// Sends `request` as the first frame on a fresh connection to `addr`; the answer and the connection.
+fn first_frame(addr: &str, request: Request) -> anyhow::Result<(Response, TcpStream)> {
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     let mut buf = Vec::new();
     write_frame(&mut s, &request, &mut buf)?;
     let answer: Response = read_frame(&mut s, &mut buf, 1 << 20)?;
-    let closed = matches!(s.read(&mut [0u8; 16]), Ok(0) | Err(_));
-    Ok((answer, closed))
+    Ok((answer, s))
+}
+
+/// Whether the server closes `s` (within 10 s) without sending anything more.
+fn closed_by_server(mut s: TcpStream) -> bool {
+    match s.read(&mut [0u8; 16]) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+    }
 }
 
 fn refusal(r: &Response) -> Option<&str> {
@@ -88,7 +95,6 @@ fn only_connections_presenting_the_cluster_token_are_served() -> anyhow::Result<
 
     // Requests before the handshake are refused unserved and the connection is closed: an unauthenticated
     // Install would otherwise take the node's keys.
-    let before = good.routing().expect("routing").epoch();
     let forged = Routing {
         ring: Ring::with_nodes(16, [7]),
         addrs: Default::default(),
@@ -100,15 +106,37 @@ fn only_connections_presenting_the_cluster_token_are_served() -> anyhow::Result<
         RequestBody::EpochStats,
         RequestBody::Routing,
     ] {
-        let (answer, closed) = first_frame(&kn, Request { id: 9, body })?;
+        let (answer, conn) = first_frame(&kn, Request { id: 9, body })?;
         assert_eq!(answer.id, 9);
         let why = refusal(&answer).expect("refused");
         assert!(why.contains("must be Hello"), "{why}");
-        assert!(closed, "the connection stays open after a refusal");
+        assert!(
+            closed_by_server(conn),
+            "the connection stays open after a refusal"
+        );
     }
     assert_eq!(good.get(b"k")?, Some(b"v".to_vec()));
-    good.refresh_routing();
-    assert_eq!(good.routing().expect("routing").epoch(), before);
+    // The node still serves under the M-node's table, not the forged one.
+    let mut s = open_session(&kn, Duration::from_secs(5), TOKEN)?;
+    let mut buf = Vec::new();
+    write_frame(
+        &mut s,
+        &Request {
+            id: 1,
+            body: RequestBody::Routing,
+        },
+        &mut buf,
+    )?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    match read_frame::<Response>(&mut s, &mut buf, 1 << 20)?.body {
+        ResponseBody::Routing(r) => {
+            assert!(
+                !r.ring.contains(7) && r.ring.contains(c.nodes()[0].id()),
+                "{r:?}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
 
     // Another protocol version is refused, naming both.
     let hello = |version| Request {
@@ -118,14 +146,14 @@ fn only_connections_presenting_the_cluster_token_are_served() -> anyhow::Result<
             token: Secret(TOKEN.into()),
         },
     };
-    let (answer, closed) = first_frame(&kn, hello(PROTOCOL_VERSION + 1))?;
+    let (answer, conn) = first_frame(&kn, hello(PROTOCOL_VERSION + 1))?;
     let why = refusal(&answer).expect("refused");
     assert!(
         why.contains(&format!("version {}", PROTOCOL_VERSION + 1))
             && why.contains(&format!("speaks {PROTOCOL_VERSION}")),
         "{why}"
     );
-    assert!(closed);
+    assert!(closed_by_server(conn));
     let (answer, _) = first_frame(&kn, hello(PROTOCOL_VERSION))?;
     assert_eq!(
         answer.body,
