@@ -7,8 +7,8 @@
 //!
 //! The client measures every operation's latency and, at most once per report period, sends the interval's
 //! histogram to the node it is talking to, written just before a data request so both go out together; the
-//! M-node collects the reports for its latency SLOs. A node is asked alone the first time (a node that does not
-//! know reports refuses and closes the connection, which must not cost a request), piggybacked afterwards.
+//! M-node collects the reports for its latency SLOs. Every node that welcomes the client's protocol version takes
+//! reports, so none is asked first.
 
 use std::collections::HashMap;
 use std::io::{BufReader, BufWriter, Write};
@@ -225,8 +225,6 @@ pub struct Client {
     /// Latencies of the operations since the last report.
     latency: LatencyHistogram,
     latency_since: Instant,
-    /// Whether each node address takes latency reports (absent: not asked yet).
-    report_support: HashMap<String, bool>,
     /// Why the last refused handshake was refused, until [`Client::connect`] reports it.
     refused: Option<String>,
 }
@@ -246,7 +244,6 @@ impl Client {
             buf: Vec::new(),
             latency: LatencyHistogram::new(),
             latency_since: Instant::now(),
-            report_support: HashMap::new(),
             refused: None,
         };
         let deadline = dinomo_kn::deadline_after(c.cfg.op_timeout);
@@ -467,7 +464,7 @@ impl Client {
                 }
             }
         }
-        if body.key().is_some() && !self.send_report_if_due(addr, deadline) {
+        if body.key().is_some() && !self.send_report_if_due(addr) {
             return Attempt::Retry;
         }
         // After the report's id: replies to lower ids are skipped while waiting for this one.
@@ -500,19 +497,14 @@ impl Client {
         }
     }
 
-    /// Writes the latency report to the open connection to `addr` if one is due: just the frame when the node is
-    /// known to take reports (the request's flush sends both), or alone, waiting for the answer, when the node
-    /// has not been asked yet. False when the request should be retried (the connection is gone; nothing of the
-    /// request was sent).
-    fn send_report_if_due(&mut self, addr: &str, deadline: Instant) -> bool {
+    /// Writes the latency report to the open connection to `addr` if one is due; the request's flush sends both, and
+    /// the report's answer is skipped while the request's is awaited. False when the request should be retried
+    /// (the connection is gone; nothing of the request was sent).
+    fn send_report_if_due(&mut self, addr: &str) -> bool {
         if !self.cfg.report_latency
             || self.latency.count() == 0
             || self.latency_since.elapsed() < self.cfg.latency_report_period
         {
-            return true;
-        }
-        let known = self.report_support.get(addr).copied();
-        if known == Some(false) {
             return true;
         }
         let id = self.next_id;
@@ -529,41 +521,9 @@ impl Client {
             self.conns.remove(addr);
             return false;
         }
-        if known == Some(true) {
-            self.latency.clear();
-            self.latency_since = Instant::now();
-            return true;
-        }
-        if conn.writer.flush().is_err() {
-            self.conns.remove(addr);
-            return false;
-        }
-        let wait = deadline
-            .saturating_duration_since(Instant::now())
-            .min(self.cfg.connect_timeout);
-        conn.set_read_timeout(wait);
-        loop {
-            match read_frame::<Response>(&mut conn.reader, &mut self.buf, self.cfg.max_frame) {
-                Ok(r) if r.id < id => continue,
-                Ok(r) if r.id == id && r.body == ResponseBody::Done => {
-                    self.report_support.insert(addr.to_string(), true);
-                    self.latency.clear();
-                    self.latency_since = Instant::now();
-                    return true;
-                }
-                // Refused, or an error about an undecodable frame (an older node, which also closes the connection).
-                Ok(_) => {
-                    self.report_support.insert(addr.to_string(), false);
-                    self.conns.remove(addr);
-                    return false;
-                }
-                // No answer: ask again on a new connection.
-                Err(_) => {
-                    self.conns.remove(addr);
-                    return false;
-                }
-            }
-        }
+        self.latency.clear();
+        self.latency_since = Instant::now();
+        true
     }
 
     /// Fetches a routing table of at least epoch `min_epoch`, asking `hint` first, then the seeds; keeps the
@@ -585,8 +545,6 @@ impl Client {
                     self.conns.retain(|a, _| {
                         r.addrs.values().any(|x| x == a) || self.cfg.seeds.contains(a)
                     });
-                    self.report_support
-                        .retain(|a, _| r.addrs.values().any(|x| x == a));
                     self.routing = Some(r);
                 }
                 if self

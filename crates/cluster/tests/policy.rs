@@ -2,21 +2,17 @@
 //! key accesses per monitoring epoch, and the autoscaler adds a node under load and removes one when the load
 //! stops, with every acknowledged write still readable.
 
-use std::io::{BufReader, BufWriter, Write};
-use std::net::TcpListener;
+use std::io::Write;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::small_cluster;
 use dinomo_cluster::policy::{Action, PolicyConfig};
-use dinomo_cluster::wire::{
-    ErrorKind, Request, RequestBody, Response, ResponseBody, Routing, read_frame, write_frame,
-};
+use dinomo_cluster::wire::{Request, RequestBody, Response, ResponseBody, read_frame, write_frame};
 use dinomo_cluster::{
     AutoscaleConfig, Client, ClientConfig, ClientError, LocalCluster, NodeEpochStats, ReconfigKind,
 };
-use dinomo_ring::Ring;
 
 mod common;
 
@@ -100,97 +96,6 @@ fn nodes_report_their_clients_latency_occupancy_and_key_accesses() -> anyhow::Re
         assert_eq!(st.keys.unwrap().accesses, 0);
     }
     c.stop();
-    Ok(())
-}
-
-/// A node of an older version: it cannot decode a latency report, so it answers with an error for an unknown
-/// request and closes the connection (what the protocol does with an undecodable frame); it serves routing and
-/// data otherwise.
-fn old_node(listener: TcpListener, reports_seen: Arc<AtomicUsize>, stop: Arc<AtomicBool>) {
-    let addr = listener.local_addr().unwrap().to_string();
-    let routing = Routing {
-        ring: Ring::with_nodes(16, [1]),
-        addrs: [(1, addr)].into(),
-        cells: Default::default(),
-    };
-    listener.set_nonblocking(true).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !stop.load(Ordering::Acquire) && Instant::now() < deadline {
-        let Ok((stream, _)) = listener.accept() else {
-            std::thread::sleep(Duration::from_millis(1));
-            continue;
-        };
-        stream.set_nonblocking(false).unwrap();
-        let (routing, seen) = (routing.clone(), reports_seen.clone());
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(stream.try_clone().unwrap());
-            let mut w = BufWriter::new(stream);
-            let mut buf = Vec::new();
-            while let Ok(req) = read_frame::<Request>(&mut r, &mut buf, 1 << 20) {
-                let (id, body) = match req.body {
-                    RequestBody::LatencyReport(_) => {
-                        seen.fetch_add(1, Ordering::AcqRel);
-                        let e = ResponseBody::Error {
-                            kind: ErrorKind::Invalid,
-                            message: "malformed frame: unknown variant".into(),
-                        };
-                        let _ = write_frame(
-                            &mut w,
-                            &Response {
-                                id: u64::MAX,
-                                body: e,
-                            },
-                            &mut buf,
-                        );
-                        let _ = w.flush();
-                        return;
-                    }
-                    RequestBody::Hello { .. } => (
-                        req.id,
-                        ResponseBody::Welcome {
-                            version: dinomo_cluster::wire::PROTOCOL_VERSION,
-                        },
-                    ),
-                    RequestBody::Routing => (req.id, ResponseBody::Routing(routing.clone())),
-                    RequestBody::Data(_) => (req.id, ResponseBody::Applied(true)),
-                    _ => (req.id, ResponseBody::Done),
-                };
-                if write_frame(&mut w, &Response { id, body }, &mut buf).is_err()
-                    || w.flush().is_err()
-                {
-                    return;
-                }
-            }
-        });
-    }
-}
-
-#[test]
-fn a_node_that_does_not_know_latency_reports_costs_no_request() -> anyhow::Result<()> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?.to_string();
-    let seen = Arc::new(AtomicUsize::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let server = {
-        let (seen, stop) = (seen.clone(), stop.clone());
-        std::thread::spawn(move || old_node(listener, seen, stop))
-    };
-    let mut cl = Client::connect(ClientConfig {
-        seeds: vec![addr],
-        latency_report_period: Duration::ZERO,
-        ..ClientConfig::default()
-    })?;
-    for i in 0..50 {
-        let r = cl.set(format!("k{i}").as_bytes(), b"v");
-        assert_eq!(r, Ok(()), "write {i}");
-    }
-    assert_eq!(
-        seen.load(Ordering::Acquire),
-        1,
-        "asked once, never again after the refusal"
-    );
-    stop.store(true, Ordering::Release);
-    server.join().unwrap();
     Ok(())
 }
 
