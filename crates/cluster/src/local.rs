@@ -314,7 +314,8 @@ impl LocalCluster {
         Ok(())
     }
 
-    /// Waits until the record's ring holds exactly the running nodes and every one of them serves under it.
+    /// Waits until the record's ring holds exactly the running nodes, every one of them serves under it, and the
+    /// routing node hands it out.
     pub fn wait_until_serving(&self, timeout: Duration) -> Result<(), ClusterError> {
         let deadline = dinomo_kn::deadline_after(timeout);
         loop {
@@ -327,7 +328,13 @@ impl LocalCluster {
                     .iter()
                     .all(|n| n.routing().epoch() == r.routing.epoch() && !n.is_fenced());
                 drop(nodes);
-                if ring == running && all_installed {
+                // A client seeded with the routing node must get this table, not the one before it: the routing
+                // node catches up on its own schedule (step 7).
+                let routed = self
+                    .rn
+                    .as_ref()
+                    .is_none_or(|rn| rn.epoch() >= Some(r.routing.epoch()));
+                if ring == running && all_installed && routed {
                     return Ok(());
                 }
             }

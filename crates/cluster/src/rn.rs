@@ -116,6 +116,11 @@ impl RoutingNode {
         crate::metrics::RoutingMetrics(self.service.clone())
     }
 
+    /// The epoch of the table it serves now (none before it has read a cluster record).
+    pub fn epoch(&self) -> Option<u64> {
+        self.service.current().map(|r| r.epoch())
+    }
+
     /// Where it listens.
     pub fn local_addr(&self) -> SocketAddr {
         self.server.as_ref().expect("running").local_addr()
