@@ -29,12 +29,12 @@ use crate::wire::{
 const MAX_HANDSHAKE_REPLY: u32 = 64 << 10;
 
 /// Client settings.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct ClientConfig {
     /// Routing nodes (or any KV nodes) to fetch the routing table from.
     pub seeds: Vec<String>,
     /// The cluster token presented in every connection's handshake (`fabric.token`). Default: empty.
-    pub token: String,
+    pub token: Secret,
     /// How long one operation may take, retries included. Default 5 s.
     pub op_timeout: Duration,
     /// Bound on establishing a connection. Default 1 s.
@@ -53,7 +53,7 @@ impl Default for ClientConfig {
     fn default() -> Self {
         ClientConfig {
             seeds: Vec::new(),
-            token: String::new(),
+            token: Secret::default(),
             op_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(1),
             max_frame: DEFAULT_MAX_FRAME,
@@ -61,21 +61,6 @@ impl Default for ClientConfig {
             report_latency: true,
             latency_report_period: Duration::from_secs(1),
         }
-    }
-}
-
-impl std::fmt::Debug for ClientConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientConfig")
-            .field("seeds", &self.seeds)
-            .field("token", &Secret(self.token.clone()))
-            .field("op_timeout", &self.op_timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("max_frame", &self.max_frame)
-            .field("max_retry_pause", &self.max_retry_pause)
-            .field("report_latency", &self.report_latency)
-            .field("latency_report_period", &self.latency_report_period)
-            .finish()
     }
 }
 
@@ -225,8 +210,6 @@ pub struct Client {
     /// Latencies of the operations since the last report.
     latency: LatencyHistogram,
     latency_since: Instant,
-    /// Why the last refused handshake was refused, until [`Client::connect`] reports it.
-    refused: Option<String>,
 }
 
 impl Client {
@@ -244,13 +227,9 @@ impl Client {
             buf: Vec::new(),
             latency: LatencyHistogram::new(),
             latency_since: Instant::now(),
-            refused: None,
         };
         let deadline = dinomo_kn::deadline_after(c.cfg.op_timeout);
-        while !c.refresh(0, None) {
-            if let Some(why) = c.refused.take() {
-                return Err(ClientError::Invalid(why));
-            }
+        while !c.fetch_routing(0, None).map_err(ClientError::Invalid)? {
             if Instant::now() > deadline {
                 return Err(ClientError::Unavailable(
                     "no seed answered with a routing table".into(),
@@ -452,15 +431,13 @@ impl Client {
             self.conns.remove(addr);
         }
         if !self.conns.contains_key(addr) {
-            match Conn::open(addr, self.cfg.connect_timeout, &self.cfg.token) {
+            match Conn::open(addr, self.cfg.connect_timeout, &self.cfg.token.0) {
                 Ok(c) => {
                     self.conns.insert(addr.to_string(), c);
                 }
                 Err(SessionError::Io(_)) => return Attempt::Retry,
                 Err(e @ SessionError::Refused(_)) => {
-                    let why = format!("{addr} {e}");
-                    self.refused = Some(why.clone());
-                    return Attempt::Refused(why);
+                    return Attempt::Refused(format!("{addr} {e}"));
                 }
             }
         }
@@ -529,34 +506,44 @@ impl Client {
     /// Fetches a routing table of at least epoch `min_epoch`, asking `hint` first, then the seeds; keeps the
     /// newest seen. Returns whether the cached table now reaches `min_epoch`.
     pub(crate) fn refresh(&mut self, min_epoch: u64, hint: Option<&str>) -> bool {
+        self.fetch_routing(min_epoch, hint).unwrap_or(false)
+    }
+
+    /// [`Client::refresh`], telling a miss apart from a refusal: `Err` with the reason when the table does not
+    /// reach `min_epoch` and a source refused the handshake.
+    fn fetch_routing(&mut self, min_epoch: u64, hint: Option<&str>) -> Result<bool, String> {
+        let mut refused = None;
         let mut sources: Vec<String> = hint.into_iter().map(str::to_string).collect();
         sources.extend(self.cfg.seeds.iter().cloned());
         let deadline = dinomo_kn::deadline_after(self.cfg.connect_timeout);
         for addr in sources {
-            if let Attempt::Done(ResponseBody::Routing(r)) =
-                self.attempt(&addr, &RequestBody::Routing, deadline)
+            let r = match self.attempt(&addr, &RequestBody::Routing, deadline) {
+                Attempt::Done(ResponseBody::Routing(r)) => r,
+                Attempt::Refused(why) => {
+                    refused = Some(why);
+                    continue;
+                }
+                _ => continue,
+            };
+            let newer = self
+                .routing
+                .as_ref()
+                .is_none_or(|cur| r.epoch() > cur.epoch());
+            if newer {
+                // Connections to nodes that left are dropped.
+                self.conns
+                    .retain(|a, _| r.addrs.values().any(|x| x == a) || self.cfg.seeds.contains(a));
+                self.routing = Some(r);
+            }
+            if self
+                .routing
+                .as_ref()
+                .is_some_and(|cur| cur.epoch() >= min_epoch)
             {
-                let newer = self
-                    .routing
-                    .as_ref()
-                    .is_none_or(|cur| r.epoch() > cur.epoch());
-                if newer {
-                    // Connections to nodes that left are dropped.
-                    self.conns.retain(|a, _| {
-                        r.addrs.values().any(|x| x == a) || self.cfg.seeds.contains(a)
-                    });
-                    self.routing = Some(r);
-                }
-                if self
-                    .routing
-                    .as_ref()
-                    .is_some_and(|cur| cur.epoch() >= min_epoch)
-                {
-                    return true;
-                }
+                return Ok(true);
             }
         }
-        false
+        refused.map_or(Ok(false), Err)
     }
 
     /// Fetches the newest routing table the seeds have (normally the client refreshes only when refused).

@@ -269,7 +269,7 @@ impl LocalCluster {
     pub fn client_config(&self) -> ClientConfig {
         ClientConfig {
             seeds: vec![self.rn_addr().to_string()],
-            token: self.cfg.memory_node.cluster_token.clone(),
+            token: self.cfg.memory_node.cluster_token.clone().into(),
             ..ClientConfig::default()
         }
     }

@@ -166,10 +166,10 @@ impl PipelinedClient {
         }
         if !self.conns.contains_key(&addr) {
             let cfg = self.client.config();
-            match open_session(&addr, cfg.connect_timeout, &cfg.token) {
+            match open_session(&addr, cfg.connect_timeout, &cfg.token.0) {
                 Ok(stream) => {
                     // A peer that stops reading must not block a write for ever.
-                    let _ = stream.set_write_timeout(Some(self.client.config().op_timeout));
+                    let _ = stream.set_write_timeout(Some(cfg.op_timeout));
                     self.conns.insert(
                         addr.clone(),
                         PipeConn {

@@ -58,7 +58,7 @@ pub(crate) fn start(
         // The node's own native server answers routing requests: the forwarding clients start there.
         forward: ClientConfig {
             seeds: vec![native_addr],
-            token: connector.config.cluster_token.clone(),
+            token: connector.config.cluster_token.clone().into(),
             ..ClientConfig::default()
         },
         connector,

@@ -153,7 +153,8 @@ impl NodeShared {
     }
 }
 
-/// Asks every node of `routing` for its epoch statistics, in parallel, presenting `token`; each answer or why there is none.
+/// Asks every node of `routing` for its epoch statistics, in parallel, presenting `token`; each answer or why
+/// there is none.
 pub(crate) fn collect_epoch(
     routing: &Routing,
     token: &str,

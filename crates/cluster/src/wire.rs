@@ -46,6 +46,18 @@ impl Routing {
 #[serde(transparent)]
 pub struct Secret(pub String);
 
+impl From<&str> for Secret {
+    fn from(s: &str) -> Secret {
+        Secret(s.to_string())
+    }
+}
+
+impl From<String> for Secret {
+    fn from(s: String) -> Secret {
+        Secret(s)
+    }
+}
+
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "<secret of {} bytes>", self.0.len())

@@ -944,7 +944,7 @@ pub fn mnode(args: MnodeArgs) -> anyhow::Result<()> {
 pub fn kv(args: KvArgs) -> anyhow::Result<()> {
     let mut c = Client::connect(ClientConfig {
         seeds: vec![args.seed],
-        token: args.token.value.unwrap_or_default(),
+        token: args.token.value.unwrap_or_default().into(),
         ..ClientConfig::default()
     })?;
     match args.op {

@@ -736,12 +736,9 @@ impl Worker {
         if lease.is_open() {
             return true;
         }
-        let until = *self.lease_wait_until.get_or_insert_with(|| {
-            // A wait too long for the clock is as good as forever.
-            let now = Instant::now();
-            now.checked_add(lease.wait())
-                .unwrap_or(now + Duration::from_secs(100 * 365 * 24 * 3600))
-        });
+        let until = *self
+            .lease_wait_until
+            .get_or_insert_with(|| crate::deadline_after(lease.wait()));
         let served = lease.wait_open(until);
         if served {
             self.stats.lease_waits_served += 1;

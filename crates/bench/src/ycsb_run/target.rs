@@ -226,7 +226,7 @@ impl DinomoStore {
     pub fn native(n: &NativeOptions, client: ClientConfig) -> anyhow::Result<DinomoStore> {
         let client = ClientConfig {
             seeds: n.seeds.clone(),
-            token: n.token.clone(),
+            token: n.token.clone().into(),
             ..client
         };
         let stats = Client::connect(client.clone())
