@@ -142,8 +142,11 @@ fn absurd_lengths_half_frames_and_vanishing_clients_get_an_error_or_a_close() ->
             } else {
                 TcpStream::connect(&addr)?
             };
-            s.write_all(&100u32.to_le_bytes())?;
-            s.write_all(&[1, 2, 3])?;
+            // Connections come faster than the node sees the last ones gone, so it may close a new one at once
+            // for being over its limit: a failed write is that answer, and the slots are checked at the end.
+            let _ = s
+                .write_all(&100u32.to_le_bytes())
+                .and_then(|()| s.write_all(&[1, 2, 3]));
             drop(s);
         }
     }
