@@ -103,6 +103,9 @@ pub enum SessionError {
     /// The node refused the handshake (a wrong cluster token, another protocol version); retrying cannot help.
     #[error("refused the connection: {0}")]
     Refused(String),
+    /// The node cannot take the connection now (it serves as many as it allows); it may later.
+    #[error("turned the connection away: {0}")]
+    Busy(String),
 }
 
 /// Connects to the KV or routing node at `addr` and does the handshake: presents the protocol version and the
@@ -134,6 +137,10 @@ pub fn open_session(addr: &str, timeout: Duration, token: &str) -> Result<TcpStr
     )?;
     match answer.body {
         ResponseBody::Welcome { .. } => {}
+        ResponseBody::Error {
+            kind: ErrorKind::Unavailable,
+            message,
+        } => return Err(SessionError::Busy(message)),
         ResponseBody::Error { message, .. } => return Err(SessionError::Refused(message)),
         other => {
             return Err(SessionError::Refused(format!(
@@ -189,10 +196,20 @@ impl Conn {
 }
 
 /// How one attempt ended.
+/// What [`Client::fetch_routing`] got.
+enum Fetched {
+    /// A table at the epoch asked for, or newer.
+    Current,
+    /// None that new; why, from the last source asked.
+    Missed(String),
+    /// A source refused the handshake: retrying cannot help.
+    Refused(String),
+}
+
 enum Attempt {
     Done(ResponseBody),
-    /// Not sent (or certainly not applied): try again.
-    Retry,
+    /// Not sent (or certainly not applied): try again. Why.
+    Retry(String),
     /// Sent, no reply.
     Lost(String),
     /// The node refused the connection's handshake: retrying cannot help.
@@ -229,15 +246,18 @@ impl Client {
             latency_since: Instant::now(),
         };
         let deadline = dinomo_kn::deadline_after(c.cfg.op_timeout);
-        while !c.fetch_routing(0, None).map_err(ClientError::Invalid)? {
-            if Instant::now() > deadline {
-                return Err(ClientError::Unavailable(
-                    "no seed answered with a routing table".into(),
-                ));
+        loop {
+            match c.fetch_routing(0, None) {
+                Fetched::Current => return Ok(c),
+                Fetched::Refused(why) => return Err(ClientError::Invalid(why)),
+                Fetched::Missed(why) if Instant::now() > deadline => {
+                    return Err(ClientError::Unavailable(format!(
+                        "no seed answered with a routing table ({why})"
+                    )));
+                }
+                Fetched::Missed(_) => std::thread::sleep(Duration::from_millis(5)),
             }
-            std::thread::sleep(Duration::from_millis(5));
         }
-        Ok(c)
     }
 
     /// The cached routing table.
@@ -354,8 +374,8 @@ impl Client {
                         self.refresh(0, None);
                     }
                     Attempt::Done(body) => return Ok(body),
-                    Attempt::Retry => {
-                        last = format!("node {node} at {addr} unreachable");
+                    Attempt::Retry(why) => {
+                        last = format!("node {node} at {addr} {why}");
                         self.refresh(0, None);
                     }
                     Attempt::Refused(why) => return Err(ClientError::Invalid(why)),
@@ -414,8 +434,8 @@ impl Client {
                 Err(ClientError::Unavailable(format!("node {node}: {message}")))
             }
             Attempt::Done(other) => Err(unexpected(other)),
-            Attempt::Retry => Err(ClientError::Unavailable(format!(
-                "node {node} at {addr} unreachable"
+            Attempt::Retry(why) => Err(ClientError::Unavailable(format!(
+                "node {node} at {addr} {why}"
             ))),
             Attempt::Lost(why) => Err(ClientError::Unavailable(why)),
             Attempt::Refused(why) => Err(ClientError::Invalid(why)),
@@ -435,14 +455,15 @@ impl Client {
                 Ok(c) => {
                     self.conns.insert(addr.to_string(), c);
                 }
-                Err(SessionError::Io(_)) => return Attempt::Retry,
+                Err(e @ SessionError::Io(_)) => return Attempt::Retry(format!("unreachable: {e}")),
+                Err(e @ SessionError::Busy(_)) => return Attempt::Retry(e.to_string()),
                 Err(e @ SessionError::Refused(_)) => {
                     return Attempt::Refused(format!("{addr} {e}"));
                 }
             }
         }
         if body.key().is_some() && !self.send_report_if_due(addr) {
-            return Attempt::Retry;
+            return Attempt::Retry("unreachable: a latency report could not be sent".into());
         }
         // After the report's id: replies to lower ids are skipped while waiting for this one.
         let id = self.next_id;
@@ -454,7 +475,7 @@ impl Client {
         {
             // A frame cut short is never applied: the server cannot decode it.
             self.conns.remove(addr);
-            return Attempt::Retry;
+            return Attempt::Retry("unreachable: the request could not be sent".into());
         }
         conn.set_read_timeout(deadline.saturating_duration_since(Instant::now()));
         loop {
@@ -506,13 +527,13 @@ impl Client {
     /// Fetches a routing table of at least epoch `min_epoch`, asking `hint` first, then the seeds; keeps the
     /// newest seen. Returns whether the cached table now reaches `min_epoch`.
     pub(crate) fn refresh(&mut self, min_epoch: u64, hint: Option<&str>) -> bool {
-        self.fetch_routing(min_epoch, hint).unwrap_or(false)
+        matches!(self.fetch_routing(min_epoch, hint), Fetched::Current)
     }
 
-    /// [`Client::refresh`], telling a miss apart from a refusal: `Err` with the reason when the table does not
-    /// reach `min_epoch` and a source refused the handshake.
-    fn fetch_routing(&mut self, min_epoch: u64, hint: Option<&str>) -> Result<bool, String> {
+    /// [`Client::refresh`], telling why the table does not reach `min_epoch` when it does not.
+    fn fetch_routing(&mut self, min_epoch: u64, hint: Option<&str>) -> Fetched {
         let mut refused = None;
+        let mut missed = String::from("no seed to ask");
         let mut sources: Vec<String> = hint.into_iter().map(str::to_string).collect();
         sources.extend(self.cfg.seeds.iter().cloned());
         let deadline = dinomo_kn::deadline_after(self.cfg.connect_timeout);
@@ -523,7 +544,18 @@ impl Client {
                     refused = Some(why);
                     continue;
                 }
-                _ => continue,
+                Attempt::Retry(why) => {
+                    missed = format!("{addr} {why}");
+                    continue;
+                }
+                Attempt::Lost(why) => {
+                    missed = format!("{addr}: {why}");
+                    continue;
+                }
+                Attempt::Done(other) => {
+                    missed = format!("{addr} answered {other:?}");
+                    continue;
+                }
             };
             let newer = self
                 .routing
@@ -540,10 +572,11 @@ impl Client {
                 .as_ref()
                 .is_some_and(|cur| cur.epoch() >= min_epoch)
             {
-                return Ok(true);
+                return Fetched::Current;
             }
+            missed = format!("{addr} has an older table than epoch {min_epoch}");
         }
-        refused.map_or(Ok(false), Err)
+        refused.map_or(Fetched::Missed(missed), Fetched::Refused)
     }
 
     /// Fetches the newest routing table the seeds have (normally the client refreshes only when refused).

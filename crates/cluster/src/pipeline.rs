@@ -189,7 +189,11 @@ impl PipelinedClient {
                     return;
                 }
                 Err(e) => {
-                    p.last = format!("node {node} at {addr} unreachable: {e}").into();
+                    p.last = match e {
+                        SessionError::Busy(_) => format!("node {node} at {addr} {e}"),
+                        _ => format!("node {node} at {addr} unreachable: {e}"),
+                    }
+                    .into();
                     self.client.refresh(0, None);
                     self.retry_later(p);
                     return;

@@ -27,7 +27,8 @@ const MAX_HELLO_FRAME: u32 = 64 << 10;
 pub struct ServerLimits {
     /// Largest request frame accepted. Default [`crate::wire::DEFAULT_MAX_FRAME`].
     pub max_frame: u32,
-    /// Connections served at once; more are closed right after accept. Default 1024.
+    /// Connections served at once; one more is told so (an `Unavailable` error, which clients retry) and closed
+    /// right after accept. Default 1024.
     pub max_connections: usize,
     /// How long a new connection may take to send its `Hello` before it is closed. Default 5 s.
     #[serde(with = "humantime_serde")]
@@ -106,7 +107,8 @@ impl Server {
                             }
                         };
                         if live.load(Ordering::Acquire) >= limits.max_connections {
-                            debug!("connection limit reached; closing a new connection");
+                            debug!("connection limit reached; turning a new connection away");
+                            turn_away(stream, limits.max_connections);
                             continue;
                         }
                         let _ = stream.set_nodelay(true);
@@ -172,6 +174,21 @@ impl Drop for LiveSlot {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
+}
+
+/// Tells a connection beyond the limit of `limit` why it is closed, so that its client can say so and try again
+/// later. The accept loop runs this: it waits at most a moment on the write and reads nothing.
+fn turn_away(stream: TcpStream, limit: usize) {
+    let busy = Response {
+        id: 0,
+        body: ResponseBody::Error {
+            kind: ErrorKind::Unavailable,
+            message: format!("the node serves at most {limit} connections at once"),
+        },
+    };
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+    let _ = write_frame(&mut &stream, &busy, &mut Vec::new());
+    let _ = stream.shutdown(Shutdown::Both);
 }
 
 /// Reads a connection's first frame, which must be a `Hello` of this protocol version with the cluster token, and

@@ -9,7 +9,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use dinomo_cluster::wire::{ErrorKind, Request, RequestBody, Response, ResponseBody, read_frame};
-use dinomo_cluster::{Client, LocalCluster, open_session};
+use dinomo_cluster::{Client, ClientError, LocalCluster, SessionError, open_session};
 
 const TOKEN: &str = "bad-input-token";
 /// Connections a node serves at once: far fewer than the test opens, so a slot that is not given back shows.
@@ -195,5 +195,87 @@ fn absurd_lengths_half_frames_and_vanishing_clients_get_an_error_or_a_close() ->
     for _ in 0..2 * MAX_CONNECTIONS {
         Client::connect(c.client_config())?.get(b"k")?;
     }
+    Ok(())
+}
+
+#[test]
+fn a_connection_beyond_the_limit_is_told_why_and_the_client_says_so() -> anyhow::Result<()> {
+    let c = cluster()?;
+    let addr = c.nodes()[0].addr().to_string();
+    let mut good = Client::connect(c.client_config())?;
+    good.set(b"k", b"v")?;
+
+    // Fill every slot the node has left (the cluster's own clients hold some): the next session is turned away,
+    // with the reason.
+    let mut held = Vec::new();
+    let why = loop {
+        assert!(
+            held.len() <= MAX_CONNECTIONS,
+            "{} sessions opened beyond a limit of {MAX_CONNECTIONS}",
+            held.len()
+        );
+        match open_session(&addr, Duration::from_secs(5), TOKEN) {
+            Ok(s) => held.push(s),
+            Err(SessionError::Busy(why)) => break why,
+            Err(e) => anyhow::bail!("expected a session or a busy node, got: {e}"),
+        }
+    };
+    assert!(
+        why.contains(&format!("at most {MAX_CONNECTIONS} connections")),
+        "{why}"
+    );
+
+    // A client that needs a new connection retries until its timeout, then names the cause.
+    let mut cfg = c.client_config();
+    cfg.op_timeout = Duration::from_millis(300);
+    let mut late = Client::connect(cfg);
+    let err = match &mut late {
+        // The routing node has room: the client is made, its first request to the KV node is not served.
+        Ok(client) => client.get(b"k").expect_err("no slot is free"),
+        Err(e) => anyhow::bail!("the routing node is not limited here: {e}"),
+    };
+    assert!(
+        matches!(&err, ClientError::Unavailable(m) if m.contains("turned the connection away")
+            && m.contains(&format!("at most {MAX_CONNECTIONS} connections"))),
+        "{err}"
+    );
+    // The connection the node already serves keeps working.
+    assert_eq!(good.get(b"k")?, Some(b"v".to_vec()));
+
+    // Slots come back when their connections close.
+    drop(held);
+    assert_eq!(late?.get(b"k")?, Some(b"v".to_vec()));
+    Ok(())
+}
+
+#[test]
+fn a_client_that_finds_the_routing_node_full_says_so() -> anyhow::Result<()> {
+    const RN_CONNECTIONS: usize = 2;
+    let mut cfg = common::small_cluster(1);
+    cfg.memory_node.cluster_token = TOKEN.into();
+    cfg.rn_limits.max_connections = RN_CONNECTIONS;
+    let c = LocalCluster::start(cfg)?;
+    let rn = c.rn_addr().to_string();
+    let mut held = Vec::new();
+    loop {
+        assert!(held.len() <= RN_CONNECTIONS, "{} sessions", held.len());
+        match open_session(&rn, Duration::from_secs(5), TOKEN) {
+            Ok(s) => held.push(s),
+            Err(SessionError::Busy(_)) => break,
+            Err(e) => anyhow::bail!("expected a session or a busy node, got: {e}"),
+        }
+    }
+    let mut cfg = c.client_config();
+    cfg.op_timeout = Duration::from_millis(300);
+    let err = Client::connect(cfg.clone())
+        .err()
+        .expect("the routing node has no slot");
+    assert!(
+        matches!(&err, ClientError::Unavailable(m) if m.contains("no seed answered")
+            && m.contains(&format!("at most {RN_CONNECTIONS} connections"))),
+        "{err}"
+    );
+    drop(held);
+    Client::connect(cfg)?.set(b"k", b"v")?;
     Ok(())
 }
