@@ -21,6 +21,7 @@ mod rn;
 mod server;
 mod stats;
 pub mod status;
+mod stop;
 mod variant;
 pub mod wire;
 

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -16,6 +16,7 @@ use dinomo_pool::{PersistMode, Pool, PoolOptions};
 use dinomo_ring::NodeId;
 use tracing::warn;
 
+use crate::stop::StopSignal;
 use crate::{
     Actuator, AutoscaleConfig, Autoscaler, ClientConfig, ClusterError, ClusterNode, ClusterRecord,
     MNode, MNodeConfig, NodeConfig, RoutingNode, Scaler, ServerLimits,
@@ -185,7 +186,7 @@ impl LocalCluster {
             meta: meta.clone(),
             start_timeout: cfg.node_start_timeout,
             retire: (cfg.retire_quiet, cfg.retire_max),
-            stopping: AtomicBool::new(false),
+            stopping: StopSignal::default(),
             resp_listen: cfg.resp_listen.clone(),
             started: std::sync::atomic::AtomicUsize::new(0),
             restarted: Mutex::new(Vec::new()),
@@ -242,9 +243,11 @@ impl LocalCluster {
                 .spawn(move || {
                     // Stopped nodes waiting to start again.
                     let mut to_restart = Vec::new();
-                    while !scaler.stopping.load(Ordering::Acquire) {
+                    while !scaler.stopping.is_stopped() {
                         scaler.restart_fenced(&mut to_restart);
-                        std::thread::sleep(period);
+                        if scaler.stopping.wait(period) {
+                            break;
+                        }
                     }
                 })
                 .map_err(|e| ClusterError::Io(format!("cannot start the node supervisor: {e}")))?
@@ -403,7 +406,7 @@ impl LocalCluster {
     fn shutdown(&mut self) {
         // The policy loop first (it may be starting a node), then the M-node, so stopping nodes is not taken for
         // failures.
-        self.scaler.stopping.store(true, Ordering::Release);
+        self.scaler.stopping.stop();
         if let Some(s) = self.supervisor.take() {
             let _ = s.join();
         }
@@ -473,7 +476,7 @@ struct LocalScaler {
     /// How a removed node drains: [`LocalClusterConfig::retire_quiet`] and [`LocalClusterConfig::retire_max`].
     retire: (Duration, Duration),
     /// Set when the cluster stops: a node being added stops waiting for its join.
-    stopping: AtomicBool,
+    stopping: StopSignal,
     /// Where the KV nodes serve the Redis protocol ([`LocalClusterConfig::resp_listen`]).
     resp_listen: Vec<SocketAddr>,
     /// KV nodes started so far (picks each one's RESP address).
@@ -527,7 +530,7 @@ impl LocalScaler {
             old.crash();
         }
         to_restart.retain(|cfg| {
-            if self.stopping.load(Ordering::Acquire) {
+            if self.stopping.is_stopped() {
                 return false;
             }
             match ClusterNode::start(cfg.clone(), self.connector.clone(), self.meta.clone()) {
@@ -581,7 +584,7 @@ impl Scaler for LocalScaler {
             {
                 return Ok(id);
             }
-            if self.stopping.load(Ordering::Acquire) {
+            if self.stopping.is_stopped() {
                 return Err(ClusterError::Reconfig("the cluster is stopping".into()));
             }
             if Instant::now() > deadline {

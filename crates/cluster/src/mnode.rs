@@ -27,6 +27,7 @@ use serde::Serialize;
 use tracing::{info, warn};
 
 use crate::client::call_each;
+use crate::stop::StopSignal;
 use crate::wire::{RequestBody, ResponseBody, Routing};
 use crate::{ClusterError, ClusterRecord, MemberInfo, member_node};
 
@@ -129,7 +130,7 @@ pub struct MNode {
     admin: Sender<Admin>,
     events: Arc<Mutex<Vec<ReconfigEvent>>>,
     leading: Arc<AtomicBool>,
-    stop: Arc<AtomicBool>,
+    stop: Arc<StopSignal>,
     /// Whether stopping gives the leadership up at once (a crash leaves it to expire).
     resign: Arc<AtomicBool>,
     /// The cluster token, which the M-node presents to the KV nodes (the memory node's, which it shares).
@@ -147,7 +148,7 @@ impl MNode {
         let (admin_tx, admin_rx) = unbounded();
         let events = Arc::new(Mutex::new(Vec::new()));
         let leading = Arc::new(AtomicBool::new(false));
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(StopSignal::default());
         let resign = Arc::new(AtomicBool::new(true));
         let started = Instant::now();
         // Moving a shared-nothing cluster's data may take as long as an install.
@@ -252,7 +253,7 @@ impl MNode {
     }
 
     fn halt(&mut self) {
-        self.stop.store(true, Ordering::Release);
+        self.stop.stop();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -288,9 +289,9 @@ struct State {
 }
 
 impl State {
-    fn run(&mut self, stop: &AtomicBool, resign: &AtomicBool, admin: &Receiver<Admin>) {
+    fn run(&mut self, stop: &StopSignal, resign: &AtomicBool, admin: &Receiver<Admin>) {
         let mut last_renewal = Instant::now();
-        while !stop.load(Ordering::Acquire) {
+        while !stop.is_stopped() {
             if last_renewal.elapsed() >= self.cfg.lease_ttl / 4 {
                 match self.meta.keep_alive(self.lease) {
                     Ok(()) => last_renewal = Instant::now(),
@@ -341,7 +342,9 @@ impl State {
                     };
                 }
             }
-            std::thread::sleep(self.cfg.check_interval);
+            if stop.wait(self.cfg.check_interval) {
+                break;
+            }
         }
         self.leading.store(false, Ordering::Release);
         if resign.load(Ordering::Acquire) {

@@ -15,6 +15,7 @@ use dinomo_ring::{NodeId, Ring};
 use tracing::{info, warn};
 
 use crate::server::{Server, ServerLimits};
+use crate::stop::StopSignal;
 use crate::wire::Routing;
 use crate::{ClusterError, MemberInfo, member_name};
 
@@ -217,7 +218,7 @@ pub struct ClusterNode {
     gate: Arc<LeaseGate>,
     meta: Arc<dyn MetaStore>,
     lease: LeaseId,
-    stop_heartbeat: Arc<AtomicBool>,
+    stop_heartbeat: Arc<StopSignal>,
     /// Fault injection: while set, the heartbeat sends nothing ([`ClusterNode::hold_heartbeats`]).
     heartbeats_held: Arc<AtomicBool>,
     heartbeat: Option<JoinHandle<()>>,
@@ -307,7 +308,7 @@ impl ClusterNode {
                 Err(e) => return Err(e.into()),
             }
         }
-        let stop_heartbeat = Arc::new(AtomicBool::new(false));
+        let stop_heartbeat = Arc::new(StopSignal::default());
         let heartbeats_held = Arc::new(AtomicBool::new(false));
         let heartbeat = {
             let (meta, gate, stop) = (meta.clone(), gate.clone(), stop_heartbeat.clone());
@@ -458,7 +459,7 @@ impl ClusterNode {
 
     /// Stops heartbeats, server and workers; a clean stop (not a crash) also gives the lease back.
     fn shutdown(&mut self) {
-        self.stop_heartbeat.store(true, Ordering::Release);
+        self.stop_heartbeat.stop();
         self.resp.take();
         self.server.take();
         if let Some(t) = self.heartbeat.take() {
@@ -482,7 +483,7 @@ fn heartbeat_loop(
     meta: &dyn MetaStore,
     lease: LeaseId,
     gate: &LeaseGate,
-    stop: &AtomicBool,
+    stop: &StopSignal,
     held: &AtomicBool,
     granted: Instant,
     ttl: Duration,
@@ -491,15 +492,15 @@ fn heartbeat_loop(
 ) {
     let interval = period.min(ttl / 2);
     let mut due = granted + interval;
-    while !stop.load(Ordering::Acquire) {
+    while !stop.is_stopped() {
         let now = Instant::now();
         if held.load(Ordering::Acquire) {
-            std::thread::sleep(period);
+            stop.wait(period);
             continue;
         }
         if now < due {
-            // In steps of at most a period, so a stop is noticed soon.
-            std::thread::sleep((due - now).min(period));
+            // In steps of at most a period, so that holding heartbeats takes effect soon.
+            stop.wait((due - now).min(period));
             continue;
         }
         // The deadline counts from before the renewal was sent: the store's own deadline is later.

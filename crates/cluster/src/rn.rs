@@ -2,7 +2,6 @@
 //! M-node updates the record; routing nodes catch up asynchronously, step 7 of the reconfiguration protocol).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -13,6 +12,7 @@ use dinomo_meta::MetaStore;
 use tracing::warn;
 
 use crate::server::{Server, ServerLimits, Service};
+use crate::stop::StopSignal;
 use crate::wire::{ErrorKind, RequestBody, ResponseBody, Routing};
 use crate::{ClusterError, ClusterRecord};
 
@@ -60,7 +60,7 @@ impl Service for RoutingService {
 pub struct RoutingNode {
     service: Arc<RoutingService>,
     server: Option<Server>,
-    stop: Arc<AtomicBool>,
+    stop: Arc<StopSignal>,
     poller: Option<JoinHandle<()>>,
 }
 
@@ -79,14 +79,14 @@ impl RoutingNode {
         });
         let server = Server::start(listen, limits, token, service.clone(), "dinomo-rn")
             .map_err(|e| ClusterError::Io(format!("cannot listen on {listen}: {e}")))?;
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(StopSignal::default());
         let poller = {
             let (stop, service) = (stop.clone(), service.clone());
             std::thread::Builder::new()
                 .name("dinomo-rn-refresh".into())
                 .spawn(move || {
                     let mut known = None;
-                    while !stop.load(Ordering::Acquire) {
+                    while !stop.is_stopped() {
                         match ClusterRecord::load_if_changed(&*meta, known) {
                             Ok(Some((r, version))) => {
                                 known = Some(version);
@@ -98,7 +98,9 @@ impl RoutingNode {
                             Ok(None) => {}
                             Err(e) => warn!(error = %e, "cannot read the cluster record"),
                         }
-                        std::thread::sleep(refresh);
+                        if stop.wait(refresh) {
+                            break;
+                        }
                     }
                 })
                 .map_err(|e| ClusterError::Io(e.to_string()))?
@@ -129,7 +131,7 @@ impl RoutingNode {
 
 impl Drop for RoutingNode {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
+        self.stop.stop();
         self.server.take();
         if let Some(t) = self.poller.take() {
             let _ = t.join();

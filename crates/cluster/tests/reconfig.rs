@@ -212,3 +212,45 @@ fn add_remove_and_crash(variant: Variant) -> anyhow::Result<Vec<(u64, u64)>> {
     c.stop();
     Ok(moved)
 }
+
+/// Threads that wait out a configured period (a standby M-node's checks, a routing node's refresh) stop as soon as
+/// they are told to, however long the period: stopping a process must not wait a day.
+#[test]
+fn a_day_long_check_or_refresh_period_does_not_hold_up_a_stop() -> anyhow::Result<()> {
+    const DAY: Duration = Duration::from_secs(24 * 3600);
+    let c = LocalCluster::start(small_cluster(1))?;
+    let started = std::time::Instant::now();
+    let standby = dinomo_cluster::MNode::start(
+        dinomo_cluster::MNodeConfig {
+            name: "standby".into(),
+            check_interval: DAY,
+            ..dinomo_cluster::MNodeConfig::default()
+        },
+        c.meta_store(),
+        c.memory_connector(),
+    )?;
+    let rn = dinomo_cluster::RoutingNode::start(
+        "127.0.0.1:0".parse()?,
+        c.meta_store(),
+        DAY,
+        dinomo_cluster::ServerLimits::default(),
+        "",
+    )?;
+    // The routing node read the table once at its start, so it serves the current one.
+    assert_eq!(rn.epoch(), c.nodes()[0].routing().epoch().into());
+    // Both are past their first round and waiting out the day now.
+    std::thread::sleep(Duration::from_millis(100));
+    // Stopped on another thread, so that a stop that waits out the day fails the test instead of hanging it.
+    let (done_tx, done) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        standby.stop();
+        drop(rn);
+        let _ = done_tx.send(());
+    });
+    assert!(
+        done.recv_timeout(Duration::from_secs(60)).is_ok(),
+        "still stopping after {:?}",
+        started.elapsed()
+    );
+    Ok(())
+}
