@@ -372,7 +372,7 @@ const DOCS: &[(&str, &str)] = &[
     ("kn.node_id", "this KV node's id: it names its logs, so a restart with the same id takes them back (kn)"),
     ("kn.listen", "native-protocol address of the KV node (kn; `up` picks free ports; a non-loopback address needs fabric.token)"),
     ("kn.advertise", "address other processes use to reach the KV node, when it differs from the bound one (example)"),
-    ("kn.lease_ttl", "liveness lease: a node silent this long is declared failed and stops serving itself"),
+    ("kn.lease_ttl", "liveness lease: a node silent this long is declared failed and stops serving itself (at most dpm.meta.max_ttl with the embedded store)"),
     ("kn.heartbeat", "heartbeat period (well under lease_ttl)"),
     ("kn.lease_wait", "how long a request that finds the lease lapsed (a late renewal) waits for a renewal before it is refused (0: refused at once; an expired lease never serves)"),
     ("kn.resp_listen", "Redis-protocol address of the KV node (kn; unset: no RESP; `up` uses up.resp_listen) (example)"),
@@ -409,13 +409,13 @@ const DOCS: &[(&str, &str)] = &[
     ("kn.resp.limits.max_inline_len", "longest inline Redis command in bytes"),
     ("kn.resp.limits.max_request_bytes", "most bytes of one Redis request (client-query-buffer-limit)"),
     ("rn.listen", "address of the routing node (clients start here; a non-loopback address needs fabric.token)"),
-    ("rn.refresh", "how often the routing node re-reads the cluster record"),
+    ("rn.refresh", "how often the routing node re-reads the cluster record (shorter than up.node_start_timeout)"),
     ("rn.limits.max_frame", "largest request frame the routing node accepts, in bytes"),
     ("rn.limits.max_connections", "connections the routing node serves at once; one more is told the limit and closed"),
     ("rn.limits.handshake_timeout", "time a new connection to the routing node has to send its Hello"),
     ("mnode.name", "this M-node's name in the election (unique per M-node)"),
-    ("mnode.lease_ttl", "leadership lease: a standby takes over this long after the leader stops"),
-    ("mnode.check_interval", "how often the M-node checks leases and membership"),
+    ("mnode.lease_ttl", "leadership lease: a standby takes over this long after the leader stops (at most dpm.meta.max_ttl with the embedded store)"),
+    ("mnode.check_interval", "how often the M-node checks leases and membership (under half of mnode.lease_ttl)"),
     ("mnode.install_timeout", "bound on one call to a KV node during reconfiguration"),
     ("mnode.vnodes", "virtual nodes per KV node in a new ring"),
     ("mnode.failure_grace", "time unregistered ring members get to come back after an M-node starts leading"),
@@ -743,6 +743,50 @@ impl Config {
             "rn.refresh",
             positive("the refresh period", self.rn.refresh),
         );
+        // A start waits for the routing node to hand out the newest table, so it must refresh within that wait.
+        if self.rn.refresh >= self.up.node_start_timeout {
+            check(
+                "rn.refresh",
+                Err(format!(
+                    "the refresh period ({:?}) must be shorter than up.node_start_timeout ({:?}), which a start \
+                     waits for the routing node to hand out the newest table",
+                    self.rn.refresh, self.up.node_start_timeout
+                )),
+            );
+        }
+        check(
+            "mnode.check_interval",
+            positive("the check interval", self.mnode.check_interval),
+        );
+        // The M-node renews its leadership between checks: a longer interval would let the lease lapse.
+        if self.mnode.check_interval >= self.mnode.lease_ttl / 2 {
+            check(
+                "mnode.check_interval",
+                Err(format!(
+                    "the check interval ({:?}) must be shorter than half the leadership lease \
+                     (mnode.lease_ttl = {:?}), which the M-node renews between checks",
+                    self.mnode.check_interval, self.mnode.lease_ttl
+                )),
+            );
+        }
+        // The embedded metadata store grants no longer lease (etcd keeps its own limit).
+        if self.cluster.etcd.is_empty() {
+            let max = self.dpm.meta.max_ttl;
+            for (key, ttl) in [
+                ("kn.lease_ttl", self.kn.lease_ttl),
+                ("mnode.lease_ttl", self.mnode.lease_ttl),
+            ] {
+                if ttl > max {
+                    check(
+                        key,
+                        Err(format!(
+                            "the lease ({ttl:?}) is longer than the metadata store grants \
+                             (dpm.meta.max_ttl = {max:?})"
+                        )),
+                    );
+                }
+            }
+        }
         if self.kn.kn.cache.budget_bytes == 0 {
             check(
                 "kn.workers.cache.budget_bytes",
@@ -1040,6 +1084,37 @@ mod tests {
         assert!(e.starts_with("pool.persist.interval_ms:"), "{e}");
         let e = error_of("[pool.persist]\nmode = \"periodic\"\nintervl_ms = 5\n");
         assert!(e.contains("unknown field `intervl_ms`"), "{e}");
+    }
+
+    #[test]
+    fn periods_and_leases_that_cannot_work_are_refused_with_the_reason() {
+        let e = check_error_of("[rn]\nrefresh = \"1day\"\n");
+        assert!(
+            e.starts_with("rn.refresh:") && e.contains("up.node_start_timeout"),
+            "{e}"
+        );
+        let e = check_error_of("[mnode]\ncheck_interval = \"600ms\"\n");
+        assert!(
+            e.starts_with("mnode.check_interval:") && e.contains("half the leadership lease"),
+            "{e}"
+        );
+        let e = check_error_of("[mnode]\ncheck_interval = \"0s\"\n");
+        assert!(e.starts_with("mnode.check_interval:"), "{e}");
+        let e = check_error_of("[kn]\nlease_ttl = \"2h\"\n");
+        assert!(
+            e.starts_with("kn.lease_ttl:") && e.contains("dpm.meta.max_ttl"),
+            "{e}"
+        );
+        let e = check_error_of("[mnode]\nlease_ttl = \"2h\"\ncheck_interval = \"1s\"\n");
+        assert!(e.starts_with("mnode.lease_ttl:"), "{e}");
+        // A longer lease is fine where the store grants it: a higher max_ttl, or etcd's own limit.
+        for ok in [
+            "[kn]\nlease_ttl = \"2h\"\n[dpm.meta]\nmax_ttl = \"3h\"\n",
+            "[kn]\nlease_ttl = \"2h\"\n[cluster]\netcd = [\"127.0.0.1:2379\"]\n",
+            "[rn]\nrefresh = \"1s\"\n[mnode]\ncheck_interval = \"100ms\"\n",
+        ] {
+            check(&parse("t", ok).unwrap(), "t").unwrap();
+        }
     }
 
     #[test]
