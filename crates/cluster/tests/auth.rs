@@ -117,18 +117,7 @@ fn only_connections_presenting_the_cluster_token_are_served() -> anyhow::Result<
     }
     assert_eq!(good.get(b"k")?, Some(b"v".to_vec()));
     // The node still serves under the M-node's table, not the forged one.
-    let mut s = open_session(&kn, Duration::from_secs(5), TOKEN)?;
-    let mut buf = Vec::new();
-    write_frame(
-        &mut s,
-        &Request {
-            id: 1,
-            body: RequestBody::Routing,
-        },
-        &mut buf,
-    )?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    match read_frame::<Response>(&mut s, &mut buf, 1 << 20)?.body {
+    match common::raw_call(&kn, TOKEN, RequestBody::Routing)? {
         ResponseBody::Routing(r) => {
             assert!(
                 !r.ring.contains(7) && r.ring.contains(c.nodes()[0].id()),

@@ -2,14 +2,13 @@
 //! key accesses per monitoring epoch, and the autoscaler adds a node under load and removes one when the load
 //! stops, with every acknowledged write still readable.
 
-use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::small_cluster;
 use dinomo_cluster::policy::{Action, PolicyConfig};
-use dinomo_cluster::wire::{Request, RequestBody, Response, ResponseBody, read_frame, write_frame};
+use dinomo_cluster::wire::{RequestBody, ResponseBody};
 use dinomo_cluster::{
     AutoscaleConfig, Client, ClientConfig, ClientError, LocalCluster, NodeEpochStats, ReconfigKind,
 };
@@ -25,19 +24,7 @@ fn client(c: &LocalCluster, report_every: Duration) -> anyhow::Result<Client> {
 }
 
 fn epoch_stats(addr: &str) -> anyhow::Result<NodeEpochStats> {
-    let mut s = dinomo_cluster::open_session(addr, Duration::from_secs(5), "")?;
-    let mut buf = Vec::new();
-    write_frame(
-        &mut s,
-        &Request {
-            id: 1,
-            body: RequestBody::EpochStats,
-        },
-        &mut buf,
-    )?;
-    s.flush()?;
-    let r: Response = read_frame(&mut s, &mut buf, 64 << 20)?;
-    match r.body {
+    match common::raw_call(addr, "", RequestBody::EpochStats)? {
         ResponseBody::EpochStats(st) => Ok(*st),
         other => anyhow::bail!("unexpected reply {other:?}"),
     }

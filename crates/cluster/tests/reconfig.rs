@@ -61,7 +61,7 @@ fn nodes_serve_only_their_keys_and_refuse_the_rest() -> anyhow::Result<()> {
             })?;
             // Bypass routing: talk to the wrong node on purpose.
             let r = RequestBody::Data(dinomo_kn::DataOp::Get(key(i)));
-            let reply = raw_call(node.addr(), r)?;
+            let reply = common::raw_call(node.addr(), "", r)?;
             assert_eq!(
                 reply,
                 ResponseBody::NotOwner {
@@ -76,18 +76,6 @@ fn nodes_serve_only_their_keys_and_refuse_the_rest() -> anyhow::Result<()> {
     assert_eq!(refused, 100);
     c.stop();
     Ok(())
-}
-
-fn raw_call(addr: &str, body: RequestBody) -> anyhow::Result<ResponseBody> {
-    use dinomo_cluster::wire::{Request, Response, read_frame, write_frame};
-    use std::io::Write;
-    let mut s = dinomo_cluster::open_session(addr, std::time::Duration::from_secs(5), "")?;
-    let mut buf = Vec::new();
-    write_frame(&mut s, &Request { id: 7, body }, &mut buf)?;
-    s.flush()?;
-    let r: Response = read_frame(&mut s, &mut buf, 1 << 20)?;
-    assert_eq!(r.id, 7);
-    Ok(r.body)
 }
 
 /// A client still holding the table and an idle connection of a node that crashed: its next write to that node's key

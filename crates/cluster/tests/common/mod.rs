@@ -48,3 +48,23 @@ pub fn assert_linearizable(history: &dinomo_lincheck::History, file: &str) -> an
         }
     }
 }
+
+/// One request on a session of its own with the node at `addr` (greeted with `token`), and its reply: for the
+/// requests the client does not make itself (statistics, routing, a raw data request).
+#[allow(dead_code)] // Not every test file sends raw requests.
+pub fn raw_call(
+    addr: &str,
+    token: &str,
+    body: dinomo_cluster::wire::RequestBody,
+) -> anyhow::Result<dinomo_cluster::wire::ResponseBody> {
+    use dinomo_cluster::wire::{Request, Response, read_frame, write_frame};
+    use std::io::Write;
+    let mut s = dinomo_cluster::open_session(addr, Duration::from_secs(5), token)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut buf = Vec::new();
+    write_frame(&mut s, &Request { id: 7, body }, &mut buf)?;
+    s.flush()?;
+    let r: Response = read_frame(&mut s, &mut buf, 64 << 20)?;
+    anyhow::ensure!(r.id == 7, "a reply to request {} instead of 7", r.id);
+    Ok(r.body)
+}
