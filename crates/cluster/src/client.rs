@@ -98,7 +98,7 @@ pub(crate) fn open_stream(addr: &str, timeout: Duration) -> std::io::Result<TcpS
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
     /// The node could not be reached, or the connection failed before the handshake was answered.
-    #[error("{0}")]
+    #[error("unreachable: {0}")]
     Io(#[from] std::io::Error),
     /// The node refused the handshake (a wrong cluster token, another protocol version); retrying cannot help.
     #[error("refused the connection: {0}")]
@@ -195,7 +195,6 @@ impl Conn {
     }
 }
 
-/// How one attempt ended.
 /// What [`Client::fetch_routing`] got.
 enum Fetched {
     /// A table at the epoch asked for, or newer.
@@ -206,6 +205,7 @@ enum Fetched {
     Refused(String),
 }
 
+/// How one attempt ended.
 enum Attempt {
     Done(ResponseBody),
     /// Not sent (or certainly not applied): try again. Why.
@@ -455,8 +455,9 @@ impl Client {
                 Ok(c) => {
                     self.conns.insert(addr.to_string(), c);
                 }
-                Err(e @ SessionError::Io(_)) => return Attempt::Retry(format!("unreachable: {e}")),
-                Err(e @ SessionError::Busy(_)) => return Attempt::Retry(e.to_string()),
+                Err(e @ (SessionError::Io(_) | SessionError::Busy(_))) => {
+                    return Attempt::Retry(e.to_string());
+                }
                 Err(e @ SessionError::Refused(_)) => {
                     return Attempt::Refused(format!("{addr} {e}"));
                 }

@@ -189,11 +189,7 @@ impl PipelinedClient {
                     return;
                 }
                 Err(e) => {
-                    p.last = match e {
-                        SessionError::Busy(_) => format!("node {node} at {addr} {e}"),
-                        _ => format!("node {node} at {addr} unreachable: {e}"),
-                    }
-                    .into();
+                    p.last = format!("node {node} at {addr} {e}").into();
                     self.client.refresh(0, None);
                     self.retry_later(p);
                     return;

@@ -206,10 +206,12 @@ impl DinomoStore {
         };
         variant.configure(&mut cfg);
         let cluster = LocalCluster::start(cfg).context("starting the in-process cluster")?;
+        // The caller's settings, with the cluster's seed and token.
+        let ClientConfig { seeds, token, .. } = cluster.client_config();
         let client = ClientConfig {
-            op_timeout: client.op_timeout,
-            max_retry_pause: client.max_retry_pause,
-            ..cluster.client_config()
+            seeds,
+            token,
+            ..client
         };
         let stats = Client::connect(client.clone()).context("connecting to the cluster")?;
         Ok(DinomoStore {
