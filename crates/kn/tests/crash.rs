@@ -104,6 +104,9 @@ fn crash_child() {
     }
 }
 
+/// Acknowledgements a child must have printed before the parent picks its moment to kill it.
+const ACKS_BEFORE_KILL: usize = 20;
+
 #[test]
 fn sigkill_at_random_moments_loses_no_acknowledged_write() -> anyhow::Result<()> {
     kill_and_check(Partitioning::Shared, 20)
@@ -143,19 +146,24 @@ fn kill_and_check(partitioning: Partitioning, rounds: usize) -> anyhow::Result<(
                 }
             }
         });
-        // Wait until it serves, then let it write for a random while.
+        // Wait until it serves and has acknowledged a few writes (on a loaded machine a child may get little CPU
+        // time), then let it write for a random while. The acknowledgements that come first count like the rest.
         let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
+        let mut early = Vec::new();
+        let mut ready = false;
+        while !ready || early.len() < ACKS_BEFORE_KILL {
             let line = rx.recv_timeout(deadline.saturating_duration_since(Instant::now()))?;
             if line.ends_with("ready") {
-                break;
+                ready = true;
+            } else {
+                early.push(line);
             }
         }
         std::thread::sleep(Duration::from_millis(rng.random_range(5..120)));
         child.kill()?;
         child.wait()?;
         reader.join().expect("reader thread");
-        for line in rx.try_iter() {
+        for line in early.into_iter().chain(rx.try_iter()) {
             let mut f = line.split(' ').map(str::parse::<u64>);
             let (Some(Ok(w)), Some(Ok(i)), Some(Ok(v))) = (f.next(), f.next(), f.next()) else {
                 continue;
