@@ -327,6 +327,24 @@ mod tests {
     }
 
     #[test]
+    fn a_table_the_pool_has_no_room_for_is_refused_naming_it_and_nothing_is_published() {
+        let pool = Arc::new(Pool::anonymous(4 << 20, 1 << 20).unwrap());
+        while pool.alloc(1, 0x77).is_ok() {}
+        let err = CellTable::open_or_create(pool.clone(), 1024, 32)
+            .err()
+            .expect("no room");
+        assert!(
+            matches!(&err, ProcessorError::NoRoom { what, .. } if what == "the cell table of 1024 entries"),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().contains("does not fit in the pool"),
+            "{err}"
+        );
+        assert_eq!(pool.root(ROOT).unwrap(), 0, "no table is named");
+    }
+
+    #[test]
     fn reserve_is_idempotent_and_survives_reopen() {
         let pool = pool();
         let mut t = CellTable::open_or_create(pool.clone(), 8, 32).unwrap();

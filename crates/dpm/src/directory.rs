@@ -53,7 +53,9 @@ impl Directory {
         segment_size: u64,
     ) -> Result<Directory, ProcessorError> {
         let bytes = HEADER_LEN + capacity as u64 * DESCRIPTOR_LEN;
-        let ext = pool.alloc_bytes(bytes, tags::LOG_DIRECTORY)?;
+        let ext = pool.alloc_bytes(bytes, tags::LOG_DIRECTORY).map_err(|e| {
+            ProcessorError::no_room(format!("the log directory of {capacity} logs"), bytes, e)
+        })?;
         pool.write(ext.offset, &vec![0u8; bytes as usize])?;
         let mut h = [0u8; HEADER_LEN as usize];
         h[0..8].copy_from_slice(&MAGIC);

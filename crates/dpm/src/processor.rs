@@ -137,6 +137,31 @@ pub enum ProcessorError {
     /// A setting is out of range.
     #[error("invalid setting: {0}")]
     Config(String),
+    /// A structure formatted when the pool is new does not fit in it.
+    #[error("{what} ({bytes} bytes) does not fit in the pool: {source}")]
+    NoRoom {
+        /// The structure, in words.
+        what: String,
+        /// Its size.
+        bytes: u64,
+        /// The pool's refusal (boxed: this variant is rare and would widen every result of the processor).
+        source: Box<PoolError>,
+    },
+}
+
+impl ProcessorError {
+    /// A [`ProcessorError::NoRoom`] for `what` of `bytes`, refused by the pool with `source`.
+    pub(crate) fn no_room(
+        what: impl Into<String>,
+        bytes: u64,
+        source: PoolError,
+    ) -> ProcessorError {
+        ProcessorError::NoRoom {
+            what: what.into(),
+            bytes,
+            source: Box::new(source),
+        }
+    }
 }
 
 /// Counters and gauges of the processor.

@@ -38,7 +38,9 @@ impl TableKind {
         body: u64,
     ) -> Result<u64, ProcessorError> {
         let bytes = HEADER_LEN + body;
-        let ext = pool.alloc_bytes(bytes, self.tag)?;
+        let ext = pool.alloc_bytes(bytes, self.tag).map_err(|e| {
+            ProcessorError::no_room(format!("the {} of {capacity} entries", self.name), bytes, e)
+        })?;
         pool.write(ext.offset, &vec![0u8; bytes as usize])?;
         let mut h = [0u8; HEADER_LEN as usize];
         h[0..8].copy_from_slice(&self.magic);
