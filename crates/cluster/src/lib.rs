@@ -9,6 +9,7 @@
 
 mod autoscale;
 mod client;
+mod failures;
 pub mod latency;
 mod local;
 pub mod metrics;

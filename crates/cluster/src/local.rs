@@ -84,7 +84,8 @@ pub struct LocalClusterConfig {
     pub resp_listen: Vec<SocketAddr>,
     /// The M-node's policy loop (off by default); it starts and stops KV nodes of this cluster.
     pub autoscale: AutoscaleConfig,
-    /// How long starting a node may take until it serves (when the autoscaler adds one). Default 30 s.
+    /// How long starting a node may take until it serves: each of the `kns` at the start (all together), one
+    /// added later (by [`LocalCluster::add_node`] or the autoscaler). Default 30 s.
     pub node_start_timeout: Duration,
     /// A node removed from the ring keeps answering (refusing its former keys) until no request has reached it for
     /// this long, so that clients still routing to it learn the new table before it closes. Default 50 ms.
@@ -235,7 +236,7 @@ impl LocalCluster {
                 .unwrap_or_else(|| c.scaler.next_id.fetch_add(1, Ordering::AcqRel));
             c.scaler.start_node_with_id(id)?;
         }
-        c.wait_until_serving(Duration::from_secs(30))?;
+        c.wait_until_serving(c.cfg.node_start_timeout)?;
         c.supervisor = Some({
             let (scaler, period) = (c.scaler.clone(), c.cfg.node.heartbeat);
             std::thread::Builder::new()
@@ -286,7 +287,7 @@ impl LocalCluster {
     pub fn add_node(&mut self) -> Result<NodeId, ClusterError> {
         let id = self.scaler.next_id.fetch_add(1, Ordering::AcqRel);
         self.scaler.start_node_with_id(id)?;
-        self.wait_until_serving(Duration::from_secs(30))?;
+        self.wait_until_serving(self.cfg.node_start_timeout)?;
         Ok(id)
     }
 
@@ -342,8 +343,13 @@ impl LocalCluster {
                 }
             }
             if Instant::now() > deadline {
+                // The M-node retries a failing step until it works; its cause is what the operator needs.
+                let cause = match self.mnode.as_ref().and_then(|m| m.last_failure()) {
+                    Some(why) => format!(": the M-node's last reconfiguration step failed: {why}"),
+                    None => String::new(),
+                };
                 return Err(ClusterError::Reconfig(format!(
-                    "the cluster did not converge within {timeout:?}"
+                    "the cluster did not converge within {timeout:?}{cause}"
                 )));
             }
             std::thread::sleep(Duration::from_millis(2));

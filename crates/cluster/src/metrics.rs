@@ -706,6 +706,7 @@ impl MetricsSource for RoutingMetrics {
 pub struct MNodeMetrics {
     pub(crate) leading: Arc<AtomicBool>,
     pub(crate) events: Arc<Mutex<Vec<crate::ReconfigEvent>>>,
+    pub(crate) failures: Arc<crate::failures::FailureStreak>,
 }
 
 impl MetricsSource for MNodeMetrics {
@@ -720,6 +721,12 @@ impl MetricsSource for MNodeMetrics {
             "Whether this M-node leads (1) or stands by (0).",
             &[],
             leading,
+        );
+        out.counter(
+            "dinomo_mnode_reconfiguration_failures_total",
+            "Reconfiguration steps that failed and were retried (the log names the cause).",
+            &[],
+            self.failures.total(),
         );
         let mut by_kind: Vec<(String, u64)> =
             ["add", "remove", "failure", "replicate", "dereplicate"]

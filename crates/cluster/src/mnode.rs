@@ -27,6 +27,7 @@ use serde::Serialize;
 use tracing::{info, warn};
 
 use crate::client::call_each;
+use crate::failures::{FailureStreak, Report};
 use crate::stop::StopSignal;
 use crate::wire::{RequestBody, ResponseBody, Routing};
 use crate::{ClusterError, ClusterRecord, MemberInfo, member_node};
@@ -130,6 +131,7 @@ pub struct MNode {
     admin: Sender<Admin>,
     events: Arc<Mutex<Vec<ReconfigEvent>>>,
     leading: Arc<AtomicBool>,
+    failures: Arc<FailureStreak>,
     stop: Arc<StopSignal>,
     /// Whether stopping gives the leadership up at once (a crash leaves it to expire).
     resign: Arc<AtomicBool>,
@@ -148,6 +150,7 @@ impl MNode {
         let (admin_tx, admin_rx) = unbounded();
         let events = Arc::new(Mutex::new(Vec::new()));
         let leading = Arc::new(AtomicBool::new(false));
+        let failures = Arc::new(FailureStreak::default());
         let stop = Arc::new(StopSignal::default());
         let resign = Arc::new(AtomicBool::new(true));
         let started = Instant::now();
@@ -169,6 +172,8 @@ impl MNode {
             leading_since: Instant::now(),
             events: events.clone(),
             leading: leading.clone(),
+            failures: failures.clone(),
+            attempting: None,
             started,
         };
         let thread = {
@@ -183,6 +188,7 @@ impl MNode {
             admin: admin_tx,
             events,
             leading,
+            failures,
             stop,
             resign,
             token,
@@ -198,6 +204,12 @@ impl MNode {
     /// Whether this M-node leads now.
     pub fn is_leading(&self) -> bool {
         self.leading.load(Ordering::Acquire)
+    }
+
+    /// Why its latest reconfiguration step failed, while none has succeeded since (the loop retries it every
+    /// check interval).
+    pub fn last_failure(&self) -> Option<String> {
+        self.failures.latest()
     }
 
     /// Removes a node from the ring (it hands its keys over and may then be stopped). Waits until done.
@@ -233,6 +245,7 @@ impl MNode {
         crate::metrics::MNodeMetrics {
             leading: self.leading.clone(),
             events: self.events.clone(),
+            failures: self.failures.clone(),
         }
     }
 
@@ -285,6 +298,10 @@ struct State {
     leading_since: Instant,
     events: Arc<Mutex<Vec<ReconfigEvent>>>,
     leading: Arc<AtomicBool>,
+    failures: Arc<FailureStreak>,
+    /// The reconfiguration under way since its first attempt (a failed step is retried every check interval),
+    /// so that its start is logged once.
+    attempting: Option<(ReconfigKind, NodeId)>,
     started: Instant,
 }
 
@@ -330,9 +347,7 @@ impl State {
                         }
                     }
                 }
-                if let Err(e) = self.reconcile() {
-                    warn!(error = %e, "reconfiguration failed; retrying");
-                }
+                self.reconcile_and_report();
             } else {
                 let standby = || Err(ClusterError::Reconfig("this M-node is a standby".into()));
                 while let Ok(cmd) = admin.try_recv() {
@@ -386,6 +401,31 @@ impl State {
                 Some((id, info))
             })
             .collect())
+    }
+
+    /// Whether this is the first attempt of reconfiguration `kind` for `node` (the last one completed or was
+    /// another).
+    fn first_attempt(&mut self, kind: ReconfigKind, node: NodeId) -> bool {
+        self.attempting.replace((kind, node)) != Some((kind, node))
+    }
+
+    /// One [`State::reconcile`] step, logging a failure when it starts, changes or has lasted another
+    /// [`crate::failures::REPEAT_EVERY`] (the step is retried every check interval) and the recovery from one.
+    fn reconcile_and_report(&mut self) {
+        match self.reconcile() {
+            Ok(()) => {
+                if let Some(r) = self.failures.succeeded(Instant::now()) {
+                    info!(failures = r.failures, lasted = ?r.lasted, "reconfiguration succeeds again");
+                }
+            }
+            Err(e) => {
+                if let Report::Log { unlogged } =
+                    self.failures.failed(e.to_string(), Instant::now())
+                {
+                    warn!(error = %e, repeats_not_logged = unlogged, "reconfiguration failed; retrying");
+                }
+            }
+        }
     }
 
     /// One step toward the desired cluster: first failures, then joins, then nodes lagging behind the record.
@@ -451,7 +491,9 @@ impl State {
         dead: NodeId,
         noticed: Instant,
     ) -> Result<(), ClusterError> {
-        info!(node = dead, "KV node failed; its logs are taken over");
+        if self.first_attempt(ReconfigKind::Failure, dead) {
+            info!(node = dead, "KV node failed; its logs are taken over");
+        }
         let taken: proto::NodeTakenOver = self.dpm_call(
             proto::TAKE_OVER_NODE,
             &proto::TakeOverNode { node_id: dead },
@@ -488,7 +530,9 @@ impl State {
         info: MemberInfo,
         noticed: Instant,
     ) -> Result<(), ClusterError> {
-        info!(node = id, addr = %info.addr, "KV node joins");
+        if self.first_attempt(ReconfigKind::Add, id) {
+            info!(node = id, addr = %info.addr, "KV node joins");
+        }
         let old: Vec<NodeId> = record.routing.ring.nodes().collect();
         let mut next = record;
         next.retired.remove(&id);
@@ -788,7 +832,7 @@ impl State {
     }
 
     fn note(
-        &self,
+        &mut self,
         kind: ReconfigKind,
         node: NodeId,
         routing: &Routing,
@@ -807,6 +851,7 @@ impl State {
             moved_bytes: moved.bytes,
             move_duration: moved.took,
         };
+        self.attempting = None;
         info!(?kind, node, epoch = e.epoch, took = ?e.duration, moved_bytes = e.moved_bytes, "reconfigured");
         self.events.lock().expect("events lock").push(e);
     }

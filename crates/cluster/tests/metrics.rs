@@ -190,6 +190,10 @@ fn scraped_counters_follow_the_operations() -> anyhow::Result<()> {
     ensure!(sum(&after, "dinomo_pool_used_bytes", &[]) > 0.0);
     ensure!(sum(&after, "dinomo_pool_free_bytes", &[]) > 0.0);
     ensure!(sum(&after, "dinomo_mnode_leading", &[]) == 1.0);
+    ensure!(
+        after.contains_key("dinomo_mnode_reconfiguration_failures_total"),
+        "the M-node counts its failed steps"
+    );
     for (key, v) in &after {
         let name = key.split('{').next().unwrap_or_default();
         if name.ends_with("_total") {

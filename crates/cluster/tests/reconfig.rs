@@ -242,3 +242,29 @@ fn a_day_long_check_or_refresh_period_does_not_hold_up_a_stop() -> anyhow::Resul
     );
     Ok(())
 }
+
+/// A pool with room for the memory node's tables but not for the cluster record: the M-node cannot add the KV
+/// nodes and retries. The start gives up after `node_start_timeout` (not a fixed 30 s) and says why.
+#[test]
+fn a_start_the_pool_has_no_room_for_fails_in_its_timeout_naming_the_cause() {
+    let mut cfg = small_cluster(2);
+    // 1 MiB segments: the index, the log directory, the cell table and the KV nodes' logs fit, the record does not.
+    cfg.pool_size = 6 << 20;
+    cfg.node_start_timeout = Duration::from_secs(2);
+    let started = std::time::Instant::now();
+    let err = match LocalCluster::start(cfg) {
+        Ok(_) => panic!("a 6 MiB pool held the whole cluster: the test needs a smaller one"),
+        Err(e) => e.to_string(),
+    };
+    let took = started.elapsed();
+    assert!(
+        err.contains("did not converge within 2s")
+            && err.contains("the M-node's last reconfiguration step failed")
+            && err.contains("out of pool space"),
+        "{err}"
+    );
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(20),
+        "the start gave up after {took:?}, not after its 2 s timeout"
+    );
+}
