@@ -76,6 +76,9 @@ pub enum ClientError {
     /// No owner answered before the deadline; the request was not applied.
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// The store is full: the owner's memory node had no room for the write, which was not applied.
+    #[error("{0}")]
+    OutOfSpace(String),
 }
 
 struct Conn {
@@ -369,6 +372,11 @@ impl Client {
                         kind: ErrorKind::Indeterminate,
                         message,
                     }) if write => return Err(ClientError::Indeterminate(message)),
+                    // Another node would not help: they share the memory node.
+                    Attempt::Done(ResponseBody::Error {
+                        kind: ErrorKind::OutOfSpace,
+                        message,
+                    }) => return Err(ClientError::OutOfSpace(message)),
                     Attempt::Done(ResponseBody::Error { message, .. }) => {
                         last = format!("node {node}: {message}");
                         self.refresh(0, None);

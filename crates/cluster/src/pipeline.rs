@@ -418,6 +418,13 @@ impl PipelinedClient {
                 tag: f.tag,
                 result: Err(ClientError::Indeterminate(message)),
             }),
+            ResponseBody::Error {
+                kind: ErrorKind::OutOfSpace,
+                message,
+            } => self.done.push_back(Completion {
+                tag: f.tag,
+                result: Err(ClientError::OutOfSpace(message)),
+            }),
             ResponseBody::Error { message, .. } => {
                 self.client.refresh(0, None);
                 let p = retry(f, format!("{addr}: {message}").into());

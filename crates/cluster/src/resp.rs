@@ -214,6 +214,7 @@ fn from_kn_error(op: &Op, e: KnError) -> BackendError {
         KnError::KeyTooLarge { .. } | KnError::ValueTooLarge { .. } | KnError::Config(_) => {
             BackendError::Invalid(e.to_string())
         }
+        KnError::OutOfSpace(_) => BackendError::OutOfSpace(e.to_string()),
         e if e.is_indeterminate() && op.is_write() => BackendError::Indeterminate(e.to_string()),
         e => BackendError::Unavailable(e.to_string()),
     }
@@ -228,6 +229,7 @@ fn from_client_error(e: ClientError) -> BackendError {
         ClientError::Invalid(m) => BackendError::Invalid(m),
         ClientError::Indeterminate(m) => BackendError::Indeterminate(m),
         ClientError::Unavailable(m) => BackendError::Unavailable(m),
+        ClientError::OutOfSpace(m) => BackendError::OutOfSpace(m),
     }
 }
 

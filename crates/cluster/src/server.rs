@@ -360,6 +360,7 @@ pub(crate) fn error_body(e: KnError) -> ResponseBody {
         | KnError::Config(_) => ErrorKind::Invalid,
         // Not applied: the client may try again.
         KnError::Contended { .. } => ErrorKind::Unavailable,
+        KnError::OutOfSpace(_) => ErrorKind::OutOfSpace,
         e if e.is_indeterminate() => ErrorKind::Indeterminate,
         _ => ErrorKind::Unavailable,
     };

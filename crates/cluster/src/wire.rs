@@ -185,6 +185,9 @@ pub enum ErrorKind {
     /// The handshake was refused (a wrong cluster token, another protocol version, or no handshake at all); the
     /// server closes the connection.
     Refused,
+    /// The memory node has no room for the write: the store is full. It was not applied; retrying helps only once
+    /// the memory node has reclaimed space.
+    OutOfSpace,
 }
 
 /// Why a frame could not be read.

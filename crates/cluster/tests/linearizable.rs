@@ -51,9 +51,13 @@ fn step(cl: &mut Client, rec: &Recorder, client: u32, n: u64, rng: &mut StdRng) 
     };
     match result {
         Ok(outcome) => rec.complete(ticket, outcome),
-        // Not applied (no owner reachable before the deadline) or applied unknowably: either way the checker may
-        // place it anywhere after its invocation, or nowhere.
-        Err(ClientError::Unavailable(_) | ClientError::Indeterminate(_)) => rec.unknown(ticket),
+        // Not applied (no owner reachable before the deadline, no room) or applied unknowably: either way the
+        // checker may place it anywhere after its invocation, or nowhere.
+        Err(
+            ClientError::Unavailable(_)
+            | ClientError::Indeterminate(_)
+            | ClientError::OutOfSpace(_),
+        ) => rec.unknown(ticket),
         Err(ClientError::Invalid(e)) => panic!("invalid request: {e}"),
     }
 }

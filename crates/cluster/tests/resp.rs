@@ -20,6 +20,10 @@ fn any_port() -> SocketAddr {
 /// its heartbeats and fence itself mid-test. The cluster has a token, so forwarding (and the M-node's installs
 /// when nodes join and leave) present it on the native protocol.
 fn cluster(kns: usize) -> anyhow::Result<LocalCluster> {
+    Ok(LocalCluster::start(cluster_config(kns))?)
+}
+
+fn cluster_config(kns: usize) -> dinomo_cluster::LocalClusterConfig {
     let mut cfg = common::small_cluster(kns);
     cfg.memory_node.cluster_token = "resp-test-token".into();
     cfg.node.lease_ttl = Duration::from_secs(5);
@@ -27,7 +31,7 @@ fn cluster(kns: usize) -> anyhow::Result<LocalCluster> {
     cfg.resp_listen = vec![any_port()];
     // Fewer forwarding clients than the tests' connections: they are shared.
     cfg.node.resp_forward_clients = 2;
-    Ok(LocalCluster::start(cfg)?)
+    cfg
 }
 
 struct Conn {
@@ -467,4 +471,79 @@ fn pipelined_reads_and_writes_over_resp_are_linearizable() -> anyhow::Result<()>
         .sum();
     assert!(ops > 400, "only {ops} operations completed");
     common::assert_linearizable(&rec.history(), "dinomo-resp-nonlinearizable-history.json")
+}
+
+/// A full pool: a write is refused at once with Redis's `-OOM`, on its owner and through a node that forwards it,
+/// and with `ClientError::OutOfSpace` over the native protocol (not retried until the deadline: the nodes share
+/// the memory node); everything stored before is still read.
+#[test]
+fn a_full_pool_refuses_writes_with_oom_and_keeps_serving_reads() -> anyhow::Result<()> {
+    use dinomo_cluster::{Client, ClientError};
+    use std::time::Instant;
+
+    let mut cfg = cluster_config(2);
+    cfg.pool_size = 24 << 20;
+    let c = LocalCluster::start(cfg)?;
+    let op_timeout = Duration::from_secs(20);
+    let mut cl = Client::connect(dinomo_cluster::ClientConfig {
+        op_timeout,
+        ..c.client_config()
+    })?;
+    let value = |i: u32| {
+        let mut v = vec![(i % 251) as u8; 60 << 10];
+        v[..4].copy_from_slice(&i.to_le_bytes());
+        v
+    };
+    // Fill until every worker's segment is full: writes keep failing. Each failure comes back at once.
+    let (mut stored, mut failures_in_a_row) = (Vec::new(), 0);
+    for i in 0..5_000u32 {
+        let key = format!("fill-{i}");
+        let began = Instant::now();
+        match cl.set(key.as_bytes(), &value(i)) {
+            Ok(_) => {
+                stored.push(i);
+                failures_in_a_row = 0;
+            }
+            Err(ClientError::OutOfSpace(why)) => {
+                assert!(why.contains("out of memory-node space"), "{why}");
+                assert!(
+                    began.elapsed() < op_timeout / 4,
+                    "a full store's refusal took {:?}",
+                    began.elapsed()
+                );
+                failures_in_a_row += 1;
+                if failures_in_a_row == 50 {
+                    break;
+                }
+            }
+            Err(e) => panic!("write {i}: {e}"),
+        }
+    }
+    assert_eq!(failures_in_a_row, 50, "the pool never filled up");
+    assert!(stored.len() > 100, "only {} writes fit", stored.len());
+
+    // Both nodes answer a write with -OOM: one owns the key, the other forwards it.
+    for addr in resp_addrs(&c) {
+        let mut conn = Conn::open(addr);
+        match conn.call(&[b"SET", b"one-more", &value(0)]) {
+            Value::Error(e) => assert!(e.starts_with(b"OOM "), "{}", String::from_utf8_lossy(&e)),
+            other => panic!("a write to a full store: {other:?}"),
+        }
+        // Reads are served, through either node.
+        for &i in stored.iter().step_by(17) {
+            assert_eq!(
+                conn.call(&[b"GET", format!("fill-{i}").as_bytes()]),
+                bulk(&value(i)),
+                "fill-{i}"
+            );
+        }
+    }
+    for &i in &stored {
+        assert_eq!(
+            cl.get(format!("fill-{i}").as_bytes())?,
+            Some(value(i)),
+            "fill-{i}"
+        );
+    }
+    Ok(())
 }

@@ -150,6 +150,17 @@ pub enum ProcessorError {
 }
 
 impl ProcessorError {
+    /// Whether the pool had no room for what was asked (a log segment, a table, the index growing); the same
+    /// request may succeed once the memory node has reclaimed space.
+    pub fn is_out_of_space(&self) -> bool {
+        matches!(
+            self,
+            ProcessorError::Pool(PoolError::OutOfSpace { .. })
+                | ProcessorError::Index(IndexError::OutOfSpace { .. })
+                | ProcessorError::NoRoom { .. }
+        )
+    }
+
     /// A [`ProcessorError::NoRoom`] for `what` of `bytes`, refused by the pool with `source`.
     pub(crate) fn no_room(
         what: impl Into<String>,
@@ -537,7 +548,13 @@ struct Handler(Arc<Inner>);
 
 impl RpcHandler for Handler {
     fn handle(&self, method: u16, request: &[u8], response: &mut Vec<u8>) -> Result<(), RpcError> {
-        let fail = |e: ProcessorError| RpcError::Failed(e.to_string());
+        let fail = |e: ProcessorError| {
+            if e.is_out_of_space() {
+                RpcError::OutOfSpace(e.to_string())
+            } else {
+                RpcError::Failed(e.to_string())
+            }
+        };
         match method {
             proto::OPEN_LOG => {
                 let req: proto::OpenLog = dinomo_fabric::decode(request)?;

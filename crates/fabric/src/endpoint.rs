@@ -770,6 +770,9 @@ impl TcpConn {
             status::RPC_CODEC => {
                 Err(RpcError::Codec(String::from_utf8_lossy(body).into_owned()).into())
             }
+            status::RPC_NO_SPACE => {
+                Err(RpcError::OutOfSpace(String::from_utf8_lossy(body).into_owned()).into())
+            }
             status::RPC_DOWN => Err(RpcError::ProcessorDown.into()),
             other => Err(match VerbError::from_code(other) {
                 Some(VerbError::TooLarge) => verb_err(VerbKind::Write, VerbError::TooLarge),

@@ -66,6 +66,9 @@ pub enum RpcError {
     /// The handler returned an error.
     #[error("RPC failed at the memory node: {0}")]
     Failed(String),
+    /// The handler needed pool space the memory node does not have; nothing was done.
+    #[error("the memory node is out of space: {0}")]
+    OutOfSpace(String),
     /// A body could not be encoded or decoded.
     #[error("RPC body could not be decoded: {0}")]
     Codec(String),

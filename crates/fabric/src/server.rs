@@ -390,6 +390,7 @@ fn execute(
             Ok(resp) => reply(out, h.id, status::OK, 0, &resp),
             Err(RpcError::UnknownMethod(_)) => reply(out, h.id, status::RPC_UNKNOWN, 0, &[]),
             Err(RpcError::Failed(m)) => reply(out, h.id, status::RPC_FAILED, 0, m.as_bytes()),
+            Err(RpcError::OutOfSpace(m)) => reply(out, h.id, status::RPC_NO_SPACE, 0, m.as_bytes()),
             Err(RpcError::Codec(m)) => reply(out, h.id, status::RPC_CODEC, 0, m.as_bytes()),
             Err(RpcError::ProcessorDown) => reply(out, h.id, status::RPC_DOWN, 0, &[]),
         }

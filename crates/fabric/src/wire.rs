@@ -54,6 +54,8 @@ pub mod status {
     pub const RPC_CODEC: u8 = 34;
     /// Processor down.
     pub const RPC_DOWN: u8 = 35;
+    /// RPC handler out of pool space; the payload is the message.
+    pub const RPC_NO_SPACE: u8 = 36;
     /// Malformed request; the node closes the connection after this reply.
     pub const BAD_REQUEST: u8 = 64;
 }

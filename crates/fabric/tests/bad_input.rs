@@ -392,7 +392,8 @@ impl RpcHandler for Echo {
                 response.reverse();
                 Ok(())
             }
-            2 => Err(RpcError::Failed("no space".into())),
+            2 => Err(RpcError::Failed("no such log".into())),
+            5 => Err(RpcError::OutOfSpace("no segment left".into())),
             3 => panic!("handler bug"),
             4 => {
                 let n: u64 = dinomo_fabric::decode(request)?;
@@ -422,7 +423,11 @@ fn rpc_calls_and_their_failures() {
         assert_eq!(resp, b"cba");
         assert_eq!(ep.call::<u64, u64>(4, &21).unwrap(), 42);
         assert!(
-            matches!(ep.rpc(2, b"", &mut resp), Err(FabricError::Rpc(RpcError::Failed(m))) if m == "no space")
+            matches!(ep.rpc(2, b"", &mut resp), Err(FabricError::Rpc(RpcError::Failed(m))) if m == "no such log")
+        );
+        // Out of space stays out of space across the wire, so a KV node can tell its clients the store is full.
+        assert!(
+            matches!(ep.rpc(5, b"", &mut resp), Err(FabricError::Rpc(RpcError::OutOfSpace(m))) if m == "no segment left")
         );
         assert!(
             matches!(ep.rpc(3, b"", &mut resp), Err(FabricError::Rpc(RpcError::Failed(m))) if m.contains("panicked"))

@@ -559,6 +559,7 @@ fn claim_log(
 fn refused(e: FabricError) -> KnError {
     match e {
         FabricError::Rpc(RpcError::Failed(why)) => KnError::Refused(why),
+        FabricError::Rpc(RpcError::OutOfSpace(why)) => KnError::OutOfSpace(why),
         other => KnError::Fabric(other),
     }
 }

@@ -108,3 +108,35 @@ fn stopping_a_node_returns_while_handles_are_alive_and_they_get_stopped() -> any
     assert!(matches!(h.set(b"k", b"w"), Err(KnError::Stopped)));
     Ok(())
 }
+
+/// A full pool: a write that needs a log segment the memory node cannot grant is refused with
+/// `KnError::OutOfSpace` (nothing applied), and the values stored before are still read.
+#[test]
+fn a_full_pool_refuses_writes_as_out_of_space_and_keeps_serving_reads() -> anyhow::Result<()> {
+    let mut cfg = config(16, 16 << 10, 1 << 20);
+    cfg.pool_size = 16 << 20;
+    cfg.pool_segment_size = 1 << 20;
+    let store = Embedded::open(&cfg)?;
+    let h = store.handle();
+    let value = |i: u32| vec![(i % 251) as u8; 15 << 10];
+    let (mut stored, mut refused) = (Vec::new(), 0);
+    for i in 0..5_000u32 {
+        match h.set(format!("k{i}").as_bytes(), &value(i)) {
+            Ok(()) => stored.push(i),
+            Err(KnError::OutOfSpace(why)) => {
+                assert!(why.contains("out of pool space"), "{why}");
+                refused += 1;
+                if refused == 20 {
+                    break;
+                }
+            }
+            Err(e) => panic!("write {i}: {e}"),
+        }
+    }
+    assert_eq!(refused, 20, "the pool never filled up");
+    assert!(stored.len() > 100, "only {} writes fit", stored.len());
+    for &i in &stored {
+        assert_eq!(h.get(format!("k{i}").as_bytes())?, Some(value(i)), "k{i}");
+    }
+    Ok(())
+}

@@ -76,6 +76,10 @@ pub enum BackendError {
     /// The store could not serve the operation now; it was not applied.
     #[error("{0}")]
     Unavailable(String),
+    /// The store is full: the write was not applied. Answered as Redis answers a write beyond `maxmemory`, with an
+    /// `-OOM` error, which Redis clients tell apart from other errors.
+    #[error("{0}")]
+    OutOfSpace(String),
 }
 
 /// A result of an [`Op`].

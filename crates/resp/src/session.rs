@@ -917,7 +917,7 @@ impl<C: BackendConn> Session<C> {
         // they are independent operations).
         if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
             self.counts.errors += 1;
-            return w.error(format!("ERR {e}").as_bytes());
+            return w.error(error_text(e).as_bytes());
         }
         let outputs = results.iter().filter_map(|r| r.as_ref().ok());
         let single = results.first().and_then(|r| r.as_ref().ok());
@@ -999,13 +999,21 @@ impl<C: BackendConn> Session<C> {
     }
 
     fn backend_error(&mut self, out: &mut Vec<u8>, e: &BackendError) {
-        let text = format!("ERR {e}");
-        self.error(out, &text);
+        self.error(out, &error_text(e));
     }
 
     fn arity_error(&mut self, out: &mut Vec<u8>, spec: &CommandSpec) {
         let text = format!("ERR wrong number of arguments for '{}' command", spec.name);
         self.error(out, &text);
+    }
+}
+
+/// The error reply to a failed store operation: `-OOM` when the store is full (as Redis answers a write beyond
+/// `maxmemory`), `-ERR` otherwise.
+fn error_text(e: &BackendError) -> String {
+    match e {
+        BackendError::OutOfSpace(_) => format!("OOM {e}"),
+        _ => format!("ERR {e}"),
     }
 }
 

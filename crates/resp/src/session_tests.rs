@@ -711,6 +711,39 @@ fn writes_of_unknown_outcome_are_errors_never_ok() {
     assert_eq!(run("ping"), "+PONG\r\n");
 }
 
+/// A full store: every write is refused for want of space, reads are served.
+#[derive(Clone)]
+struct Full(MemoryBackend);
+
+impl BackendConn for Full {
+    fn execute(&mut self, ops: &mut Vec<Op>, results: &mut Vec<OpResult>) {
+        let writes = ops.iter().filter(|op| op.is_write()).count();
+        ops.retain(|op| !op.is_write());
+        self.0.execute(ops, results);
+        for _ in 0..writes {
+            results.push(Err(BackendError::OutOfSpace(
+                "out of memory-node space, the write was not applied".into(),
+            )));
+        }
+    }
+
+    fn dbsize(&mut self) -> Result<u64, BackendError> {
+        self.0.dbsize()
+    }
+}
+
+#[test]
+fn a_full_store_answers_writes_with_oom_as_redis_does_and_still_serves_reads() {
+    let mut c = Client::on(ServerConfig::default(), Full(MemoryBackend::new()));
+    let mut run = |line: &str| String::from_utf8(c.send(format!("{line}\r\n").as_bytes())).unwrap();
+    let oom = "-OOM out of memory-node space, the write was not applied\r\n";
+    for write in ["set k v", "incr n", "append k v", "del k"] {
+        assert_eq!(run(write), oom, "{write}");
+    }
+    assert_eq!(run("get k"), "$-1\r\n");
+    assert_eq!(run("dbsize"), ":0\r\n");
+}
+
 /// A store that counts fabric traffic: a fixed count, for `INFO fabric`.
 #[derive(Clone)]
 struct Counted(MemoryBackend);

@@ -334,7 +334,7 @@ fn store_error(e: ClientError) -> StoreError {
     match e {
         ClientError::Invalid(m) => StoreError::Invalid(m),
         ClientError::Indeterminate(m) => StoreError::Indeterminate(m),
-        ClientError::Unavailable(m) => StoreError::Unavailable(m),
+        ClientError::Unavailable(m) | ClientError::OutOfSpace(m) => StoreError::Unavailable(m),
     }
 }
 
