@@ -139,8 +139,8 @@ pub struct Response {
 /// What a reply says.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ResponseBody {
-    /// A value or none.
-    Value(Option<Vec<u8>>),
+    /// A value or none (a byte string on the wire, as in [`DataOp`]).
+    Value(#[serde(with = "serde_bytes")] Option<Vec<u8>>),
     /// Whether a write applied.
     Applied(bool),
     /// An integer result.
@@ -247,6 +247,36 @@ pub fn read_frame<T: for<'de> Deserialize<'de>>(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Keys and values are length-prefixed byte strings: these are the exact bytes of a frame, so a change of
+    /// encoding (for speed, say) cannot silently change the protocol.
+    #[test]
+    fn keys_and_values_are_length_prefixed_bytes_on_the_wire() {
+        let mut wire = Vec::new();
+        let mut buf = Vec::new();
+        let set = Request {
+            id: 5,
+            body: RequestBody::Data(DataOp::Set(b"k".to_vec(), vec![0xAB; 130])),
+        };
+        write_frame(&mut wire, &set, &mut buf).unwrap();
+        // id 5, RequestBody::Data (0), DataOp::Set (1), key: length 1 and its byte, value: length 130 as a varint
+        // (0x82 0x01) and its bytes.
+        let mut expected = vec![5, 0, 1, 1, b'k', 0x82, 0x01];
+        expected.extend_from_slice(&[0xAB; 130]);
+        assert_eq!(wire[..4], (expected.len() as u32).to_le_bytes());
+        assert_eq!(wire[4..], expected);
+
+        wire.clear();
+        let reply = Response {
+            id: 5,
+            body: ResponseBody::Value(Some(b"vv".to_vec())),
+        };
+        write_frame(&mut wire, &reply, &mut buf).unwrap();
+        // id 5, ResponseBody::Value (0), Some (1), length 2, the bytes.
+        assert_eq!(wire[4..], [5, 0, 1, 2, b'v', b'v']);
+        let back: Response = read_frame(&mut &wire[..], &mut buf, DEFAULT_MAX_FRAME).unwrap();
+        assert_eq!(back.body, reply.body);
+    }
 
     proptest! {
         #[test]
