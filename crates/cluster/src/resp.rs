@@ -10,14 +10,17 @@
 //!
 //! A pipeline's operations on keys owned elsewhere are forwarded together: in waves that each hold the next
 //! operation of every such key, sent at once (one round trip to each owner, not one per operation) and all
-//! answered before the next wave, so a key's operations still apply in order.
+//! answered before the next wave, so a key's operations still apply in order. The first wave of every ready
+//! connection of an event-loop thread is sent when the connection's operations start ([`LoopForwarder`]), so the
+//! thread has all of them in flight at once instead of one connection's round trip after another's.
 //!
 //! A write whose outcome is unknown (the node lost the memory node or its lease mid-write, or a forwarded write
 //! got no reply) is answered with an error, never with success.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -68,6 +71,8 @@ pub(crate) fn start(
                 .collect(),
         ),
         next_forwarder: AtomicUsize::new(0),
+        id: NEXT_BACKEND.fetch_add(1, Ordering::Relaxed),
+        next_conn: AtomicU32::new(0),
         memory: Arc::new(Mutex::new(None)),
         worker_timeout: WORKER_REPLY_TIMEOUT.max(config.kn.merge_wait_timeout.saturating_mul(2)),
     };
@@ -83,12 +88,40 @@ pub(crate) fn start(
 /// Native clients shared by a node's RESP connections, each connected on first use.
 type Forwarders = Arc<Vec<Mutex<Option<PipelinedClient>>>>;
 
+/// Numbers the RESP backends of the process, so an event-loop thread's [`LoopForwarder`] is never taken for
+/// another node's.
+static NEXT_BACKEND: AtomicU64 = AtomicU64::new(0);
+
+/// The forwarding client of one event-loop thread, shared by the connections it serves. A connection's
+/// [`BackendConn::start`] submits its first wave of forwarded ops here without waiting; its
+/// [`BackendConn::finish`] takes their completions, and keeps those of other connections that arrive meanwhile
+/// for their own `finish` (which the same thread runs, in the same loop iteration).
+struct LoopForwarder {
+    client: PipelinedClient,
+    /// Ops in flight in the client, per connection.
+    in_flight: HashMap<u32, usize>,
+    /// Completions of other connections' ops taken while one connection finished.
+    stash: HashMap<u32, Vec<Answer>>,
+}
+
+/// An op's index in its connection's batch, and its owner's answer.
+type Answer = (usize, Result<ResponseBody, ClientError>);
+
+thread_local! {
+    /// This thread's forwarding client of each RESP backend it serves (by [`NodeBackend::id`]).
+    static LOOP_FORWARDERS: RefCell<HashMap<u64, LoopForwarder>> = RefCell::new(HashMap::new());
+}
+
 struct NodeBackend {
     shared: Arc<NodeShared>,
     connector: Connector,
     forward: ClientConfig,
     forwarders: Forwarders,
     next_forwarder: AtomicUsize,
+    /// Identity of this backend for the threads' [`LoopForwarder`]s.
+    id: u64,
+    /// Numbers the connections, whose forwarded ops share a [`LoopForwarder`].
+    next_conn: AtomicU32,
     /// A fabric endpoint to the memory node for `DBSIZE`, shared by the connections, connected on first use.
     memory: Arc<Mutex<Option<Endpoint>>>,
     worker_timeout: Duration,
@@ -105,6 +138,10 @@ impl Backend for NodeBackend {
             forward_config: self.forward.clone(),
             forwarders: self.forwarders.clone(),
             forwarder: self.next_forwarder.fetch_add(1, Ordering::Relaxed) % self.forwarders.len(),
+            backend: self.id,
+            conn: self.next_conn.fetch_add(1, Ordering::Relaxed),
+            sent_ahead: Vec::new(),
+            sent_at: Instant::now(),
             worker_timeout: self.worker_timeout,
             replies_tx,
             replies_rx,
@@ -133,6 +170,12 @@ struct NodeConn {
     forwarders: Forwarders,
     /// The forwarding client this connection tries first.
     forwarder: usize,
+    /// The backend and this connection, for the thread's [`LoopForwarder`].
+    backend: u64,
+    conn: u32,
+    /// The ops of the started batch forwarded through the thread's [`LoopForwarder`] (the first wave), and when.
+    sent_ahead: Vec<usize>,
+    sent_at: Instant,
     memory: Arc<Mutex<Option<Endpoint>>>,
     local: Vec<usize>,
     remote: Vec<usize>,
@@ -417,6 +460,105 @@ fn waves(ops: &[Op], remote: &[usize]) -> Vec<Vec<usize>> {
     waves
 }
 
+impl NodeConn {
+    /// Submits the first wave of `self.remote` to this thread's [`LoopForwarder`] without waiting, moving the ops
+    /// to `self.sent_ahead`; the rest stay in `self.remote` for [`NodeConn::run_remote`] after the first wave is
+    /// answered. Nothing is sent when the forwarding client cannot connect: `run_remote` reports why.
+    fn send_ahead(&mut self, ops: &mut [Op]) {
+        let Some(first) = waves(ops, &self.remote).into_iter().next() else {
+            return;
+        };
+        let conn = self.conn;
+        let tag = |i: usize| (u64::from(conn) << 32) | i as u64;
+        let sent = LOOP_FORWARDERS.with(|forwarders| {
+            let mut forwarders = forwarders.borrow_mut();
+            let f = match forwarders.entry(self.backend) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    match Client::connect(self.forward_config.clone()) {
+                        Ok(c) => e.insert(LoopForwarder {
+                            client: PipelinedClient::from_client(c),
+                            in_flight: HashMap::new(),
+                            stash: HashMap::new(),
+                        }),
+                        Err(_) => return false,
+                    }
+                }
+            };
+            for &i in &first {
+                match f
+                    .client
+                    .submit(tag(i), RequestBody::Data(take_data_op(&mut ops[i])))
+                {
+                    Ok(()) => *f.in_flight.entry(conn).or_default() += 1,
+                    Err(e) => f.stash.entry(conn).or_default().push((i, Err(e))),
+                }
+            }
+            true
+        });
+        if sent {
+            // A pipeline may hold many ops: a mask, not a search of the wave per op.
+            let mut ahead = vec![false; ops.len()];
+            for &i in &first {
+                ahead[i] = true;
+            }
+            self.remote.retain(|&i| !ahead[i]);
+            self.sent_ahead = first;
+            self.sent_at = Instant::now();
+        }
+    }
+
+    /// Takes the answers of `self.sent_ahead` from this thread's [`LoopForwarder`], keeping other connections'
+    /// answers that come first for them.
+    fn collect_ahead(&mut self, ops: &[Op], results: &mut [OpResult]) {
+        let conn = self.conn;
+        let mut answered = 0;
+        LOOP_FORWARDERS.with(|forwarders| {
+            let mut forwarders = forwarders.borrow_mut();
+            let Some(f) = forwarders.get_mut(&self.backend) else {
+                return;
+            };
+            for (i, r) in f.stash.remove(&conn).unwrap_or_default() {
+                results[i] = forwarded(&ops[i], r);
+                answered += 1;
+            }
+            // Every submitted op completes by its deadline, so this ends.
+            while f.in_flight.get(&conn).is_some_and(|&n| n > 0) {
+                let Some(c) = f.client.next_completion() else {
+                    break;
+                };
+                let (owner, i) = ((c.tag >> 32) as u32, (c.tag & u64::from(u32::MAX)) as usize);
+                if let Some(n) = f.in_flight.get_mut(&owner) {
+                    *n = n.saturating_sub(1);
+                }
+                if owner == conn {
+                    f.client.client().record_latency(self.sent_at.elapsed());
+                    if let (Some(op), Some(r)) = (ops.get(i), results.get_mut(i)) {
+                        *r = forwarded(op, c.result);
+                        answered += 1;
+                    }
+                } else {
+                    f.stash.entry(owner).or_default().push((i, c.result));
+                }
+            }
+            f.in_flight.remove(&conn);
+        });
+        if answered < self.sent_ahead.len() {
+            // Not expected: the client lost track of an op. Said, never left as a blank error.
+            for &i in &self.sent_ahead {
+                if matches!(&results[i], Err(BackendError::Unavailable(m)) if m.is_empty()) {
+                    results[i] = Err(if ops[i].is_write() {
+                        BackendError::Indeterminate("the forwarding client lost the request".into())
+                    } else {
+                        BackendError::Unavailable("the forwarding client lost the request".into())
+                    });
+                }
+            }
+        }
+        self.sent_ahead.clear();
+    }
+}
+
 impl BackendConn for NodeConn {
     fn execute(&mut self, ops: &mut Vec<Op>, results: &mut Vec<OpResult>) {
         self.finish(ops, results);
@@ -426,6 +568,9 @@ impl BackendConn for NodeConn {
         self.route(ops);
         if !self.local.is_empty() {
             self.submit_local(ops);
+        }
+        if !self.remote.is_empty() {
+            self.send_ahead(ops);
         }
         self.started = true;
     }
@@ -441,6 +586,9 @@ impl BackendConn for NodeConn {
         results.resize_with(ops.len(), || Err(BackendError::Unavailable(String::new())));
         if !self.local.is_empty() {
             self.collect_local(ops, results);
+        }
+        if !self.sent_ahead.is_empty() {
+            self.collect_ahead(ops, results);
         }
         if !self.remote.is_empty() {
             // Refused ops joined the list after the ones routed away at once; each key's ops keep their order.

@@ -547,3 +547,54 @@ fn a_full_pool_refuses_writes_with_oom_and_keeps_serving_reads() -> anyhow::Resu
     }
     Ok(())
 }
+
+/// Many connections of one node forward at once: each sends, in one pipeline, three increments of a key of its
+/// own and one of a shared key (both owned by the other node), a read of a local key, and a read of its own key
+/// after the increments. The event loop sends every connection's first wave together and hands each its own
+/// answers: every connection sees 1, 2, 3 in order and its read after them, and the shared key counts them all.
+#[test]
+fn connections_forwarding_at_once_each_get_their_own_answers_in_order() -> anyhow::Result<()> {
+    let c = cluster(2)?;
+    let addr = resp_addrs(&c)[0];
+    let there = c.nodes()[1].id();
+    let here = c.nodes()[0].id();
+    let shared = key_owned_by(&c, there, "shared");
+    let local = key_owned_by(&c, here, "local");
+    let mut setup = Conn::open(addr);
+    assert_eq!(setup.call(&[b"SET", &local, b"here"]), ok());
+    let keys: Vec<Vec<u8>> = (0..16)
+        .map(|i| key_owned_by(&c, there, &format!("own{i}")))
+        .collect();
+    let mut conns: Vec<Conn> = keys.iter().map(|_| Conn::open(addr)).collect();
+    for round in 0..5 {
+        // Every pipeline is written before any reply is read, so the loop finds many connections ready at once.
+        for (conn, key) in conns.iter_mut().zip(&keys) {
+            let mut wire = Vec::new();
+            for args in [
+                &[&b"INCR"[..], key][..],
+                &[b"INCR", key],
+                &[b"INCR", shared.as_slice()],
+                &[b"GET", local.as_slice()],
+                &[b"INCR", key],
+                &[b"GET", key],
+            ] {
+                encode_request(args, &mut wire);
+            }
+            conn.stream.write_all(&wire)?;
+        }
+        for conn in &mut conns {
+            let base = 3 * round;
+            assert_eq!(conn.read(), Value::Integer(base + 1));
+            assert_eq!(conn.read(), Value::Integer(base + 2));
+            assert!(matches!(conn.read(), Value::Integer(_)));
+            assert_eq!(conn.read(), bulk(b"here"));
+            assert_eq!(conn.read(), Value::Integer(base + 3));
+            assert_eq!(conn.read(), bulk((base + 3).to_string().as_bytes()));
+        }
+    }
+    assert_eq!(
+        setup.call(&[b"GET", &shared]),
+        bulk((5 * keys.len()).to_string().as_bytes())
+    );
+    Ok(())
+}
