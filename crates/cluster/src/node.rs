@@ -52,9 +52,10 @@ pub struct NodeConfig {
     pub resp_listen: Option<SocketAddr>,
     /// Settings of the RESP server (its `listen` is replaced by `resp_listen`).
     pub resp: dinomo_resp::ServerConfig,
-    /// Native clients the RESP connections share to forward keys this node does not own (each keeps a connection
-    /// to every owner it reached, so this bounds the connections a node opens to each other node). Default 32, at most
-    /// 1024.
+    /// Native clients the RESP connections share to forward keys this node does not own, beside the one each RESP
+    /// event-loop thread keeps for the first wave of its connections' forwarded commands (each client keeps a
+    /// connection to every owner it reached, so this bounds the connections a node opens to each other node).
+    /// Default 32, at most 1024.
     pub resp_forward_clients: usize,
 }
 
