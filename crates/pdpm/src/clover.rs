@@ -1493,8 +1493,8 @@ struct Exchange {
     outbox: Vec<Record>,
     /// A refill is asked for, its primaries preferably on this node.
     want: Option<u16>,
-    /// The last refill failed.
-    error: Option<String>,
+    /// The last call to the MS failed: the home node whose slots it asked for (none for records only), and why.
+    error: Option<(Option<u16>, String)>,
     stop: bool,
 }
 
@@ -1561,7 +1561,7 @@ impl Background {
                         }
                         Err(e) => {
                             tracing::debug!(error = %e, "metadata server call failed");
-                            x.error = Some(e.to_string());
+                            x.error = Some((want, e.to_string()));
                             if want.is_some() {
                                 x.want = None;
                             }
@@ -2142,7 +2142,7 @@ impl CloverClient {
     /// from the background thread, asked for once fewer than `refill_at` are left; a write that finds none waits
     /// for them (up to `space_wait`, while retired slots wait out their lease).
     fn take_group(&mut self, node: usize) -> Result<Vec<Grant>, PdpmError> {
-        self.take_inbox()?;
+        self.take_inbox(Some(node))?;
         let Some(g) = self.free[node].pop() else {
             return self.wait_for_grants(node);
         };
@@ -2162,8 +2162,11 @@ impl CloverClient {
         self.background.shared.1.notify_all();
     }
 
-    /// Moves what the background thread received into the free lists, checking it.
-    fn take_inbox(&mut self) -> Result<(), PdpmError> {
+    /// Moves what the background thread received into the free lists, checking it. A failed call is reported
+    /// to a write for `node` only when it asked for that node's slots (or sent records only): a refill that
+    /// failed for another home (one whose copy node is down, say) is that home's writes' business, and they ask
+    /// again when they need slots. `None` reports any failure.
+    fn take_inbox(&mut self, node: Option<usize>) -> Result<(), PdpmError> {
         let (groups, error) = {
             let mut x = self.background.lock();
             (std::mem::take(&mut x.inbox), x.error.take())
@@ -2191,7 +2194,15 @@ impl CloverClient {
             self.give_back(group);
         }
         match error {
-            Some(e) => Err(PdpmError::Coordinator(format!("refill failed: {e}"))),
+            Some((asked, e))
+                if node.is_none() || asked.is_none_or(|a| Some(a as usize) == node) =>
+            {
+                Err(PdpmError::Coordinator(format!("refill failed: {e}")))
+            }
+            Some((asked, e)) => {
+                tracing::debug!(home = asked, error = %e, "a refill for another home failed");
+                Ok(())
+            }
             None => Ok(()),
         }
     }
@@ -2215,7 +2226,7 @@ impl CloverClient {
                         .0;
                 }
             }
-            self.take_inbox()?;
+            self.take_inbox(Some(node))?;
             if let Some(g) = self.free[node].pop() {
                 return Ok(g);
             }
@@ -2836,7 +2847,7 @@ impl PdpmStore for CloverClient {
 impl Drop for CloverClient {
     fn drop(&mut self) {
         self.background.stop();
-        if let Err(e) = self.take_inbox() {
+        if let Err(e) = self.take_inbox(None) {
             tracing::debug!(error = %e, "refill failed");
         }
         if let Err(e) = self.flush() {

@@ -374,6 +374,55 @@ fn clover_replicated_keys_survive_a_memory_node_failure() -> Result<()> {
     Ok(())
 }
 
+/// A background refill that fails for one home (the MS knows a copy node of it is down) is reported to that
+/// home's writes only: a write whose copies are all up goes on.
+#[test]
+fn clover_refill_failure_for_one_home_does_not_fail_writes_of_another() -> Result<()> {
+    let s = CloverStore::new(2, Duration::from_secs(3600));
+    // One version per refill, asked for as soon as the last one is taken: every write of a home starts a
+    // background refill for that home.
+    let mut c = s.clover.client(
+        false,
+        CloverSettings {
+            node_retry: s.node_retry,
+            grant_batch: 1,
+            refill_at: 1,
+            ..CloverSettings::default()
+        },
+    );
+    let of_home = |c: &CloverClient, home: usize, skip: usize| {
+        (0..1000)
+            .map(key)
+            .filter(|k| c.home_of(k) == home)
+            .nth(skip)
+            .expect("keys of every home")
+    };
+    let (zero, two) = ((FAILED + 2) % 3, (FAILED + 1) % 3);
+    assert_eq!(
+        clover_holders(&c, &of_home(&c, zero, 0), 2),
+        vec![zero, FAILED]
+    );
+    assert!(!clover_holders(&c, &of_home(&c, two, 0), 2).contains(&FAILED));
+    // A version in hand for every home, so each write below takes one and asks for the next in the background.
+    c.refill()?;
+    c.put(&of_home(&c, zero, 0), b"before")?;
+    c.put(&of_home(&c, two, 0), b"before")?;
+    std::thread::sleep(Duration::from_millis(100));
+    // The MS learns that the node is down; this client still reaches it, so its next write of the (existing)
+    // home-0 key uses the version it holds, and the refill that write starts is refused.
+    s.clover.ms.mark_down(FAILED);
+    c.put(&of_home(&c, zero, 0), b"during")?;
+    std::thread::sleep(Duration::from_millis(100));
+    c.put(&of_home(&c, two, 0), b"after")?;
+    assert_eq!(c.get(&of_home(&c, two, 0))?, Some(b"after".to_vec()));
+    // The home whose refill failed is told why when it needs space.
+    match c.put(&of_home(&c, zero, 0), b"after") {
+        Err(PdpmError::Coordinator(why)) => assert!(why.contains("is down"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    Ok(())
+}
+
 #[test]
 fn clover_node_that_returns_serves_again() -> Result<()> {
     let retry = Duration::from_millis(20);
