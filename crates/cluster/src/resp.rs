@@ -519,8 +519,10 @@ impl NodeConn {
                 return;
             };
             for (i, r) in f.stash.remove(&conn).unwrap_or_default() {
-                results[i] = forwarded(&ops[i], r);
-                answered += 1;
+                if let (Some(op), Some(slot)) = (ops.get(i), results.get_mut(i)) {
+                    *slot = forwarded(op, r);
+                    answered += 1;
+                }
             }
             // Every submitted op completes by its deadline, so this ends.
             while f.in_flight.get(&conn).is_some_and(|&n| n > 0) {
