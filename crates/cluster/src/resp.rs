@@ -98,9 +98,7 @@ static NEXT_BACKEND: AtomicU64 = AtomicU64::new(0);
 /// for their own `finish` (which the same thread runs, in the same loop iteration).
 struct LoopForwarder {
     client: PipelinedClient,
-    /// Ops in flight in the client, per connection.
-    in_flight: HashMap<u32, usize>,
-    /// Completions of other connections' ops taken while one connection finished.
+    /// Completions of other connections' ops taken while one connection waited for its own.
     stash: HashMap<u32, Vec<Answer>>,
 }
 
@@ -141,6 +139,8 @@ impl Backend for NodeBackend {
             backend: self.id,
             conn: self.next_conn.fetch_add(1, Ordering::Relaxed),
             sent_ahead: Vec::new(),
+            ahead_waiting: 0,
+            ahead_refused: Vec::new(),
             sent_at: Instant::now(),
             worker_timeout: self.worker_timeout,
             replies_tx,
@@ -175,6 +175,9 @@ struct NodeConn {
     conn: u32,
     /// The ops of the started batch forwarded through the thread's [`LoopForwarder`] (the first wave), and when.
     sent_ahead: Vec<usize>,
+    /// Of those, the ops in the forwarding client with no answer taken yet, and the ones it refused at once.
+    ahead_waiting: usize,
+    ahead_refused: Vec<Answer>,
     sent_at: Instant,
     memory: Arc<Mutex<Option<Endpoint>>>,
     local: Vec<usize>,
@@ -470,6 +473,7 @@ impl NodeConn {
         };
         let conn = self.conn;
         let tag = |i: usize| (u64::from(conn) << 32) | i as u64;
+        let (refused, waiting) = (&mut self.ahead_refused, &mut self.ahead_waiting);
         let sent = LOOP_FORWARDERS.with(|forwarders| {
             let mut forwarders = forwarders.borrow_mut();
             let f = match forwarders.entry(self.backend) {
@@ -478,7 +482,6 @@ impl NodeConn {
                     match Client::connect(self.forward_config.clone()) {
                         Ok(c) => e.insert(LoopForwarder {
                             client: PipelinedClient::from_client(c),
-                            in_flight: HashMap::new(),
                             stash: HashMap::new(),
                         }),
                         Err(_) => return false,
@@ -490,8 +493,8 @@ impl NodeConn {
                     .client
                     .submit(tag(i), RequestBody::Data(take_data_op(&mut ops[i])))
                 {
-                    Ok(()) => *f.in_flight.entry(conn).or_default() += 1,
-                    Err(e) => f.stash.entry(conn).or_default().push((i, Err(e))),
+                    Ok(()) => *waiting += 1,
+                    Err(e) => refused.push((i, Err(e))),
                 }
             }
             true
@@ -512,41 +515,40 @@ impl NodeConn {
     /// answers that come first for them.
     fn collect_ahead(&mut self, ops: &[Op], results: &mut [OpResult]) {
         let conn = self.conn;
-        let mut answered = 0;
+        let mut answers = std::mem::take(&mut self.ahead_refused);
         LOOP_FORWARDERS.with(|forwarders| {
             let mut forwarders = forwarders.borrow_mut();
             let Some(f) = forwarders.get_mut(&self.backend) else {
                 return;
             };
-            for (i, r) in f.stash.remove(&conn).unwrap_or_default() {
-                if let (Some(op), Some(slot)) = (ops.get(i), results.get_mut(i)) {
-                    *slot = forwarded(op, r);
-                    answered += 1;
-                }
+            // Answers another connection took while it waited for its own.
+            if let Some(taken) = f.stash.remove(&conn) {
+                self.ahead_waiting = self.ahead_waiting.saturating_sub(taken.len());
+                answers.extend(taken);
             }
             // Every submitted op completes by its deadline, so this ends.
-            while f.in_flight.get(&conn).is_some_and(|&n| n > 0) {
+            while self.ahead_waiting > 0 {
                 let Some(c) = f.client.next_completion() else {
                     break;
                 };
                 let (owner, i) = ((c.tag >> 32) as u32, (c.tag & u64::from(u32::MAX)) as usize);
-                if let Some(n) = f.in_flight.get_mut(&owner) {
-                    *n = n.saturating_sub(1);
-                }
                 if owner == conn {
+                    self.ahead_waiting -= 1;
                     f.client.client().record_latency(self.sent_at.elapsed());
-                    if let (Some(op), Some(r)) = (ops.get(i), results.get_mut(i)) {
-                        *r = forwarded(op, c.result);
-                        answered += 1;
-                    }
+                    answers.push((i, c.result));
                 } else {
                     f.stash.entry(owner).or_default().push((i, c.result));
                 }
             }
-            f.in_flight.remove(&conn);
         });
-        if answered < self.sent_ahead.len() {
+        for (i, r) in answers {
+            if let (Some(op), Some(slot)) = (ops.get(i), results.get_mut(i)) {
+                *slot = forwarded(op, r);
+            }
+        }
+        if self.ahead_waiting > 0 {
             // Not expected: the client lost track of an op. Said, never left as a blank error.
+            self.ahead_waiting = 0;
             for &i in &self.sent_ahead {
                 if matches!(&results[i], Err(BackendError::Unavailable(m)) if m.is_empty()) {
                     results[i] = Err(if ops[i].is_write() {
