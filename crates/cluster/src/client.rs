@@ -97,6 +97,22 @@ pub(crate) fn open_stream(addr: &str, timeout: Duration) -> std::io::Result<TcpS
     Ok(s)
 }
 
+/// How a node's error answer of `kind` ends a request, in both the one-at-a-time and the pipelined client: the
+/// error to return, or (`Err`) the message when another attempt, after a refresh of the table, may succeed.
+pub(crate) fn final_error(
+    kind: ErrorKind,
+    message: String,
+    write: bool,
+) -> Result<ClientError, String> {
+    match kind {
+        ErrorKind::Invalid => Ok(ClientError::Invalid(message)),
+        ErrorKind::Indeterminate if write => Ok(ClientError::Indeterminate(message)),
+        // Another node would not help: they share the memory node.
+        ErrorKind::OutOfSpace => Ok(ClientError::OutOfSpace(message)),
+        _ => Err(message),
+    }
+}
+
 /// Why a native-protocol session could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -364,22 +380,14 @@ impl Client {
                         last = format!("node {node} refused the key at epoch {epoch}");
                         self.refresh(epoch, Some(&addr));
                     }
-                    Attempt::Done(ResponseBody::Error {
-                        kind: ErrorKind::Invalid,
-                        message,
-                    }) => return Err(ClientError::Invalid(message)),
-                    Attempt::Done(ResponseBody::Error {
-                        kind: ErrorKind::Indeterminate,
-                        message,
-                    }) if write => return Err(ClientError::Indeterminate(message)),
-                    // Another node would not help: they share the memory node.
-                    Attempt::Done(ResponseBody::Error {
-                        kind: ErrorKind::OutOfSpace,
-                        message,
-                    }) => return Err(ClientError::OutOfSpace(message)),
-                    Attempt::Done(ResponseBody::Error { message, .. }) => {
-                        last = format!("node {node}: {message}");
-                        self.refresh(0, None);
+                    Attempt::Done(ResponseBody::Error { kind, message }) => {
+                        match final_error(kind, message, write) {
+                            Ok(e) => return Err(e),
+                            Err(message) => {
+                                last = format!("node {node}: {message}");
+                                self.refresh(0, None);
+                            }
+                        }
                     }
                     Attempt::Done(body) => return Ok(body),
                     Attempt::Retry(why) => {

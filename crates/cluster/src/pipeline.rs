@@ -13,8 +13,10 @@ use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use crate::client::{Client, ClientConfig, ClientError, SessionError, open_session, peer_closed};
-use crate::wire::{ErrorKind, RequestBody, RequestRef, Response, ResponseBody, write_frame};
+use crate::client::{
+    Client, ClientConfig, ClientError, SessionError, final_error, open_session, peer_closed,
+};
+use crate::wire::{RequestBody, RequestRef, Response, ResponseBody, write_frame};
 
 /// How one request ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -404,32 +406,17 @@ impl PipelinedClient {
                 let p = retry(f, format!("{addr} refused the key at epoch {epoch}").into());
                 self.send(p);
             }
-            ResponseBody::Error {
-                kind: ErrorKind::Invalid,
-                message,
-            } => self.done.push_back(Completion {
-                tag: f.tag,
-                result: Err(ClientError::Invalid(message)),
-            }),
-            ResponseBody::Error {
-                kind: ErrorKind::Indeterminate,
-                message,
-            } if write => self.done.push_back(Completion {
-                tag: f.tag,
-                result: Err(ClientError::Indeterminate(message)),
-            }),
-            ResponseBody::Error {
-                kind: ErrorKind::OutOfSpace,
-                message,
-            } => self.done.push_back(Completion {
-                tag: f.tag,
-                result: Err(ClientError::OutOfSpace(message)),
-            }),
-            ResponseBody::Error { message, .. } => {
-                self.client.refresh(0, None);
-                let p = retry(f, format!("{addr}: {message}").into());
-                self.retry_later(p);
-            }
+            ResponseBody::Error { kind, message } => match final_error(kind, message, write) {
+                Ok(e) => self.done.push_back(Completion {
+                    tag: f.tag,
+                    result: Err(e),
+                }),
+                Err(message) => {
+                    self.client.refresh(0, None);
+                    let p = retry(f, format!("{addr}: {message}").into());
+                    self.retry_later(p);
+                }
+            },
             body => self.done.push_back(Completion {
                 tag: f.tag,
                 result: Ok(body),
