@@ -468,8 +468,11 @@ impl NodeConn {
     /// to `self.sent_ahead`; the rest stay in `self.remote` for [`NodeConn::run_remote`] after the first wave is
     /// answered. Nothing is sent when the forwarding client cannot connect: `run_remote` reports why.
     fn send_ahead(&mut self, ops: &mut [Op]) {
-        let Some(first) = waves(ops, &self.remote).into_iter().next() else {
-            return;
+        // Most batches forward one op, or touch each key once: one wave, found without the map `waves` builds.
+        let first = match self.remote[..] {
+            [] => return,
+            [i] => vec![i],
+            _ => waves(ops, &self.remote).swap_remove(0),
         };
         let conn = self.conn;
         let tag = |i: usize| (u64::from(conn) << 32) | i as u64;
@@ -500,12 +503,16 @@ impl NodeConn {
             true
         });
         if sent {
-            // A pipeline may hold many ops: a mask, not a search of the wave per op.
-            let mut ahead = vec![false; ops.len()];
-            for &i in &first {
-                ahead[i] = true;
+            if first.len() == self.remote.len() {
+                self.remote.clear();
+            } else {
+                // A pipeline may hold many ops: a mask, not a search of the wave per op.
+                let mut ahead = vec![false; ops.len()];
+                for &i in &first {
+                    ahead[i] = true;
+                }
+                self.remote.retain(|&i| !ahead[i]);
             }
-            self.remote.retain(|&i| !ahead[i]);
             self.sent_ahead = first;
             self.sent_at = Instant::now();
         }
