@@ -1128,8 +1128,8 @@ impl Inner {
                 why: format!("first_seq {} does not follow {known}", req.first_seq),
             });
         }
-        self.seal_head(req.log_id, &mut meta, req.sealed_len)?;
-        meta.last_seq = req.first_seq - 1;
+        // A refused call changes nothing: the new segment is allocated and formatted before the head is sealed, so
+        // a caller told "out of space" keeps writing its current segment (smaller entries may still fit there).
         let ext = self
             .pool
             .alloc_bytes(self.dir.segment_size(), tags::LOG_SEGMENT)?;
@@ -1141,14 +1141,27 @@ impl Inner {
             sealed_len: 0,
             capacity: ext.len,
         };
-        self.pool.write(ext.offset, &header.encode())?;
-        // A zero header where the first entry goes: a reused extent must not look like it holds entries.
-        self.pool.write(
-            ext.offset + SEGMENT_HEADER_LEN as u64,
-            &[0u8; ENTRY_HEADER_LEN],
-        )?;
+        let formatted = self
+            .pool
+            .write(ext.offset, &header.encode())
+            // A zero header where the first entry goes: a reused extent must not look like it holds entries.
+            .and_then(|()| {
+                self.pool.write(
+                    ext.offset + SEGMENT_HEADER_LEN as u64,
+                    &[0u8; ENTRY_HEADER_LEN],
+                )
+            })
+            .map_err(ProcessorError::from)
+            .and_then(|()| self.seal_head(req.log_id, &mut meta, req.sealed_len));
+        if let Err(e) = formatted {
+            if let Err(free) = self.pool.free(ext.offset) {
+                warn!(segment = ext.offset, %free, "could not free a refused log segment");
+            }
+            return Err(e);
+        }
         self.pool
             .persist(ext.offset, (SEGMENT_HEADER_LEN + ENTRY_HEADER_LEN) as u64);
+        meta.last_seq = req.first_seq - 1;
         self.dir.set_head(req.log_id, ext.offset);
         meta.segments.push(SegInfo {
             offset: ext.offset,

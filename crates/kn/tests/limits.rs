@@ -140,3 +140,56 @@ fn a_full_pool_refuses_writes_as_out_of_space_and_keeps_serving_reads() -> anyho
     }
     Ok(())
 }
+
+/// A write refused for want of a new log segment must leave the current one open: a smaller write that still fits
+/// in it is acknowledged, so it must survive a restart like any other.
+#[test]
+fn a_small_write_after_a_refused_roll_survives_a_restart() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut cfg = config(16, 16 << 10, 1 << 20);
+    cfg.pool_path = Some(dir.path().join("pool"));
+    cfg.pool_size = 16 << 20;
+    cfg.pool_segment_size = 1 << 20;
+    let big = |i: u32| vec![(i % 251) as u8; 15 << 10];
+    let mut stored = Vec::new();
+    {
+        let store = Embedded::open(&cfg)?;
+        let h = store.handle();
+        let mut full = false;
+        for i in 0..5_000u32 {
+            let key = format!("k{i}");
+            match h.set(key.as_bytes(), &big(i)) {
+                Ok(()) => stored.push((key, big(i))),
+                Err(KnError::OutOfSpace(_)) => {
+                    full = true;
+                    break;
+                }
+                Err(e) => panic!("write {i}: {e}"),
+            }
+        }
+        assert!(full, "the pool never filled up");
+        // The refused segment had less than 15 KiB left; small writes still fit there.
+        for i in 0..8u32 {
+            let key = format!("small{i}");
+            match h.set(key.as_bytes(), b"tiny") {
+                Ok(()) => stored.push((key, b"tiny".to_vec())),
+                Err(KnError::OutOfSpace(_)) => {}
+                Err(e) => panic!("small write {i}: {e}"),
+            }
+        }
+        assert!(
+            stored.iter().any(|(k, _)| k.starts_with("small")),
+            "no small write fit after the refusal"
+        );
+    }
+    let store = Embedded::open(&cfg)?;
+    let h = store.handle();
+    for (key, value) in &stored {
+        assert_eq!(
+            h.get(key.as_bytes())?.as_deref(),
+            Some(&value[..]),
+            "{key} was acknowledged before the restart"
+        );
+    }
+    Ok(())
+}
