@@ -579,6 +579,18 @@ pub fn processor_metrics(s: &ProcessorStats, out: &mut Exposition) {
         &[],
         s.recycled_segments,
     );
+    out.gauge(
+        "dinomo_dpm_delete_reserve_segments",
+        "Log segments held back for deletes on a full pool.",
+        &[],
+        s.delete_reserve_segments as f64,
+    );
+    out.counter(
+        "dinomo_dpm_delete_reserve_grants_total",
+        "Log segments granted from the delete reserve (the pool was full).",
+        &[],
+        s.delete_reserve_grants,
+    );
     out.counter(
         "dinomo_dpm_recovered_entries_total",
         "Entries a crash had left unmerged, merged at start.",

@@ -545,6 +545,35 @@ fn a_full_pool_refuses_writes_with_oom_and_keeps_serving_reads() -> anyhow::Resu
             "fill-{i}"
         );
     }
+
+    // The full store takes deletes, through either node, and the space they free is written again.
+    let addrs = resp_addrs(&c);
+    let mut conns: Vec<Conn> = addrs.iter().map(|&a| Conn::open(a)).collect();
+    for (n, &i) in stored.iter().enumerate() {
+        let conn = &mut conns[n % 2];
+        assert_eq!(
+            conn.call(&[b"DEL", format!("fill-{i}").as_bytes()]),
+            Value::Integer(1),
+            "DEL fill-{i} on a full store"
+        );
+    }
+    for &i in stored.iter().step_by(17) {
+        assert_eq!(cl.get(format!("fill-{i}").as_bytes())?, None, "fill-{i}");
+    }
+    let mut refilled = 0;
+    for i in 0..stored.len() as u32 {
+        let key = format!("again-{i}");
+        match conns[i as usize % 2].call(&[b"SET", key.as_bytes(), &value(i)]) {
+            Value::Simple(s) if s == b"OK" => refilled += 1,
+            Value::Error(e) if e.starts_with(b"OOM ") => break,
+            other => panic!("SET {key} after emptying the store: {other:?}"),
+        }
+    }
+    assert!(
+        refilled * 2 >= stored.len(),
+        "after emptying the store only {refilled} of {} writes fit again",
+        stored.len()
+    );
     Ok(())
 }
 

@@ -343,6 +343,7 @@ const DOCS: &[(&str, &str)] = &[
     ("processor.shared_key_max_len", "longest key that can be shared, in bytes (fixed when the pool is formatted)"),
     ("processor.partitioning", "index layout (fixed when the pool is formatted): shared (one index every KV node reads: dinomo, dinomo-s) or per-node (one partition per KV node: dinomo-n; `up` follows up.system)"),
     ("processor.partition_capacity", "KV nodes that can have an index partition (per-node layout; fixed when the pool is formatted)"),
+    ("processor.delete_reserve_segments", "log segments held back so that a full pool still takes deletes (0: none); refilled before any other log segment is granted"),
     ("processor.index.initial_buckets", "primary buckets of a new index (a power of two)"),
     ("processor.index.max_load", "share of the index's slots in use before it doubles"),
     ("processor.index.overflow_per_bucket", "spare overflow buckets per primary bucket of a new table"),
@@ -811,6 +812,12 @@ impl Config {
                 Err("must be at least 1".into()),
             );
         }
+        if self.processor.delete_reserve_segments == 1 {
+            check(
+                "processor.delete_reserve_segments",
+                Err("must be 0 (no reserve) or at least 2: a thread deleting on a full pool holds two".into()),
+            );
+        }
         errors.extend(self.up.pdpm.validate());
         errors
     }
@@ -1185,6 +1192,22 @@ mod tests {
             "{:?}",
             c.validate()
         );
+        for (reserve, refused) in [(0, false), (1, true), (2, false)] {
+            let c = parse(
+                "t",
+                &format!("[processor]\ndelete_reserve_segments = {reserve}\n"),
+            )
+            .unwrap()
+            .config;
+            let errors = c.validate();
+            assert_eq!(
+                errors
+                    .iter()
+                    .any(|e| e.starts_with("processor.delete_reserve_segments:")),
+                refused,
+                "{reserve}: {errors:?}"
+            );
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ use dinomo_log::{
     ENTRY_HEADER_LEN, EntryHeader, EntryRef, EntryView, HashMode, Op, SEGMENT_HEADER_LEN,
     SegmentHeader, encode_entry, entry_len, roots, tags,
 };
-use dinomo_pool::{Pool, PoolError};
+use dinomo_pool::{Extent, Pool, PoolError};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
@@ -90,6 +90,10 @@ pub struct ProcessorConfig {
     pub partitioning: Partitioning,
     /// KV nodes that can have a partition, fixed when a pool is formatted per node (default 1024).
     pub partition_capacity: u32,
+    /// Log segments held back for deletes (default 2). Once the pool is full, a KV-node thread may log deletes
+    /// into one of them, so that a full store can still be emptied; they are refilled before any other log
+    /// segment is granted. A deleting thread holds up to two at once, so 1 is refused; 0 turns the reserve off.
+    pub delete_reserve_segments: u32,
 }
 
 impl Default for ProcessorConfig {
@@ -104,6 +108,7 @@ impl Default for ProcessorConfig {
             shared_key_max_len: 240,
             partitioning: Partitioning::Shared,
             partition_capacity: 1024,
+            delete_reserve_segments: 2,
         }
     }
 }
@@ -213,6 +218,12 @@ pub struct ProcessorStats {
     /// Bytes of log entries written by those copies, since start.
     #[serde(default)]
     pub migrated_bytes: u64,
+    /// Log segments held back for deletes on a full pool (counted as used pool space).
+    #[serde(default)]
+    pub delete_reserve_segments: u64,
+    /// Log segments granted from that reserve since start.
+    #[serde(default)]
+    pub delete_reserve_grants: u64,
 }
 
 struct SegInfo {
@@ -404,6 +415,10 @@ struct Inner {
     rebalance_lock: Mutex<()>,
     migrated_keys: AtomicU64,
     migrated_bytes: AtomicU64,
+    /// Log segments held back for deletes (allocated, in no log; a restart frees them as orphans).
+    delete_reserve: Mutex<Vec<Extent>>,
+    delete_reserve_target: usize,
+    delete_reserve_grants: AtomicU64,
 }
 
 /// The memory node's processor: owns the index and the logs' bookkeeping, runs the merge threads, answers the
@@ -438,6 +453,13 @@ impl Processor {
                 config.segment_size,
                 EntryRef::MAX_LEN
             )));
+        }
+        // A thread deleting on a full pool holds two reserved segments for a moment: the one it has just sealed
+        // (freed once the next is granted) and the next.
+        if config.delete_reserve_segments == 1 {
+            return Err(ProcessorError::Config(
+                "delete_reserve_segments must be 0 (no reserve) or at least 2".into(),
+            ));
         }
         let indexes = Indexes::open(&pool, config)?;
         let dir = match Directory::open(pool.clone())? {
@@ -479,6 +501,9 @@ impl Processor {
             rebalance_lock: Mutex::new(()),
             migrated_keys: AtomicU64::new(0),
             migrated_bytes: AtomicU64::new(0),
+            delete_reserve: Mutex::new(Vec::new()),
+            delete_reserve_target: config.delete_reserve_segments as usize,
+            delete_reserve_grants: AtomicU64::new(0),
         });
         inner.recover()?;
         let threads = (0..config.merge_threads)
@@ -810,6 +835,7 @@ impl<'a> MigrationWriter<'a> {
             session: self.session,
             sealed_len: self.segment.map(|_| self.written),
             first_seq: self.next_seq,
+            deletes_only: false,
         })?;
         self.segment = Some((granted.offset, granted.capacity - SEGMENT_HEADER_LEN as u64));
         self.written = 0;
@@ -1114,7 +1140,49 @@ impl Inner {
         Ok(())
     }
 
+    /// Grants `req`'s log a new segment. Out of space, it first merges every log's sealed segments (whose
+    /// superseded entries may free whole segments) and asks the pool once more.
     fn next_segment(
+        &self,
+        req: &proto::NextSegment,
+    ) -> Result<proto::SegmentGranted, ProcessorError> {
+        match self.next_segment_once(req) {
+            Err(e) if e.is_out_of_space() && self.merge_backlog() => self.next_segment_once(req),
+            granted => granted,
+        }
+    }
+
+    /// Merges the sealed segments of every log now; whether there were any.
+    fn merge_backlog(&self) -> bool {
+        let logs: Vec<Arc<LogState>> = self
+            .logs
+            .read()
+            .expect("logs lock")
+            .values()
+            .cloned()
+            .collect();
+        let mut merged_any = false;
+        let mut scratch = Scratch::default();
+        for log in logs {
+            let pending = log
+                .meta
+                .lock()
+                .expect("log lock")
+                .segments
+                .iter()
+                .any(|s| !s.merged && s.sealed_len.is_some());
+            if !pending {
+                continue;
+            }
+            merged_any = true;
+            if let Err(e) = self.merge_log(&log, &mut scratch) {
+                warn!(log = log.id, error = %e, "merging a log to make room failed");
+            }
+        }
+        merged_any
+    }
+
+    fn next_segment_once(
         &self,
         req: &proto::NextSegment,
     ) -> Result<proto::SegmentGranted, ProcessorError> {
@@ -1130,9 +1198,20 @@ impl Inner {
         }
         // A refused call changes nothing: the new segment is allocated and formatted before the head is sealed, so
         // a caller told "out of space" keeps writing its current segment (smaller entries may still fit there).
-        let ext = self
+        self.top_up_delete_reserve();
+        let (ext, reserved) = match self
             .pool
-            .alloc_bytes(self.dir.segment_size(), tags::LOG_SEGMENT)?;
+            .alloc_bytes(self.dir.segment_size(), tags::LOG_SEGMENT)
+        {
+            Ok(ext) => (ext, false),
+            Err(e @ PoolError::OutOfSpace { .. }) if req.deletes_only => {
+                match self.delete_reserve.lock().expect("reserve lock").pop() {
+                    Some(ext) => (ext, true),
+                    None => return Err(e.into()),
+                }
+            }
+            Err(e) => return Err(e.into()),
+        };
         let older = meta.segments.last().map_or(0, |s| s.offset);
         let header = SegmentHeader {
             log_id: req.log_id,
@@ -1154,10 +1233,20 @@ impl Inner {
             .map_err(ProcessorError::from)
             .and_then(|()| self.seal_head(req.log_id, &mut meta, req.sealed_len));
         if let Err(e) = formatted {
-            if let Err(free) = self.pool.free(ext.offset) {
+            if reserved {
+                self.delete_reserve.lock().expect("reserve lock").push(ext);
+            } else if let Err(free) = self.pool.free(ext.offset) {
                 warn!(segment = ext.offset, %free, "could not free a refused log segment");
             }
             return Err(e);
+        }
+        if reserved {
+            self.delete_reserve_grants.fetch_add(1, Ordering::Relaxed);
+            debug!(
+                log = req.log_id,
+                segment = ext.offset,
+                "granted a log segment from the delete reserve"
+            );
         }
         self.pool
             .persist(ext.offset, (SEGMENT_HEADER_LEN + ENTRY_HEADER_LEN) as u64);
@@ -1173,10 +1262,18 @@ impl Inner {
         let merged_seq = meta.merged_seq;
         drop(meta);
         let _ = self.queue.send(req.log_id);
+        // The old head may already be merged and wholly superseded (a segment of deletes sealed by a MergeAll);
+        // it was kept only because it was the newest.
+        if older != 0
+            && let Err(e) = self.recycle(&[older])
+        {
+            warn!(log = req.log_id, segment = older, error = %e, "could not recycle a dead log segment");
+        }
         Ok(proto::SegmentGranted {
             offset: ext.offset,
             capacity: ext.len,
             merged_seq,
+            reserved,
         })
     }
 
@@ -1438,9 +1535,24 @@ impl Inner {
         Ok(m)
     }
 
+    /// Allocates log segments for the delete reserve until it holds its target or the pool is full.
+    fn top_up_delete_reserve(&self) {
+        let mut reserve = self.delete_reserve.lock().expect("reserve lock");
+        while reserve.len() < self.delete_reserve_target {
+            match self
+                .pool
+                .alloc_bytes(self.dir.segment_size(), tags::LOG_SEGMENT)
+            {
+                Ok(ext) => reserve.push(ext),
+                Err(_) => break,
+            }
+        }
+    }
+
     /// Unlinks and frees segments whose every entry is merged and superseded. A log's newest segment is kept: the
     /// next one is linked to it.
     fn recycle(&self, dead: &[u64]) -> Result<(), ProcessorError> {
+        let mut freed = false;
         for &offset in dead {
             let log_id = match self
                 .stats_by_segment
@@ -1478,6 +1590,11 @@ impl Inner {
                 .expect("segment stats lock")
                 .remove(&offset);
             self.recycled_segments.fetch_add(1, Ordering::Relaxed);
+            freed = true;
+        }
+        // Space coming back goes to the delete reserve first, before the index or a log can take it.
+        if freed {
+            self.top_up_delete_reserve();
         }
         Ok(())
     }
@@ -1850,6 +1967,8 @@ impl Inner {
         s.recycled_segments = self.recycled_segments.load(Ordering::Relaxed);
         s.recovered_entries = self.recovered_entries.load(Ordering::Relaxed);
         s.torn_entries = self.torn_entries.load(Ordering::Relaxed);
+        s.delete_reserve_segments = self.delete_reserve.lock().expect("reserve lock").len() as u64;
+        s.delete_reserve_grants = self.delete_reserve_grants.load(Ordering::Relaxed);
         s.pool_used_bytes = space.used_bytes();
         s.pool_free_bytes = space.free_bytes();
         for (node, index) in self.indexes.all() {

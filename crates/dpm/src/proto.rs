@@ -75,6 +75,9 @@ pub struct NextSegment {
     pub sealed_len: Option<u64>,
     /// Sequence number of the first entry of the new segment.
     pub first_seq: u64,
+    /// The caller will log only deletes into the new segment: on a full pool it may have one of the delete
+    /// reserve.
+    pub deletes_only: bool,
 }
 
 /// Reply to [`NextSegment`].
@@ -86,6 +89,8 @@ pub struct SegmentGranted {
     pub capacity: u64,
     /// Every entry of the log up to this sequence number is merged.
     pub merged_seq: u64,
+    /// The segment comes from the delete reserve: only deletes may be logged into it.
+    pub reserved: bool,
 }
 
 /// Seals the current segment at `sealed_len` (when there is one) and merges the whole log before replying.

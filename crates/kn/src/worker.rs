@@ -474,6 +474,11 @@ struct LocalSegment {
     flushed: usize,
     /// Where each key's newest entry lies in `buf`.
     keys: SegmentKeys,
+    /// Granted from the memory node's delete reserve (the pool was full): only deletes go here, and they are merged
+    /// after each group commit so that the space they free is usable at once.
+    reserved: bool,
+    /// Holds a delete: merging it would supersede entries, which may free pool space.
+    has_deletes: bool,
 }
 
 impl LocalSegment {
@@ -660,6 +665,7 @@ impl Worker {
                 self.serve(req);
             }
             self.flush();
+            self.merge_reserved_deletes();
             self.occupancy.end_batch();
             if stop {
                 return;
@@ -1236,12 +1242,13 @@ impl Worker {
         value: &[u8],
     ) -> Result<(EntryRef, u64), KnError> {
         let len = entry_len(key.len(), value.len());
+        let deletes_only = op == Op::Delete;
         let fits = self
             .active
             .as_ref()
-            .is_some_and(|a| a.buf.len() + len <= a.capacity);
+            .is_some_and(|a| a.buf.len() + len <= a.capacity && (deletes_only || !a.reserved));
         if !fits {
-            self.roll()?;
+            self.roll(deletes_only)?;
         }
         let seq = self.next_seq;
         let seg = self
@@ -1251,6 +1258,7 @@ impl Worker {
         let at = seg.buf.len();
         encode_entry(&mut seg.buf, op, self.log.log_id, seq, key, value);
         seg.last_seq = seq;
+        seg.has_deletes |= deletes_only;
         self.next_seq += 1;
         // Granted segments are aligned (`check_grant`) and entries are no longer than `KnConfig::validate` allows.
         let r = EntryRef::new(seg.entries_offset() + at as u64, len as u64).expect("aligned entry");
@@ -1259,7 +1267,8 @@ impl Worker {
     }
 
     /// Seals the active segment and starts a new one, first waiting while too many sealed segments are unmerged.
-    fn roll(&mut self) -> Result<(), KnError> {
+    /// `deletes_only`: the entry that needs the room is a delete, which may use the delete reserve of a full pool.
+    fn roll(&mut self, deletes_only: bool) -> Result<(), KnError> {
         self.flush();
         if self.broken {
             return Err(KnError::Refused(
@@ -1267,19 +1276,15 @@ impl Worker {
             ));
         }
         self.wait_for_merges(self.cfg.max_unmerged_segments.saturating_sub(1))?;
-        let sealed_len = self.active.as_ref().map(|a| a.buf.len() as u64);
-        let granted: proto::SegmentGranted = self
-            .ep
-            .call(
-                proto::NEXT_SEGMENT,
-                &proto::NextSegment {
-                    log_id: self.log.log_id,
-                    session: self.log.session,
-                    sealed_len,
-                    first_seq: self.next_seq,
-                },
-            )
-            .map_err(|e| self.fail_rpc(e))?;
+        let granted = match self.next_segment(deletes_only) {
+            // Deletes in the active segment free space once merged, which needs the segment sealed: seal and merge
+            // it, then ask once more. The active segment is gone either way, so this happens once per segment.
+            Err(KnError::OutOfSpace(_)) if self.active.as_ref().is_some_and(|a| a.has_deletes) => {
+                self.merge_all()?;
+                self.next_segment(deletes_only)?
+            }
+            other => other?,
+        };
         self.seal_active();
         let capacity = self.check_grant(&granted)?;
         let mut buf = self.spare_buffers.pop().unwrap_or_default();
@@ -1292,9 +1297,28 @@ impl Worker {
             buf,
             flushed: 0,
             keys: SegmentKeys::new(capacity),
+            reserved: granted.reserved,
+            has_deletes: false,
         });
         self.note_merged(granted.merged_seq);
         Ok(())
+    }
+
+    /// Asks the memory node to seal the active segment and grant the next one.
+    fn next_segment(&mut self, deletes_only: bool) -> Result<proto::SegmentGranted, KnError> {
+        let sealed_len = self.active.as_ref().map(|a| a.buf.len() as u64);
+        self.ep
+            .call(
+                proto::NEXT_SEGMENT,
+                &proto::NextSegment {
+                    log_id: self.log.log_id,
+                    session: self.log.session,
+                    sealed_len,
+                    first_seq: self.next_seq,
+                    deletes_only,
+                },
+            )
+            .map_err(|e| self.fail_rpc(e))
     }
 
     /// The entry bytes a granted segment holds, once the grant is known to be usable: 8-byte aligned, inside the
@@ -1431,6 +1455,21 @@ impl Worker {
                 }
                 self.broken = true;
             }
+        }
+    }
+
+    /// Deletes logged into a segment of the delete reserve are merged right after their commit: only merged
+    /// deletes supersede entries, and only then can the memory node recycle the segments those filled.
+    fn merge_reserved_deletes(&mut self) {
+        if !self
+            .active
+            .as_ref()
+            .is_some_and(|a| a.reserved && a.flushed > 0 && a.flushed == a.buf.len())
+        {
+            return;
+        }
+        if let Err(e) = self.merge_all() {
+            debug!(thread = self.thread, error = %e, "merging deletes logged on a full pool failed");
         }
     }
 

@@ -193,3 +193,65 @@ fn a_small_write_after_a_refused_roll_survives_a_restart() -> anyhow::Result<()>
     }
     Ok(())
 }
+
+/// A full pool still takes deletes (into the memory node's delete reserve), and the space they free is written
+/// again, across restarts: a full store is never stuck.
+#[test]
+fn a_full_store_can_be_emptied_and_filled_again() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut cfg = config(16, 16 << 10, 1 << 20);
+    cfg.pool_path = Some(dir.path().join("pool"));
+    cfg.pool_size = 16 << 20;
+    cfg.pool_segment_size = 1 << 20;
+    let value = |round: u32, i: u32| vec![(round * 7 + i % 251) as u8; 15 << 10];
+    let fill = |h: &dinomo_kn::KvHandle, round: u32| -> anyhow::Result<Vec<String>> {
+        let mut stored = Vec::new();
+        for i in 0..5_000u32 {
+            let key = format!("r{round}k{i}");
+            match h.set(key.as_bytes(), &value(round, i)) {
+                Ok(()) => stored.push(key),
+                Err(KnError::OutOfSpace(_)) => return Ok(stored),
+                Err(e) => anyhow::bail!("write {key}: {e}"),
+            }
+        }
+        anyhow::bail!("the pool never filled up")
+    };
+    let first = {
+        let store = Embedded::open(&cfg)?;
+        fill(&store.handle(), 0)?
+    };
+    assert!(first.len() > 100, "only {} writes fit", first.len());
+    // A restart on the full pool: the reserve is set aside again.
+    let store = Embedded::open(&cfg)?;
+    let h = store.handle();
+    assert!(matches!(
+        h.set(b"one-more", &value(0, 0)),
+        Err(KnError::OutOfSpace(_))
+    ));
+    for key in &first {
+        h.delete(key.as_bytes())
+            .map_err(|e| anyhow::anyhow!("delete {key} on a full pool: {e}"))?;
+    }
+    assert!(store.processor_stats().delete_reserve_grants >= 1);
+    for key in first.iter().step_by(17) {
+        assert_eq!(h.get(key.as_bytes())?, None, "{key} was deleted");
+    }
+    let second = fill(&h, 1)?;
+    assert!(
+        second.len() * 10 >= first.len() * 8,
+        "after emptying the store only {} of {} writes fit again",
+        second.len(),
+        first.len()
+    );
+    drop(h);
+    drop(store);
+    let store = Embedded::open(&cfg)?;
+    let h = store.handle();
+    for key in &first {
+        assert_eq!(h.get(key.as_bytes())?, None, "{key} stays deleted");
+    }
+    for (i, key) in second.iter().enumerate() {
+        assert_eq!(h.get(key.as_bytes())?, Some(value(1, i as u32)), "{key}");
+    }
+    Ok(())
+}
