@@ -625,13 +625,14 @@ impl BackendConn for PdpmConn {
 }
 
 /// A store's error as a Redis error: a request beyond the store's limits is invalid; a write whose fabric failed
-/// midway has an unknown outcome; everything else (a lock wait, a full table, a coordinator's refusal) left
-/// nothing applied.
+/// midway has an unknown outcome; a full table or no free blocks is `-OOM`; everything else (a lock wait, a
+/// coordinator's refusal) left nothing applied.
 fn store_error(e: PdpmError, write: bool) -> BackendError {
     match e.kind(write) {
         FailureKind::Invalid => BackendError::Invalid(e.to_string()),
         FailureKind::Indeterminate => BackendError::Indeterminate(e.to_string()),
         FailureKind::NotApplied => BackendError::Unavailable(e.to_string()),
+        FailureKind::OutOfSpace => BackendError::OutOfSpace(e.to_string()),
     }
 }
 
@@ -725,6 +726,36 @@ mod tests {
             // Another connection sees the same data.
             let mut other = b.connect();
             assert_eq!(other.get(b"new"), Ok(Some(b"-2".to_vec())));
+        }
+    }
+
+    /// New keys beyond what the memory nodes hold are refused as out of space (`-OOM` on RESP), as a full dinomo
+    /// store refuses them; what was stored is still read.
+    #[test]
+    fn a_full_store_refuses_new_keys_as_out_of_space() {
+        for system in Baseline::ALL {
+            let (b, _nodes) = backend(system);
+            let mut c = b.connect();
+            let mut stored = 0u32;
+            let refusal = loop {
+                assert!(stored < 100_000, "{system}: the store never filled up");
+                match c.set(format!("k{stored}").as_bytes(), &stored.to_le_bytes()) {
+                    Ok(()) => stored += 1,
+                    Err(e) => break e,
+                }
+            };
+            assert!(
+                matches!(refusal, BackendError::OutOfSpace(_)),
+                "{system}: {refusal:?}"
+            );
+            assert!(stored >= 32, "{system}: only {stored} keys fit");
+            for i in (0..stored).step_by(7) {
+                assert_eq!(
+                    c.get(format!("k{i}").as_bytes()),
+                    Ok(Some(i.to_le_bytes().to_vec())),
+                    "{system}: k{i}"
+                );
+            }
         }
     }
 }

@@ -713,8 +713,8 @@ impl Coordinator {
             out.push(Location(loc));
         }
         if out.is_empty() && count > 0 {
-            return Err(failed(
-                "out of space: no free blocks on enough memory nodes",
+            return Err(RpcError::OutOfSpace(
+                "no free blocks on enough memory nodes".into(),
             ));
         }
         Ok(out)

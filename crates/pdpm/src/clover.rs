@@ -978,7 +978,7 @@ impl MetadataServer {
             });
         }
         let Some(cell) = cells.first_free else {
-            return Err(failed(format!(
+            return Err(RpcError::OutOfSpace(format!(
                 "no free cell for the key within {} probes",
                 self.config.max_probe
             )));
@@ -2231,8 +2231,8 @@ impl CloverClient {
                 return Ok(g);
             }
             if Instant::now() >= deadline || self.background.thread.is_none() {
-                return Err(PdpmError::Coordinator(
-                    "metadata server has no free slots (out of space)".into(),
+                return Err(PdpmError::OutOfSpace(
+                    "the metadata server has no free slots".into(),
                 ));
             }
             self.ask_for_grants(node);
@@ -2583,10 +2583,12 @@ impl CloverClient {
         }
         self.steps += 1;
         // A refused or lost CREATE made nothing visible (a claimed cell holds no version).
-        let cell: CellRef = self
-            .ms
-            .call(method::CREATE, &key)
-            .map_err(|e| PdpmError::Coordinator(format!("CREATE: {e}")))?;
+        let cell: CellRef = self.ms.call(method::CREATE, &key).map_err(|e| match e {
+            FabricError::Rpc(RpcError::OutOfSpace(why)) => {
+                PdpmError::OutOfSpace(format!("CREATE: {why}"))
+            }
+            e => PdpmError::Coordinator(format!("CREATE: {e}")),
+        })?;
         if cell.node as usize >= self.nodes.len() || cell.cell as u64 >= self.layout.cells {
             return Err(PdpmError::Coordinator(
                 "CREATE named a cell out of range".into(),

@@ -265,6 +265,9 @@ pub enum PdpmError {
     /// The coordinator refused a request.
     #[error("coordinator: {0}")]
     Coordinator(String),
+    /// The memory nodes have no room for the write; nothing was applied.
+    #[error("out of memory-node space, the write was not applied: {0}")]
+    OutOfSpace(String),
     /// A setting is out of range.
     #[error("invalid setting: {0}")]
     Config(String),
@@ -277,8 +280,11 @@ pub enum FailureKind {
     Invalid,
     /// A write whose fabric failed midway: it may or may not have taken effect.
     Indeterminate,
-    /// Nothing was applied (a lock timeout, a torn read, a full table, a node down, a coordinator's refusal).
+    /// Nothing was applied (a lock timeout, a torn read, a node down, a coordinator's refusal).
     NotApplied,
+    /// The memory nodes have no room for the write (a full slot table, no free blocks or slots); nothing was
+    /// applied, and retrying helps only once space is freed.
+    OutOfSpace,
 }
 
 impl PdpmError {
@@ -290,10 +296,21 @@ impl PdpmError {
         )
     }
 
+    /// Whether the memory nodes had no room for the write (nothing was applied).
+    pub fn is_out_of_space(&self) -> bool {
+        matches!(
+            self,
+            PdpmError::TableFull { .. }
+                | PdpmError::OutOfSpace(_)
+                | PdpmError::Fabric(FabricError::Rpc(RpcError::OutOfSpace(_)))
+        )
+    }
+
     /// What this error means for an operation that was (`write`) or was not a write.
     pub fn kind(&self, write: bool) -> FailureKind {
         match self {
             e if e.is_invalid_request() => FailureKind::Invalid,
+            e if e.is_out_of_space() => FailureKind::OutOfSpace,
             PdpmError::Fabric(_) if write => FailureKind::Indeterminate,
             _ => FailureKind::NotApplied,
         }

@@ -113,7 +113,10 @@ fn oversized_values_and_a_full_store_are_refused_clearly() {
         c.put(&[i], b"v").unwrap();
     }
     let e = c.put(b"fifth", b"v").unwrap_err();
-    assert!(e.to_string().contains("out of space"), "{e}");
+    assert!(
+        e.is_out_of_space() && e.to_string().contains("out of"),
+        "{e}"
+    );
     // Deleting makes room again.
     c.delete(&[0]).unwrap();
     c.put(b"fifth", b"v").unwrap();

@@ -378,12 +378,12 @@ struct PdpmSession {
 
 /// A store's error as the benchmark counts it: a request beyond the store's limits is invalid; a write whose
 /// fabric failed midway has an unknown outcome; everything else (lock timeouts, torn reads, a full table, a
-/// coordinator's refusal) left nothing applied.
+/// coordinator's refusal) left nothing applied, as a full dinomo store does.
 fn store_error(e: PdpmError, write: bool) -> StoreError {
     match e.kind(write) {
         FailureKind::Invalid => StoreError::Invalid(e.to_string()),
         FailureKind::Indeterminate => StoreError::Indeterminate(e.to_string()),
-        FailureKind::NotApplied => StoreError::Unavailable(e.to_string()),
+        FailureKind::NotApplied | FailureKind::OutOfSpace => StoreError::Unavailable(e.to_string()),
     }
 }
 
