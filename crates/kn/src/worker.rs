@@ -1109,6 +1109,18 @@ impl Worker {
 
     /// READs the entry `r` into `read_buf`.
     fn read_entry(&mut self, r: EntryRef) -> Result<(), KnError> {
+        // No entry spans segments: a longer reference is damage, and must not size the buffer.
+        let room = self
+            .log
+            .segment_size
+            .saturating_sub(SEGMENT_HEADER_LEN as u64);
+        if r.len() > room {
+            return Err(KnError::Corrupt(format!(
+                "an index reference names a {}-byte entry at {:#x}, longer than a log segment's {room} bytes",
+                r.len(),
+                r.offset()
+            )));
+        }
         self.read_buf.resize(r.len() as usize, 0);
         self.ep
             .read(self.data.at(r.offset()), &mut self.read_buf)

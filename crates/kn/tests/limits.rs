@@ -255,3 +255,50 @@ fn a_full_store_can_be_emptied_and_filled_again() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// An index reference naming an entry longer than a log segment can only be damage: the read is refused as
+/// corrupt, without a buffer of that size, and the node goes on serving other keys.
+#[test]
+fn an_index_reference_longer_than_a_segment_is_refused_as_corrupt() -> anyhow::Result<()> {
+    use dinomo_log::{ENTRY_HEADER_LEN, EntryRef, entry_len};
+
+    let mut cfg = config(32, 1024, 1 << 20);
+    cfg.kn.cache.budget_bytes = 0;
+    let store = Embedded::open(&cfg)?;
+    let h = store.handle();
+    let key = b"forged-reference-key";
+    let value = vec![7u8; 100];
+    h.set(key, &value)?;
+    h.set(b"other", b"fine")?;
+    h.merge_all()?;
+    assert_eq!(h.get(key)?, Some(value.clone()));
+
+    // Find the entry (its key follows the header), then every word in the pool that references it.
+    let pool = store.pool();
+    let mut bytes = vec![0u8; pool.len() as usize];
+    pool.read(0, &mut bytes)?;
+    let key_at = bytes
+        .windows(key.len())
+        .position(|w| w == key)
+        .expect("the entry is in the pool");
+    let entry_at = (key_at - ENTRY_HEADER_LEN) as u64;
+    let real = EntryRef::new(entry_at, entry_len(key.len(), value.len()) as u64)
+        .expect("aligned")
+        .raw();
+    let forged = EntryRef::new(entry_at, 64 << 20).expect("aligned").raw();
+    let mut replaced = 0;
+    for at in (0..bytes.len() - 8).step_by(8) {
+        if u64::from_le_bytes(bytes[at..at + 8].try_into()?) == real {
+            pool.write(at as u64, &forged.to_le_bytes())?;
+            replaced += 1;
+        }
+    }
+    assert!(replaced >= 1, "no index word references the entry");
+
+    match h.get(key) {
+        Err(KnError::Corrupt(why)) => assert!(why.contains("longer than a log segment"), "{why}"),
+        other => panic!("a forged reference was followed: {other:?}"),
+    }
+    assert_eq!(h.get(b"other")?, Some(b"fine".to_vec()));
+    Ok(())
+}
