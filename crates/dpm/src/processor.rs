@@ -598,6 +598,10 @@ impl RpcHandler for Handler {
                 let req: proto::MergeAll = dinomo_fabric::decode(request)?;
                 dinomo_fabric::encode(&self.0.merge_all(&req).map_err(fail)?, response)
             }
+            proto::MERGE_SEALED => {
+                let req: proto::MergeSealed = dinomo_fabric::decode(request)?;
+                dinomo_fabric::encode(&self.0.merge_sealed(&req).map_err(fail)?, response)
+            }
             proto::STATS => dinomo_fabric::encode(&self.0.stats(), response),
             proto::COUNT_KEYS => dinomo_fabric::encode(
                 &proto::KeyCount {
@@ -952,8 +956,19 @@ impl Inner {
 
         let before = self.merged_entries.load(Ordering::Relaxed);
         let mut scratch = Scratch::default();
+        let mut unmerged = Vec::new();
         for log in logs.values() {
-            self.take_over(log, &mut scratch)?;
+            match self.take_over(log, &mut scratch) {
+                // Acknowledged entries the index has no room for stay in their segments, merged once it has.
+                Err(e) if e.is_out_of_space() => {
+                    warn!(log = log.id, error = %e, "the index has no room for a log's entries yet");
+                    unmerged.push(log.id);
+                }
+                other => other?,
+            }
+        }
+        for log_id in unmerged {
+            let _ = self.queue.send(log_id);
         }
         let recovered = self.merged_entries.load(Ordering::Relaxed) - before;
         self.recovered_entries.store(recovered, Ordering::Relaxed);
@@ -962,7 +977,8 @@ impl Inner {
         let mut stats = BTreeMap::new();
         for log in logs.values() {
             let meta = log.meta.lock().expect("log lock");
-            for s in &meta.segments {
+            // A segment not merged yet gets its counters when it is.
+            for s in meta.segments.iter().filter(|s| s.merged) {
                 let len = s.sealed_len.unwrap_or(0);
                 self.read_entries(s.offset, len, &mut scratch.data)?;
                 let mut entries = 0u64;
@@ -1067,9 +1083,16 @@ impl Inner {
             .cloned();
         let log = match existing {
             Some(log) => {
-                // The previous writer of this log is gone: take over what it wrote and merge it all.
+                // The previous writer of this log is gone: take over what it wrote and merge it all, or what the
+                // index has room for (the rest goes back to the caller, and is merged once there is room).
                 log.meta.lock().expect("log lock").session = self.next_session();
-                self.take_over(&log, &mut Scratch::default())?;
+                match self.take_over(&log, &mut Scratch::default()) {
+                    Err(e) if e.is_out_of_space() => {
+                        warn!(log = log.id, error = %e, "a log is claimed with segments the index has no room for yet");
+                        let _ = self.queue.send(log.id);
+                    }
+                    other => other?,
+                }
                 log
             }
             None => {
@@ -1108,6 +1131,18 @@ impl Inner {
             hash_mode: self.dir.hash_mode().to_word(),
             segment_size: self.dir.segment_size(),
             index_header: log.index.header_offset(),
+            unmerged: meta
+                .segments
+                .iter()
+                .filter(|s| !s.merged)
+                .filter_map(|s| {
+                    s.sealed_len.map(|len| proto::UnmergedSegment {
+                        offset: s.offset,
+                        first_seq: s.first_seq,
+                        len,
+                    })
+                })
+                .collect(),
         })
     }
 
@@ -1187,6 +1222,11 @@ impl Inner {
         req: &proto::NextSegment,
     ) -> Result<proto::SegmentGranted, ProcessorError> {
         let log = self.log(req.log_id, req.session)?;
+        // An index that could not grow keeps its last free slots for the writes already logged: no room for more
+        // puts until it grows (deletes go on, and free slots).
+        if !req.deletes_only {
+            log.index.ensure_room()?;
+        }
         let mut meta = log.meta.lock().expect("log lock");
         // Sequence numbers must grow, or recovery could not tell new entries from old ones.
         let known = meta.last_seq.max(meta.merged_seq);
@@ -1323,24 +1363,67 @@ impl Inner {
         })
     }
 
+    fn merge_sealed(&self, req: &proto::MergeSealed) -> Result<proto::Merged, ProcessorError> {
+        let log = self.log(req.log_id, req.session)?;
+        self.merge_log(&log, &mut Scratch::default())?;
+        Ok(proto::Merged {
+            merged_seq: log.meta.lock().expect("log lock").merged_seq,
+        })
+    }
+
+    /// A merge thread: merges the logs named on `rx`. A log whose merge failed (the index had no room, say) is
+    /// retried on its own, sooner at first, until it succeeds: its writer may be waiting for it and sends nothing
+    /// meanwhile.
     fn merge_loop(&self, rx: Receiver<u32>) {
+        const FIRST_RETRY: Duration = Duration::from_millis(20);
+        const LAST_RETRY: Duration = Duration::from_secs(1);
         let mut scratch = Scratch::default();
+        // Failed logs: when to try again, and the pause after that.
+        let mut failed: HashMap<u32, (Instant, Duration)> = HashMap::new();
         while !self.stopping.load(Ordering::Acquire) {
-            match rx.recv_timeout(Duration::from_millis(50)) {
-                Ok(log_id) => {
-                    let log = self.logs.read().expect("logs lock").get(&log_id).cloned();
-                    if let Some(log) = log
-                        && let Err(e) = self.merge_log(&log, &mut scratch)
-                    {
-                        warn!(log = log_id, error = %e, "merge failed; it is retried on the next request");
-                    }
-                }
+            let mut due: Vec<u32> = Vec::new();
+            let tick = if failed.is_empty() {
+                Duration::from_millis(50)
+            } else {
+                FIRST_RETRY
+            };
+            match rx.recv_timeout(tick) {
+                Ok(log_id) => due.push(log_id),
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
                     for (_, index) in self.indexes.all() {
                         index.reclaim_retired();
                     }
                 }
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+            }
+            let now = Instant::now();
+            for (&id, &(at, _)) in &failed {
+                if at <= now && !due.contains(&id) {
+                    due.push(id);
+                }
+            }
+            for log_id in due {
+                let Some(log) = self.logs.read().expect("logs lock").get(&log_id).cloned() else {
+                    failed.remove(&log_id);
+                    continue;
+                };
+                match self.merge_log(&log, &mut scratch) {
+                    Ok(()) => {
+                        if failed.remove(&log_id).is_some() {
+                            info!(log = log_id, "merge succeeds again");
+                        }
+                    }
+                    Err(e) => {
+                        let pause = match failed.get(&log_id) {
+                            Some(&(_, pause)) => (pause * 2).min(LAST_RETRY),
+                            None => {
+                                warn!(log = log_id, error = %e, "merge failed; retrying until it succeeds");
+                                FIRST_RETRY
+                            }
+                        };
+                        failed.insert(log_id, (Instant::now() + pause, pause));
+                    }
+                }
             }
         }
     }

@@ -32,6 +32,8 @@ pub const COUNT_KEYS: u16 = 11;
 pub const REBALANCE: u16 = 12;
 /// `()` → [`Layout`].
 pub const LAYOUT: u16 = 13;
+/// [`MergeSealed`] → [`Merged`].
+pub const MERGE_SEALED: u16 = 14;
 
 /// Claims (or reclaims after a restart) the log of one KV-node thread. Whatever that log holds unmerged is merged
 /// before the reply, so the caller starts from an index that has all of its earlier writes.
@@ -61,6 +63,20 @@ pub struct LogOpened {
     /// Pool offset of the header of the index the log merges into, which the node reads (the node's own partition
     /// in the shared-nothing layout).
     pub index_header: u64,
+    /// Sealed segments of the log not merged yet, oldest first: the index had no room for them (they are merged
+    /// once it has). Their entries were acknowledged, so the caller serves its keys from them until then.
+    pub unmerged: Vec<UnmergedSegment>,
+}
+
+/// A sealed log segment the memory node could not merge yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnmergedSegment {
+    /// Pool offset of the segment header (entries start [`dinomo_log::SEGMENT_HEADER_LEN`] later).
+    pub offset: u64,
+    /// Sequence number of its first entry.
+    pub first_seq: u64,
+    /// Bytes of entries it holds.
+    pub len: u64,
 }
 
 /// Seals the log's current segment at `sealed_len` bytes of entries (when there is one) and asks for a new one
@@ -104,7 +120,18 @@ pub struct MergeAll {
     pub sealed_len: Option<u64>,
 }
 
-/// Reply to [`MergeAll`].
+/// Merges the log's sealed segments now (its open segment stays open) and replies when they are merged, or with
+/// the reason they cannot be (out of space: the index has no room for a new key). A writer waiting for merges
+/// asks this when they take long.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MergeSealed {
+    /// The log.
+    pub log_id: u32,
+    /// The session from [`LogOpened`].
+    pub session: u64,
+}
+
+/// Reply to [`MergeAll`] and [`MergeSealed`].
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Merged {
     /// Every entry of the log up to this sequence number is merged.

@@ -781,6 +781,24 @@ impl Index {
         }
     }
 
+    /// Grows the table now if it is close to its load limit (within an eighth of it), so that a caller that can
+    /// hold new keys back keeps room for keys already on their way: the processor asks before each log segment it
+    /// grants for writes, and refuses the segment on `Err(OutOfSpace)` (the pool has no room for a bigger table;
+    /// tried again at most every [`GROWTH_RETRY`]). The writes already logged then fill the slots that are left,
+    /// and deletes free more.
+    pub fn ensure_room(&self) -> Result<(), IndexError> {
+        let t = *self.read_table();
+        if t.nbuckets >= MAX_BUCKETS {
+            return Ok(());
+        }
+        // Below the limit, uniformly hashed keys leave most overflow buckets unused too, so the load is what counts.
+        let entries = self.len();
+        if !self.over_load(t.nbuckets, entries + entries / 8) {
+            return Ok(());
+        }
+        self.grow(t.word, Trigger::Load)
+    }
+
     fn over_load(&self, nbuckets: u64, entries: u64) -> bool {
         entries as f64 > self.cfg.max_load * (nbuckets * SLOTS as u64) as f64
     }

@@ -135,3 +135,86 @@ fn full_pool_fills_the_table_then_reports_out_of_space() {
         None
     );
 }
+
+/// `ensure_room` grows a table close to its load limit, does nothing to one well below it, and answers
+/// `OutOfSpace` without changing anything when the pool has no room for a bigger table.
+#[test]
+fn ensure_room_grows_early_or_reports_that_it_cannot() {
+    let pool = anon_pool(32 << 20);
+    let index = Index::create(
+        pool.clone(),
+        &IndexConfig {
+            initial_buckets: 64,
+            ..tiny(1.0)
+        },
+    )
+    .unwrap();
+    let slots = |i: &Index| 3 * i.stats().buckets;
+    // Well below the limit: nothing happens.
+    let mut next = 0u64;
+    while (next as f64) < 0.5 * slots(&index) as f64 {
+        index
+            .upsert(hash_of(next), eref(next, 1), |e| key_of(e) == next)
+            .unwrap();
+        next += 1;
+    }
+    index.ensure_room().unwrap();
+    assert_eq!(index.stats().resizes, 0);
+    // Within an eighth of the limit (but below it, where an insert would grow it): it grows now.
+    while (next as f64) < 0.70 * slots(&index) as f64 {
+        index
+            .upsert(hash_of(next), eref(next, 1), |e| key_of(e) == next)
+            .unwrap();
+        next += 1;
+    }
+    assert_eq!(index.stats().resizes, 0);
+    index.ensure_room().unwrap();
+    assert_eq!(index.stats().resizes, 1);
+    for k in (0..next).step_by(7) {
+        assert_eq!(index.get(hash_of(k), |e| key_of(e) == k), Some(eref(k, 1)));
+    }
+
+    // A pool with no room for the next table.
+    let small = anon_pool(1 << 20);
+    let index = Index::create(small.clone(), &tiny(1.0)).unwrap();
+    let mut next = 0u64;
+    loop {
+        let k = next;
+        match index.ensure_room() {
+            Ok(()) => {}
+            Err(e) => {
+                assert!(
+                    matches!(e, dinomo_index::IndexError::OutOfSpace { .. }),
+                    "{e}"
+                );
+                break;
+            }
+        }
+        index
+            .upsert(hash_of(k), eref(k, 1), |e| key_of(e) == k)
+            .unwrap();
+        next += 1;
+        assert!(
+            next < 1_000_000,
+            "the pool never ran out of room for the table"
+        );
+    }
+    let before = index.stats();
+    assert!(matches!(
+        index.ensure_room(),
+        Err(dinomo_index::IndexError::OutOfSpace { .. })
+    ));
+    let after = index.stats();
+    assert_eq!(
+        (after.entries, after.resizes, after.table_bytes),
+        (before.entries, before.resizes, before.table_bytes)
+    );
+    // The refusal came before the load limit: the table still has slots for keys already on their way.
+    assert!(
+        (after.entries as f64) < 0.75 * (3 * after.buckets) as f64,
+        "{after:?}"
+    );
+    for k in (0..next).step_by(7) {
+        assert_eq!(index.get(hash_of(k), |e| key_of(e) == k), Some(eref(k, 1)));
+    }
+}

@@ -487,6 +487,11 @@ impl LocalSegment {
     }
 }
 
+/// How long a writer waits for its merges before it asks the memory node to merge now (and why it cannot).
+const MERGE_ASK_AFTER: Duration = Duration::from_millis(50);
+/// How often it asks again while it keeps waiting.
+const MERGE_ASK_EVERY: Duration = Duration::from_millis(500);
+
 /// A write whose WRITE has not completed yet.
 struct PendingWrite {
     key: Vec<u8>,
@@ -536,6 +541,53 @@ pub(crate) struct Worker {
     occupancy: Occupancy,
     /// Key accesses of the current monitoring epoch (`None`: not kept).
     key_sketch: Option<KeySketch>,
+}
+
+/// Copies of the segments of a just-claimed log the memory node could not merge yet (its index had no room): their
+/// entries were acknowledged, so reads find them here until they are merged. Oldest first, as `Worker::sealed`.
+fn load_unmerged(
+    ep: &mut Endpoint,
+    data: &RegionInfo,
+    log: &proto::LogOpened,
+) -> Result<VecDeque<LocalSegment>, KnError> {
+    let room = log.segment_size.saturating_sub(SEGMENT_HEADER_LEN as u64);
+    let mut out = VecDeque::with_capacity(log.unmerged.len());
+    for u in &log.unmerged {
+        if u.len > room || u.first_seq == 0 {
+            return Err(KnError::Corrupt(format!(
+                "the memory node named an unmerged segment of {} bytes from seq {} (segments hold {room})",
+                u.len, u.first_seq
+            )));
+        }
+        let mut buf = vec![0u8; u.len as usize];
+        ep.read(data.at(u.offset + SEGMENT_HEADER_LEN as u64), &mut buf)?;
+        let mut keys = SegmentKeys::new(buf.len());
+        let (mut last_seq, mut has_deletes) = (u.first_seq - 1, false);
+        let (valid, _) = dinomo_log::segment::scan(&buf, log.log_id, u.first_seq, |at, e| {
+            keys.insert(dinomo_log::key_hash(e.key), at as u32);
+            last_seq = e.header.seq;
+            has_deletes |= e.header.op == Op::Delete;
+        });
+        buf.truncate(valid);
+        out.push_back(LocalSegment {
+            offset: u.offset,
+            capacity: valid,
+            last_seq,
+            flushed: valid,
+            buf,
+            keys,
+            reserved: false,
+            has_deletes,
+        });
+    }
+    Ok(out)
+}
+
+/// The sequence number of a just-claimed log's oldest entry not merged yet.
+fn first_unmerged_seq(log: &proto::LogOpened) -> u64 {
+    log.unmerged
+        .first()
+        .map_or(log.next_seq, |u| u.first_seq.min(log.next_seq))
 }
 
 /// Claims the log of `thread` (the memory node merges what an earlier claim left first), checks that the limits
@@ -601,6 +653,8 @@ impl Worker {
             .cloned()
             .ok_or_else(|| KnError::Corrupt("the memory node has no data region".into()))?;
         let (log, hash_mode, remote) = claim_log(&mut ep, &cfg, thread)?;
+        let sealed = load_unmerged(&mut ep, &data, &log)?;
+        let merged_seq = first_unmerged_seq(&log) - 1;
         let cache = Dac::new(cfg.cache.clone());
         Ok(Worker {
             thread,
@@ -610,11 +664,11 @@ impl Worker {
             remote,
             hash_mode,
             next_seq: log.next_seq,
-            merged_seq: log.next_seq - 1,
+            merged_seq,
             log,
             cache,
             active: None,
-            sealed: VecDeque::new(),
+            sealed,
             pending: Vec::new(),
             pending_keys: HashSet::new(),
             spare_buffers: Vec::new(),
@@ -1375,6 +1429,9 @@ impl Worker {
         let start = Instant::now();
         let mut pause = Duration::from_micros(20);
         let mut word = [0u8; 8];
+        // Merges normally finish in microseconds to milliseconds; one that takes longer may be failing, so the
+        // memory node is asked to merge now, which also says why it cannot.
+        let mut ask_at = start + MERGE_ASK_AFTER;
         loop {
             self.ep
                 .read(self.data.at(self.log.merged_seq_offset), &mut word)
@@ -1385,6 +1442,24 @@ impl Worker {
             }
             if start.elapsed() > self.cfg.merge_wait_timeout {
                 return Err(KnError::MergeStalled(self.cfg.merge_wait_timeout));
+            }
+            if Instant::now() >= ask_at {
+                ask_at = Instant::now() + MERGE_ASK_EVERY;
+                let asked: Result<proto::Merged, _> = self.ep.call(
+                    proto::MERGE_SEALED,
+                    &proto::MergeSealed {
+                        log_id: self.log.log_id,
+                        session: self.log.session,
+                    },
+                );
+                match asked.map_err(|e| self.fail_rpc(e)) {
+                    Ok(merged) => self.note_merged(merged.merged_seq),
+                    // The index has no room for a key this log holds: nothing merges until space is freed.
+                    Err(e @ KnError::OutOfSpace(_)) => return Err(e),
+                    Err(e) if self.broken => return Err(e),
+                    Err(e) => debug!(thread = self.thread, error = %e, "asking for a merge failed"),
+                }
+                continue;
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(2));
@@ -1535,10 +1610,11 @@ impl Worker {
         self.sealed.clear();
         self.ep = self.connector.connect()?;
         let (log, hash_mode, remote) = claim_log(&mut self.ep, &self.cfg, self.thread)?;
+        self.sealed = load_unmerged(&mut self.ep, &self.data, &log)?;
         self.hash_mode = hash_mode;
         self.remote = remote;
         self.next_seq = log.next_seq;
-        self.merged_seq = log.next_seq - 1;
+        self.merged_seq = first_unmerged_seq(&log) - 1;
         self.log = log;
         self.broken = false;
         Ok(())

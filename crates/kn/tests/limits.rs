@@ -302,3 +302,103 @@ fn an_index_reference_longer_than_a_segment_is_refused_as_corrupt() -> anyhow::R
     assert_eq!(h.get(b"other")?, Some(b"fine".to_vec()));
     Ok(())
 }
+
+/// Many small keys: the index, not the log, runs out of room (doubling its table needs a contiguous run the pool
+/// no longer has). Writes are refused as out of space at once and every acknowledged write is merged; deleting
+/// keys makes room for new ones; a restart serves everything.
+#[test]
+fn an_index_that_cannot_grow_refuses_new_keys_and_recovers_after_deletes() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut cfg = config(32, 1024, 64 << 10);
+    cfg.pool_path = Some(dir.path().join("pool"));
+    cfg.pool_size = 4 << 20;
+    cfg.pool_segment_size = 64 << 10;
+    cfg.kn.threads = 2;
+    let key = |i: u32| format!("key-{i:09}");
+    let value = |i: u32| i.to_le_bytes().to_vec();
+    let store = Embedded::open(&cfg)?;
+    let h = store.handle();
+    let mut stored = 0u32;
+    let refusal = loop {
+        assert!(stored < 2_000_000, "the index never filled up");
+        match h.set(key(stored).as_bytes(), &value(stored)) {
+            Ok(()) => stored += 1,
+            Err(e) => break e,
+        }
+    };
+    match &refusal {
+        KnError::OutOfSpace(why) => assert!(why.contains("index"), "{why}"),
+        other => panic!("a full index answered {other:?}"),
+    }
+    // Nothing acknowledged is left unmerged: the index kept room for it.
+    h.merge_all()?;
+    let stats = store.processor_stats();
+    assert_eq!(stats.backlog_segments, 0, "{stats:?}");
+    assert_eq!(stats.index_entries, u64::from(stored), "{stats:?}");
+
+    // Deleting half the keys makes room for as many new ones.
+    for i in (0..stored).step_by(2) {
+        h.delete(key(i).as_bytes())
+            .map_err(|e| anyhow::anyhow!("delete {}: {e}", key(i)))?;
+    }
+    let fresh = stored / 4;
+    for i in stored..stored + fresh {
+        h.set(key(i).as_bytes(), &value(i))
+            .map_err(|e| anyhow::anyhow!("write {} after deletes: {e}", key(i)))?;
+    }
+    drop(h);
+    drop(store);
+
+    let store = Embedded::open(&cfg)?;
+    let h = store.handle();
+    for i in (0..stored + fresh).step_by(5) {
+        let expect = (i >= stored || i % 2 == 1).then(|| value(i));
+        assert_eq!(h.get(key(i).as_bytes())?, expect, "{}", key(i));
+    }
+    Ok(())
+}
+
+/// Log segments large next to the index: more writes are on their way when the index stops growing than it has
+/// slots left, so some acknowledged writes cannot be merged yet. They are still served, before and after a
+/// restart (the memory node starts with them unmerged, and the KV node reads them from the log).
+#[test]
+fn acknowledged_writes_the_index_has_no_room_for_are_served_across_a_restart() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut cfg = config(32, 1024, 512 << 10);
+    cfg.pool_path = Some(dir.path().join("pool"));
+    cfg.pool_size = 5 << 20;
+    cfg.pool_segment_size = 64 << 10;
+    cfg.processor.delete_reserve_segments = 0;
+    cfg.kn.threads = 2;
+    cfg.kn.max_unmerged_segments = 3;
+    let key = |i: u32| format!("key-{i:09}");
+    let value = |i: u32| i.to_le_bytes().to_vec();
+    let mut stored = 0u32;
+    let backlog = {
+        let store = Embedded::open(&cfg)?;
+        let h = store.handle();
+        loop {
+            assert!(stored < 2_000_000, "the store never filled up");
+            match h.set(key(stored).as_bytes(), &value(stored)) {
+                Ok(()) => stored += 1,
+                Err(KnError::OutOfSpace(_)) => break,
+                Err(e) => panic!("write {}: {e}", key(stored)),
+            }
+        }
+        for i in (0..stored).step_by(3) {
+            assert_eq!(h.get(key(i).as_bytes())?, Some(value(i)), "{}", key(i));
+        }
+        store.processor_stats().backlog_segments
+    };
+    assert!(backlog > 0, "every write was merged: the test needs some that cannot be");
+    let store = Embedded::open(&cfg)?;
+    let h = store.handle();
+    for i in (0..stored).step_by(3) {
+        assert_eq!(h.get(key(i).as_bytes())?, Some(value(i)), "{} after the restart", key(i));
+    }
+    assert!(matches!(
+        h.set(b"one-more", b"v"),
+        Err(KnError::OutOfSpace(_))
+    ));
+    Ok(())
+}
