@@ -812,12 +812,6 @@ impl Config {
                 Err("must be at least 1".into()),
             );
         }
-        if self.processor.delete_reserve_segments == 1 {
-            check(
-                "processor.delete_reserve_segments",
-                Err("must be 0 (no reserve) or at least 2: a thread deleting on a full pool holds two".into()),
-            );
-        }
         errors.extend(self.up.pdpm.validate());
         errors
     }
@@ -1192,22 +1186,6 @@ mod tests {
             "{:?}",
             c.validate()
         );
-        for (reserve, refused) in [(0, false), (1, true), (2, false)] {
-            let c = parse(
-                "t",
-                &format!("[processor]\ndelete_reserve_segments = {reserve}\n"),
-            )
-            .unwrap()
-            .config;
-            let errors = c.validate();
-            assert_eq!(
-                errors
-                    .iter()
-                    .any(|e| e.starts_with("processor.delete_reserve_segments:")),
-                refused,
-                "{reserve}: {errors:?}"
-            );
-        }
     }
 
     #[test]

@@ -92,7 +92,8 @@ pub struct ProcessorConfig {
     pub partition_capacity: u32,
     /// Log segments held back for deletes (default 2). Once the pool is full, a KV-node thread may log deletes
     /// into one of them, so that a full store can still be emptied; they are refilled before any other log
-    /// segment is granted. A deleting thread holds up to two at once, so 1 is refused; 0 turns the reserve off.
+    /// segment is granted. A thread deleting on a full pool holds one at a time (its deletes are merged after each
+    /// group commit, and the segment recycled); 0 turns the reserve off.
     pub delete_reserve_segments: u32,
 }
 
@@ -453,13 +454,6 @@ impl Processor {
                 config.segment_size,
                 EntryRef::MAX_LEN
             )));
-        }
-        // A thread deleting on a full pool holds two reserved segments for a moment: the one it has just sealed
-        // (freed once the next is granted) and the next.
-        if config.delete_reserve_segments == 1 {
-            return Err(ProcessorError::Config(
-                "delete_reserve_segments must be 0 (no reserve) or at least 2".into(),
-            ));
         }
         let indexes = Indexes::open(&pool, config)?;
         let dir = match Directory::open(pool.clone())? {
@@ -1225,7 +1219,7 @@ impl Inner {
         // An index that could not grow keeps its last free slots for the writes already logged: no room for more
         // puts until it grows (deletes go on, and free slots).
         if !req.deletes_only {
-            log.index.ensure_room()?;
+            log.index.check_room()?;
         }
         let mut meta = log.meta.lock().expect("log lock");
         // Sequence numbers must grow, or recovery could not tell new entries from old ones.
@@ -1407,7 +1401,13 @@ impl Inner {
                     failed.remove(&log_id);
                     continue;
                 };
-                match self.merge_log(&log, &mut scratch) {
+                let merged = self.merge_log(&log, &mut scratch);
+                // Growing here, off the writers' path, before the table is at its limit: a table that cannot
+                // grow is then known while it has slots left for what is already logged (see `next_segment`).
+                if let Err(e) = log.index.grow_early() {
+                    debug!(log = log_id, error = %e, "the index cannot grow yet");
+                }
+                match merged {
                     Ok(()) => {
                         if failed.remove(&log_id).is_some() {
                             info!(log = log_id, "merge succeeds again");
@@ -1632,8 +1632,8 @@ impl Inner {
         }
     }
 
-    /// Unlinks and frees segments whose every entry is merged and superseded. A log's newest segment is kept: the
-    /// next one is linked to it.
+    /// Unlinks and frees segments whose every entry is merged and superseded. A log's newest segment is kept while
+    /// it is open (its writer appends to it).
     fn recycle(&self, dead: &[u64]) -> Result<(), ProcessorError> {
         let mut freed = false;
         for &offset in dead {
@@ -1653,7 +1653,8 @@ impl Inner {
             let Some(pos) = meta.segments.iter().position(|s| s.offset == offset) else {
                 continue;
             };
-            if pos + 1 == meta.segments.len() || !meta.segments[pos].merged {
+            let seg = &meta.segments[pos];
+            if !seg.merged {
                 continue;
             }
             let older = if pos == 0 {
@@ -1661,10 +1662,19 @@ impl Inner {
             } else {
                 meta.segments[pos - 1].offset
             };
-            let newer = meta.segments[pos + 1].offset;
-            let w = self.pool.atomic_u64(newer + field::OLDER)?;
-            w.store(older, Ordering::Release);
-            self.pool.persist(newer + field::OLDER, 8);
+            if pos + 1 == meta.segments.len() {
+                // The head goes only once sealed (by a MergeAll or a take-over: nothing more is written there);
+                // the log's next segment then links to the one before it.
+                if seg.sealed_len.is_none() {
+                    continue;
+                }
+                self.dir.set_head(log_id, older);
+            } else {
+                let newer = meta.segments[pos + 1].offset;
+                let w = self.pool.atomic_u64(newer + field::OLDER)?;
+                w.store(older, Ordering::Release);
+                self.pool.persist(newer + field::OLDER, 8);
+            }
             meta.segments.remove(pos);
             drop(meta);
             self.pool.free(offset)?;

@@ -781,22 +781,54 @@ impl Index {
         }
     }
 
-    /// Grows the table now if it is close to its load limit (within an eighth of it), so that a caller that can
-    /// hold new keys back keeps room for keys already on their way: the processor asks before each log segment it
-    /// grants for writes, and refuses the segment on `Err(OutOfSpace)` (the pool has no room for a bigger table;
-    /// tried again at most every [`GROWTH_RETRY`]). The writes already logged then fill the slots that are left,
-    /// and deletes free more.
-    pub fn ensure_room(&self) -> Result<(), IndexError> {
+    /// Whether the table is close to its load limit (within an eighth of it). Below that, uniformly hashed keys
+    /// leave most overflow buckets unused too, so the load is what counts.
+    fn near_load(&self, t: &Table) -> bool {
+        let entries = self.len();
+        t.nbuckets < MAX_BUCKETS && self.over_load(t.nbuckets, entries + entries / 8)
+    }
+
+    /// Whether new keys may still be let in: `Err(OutOfSpace)` when the table is close to its load limit and
+    /// cannot grow (a growth of this table failed for lack of space, or the pool lacks the bytes of the next
+    /// table). The processor asks before each log segment it grants for writes, so that the slots left stay for
+    /// writes already logged; deletes free more. Cheap: no growth happens here (see [`Index::grow_early`]).
+    pub fn check_room(&self) -> Result<(), IndexError> {
         let t = *self.read_table();
-        if t.nbuckets >= MAX_BUCKETS {
+        if !self.near_load(&t) {
             return Ok(());
         }
-        // Below the limit, uniformly hashed keys leave most overflow buckets unused too, so the load is what counts.
-        let entries = self.len();
-        if !self.over_load(t.nbuckets, entries + entries / 8) {
+        let failed = self
+            .growth_failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .filter(|&(word, _, _)| word == t.word)
+            .map(|(_, _, bytes)| bytes);
+        let least = self.least_growth(t.nbuckets * 2);
+        match failed {
+            Some(bytes) => Err(self.out_of_space(bytes)),
+            None if self.pool.space().free_bytes() < least => Err(self.out_of_space(least)),
+            None => Ok(()),
+        }
+    }
+
+    /// Grows the table if it is close to its load limit, ahead of the inserts that would grow it at the limit,
+    /// so that a failure to grow is known while slots are left (see [`Index::check_room`]). Attempts that fail
+    /// are repeated at most every [`GROWTH_RETRY`]. The processor's merge threads call this after merging.
+    pub fn grow_early(&self) -> Result<(), IndexError> {
+        let t = *self.read_table();
+        if !self.near_load(&t) {
             return Ok(());
         }
         self.grow(t.word, Trigger::Load)
+    }
+
+    /// Bytes of the smallest table of `nbuckets` primary buckets.
+    fn least_growth(&self, nbuckets: u64) -> u64 {
+        let nbuckets = nbuckets.min(MAX_BUCKETS);
+        table_bytes(
+            nbuckets,
+            ((nbuckets as f64 * self.cfg.overflow_per_bucket).ceil() as u64).max(1),
+        )
     }
 
     fn over_load(&self, nbuckets: u64, entries: u64) -> bool {
@@ -857,10 +889,7 @@ impl Index {
         }
         let nbuckets = nbuckets.min(MAX_BUCKETS);
         // Fail fast, before walking the table, when the smallest possible new table cannot fit.
-        let least = table_bytes(
-            nbuckets,
-            ((nbuckets as f64 * self.cfg.overflow_per_bucket).ceil() as u64).max(1),
-        );
+        let least = self.least_growth(nbuckets);
         if self.pool.space().free_bytes() < least {
             self.block_growth(expected, least);
             return Err(self.out_of_space(least));

@@ -136,10 +136,10 @@ fn full_pool_fills_the_table_then_reports_out_of_space() {
     );
 }
 
-/// `ensure_room` grows a table close to its load limit, does nothing to one well below it, and answers
-/// `OutOfSpace` without changing anything when the pool has no room for a bigger table.
+/// `grow_early` grows a table close to its load limit and leaves one well below it alone; `check_room` lets new
+/// keys in until the table is close to its limit and cannot grow, and changes nothing.
 #[test]
-fn ensure_room_grows_early_or_reports_that_it_cannot() {
+fn a_table_grows_early_and_refuses_new_keys_while_it_cannot() {
     let pool = anon_pool(32 << 20);
     let index = Index::create(
         pool.clone(),
@@ -150,49 +150,41 @@ fn ensure_room_grows_early_or_reports_that_it_cannot() {
     )
     .unwrap();
     let slots = |i: &Index| 3 * i.stats().buckets;
+    let insert = |index: &Index, k: u64| {
+        index
+            .upsert(hash_of(k), eref(k, 1), |e| key_of(e) == k)
+            .unwrap();
+    };
     // Well below the limit: nothing happens.
     let mut next = 0u64;
     while (next as f64) < 0.5 * slots(&index) as f64 {
-        index
-            .upsert(hash_of(next), eref(next, 1), |e| key_of(e) == next)
-            .unwrap();
+        insert(&index, next);
         next += 1;
     }
-    index.ensure_room().unwrap();
+    index.grow_early().unwrap();
+    index.check_room().unwrap();
     assert_eq!(index.stats().resizes, 0);
-    // Within an eighth of the limit (but below it, where an insert would grow it): it grows now.
+    // Within an eighth of the limit (below it, where an insert would grow the table): room is there to grow
+    // into, and it grows now.
     while (next as f64) < 0.70 * slots(&index) as f64 {
-        index
-            .upsert(hash_of(next), eref(next, 1), |e| key_of(e) == next)
-            .unwrap();
+        insert(&index, next);
         next += 1;
     }
     assert_eq!(index.stats().resizes, 0);
-    index.ensure_room().unwrap();
+    index.check_room().unwrap();
+    index.grow_early().unwrap();
     assert_eq!(index.stats().resizes, 1);
     for k in (0..next).step_by(7) {
         assert_eq!(index.get(hash_of(k), |e| key_of(e) == k), Some(eref(k, 1)));
     }
 
-    // A pool with no room for the next table.
+    // A pool with no room for the next table: new keys are refused before the load limit.
     let small = anon_pool(1 << 20);
     let index = Index::create(small.clone(), &tiny(1.0)).unwrap();
     let mut next = 0u64;
-    loop {
-        let k = next;
-        match index.ensure_room() {
-            Ok(()) => {}
-            Err(e) => {
-                assert!(
-                    matches!(e, dinomo_index::IndexError::OutOfSpace { .. }),
-                    "{e}"
-                );
-                break;
-            }
-        }
-        index
-            .upsert(hash_of(k), eref(k, 1), |e| key_of(e) == k)
-            .unwrap();
+    while index.check_room().is_ok() {
+        let _ = index.grow_early();
+        insert(&index, next);
         next += 1;
         assert!(
             next < 1_000_000,
@@ -200,20 +192,25 @@ fn ensure_room_grows_early_or_reports_that_it_cannot() {
         );
     }
     let before = index.stats();
-    assert!(matches!(
-        index.ensure_room(),
-        Err(dinomo_index::IndexError::OutOfSpace { .. })
-    ));
+    for _ in 0..2 {
+        assert!(matches!(
+            index.check_room(),
+            Err(dinomo_index::IndexError::OutOfSpace { .. })
+        ));
+    }
     let after = index.stats();
     assert_eq!(
         (after.entries, after.resizes, after.table_bytes),
         (before.entries, before.resizes, before.table_bytes)
     );
-    // The refusal came before the load limit: the table still has slots for keys already on their way.
     assert!(
         (after.entries as f64) < 0.75 * (3 * after.buckets) as f64,
         "{after:?}"
     );
+    // The slots left still take keys already on their way.
+    for k in next..next + after.buckets / 8 {
+        insert(&index, k);
+    }
     for k in (0..next).step_by(7) {
         assert_eq!(index.get(hash_of(k), |e| key_of(e) == k), Some(eref(k, 1)));
     }

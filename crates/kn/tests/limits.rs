@@ -303,16 +303,17 @@ fn an_index_reference_longer_than_a_segment_is_refused_as_corrupt() -> anyhow::R
     Ok(())
 }
 
-/// Many small keys: the index, not the log, runs out of room (doubling its table needs a contiguous run the pool
-/// no longer has). Writes are refused as out of space at once and every acknowledged write is merged; deleting
-/// keys makes room for new ones; a restart serves everything.
+/// Many small keys: the index runs out of room before the log does (doubling its table needs a contiguous run the
+/// pool no longer has). Writes are refused as out of space at once and every acknowledged write is merged;
+/// deleting every other key (which frees no whole log segment) makes room for new ones; a restart serves
+/// everything.
 #[test]
 fn an_index_that_cannot_grow_refuses_new_keys_and_recovers_after_deletes() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut cfg = config(32, 1024, 64 << 10);
+    let mut cfg = config(32, 1024, 32 << 10);
     cfg.pool_path = Some(dir.path().join("pool"));
-    cfg.pool_size = 4 << 20;
-    cfg.pool_segment_size = 64 << 10;
+    cfg.pool_size = 2 << 20;
+    cfg.pool_segment_size = 32 << 10;
     cfg.kn.threads = 2;
     let key = |i: u32| format!("key-{i:09}");
     let value = |i: u32| i.to_le_bytes().to_vec();
@@ -362,7 +363,8 @@ fn an_index_that_cannot_grow_refuses_new_keys_and_recovers_after_deletes() -> an
 /// slots left, so some acknowledged writes cannot be merged yet. They are still served, before and after a
 /// restart (the memory node starts with them unmerged, and the KV node reads them from the log).
 #[test]
-fn acknowledged_writes_the_index_has_no_room_for_are_served_across_a_restart() -> anyhow::Result<()> {
+fn acknowledged_writes_the_index_has_no_room_for_are_served_across_a_restart() -> anyhow::Result<()>
+{
     let dir = tempfile::tempdir()?;
     let mut cfg = config(32, 1024, 512 << 10);
     cfg.pool_path = Some(dir.path().join("pool"));
@@ -390,11 +392,19 @@ fn acknowledged_writes_the_index_has_no_room_for_are_served_across_a_restart() -
         }
         store.processor_stats().backlog_segments
     };
-    assert!(backlog > 0, "every write was merged: the test needs some that cannot be");
+    assert!(
+        backlog > 0,
+        "every write was merged: the test needs some that cannot be"
+    );
     let store = Embedded::open(&cfg)?;
     let h = store.handle();
     for i in (0..stored).step_by(3) {
-        assert_eq!(h.get(key(i).as_bytes())?, Some(value(i)), "{} after the restart", key(i));
+        assert_eq!(
+            h.get(key(i).as_bytes())?,
+            Some(value(i)),
+            "{} after the restart",
+            key(i)
+        );
     }
     assert!(matches!(
         h.set(b"one-more", b"v"),
