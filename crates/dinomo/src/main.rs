@@ -61,7 +61,86 @@ fn main() {
         Command::Config(args) => config::run(args),
     };
     if let Err(e) = result {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", error_chain(&e));
         std::process::exit(1);
+    }
+}
+
+/// An error and its causes, outermost first, joined by ": ". Many errors already end with their cause's message
+/// ("KV node: {0}"); such a cause is not repeated.
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_chain;
+    use std::fmt;
+
+    /// An error whose message names its cause's (`with_cause`) or not.
+    #[derive(Debug)]
+    struct Outer {
+        with_cause: bool,
+        inner: Inner,
+    }
+
+    #[derive(Debug)]
+    struct Inner;
+
+    impl fmt::Display for Inner {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("invalid setting: too big")
+        }
+    }
+
+    impl std::error::Error for Inner {}
+
+    impl fmt::Display for Outer {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            if self.with_cause {
+                write!(f, "KV node: {}", self.inner)
+            } else {
+                f.write_str("bare")
+            }
+        }
+    }
+
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.inner)
+        }
+    }
+
+    #[test]
+    fn a_cause_already_in_its_parents_message_is_printed_once() {
+        let e = anyhow::Error::new(Outer {
+            with_cause: true,
+            inner: Inner,
+        })
+        .context("starting the cluster");
+        assert_eq!(
+            error_chain(&e),
+            "starting the cluster: KV node: invalid setting: too big"
+        );
+        let e = anyhow::Error::new(Outer {
+            with_cause: false,
+            inner: Inner,
+        })
+        .context("starting the cluster");
+        assert_eq!(
+            error_chain(&e),
+            "starting the cluster: bare: invalid setting: too big"
+        );
     }
 }
