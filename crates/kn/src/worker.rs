@@ -553,14 +553,15 @@ fn load_unmerged(
     let room = log.segment_size.saturating_sub(SEGMENT_HEADER_LEN as u64);
     let mut out = VecDeque::with_capacity(log.unmerged.len());
     for u in &log.unmerged {
-        if u.len > room || u.first_seq == 0 {
+        let entries_at = u.offset.checked_add(SEGMENT_HEADER_LEN as u64);
+        let Some(entries_at) = entries_at.filter(|_| u.len <= room && u.first_seq > 0) else {
             return Err(KnError::Corrupt(format!(
-                "the memory node named an unmerged segment of {} bytes from seq {} (segments hold {room})",
-                u.len, u.first_seq
+                "the memory node named an unmerged segment of {} bytes at {:#x} from seq {} (segments hold {room})",
+                u.len, u.offset, u.first_seq
             )));
-        }
+        };
         let mut buf = vec![0u8; u.len as usize];
-        ep.read(data.at(u.offset + SEGMENT_HEADER_LEN as u64), &mut buf)?;
+        ep.read(data.at(entries_at), &mut buf)?;
         let mut keys = SegmentKeys::new(buf.len());
         let (mut last_seq, mut has_deletes) = (u.first_seq - 1, false);
         let (valid, _) = dinomo_log::segment::scan(&buf, log.log_id, u.first_seq, |at, e| {
