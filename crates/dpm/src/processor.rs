@@ -853,6 +853,16 @@ impl<'a> MigrationWriter<'a> {
 }
 
 impl Inner {
+    /// Every log, taken out of the map so that its lock is not held while they are worked on.
+    fn all_logs(&self) -> Vec<Arc<LogState>> {
+        self.logs
+            .read()
+            .expect("logs lock")
+            .values()
+            .cloned()
+            .collect()
+    }
+
     fn next_session(&self) -> u64 {
         self.session_counter.fetch_add(1, Ordering::Relaxed)
     }
@@ -1183,16 +1193,9 @@ impl Inner {
 
     /// Merges the sealed segments of every log now; whether there were any.
     fn merge_backlog(&self) -> bool {
-        let logs: Vec<Arc<LogState>> = self
-            .logs
-            .read()
-            .expect("logs lock")
-            .values()
-            .cloned()
-            .collect();
         let mut merged_any = false;
         let mut scratch = Scratch::default();
-        for log in logs {
+        for log in self.all_logs() {
             let pending = log
                 .meta
                 .lock()
@@ -1254,19 +1257,16 @@ impl Inner {
             sealed_len: 0,
             capacity: ext.len,
         };
-        let formatted = self
-            .pool
-            .write(ext.offset, &header.encode())
+        let mut format_then_seal = || -> Result<(), ProcessorError> {
+            self.pool.write(ext.offset, &header.encode())?;
             // A zero header where the first entry goes: a reused extent must not look like it holds entries.
-            .and_then(|()| {
-                self.pool.write(
-                    ext.offset + SEGMENT_HEADER_LEN as u64,
-                    &[0u8; ENTRY_HEADER_LEN],
-                )
-            })
-            .map_err(ProcessorError::from)
-            .and_then(|()| self.seal_head(req.log_id, &mut meta, req.sealed_len));
-        if let Err(e) = formatted {
+            self.pool.write(
+                ext.offset + SEGMENT_HEADER_LEN as u64,
+                &[0u8; ENTRY_HEADER_LEN],
+            )?;
+            self.seal_head(req.log_id, &mut meta, req.sealed_len)
+        };
+        if let Err(e) = format_then_seal() {
             if reserved {
                 self.delete_reserve.lock().expect("reserve lock").push(ext);
             } else if let Err(free) = self.pool.free(ext.offset) {
@@ -1296,13 +1296,6 @@ impl Inner {
         let merged_seq = meta.merged_seq;
         drop(meta);
         let _ = self.queue.send(req.log_id);
-        // The old head may already be merged and wholly superseded (a segment of deletes sealed by a MergeAll);
-        // it was kept only because it was the newest.
-        if older != 0
-            && let Err(e) = self.recycle(&[older])
-        {
-            warn!(log = req.log_id, segment = older, error = %e, "could not recycle a dead log segment");
-        }
         Ok(proto::SegmentGranted {
             offset: ext.offset,
             capacity: ext.len,
@@ -1960,13 +1953,7 @@ impl Inner {
     fn count_keys(&self) -> Result<u64, ProcessorError> {
         // A key being moved between partitions is in both for a moment.
         let _no_rebalance = self.rebalance_lock.lock().expect("rebalance lock");
-        let mut logs: Vec<Arc<LogState>> = self
-            .logs
-            .read()
-            .expect("logs lock")
-            .values()
-            .cloned()
-            .collect();
+        let mut logs = self.all_logs();
         // Always taken in log order, and nothing else holds two merge locks, so this cannot deadlock.
         logs.sort_by_key(|l| l.id);
         let _merges_wait: Vec<_> = logs

@@ -797,15 +797,9 @@ impl Index {
         if !self.near_load(&t) {
             return Ok(());
         }
-        let failed = self
-            .growth_failure
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .filter(|&(word, _, _)| word == t.word)
-            .map(|(_, _, bytes)| bytes);
         let least = self.least_growth(t.nbuckets * 2);
-        match failed {
-            Some(bytes) => Err(self.out_of_space(bytes)),
+        match self.growth_failure_of(t.word) {
+            Some((_, bytes)) => Err(self.out_of_space(bytes)),
             None if self.pool.space().free_bytes() < least => Err(self.out_of_space(least)),
             None => Ok(()),
         }
@@ -839,14 +833,18 @@ impl Index {
     /// for [`GROWTH_RETRY`] (so that a full pool does not cost a table walk per insert). Returns the size that did
     /// not fit.
     fn growth_blocked(&self, word: u64) -> Option<u64> {
-        let blocked = self
-            .growth_failure
+        self.growth_failure_of(word)
+            .filter(|(at, _)| at.elapsed() < GROWTH_RETRY)
+            .map(|(_, bytes)| bytes)
+    }
+
+    /// When the table named by `word` last failed to grow, and the size that did not fit.
+    fn growth_failure_of(&self, word: u64) -> Option<(Instant, u64)> {
+        self.growth_failure
             .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        match *blocked {
-            Some((w, at, bytes)) if w == word && at.elapsed() < GROWTH_RETRY => Some(bytes),
-            _ => None,
-        }
+            .unwrap_or_else(|e| e.into_inner())
+            .filter(|&(w, _, _)| w == word)
+            .map(|(_, at, bytes)| (at, bytes))
     }
 
     fn block_growth(&self, word: u64, bytes: u64) {

@@ -25,8 +25,9 @@ pub enum KnError {
     /// The memory node refused a call (out of space, log taken over by a newer session, ...).
     #[error("memory node refused: {0}")]
     Refused(String),
-    /// The memory node has no room for the log segment the write needs: the store is full. The write was not
-    /// applied; space comes back when the memory node recycles segments whose entries were all superseded.
+    /// The memory node has no room for the write: no log segment for it, or no room in the index for new keys
+    /// (its table cannot grow). The write was not applied; space comes back as deletes and overwrites are merged
+    /// and the segments they supersede are recycled.
     #[error("out of memory-node space, the write was not applied: {0}")]
     OutOfSpace(String),
     /// The memory node did not merge the log in time, so the write could not get log space.
