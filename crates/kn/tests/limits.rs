@@ -2,7 +2,7 @@
 //! refused at start-up.
 
 use dinomo_dpm::ProcessorConfig;
-use dinomo_kn::{Embedded, EmbeddedConfig, KnConfig, KnError};
+use dinomo_kn::{Embedded, EmbeddedConfig, KnConfig, KnError, KvHandle};
 
 fn config(max_key_len: usize, max_value_len: usize, segment_size: u64) -> EmbeddedConfig {
     EmbeddedConfig {
@@ -20,6 +20,21 @@ fn config(max_key_len: usize, max_value_len: usize, segment_size: u64) -> Embedd
         },
         ..EmbeddedConfig::default()
     }
+}
+
+/// Writes `key(i)` = `value(i)` for i = 0, 1, ... until the store refuses one: how many were written, and the
+/// refusal.
+fn fill_until_refused(
+    h: &KvHandle,
+    key: impl Fn(u32) -> String,
+    value: impl Fn(u32) -> Vec<u8>,
+) -> (u32, KnError) {
+    for i in 0..2_000_000 {
+        if let Err(e) = h.set(key(i).as_bytes(), &value(i)) {
+            return (i, e);
+        }
+    }
+    panic!("the store never filled up");
 }
 
 #[test]
@@ -151,23 +166,14 @@ fn a_small_write_after_a_refused_roll_survives_a_restart() -> anyhow::Result<()>
     cfg.pool_size = 16 << 20;
     cfg.pool_segment_size = 1 << 20;
     let big = |i: u32| vec![(i % 251) as u8; 15 << 10];
+    let key = |i: u32| format!("k{i}");
     let mut stored = Vec::new();
     {
         let store = Embedded::open(&cfg)?;
         let h = store.handle();
-        let mut full = false;
-        for i in 0..5_000u32 {
-            let key = format!("k{i}");
-            match h.set(key.as_bytes(), &big(i)) {
-                Ok(()) => stored.push((key, big(i))),
-                Err(KnError::OutOfSpace(_)) => {
-                    full = true;
-                    break;
-                }
-                Err(e) => panic!("write {i}: {e}"),
-            }
-        }
-        assert!(full, "the pool never filled up");
+        let (written, refusal) = fill_until_refused(&h, key, big);
+        assert!(matches!(refusal, KnError::OutOfSpace(_)), "{refusal}");
+        stored.extend((0..written).map(|i| (key(i), big(i))));
         // The refused segment had less than 15 KiB left; small writes still fit there.
         for i in 0..8u32 {
             let key = format!("small{i}");
@@ -207,17 +213,15 @@ fn a_full_store_can_be_emptied_and_filled_again() -> anyhow::Result<()> {
     // Two threads delete at once from the reserve's two segments.
     cfg.kn.threads = 2;
     let value = |round: u32, i: u32| vec![(round * 7 + i % 251) as u8; 15 << 10];
-    let fill = |h: &dinomo_kn::KvHandle, round: u32| -> anyhow::Result<Vec<String>> {
-        let mut stored = Vec::new();
-        for i in 0..5_000u32 {
-            let key = format!("r{round}k{i}");
-            match h.set(key.as_bytes(), &value(round, i)) {
-                Ok(()) => stored.push(key),
-                Err(KnError::OutOfSpace(_)) => return Ok(stored),
-                Err(e) => anyhow::bail!("write {key}: {e}"),
-            }
-        }
-        anyhow::bail!("the pool never filled up")
+    let fill = |h: &KvHandle, round: u32| -> anyhow::Result<Vec<String>> {
+        let key = |i: u32| format!("r{round}k{i}");
+        let (written, refusal) = fill_until_refused(h, key, |i| value(round, i));
+        anyhow::ensure!(
+            matches!(refusal, KnError::OutOfSpace(_)),
+            "write {}: {refusal}",
+            key(written)
+        );
+        Ok((0..written).map(key).collect())
     };
     let first = {
         let store = Embedded::open(&cfg)?;
@@ -322,14 +326,7 @@ fn an_index_that_cannot_grow_refuses_new_keys_and_recovers_after_deletes() -> an
     let value = |i: u32| i.to_le_bytes().to_vec();
     let store = Embedded::open(&cfg)?;
     let h = store.handle();
-    let mut stored = 0u32;
-    let refusal = loop {
-        assert!(stored < 2_000_000, "the index never filled up");
-        match h.set(key(stored).as_bytes(), &value(stored)) {
-            Ok(()) => stored += 1,
-            Err(e) => break e,
-        }
-    };
+    let (stored, refusal) = fill_until_refused(&h, key, value);
     match &refusal {
         KnError::OutOfSpace(why) => assert!(why.contains("index"), "{why}"),
         other => panic!("a full index answered {other:?}"),
@@ -378,22 +375,19 @@ fn acknowledged_writes_the_index_has_no_room_for_are_served_across_a_restart() -
     cfg.kn.max_unmerged_segments = 3;
     let key = |i: u32| format!("key-{i:09}");
     let value = |i: u32| i.to_le_bytes().to_vec();
-    let mut stored = 0u32;
-    let backlog = {
+    let (stored, backlog) = {
         let store = Embedded::open(&cfg)?;
         let h = store.handle();
-        loop {
-            assert!(stored < 2_000_000, "the store never filled up");
-            match h.set(key(stored).as_bytes(), &value(stored)) {
-                Ok(()) => stored += 1,
-                Err(KnError::OutOfSpace(_)) => break,
-                Err(e) => panic!("write {}: {e}", key(stored)),
-            }
-        }
+        let (stored, refusal) = fill_until_refused(&h, key, value);
+        assert!(
+            matches!(refusal, KnError::OutOfSpace(_)),
+            "write {}: {refusal}",
+            key(stored)
+        );
         for i in (0..stored).step_by(3) {
             assert_eq!(h.get(key(i).as_bytes())?, Some(value(i)), "{}", key(i));
         }
-        store.processor_stats().backlog_segments
+        (stored, store.processor_stats().backlog_segments)
     };
     assert!(
         backlog > 0,
