@@ -172,10 +172,112 @@ pub fn scan(
     (at, ScanEnd::Complete)
 }
 
+/// A stretch of a segment's entry area that holds no valid entry of the log although later bytes do: damage (the
+/// entries there are lost), or, in a segment whose writer died, a write that completed out of order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gap {
+    /// Offset of the stretch within the entry area.
+    pub at: usize,
+    /// Its length: the next valid entry starts at `at + len`.
+    pub len: usize,
+    /// Why its first bytes are not the next entry.
+    pub reason: StopReason,
+}
+
+/// What [`scan_through`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScanThrough {
+    /// One past the last valid entry.
+    pub end: usize,
+    /// Stretches skipped before `end`, in order.
+    pub gaps: Vec<Gap>,
+    /// Why the bytes from `end` on hold no further entry ([`ScanEnd::Complete`] when `end` is the limit).
+    pub tail: ScanEnd,
+}
+
+/// Like [`scan`], but a stretch that is not a valid next entry does not end the walk when a valid entry of the log
+/// follows it: the walk goes on from that entry, and the stretch is reported as a [`Gap`]. So damage in the middle of
+/// a segment costs the entries it hit, not every entry after it.
+///
+/// The entry found after a stretch must belong to `log_id` and carry a sequence number past the last one visited,
+/// no further past it than the stretch could hold entries (each takes at least a header): entries left over from an
+/// earlier use of the segment have lower numbers or another log's id, and are never taken.
+pub fn scan_through(
+    data: &[u8],
+    log_id: u32,
+    first_seq: u64,
+    mut visit: impl FnMut(usize, &EntryView<'_>),
+) -> ScanThrough {
+    let mut gaps = Vec::new();
+    let mut start = 0;
+    let mut expected = first_seq;
+    loop {
+        let mut next = None;
+        let (end, how) = scan(&data[start..], log_id, expected, |at, e| {
+            next = e.header.seq.checked_add(1);
+            visit(start + at, e);
+        });
+        let end = start + end;
+        let reason = match how {
+            ScanEnd::Complete => {
+                return ScanThrough {
+                    end,
+                    gaps,
+                    tail: ScanEnd::Complete,
+                };
+            }
+            ScanEnd::Stopped { reason, .. } => reason,
+        };
+        // (An entry numbered u64::MAX completes the scan, so a stop after visited entries always has a next.)
+        if let Some(n) = next {
+            expected = n;
+        }
+        match next_entry_after(data, end, log_id, expected) {
+            Some((at, seq)) => {
+                gaps.push(Gap {
+                    at: end,
+                    len: at - end,
+                    reason,
+                });
+                start = at;
+                expected = seq;
+            }
+            None => {
+                return ScanThrough {
+                    end,
+                    gaps,
+                    tail: ScanEnd::Stopped { at: end, reason },
+                };
+            }
+        }
+    }
+}
+
+/// The first valid entry of `log_id` after `from` (8-byte aligned, as entries are) whose sequence number is at least
+/// `expected` and could follow it: at most one more per header's worth of bytes skipped. Its offset and number.
+fn next_entry_after(data: &[u8], from: usize, log_id: u32, expected: u64) -> Option<(usize, u64)> {
+    let mut at = from + 8;
+    while at + crate::ENTRY_HEADER_LEN <= data.len() {
+        let h = &data[at..];
+        let id = u32::from_le_bytes(h[12..16].try_into().expect("4 bytes"));
+        let seq = u64::from_le_bytes(h[16..24].try_into().expect("8 bytes"));
+        let skipped = ((at - from) / crate::ENTRY_HEADER_LEN) as u64;
+        if id == log_id
+            && seq >= expected
+            && seq - expected <= skipped
+            && EntryView::parse(h).is_ok()
+        {
+            return Some((at, seq));
+        }
+        at += 8;
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::entry::{Op, encode_entry};
+    use crate::entry::{ENTRY_HEADER_LEN, Op, encode_entry};
 
     #[test]
     fn header_round_trips_and_rejects_garbage() {
@@ -272,5 +374,132 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// Entries of log 1 numbered from `first`, with keys `k<seq>` and values of varying length: the bytes and where
+    /// each entry starts.
+    fn log_of(first: u64, n: u64) -> (Vec<u8>, Vec<usize>) {
+        let mut data = Vec::new();
+        let mut starts = Vec::new();
+        for seq in first..first + n {
+            starts.push(data.len());
+            let value = vec![seq as u8; (seq as usize * 13) % 70];
+            encode_entry(
+                &mut data,
+                Op::Put,
+                1,
+                seq,
+                format!("k{seq}").as_bytes(),
+                &value,
+            );
+        }
+        (data, starts)
+    }
+
+    #[test]
+    fn scan_through_steps_over_a_damaged_entry_and_keeps_the_rest() {
+        let (mut data, starts) = log_of(1, 6);
+        data[starts[2] + 30] ^= 0x10;
+        data.extend_from_slice(&[0; 40]);
+        let mut seen = Vec::new();
+        let found = scan_through(&data, 1, 1, |at, e| seen.push((at, e.header.seq)));
+        assert_eq!(
+            seen,
+            vec![
+                (starts[0], 1),
+                (starts[1], 2),
+                (starts[3], 4),
+                (starts[4], 5),
+                (starts[5], 6)
+            ]
+        );
+        assert_eq!(
+            found.gaps,
+            vec![Gap {
+                at: starts[2],
+                len: starts[3] - starts[2],
+                reason: StopReason::Invalid(EntryError::BadChecksum)
+            }]
+        );
+        assert_eq!(found.end, data.len() - 40);
+        assert!(matches!(
+            found.tail,
+            ScanEnd::Stopped {
+                reason: StopReason::Invalid(EntryError::BadOp(0)),
+                ..
+            }
+        ));
+        // The strict scan stops at the damage.
+        assert_eq!(scan(&data, 1, 1, |_, _| {}).0, starts[2]);
+    }
+
+    #[test]
+    fn scan_through_never_takes_entries_of_an_earlier_use() {
+        // Log 1 used the segment before, up to seq 40; now it writes seq 100 and 101 over the start, and a damaged
+        // 102 ends it. What lies beyond is older and must not be taken for entries after the damage.
+        let (mut data, _) = log_of(30, 11);
+        let (new, new_starts) = log_of(100, 3);
+        data[..new.len()].copy_from_slice(&new);
+        data[new_starts[2] + 4] ^= 1;
+        let mut seen = Vec::new();
+        let found = scan_through(&data, 1, 100, |_, e| seen.push(e.header.seq));
+        assert_eq!(seen, vec![100, 101]);
+        assert!(found.gaps.is_empty());
+        assert_eq!(found.end, new_starts[2]);
+        // Nor another log's entries.
+        let mut other = Vec::new();
+        encode_entry(&mut other, Op::Put, 1, 1, b"a", b"b");
+        let first = other.len();
+        encode_entry(&mut other, Op::Put, 1, 2, b"a", b"b");
+        other[first + 1] ^= 1;
+        encode_entry(&mut other, Op::Put, 2, 3, b"a", b"b");
+        let found = scan_through(&other, 1, 1, |_, _| {});
+        assert_eq!((found.end, found.gaps.len()), (first, 0));
+    }
+
+    #[test]
+    fn scan_through_does_not_take_a_number_the_gap_cannot_explain() {
+        // Seq 2 is damaged; the entry after it claims seq 50, more than the skipped bytes could have held.
+        let mut data = Vec::new();
+        encode_entry(&mut data, Op::Put, 1, 1, b"a", b"1");
+        let second = data.len();
+        encode_entry(&mut data, Op::Put, 1, 2, b"b", b"2");
+        encode_entry(&mut data, Op::Put, 1, 50, b"c", b"3");
+        data[second] ^= 1;
+        let found = scan_through(&data, 1, 1, |_, _| {});
+        assert_eq!((found.end, found.gaps.len()), (second, 0));
+    }
+
+    proptest::proptest! {
+        /// Whatever bits are flipped, the walk visits, in order, exactly the entries whose checksummed bytes are
+        /// intact: a damaged entry costs itself only. Undamaged, it is the strict scan.
+        #[test]
+        fn scan_through_keeps_every_intact_entry(
+            n in 1u64..40,
+            flips in proptest::collection::vec((0usize..4000, 0u8..8), 0..6),
+        ) {
+            let (mut data, starts) = log_of(1, n);
+            let pristine = data.clone();
+            for (at, bit) in flips {
+                let at = at % data.len();
+                data[at] ^= 1 << bit;
+            }
+            // An entry is damaged when a flip hit what its checksum covers (its padding is not covered).
+            let covered = |i: usize| {
+                let e = EntryView::parse(&pristine[starts[i]..]).expect("pristine entry");
+                starts[i]..starts[i] + ENTRY_HEADER_LEN + e.key.len() + e.value.len()
+            };
+            let intact: Vec<(usize, u64)> = (0..starts.len())
+                .filter(|&i| data[covered(i)] == pristine[covered(i)])
+                .map(|i| (starts[i], i as u64 + 1))
+                .collect();
+            let mut seen = Vec::new();
+            let found = scan_through(&data, 1, 1, |at, e| seen.push((at, e.header.seq)));
+            proptest::prop_assert_eq!(&seen, &intact);
+            if intact.len() == starts.len() {
+                proptest::prop_assert!(found.gaps.is_empty());
+                proptest::prop_assert_eq!(found.end, pristine.len());
+            }
+        }
     }
 }
