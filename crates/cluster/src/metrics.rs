@@ -599,9 +599,15 @@ pub fn processor_metrics(s: &ProcessorStats, out: &mut Exposition) {
     );
     out.counter(
         "dinomo_dpm_torn_entries_total",
-        "Torn or stale bytes found where a sealed segment promised entries.",
+        "Sealed segments whose entries ended before their seal.",
         &[],
         s.torn_entries,
+    );
+    out.counter(
+        "dinomo_dpm_damaged_log_bytes_total",
+        "Bytes of log segments skipped as damaged: valid entries followed them, so the writes there are lost.",
+        &[],
+        s.damaged_log_bytes,
     );
     out.gauge(
         "dinomo_dpm_index_entries",

@@ -14,7 +14,7 @@ use dinomo_log::{
 };
 use dinomo_pool::{Extent, Pool, PoolError};
 use serde::{Deserialize, Serialize};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::cells::{self, CellState, CellTable};
 use crate::directory::{Directory, owner_node, owner_word};
@@ -198,8 +198,12 @@ pub struct ProcessorStats {
     pub recycled_segments: u64,
     /// Entries merged at start-up that a crash had left unmerged.
     pub recovered_entries: u64,
-    /// Torn or stale bytes found where a sealed segment promised entries.
+    /// Sealed segments whose entries ended before their seal (torn or stale bytes where entries were promised).
     pub torn_entries: u64,
+    /// Bytes of log segments that held no valid entry although valid entries of the log followed them: damage, so
+    /// the writes there are lost (each such stretch is logged at error level with its place).
+    #[serde(default)]
+    pub damaged_log_bytes: u64,
     /// Pool bytes in use.
     pub pool_used_bytes: u64,
     /// Pool bytes free.
@@ -412,6 +416,7 @@ struct Inner {
     recycled_segments: AtomicU64,
     recovered_entries: AtomicU64,
     torn_entries: AtomicU64,
+    damaged_log_bytes: AtomicU64,
     /// One rebalance at a time; counting keys waits for it (a key is in two partitions for a moment).
     rebalance_lock: Mutex<()>,
     migrated_keys: AtomicU64,
@@ -492,6 +497,7 @@ impl Processor {
             recycled_segments: AtomicU64::new(0),
             recovered_entries: AtomicU64::new(0),
             torn_entries: AtomicU64::new(0),
+            damaged_log_bytes: AtomicU64::new(0),
             rebalance_lock: Mutex::new(()),
             migrated_keys: AtomicU64::new(0),
             migrated_bytes: AtomicU64::new(0),
@@ -986,7 +992,7 @@ impl Inner {
                 let len = s.sealed_len.unwrap_or(0);
                 self.read_entries(s.offset, len, &mut scratch.data)?;
                 let mut entries = 0u64;
-                segment::scan(&scratch.data, log.id, s.first_seq, |_, _| entries += 1);
+                segment::scan_through(&scratch.data, log.id, s.first_seq, |_, _| entries += 1);
                 stats.insert(
                     s.offset,
                     SegStat {
@@ -1044,12 +1050,14 @@ impl Inner {
                     s.capacity - SEGMENT_HEADER_LEN as u64,
                     &mut scratch.data,
                 )?;
-                let (valid, end) = segment::scan(&scratch.data, log.id, s.first_seq, |_, e| {
+                // Past damage too: an entry after it was written, so may have been acknowledged.
+                let found = segment::scan_through(&scratch.data, log.id, s.first_seq, |_, e| {
                     last_seq = last_seq.max(e.header.seq)
                 });
+                let valid = found.end;
                 if valid > 0 {
                     write_sealed_len(&self.pool, s.offset, valid as u64)?;
-                    if let ScanEnd::Stopped { reason, .. } = end {
+                    if let ScanEnd::Stopped { reason, .. } = found.tail {
                         debug!(
                             log = log.id,
                             segment = s.offset,
@@ -1536,7 +1544,7 @@ impl Inner {
         let base = offset + SEGMENT_HEADER_LEN as u64;
         let mut cells = (self.shared_active.load(Ordering::Acquire) > 0)
             .then(|| self.cells.lock().expect("cells lock"));
-        let (end, why) = segment::scan(data, log_id, first_seq, |at, e| {
+        let found = segment::scan_through(data, log_id, first_seq, |at, e| {
             if error.is_some() {
                 return;
             }
@@ -1598,12 +1606,26 @@ impl Inner {
         if let Some(e) = error {
             return Err((m, e));
         }
-        if end < data.len() {
+        for gap in &found.gaps {
+            // Written and sealed, yet not an entry: the entries that were there are lost. The ones after it are
+            // merged, so a key whose last write was lost reads as its write before that.
+            error!(
+                log = log_id,
+                segment = offset,
+                at = base + gap.at as u64,
+                bytes = gap.len,
+                reason = ?gap.reason,
+                "damaged log entries skipped: the writes they held are lost"
+            );
+            self.damaged_log_bytes
+                .fetch_add(gap.len as u64, Ordering::Relaxed);
+        }
+        if found.end < data.len() {
             warn!(
                 log = log_id,
                 segment = offset,
-                at = end,
-                ?why,
+                at = found.end,
+                why = ?found.tail,
                 "segment ends before its seal"
             );
             self.torn_entries.fetch_add(1, Ordering::Relaxed);
@@ -1985,7 +2007,7 @@ impl Inner {
             for (offset, first_seq, len) in segments {
                 // An open segment is read to its end: the scan stops at the first entry that is not committed.
                 self.read_entries(offset, len, &mut data)?;
-                segment::scan(&data, log.id, first_seq, |_, e| {
+                segment::scan_through(&data, log.id, first_seq, |_, e| {
                     if e.header.seq > merged_seq {
                         present_after
                             .insert(e.key.to_vec(), (e.header.op == Op::Put, log.index.clone()));
@@ -2047,6 +2069,7 @@ impl Inner {
         s.recycled_segments = self.recycled_segments.load(Ordering::Relaxed);
         s.recovered_entries = self.recovered_entries.load(Ordering::Relaxed);
         s.torn_entries = self.torn_entries.load(Ordering::Relaxed);
+        s.damaged_log_bytes = self.damaged_log_bytes.load(Ordering::Relaxed);
         s.delete_reserve_segments = self.delete_reserve.lock().expect("reserve lock").len() as u64;
         s.delete_reserve_grants = self.delete_reserve_grants.load(Ordering::Relaxed);
         s.pool_used_bytes = space.used_bytes();

@@ -57,6 +57,11 @@ impl SegmentKeys {
         None
     }
 
+    /// Offsets of the entries recorded, in the order they were.
+    pub(crate) fn offsets(&self) -> impl Iterator<Item = u32> + '_ {
+        self.entries.iter().map(|&(at, _)| at)
+    }
+
     /// Entries recorded.
     pub(crate) fn len(&self) -> usize {
         self.entries.len()

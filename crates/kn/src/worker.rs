@@ -13,7 +13,9 @@ use dinomo_fabric::{
     Connector, DATA_REGION, Endpoint, FabricError, RegionInfo, RpcError, counters,
 };
 use dinomo_index::RemoteIndex;
-use dinomo_log::{EntryRef, EntryView, HashMode, Op, SEGMENT_HEADER_LEN, encode_entry, entry_len};
+use dinomo_log::{
+    EntryError, EntryRef, EntryView, HashMode, Op, SEGMENT_HEADER_LEN, encode_entry, entry_len,
+};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
@@ -493,6 +495,16 @@ const MERGE_ASK_AFTER: Duration = Duration::from_millis(50);
 const MERGE_ASK_EVERY: Duration = Duration::from_millis(500);
 
 /// A write whose WRITE has not completed yet.
+/// What an index walk's candidates hold for a key.
+enum Candidate {
+    /// A put of the key: its value, and the shortcut to cache.
+    Found(Vec<u8>, Shortcut),
+    /// No candidate is the key's.
+    None,
+    /// This candidate's entry does not parse, and no earlier one was the key's.
+    Unreadable(EntryRef, EntryError),
+}
+
 struct PendingWrite {
     key: Vec<u8>,
     /// `None` for a delete.
@@ -564,11 +576,13 @@ fn load_unmerged(
         ep.read(data.at(entries_at), &mut buf)?;
         let mut keys = SegmentKeys::new(buf.len());
         let (mut last_seq, mut has_deletes) = (u.first_seq - 1, false);
-        let (valid, _) = dinomo_log::segment::scan(&buf, log.log_id, u.first_seq, |at, e| {
+        // Past damage too, as the memory node's merge does: the entries after it are merged.
+        let found = dinomo_log::segment::scan_through(&buf, log.log_id, u.first_seq, |at, e| {
             keys.insert(dinomo_log::key_hash(e.key), at as u32);
             last_seq = e.header.seq;
             has_deletes |= e.header.op == Op::Delete;
         });
+        let valid = found.end;
         buf.truncate(valid);
         out.push_back(LocalSegment {
             offset: u.offset,
@@ -723,10 +737,12 @@ impl Worker {
             self.merge_reserved_deletes();
             self.occupancy.end_batch();
             if stop {
+                self.seal_on_shutdown();
                 return;
             }
         }
         self.flush();
+        self.seal_on_shutdown();
     }
 
     fn serve(&mut self, req: Request) {
@@ -883,14 +899,9 @@ impl Worker {
         // Shared keys are never cached: their cell is read on every access.
         let dropped = self.cache.retain(|k| own.owns(k) && own.cell(k).is_none());
         let moved = self.segments().any(|seg| {
-            let mut at = 0;
-            while let Ok(e) = EntryView::parse(&seg.buf[at..]) {
-                if !own.owns(e.key) {
-                    return true;
-                }
-                at += e.len();
-            }
-            false
+            seg.keys
+                .offsets()
+                .any(|at| EntryView::parse(&seg.buf[at as usize..]).is_ok_and(|e| !own.owns(e.key)))
         });
         debug!(
             thread = self.thread,
@@ -1214,11 +1225,34 @@ impl Worker {
         let before = counters::thread_snapshot().round_trips;
         let hash = self.hash_mode.hash(key);
         let mut cands = std::mem::take(&mut self.candidates);
-        let r = self.remote.candidates(&mut self.ep, hash, &mut cands);
-        let result = match r {
-            Err(dinomo_index::RemoteIndexError::Fabric(e)) => Err(self.fail(e)),
-            Err(e) => Err(KnError::Corrupt(e.to_string())),
-            Ok(()) => self.first_matching(key, &cands),
+        // A candidate whose entry does not parse was either being replaced as the bucket was read (another key's
+        // slot, whose segment was recycled since) or is damaged: another walk tells which.
+        const WALKS: u32 = 3;
+        let mut unreadable: Option<EntryRef> = None;
+        let mut walks = 0;
+        let result = loop {
+            walks += 1;
+            let r = self.remote.candidates(&mut self.ep, hash, &mut cands);
+            let found = match r {
+                Err(dinomo_index::RemoteIndexError::Fabric(e)) => Err(self.fail(e)),
+                Err(e) => Err(KnError::Corrupt(e.to_string())),
+                Ok(()) => self.first_matching(key, &cands),
+            };
+            match found {
+                Ok(Candidate::Unreadable(r, e)) => match unreadable {
+                    Some(earlier) if earlier == r || walks == WALKS => {
+                        break Err(KnError::Corrupt(format!(
+                            "the index names the entry at {:#x} ({} bytes) for this key, and it fails its check: {e}",
+                            r.offset(),
+                            r.len()
+                        )));
+                    }
+                    _ => unreadable = Some(r),
+                },
+                Ok(Candidate::Found(value, sc)) => break Ok(Some((value, sc))),
+                Ok(Candidate::None) => break Ok(None),
+                Err(e) => break Err(e),
+            }
         };
         self.candidates = cands;
         let rts = counters::thread_snapshot().round_trips - before;
@@ -1231,27 +1265,26 @@ impl Worker {
         }))
     }
 
-    fn first_matching(
-        &mut self,
-        key: &[u8],
-        cands: &[EntryRef],
-    ) -> Result<Option<(Vec<u8>, Shortcut)>, KnError> {
+    /// The first of `cands` whose entry is a put of `key`. Stops at the first entry that does not parse: it may be
+    /// this key's, so skipping it could serve an older value or none.
+    fn first_matching(&mut self, key: &[u8], cands: &[EntryRef]) -> Result<Candidate, KnError> {
         for &r in cands {
             self.read_entry(r)?;
-            if let Ok(e) = EntryView::parse(&self.read_buf)
-                && e.key == key
-                && e.header.op == Op::Put
-            {
-                return Ok(Some((
-                    e.value.to_vec(),
-                    Shortcut {
-                        ptr: r.raw(),
-                        seq: e.header.seq,
-                    },
-                )));
+            match EntryView::parse(&self.read_buf) {
+                Ok(e) if e.key == key && e.header.op == Op::Put => {
+                    return Ok(Candidate::Found(
+                        e.value.to_vec(),
+                        Shortcut {
+                            ptr: r.raw(),
+                            seq: e.header.seq,
+                        },
+                    ));
+                }
+                Ok(_) => {}
+                Err(e) => return Ok(Candidate::Unreadable(r, e)),
             }
         }
-        Ok(None)
+        Ok(Candidate::None)
     }
 
     // ---------------------------------------------------------------------------------------------------------
@@ -1543,6 +1576,17 @@ impl Worker {
                 }
                 self.broken = true;
             }
+        }
+    }
+
+    /// A clean stop seals the log and has it merged: a restart then has nothing to recover, and every entry is
+    /// behind a seal, so damage to any of them is told from a write the stop cut short.
+    fn seal_on_shutdown(&mut self) {
+        if self.broken || self.active.is_none() {
+            return;
+        }
+        if let Err(e) = self.merge_all() {
+            debug!(thread = self.thread, error = %e, "sealing the log at shutdown failed");
         }
     }
 

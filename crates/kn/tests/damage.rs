@@ -1,0 +1,310 @@
+//! Damage to a pool file (flipped bits, as from failing media) gives errors or reported losses, never a panic, a
+//! hang, or a wrong value served as if it were right.
+//!
+//! Each case flips a few random bits in a copy of a pool file, opens it, and reads every key:
+//! - after a clean stop every log is sealed and merged, so a damaged entry the index names fails its checksum and
+//!   the read is refused; no key may read as anything but its last write;
+//! - in a crash image (a copy of the file taken while the store runs), damaged entries the recovery merges are
+//!   skipped and reported in `damaged_log_bytes`, and the entries after them are kept: each damaged entry costs at
+//!   most its own write; only the last entry of a log's open segment cannot be told from a write the crash cut
+//!   short, so each log may lose that one silently;
+//! - bits flipped anywhere in the file (index, directory, allocation table) give an error or a serving store.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Once};
+use std::time::Duration;
+
+use dinomo_dpm::ProcessorConfig;
+use dinomo_kn::{Embedded, EmbeddedConfig, KnConfig};
+use dinomo_log::ENTRY_HEADER_LEN;
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+const KEYS: u32 = 1500;
+const THREADS: usize = 2;
+const CASES: u64 = 12;
+
+fn config(path: &Path) -> EmbeddedConfig {
+    EmbeddedConfig {
+        pool_path: Some(path.to_path_buf()),
+        pool_size: 8 << 20,
+        pool_segment_size: 64 << 10,
+        processor: ProcessorConfig {
+            segment_size: 64 << 10,
+            ..ProcessorConfig::default()
+        },
+        kn: KnConfig {
+            threads: THREADS,
+            max_value_len: 4096,
+            ..KnConfig::default()
+        },
+        ..EmbeddedConfig::default()
+    }
+}
+
+fn key(i: u32) -> Vec<u8> {
+    format!("key{i}").into_bytes()
+}
+
+/// Each key with its last write (`None`: deleted).
+type LastWrites = Vec<(Vec<u8>, Option<Vec<u8>>)>;
+
+/// Every key's last write: written once, every seventh deleted, every fifth written again.
+fn workload() -> LastWrites {
+    (0..KEYS)
+        .map(|i| {
+            let last = if i % 5 == 0 {
+                Some(format!("again{i}").into_bytes())
+            } else if i % 7 == 0 {
+                None
+            } else {
+                Some(vec![(i % 251) as u8; (i % 300) as usize])
+            };
+            (key(i), last)
+        })
+        .collect()
+}
+
+fn write_workload(store: &Embedded) -> anyhow::Result<()> {
+    let h = store.handle();
+    for i in 0..KEYS {
+        h.set(&key(i), &vec![(i % 251) as u8; (i % 300) as usize])?;
+    }
+    for i in (0..KEYS).step_by(7) {
+        h.delete(&key(i))?;
+    }
+    for i in (0..KEYS).step_by(5) {
+        h.set(&key(i), format!("again{i}").as_bytes())?;
+    }
+    Ok(())
+}
+
+/// A pool file after the workload and a clean stop.
+fn clean_image(dir: &Path) -> anyhow::Result<PathBuf> {
+    let path = dir.join("clean");
+    write_workload(&Embedded::open(&config(&path))?)?;
+    Ok(path)
+}
+
+/// A copy of the pool file taken while the store runs, once every sealed segment is merged (nothing changes the
+/// pool then, so the copy is what a crash would leave): each log's newest segment is open and unmerged.
+fn crash_image(dir: &Path) -> anyhow::Result<PathBuf> {
+    let live = dir.join("live");
+    let store = Embedded::open(&config(&live))?;
+    write_workload(&store)?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while store.processor_stats().backlog_segments > 0 {
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "merges did not catch up"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let image = dir.join("crash");
+    std::fs::copy(&live, &image)?;
+    drop(store);
+    Ok(image)
+}
+
+/// Byte ranges of the file holding log entries: each log segment's entry area up to its last non-zero byte.
+fn entry_areas(image: &Path) -> anyhow::Result<Vec<std::ops::Range<usize>>> {
+    let bytes = std::fs::read(image)?;
+    // Opening marks a pool file in use and closing it clean: read the allocations from a scratch copy.
+    let scratch = image.with_extension("scratch");
+    std::fs::copy(image, &scratch)?;
+    let pool = dinomo_pool::Pool::open(&scratch, dinomo_pool::PersistMode::Volatile)?.0;
+    let mut areas = Vec::new();
+    for ext in pool.allocated() {
+        if ext.tag != dinomo_log::tags::LOG_SEGMENT {
+            continue;
+        }
+        let start = ext.offset as usize;
+        let seg = &bytes[start..start + ext.len as usize];
+        // The delete reserve's segments are allocated but not formatted yet.
+        if !seg.starts_with(&dinomo_log::segment::SEGMENT_MAGIC) {
+            continue;
+        }
+        let used = seg.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
+        let entries = start + dinomo_log::SEGMENT_HEADER_LEN;
+        if start + used > entries {
+            areas.push(entries..start + used);
+        }
+    }
+    drop(pool);
+    std::fs::remove_file(scratch)?;
+    anyhow::ensure!(!areas.is_empty(), "no log entries in the image");
+    Ok(areas)
+}
+
+/// What reading every key of a damaged copy gave.
+#[derive(Debug, Default)]
+struct Outcome {
+    /// The open failed (with this error).
+    open_error: Option<String>,
+    /// Keys read as something other than their last write, without an error.
+    wrong: Vec<String>,
+    /// Reads refused with an error.
+    refused: u32,
+    /// `damaged_log_bytes` after the open.
+    damaged_log_bytes: u64,
+}
+
+/// Opens `path` and reads every key, on a thread given `limit` to finish.
+fn read_back(path: PathBuf, expected: Arc<LastWrites>) -> Outcome {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut out = Outcome::default();
+        match Embedded::open(&config(&path)) {
+            Err(e) => out.open_error = Some(e.to_string()),
+            Ok(store) => {
+                out.damaged_log_bytes = store.processor_stats().damaged_log_bytes;
+                let h = store.handle();
+                for (k, want) in expected.iter() {
+                    match h.get(k) {
+                        Ok(got) if got == *want => {}
+                        Ok(got) => out.wrong.push(format!(
+                            "{}: read {:?}, last write {:?}",
+                            String::from_utf8_lossy(k),
+                            got.map(|v| v.len()),
+                            want.as_ref().map(|v| v.len())
+                        )),
+                        Err(_) => out.refused += 1,
+                    }
+                }
+            }
+        }
+        let _ = tx.send(out);
+    });
+    rx.recv_timeout(Duration::from_secs(120))
+        .expect("opening and reading a damaged pool hung")
+}
+
+/// Records every panic, in any thread (a memory-node merge thread, a worker): the tests check with `ensure!`, so
+/// any panic is the store's.
+fn watch_for_panics() -> Arc<Mutex<Vec<String>>> {
+    static HOOK: Once = Once::new();
+    static PANICS: Mutex<Option<Arc<Mutex<Vec<String>>>>> = Mutex::new(None);
+    HOOK.call_once(|| {
+        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+        *PANICS.lock().unwrap() = Some(seen.clone());
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            seen.lock().unwrap().push(info.to_string());
+            default(info);
+        }));
+    });
+    PANICS.lock().unwrap().clone().expect("hook installed")
+}
+
+/// A copy of `image` with `flips` random bits flipped inside `areas`.
+fn damaged_copy(
+    image: &Path,
+    areas: &[std::ops::Range<usize>],
+    flips: usize,
+    seed: u64,
+) -> anyhow::Result<PathBuf> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut bytes = std::fs::read(image)?;
+    for _ in 0..flips {
+        let area = &areas[rng.random_range(0..areas.len())];
+        let at = rng.random_range(area.clone());
+        bytes[at] ^= 1 << rng.random_range(0..8u32);
+    }
+    let path = image.with_extension(format!("damaged{seed}"));
+    std::fs::write(&path, &bytes)?;
+    Ok(path)
+}
+
+#[test]
+fn after_a_clean_stop_a_damaged_entry_is_refused_never_served() -> anyhow::Result<()> {
+    let panics = watch_for_panics();
+    let dir = tempfile::tempdir()?;
+    let image = clean_image(dir.path())?;
+    let areas = entry_areas(&image)?;
+    let expected = Arc::new(workload());
+    let mut refused = 0;
+    for seed in 0..CASES {
+        let copy = damaged_copy(&image, &areas, 3, seed)?;
+        let out = read_back(copy.clone(), expected.clone());
+        anyhow::ensure!(
+            out.open_error.is_none(),
+            "seed {seed}: {:?}",
+            out.open_error
+        );
+        anyhow::ensure!(out.wrong.is_empty(), "seed {seed}: {:?}", out.wrong);
+        refused += out.refused;
+        std::fs::remove_file(copy)?;
+    }
+    anyhow::ensure!(
+        refused > 0,
+        "no damaged entry was live: the test hit nothing"
+    );
+    let panics = panics.lock().unwrap().clone();
+    anyhow::ensure!(panics.is_empty(), "panics: {panics:#?}");
+    Ok(())
+}
+
+#[test]
+fn in_a_crash_image_damaged_entries_are_skipped_reported_and_cost_only_themselves()
+-> anyhow::Result<()> {
+    let panics = watch_for_panics();
+    let dir = tempfile::tempdir()?;
+    let image = crash_image(dir.path())?;
+    let areas = entry_areas(&image)?;
+    let expected = Arc::new(workload());
+    let mut reported = 0;
+    for seed in 0..CASES {
+        let copy = damaged_copy(&image, &areas, 3, seed)?;
+        let out = read_back(copy.clone(), expected.clone());
+        anyhow::ensure!(
+            out.open_error.is_none(),
+            "seed {seed}: {:?}",
+            out.open_error
+        );
+        // A lost entry takes at least a header's bytes, and changes one key.
+        let explained = out.damaged_log_bytes as usize / ENTRY_HEADER_LEN + THREADS;
+        anyhow::ensure!(
+            out.wrong.len() <= explained,
+            "seed {seed}: {} keys read wrong, {} damaged bytes reported: {:?}",
+            out.wrong.len(),
+            out.damaged_log_bytes,
+            out.wrong
+        );
+        reported += out.damaged_log_bytes;
+        std::fs::remove_file(copy)?;
+    }
+    anyhow::ensure!(
+        reported > 0,
+        "no damage was ever reported: the test hit nothing"
+    );
+    let panics = panics.lock().unwrap().clone();
+    anyhow::ensure!(panics.is_empty(), "panics: {panics:#?}");
+    Ok(())
+}
+
+#[test]
+fn bits_flipped_anywhere_give_an_error_or_a_serving_store() -> anyhow::Result<()> {
+    let panics = watch_for_panics();
+    let dir = tempfile::tempdir()?;
+    let image = crash_image(dir.path())?;
+    let len = std::fs::metadata(&image)?.len() as usize;
+    let expected = Arc::new(workload());
+    let mut outcomes: HashMap<&str, u32> = HashMap::new();
+    for seed in 0..CASES {
+        // The superblock's checksum refuses any change to it, so damage past it.
+        let copy = damaged_copy(&image, std::slice::from_ref(&(4096..len)), 8, 1000 + seed)?;
+        let out = read_back(copy.clone(), expected.clone());
+        let what = match (&out.open_error, out.refused) {
+            (Some(_), _) => "refused to open",
+            (None, 0) => "served",
+            (None, _) => "served, refusing some reads",
+        };
+        *outcomes.entry(what).or_default() += 1;
+        std::fs::remove_file(copy)?;
+    }
+    eprintln!("{outcomes:?}");
+    let panics = panics.lock().unwrap().clone();
+    anyhow::ensure!(panics.is_empty(), "panics: {panics:#?}");
+    Ok(())
+}
