@@ -216,8 +216,14 @@ pub fn run(args: DpmArgs) -> anyhow::Result<()> {
                     Partitioning::Shared => "one shared index".to_string(),
                     Partitioning::PerNode => format!("{} index partitions", s.partitions),
                 };
+                let damaged = match s.damaged_log_bytes {
+                    0 => String::new(),
+                    n => format!(
+                        ", {n} bytes of damaged log entries skipped (their writes are lost; see the log)"
+                    ),
+                };
                 format!(
-                    ", {} logs, {layout}, {} keys, {} entries recovered",
+                    ", {} logs, {layout}, {} keys, {} entries recovered{damaged}",
                     s.logs, s.index_entries, s.recovered_entries
                 )
             }

@@ -18,7 +18,8 @@ use dinomo_pool::Pool;
 use crate::ProcessorError;
 
 const MAGIC: [u8; 8] = *b"DNMLOGD1";
-const VERSION: u32 = 1;
+/// 2: segment headers carry a checksum of their fixed fields.
+const VERSION: u32 = 2;
 const HEADER_LEN: u64 = 64;
 const DESCRIPTOR_LEN: u64 = 64;
 const OWNER: u64 = 0;

@@ -308,3 +308,36 @@ fn bits_flipped_anywhere_give_an_error_or_a_serving_store() -> anyhow::Result<()
     anyhow::ensure!(panics.is_empty(), "panics: {panics:#?}");
     Ok(())
 }
+
+#[test]
+fn a_damaged_segment_header_refuses_the_open_and_names_the_segment() -> anyhow::Result<()> {
+    let panics = watch_for_panics();
+    let dir = tempfile::tempdir()?;
+    let image = crash_image(dir.path())?;
+    let areas = entry_areas(&image)?;
+    let expected = Arc::new(workload());
+    // A byte of each field written once: magic, log id, checksum, first sequence number (low and high bytes),
+    // capacity. (The sealed length and the link to the older segment change in place and are not covered.)
+    let bytes = [3usize, 9, 13, 16, 21, 42];
+    // The oldest segment (merged) and the newest (a log's open head).
+    let segments = [areas[0].start, areas[areas.len() - 1].start];
+    for (n, (&byte, &entries)) in bytes
+        .iter()
+        .flat_map(|b| segments.iter().map(move |s| (b, s)))
+        .enumerate()
+    {
+        let header = entries - dinomo_log::SEGMENT_HEADER_LEN;
+        let at = header + byte;
+        let copy = damaged_copy(&image, std::slice::from_ref(&(at..at + 1)), 1, n as u64)?;
+        let out = read_back(copy.clone(), expected.clone());
+        let error = out.open_error.unwrap_or_default();
+        anyhow::ensure!(
+            error.contains(&format!("{header:#x} is not an allocated log segment")),
+            "a flipped bit in byte {byte} of the header of the segment at {header:#x}: {error:?}"
+        );
+        std::fs::remove_file(copy)?;
+    }
+    let panics = panics.lock().unwrap().clone();
+    anyhow::ensure!(panics.is_empty(), "panics: {panics:#?}");
+    Ok(())
+}

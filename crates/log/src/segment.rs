@@ -3,7 +3,7 @@
 //! ```text
 //! 0..8    magic "DNMSEG01"
 //! 8..12   log_id u32
-//! 12..16  reserved
+//! 12..16  crc32c u32 over log_id, first_seq and capacity: the fields written once, when the segment is formatted
 //! 16..24  first_seq u64: sequence number of the first entry
 //! 24..32  older u64: pool offset of the previous segment of the same log (0: none)
 //! 32..40  sealed_len u64: bytes of entries, once the writer moved on (0 while open)
@@ -61,12 +61,18 @@ impl SegmentHeader {
         b[24..32].copy_from_slice(&self.older.to_le_bytes());
         b[32..40].copy_from_slice(&self.sealed_len.to_le_bytes());
         b[40..48].copy_from_slice(&self.capacity.to_le_bytes());
+        let crc = fixed_fields_crc(&b);
+        b[12..16].copy_from_slice(&crc.to_le_bytes());
         b
     }
 
-    /// Decodes a header; `None` when the magic is wrong or the lengths are impossible.
+    /// Decodes a header; `None` when the magic or the checksum is wrong or the lengths are impossible.
     pub fn decode(b: &[u8]) -> Option<SegmentHeader> {
         if b.len() < SEGMENT_HEADER_LEN || b[0..8] != SEGMENT_MAGIC {
+            return None;
+        }
+        // A damaged first_seq would make every entry look out of sequence, and the segment would read as empty.
+        if u32::from_le_bytes(b[12..16].try_into().expect("4 bytes")) != fixed_fields_crc(b) {
             return None;
         }
         let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
@@ -85,6 +91,14 @@ impl SegmentHeader {
     pub fn data_capacity(&self) -> u64 {
         self.capacity - SEGMENT_HEADER_LEN as u64
     }
+}
+
+/// The checksum of the header fields written once (`log_id`, `first_seq`, `capacity`); `older` and `sealed_len`
+/// change in place, each with one aligned 8-byte store.
+fn fixed_fields_crc(b: &[u8]) -> u32 {
+    let crc = crc32c::crc32c(&b[8..12]);
+    let crc = crc32c::crc32c_append(crc, &b[16..24]);
+    crc32c::crc32c_append(crc, &b[40..48])
 }
 
 /// Where a scan of a segment's entries stopped.
@@ -290,6 +304,23 @@ mod tests {
         };
         assert_eq!(SegmentHeader::decode(&h.encode()), Some(h));
         assert_eq!(SegmentHeader::decode(&[0u8; 64]), None);
+        // Any flipped bit of a field written once is refused; the fields changed in place are not covered.
+        for byte in (8..12).chain(12..16).chain(16..24).chain(40..48) {
+            let mut b = h.encode();
+            b[byte] ^= 0x04;
+            assert_eq!(SegmentHeader::decode(&b), None, "byte {byte}");
+        }
+        let mut b = h.encode();
+        b[field::OLDER as usize..][..8].copy_from_slice(&8192u64.to_le_bytes());
+        b[field::SEALED_LEN as usize..][..8].copy_from_slice(&200u64.to_le_bytes());
+        assert_eq!(
+            SegmentHeader::decode(&b),
+            Some(SegmentHeader {
+                older: 8192,
+                sealed_len: 200,
+                ..h
+            })
+        );
         let bad = SegmentHeader {
             sealed_len: 1 << 21,
             ..h
