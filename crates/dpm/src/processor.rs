@@ -2005,7 +2005,8 @@ impl Inner {
                 (unmerged, meta.merged_seq)
             };
             for (offset, first_seq, len) in segments {
-                // An open segment is read to its end: the scan stops at the first entry that is not committed.
+                // An open segment is read to its end: the scan ends after the last valid entry, past damage as a
+                // merge goes.
                 self.read_entries(offset, len, &mut data)?;
                 segment::scan_through(&data, log.id, first_seq, |_, e| {
                     if e.header.seq > merged_seq {

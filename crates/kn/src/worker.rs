@@ -494,7 +494,6 @@ const MERGE_ASK_AFTER: Duration = Duration::from_millis(50);
 /// How often it asks again while it keeps waiting.
 const MERGE_ASK_EVERY: Duration = Duration::from_millis(500);
 
-/// A write whose WRITE has not completed yet.
 /// What an index walk's candidates hold for a key.
 enum Candidate {
     /// A put of the key: its value, and the shortcut to cache.
@@ -505,6 +504,7 @@ enum Candidate {
     Unreadable(EntryRef, EntryError),
 }
 
+/// A write whose WRITE has not completed yet.
 struct PendingWrite {
     key: Vec<u8>,
     /// `None` for a delete.
