@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Mutex, Once};
 use std::time::Duration;
 
 use dinomo_dpm::ProcessorConfig;
@@ -150,8 +150,8 @@ struct Outcome {
     damaged_log_bytes: u64,
 }
 
-/// Opens `path` and reads every key, on a thread given `limit` to finish.
-fn read_back(path: PathBuf, expected: Arc<LastWrites>) -> Outcome {
+/// Opens `path` and reads every key, on a thread given two minutes to finish.
+fn read_back(path: PathBuf) -> Outcome {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut out = Outcome::default();
@@ -160,12 +160,12 @@ fn read_back(path: PathBuf, expected: Arc<LastWrites>) -> Outcome {
             Ok(store) => {
                 out.damaged_log_bytes = store.processor_stats().damaged_log_bytes;
                 let h = store.handle();
-                for (k, want) in expected.iter() {
-                    match h.get(k) {
-                        Ok(got) if got == *want => {}
+                for (k, want) in workload() {
+                    match h.get(&k) {
+                        Ok(got) if got == want => {}
                         Ok(got) => out.wrong.push(format!(
                             "{}: read {:?}, last write {:?}",
-                            String::from_utf8_lossy(k),
+                            String::from_utf8_lossy(&k),
                             got.map(|v| v.len()),
                             want.as_ref().map(|v| v.len())
                         )),
@@ -181,29 +181,35 @@ fn read_back(path: PathBuf, expected: Arc<LastWrites>) -> Outcome {
 }
 
 /// Records every panic, in any thread (a memory-node merge thread, a worker): the tests check with `ensure!`, so
-/// any panic is the store's.
-fn watch_for_panics() -> Arc<Mutex<Vec<String>>> {
-    static HOOK: Once = Once::new();
-    static PANICS: Mutex<Option<Arc<Mutex<Vec<String>>>>> = Mutex::new(None);
+/// any panic is the store's. [`no_panics`] says whether there was one.
+fn watch_for_panics() {
     HOOK.call_once(|| {
-        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
-        *PANICS.lock().unwrap() = Some(seen.clone());
         let default = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            seen.lock().unwrap().push(info.to_string());
+            PANICS.lock().unwrap().push(info.to_string());
             default(info);
         }));
     });
-    PANICS.lock().unwrap().clone().expect("hook installed")
 }
 
-/// A copy of `image` with `flips` random bits flipped inside `areas`.
-fn damaged_copy(
+static HOOK: Once = Once::new();
+static PANICS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Fails when any thread panicked since [`watch_for_panics`].
+fn no_panics() -> anyhow::Result<()> {
+    let panics = PANICS.lock().unwrap().clone();
+    anyhow::ensure!(panics.is_empty(), "panics: {panics:#?}");
+    Ok(())
+}
+
+/// Opens a copy of `image` with `flips` random bits (from `seed`) flipped inside `areas`, reads every key back,
+/// and removes the copy.
+fn read_damaged(
     image: &Path,
     areas: &[std::ops::Range<usize>],
     flips: usize,
     seed: u64,
-) -> anyhow::Result<PathBuf> {
+) -> anyhow::Result<Outcome> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut bytes = std::fs::read(image)?;
     for _ in 0..flips {
@@ -213,20 +219,20 @@ fn damaged_copy(
     }
     let path = image.with_extension(format!("damaged{seed}"));
     std::fs::write(&path, &bytes)?;
-    Ok(path)
+    let out = read_back(path.clone());
+    std::fs::remove_file(path)?;
+    Ok(out)
 }
 
 #[test]
 fn after_a_clean_stop_a_damaged_entry_is_refused_never_served() -> anyhow::Result<()> {
-    let panics = watch_for_panics();
+    watch_for_panics();
     let dir = tempfile::tempdir()?;
     let image = clean_image(dir.path())?;
     let areas = entry_areas(&image)?;
-    let expected = Arc::new(workload());
     let mut refused = 0;
     for seed in 0..CASES {
-        let copy = damaged_copy(&image, &areas, 3, seed)?;
-        let out = read_back(copy.clone(), expected.clone());
+        let out = read_damaged(&image, &areas, 3, seed)?;
         anyhow::ensure!(
             out.open_error.is_none(),
             "seed {seed}: {:?}",
@@ -234,29 +240,24 @@ fn after_a_clean_stop_a_damaged_entry_is_refused_never_served() -> anyhow::Resul
         );
         anyhow::ensure!(out.wrong.is_empty(), "seed {seed}: {:?}", out.wrong);
         refused += out.refused;
-        std::fs::remove_file(copy)?;
     }
     anyhow::ensure!(
         refused > 0,
         "no damaged entry was live: the test hit nothing"
     );
-    let panics = panics.lock().unwrap().clone();
-    anyhow::ensure!(panics.is_empty(), "panics: {panics:#?}");
-    Ok(())
+    no_panics()
 }
 
 #[test]
 fn in_a_crash_image_damaged_entries_are_skipped_reported_and_cost_only_themselves()
 -> anyhow::Result<()> {
-    let panics = watch_for_panics();
+    watch_for_panics();
     let dir = tempfile::tempdir()?;
     let image = crash_image(dir.path())?;
     let areas = entry_areas(&image)?;
-    let expected = Arc::new(workload());
     let mut reported = 0;
     for seed in 0..CASES {
-        let copy = damaged_copy(&image, &areas, 3, seed)?;
-        let out = read_back(copy.clone(), expected.clone());
+        let out = read_damaged(&image, &areas, 3, seed)?;
         anyhow::ensure!(
             out.open_error.is_none(),
             "seed {seed}: {:?}",
@@ -272,50 +273,41 @@ fn in_a_crash_image_damaged_entries_are_skipped_reported_and_cost_only_themselve
             out.wrong
         );
         reported += out.damaged_log_bytes;
-        std::fs::remove_file(copy)?;
     }
     anyhow::ensure!(
         reported > 0,
         "no damage was ever reported: the test hit nothing"
     );
-    let panics = panics.lock().unwrap().clone();
-    anyhow::ensure!(panics.is_empty(), "panics: {panics:#?}");
-    Ok(())
+    no_panics()
 }
 
 #[test]
 fn bits_flipped_anywhere_give_an_error_or_a_serving_store() -> anyhow::Result<()> {
-    let panics = watch_for_panics();
+    watch_for_panics();
     let dir = tempfile::tempdir()?;
     let image = crash_image(dir.path())?;
     let len = std::fs::metadata(&image)?.len() as usize;
-    let expected = Arc::new(workload());
     let mut outcomes: HashMap<&str, u32> = HashMap::new();
     for seed in 0..CASES {
         // The superblock's checksum refuses any change to it, so damage past it.
-        let copy = damaged_copy(&image, std::slice::from_ref(&(4096..len)), 8, 1000 + seed)?;
-        let out = read_back(copy.clone(), expected.clone());
+        let out = read_damaged(&image, std::slice::from_ref(&(4096..len)), 8, 1000 + seed)?;
         let what = match (&out.open_error, out.refused) {
             (Some(_), _) => "refused to open",
             (None, 0) => "served",
             (None, _) => "served, refusing some reads",
         };
         *outcomes.entry(what).or_default() += 1;
-        std::fs::remove_file(copy)?;
     }
     eprintln!("{outcomes:?}");
-    let panics = panics.lock().unwrap().clone();
-    anyhow::ensure!(panics.is_empty(), "panics: {panics:#?}");
-    Ok(())
+    no_panics()
 }
 
 #[test]
 fn a_damaged_segment_header_refuses_the_open_and_names_the_segment() -> anyhow::Result<()> {
-    let panics = watch_for_panics();
+    watch_for_panics();
     let dir = tempfile::tempdir()?;
     let image = crash_image(dir.path())?;
     let areas = entry_areas(&image)?;
-    let expected = Arc::new(workload());
     // A byte of each field written once: magic, log id, checksum, first sequence number (low and high bytes),
     // capacity. (The sealed length and the link to the older segment change in place and are not covered.)
     let bytes = [3usize, 9, 13, 16, 21, 42];
@@ -328,16 +320,12 @@ fn a_damaged_segment_header_refuses_the_open_and_names_the_segment() -> anyhow::
     {
         let header = entries - dinomo_log::SEGMENT_HEADER_LEN;
         let at = header + byte;
-        let copy = damaged_copy(&image, std::slice::from_ref(&(at..at + 1)), 1, n as u64)?;
-        let out = read_back(copy.clone(), expected.clone());
+        let out = read_damaged(&image, std::slice::from_ref(&(at..at + 1)), 1, n as u64)?;
         let error = out.open_error.unwrap_or_default();
         anyhow::ensure!(
             error.contains(&format!("{header:#x} is not an allocated log segment")),
             "a flipped bit in byte {byte} of the header of the segment at {header:#x}: {error:?}"
         );
-        std::fs::remove_file(copy)?;
     }
-    let panics = panics.lock().unwrap().clone();
-    anyhow::ensure!(panics.is_empty(), "panics: {panics:#?}");
-    Ok(())
+    no_panics()
 }
