@@ -240,6 +240,13 @@ struct SegInfo {
     merged: bool,
 }
 
+impl SegInfo {
+    /// Sealed and not merged yet: the merge backlog.
+    fn awaits_merge(&self) -> bool {
+        !self.merged && self.sealed_len.is_some()
+    }
+}
+
 struct LogMeta {
     owner: u64,
     session: u64,
@@ -966,19 +973,16 @@ impl Inner {
 
         let before = self.merged_entries.load(Ordering::Relaxed);
         let mut scratch = Scratch::default();
-        let mut unmerged = Vec::new();
         for log in logs.values() {
             match self.take_over(log, &mut scratch) {
-                // Acknowledged entries the index has no room for stay in their segments, merged once it has.
+                // Acknowledged entries the index has no room for stay in their segments; the merge threads retry
+                // them until it has.
                 Err(e) if e.is_out_of_space() => {
                     warn!(log = log.id, error = %e, "the index has no room for a log's entries yet");
-                    unmerged.push(log.id);
+                    let _ = self.queue.send(log.id);
                 }
                 other => other?,
             }
-        }
-        for log_id in unmerged {
-            let _ = self.queue.send(log_id);
         }
         let recovered = self.merged_entries.load(Ordering::Relaxed) - before;
         self.recovered_entries.store(recovered, Ordering::Relaxed);
@@ -1210,7 +1214,7 @@ impl Inner {
                 .expect("log lock")
                 .segments
                 .iter()
-                .any(|s| !s.merged && s.sealed_len.is_some());
+                .any(SegInfo::awaits_merge);
             if !pending {
                 continue;
             }
@@ -1352,15 +1356,18 @@ impl Inner {
             let mut meta = log.meta.lock().expect("log lock");
             self.seal_head(req.log_id, &mut meta, req.sealed_len)?;
         }
-        self.merge_log(&log, &mut Scratch::default())?;
-        Ok(proto::Merged {
-            merged_seq: log.meta.lock().expect("log lock").merged_seq,
-        })
+        self.merge_now(&log)
     }
 
     fn merge_sealed(&self, req: &proto::MergeSealed) -> Result<proto::Merged, ProcessorError> {
         let log = self.log(req.log_id, req.session)?;
-        self.merge_log(&log, &mut Scratch::default())?;
+        self.merge_now(&log)
+    }
+
+    /// Merges `log`'s sealed segments on the caller's thread; the reply to [`proto::MergeAll`] and
+    /// [`proto::MergeSealed`].
+    fn merge_now(&self, log: &LogState) -> Result<proto::Merged, ProcessorError> {
+        self.merge_log(log, &mut Scratch::default())?;
         Ok(proto::Merged {
             merged_seq: log.meta.lock().expect("log lock").merged_seq,
         })
@@ -1435,18 +1442,15 @@ impl Inner {
         loop {
             let next = {
                 let meta = log.meta.lock().expect("log lock");
-                meta.segments
-                    .iter()
-                    .find(|s| !s.merged && s.sealed_len.is_some())
-                    .map(|s| {
-                        (
-                            s.offset,
-                            s.first_seq,
-                            s.sealed_len.unwrap_or(0),
-                            meta.merged_seq,
-                            s.capacity,
-                        )
-                    })
+                meta.segments.iter().find(|s| s.awaits_merge()).map(|s| {
+                    (
+                        s.offset,
+                        s.first_seq,
+                        s.sealed_len.unwrap_or(0),
+                        meta.merged_seq,
+                        s.capacity,
+                    )
+                })
             };
             let Some((offset, first_seq, len, merged_seq, capacity)) = next else {
                 return Ok(());
@@ -2055,11 +2059,7 @@ impl Inner {
         for log in logs.values() {
             let meta = log.meta.lock().expect("log lock");
             s.segments += meta.segments.len() as u64;
-            for seg in meta
-                .segments
-                .iter()
-                .filter(|x| !x.merged && x.sealed_len.is_some())
-            {
+            for seg in meta.segments.iter().filter(|s| s.awaits_merge()) {
                 s.backlog_segments += 1;
                 s.backlog_bytes += seg.sealed_len.unwrap_or(0);
             }

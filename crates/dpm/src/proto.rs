@@ -68,6 +68,14 @@ pub struct LogOpened {
     pub unmerged: Vec<UnmergedSegment>,
 }
 
+impl LogOpened {
+    /// Bytes of entries one of the log's segments holds (its size less the header): no entry is longer.
+    pub fn entry_room(&self) -> u64 {
+        self.segment_size
+            .saturating_sub(dinomo_log::SEGMENT_HEADER_LEN as u64)
+    }
+}
+
 /// A sealed log segment the memory node could not merge yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UnmergedSegment {

@@ -562,7 +562,7 @@ fn load_unmerged(
     data: &RegionInfo,
     log: &proto::LogOpened,
 ) -> Result<VecDeque<LocalSegment>, KnError> {
-    let room = log.segment_size.saturating_sub(SEGMENT_HEADER_LEN as u64);
+    let room = log.entry_room();
     let mut out = VecDeque::with_capacity(log.unmerged.len());
     for u in &log.unmerged {
         let entries_at = u.offset.checked_add(SEGMENT_HEADER_LEN as u64);
@@ -630,7 +630,7 @@ fn claim_log(
             log.log_id, log.next_seq
         )));
     }
-    let room = log.segment_size.saturating_sub(SEGMENT_HEADER_LEN as u64);
+    let room = log.entry_room();
     let largest = entry_len(cfg.max_key_len, cfg.max_value_len) as u64;
     if largest > room {
         return Err(KnError::Config(format!(
@@ -1176,10 +1176,7 @@ impl Worker {
     /// READs the entry `r` into `read_buf`.
     fn read_entry(&mut self, r: EntryRef) -> Result<(), KnError> {
         // No entry spans segments: a longer reference is damage, and must not size the buffer.
-        let room = self
-            .log
-            .segment_size
-            .saturating_sub(SEGMENT_HEADER_LEN as u64);
+        let room = self.log.entry_room();
         if r.len() > room {
             return Err(KnError::Corrupt(format!(
                 "an index reference names a {}-byte entry at {:#x}, longer than a log segment's {room} bytes",
