@@ -284,12 +284,17 @@ pub const LOCK_WAIT: Duration = Duration::from_secs(2);
 
 /// Takes an exclusive advisory lock so two memory nodes never map the same pool file.
 fn lock_exclusive(file: &File, path: &Path) -> Result<(), PoolError> {
+    lock(file, path, libc::LOCK_EX)
+}
+
+/// Takes `how` (`LOCK_EX` or `LOCK_SH`) on the pool file, waiting up to [`LOCK_WAIT`] for another holder.
+fn lock(file: &File, path: &Path, how: libc::c_int) -> Result<(), PoolError> {
     use std::os::fd::AsRawFd;
     let started = std::time::Instant::now();
     let mut pause = Duration::from_micros(100);
     loop {
         // SAFETY: flock on a valid open descriptor has no memory-safety preconditions.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        let rc = unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) };
         if rc == 0 {
             return Ok(());
         }
@@ -306,6 +311,15 @@ fn lock_exclusive(file: &File, path: &Path) -> Result<(), PoolError> {
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(20));
     }
+}
+
+/// How [`Pool::open`] and [`Pool::open_snapshot`] map the file.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// Shared mapping under an exclusive lock: writes reach the file.
+    Exclusive,
+    /// Private (copy-on-write) mapping of a read-only file under a shared lock: writes stay in this process.
+    Snapshot,
 }
 
 impl Pool {
@@ -377,28 +391,51 @@ impl Pool {
         path: impl AsRef<Path>,
         mode: PersistMode,
     ) -> Result<(Pool, OpenReport), PoolError> {
-        let path = path.as_ref();
+        Pool::open_with(path.as_ref(), mode, Access::Exclusive)
+    }
+
+    /// Opens a pool file for inspection without changing it: the file is opened read-only and mapped
+    /// copy-on-write, so whatever this pool is used for (a recovery run included) stays in this process's memory.
+    /// It runs the same checks as [`Pool::open`] and holds a shared lock, so it fails while a memory node serves
+    /// the file, and a memory node cannot start on the file while it is held.
+    pub fn open_snapshot(path: impl AsRef<Path>) -> Result<(Pool, OpenReport), PoolError> {
+        Pool::open_with(path.as_ref(), PersistMode::Volatile, Access::Snapshot)
+    }
+
+    fn open_with(
+        path: &Path,
+        mode: PersistMode,
+        access: Access,
+    ) -> Result<(Pool, OpenReport), PoolError> {
         let shown = path.display().to_string();
         let mut file = OpenOptions::new()
             .read(true)
-            .write(true)
+            .write(access == Access::Exclusive)
             .open(path)
             .map_err(io_err(path))?;
-        lock_exclusive(&file, path)?;
+        match access {
+            Access::Exclusive => lock_exclusive(&file, path)?,
+            Access::Snapshot => lock(&file, path, libc::LOCK_SH)?,
+        }
         let file_len = file.metadata().map_err(io_err(path))?.len();
         let mut page = vec![0u8; PAGE as usize];
         let n = read_up_to(&mut file, &mut page).map_err(io_err(path))?;
         let superblock = Superblock::decode(&page[..n], file_len, &shown)?;
         let layout = superblock.layout;
-        // SAFETY of the mapping below: the file is locked exclusively; the length was validated against the file.
-        let raw = memmap2::MmapOptions::new()
-            .len(file_len as usize)
-            .map_raw(&file)
-            .map_err(io_err(path))?;
+        // SAFETY of the mappings below: the file is locked (no memory node writes it while we hold the lock); the
+        // length was validated against the file.
+        let mut options = memmap2::MmapOptions::new();
+        options.len(file_len as usize);
+        let raw = match access {
+            Access::Exclusive => options.map_raw(&file),
+            Access::Snapshot => unsafe { options.map_copy(&file) }.map(memmap2::MmapRaw::from),
+        }
+        .map_err(io_err(path))?;
         let map = Arc::new(Mapping {
             raw,
             len: file_len,
-            file_backed: true,
+            // A private mapping is never written back: no msync, and closing it marks nothing.
+            file_backed: access == Access::Exclusive,
         });
         let words: Vec<u64> = (0..layout.segment_count)
             .map(|i| {

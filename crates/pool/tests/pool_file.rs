@@ -85,6 +85,53 @@ fn second_open_of_a_locked_pool_fails() {
     assert!(err.to_string().contains("locked"), "{err}");
 }
 
+/// A snapshot reads what the file holds, its writes (an allocation, data, the clean-shutdown flag) never reach
+/// the file, it shares its lock with other snapshots, and it excludes a memory node both ways.
+#[test]
+fn a_snapshot_reads_the_file_and_never_changes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.pool");
+    let ext = {
+        let pool = Pool::create(&path, &opts(1 << 22, 1 << 16)).unwrap();
+        let ext = pool.alloc(1, 9).unwrap();
+        pool.write(ext.offset, b"on file").unwrap();
+        let err = Pool::open_snapshot(&path).unwrap_err();
+        assert!(err.to_string().contains("locked"), "{err}");
+        ext
+    };
+    let before = std::fs::read(&path).unwrap();
+    {
+        let (snap, report) = Pool::open_snapshot(&path).unwrap();
+        assert!(report.was_clean);
+        let mut buf = [0u8; 7];
+        snap.read(ext.offset, &mut buf).unwrap();
+        assert_eq!(&buf, b"on file");
+        assert_eq!(snap.allocated(), vec![ext]);
+        let second = Pool::open_snapshot(&path).unwrap().0;
+        let err = Pool::open(&path, PersistMode::Volatile).unwrap_err();
+        assert!(err.to_string().contains("locked"), "{err}");
+        snap.write(ext.offset, b"changed").unwrap();
+        let more = snap.alloc(2, 3).unwrap();
+        snap.write(more.offset, &[7; 64]).unwrap();
+        snap.set_root(4, more.offset).unwrap();
+        snap.persist(0, snap.len());
+        snap.sync_all().unwrap();
+        second.read(ext.offset, &mut buf).unwrap();
+        assert_eq!(
+            &buf, b"on file",
+            "another snapshot sees the file, not this one's writes"
+        );
+    }
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        before,
+        "the file is untouched"
+    );
+    let (pool, report) = Pool::open(&path, PersistMode::Volatile).unwrap();
+    assert_eq!(report.generation, 2, "snapshots do not count as opens");
+    assert_eq!(pool.allocated(), vec![ext]);
+}
+
 #[test]
 fn create_refuses_to_overwrite() {
     let dir = tempfile::tempdir().unwrap();
