@@ -11,9 +11,11 @@
 //! - in the shared-nothing layout ([`Partitioning::PerNode`], DINOMO-N), one index per KV node ([`partitions`]),
 //!   and the rebalance that copies the entries of keys changing owner into their new owner's partition;
 //! - recovery when the pool is reopened: committed-but-unmerged entries are merged, torn ones are rejected by their
-//!   CRC, counters are rebuilt from the index, orphaned segments are freed.
+//!   CRC, counters are rebuilt from the index, orphaned segments are freed;
+//! - the [`check`]er, which walks all of it in a pool file and reports damage without changing anything.
 
 pub mod cells;
+pub mod check;
 pub mod directory;
 pub mod partitions;
 mod processor;

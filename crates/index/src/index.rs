@@ -959,6 +959,13 @@ impl Index {
     /// Calls `f(hash, ref)` for every live entry. Used at recovery (for example to rebuild per-segment live counts).
     /// Writes by other threads during the walk may or may not be seen; `f` must not write to this index.
     pub fn for_each(&self, mut f: impl FnMut(u64, EntryRef)) {
+        self.for_each_placed(|h, r, _| f(h, r));
+    }
+
+    /// Like [`Index::for_each`], and tells for each entry whether it lies in the chain of its hash's bucket. One
+    /// that does not (its hash word was damaged, or the entry was written into the wrong chain) is invisible to
+    /// lookups: the pool checker reports it.
+    pub fn for_each_placed(&self, mut f: impl FnMut(u64, EntryRef, bool)) {
         let guard = self.read_table();
         let t = *guard;
         for b in 0..t.nbuckets {
@@ -969,7 +976,7 @@ impl Index {
                     if h != 0
                         && let Some(r) = EntryRef::from_raw(v)
                     {
-                        f(h, r);
+                        f(h, r, bucket_index(h, t.nbuckets) == b);
                     }
                 }
                 bucket = self.next_bucket(&t, cur);
@@ -1133,6 +1140,43 @@ mod tests {
             .filter(|e| e.tag == tags::INDEX_TABLE)
             .map(|e| e.offset)
             .collect()
+    }
+
+    /// A slot whose hash word no longer belongs to its chain (a flipped bit) is reported as misplaced: lookups of
+    /// the key cannot reach it.
+    #[test]
+    fn an_entry_in_the_wrong_chain_is_reported_as_misplaced() {
+        let pool = pool();
+        let idx = Index::create(pool.clone(), &cfg()).unwrap();
+        for k in 1..=3u64 {
+            idx.upsert(k, r(k * 1000), |_| false).unwrap();
+        }
+        let cw = idx.current();
+        let mut placed = Vec::new();
+        idx.for_each_placed(|h, e, home| placed.push((h, e, home)));
+        assert_eq!(placed.len(), 3);
+        assert!(placed.iter().all(|&(_, _, home)| home));
+        // Move key 1's hash to one whose home is another bucket, in place.
+        let home = bucket_index(1, cw.nbuckets);
+        let foreign = (2..u64::MAX)
+            .find(|&h| bucket_index(h, cw.nbuckets) != home)
+            .unwrap();
+        let bucket = primary_offset(cw.table, home);
+        let slot = (0..SLOTS as u64)
+            .map(|i| bucket + 16 * i)
+            .find(|&s| pool.atomic_u64(s).unwrap().load(Ordering::Acquire) == 1)
+            .expect("key 1 sits in its primary bucket");
+        pool.atomic_u64(slot)
+            .unwrap()
+            .store(foreign, Ordering::Release);
+        let mut misplaced = Vec::new();
+        idx.for_each_placed(|h, e, home| {
+            if !home {
+                misplaced.push((h, e));
+            }
+        });
+        assert_eq!(misplaced, vec![(foreign, r(1000))]);
+        assert_eq!(idx.get(1, |_| true), None, "a lookup cannot find it");
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //!   skipped and reported in `damaged_log_bytes`, and the entries after them are kept: each damaged entry costs at
 //!   most its own write; only the last entry of a log's open segment cannot be told from a write the crash cut
 //!   short, so each log may lose that one silently;
-//! - bits flipped anywhere in the file (index, directory, allocation table) give an error or a serving store.
+//! - bits flipped anywhere in the file (index, directory, allocation table) give an error or a serving store;
+//! - the pool checker (`dinomo check`) reports damage wherever reads come out refused or wrong, and finds damage to
+//!   the index that reads cannot tell from a missing key.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -16,6 +18,7 @@ use std::sync::{Mutex, Once};
 use std::time::Duration;
 
 use dinomo_dpm::ProcessorConfig;
+use dinomo_dpm::check::{CheckOptions, PoolCheck, check_pool};
 use dinomo_kn::{Embedded, EmbeddedConfig, KnConfig};
 use dinomo_log::ENTRY_HEADER_LEN;
 use rand::rngs::StdRng;
@@ -148,6 +151,21 @@ struct Outcome {
     refused: u32,
     /// `damaged_log_bytes` after the open.
     damaged_log_bytes: u64,
+    /// What the checker said of the copy, before it was opened.
+    check: PoolCheck,
+}
+
+/// The checker's report on the pool file at `path`, which must not change.
+fn checked(path: &Path) -> anyhow::Result<PoolCheck> {
+    let before = std::fs::read(path)?;
+    let pool = std::sync::Arc::new(dinomo_pool::Pool::open_snapshot(path)?.0);
+    let report = check_pool(&pool, &CheckOptions::default());
+    drop(pool);
+    anyhow::ensure!(
+        std::fs::read(path)? == before,
+        "the checker changed the file"
+    );
+    Ok(report)
 }
 
 /// Opens `path` and reads every key, on a thread given two minutes to finish.
@@ -219,9 +237,11 @@ fn read_damaged(
     }
     let path = image.with_extension(format!("damaged{seed}"));
     std::fs::write(&path, &bytes)?;
+    // A copy the pool refuses to open is not the checker's to walk.
+    let check = checked(&path).unwrap_or_default();
     let out = read_back(path.clone());
     std::fs::remove_file(path)?;
-    Ok(out)
+    Ok(Outcome { check, ..out })
 }
 
 #[test]
@@ -239,6 +259,11 @@ fn after_a_clean_stop_a_damaged_entry_is_refused_never_served() -> anyhow::Resul
             out.open_error
         );
         anyhow::ensure!(out.wrong.is_empty(), "seed {seed}: {:?}", out.wrong);
+        anyhow::ensure!(
+            out.refused == 0 || !out.check.is_clean(),
+            "seed {seed}: {} reads refused, and the checker found nothing",
+            out.refused
+        );
         refused += out.refused;
     }
     anyhow::ensure!(
@@ -270,6 +295,19 @@ fn in_a_crash_image_damaged_entries_are_skipped_reported_and_cost_only_themselve
             "seed {seed}: {} keys read wrong, {} damaged bytes reported: {:?}",
             out.wrong.len(),
             out.damaged_log_bytes,
+            out.wrong
+        );
+        // What recovery skips, the checker reports; where it reports nothing, reads lose at most each log's
+        // last entry (above).
+        anyhow::ensure!(
+            out.damaged_log_bytes == 0 || !out.check.is_clean(),
+            "seed {seed}: recovery skipped {} damaged bytes, and the checker found nothing",
+            out.damaged_log_bytes
+        );
+        anyhow::ensure!(
+            !out.check.is_clean() || (out.refused == 0 && out.wrong.len() <= THREADS),
+            "seed {seed}: the checker found nothing, yet {} reads were refused and {:?} read wrong",
+            out.refused,
             out.wrong
         );
         reported += out.damaged_log_bytes;
@@ -326,6 +364,116 @@ fn a_damaged_segment_header_refuses_the_open_and_names_the_segment() -> anyhow::
             error.contains(&format!("{header:#x} is not an allocated log segment")),
             "a flipped bit in byte {byte} of the header of the segment at {header:#x}: {error:?}"
         );
+        anyhow::ensure!(
+            out.check
+                .problems
+                .iter()
+                .any(|p| p.contains(&format!("segment at {header:#x}: its header is damaged"))),
+            "the checker on a flipped bit in byte {byte} of the header at {header:#x}: {:?}",
+            out.check.problems
+        );
     }
     no_panics()
+}
+
+#[test]
+fn the_checker_passes_intact_images_and_counts_what_recovery_will_merge() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let live_keys = workload().iter().filter(|(_, v)| v.is_some()).count() as u64;
+    let clean = checked(&clean_image(dir.path())?)?;
+    anyhow::ensure!(clean.is_clean(), "{:?}", clean.problems);
+    anyhow::ensure!(clean.layout == "shared" && clean.indexes.len() == 1);
+    anyhow::ensure!(
+        clean.indexes[0].keys == live_keys,
+        "{} keys indexed after a clean stop, {live_keys} live",
+        clean.indexes[0].keys
+    );
+    let unmerged: u64 = clean.logs.iter().map(|l| l.unmerged_entries).sum();
+    anyhow::ensure!(unmerged == 0, "a clean stop merges everything: {unmerged}");
+    let crash = checked(&crash_image(dir.path())?)?;
+    anyhow::ensure!(crash.is_clean(), "{:?}", crash.problems);
+    let unmerged: u64 = crash.logs.iter().map(|l| l.unmerged_entries).sum();
+    let open: u64 = crash.logs.iter().map(|l| l.open_segments).sum();
+    anyhow::ensure!(
+        unmerged > 0 && open > 0,
+        "a crash image has open segments ({open}) with unmerged entries ({unmerged})"
+    );
+    Ok(())
+}
+
+/// Damage to the index that a read cannot tell from a missing key: a slot whose hash word moved it out of its
+/// chain, and a slot naming another key's entry. Reads answer "no such key"; the checker names both.
+#[test]
+fn the_checker_finds_index_damage_that_reads_take_for_missing_keys() -> anyhow::Result<()> {
+    use dinomo_index::layout::{SLOTS, bucket_index, primary_offset};
+    let dir = tempfile::tempdir()?;
+    let image = clean_image(dir.path())?;
+    let bytes = std::fs::read(&image)?;
+    let word =
+        |at: u64| u64::from_le_bytes(bytes[at as usize..at as usize + 8].try_into().unwrap());
+    let (table, nbuckets) = {
+        let pool = std::sync::Arc::new(dinomo_pool::Pool::open_snapshot(&image)?.0);
+        let index = dinomo_index::Index::open(pool, &dinomo_index::IndexConfig::default())?;
+        let cw = index.current();
+        (cw.table, cw.nbuckets)
+    };
+    // Two live slots of primary buckets, and the key each names.
+    let mut live = Vec::new();
+    for b in 0..nbuckets {
+        for i in 0..SLOTS as u64 {
+            let at = primary_offset(table, b) + 16 * i;
+            if word(at) != 0 && word(at + 8) != 0 {
+                live.push((b, at));
+            }
+        }
+        if live.len() >= 2 {
+            break;
+        }
+    }
+    anyhow::ensure!(live.len() >= 2, "fewer than two keys indexed");
+    let key_of = |slot: u64| -> Vec<u8> {
+        let r = dinomo_log::EntryRef::from_raw(word(slot + 8)).unwrap();
+        let e = &bytes[r.offset() as usize..(r.offset() + r.len()) as usize];
+        dinomo_log::EntryView::parse(e).unwrap().key.to_vec()
+    };
+    let (first, second) = (live[0], live[1]);
+    let (first_key, second_key) = (key_of(first.1), key_of(second.1));
+    let foreign = (1..u64::MAX)
+        .find(|&h| bucket_index(h, nbuckets) != first.0)
+        .unwrap();
+    let cases: [(&str, u64, u64, &[u8], &str); 2] = [
+        (
+            "misplaced",
+            first.1,
+            foreign,
+            &first_key,
+            "lies in another hash's chain, so no lookup finds key",
+        ),
+        (
+            "crossed",
+            second.1 + 8,
+            word(first.1 + 8),
+            &second_key,
+            "the entry is of key",
+        ),
+    ];
+    for (name, at, value, key, expected) in cases {
+        let mut damaged = bytes.clone();
+        damaged[at as usize..at as usize + 8].copy_from_slice(&value.to_le_bytes());
+        let path = dir.path().join(name);
+        std::fs::write(&path, &damaged)?;
+        let report = checked(&path)?;
+        anyhow::ensure!(
+            report.problem_count == 1 && report.problems[0].contains(expected),
+            "{name}: {:?}",
+            report.problems
+        );
+        anyhow::ensure!(report.indexes[0].bad_slots == 1, "{name}");
+        let store = Embedded::open(&config(&path))?;
+        anyhow::ensure!(
+            store.handle().get(key)?.is_none(),
+            "{name}: a read takes the key for missing (which is why the checker is needed)"
+        );
+    }
+    Ok(())
 }

@@ -131,6 +131,17 @@ fn a_rebalance_moves_entries_into_the_new_owners_partition() -> anyhow::Result<(
         pool.close()?;
     }
 
+    // The checker walks each partition: every key is in node 2's, and each slot names a valid entry of its key
+    // (most of them entries the rebalances wrote).
+    let report = dinomo_dpm::check::check_pool(
+        &Arc::new(Pool::open_snapshot(&path)?.0),
+        &dinomo_dpm::check::CheckOptions::default(),
+    );
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_eq!(report.layout, "per-node");
+    let keys: Vec<_> = report.indexes.iter().map(|i| (i.node, i.keys)).collect();
+    assert_eq!(keys, vec![(Some(1), 0), (Some(2), u64::from(KEYS))]);
+
     // The partitions survive a restart of the memory node.
     let (_pool, processor, connector) = memory_node(&path, Partitioning::PerNode)?;
     assert_eq!(processor.stats().partitions, 2);

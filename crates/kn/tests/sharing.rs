@@ -38,6 +38,7 @@ impl Ownership for Table {
 }
 
 struct Setup {
+    pool: Arc<dinomo_pool::Pool>,
     processor: Arc<Processor>,
     connector: Connector,
     kn: KvNode,
@@ -45,7 +46,7 @@ struct Setup {
 
 impl Setup {
     fn start() -> anyhow::Result<Setup> {
-        let (processor, connector) = common::small_memory_node()?;
+        let (pool, processor, connector) = common::small_memory_node_with_pool()?;
         // No cache: every read goes to the pool, so a value stranded in a cell shows as a missing key.
         let kn = KvNode::start(
             KnConfig {
@@ -60,6 +61,7 @@ impl Setup {
             connector.clone(),
         )?;
         Ok(Setup {
+            pool,
             processor,
             connector,
             kn,
@@ -171,6 +173,26 @@ fn a_retried_install_finishes_the_sharing_change() -> anyhow::Result<()> {
     assert_eq!(kv.get(b"beta")?, Some(b"b1".to_vec()));
     kv.set(b"alpha", b"a3")?;
     assert_eq!(kv.get(b"alpha")?, Some(b"a3".to_vec()));
+
+    // The checker finds both cells naming entries of their keys.
+    let opts = dinomo_dpm::check::CheckOptions::default();
+    let report = dinomo_dpm::check::check_pool(&s.pool, &opts);
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_eq!(report.shared_keys, 2);
+    // Alpha's cell names beta's entry: reads of alpha would be refused or wrong, and the checker says so.
+    let word = |cell: u64| s.pool.atomic_u64(cell).unwrap();
+    let alpha = word(alpha_cell).load(std::sync::atomic::Ordering::Acquire);
+    let beta = word(beta_cell).load(std::sync::atomic::Ordering::Acquire);
+    word(alpha_cell).store(beta, std::sync::atomic::Ordering::Release);
+    let report = dinomo_dpm::check::check_pool(&s.pool, &opts);
+    assert_eq!(report.problem_count, 1, "{:?}", report.problems);
+    assert!(
+        report.problems[0].starts_with("shared key \"alpha\"")
+            && report.problems[0].contains("the entry is of key \"beta\""),
+        "{:?}",
+        report.problems
+    );
+    word(alpha_cell).store(alpha, std::sync::atomic::Ordering::Release);
 
     // Unsharing both brings the newest values back into the index.
     s.install(4, &[])?;

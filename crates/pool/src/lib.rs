@@ -422,12 +422,14 @@ impl Pool {
         let n = read_up_to(&mut file, &mut page).map_err(io_err(path))?;
         let superblock = Superblock::decode(&page[..n], file_len, &shown)?;
         let layout = superblock.layout;
-        // SAFETY of the mappings below: the file is locked (no memory node writes it while we hold the lock); the
-        // length was validated against the file.
+        // The file is locked (no memory node writes it while we hold the lock); the length was validated against
+        // the file.
         let mut options = memmap2::MmapOptions::new();
         options.len(file_len as usize);
         let raw = match access {
             Access::Exclusive => options.map_raw(&file),
+            // SAFETY: a private mapping of a locked file: no memory node changes the file under it, and our writes
+            // go to private pages; the mapping is only reached through the bounds-checked accessors.
             Access::Snapshot => unsafe { options.map_copy(&file) }.map(memmap2::MmapRaw::from),
         }
         .map_err(io_err(path))?;

@@ -1,0 +1,323 @@
+//! `dinomo check`: inspects a pool file offline and reports damage, changing nothing.
+//!
+//! The file is mapped copy-on-write ([`Pool::open_snapshot`]): the pool's own checks (superblock, allocation table)
+//! run as a memory node's would, then [`dinomo_dpm::check`] walks the logs and indexes, and finally a trial start
+//! of the data plane runs the memory node's recovery on the private copy, to tell whether `dinomo dpm` would start
+//! on the file and what it would recover. Exit status: 0 when nothing is damaged, 1 when something is, 2 when the
+//! file cannot be checked (missing, not a pool file, in use by a memory node).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+use dinomo_dpm::check::{CheckOptions, PoolCheck, check_pool};
+use dinomo_dpm::{Partitioning, Processor};
+use dinomo_pool::{OpenReport, Pool, PoolError};
+use serde::Serialize;
+
+use crate::config::{Config, load_or_default};
+
+/// Settings of `dinomo check`.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Pool file to check; it must not be in use by a memory node [pool.path; default dinomo-data/pool].
+    #[arg(long)]
+    pub pool: Option<PathBuf>,
+    /// Configuration file (TOML): its pool path, and the processor settings of the trial start.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Skip the trial start of the data plane (recovery on a private copy of the file).
+    #[arg(long)]
+    pub no_recovery: bool,
+    /// Problems listed in the report; the rest are counted [default 100].
+    #[arg(long, default_value_t = CheckOptions::default().max_listed_problems)]
+    pub max_problems: usize,
+}
+
+/// The whole report.
+#[derive(Debug, Serialize)]
+struct Report {
+    path: String,
+    /// Whether nothing is damaged.
+    clean: bool,
+    pool: PoolSummary,
+    /// The layout of a pDPM baseline, when the pool holds one (its contents are not checked).
+    pdpm_layout: Option<&'static str>,
+    data_plane: Option<PoolCheck>,
+    recovery: Option<Trial>,
+}
+
+#[derive(Debug, Serialize)]
+struct PoolSummary {
+    size: u64,
+    segment_size: u64,
+    segments: u64,
+    used_segments: u64,
+    closed_cleanly: bool,
+    opens: u32,
+}
+
+/// What a memory node starting on the file would do.
+#[derive(Debug, Serialize)]
+struct Trial {
+    /// Why it would refuse to start (`None`: it starts).
+    refused: Option<String>,
+    recovered_entries: u64,
+    damaged_log_bytes: u64,
+    torn_entries: u64,
+    /// Keys the store would hold.
+    keys: u64,
+}
+
+/// Runs the check; the process exits with 1 when something is damaged, 2 when the file cannot be checked.
+pub fn run(args: CheckArgs) -> anyhow::Result<()> {
+    let loaded = load_or_default(args.config.as_deref())?;
+    let mut cfg = loaded.config;
+    if let Some(p) = &args.pool {
+        cfg.pool.path = p.clone();
+    }
+    let path = cfg.pool.path.clone();
+    let shown = path.display().to_string();
+    let (pool, opened) = match Pool::open_snapshot(&path) {
+        Ok(p) => p,
+        Err(
+            e @ (PoolError::CorruptSuperblock { .. }
+            | PoolError::CorruptAllocTable { .. }
+            | PoolError::InvalidOptions(_)),
+        ) => {
+            // Damage of the pool's own structures: report it like any other.
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "path": shown, "clean": false, "problems": [e.to_string()] })
+                );
+            } else {
+                println!("{shown}: {e}\nthe pool is damaged: a memory node refuses to open it");
+            }
+            std::process::exit(1);
+        }
+        Err(e) => {
+            eprintln!("error: cannot check {shown}: {e}");
+            std::process::exit(2);
+        }
+    };
+    let pool = Arc::new(pool);
+    let report = inspect(&args, &cfg, pool, opened, shown);
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).context("encoding the report")?
+        );
+    } else {
+        print!("{}", render(&report));
+    }
+    if !report.clean {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+fn inspect(
+    args: &CheckArgs,
+    cfg: &Config,
+    pool: Arc<Pool>,
+    opened: OpenReport,
+    path: String,
+) -> Report {
+    let layout = *pool.layout();
+    let space = pool.space();
+    let summary = PoolSummary {
+        size: layout.pool_size,
+        segment_size: layout.segment_size,
+        segments: space.total_segments,
+        used_segments: space.total_segments - space.free_segments,
+        closed_cleanly: opened.was_clean,
+        // Opening counts itself; a snapshot is not an open.
+        opens: opened.generation.saturating_sub(1),
+    };
+    let pdpm_layout = pdpm_layout(&pool);
+    let checked = check_pool(
+        &pool,
+        &CheckOptions {
+            max_listed_problems: args.max_problems,
+        },
+    );
+    let data_plane = (checked.layout != "none" || pdpm_layout.is_none()).then_some(checked);
+    let recovery = match &data_plane {
+        Some(c) if c.layout != "none" && !args.no_recovery => {
+            Some(trial(pool.clone(), cfg, &c.layout))
+        }
+        _ => None,
+    };
+    let clean = data_plane.as_ref().is_none_or(PoolCheck::is_clean)
+        && recovery.as_ref().is_none_or(|t| t.refused.is_none());
+    Report {
+        path,
+        clean,
+        pool: summary,
+        pdpm_layout,
+        data_plane,
+        recovery,
+    }
+}
+
+/// Which pDPM baseline formatted the pool, if one did.
+fn pdpm_layout(pool: &Pool) -> Option<&'static str> {
+    use dinomo_pdpm::roots;
+    [
+        (roots::DIRECT_TABLE, "DirectDS"),
+        (roots::CENTRAL_BLOCKS, "CentralDS"),
+        (roots::CLOVER_AREA, "Clover"),
+    ]
+    .into_iter()
+    .find(|&(slot, _)| pool.root(slot).is_ok_and(|o| o != 0))
+    .map(|(_, name)| name)
+}
+
+/// Starts the data plane on the private copy, as `dinomo dpm` would, and stops it.
+fn trial(pool: Arc<Pool>, cfg: &Config, layout: &str) -> Trial {
+    let mut processor = cfg.processor.clone();
+    processor.partitioning = if layout == "per-node" {
+        Partitioning::PerNode
+    } else {
+        Partitioning::Shared
+    };
+    let started = Processor::start(pool.clone(), &processor).map_err(|e| e.to_string());
+    let (p, keys) = match started.and_then(|p| {
+        dinomo_meta::EmbeddedMeta::open(pool.clone(), cfg.dpm.meta.clone())
+            .map_err(|e| format!("cluster record: {e}"))?;
+        let keys = p.count_keys().map_err(|e| e.to_string())?;
+        Ok((p, keys))
+    }) {
+        Ok(v) => v,
+        Err(refused) => {
+            return Trial {
+                refused: Some(refused),
+                recovered_entries: 0,
+                damaged_log_bytes: 0,
+                torn_entries: 0,
+                keys: 0,
+            };
+        }
+    };
+    let s = p.stats();
+    p.shutdown();
+    Trial {
+        refused: None,
+        recovered_entries: s.recovered_entries,
+        damaged_log_bytes: s.damaged_log_bytes,
+        torn_entries: s.torn_entries,
+        keys,
+    }
+}
+
+fn render(r: &Report) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let p = &r.pool;
+    let _ = writeln!(
+        out,
+        "pool {}: {} bytes, {} segments of {} bytes, {} in use; {} (opened {} time{})",
+        r.path,
+        p.size,
+        p.segments,
+        p.segment_size,
+        p.used_segments,
+        if p.closed_cleanly {
+            "closed cleanly"
+        } else {
+            "not closed cleanly (a crash or a kill): recovery runs when it is next opened"
+        },
+        p.opens,
+        if p.opens == 1 { "" } else { "s" }
+    );
+    if let Some(name) = r.pdpm_layout {
+        let _ = writeln!(
+            out,
+            "{name} layout (a pDPM baseline): the superblock and allocation table are checked, its tables are not"
+        );
+    }
+    if let Some(c) = &r.data_plane {
+        render_data_plane(&mut out, c);
+    }
+    if let Some(t) = &r.recovery {
+        match &t.refused {
+            Some(why) => {
+                let _ = writeln!(out, "recovery: a memory node refuses to start: {why}");
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "recovery: a memory node starts, merges {} entries left unmerged, skips {} damaged log bytes \
+                     and {} torn entries, and holds {} keys",
+                    t.recovered_entries, t.damaged_log_bytes, t.torn_entries, t.keys
+                );
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "{}",
+        if r.clean {
+            "no damage found"
+        } else {
+            "the pool is damaged"
+        }
+    );
+    out
+}
+
+fn render_data_plane(out: &mut String, c: &PoolCheck) {
+    use std::fmt::Write;
+    if c.layout == "none" {
+        let _ = writeln!(out, "data plane: none formatted yet");
+        return;
+    }
+    let segments: u64 = c.logs.iter().map(|l| l.segments).sum();
+    let open: u64 = c.logs.iter().map(|l| l.open_segments).sum();
+    let entries: u64 = c.logs.iter().map(|l| l.entries).sum();
+    let unmerged: u64 = c.logs.iter().map(|l| l.unmerged_entries).sum();
+    let _ = writeln!(
+        out,
+        "data plane: {} index; {} logs in {segments} segments ({open} open, {} orphaned), {entries} entries, \
+         {unmerged} not merged yet",
+        if c.layout == "per-node" {
+            "per-node"
+        } else {
+            "one shared"
+        },
+        c.logs.len(),
+        c.orphaned_segments
+    );
+    for i in &c.indexes {
+        let _ = writeln!(
+            out,
+            "{}: {} keys in {} buckets ({} bytes), {} bad slots",
+            match i.node {
+                Some(n) => format!("index of KV node {n}"),
+                None => "index".to_string(),
+            },
+            i.keys,
+            i.buckets,
+            i.table_bytes,
+            i.bad_slots
+        );
+    }
+    if c.shared_keys > 0 {
+        let _ = writeln!(out, "shared keys: {}", c.shared_keys);
+    }
+    if c.problem_count > 0 {
+        let _ = writeln!(out, "problems ({}):", c.problem_count);
+        for p in &c.problems {
+            let _ = writeln!(out, "  {p}");
+        }
+        let unlisted = c.problem_count - c.problems.len() as u64;
+        if unlisted > 0 {
+            let _ = writeln!(out, "  … and {unlisted} more (--max-problems)");
+        }
+    }
+}
