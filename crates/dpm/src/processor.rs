@@ -264,6 +264,9 @@ struct LogState {
     /// Serializes merges of one log, so its entries reach the index in order.
     merge_lock: Mutex<()>,
     meta: Mutex<LogMeta>,
+    /// The newest entry counted in `merged_entries`. A merge that fails partway (the index has no room) has applied
+    /// some entries; its retry applies them again, and must not count them again.
+    counted_seq: AtomicU64,
 }
 
 /// Invalidation bookkeeping of one merged segment; only the processor keeps it.
@@ -959,6 +962,7 @@ impl Inner {
                         merged_seq,
                         last_seq: merged_seq,
                     }),
+                    counted_seq: AtomicU64::new(merged_seq),
                 }),
             );
         }
@@ -1126,6 +1130,7 @@ impl Inner {
                         merged_seq: 0,
                         last_seq: 0,
                     }),
+                    counted_seq: AtomicU64::new(0),
                 });
                 logs.insert(id, log.clone());
                 log
@@ -1548,6 +1553,9 @@ impl Inner {
         let base = offset + SEGMENT_HEADER_LEN as u64;
         let mut cells = (self.shared_active.load(Ordering::Acquire) > 0)
             .then(|| self.cells.lock().expect("cells lock"));
+        let counted = log.counted_seq.load(Ordering::Relaxed);
+        // Entries applied to the index (or a cell) for the first time.
+        let mut applied = 0u64;
         let found = segment::scan_through(data, log_id, first_seq, |at, e| {
             if error.is_some() {
                 return;
@@ -1581,7 +1589,7 @@ impl Inner {
                     Err(err) => error = Some(err),
                 }
                 m.last_seq = Some(e.header.seq);
-                self.merged_entries.fetch_add(1, Ordering::Relaxed);
+                applied += u64::from(e.header.seq > counted);
                 return;
             }
             let hash = mode.hash(e.key);
@@ -1605,8 +1613,12 @@ impl Inner {
                 m.superseded.push(old);
             }
             m.last_seq = Some(e.header.seq);
-            self.merged_entries.fetch_add(1, Ordering::Relaxed);
+            applied += u64::from(e.header.seq > counted);
         });
+        self.merged_entries.fetch_add(applied, Ordering::Relaxed);
+        if let Some(seq) = m.last_seq {
+            log.counted_seq.fetch_max(seq, Ordering::Relaxed);
+        }
         if let Some(e) = error {
             return Err((m, e));
         }

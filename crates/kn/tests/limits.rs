@@ -387,7 +387,18 @@ fn acknowledged_writes_the_index_has_no_room_for_are_served_across_a_restart() -
         for i in (0..stored).step_by(3) {
             assert_eq!(h.get(key(i).as_bytes())?, Some(value(i)), "{}", key(i));
         }
-        (stored, store.processor_stats().backlog_segments)
+        // Each write is a new key: an entry counts as merged once, however often a merge that ran out of room
+        // was retried. (A merge that succeeds counts its entries when it ends: wait for the ones under way.)
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let stats = loop {
+            let stats = store.processor_stats();
+            if stats.merged_entries == stats.index_entries || std::time::Instant::now() > deadline {
+                break stats;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        assert_eq!(stats.merged_entries, stats.index_entries, "{stats:?}");
+        (stored, stats.backlog_segments)
     };
     assert!(
         backlog > 0,
