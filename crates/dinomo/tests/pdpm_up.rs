@@ -129,6 +129,31 @@ fn every_baseline_serves_redis_commands_and_keeps_its_data_across_a_restart() ->
         assert_eq!(cli(r, &["DBSIZE"])?, "4\n");
         drop(b.process);
 
+        // The checker knows the pool for a baseline's and checks what it can of it.
+        let checked = run(
+            env!("CARGO_BIN_EXE_dinomo"),
+            &[
+                "check".to_string(),
+                "--pool".to_string(),
+                dir.path()
+                    .join(format!("{system}-0.pool"))
+                    .display()
+                    .to_string(),
+            ],
+            Duration::from_secs(60),
+        )?;
+        let report = String::from_utf8_lossy(&checked.stdout);
+        assert!(checked.status.success(), "{system}: {report}");
+        let name = match system {
+            "centralds" => "CentralDS",
+            "clover" => "Clover",
+            _ => "DirectDS",
+        };
+        assert!(
+            report.contains(&format!("{name} layout (a pDPM baseline)")),
+            "{system}: {report}"
+        );
+
         // Different geometry on the same directory is refused, not misread.
         let refused = run(
             env!("CARGO_BIN_EXE_dinomo"),

@@ -405,20 +405,7 @@ impl Checker {
     /// given) inside a log segment a log holds; else why not.
     fn entry_of(&mut self, hash: u64, r: EntryRef, key: Option<&[u8]>) -> Result<Vec<u8>, String> {
         let start = r.offset();
-        let held = self
-            .spans
-            .range(..=start)
-            .next_back()
-            .filter(|(seg, span)| start >= *seg + SEGMENT_HEADER_LEN as u64 && start < span.end)
-            .map(|(_, span)| *span);
-        let Some(span) = held else {
-            return Err(
-                "it lies outside the valid entries of every log segment a log holds".to_string(),
-            );
-        };
-        if start + r.len() > span.end {
-            return Err("it runs past the valid entries of its segment".to_string());
-        }
+        let span = self.span_holding(r)?;
         self.scratch.resize(r.len() as usize, 0);
         self.pool
             .read(start, &mut self.scratch)
@@ -452,8 +439,30 @@ impl Checker {
         Ok(e.key.to_vec())
     }
 
+    /// The segment whose valid entries hold all of `r`; else why there is none.
+    fn span_holding(&self, r: EntryRef) -> Result<Span, String> {
+        let start = r.offset();
+        let held = self
+            .spans
+            .range(..=start)
+            .next_back()
+            .filter(|(seg, span)| start >= *seg + SEGMENT_HEADER_LEN as u64 && start < span.end)
+            .map(|(_, span)| *span);
+        let Some(span) = held else {
+            return Err(
+                "it lies outside the valid entries of every log segment a log holds".to_string(),
+            );
+        };
+        if start + r.len() > span.end {
+            return Err("it runs past the valid entries of its segment".to_string());
+        }
+        Ok(span)
+    }
+
     /// The key of the valid entry at `r`, if there is one.
     fn readable_key(&mut self, r: EntryRef) -> Option<Vec<u8>> {
+        // Bounds the read: a damaged reference may claim up to 128 MiB.
+        self.span_holding(r).ok()?;
         self.scratch.resize(r.len() as usize, 0);
         self.pool.read(r.offset(), &mut self.scratch).ok()?;
         EntryView::parse(&self.scratch).ok().map(|e| e.key.to_vec())
