@@ -19,13 +19,14 @@ use std::sync::Arc;
 
 use dinomo_index::{Anchor, Index, IndexConfig};
 use dinomo_log::segment::{self, ScanEnd, StopReason};
-use dinomo_log::{EntryRef, EntryView, HashMode, Op, SEGMENT_HEADER_LEN, SegmentHeader, tags};
+use dinomo_log::{EntryRef, EntryView, HashMode, Op, SEGMENT_HEADER_LEN, SegmentHeader};
 use dinomo_pool::Pool;
 use serde::Serialize;
 
 use crate::cells::{self, CellState, CellTable};
 use crate::directory::{Directory, owner_node};
 use crate::partitions::PartitionTable;
+use crate::processor::log_segment_extents;
 
 /// Settings of a check.
 #[derive(Debug, Clone)]
@@ -206,13 +207,7 @@ impl Checker {
     }
 
     fn check_logs(&mut self, dir: &Directory) {
-        let extents: HashMap<u64, u64> = self
-            .pool
-            .allocated()
-            .into_iter()
-            .filter(|e| e.tag == tags::LOG_SEGMENT)
-            .map(|e| (e.offset, e.len))
-            .collect();
+        let extents = log_segment_extents(&self.pool);
         for log in 0..dir.capacity() {
             let owner = dir.owner(log);
             if owner == 0 {

@@ -660,6 +660,15 @@ impl RpcHandler for Handler {
     }
 }
 
+/// The pool's extents allocated as log segments: offset → length.
+pub(crate) fn log_segment_extents(pool: &Pool) -> HashMap<u64, u64> {
+    pool.allocated()
+        .into_iter()
+        .filter(|e| e.tag == tags::LOG_SEGMENT)
+        .map(|e| (e.offset, e.len))
+        .collect()
+}
+
 /// Reads the header of the log segment a chain names at `offset`, which must be one of the allocated log segment
 /// `extents` (offset → length) and as long as its header says: the data region is writable by every client, so a
 /// chain word or header pointing elsewhere is corruption, not a segment.
@@ -910,13 +919,7 @@ impl Inner {
         let mut chained = HashSet::new();
         let mut logs = HashMap::new();
         // A chain may only link whole segments this processor allocated.
-        let segment_extents: HashMap<u64, u64> = self
-            .pool
-            .allocated()
-            .into_iter()
-            .filter(|e| e.tag == tags::LOG_SEGMENT)
-            .map(|e| (e.offset, e.len))
-            .collect();
+        let segment_extents = log_segment_extents(&self.pool);
         for log_id in 0..self.dir.capacity() {
             let owner = self.dir.owner(log_id);
             if owner == 0 {
