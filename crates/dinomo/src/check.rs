@@ -62,7 +62,7 @@ struct PoolSummary {
 }
 
 /// What a memory node starting on the file would do.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 struct Trial {
     /// Why it would refuse to start (`None`: it starts).
     refused: Option<String>,
@@ -139,20 +139,19 @@ fn inspect(
         // Opening counts itself; a snapshot is not an open.
         opens: opened.generation.saturating_sub(1),
     };
-    let pdpm_layout = pdpm_layout(&pool);
+    let pdpm_layout = dinomo_pdpm::formatted_store(&pool);
     let checked = check_pool(
         &pool,
         &CheckOptions {
             max_listed_problems: args.max_problems,
         },
     );
-    let data_plane = (checked.layout != "none" || pdpm_layout.is_none()).then_some(checked);
-    let recovery = match &data_plane {
-        Some(c) if c.layout != "none" && !args.no_recovery => {
-            Some(trial(pool.clone(), cfg, &c.layout))
-        }
-        _ => None,
-    };
+    let recovery = checked
+        .layout
+        .filter(|_| !args.no_recovery)
+        .map(|layout| trial(pool.clone(), cfg, layout));
+    // A baseline's pool has no DINOMO data plane to speak of.
+    let data_plane = (checked.layout.is_some() || pdpm_layout.is_none()).then_some(checked);
     let clean = data_plane.as_ref().is_none_or(PoolCheck::is_clean)
         && recovery.as_ref().is_none_or(|t| t.refused.is_none());
     Report {
@@ -165,27 +164,10 @@ fn inspect(
     }
 }
 
-/// Which pDPM baseline formatted the pool, if one did.
-fn pdpm_layout(pool: &Pool) -> Option<&'static str> {
-    use dinomo_pdpm::roots;
-    [
-        (roots::DIRECT_TABLE, "DirectDS"),
-        (roots::CENTRAL_BLOCKS, "CentralDS"),
-        (roots::CLOVER_AREA, "Clover"),
-    ]
-    .into_iter()
-    .find(|&(slot, _)| pool.root(slot).is_ok_and(|o| o != 0))
-    .map(|(_, name)| name)
-}
-
 /// Starts the data plane on the private copy, as `dinomo dpm` would, and stops it.
-fn trial(pool: Arc<Pool>, cfg: &Config, layout: &str) -> Trial {
+fn trial(pool: Arc<Pool>, cfg: &Config, layout: Partitioning) -> Trial {
     let mut processor = cfg.processor.clone();
-    processor.partitioning = if layout == "per-node" {
-        Partitioning::PerNode
-    } else {
-        Partitioning::Shared
-    };
+    processor.partitioning = layout;
     let started = Processor::start(pool.clone(), &processor).map_err(|e| e.to_string());
     let (p, keys) = match started.and_then(|p| {
         dinomo_meta::EmbeddedMeta::open(pool.clone(), cfg.dpm.meta.clone())
@@ -197,10 +179,7 @@ fn trial(pool: Arc<Pool>, cfg: &Config, layout: &str) -> Trial {
         Err(refused) => {
             return Trial {
                 refused: Some(refused),
-                recovered_entries: 0,
-                damaged_log_bytes: 0,
-                torn_entries: 0,
-                keys: 0,
+                ..Trial::default()
             };
         }
     };
@@ -273,10 +252,10 @@ fn render(r: &Report) -> String {
 
 fn render_data_plane(out: &mut String, c: &PoolCheck) {
     use std::fmt::Write;
-    if c.layout == "none" {
+    let Some(layout) = c.layout else {
         let _ = writeln!(out, "data plane: none formatted yet");
         return;
-    }
+    };
     let segments: u64 = c.logs.iter().map(|l| l.segments).sum();
     let open: u64 = c.logs.iter().map(|l| l.open_segments).sum();
     let entries: u64 = c.logs.iter().map(|l| l.entries).sum();
@@ -285,10 +264,9 @@ fn render_data_plane(out: &mut String, c: &PoolCheck) {
         out,
         "data plane: {} index; {} logs in {segments} segments ({open} open, {} orphaned), {entries} entries, \
          {unmerged} not merged yet",
-        if c.layout == "per-node" {
-            "per-node"
-        } else {
-            "one shared"
+        match layout {
+            Partitioning::PerNode => "per-node",
+            Partitioning::Shared => "one shared",
         },
         c.logs.len(),
         c.orphaned_segments

@@ -23,6 +23,7 @@ use dinomo_log::{EntryRef, EntryView, HashMode, Op, SEGMENT_HEADER_LEN, SegmentH
 use dinomo_pool::Pool;
 use serde::Serialize;
 
+use crate::Partitioning;
 use crate::cells::{self, CellState, CellTable};
 use crate::directory::{Directory, owner_node};
 use crate::partitions::PartitionTable;
@@ -46,9 +47,9 @@ impl Default for CheckOptions {
 /// What a check found.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PoolCheck {
-    /// `shared` (one index: DINOMO, DINOMO-S), `per-node` (an index per KV node: DINOMO-N), or `none` (the pool
-    /// holds no DINOMO data plane).
-    pub layout: String,
+    /// The index layout: `shared` (one index: DINOMO, DINOMO-S) or `per-node` (an index per KV node: DINOMO-N);
+    /// `None` when the pool holds no DINOMO data plane.
+    pub layout: Option<Partitioning>,
     /// Every log of the directory.
     pub logs: Vec<LogCheck>,
     /// Every index.
@@ -158,22 +159,17 @@ impl Checker {
             Ok(t) => t,
             Err(e) => {
                 self.problem(format!("partition table: {e}"));
-                self.report.layout = "per-node".into();
+                self.report.layout = Some(Partitioning::PerNode);
                 return;
             }
         };
-        let has = |slot: usize| self.pool.root(slot).map(|o| o != 0).unwrap_or(false);
+        let has = |slot: usize| self.pool.root(slot).is_ok_and(|o| o != 0);
         let shared = has(dinomo_log::roots::INDEX);
-        let logs = has(dinomo_log::roots::LOG_DIRECTORY);
-        self.report.layout = match (&partitions, shared || logs) {
-            (Some(_), _) => "per-node",
-            (None, true) => "shared",
-            (None, false) => "none",
-        }
-        .into();
-        if partitions.is_none() && !shared && !logs {
-            return;
-        }
+        self.report.layout = match &partitions {
+            Some(_) => Some(Partitioning::PerNode),
+            None if shared || has(dinomo_log::roots::LOG_DIRECTORY) => Some(Partitioning::Shared),
+            None => return,
+        };
         match Directory::open(self.pool.clone()) {
             Ok(Some(dir)) => {
                 self.mode = dir.hash_mode();
@@ -399,12 +395,7 @@ impl Checker {
     /// The key of the entry `r`, when it is a valid write of a key hashing to `hash` (and equal to `key`, when
     /// given) inside a log segment a log holds; else why not.
     fn entry_of(&mut self, hash: u64, r: EntryRef, key: Option<&[u8]>) -> Result<Vec<u8>, String> {
-        let start = r.offset();
-        let span = self.span_holding(r)?;
-        self.scratch.resize(r.len() as usize, 0);
-        self.pool
-            .read(start, &mut self.scratch)
-            .map_err(|e| e.to_string())?;
+        let span = self.load_entry(r)?;
         let e = EntryView::parse(&self.scratch)
             .map_err(|e| format!("the entry fails its check: {e}"))?;
         if e.len() as u64 != r.len() {
@@ -434,6 +425,17 @@ impl Checker {
         Ok(e.key.to_vec())
     }
 
+    /// Reads the bytes `r` names into the scratch buffer, when the valid entries of a held segment hold them all
+    /// (which bounds the read: a damaged reference may claim up to 128 MiB); their segment, else why not.
+    fn load_entry(&mut self, r: EntryRef) -> Result<Span, String> {
+        let span = self.span_holding(r)?;
+        self.scratch.resize(r.len() as usize, 0);
+        self.pool
+            .read(r.offset(), &mut self.scratch)
+            .map_err(|e| e.to_string())?;
+        Ok(span)
+    }
+
     /// The segment whose valid entries hold all of `r`; else why there is none.
     fn span_holding(&self, r: EntryRef) -> Result<Span, String> {
         let start = r.offset();
@@ -456,10 +458,7 @@ impl Checker {
 
     /// The key of the valid entry at `r`, if there is one.
     fn readable_key(&mut self, r: EntryRef) -> Option<Vec<u8>> {
-        // Bounds the read: a damaged reference may claim up to 128 MiB.
-        self.span_holding(r).ok()?;
-        self.scratch.resize(r.len() as usize, 0);
-        self.pool.read(r.offset(), &mut self.scratch).ok()?;
+        self.load_entry(r).ok()?;
         EntryView::parse(&self.scratch).ok().map(|e| e.key.to_vec())
     }
 
@@ -536,7 +535,7 @@ mod tests {
     fn an_unformatted_pool_has_no_data_plane_and_a_new_one_is_clean() {
         let pool = Arc::new(Pool::anonymous(16 << 20, 64 << 10).unwrap());
         let report = check_pool(&pool, &CheckOptions::default());
-        assert_eq!(report.layout, "none");
+        assert_eq!(report.layout, None);
         assert!(report.is_clean() && report.indexes.is_empty());
         let processor = Processor::start(
             pool.clone(),
@@ -547,7 +546,7 @@ mod tests {
         )
         .unwrap();
         let report = check_pool(&pool, &CheckOptions::default());
-        assert_eq!(report.layout, "shared");
+        assert_eq!(report.layout, Some(Partitioning::Shared));
         assert!(report.is_clean(), "{:?}", report.problems);
         assert_eq!(report.indexes.len(), 1);
         assert_eq!((report.indexes[0].keys, report.logs.len()), (0, 0));

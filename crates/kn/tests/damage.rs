@@ -113,10 +113,7 @@ fn crash_image(dir: &Path) -> anyhow::Result<PathBuf> {
 /// Byte ranges of the file holding log entries: each log segment's entry area up to its last non-zero byte.
 fn entry_areas(image: &Path) -> anyhow::Result<Vec<std::ops::Range<usize>>> {
     let bytes = std::fs::read(image)?;
-    // Opening marks a pool file in use and closing it clean: read the allocations from a scratch copy.
-    let scratch = image.with_extension("scratch");
-    std::fs::copy(image, &scratch)?;
-    let pool = dinomo_pool::Pool::open(&scratch, dinomo_pool::PersistMode::Volatile)?.0;
+    let pool = dinomo_pool::Pool::open_snapshot(image)?.0;
     let mut areas = Vec::new();
     for ext in pool.allocated() {
         if ext.tag != dinomo_log::tags::LOG_SEGMENT {
@@ -134,8 +131,6 @@ fn entry_areas(image: &Path) -> anyhow::Result<Vec<std::ops::Range<usize>>> {
             areas.push(entries..start + used);
         }
     }
-    drop(pool);
-    std::fs::remove_file(scratch)?;
     anyhow::ensure!(!areas.is_empty(), "no log entries in the image");
     Ok(areas)
 }
@@ -382,7 +377,9 @@ fn the_checker_passes_intact_images_and_counts_what_recovery_will_merge() -> any
     let live_keys = workload().iter().filter(|(_, v)| v.is_some()).count() as u64;
     let clean = checked(&clean_image(dir.path())?)?;
     anyhow::ensure!(clean.is_clean(), "{:?}", clean.problems);
-    anyhow::ensure!(clean.layout == "shared" && clean.indexes.len() == 1);
+    anyhow::ensure!(
+        clean.layout == Some(dinomo_dpm::Partitioning::Shared) && clean.indexes.len() == 1
+    );
     anyhow::ensure!(
         clean.indexes[0].keys == live_keys,
         "{} keys indexed after a clean stop, {live_keys} live",

@@ -138,7 +138,7 @@ fn a_rebalance_moves_entries_into_the_new_owners_partition() -> anyhow::Result<(
         &dinomo_dpm::check::CheckOptions::default(),
     );
     assert!(report.is_clean(), "{:?}", report.problems);
-    assert_eq!(report.layout, "per-node");
+    assert_eq!(report.layout, Some(Partitioning::PerNode));
     let keys: Vec<_> = report.indexes.iter().map(|i| (i.node, i.keys)).collect();
     assert_eq!(keys, vec![(Some(1), 0), (Some(2), u64::from(KEYS))]);
 

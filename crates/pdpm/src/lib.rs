@@ -45,6 +45,19 @@ pub mod tags {
     pub const CLOVER_AREA: u16 = 0x42;
 }
 
+/// The baseline whose area the pool holds ("DirectDS", "CentralDS" or "Clover"), if one formatted it.
+pub fn formatted_store(pool: &dinomo_pool::Pool) -> Option<&'static str> {
+    use anchor::Anchored;
+    [
+        direct::DirectLayout::ANCHOR,
+        central::CentralLayout::ANCHOR,
+        clover::CloverLayout::ANCHOR,
+    ]
+    .into_iter()
+    .find(|a| pool.root(a.root).is_ok_and(|o| o != 0))
+    .map(|a| a.store)
+}
+
 /// What a baseline formats each of its memory nodes with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Layout {
