@@ -1588,11 +1588,14 @@ impl Inner {
                     .map(|c| c.slot)
             {
                 match shared_entry(cells, slot, r, e.header.op == Op::Delete) {
-                    Ok(dead) => m.superseded.extend(dead),
+                    Ok(dead) => {
+                        m.superseded.extend(dead);
+                        m.last_seq = Some(e.header.seq);
+                        applied += u64::from(e.header.seq > counted);
+                    }
+                    // Not applied: the retry applies and counts it.
                     Err(err) => error = Some(err),
                 }
-                m.last_seq = Some(e.header.seq);
-                applied += u64::from(e.header.seq > counted);
                 return;
             }
             let hash = mode.hash(e.key);
