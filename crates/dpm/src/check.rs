@@ -124,8 +124,7 @@ struct Span {
     end: u64,
 }
 
-/// Checks the data plane of `pool`. Never writes to the pool, except what opening an index does to a snapshot
-/// (freeing extents of interrupted resizes).
+/// Checks the data plane of `pool`; reads only (indexes are opened where they are anchored, which frees nothing).
 pub fn check_pool(pool: &Arc<Pool>, opts: &CheckOptions) -> PoolCheck {
     let mut c = Checker {
         pool: pool.clone(),
