@@ -609,6 +609,12 @@ pub fn processor_metrics(s: &ProcessorStats, out: &mut Exposition) {
         &[],
         s.damaged_log_bytes,
     );
+    out.counter(
+        "dinomo_dpm_resealed_segments_total",
+        "Segments whose sealed length was found damaged at start-up and sealed again at their last valid entry.",
+        &[],
+        s.resealed_segments,
+    );
     out.gauge(
         "dinomo_dpm_index_entries",
         "Keys in the index.",

@@ -69,6 +69,8 @@ struct Trial {
     recovered_entries: u64,
     damaged_log_bytes: u64,
     torn_entries: u64,
+    /// Segments whose damaged sealed length it rebuilds by scanning them.
+    resealed_segments: u64,
     /// Keys the store would hold.
     keys: u64,
 }
@@ -190,6 +192,7 @@ fn trial(pool: Arc<Pool>, cfg: &Config, layout: Partitioning) -> Trial {
         recovered_entries: s.recovered_entries,
         damaged_log_bytes: s.damaged_log_bytes,
         torn_entries: s.torn_entries,
+        resealed_segments: s.resealed_segments,
         keys,
     }
 }
@@ -232,8 +235,15 @@ fn render(r: &Report) -> String {
                 let _ = writeln!(
                     out,
                     "recovery: a memory node starts, merges {} entries left unmerged, skips {} damaged log bytes \
-                     and {} torn entries, and holds {} keys",
-                    t.recovered_entries, t.damaged_log_bytes, t.torn_entries, t.keys
+                     and {} torn entries{}, and holds {} keys",
+                    t.recovered_entries,
+                    t.damaged_log_bytes,
+                    t.torn_entries,
+                    match t.resealed_segments {
+                        0 => String::new(),
+                        n => format!(", seals again {n} segments whose sealed length is damaged"),
+                    },
+                    t.keys
                 );
             }
         }

@@ -222,7 +222,16 @@ impl Checker {
                 };
                 summary.segments += 1;
                 self.check_segment(&mut summary, at, &h, merged_seq);
-                at = h.older;
+                at = match h.older {
+                    Ok(older) => older,
+                    Err(damaged) => {
+                        self.problem(format!(
+                            "log {log}: segment at {at:#x}: its link to the older segment is damaged ({damaged}); \
+                             the segments past it are out of reach (a memory node refuses to start on this pool)"
+                        ));
+                        break;
+                    }
+                };
             }
             self.report.damaged_log_bytes += summary.damaged_bytes;
             self.report.logs.push(summary);
@@ -277,12 +286,20 @@ impl Checker {
     }
 
     fn check_segment(&mut self, log: &mut LogCheck, at: u64, h: &SegmentHeader, merged_seq: u64) {
-        let sealed = h.sealed_len != 0;
-        let len = if sealed {
-            h.sealed_len
-        } else {
-            log.open_segments += 1;
-            h.data_capacity()
+        let (sealed, len) = match h.sealed_len {
+            Ok(0) => {
+                log.open_segments += 1;
+                (false, h.data_capacity())
+            }
+            Ok(len) => (true, len),
+            Err(damaged) => {
+                self.problem(format!(
+                    "log {}: segment at {at:#x}: its sealed length is damaged ({damaged}); a memory node starting \
+                     on this pool scans the segment to its last valid entry and seals it there again",
+                    log.log
+                ));
+                (false, h.data_capacity())
+            }
         };
         let mut data = std::mem::take(&mut self.scratch);
         data.resize(len as usize, 0);

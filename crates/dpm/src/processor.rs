@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use dinomo_fabric::{MemoryNode, RpcError, RpcHandler};
 use dinomo_index::{Anchor, Index, IndexConfig, IndexError};
-use dinomo_log::segment::{self, ScanEnd, field};
+use dinomo_log::segment::{self, InPlace, ScanEnd, SegmentFormat};
 use dinomo_log::{
     ENTRY_HEADER_LEN, EntryHeader, EntryRef, EntryView, HashMode, Op, SEGMENT_HEADER_LEN,
     SegmentHeader, encode_entry, entry_len, roots, tags,
@@ -204,6 +204,10 @@ pub struct ProcessorStats {
     /// the writes there are lost (each such stretch is logged at error level with its place).
     #[serde(default)]
     pub damaged_log_bytes: u64,
+    /// Segments whose sealed length was found damaged at start-up: each was scanned to its last valid entry and
+    /// sealed there again, as a crash leaves an open segment.
+    #[serde(default)]
+    pub resealed_segments: u64,
     /// Pool bytes in use.
     pub pool_used_bytes: u64,
     /// Pool bytes free.
@@ -235,6 +239,8 @@ struct SegInfo {
     offset: u64,
     first_seq: u64,
     capacity: u64,
+    /// How its in-place header fields are written.
+    format: SegmentFormat,
     /// Bytes of entries once sealed.
     sealed_len: Option<u64>,
     merged: bool,
@@ -427,6 +433,7 @@ struct Inner {
     recovered_entries: AtomicU64,
     torn_entries: AtomicU64,
     damaged_log_bytes: AtomicU64,
+    resealed_segments: AtomicU64,
     /// One rebalance at a time; counting keys waits for it (a key is in two partitions for a moment).
     rebalance_lock: Mutex<()>,
     migrated_keys: AtomicU64,
@@ -508,6 +515,7 @@ impl Processor {
             recovered_entries: AtomicU64::new(0),
             torn_entries: AtomicU64::new(0),
             damaged_log_bytes: AtomicU64::new(0),
+            resealed_segments: AtomicU64::new(0),
             rebalance_lock: Mutex::new(()),
             migrated_keys: AtomicU64::new(0),
             migrated_bytes: AtomicU64::new(0),
@@ -697,10 +705,23 @@ fn read_segment_header(
     Ok(h)
 }
 
-fn write_sealed_len(pool: &Pool, offset: u64, len: u64) -> Result<(), ProcessorError> {
-    let w = pool.atomic_u64(offset + field::SEALED_LEN)?;
-    w.store(len, Ordering::Release);
-    pool.persist(offset + field::SEALED_LEN, 8);
+/// Writes `value` to the in-place header `field` of the segment `seg` (at `offset`, of `format`) with one aligned
+/// 8-byte store, so a crash leaves the old word or the new one.
+fn write_in_place(
+    pool: &Pool,
+    offset: u64,
+    format: SegmentFormat,
+    field: InPlace,
+    value: u64,
+) -> Result<(), ProcessorError> {
+    let word = format.word(field, value).ok_or_else(|| {
+        ProcessorError::Corrupt(format!(
+            "{value:#x} does not fit the {field:?} field of the segment at {offset:#x}"
+        ))
+    })?;
+    let at = offset + field.offset();
+    pool.atomic_u64(at)?.store(word, Ordering::Release);
+    pool.persist(at, 8);
     Ok(())
 }
 
@@ -940,14 +961,36 @@ impl Inner {
                         h.log_id
                     )));
                 }
+                let sealed_len = match h.sealed_len {
+                    Ok(len) => (len != 0).then_some(len),
+                    // Taken as open: the take-over below scans it to its last valid entry and seals it there,
+                    // which is where its writer sealed it (entries past a seal were never written in this use
+                    // of the segment, and leftovers of an earlier use are never taken).
+                    Err(damaged) => {
+                        warn!(
+                            log = log_id,
+                            segment = at,
+                            %damaged,
+                            "a segment's sealed length is damaged; it is scanned and sealed again"
+                        );
+                        self.resealed_segments.fetch_add(1, Ordering::Relaxed);
+                        None
+                    }
+                };
                 segments.push(SegInfo {
                     offset: at,
                     first_seq: h.first_seq,
                     capacity: h.capacity,
-                    sealed_len: (h.sealed_len != 0).then_some(h.sealed_len),
+                    format: h.format,
+                    sealed_len,
                     merged: false,
                 });
-                at = h.older;
+                at = h.older.map_err(|damaged| {
+                    ProcessorError::Corrupt(format!(
+                        "log {log_id}: segment at {at:#x}: its link to the older segment is damaged ({damaged}); \
+                         the older segments of the log are out of reach"
+                    ))
+                })?;
             }
             segments.reverse();
             let merged_seq = self.dir.merged_seq(log_id);
@@ -1067,7 +1110,13 @@ impl Inner {
                 });
                 let valid = found.end;
                 if valid > 0 {
-                    write_sealed_len(&self.pool, s.offset, valid as u64)?;
+                    write_in_place(
+                        &self.pool,
+                        s.offset,
+                        s.format,
+                        InPlace::SealedLen,
+                        valid as u64,
+                    )?;
                     if let ScanEnd::Stopped { reason, .. } = found.tail {
                         debug!(
                             log = log.id,
@@ -1194,7 +1243,13 @@ impl Inner {
             }
             None => 0,
         };
-        write_sealed_len(&self.pool, head.offset, len)?;
+        write_in_place(
+            &self.pool,
+            head.offset,
+            head.format,
+            InPlace::SealedLen,
+            len,
+        )?;
         head.sealed_len = Some(len);
         Ok(())
     }
@@ -1270,15 +1325,16 @@ impl Inner {
             Err(e) => return Err(e.into()),
         };
         let older = meta.segments.last().map_or(0, |s| s.offset);
-        let header = SegmentHeader {
-            log_id: req.log_id,
-            first_seq: req.first_seq,
-            older,
-            sealed_len: 0,
-            capacity: ext.len,
-        };
         let mut format_then_seal = || -> Result<(), ProcessorError> {
-            self.pool.write(ext.offset, &header.encode())?;
+            let header = SegmentHeader::open(req.log_id, req.first_seq, older, ext.len)
+                .encode()
+                .ok_or_else(|| {
+                    ProcessorError::Corrupt(format!(
+                        "the segment at {:#x} lies beyond what a segment header can link",
+                        ext.offset
+                    ))
+                })?;
+            self.pool.write(ext.offset, &header)?;
             // A zero header where the first entry goes: a reused extent must not look like it holds entries.
             self.pool.write(
                 ext.offset + SEGMENT_HEADER_LEN as u64,
@@ -1310,6 +1366,7 @@ impl Inner {
             offset: ext.offset,
             first_seq: req.first_seq,
             capacity: ext.len,
+            format: SegmentFormat::Checked,
             sealed_len: None,
             merged: false,
         });
@@ -1707,10 +1764,14 @@ impl Inner {
                 }
                 self.dir.set_head(log_id, older);
             } else {
-                let newer = meta.segments[pos + 1].offset;
-                let w = self.pool.atomic_u64(newer + field::OLDER)?;
-                w.store(older, Ordering::Release);
-                self.pool.persist(newer + field::OLDER, 8);
+                let newer = &meta.segments[pos + 1];
+                write_in_place(
+                    &self.pool,
+                    newer.offset,
+                    newer.format,
+                    InPlace::Older,
+                    older,
+                )?;
             }
             meta.segments.remove(pos);
             drop(meta);
@@ -2089,6 +2150,7 @@ impl Inner {
         s.recovered_entries = self.recovered_entries.load(Ordering::Relaxed);
         s.torn_entries = self.torn_entries.load(Ordering::Relaxed);
         s.damaged_log_bytes = self.damaged_log_bytes.load(Ordering::Relaxed);
+        s.resealed_segments = self.resealed_segments.load(Ordering::Relaxed);
         s.delete_reserve_segments = self.delete_reserve.lock().expect("reserve lock").len() as u64;
         s.delete_reserve_grants = self.delete_reserve_grants.load(Ordering::Relaxed);
         s.pool_used_bytes = space.used_bytes();

@@ -9,6 +9,9 @@
 //!   most its own write; only the last entry of a log's open segment cannot be told from a write the crash cut
 //!   short, so each log may lose that one silently;
 //! - bits flipped anywhere in the file (index, directory, allocation table) give an error or a serving store;
+//! - a segment header's fields written once refuse the start when damaged; of the two it rewrites in place, a
+//!   damaged sealed length is rebuilt at start with nothing lost, a damaged link to the older segment refuses the
+//!   start; segments of the format before those checks still recover and grow;
 //! - the pool checker (`dinomo check`) reports damage wherever reads come out refused or wrong, and finds damage to
 //!   the index that reads cannot tell from a missing key.
 
@@ -21,6 +24,7 @@ use dinomo_dpm::ProcessorConfig;
 use dinomo_dpm::check::{CheckOptions, PoolCheck, check_pool};
 use dinomo_kn::{Embedded, EmbeddedConfig, KnConfig};
 use dinomo_log::ENTRY_HEADER_LEN;
+use dinomo_log::segment::{InPlace, SegmentFormat, SegmentHeader};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
@@ -122,7 +126,10 @@ fn entry_areas(image: &Path) -> anyhow::Result<Vec<std::ops::Range<usize>>> {
         let start = ext.offset as usize;
         let seg = &bytes[start..start + ext.len as usize];
         // The delete reserve's segments are allocated but not formatted yet.
-        if !seg.starts_with(&dinomo_log::segment::SEGMENT_MAGIC) {
+        if ![SegmentFormat::Checked, SegmentFormat::Unchecked]
+            .iter()
+            .any(|f| seg.starts_with(&f.magic()))
+        {
             continue;
         }
         let used = seg.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
@@ -342,7 +349,8 @@ fn a_damaged_segment_header_refuses_the_open_and_names_the_segment() -> anyhow::
     let image = crash_image(dir.path())?;
     let areas = entry_areas(&image)?;
     // A byte of each field written once: magic, log id, checksum, first sequence number (low and high bytes),
-    // capacity. (The sealed length and the link to the older segment change in place and are not covered.)
+    // capacity. (The sealed length and the link to the older segment change in place and carry their own checks:
+    // see the next test.)
     let bytes = [3usize, 9, 13, 16, 21, 42];
     // The oldest segment (merged) and the newest (a log's open head).
     let segments = [areas[0].start, areas[areas.len() - 1].start];
@@ -369,6 +377,206 @@ fn a_damaged_segment_header_refuses_the_open_and_names_the_segment() -> anyhow::
         );
     }
     no_panics()
+}
+
+/// The segments of the pool file at `image` with their headers, read from the file.
+fn segment_headers(image: &Path) -> anyhow::Result<Vec<(usize, SegmentHeader)>> {
+    let bytes = std::fs::read(image)?;
+    Ok(entry_areas(image)?
+        .into_iter()
+        .map(|area| area.start - dinomo_log::SEGMENT_HEADER_LEN)
+        .filter_map(|at| Some((at, SegmentHeader::decode(&bytes[at..])?)))
+        .collect())
+}
+
+/// The two header words the memory node rewrites in place carry their own checks. A flipped bit in a sealed length
+/// is rebuilt at start (the segment is scanned to its last valid entry and sealed there again) with nothing lost;
+/// a flipped bit in the link to the older segment refuses the start, naming the segment. The checker reports both.
+#[test]
+fn a_damaged_sealed_length_is_rebuilt_and_a_damaged_link_refuses_the_start() -> anyhow::Result<()> {
+    watch_for_panics();
+    let dir = tempfile::tempdir()?;
+    let image = clean_image(dir.path())?;
+    let segments = segment_headers(&image)?;
+    let sealed: Vec<_> = segments
+        .iter()
+        .filter(|(_, h)| h.format == SegmentFormat::Checked && h.sealed_len.is_ok_and(|l| l > 0))
+        .collect();
+    anyhow::ensure!(sealed.len() >= 2, "sealed segments: {segments:?}");
+    for (n, (at, h)) in sealed.iter().enumerate() {
+        // Low, middle and check bits of the word.
+        let bit = [3usize, 29, 57][n % 3];
+        let mut bytes = std::fs::read(&image)?;
+        bytes[at + InPlace::SealedLen.offset() as usize + bit / 8] ^= 1 << (bit % 8);
+        let path = dir.path().join(format!("sealed{n}"));
+        std::fs::write(&path, &bytes)?;
+        let check = checked(&path)?;
+        anyhow::ensure!(
+            check.problems.len() == 1
+                && check.problems[0]
+                    .contains(&format!("segment at {at:#x}: its sealed length is damaged")),
+            "bit {bit} of the sealed length at {at:#x}: {:?}",
+            check.problems
+        );
+        let (tx, rx) = std::sync::mpsc::channel();
+        let opened = path.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send((|| -> anyhow::Result<(u64, Vec<String>)> {
+                let store = Embedded::open(&config(&opened))?;
+                let resealed = store.processor_stats().resealed_segments;
+                let h = store.handle();
+                let mut wrong = Vec::new();
+                for (k, want) in workload() {
+                    let got = h.get(&k)?;
+                    if got != want {
+                        wrong.push(String::from_utf8_lossy(&k).into_owned());
+                    }
+                }
+                Ok((resealed, wrong))
+            })());
+        });
+        let (resealed, wrong) = rx.recv_timeout(Duration::from_secs(120))??;
+        anyhow::ensure!(resealed == 1, "{resealed} segments sealed again");
+        anyhow::ensure!(wrong.is_empty(), "read wrong: {wrong:?}");
+        // The word was written again: the file checks clean, the segment sealed where it was.
+        let after = std::fs::read(&path)?;
+        let repaired = SegmentHeader::decode(&after[*at..]);
+        anyhow::ensure!(
+            repaired.is_some_and(|r| r.sealed_len == h.sealed_len),
+            "after the start, the header at {at:#x} reads {repaired:?}, was {h:?}"
+        );
+        let check = checked(&path)?;
+        anyhow::ensure!(check.is_clean(), "{:?}", check.problems);
+    }
+    let linked: Vec<_> = segments
+        .iter()
+        .filter(|(_, h)| h.older.is_ok_and(|o| o != 0))
+        .collect();
+    anyhow::ensure!(
+        !linked.is_empty(),
+        "no segment links an older one: {segments:?}"
+    );
+    for (n, (at, _)) in linked.iter().enumerate() {
+        let bit = [11usize, 40, 50][n % 3];
+        let mut bytes = std::fs::read(&image)?;
+        bytes[at + InPlace::Older.offset() as usize + bit / 8] ^= 1 << (bit % 8);
+        let path = dir.path().join(format!("link{n}"));
+        std::fs::write(&path, &bytes)?;
+        // Reported once; the index slots naming entries in the segments out of reach are reported too.
+        let check = checked(&path)?;
+        let (link, rest): (Vec<_>, Vec<_>) = check
+            .problems
+            .iter()
+            .partition(|p| p.contains("its link to the older segment is damaged"));
+        anyhow::ensure!(
+            link.len() == 1
+                && link[0].contains(&format!("segment at {at:#x}: its link"))
+                && rest
+                    .iter()
+                    .all(|p| p.contains("outside the valid entries of every log segment")),
+            "the checker on bit {bit} of the link of the segment at {at:#x}: {:?}",
+            check.problems
+        );
+        let out = read_back(path);
+        let error = out.open_error.unwrap_or_default();
+        anyhow::ensure!(
+            error.contains(&format!(
+                "segment at {at:#x}: its link to the older segment is damaged"
+            )),
+            "a flipped bit in the link of the segment at {at:#x}: {error:?}"
+        );
+    }
+    no_panics()
+}
+
+/// Every key of `store` reads as its last write in `writes`; the keys that do not.
+fn wrong_reads(store: &Embedded, writes: &LastWrites) -> anyhow::Result<Vec<String>> {
+    let h = store.handle();
+    let mut wrong = Vec::new();
+    for (k, want) in writes {
+        if h.get(k)? != *want {
+            wrong.push(String::from_utf8_lossy(k).into_owned());
+        }
+    }
+    Ok(wrong)
+}
+
+/// A pool written by a version whose segment headers kept plain in-place words (`DNMSEG01`) still recovers,
+/// serves and grows: its segments are sealed and relinked in their own format, new segments get the checked one.
+#[test]
+fn segments_of_the_unchecked_format_are_recovered_and_kept_in_their_format() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let image = crash_image(dir.path())?;
+    let mut bytes = std::fs::read(&image)?;
+    let old = segment_headers(&image)?;
+    let open_heads = old.iter().filter(|(_, h)| h.sealed_len == Ok(0)).count();
+    anyhow::ensure!(open_heads > 0, "a crash image has open segments: {old:?}");
+    for (at, h) in &old {
+        let unchecked = SegmentHeader {
+            format: SegmentFormat::Unchecked,
+            ..*h
+        };
+        bytes[*at..*at + dinomo_log::SEGMENT_HEADER_LEN]
+            .copy_from_slice(&unchecked.encode().expect("plain words hold any value"));
+    }
+    let path = dir.path().join("unchecked");
+    std::fs::write(&path, &bytes)?;
+    let check = checked(&path)?;
+    anyhow::ensure!(check.is_clean(), "{:?}", check.problems);
+
+    // Recovery seals the open heads in their format, at their last entry.
+    let mut writes = workload();
+    {
+        let store = Embedded::open(&config(&path))?;
+        anyhow::ensure!(store.processor_stats().recovered_entries > 0);
+        let wrong = wrong_reads(&store, &writes)?;
+        anyhow::ensure!(wrong.is_empty(), "read wrong after recovery: {wrong:?}");
+        let file = std::fs::read(&path)?;
+        for (at, _) in old.iter().filter(|(_, h)| h.sealed_len == Ok(0)) {
+            // Sealed at its last entry, with a plain word.
+            let sealed = SegmentHeader::decode(&file[*at..]);
+            let word: [u8; 8] =
+                file[at + InPlace::SealedLen.offset() as usize..][..8].try_into()?;
+            anyhow::ensure!(
+                sealed.is_some_and(|h| h.format == SegmentFormat::Unchecked
+                    && h.sealed_len
+                        .is_ok_and(|len| len > 0 && len == u64::from_le_bytes(word))),
+                "the open segment at {at:#x} after recovery: {sealed:?}"
+            );
+        }
+        // More writes: new segments, and recycling relinks chains through the old segments.
+        let h = store.handle();
+        for round in 0..3 {
+            for (i, (k, v)) in writes.iter_mut().enumerate() {
+                let value = format!("round{round}-{i}").into_bytes();
+                h.set(k, &value)?;
+                *v = Some(value);
+            }
+        }
+    }
+    for (at, h) in &old {
+        let now = SegmentHeader::decode(&std::fs::read(&path)?[*at..]);
+        // A segment recycled since may hold any header now; one still there kept its format.
+        if let Some(now) = now.filter(|n| n.log_id == h.log_id && n.first_seq == h.first_seq) {
+            anyhow::ensure!(
+                now.format == SegmentFormat::Unchecked
+                    && now.sealed_len.is_ok()
+                    && now.older.is_ok(),
+                "the segment at {at:#x}: {now:?}"
+            );
+        }
+    }
+    let check = checked(&path)?;
+    anyhow::ensure!(check.is_clean(), "{:?}", check.problems);
+    let now = segment_headers(&path)?;
+    anyhow::ensure!(
+        now.iter().any(|(_, h)| h.format == SegmentFormat::Checked),
+        "no segment formatted since has the checked format: {now:?}"
+    );
+    let store = Embedded::open(&config(&path))?;
+    let wrong = wrong_reads(&store, &writes)?;
+    anyhow::ensure!(wrong.is_empty(), "read wrong after a restart: {wrong:?}");
+    Ok(())
 }
 
 #[test]

@@ -1,12 +1,12 @@
 //! A log segment: a pool extent holding one KV-node thread's entries in order.
 //!
 //! ```text
-//! 0..8    magic "DNMSEG01"
+//! 0..8    magic "DNMSEG02" ("DNMSEG01": a segment formatted before the in-place fields carried a check)
 //! 8..12   log_id u32
 //! 12..16  crc32c u32 over log_id, first_seq and capacity: the fields written once, when the segment is formatted
 //! 16..24  first_seq u64: sequence number of the first entry
-//! 24..32  older u64: pool offset of the previous segment of the same log (0: none)
-//! 32..40  sealed_len u64: bytes of entries, once the writer moved on (0 while open)
+//! 24..32  older: pool offset of the previous segment of the same log (0: none)
+//! 32..40  sealed_len: bytes of entries, once the writer moved on (0 while open)
 //! 40..48  capacity u64: bytes of the segment, header included
 //! 48..64  reserved
 //! 64..    entries
@@ -14,13 +14,24 @@
 //! Only the memory node writes the header, so its bookkeeping is never overwritten by a KV node's WRITE. Entries are
 //! written by the owning KV node only; a segment reused after recycling may still hold older entries past the new
 //! ones, which [`scan`] rejects by log id and sequence number.
+//!
+//! `older` and `sealed_len` change in place, each with one aligned 8-byte store, so a crash leaves either the old or
+//! the new word. In a `DNMSEG02` segment each word carries its own check: the value in the low 48 bits (pool offsets
+//! and lengths are below 2^48, [`MAX_FIELD_VALUE`]) and 16 check bits above it, which find every one- and two-bit
+//! flip of the word. A `DNMSEG01` segment's words are plain values; such segments are still read and written as
+//! they are.
 
 use crate::entry::{EntryError, EntryView};
 
 /// Bytes before the first entry.
 pub const SEGMENT_HEADER_LEN: usize = 64;
-/// Magic at the start of every segment header.
-pub const SEGMENT_MAGIC: [u8; 8] = *b"DNMSEG01";
+/// Magic at the start of every segment header this version formats.
+pub const SEGMENT_MAGIC: [u8; 8] = *b"DNMSEG02";
+/// Magic of segments formatted by earlier versions, whose in-place fields carry no check.
+pub const SEGMENT_MAGIC_UNCHECKED: [u8; 8] = *b"DNMSEG01";
+/// The largest value an in-place field of a checked segment holds (2^48 − 1: 256 TiB).
+pub const MAX_FIELD_VALUE: u64 = (1 << VALUE_BITS) - 1;
+const VALUE_BITS: u32 = 48;
 
 /// Byte offsets of the header fields (each an aligned u64 or u32 that the memory node updates in place).
 pub mod field {
@@ -36,55 +47,190 @@ pub mod field {
     pub const CAPACITY: u64 = 40;
 }
 
+/// How a segment stores its in-place fields, by its magic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SegmentFormat {
+    /// `DNMSEG02`: each in-place word carries a check.
+    Checked,
+    /// `DNMSEG01`: plain words.
+    Unchecked,
+}
+
+/// A header field the memory node changes in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InPlace {
+    /// The link to the log's previous segment.
+    Older,
+    /// The length of the entries once sealed.
+    SealedLen,
+}
+
+impl InPlace {
+    /// Where the field lies in the header.
+    pub fn offset(self) -> u64 {
+        match self {
+            InPlace::Older => field::OLDER,
+            InPlace::SealedLen => field::SEALED_LEN,
+        }
+    }
+
+    fn tag(self) -> u8 {
+        match self {
+            InPlace::Older => 1,
+            InPlace::SealedLen => 2,
+        }
+    }
+}
+
+/// An in-place field whose word fails its check (or, for a sealed length, exceeds the segment): its value is lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DamagedField {
+    /// The word as found.
+    pub word: u64,
+}
+
+impl std::fmt::Display for DamagedField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the word {:#018x} fails its check", self.word)
+    }
+}
+
+impl SegmentFormat {
+    /// The magic of segments of this format.
+    pub fn magic(self) -> [u8; 8] {
+        match self {
+            SegmentFormat::Checked => SEGMENT_MAGIC,
+            SegmentFormat::Unchecked => SEGMENT_MAGIC_UNCHECKED,
+        }
+    }
+
+    fn of_magic(magic: &[u8]) -> Option<SegmentFormat> {
+        [SegmentFormat::Checked, SegmentFormat::Unchecked]
+            .into_iter()
+            .find(|f| f.magic() == magic)
+    }
+
+    /// The word that stores `value` in `field`; `None` when a checked word cannot hold it (over
+    /// [`MAX_FIELD_VALUE`]).
+    pub fn word(self, field: InPlace, value: u64) -> Option<u64> {
+        match self {
+            SegmentFormat::Unchecked => Some(value),
+            SegmentFormat::Checked => (value <= MAX_FIELD_VALUE)
+                .then(|| value | u64::from(check(field, value)) << VALUE_BITS),
+        }
+    }
+
+    /// The value `word` stores in `field`.
+    pub fn value(self, field: InPlace, word: u64) -> Result<u64, DamagedField> {
+        match self {
+            SegmentFormat::Unchecked => Ok(word),
+            SegmentFormat::Checked => {
+                let value = word & MAX_FIELD_VALUE;
+                if (word >> VALUE_BITS) as u16 == check(field, value) {
+                    Ok(value)
+                } else {
+                    Err(DamagedField { word })
+                }
+            }
+        }
+    }
+}
+
+/// The check bits of `value` in `field`: CRC32C of the field's tag and the value's six bytes, folded to 16 bits.
+/// The field's tag keeps one field's word from passing as the other's.
+fn check(field: InPlace, value: u64) -> u16 {
+    let mut b = [0u8; 7];
+    b[0] = field.tag();
+    b[1..].copy_from_slice(&value.to_le_bytes()[..6]);
+    let crc = crc32c::crc32c(&b);
+    (crc ^ (crc >> 16)) as u16
+}
+
 /// The decoded header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SegmentHeader {
+    /// How the in-place fields are stored.
+    pub format: SegmentFormat,
     /// Log that owns the segment.
     pub log_id: u32,
     /// Sequence number of the first entry.
     pub first_seq: u64,
     /// Previous segment of the log (0: none).
-    pub older: u64,
+    pub older: Result<u64, DamagedField>,
     /// Bytes of entries once sealed (0 while open).
-    pub sealed_len: u64,
+    pub sealed_len: Result<u64, DamagedField>,
     /// Size of the segment with its header.
     pub capacity: u64,
 }
 
 impl SegmentHeader {
-    /// Encodes the header.
-    pub fn encode(&self) -> [u8; SEGMENT_HEADER_LEN] {
+    /// The header of a segment being formatted now: open, in the checked format.
+    pub fn open(log_id: u32, first_seq: u64, older: u64, capacity: u64) -> SegmentHeader {
+        SegmentHeader {
+            format: SegmentFormat::Checked,
+            log_id,
+            first_seq,
+            older: Ok(older),
+            sealed_len: Ok(0),
+            capacity,
+        }
+    }
+
+    /// Encodes the header; `None` when a checked in-place field cannot hold its value. A damaged field is written
+    /// back as the word it was found as.
+    pub fn encode(&self) -> Option<[u8; SEGMENT_HEADER_LEN]> {
+        let word = |field, v: Result<u64, DamagedField>| match v {
+            Ok(v) => self.format.word(field, v),
+            Err(d) => Some(d.word),
+        };
         let mut b = [0u8; SEGMENT_HEADER_LEN];
-        b[0..8].copy_from_slice(&SEGMENT_MAGIC);
+        b[0..8].copy_from_slice(&self.format.magic());
         b[8..12].copy_from_slice(&self.log_id.to_le_bytes());
         b[16..24].copy_from_slice(&self.first_seq.to_le_bytes());
-        b[24..32].copy_from_slice(&self.older.to_le_bytes());
-        b[32..40].copy_from_slice(&self.sealed_len.to_le_bytes());
+        b[24..32].copy_from_slice(&word(InPlace::Older, self.older)?.to_le_bytes());
+        b[32..40].copy_from_slice(&word(InPlace::SealedLen, self.sealed_len)?.to_le_bytes());
         b[40..48].copy_from_slice(&self.capacity.to_le_bytes());
         let crc = fixed_fields_crc(&b);
         b[12..16].copy_from_slice(&crc.to_le_bytes());
-        b
+        Some(b)
     }
 
-    /// Decodes a header; `None` when the magic or the checksum is wrong or the lengths are impossible.
+    /// Decodes a header; `None` when the magic or the checksum of the fields written once is wrong, or the capacity
+    /// cannot hold a header. An in-place field that fails its check, or a sealed length beyond the segment, decodes
+    /// as [`DamagedField`]: the rest of the header is still good.
     pub fn decode(b: &[u8]) -> Option<SegmentHeader> {
-        if b.len() < SEGMENT_HEADER_LEN || b[0..8] != SEGMENT_MAGIC {
+        if b.len() < SEGMENT_HEADER_LEN {
             return None;
         }
+        let format = SegmentFormat::of_magic(&b[0..8])?;
         // A damaged first_seq would make every entry look out of sequence, and the segment would read as empty.
         if u32::from_le_bytes(b[12..16].try_into().expect("4 bytes")) != fixed_fields_crc(b) {
             return None;
         }
-        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
-        let h = SegmentHeader {
-            log_id: u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")),
-            first_seq: u64_at(16),
-            older: u64_at(24),
-            sealed_len: u64_at(32),
-            capacity: u64_at(40),
+        let u64_at = |o: u64| {
+            let o = o as usize;
+            u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
         };
-        let room = h.capacity.checked_sub(SEGMENT_HEADER_LEN as u64)?;
-        (h.sealed_len <= room).then_some(h)
+        let capacity = u64_at(field::CAPACITY);
+        let room = capacity.checked_sub(SEGMENT_HEADER_LEN as u64)?;
+        let sealed_word = u64_at(field::SEALED_LEN);
+        let sealed_len = format
+            .value(InPlace::SealedLen, sealed_word)
+            .and_then(|len| {
+                if len <= room {
+                    Ok(len)
+                } else {
+                    Err(DamagedField { word: sealed_word })
+                }
+            });
+        Some(SegmentHeader {
+            format,
+            log_id: u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")),
+            first_seq: u64_at(field::FIRST_SEQ),
+            older: format.value(InPlace::Older, u64_at(field::OLDER)),
+            sealed_len,
+            capacity,
+        })
     }
 
     /// Bytes available for entries.
@@ -94,7 +240,7 @@ impl SegmentHeader {
 }
 
 /// The checksum of the header fields written once (`log_id`, `first_seq`, `capacity`); `older` and `sealed_len`
-/// change in place, each with one aligned 8-byte store.
+/// change in place and carry their own checks.
 fn fixed_fields_crc(b: &[u8]) -> u32 {
     let crc = crc32c::crc32c(&b[8..12]);
     let crc = crc32c::crc32c_append(crc, &b[16..24]);
@@ -296,36 +442,148 @@ mod tests {
     #[test]
     fn header_round_trips_and_rejects_garbage() {
         let h = SegmentHeader {
-            log_id: 7,
-            first_seq: 42,
-            older: 4096,
-            sealed_len: 100,
-            capacity: 1 << 20,
+            sealed_len: Ok(100),
+            ..SegmentHeader::open(7, 42, 4096, 1 << 20)
         };
-        assert_eq!(SegmentHeader::decode(&h.encode()), Some(h));
+        let b = h.encode().unwrap();
+        assert_eq!(&b[..8], b"DNMSEG02");
+        assert_eq!(SegmentHeader::decode(&b), Some(h));
         assert_eq!(SegmentHeader::decode(&[0u8; 64]), None);
-        // Any flipped bit of a field written once is refused; the fields changed in place are not covered.
-        for byte in (8..12).chain(12..16).chain(16..24).chain(40..48) {
-            let mut b = h.encode();
+        assert_eq!(SegmentHeader::decode(&b[..63]), None);
+        // Any flipped bit of the magic or of a field written once refuses the header.
+        for byte in (0..8)
+            .chain(8..12)
+            .chain(12..16)
+            .chain(16..24)
+            .chain(40..48)
+        {
+            let mut b = b;
             b[byte] ^= 0x04;
             assert_eq!(SegmentHeader::decode(&b), None, "byte {byte}");
         }
-        let mut b = h.encode();
-        b[field::OLDER as usize..][..8].copy_from_slice(&8192u64.to_le_bytes());
-        b[field::SEALED_LEN as usize..][..8].copy_from_slice(&200u64.to_le_bytes());
-        assert_eq!(
-            SegmentHeader::decode(&b),
-            Some(SegmentHeader {
-                older: 8192,
-                sealed_len: 200,
-                ..h
-            })
-        );
-        let bad = SegmentHeader {
-            sealed_len: 1 << 21,
+        // One of an in-place field's word damages that field only.
+        for bit in 0..64 {
+            let mut b = b;
+            b[field::OLDER as usize + bit / 8] ^= 1 << (bit % 8);
+            let d = SegmentHeader::decode(&b).unwrap();
+            assert!(d.older.is_err(), "bit {bit} of older");
+            assert_eq!(d.sealed_len, Ok(100));
+            let mut b = h.encode().unwrap();
+            b[field::SEALED_LEN as usize + bit / 8] ^= 1 << (bit % 8);
+            let d = SegmentHeader::decode(&b).unwrap();
+            assert!(d.sealed_len.is_err(), "bit {bit} of sealed_len");
+            assert_eq!(d.older, Ok(4096));
+        }
+        // A sealed length beyond the segment is damage too, with a valid check.
+        let over = SegmentHeader {
+            sealed_len: Ok(1 << 20),
             ..h
         };
-        assert_eq!(SegmentHeader::decode(&bad.encode()), None);
+        let word = SegmentFormat::Checked
+            .word(InPlace::SealedLen, 1 << 20)
+            .unwrap();
+        assert_eq!(
+            SegmentHeader::decode(&over.encode().unwrap())
+                .unwrap()
+                .sealed_len,
+            Err(DamagedField { word })
+        );
+        // A damaged field encodes as the word it was found as.
+        let mut b = b;
+        b[field::OLDER as usize] ^= 1;
+        let damaged = SegmentHeader::decode(&b).unwrap();
+        assert_eq!(damaged.encode().unwrap(), b);
+    }
+
+    #[test]
+    fn the_memory_node_rewrites_in_place_fields_with_single_words() {
+        let h = SegmentHeader::open(3, 1, 0, 1 << 16);
+        let mut b = h.encode().unwrap();
+        let f = SegmentFormat::Checked;
+        assert_eq!(SegmentHeader::decode(&b).unwrap().sealed_len, Ok(0));
+        // Neither word of a freshly formatted segment is zero: a zeroed word is damage, not "open" or "none".
+        assert_ne!(f.word(InPlace::SealedLen, 0), Some(0));
+        assert_ne!(f.word(InPlace::Older, 0), Some(0));
+        let seal = f.word(InPlace::SealedLen, 4000).unwrap();
+        b[field::SEALED_LEN as usize..][..8].copy_from_slice(&seal.to_le_bytes());
+        let relink = f.word(InPlace::Older, 8192).unwrap();
+        b[field::OLDER as usize..][..8].copy_from_slice(&relink.to_le_bytes());
+        let d = SegmentHeader::decode(&b).unwrap();
+        assert_eq!((d.older, d.sealed_len), (Ok(8192), Ok(4000)));
+        // One field's word does not pass as the other's.
+        b[field::OLDER as usize..][..8].copy_from_slice(&seal.to_le_bytes());
+        assert!(SegmentHeader::decode(&b).unwrap().older.is_err());
+        assert_eq!(f.word(InPlace::Older, MAX_FIELD_VALUE + 1), None);
+        assert!(f.word(InPlace::Older, MAX_FIELD_VALUE).is_some());
+    }
+
+    #[test]
+    fn every_one_and_two_bit_flip_of_a_checked_word_is_found() {
+        let f = SegmentFormat::Checked;
+        for field in [InPlace::Older, InPlace::SealedLen] {
+            for value in [0, 1, 64, 4096, 0x1234_5678, 1 << 40, MAX_FIELD_VALUE] {
+                let word = f.word(field, value).unwrap();
+                assert_eq!(f.value(field, word), Ok(value));
+                for i in 0..64 {
+                    let one = word ^ (1 << i);
+                    assert!(f.value(field, one).is_err(), "{field:?} {value}: bit {i}");
+                    for j in i + 1..64 {
+                        let two = one ^ (1 << j);
+                        assert!(
+                            f.value(field, two).is_err(),
+                            "{field:?} {value}: bits {i} and {j}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn segments_of_the_unchecked_format_read_and_write_plain_words() {
+        let h = SegmentHeader {
+            format: SegmentFormat::Unchecked,
+            older: Ok(8192),
+            sealed_len: Ok(200),
+            ..SegmentHeader::open(7, 42, 0, 1 << 20)
+        };
+        let b = h.encode().unwrap();
+        assert_eq!(&b[..8], b"DNMSEG01");
+        assert_eq!(
+            u64::from_le_bytes(b[field::OLDER as usize..][..8].try_into().unwrap()),
+            8192
+        );
+        assert_eq!(
+            u64::from_le_bytes(b[field::SEALED_LEN as usize..][..8].try_into().unwrap()),
+            200
+        );
+        assert_eq!(SegmentHeader::decode(&b), Some(h));
+        assert_eq!(
+            SegmentFormat::Unchecked.word(InPlace::Older, u64::MAX),
+            Some(u64::MAX)
+        );
+        // Only a sealed length beyond the segment is seen as damage there.
+        let over = SegmentHeader {
+            sealed_len: Ok(1 << 21),
+            ..h
+        };
+        assert!(
+            SegmentHeader::decode(&over.encode().unwrap())
+                .unwrap()
+                .sealed_len
+                .is_err()
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn checked_words_round_trip(value in 0..=MAX_FIELD_VALUE, older in proptest::bool::ANY) {
+            let field = if older { InPlace::Older } else { InPlace::SealedLen };
+            let f = SegmentFormat::Checked;
+            let word = f.word(field, value).unwrap();
+            proptest::prop_assert_eq!(word & MAX_FIELD_VALUE, value);
+            proptest::prop_assert_eq!(f.value(field, word), Ok(value));
+        }
     }
 
     #[test]
