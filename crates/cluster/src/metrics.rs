@@ -615,6 +615,12 @@ pub fn processor_metrics(s: &ProcessorStats, out: &mut Exposition) {
         &[],
         s.resealed_segments,
     );
+    out.counter(
+        "dinomo_dpm_relinked_segments_total",
+        "Segments whose link to the older segment was found damaged at start-up and written again.",
+        &[],
+        s.relinked_segments,
+    );
     out.gauge(
         "dinomo_dpm_index_entries",
         "Keys in the index.",

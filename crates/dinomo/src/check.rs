@@ -71,6 +71,8 @@ struct Trial {
     torn_entries: u64,
     /// Segments whose damaged sealed length it rebuilds by scanning them.
     resealed_segments: u64,
+    /// Segments whose damaged link to the older segment it writes again.
+    relinked_segments: u64,
     /// Keys the store would hold.
     keys: u64,
 }
@@ -193,6 +195,7 @@ fn trial(pool: Arc<Pool>, cfg: &Config, layout: Partitioning) -> Trial {
         damaged_log_bytes: s.damaged_log_bytes,
         torn_entries: s.torn_entries,
         resealed_segments: s.resealed_segments,
+        relinked_segments: s.relinked_segments,
         keys,
     }
 }
@@ -235,13 +238,19 @@ fn render(r: &Report) -> String {
                 let _ = writeln!(
                     out,
                     "recovery: a memory node starts, merges {} entries left unmerged, skips {} damaged log bytes \
-                     and {} torn entries{}, and holds {} keys",
+                     and {} torn entries{}{}, and holds {} keys",
                     t.recovered_entries,
                     t.damaged_log_bytes,
                     t.torn_entries,
                     match t.resealed_segments {
                         0 => String::new(),
                         n => format!(", seals again {n} segments whose sealed length is damaged"),
+                    },
+                    match t.relinked_segments {
+                        0 => String::new(),
+                        n => format!(
+                            ", links again {n} segments whose link to the older one is damaged"
+                        ),
                     },
                     t.keys
                 );

@@ -216,12 +216,18 @@ pub fn run(args: DpmArgs) -> anyhow::Result<()> {
                     Partitioning::Shared => "one shared index".to_string(),
                     Partitioning::PerNode => format!("{} index partitions", s.partitions),
                 };
-                let damaged = match s.damaged_log_bytes {
+                let mut damaged = match s.damaged_log_bytes {
                     0 => String::new(),
                     n => format!(
                         ", {n} bytes of damaged log entries skipped (their writes are lost; see the log)"
                     ),
                 };
+                let repaired = s.resealed_segments + s.relinked_segments;
+                if repaired > 0 {
+                    damaged.push_str(&format!(
+                        ", {repaired} damaged segment header words rebuilt (nothing lost; see the log)"
+                    ));
+                }
                 format!(
                     ", {} logs, {layout}, {} keys, {} entries recovered{damaged}",
                     s.logs, s.index_entries, s.recovered_entries

@@ -109,6 +109,24 @@ fn check_reports_intact_and_damaged_pools_and_changes_nothing() -> anyhow::Resul
         "the check changed the file"
     );
 
+    // A flipped bit in a segment's sealed length: damage, which a start repairs.
+    let mut damaged = intact.clone();
+    let segment = intact
+        .windows(8)
+        .position(|w| w == dinomo_log::segment::SEGMENT_MAGIC)
+        .expect("a log segment is in the file");
+    damaged[segment + dinomo_log::segment::field::SEALED_LEN as usize] ^= 0x08;
+    std::fs::write(&bad, &damaged)?;
+    let (code, out, err) = check(&bad, &[])?;
+    anyhow::ensure!(code == 1, "exit {code}: {out}{err}");
+    anyhow::ensure!(
+        out.contains(&format!(
+            "segment at {segment:#x}: its sealed length is damaged"
+        )) && out.contains("seals again 1 segments whose sealed length is damaged")
+            && out.contains(&format!("holds {KEYS} keys")),
+        "{out}"
+    );
+
     // The superblock's checksum fails.
     let mut damaged = intact.clone();
     damaged[100] ^= 0x10;

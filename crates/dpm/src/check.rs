@@ -27,7 +27,7 @@ use crate::Partitioning;
 use crate::cells::{self, CellState, CellTable};
 use crate::directory::{Directory, owner_node};
 use crate::partitions::PartitionTable;
-use crate::processor::log_segment_extents;
+use crate::processor::{find_older_segment, log_segment_extents};
 
 /// Settings of a check.
 #[derive(Debug, Clone)]
@@ -225,11 +225,35 @@ impl Checker {
                 at = match h.older {
                     Ok(older) => older,
                     Err(damaged) => {
-                        self.problem(format!(
-                            "log {log}: segment at {at:#x}: its link to the older segment is damaged ({damaged}); \
-                             the segments past it are out of reach (a memory node refuses to start on this pool)"
-                        ));
-                        break;
+                        let found = find_older_segment(
+                            &self.pool,
+                            &extents,
+                            |o| self.spans.contains_key(&o),
+                            log,
+                            h.first_seq,
+                        );
+                        let link = format!(
+                            "log {log}: segment at {at:#x}: its link to the older segment is damaged ({damaged})"
+                        );
+                        match found {
+                            Ok(older) => {
+                                self.problem(format!(
+                                    "{link}; a memory node starting on this pool links it again to {}",
+                                    match older {
+                                        0 => "nothing (the log has no older segment left)".to_string(),
+                                        o => format!("{o:#x}, the log's segment that ends where it begins"),
+                                    }
+                                ));
+                                older
+                            }
+                            Err(why) => {
+                                self.problem(format!(
+                                    "{link}, and {why}; the segments past it are out of reach (a memory node \
+                                     refuses to start on this pool)"
+                                ));
+                                break;
+                            }
+                        }
                     }
                 };
             }

@@ -208,6 +208,10 @@ pub struct ProcessorStats {
     /// sealed there again, as a crash leaves an open segment.
     #[serde(default)]
     pub resealed_segments: u64,
+    /// Segments whose link to the older segment was found damaged at start-up and written again: the log's
+    /// segment outside every chain whose entries end just before it (none, when the log has no older segment).
+    #[serde(default)]
+    pub relinked_segments: u64,
     /// Pool bytes in use.
     pub pool_used_bytes: u64,
     /// Pool bytes free.
@@ -434,6 +438,7 @@ struct Inner {
     torn_entries: AtomicU64,
     damaged_log_bytes: AtomicU64,
     resealed_segments: AtomicU64,
+    relinked_segments: AtomicU64,
     /// One rebalance at a time; counting keys waits for it (a key is in two partitions for a moment).
     rebalance_lock: Mutex<()>,
     migrated_keys: AtomicU64,
@@ -516,6 +521,7 @@ impl Processor {
             torn_entries: AtomicU64::new(0),
             damaged_log_bytes: AtomicU64::new(0),
             resealed_segments: AtomicU64::new(0),
+            relinked_segments: AtomicU64::new(0),
             rebalance_lock: Mutex::new(()),
             migrated_keys: AtomicU64::new(0),
             migrated_bytes: AtomicU64::new(0),
@@ -703,6 +709,69 @@ fn read_segment_header(
         )));
     }
     Ok(h)
+}
+
+/// The segment a damaged link word of log `log_id`'s segment starting at `first_seq` named: among the allocated
+/// log segments `extents` that no chain reached so far (`chained`), the newest of the log older than it, whose
+/// valid entries must end just before `first_seq` (a log's sequence numbers only grow, so one segment ends there);
+/// 0 when the log has no older segment left. `Err` says why neither can be told, when a guess could free a segment
+/// the index points into: the newest older segment ends elsewhere, or an extent that no chain reached carries a
+/// segment's magic and a damaged header (it may be the one). Extents without a segment's magic (the delete reserve,
+/// never formatted) are no candidates.
+pub(crate) fn find_older_segment(
+    pool: &Pool,
+    extents: &HashMap<u64, u64>,
+    chained: impl Fn(u64) -> bool,
+    log_id: u32,
+    first_seq: u64,
+) -> Result<u64, String> {
+    let mut newest: Option<(u64, SegmentHeader)> = None;
+    let mut offsets: Vec<u64> = extents.keys().copied().filter(|&o| !chained(o)).collect();
+    offsets.sort_unstable();
+    for offset in offsets {
+        let mut b = [0u8; SEGMENT_HEADER_LEN];
+        if pool.read(offset, &mut b).is_err() {
+            continue;
+        }
+        let formatted = [SegmentFormat::Checked, SegmentFormat::Unchecked]
+            .iter()
+            .any(|f| b[..8] == f.magic());
+        match read_segment_header(pool, offset, extents) {
+            Ok(h) if h.log_id == log_id && h.first_seq < first_seq => {
+                if newest
+                    .as_ref()
+                    .is_none_or(|(_, n)| h.first_seq > n.first_seq)
+                {
+                    newest = Some((offset, h));
+                }
+            }
+            Ok(_) => {}
+            Err(_) if formatted => {
+                return Err(format!(
+                    "the segment at {offset:#x}, which no chain reaches, has a damaged header and may be the older one"
+                ));
+            }
+            Err(_) => {}
+        }
+    }
+    let Some((offset, h)) = newest else {
+        return Ok(0);
+    };
+    let len = match h.sealed_len {
+        Ok(len) if len > 0 => len,
+        _ => h.data_capacity(),
+    };
+    let mut data = vec![0u8; len as usize];
+    pool.read(offset + SEGMENT_HEADER_LEN as u64, &mut data)
+        .map_err(|e| format!("the segment at {offset:#x} cannot be read: {e}"))?;
+    let mut last = None;
+    segment::scan_through(&data, log_id, h.first_seq, |_, e| last = Some(e.header.seq));
+    match last.and_then(|seq| seq.checked_add(1)) {
+        Some(next) if next == first_seq => Ok(offset),
+        _ => Err(format!(
+            "the log's newest older segment outside its chain ({offset:#x}) does not end where this one begins"
+        )),
+    }
 }
 
 /// Writes `value` to the in-place header `field` of the segment `seg` (at `offset`, of `format`) with one aligned
@@ -985,12 +1054,35 @@ impl Inner {
                     sealed_len,
                     merged: false,
                 });
-                at = h.older.map_err(|damaged| {
-                    ProcessorError::Corrupt(format!(
-                        "log {log_id}: segment at {at:#x}: its link to the older segment is damaged ({damaged}); \
-                         the older segments of the log are out of reach"
-                    ))
-                })?;
+                at = match h.older {
+                    Ok(older) => older,
+                    Err(damaged) => {
+                        let older = find_older_segment(
+                            &self.pool,
+                            &segment_extents,
+                            |o| chained.contains(&o),
+                            log_id,
+                            h.first_seq,
+                        )
+                        .map_err(|why| {
+                            ProcessorError::Corrupt(format!(
+                                "log {log_id}: segment at {at:#x}: its link to the older segment is damaged \
+                                 ({damaged}), and {why}; the older segments of the log are out of reach"
+                            ))
+                        })?;
+                        write_in_place(&self.pool, at, h.format, InPlace::Older, older)?;
+                        warn!(
+                            log = log_id,
+                            segment = at,
+                            older,
+                            %damaged,
+                            "a segment's link to the older segment is damaged; linked again to the log's segment \
+                             that ends where it begins"
+                        );
+                        self.relinked_segments.fetch_add(1, Ordering::Relaxed);
+                        older
+                    }
+                };
             }
             segments.reverse();
             let merged_seq = self.dir.merged_seq(log_id);
@@ -1712,7 +1804,9 @@ impl Inner {
         Ok(m)
     }
 
-    /// Allocates log segments for the delete reserve until it holds its target or the pool is full.
+    /// Allocates log segments for the delete reserve until it holds its target or the pool is full. A reserved
+    /// extent's header is cleared: one left from an earlier use as a segment could otherwise be taken for a log's
+    /// older segment when a damaged link is rebuilt ([`find_older_segment`]).
     fn top_up_delete_reserve(&self) {
         let mut reserve = self.delete_reserve.lock().expect("reserve lock");
         while reserve.len() < self.delete_reserve_target {
@@ -1720,7 +1814,15 @@ impl Inner {
                 .pool
                 .alloc_bytes(self.dir.segment_size(), tags::LOG_SEGMENT)
             {
-                Ok(ext) => reserve.push(ext),
+                Ok(ext) => {
+                    match self.pool.write(ext.offset, &[0u8; SEGMENT_HEADER_LEN]) {
+                        Ok(()) => self.pool.persist(ext.offset, SEGMENT_HEADER_LEN as u64),
+                        Err(e) => {
+                            warn!(segment = ext.offset, %e, "could not clear a reserved segment's header")
+                        }
+                    }
+                    reserve.push(ext);
+                }
                 Err(_) => break,
             }
         }
@@ -2151,6 +2253,7 @@ impl Inner {
         s.torn_entries = self.torn_entries.load(Ordering::Relaxed);
         s.damaged_log_bytes = self.damaged_log_bytes.load(Ordering::Relaxed);
         s.resealed_segments = self.resealed_segments.load(Ordering::Relaxed);
+        s.relinked_segments = self.relinked_segments.load(Ordering::Relaxed);
         s.delete_reserve_segments = self.delete_reserve.lock().expect("reserve lock").len() as u64;
         s.delete_reserve_grants = self.delete_reserve_grants.load(Ordering::Relaxed);
         s.pool_used_bytes = space.used_bytes();

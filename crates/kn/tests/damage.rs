@@ -10,8 +10,9 @@
 //!   short, so each log may lose that one silently;
 //! - bits flipped anywhere in the file (index, directory, allocation table) give an error or a serving store;
 //! - a segment header's fields written once refuse the start when damaged; of the two it rewrites in place, a
-//!   damaged sealed length is rebuilt at start with nothing lost, a damaged link to the older segment refuses the
-//!   start; segments of the format before those checks still recover and grow;
+//!   damaged sealed length is rebuilt at start with nothing lost, a damaged link to the older segment is rebuilt
+//!   when the older segment is certain and refuses the start otherwise; segments of the format before those checks
+//!   still recover and grow;
 //! - the pool checker (`dinomo check`) reports damage wherever reads come out refused or wrong, and finds damage to
 //!   the index that reads cannot tell from a missing key.
 
@@ -20,8 +21,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, Once};
 use std::time::Duration;
 
-use dinomo_dpm::ProcessorConfig;
 use dinomo_dpm::check::{CheckOptions, PoolCheck, check_pool};
+use dinomo_dpm::{ProcessorConfig, ProcessorStats};
 use dinomo_kn::{Embedded, EmbeddedConfig, KnConfig};
 use dinomo_log::ENTRY_HEADER_LEN;
 use dinomo_log::segment::{InPlace, SegmentFormat, SegmentHeader};
@@ -389,11 +390,46 @@ fn segment_headers(image: &Path) -> anyhow::Result<Vec<(usize, SegmentHeader)>> 
         .collect())
 }
 
+/// A copy of `image` with bit `bit` of the header word `field` of the segment at `at` flipped, named `name`.
+fn with_flipped_word(
+    image: &Path,
+    name: &str,
+    at: usize,
+    field: InPlace,
+    bit: usize,
+) -> anyhow::Result<PathBuf> {
+    let mut bytes = std::fs::read(image)?;
+    bytes[at + field.offset() as usize + bit / 8] ^= 1 << (bit % 8);
+    let path = image.with_file_name(name);
+    std::fs::write(&path, &bytes)?;
+    Ok(path)
+}
+
+/// Opens the pool at `path` (on a thread given two minutes), reads every key of the workload, and stops the store
+/// cleanly: its memory node's statistics after the start, and the keys read as anything but their last write.
+fn open_and_read(path: &Path) -> anyhow::Result<(ProcessorStats, Vec<String>)> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = path.to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send((|| -> anyhow::Result<(ProcessorStats, Vec<String>)> {
+            let store = Embedded::open(&config(&path))?;
+            let stats = store.processor_stats();
+            Ok((stats, wrong_reads(&store, &workload())?))
+        })());
+    });
+    rx.recv_timeout(Duration::from_secs(120))?
+}
+
+/// The segment header at `at` of the pool file at `path`.
+fn header_at(path: &Path, at: usize) -> anyhow::Result<Option<SegmentHeader>> {
+    Ok(SegmentHeader::decode(&std::fs::read(path)?[at..]))
+}
+
 /// The two header words the memory node rewrites in place carry their own checks. A flipped bit in a sealed length
 /// is rebuilt at start (the segment is scanned to its last valid entry and sealed there again) with nothing lost;
-/// a flipped bit in the link to the older segment refuses the start, naming the segment. The checker reports both.
+/// the checker reports it first.
 #[test]
-fn a_damaged_sealed_length_is_rebuilt_and_a_damaged_link_refuses_the_start() -> anyhow::Result<()> {
+fn a_damaged_sealed_length_is_rebuilt_at_start() -> anyhow::Result<()> {
     watch_for_panics();
     let dir = tempfile::tempdir()?;
     let image = clean_image(dir.path())?;
@@ -406,10 +442,7 @@ fn a_damaged_sealed_length_is_rebuilt_and_a_damaged_link_refuses_the_start() -> 
     for (n, (at, h)) in sealed.iter().enumerate() {
         // Low, middle and check bits of the word.
         let bit = [3usize, 29, 57][n % 3];
-        let mut bytes = std::fs::read(&image)?;
-        bytes[at + InPlace::SealedLen.offset() as usize + bit / 8] ^= 1 << (bit % 8);
-        let path = dir.path().join(format!("sealed{n}"));
-        std::fs::write(&path, &bytes)?;
+        let path = with_flipped_word(&image, &format!("sealed{n}"), *at, InPlace::SealedLen, bit)?;
         let check = checked(&path)?;
         anyhow::ensure!(
             check.problems.len() == 1
@@ -418,29 +451,15 @@ fn a_damaged_sealed_length_is_rebuilt_and_a_damaged_link_refuses_the_start() -> 
             "bit {bit} of the sealed length at {at:#x}: {:?}",
             check.problems
         );
-        let (tx, rx) = std::sync::mpsc::channel();
-        let opened = path.clone();
-        std::thread::spawn(move || {
-            let _ = tx.send((|| -> anyhow::Result<(u64, Vec<String>)> {
-                let store = Embedded::open(&config(&opened))?;
-                let resealed = store.processor_stats().resealed_segments;
-                let h = store.handle();
-                let mut wrong = Vec::new();
-                for (k, want) in workload() {
-                    let got = h.get(&k)?;
-                    if got != want {
-                        wrong.push(String::from_utf8_lossy(&k).into_owned());
-                    }
-                }
-                Ok((resealed, wrong))
-            })());
-        });
-        let (resealed, wrong) = rx.recv_timeout(Duration::from_secs(120))??;
-        anyhow::ensure!(resealed == 1, "{resealed} segments sealed again");
+        let (stats, wrong) = open_and_read(&path)?;
+        anyhow::ensure!(
+            stats.resealed_segments == 1,
+            "{} segments sealed again",
+            stats.resealed_segments
+        );
         anyhow::ensure!(wrong.is_empty(), "read wrong: {wrong:?}");
         // The word was written again: the file checks clean, the segment sealed where it was.
-        let after = std::fs::read(&path)?;
-        let repaired = SegmentHeader::decode(&after[*at..]);
+        let repaired = header_at(&path, *at)?;
         anyhow::ensure!(
             repaired.is_some_and(|r| r.sealed_len == h.sealed_len),
             "after the start, the header at {at:#x} reads {repaired:?}, was {h:?}"
@@ -448,45 +467,172 @@ fn a_damaged_sealed_length_is_rebuilt_and_a_damaged_link_refuses_the_start() -> 
         let check = checked(&path)?;
         anyhow::ensure!(check.is_clean(), "{:?}", check.problems);
     }
-    let linked: Vec<_> = segments
-        .iter()
-        .filter(|(_, h)| h.older.is_ok_and(|o| o != 0))
-        .collect();
+    no_panics()
+}
+
+/// A flipped bit in a segment's link to the older segment is rebuilt at start when the older segment is certain:
+/// the log's newest segment outside its chain, whose entries end just before this one's (or none, for the log's
+/// oldest). When a segment outside the chains has a damaged header, it may be the one, and the start is refused,
+/// naming both. The checker says which.
+#[test]
+fn a_damaged_link_is_rebuilt_when_the_older_segment_is_certain() -> anyhow::Result<()> {
+    watch_for_panics();
+    let dir = tempfile::tempdir()?;
+    let image = clean_image(dir.path())?;
+    let segments = segment_headers(&image)?;
     anyhow::ensure!(
-        !linked.is_empty(),
-        "no segment links an older one: {segments:?}"
+        segments.iter().any(|(_, h)| h.older.is_ok_and(|o| o != 0))
+            && segments.iter().any(|(_, h)| h.older == Ok(0)),
+        "segments linking an older one and oldest ones: {segments:?}"
     );
-    for (n, (at, _)) in linked.iter().enumerate() {
+    for (n, (at, h)) in segments.iter().enumerate() {
         let bit = [11usize, 40, 50][n % 3];
-        let mut bytes = std::fs::read(&image)?;
-        bytes[at + InPlace::Older.offset() as usize + bit / 8] ^= 1 << (bit % 8);
-        let path = dir.path().join(format!("link{n}"));
-        std::fs::write(&path, &bytes)?;
-        // Reported once; the index slots naming entries in the segments out of reach are reported too.
+        let path = with_flipped_word(&image, &format!("link{n}"), *at, InPlace::Older, bit)?;
+        let older = h.older.map_err(|d| anyhow::anyhow!("{d}"))?;
+        let again = match older {
+            0 => "links it again to nothing".to_string(),
+            o => format!("links it again to {o:#x}"),
+        };
         let check = checked(&path)?;
-        let (link, rest): (Vec<_>, Vec<_>) = check
-            .problems
-            .iter()
-            .partition(|p| p.contains("its link to the older segment is damaged"));
         anyhow::ensure!(
-            link.len() == 1
-                && link[0].contains(&format!("segment at {at:#x}: its link"))
-                && rest
-                    .iter()
-                    .all(|p| p.contains("outside the valid entries of every log segment")),
-            "the checker on bit {bit} of the link of the segment at {at:#x}: {:?}",
+            check.problems.len() == 1
+                && check.problems[0].contains(&format!(
+                    "segment at {at:#x}: its link to the older segment is damaged"
+                ))
+                && check.problems[0].contains(&again),
+            "the checker on bit {bit} of the link of the segment at {at:#x} (to {older:#x}): {:?}",
             check.problems
         );
-        let out = read_back(path);
-        let error = out.open_error.unwrap_or_default();
+        let (stats, wrong) = open_and_read(&path)?;
         anyhow::ensure!(
-            error.contains(&format!(
-                "segment at {at:#x}: its link to the older segment is damaged"
-            )),
-            "a flipped bit in the link of the segment at {at:#x}: {error:?}"
+            stats.relinked_segments == 1,
+            "{} segments linked again",
+            stats.relinked_segments
         );
+        anyhow::ensure!(wrong.is_empty(), "read wrong: {wrong:?}");
+        let repaired = header_at(&path, *at)?;
+        anyhow::ensure!(
+            repaired.is_some_and(|r| r.older == h.older),
+            "after the start, the header at {at:#x} reads {repaired:?}, was {h:?}"
+        );
+        let check = checked(&path)?;
+        anyhow::ensure!(check.is_clean(), "{:?}", check.problems);
     }
+
+    // The older segment's last entry damaged too: it no longer ends where the segment begins.
+    let (at, h) = segments
+        .iter()
+        .find(|(_, h)| h.older.is_ok_and(|o| o != 0))
+        .expect("checked above");
+    let path = with_flipped_word(&image, "link-and-entry", *at, InPlace::Older, 20)?;
+    let older = h.older.map_err(|d| anyhow::anyhow!("{d}"))? as usize;
+    let older_len = header_at(&path, older)?
+        .and_then(|o| o.sealed_len.ok())
+        .expect("the older segment is sealed") as usize;
+    let mut bytes = std::fs::read(&path)?;
+    // Inside the last entry: at most 7 bytes of padding follow it.
+    bytes[older + dinomo_log::SEGMENT_HEADER_LEN + older_len - 9] ^= 0x10;
+    std::fs::write(&path, &bytes)?;
+    let why = format!(
+        "the log's newest older segment outside its chain ({older:#x}) does not end where this one begins"
+    );
+    let check = checked(&path)?;
+    anyhow::ensure!(
+        check.problems.iter().any(|p| p.contains(&format!(
+            "segment at {at:#x}: its link to the older segment is damaged"
+        )) && p.contains(&why)),
+        "{:?}",
+        check.problems
+    );
+    let error = read_back(path).open_error.unwrap_or_default();
+    anyhow::ensure!(
+        error.contains(&format!(
+            "segment at {at:#x}: its link to the older segment is damaged"
+        )) && error.contains(&why),
+        "{error:?}"
+    );
+
+    // The older segment's header damaged too: it cannot be told from any other segment.
+    let (at, h) = segments
+        .iter()
+        .find(|(_, h)| h.older.is_ok_and(|o| o != 0))
+        .expect("checked above");
+    let path = with_flipped_word(&image, "link-and-header", *at, InPlace::Older, 20)?;
+    let older = h.older.map_err(|d| anyhow::anyhow!("{d}"))? as usize;
+    let mut bytes = std::fs::read(&path)?;
+    bytes[older + dinomo_log::segment::field::FIRST_SEQ as usize] ^= 0x10;
+    std::fs::write(&path, &bytes)?;
+    let why = format!("the segment at {older:#x}, which no chain reaches, has a damaged header");
+    let check = checked(&path)?;
+    anyhow::ensure!(
+        check.problems.iter().any(|p| p.contains(&format!(
+            "segment at {at:#x}: its link to the older segment is damaged"
+        )) && p.contains(&why)),
+        "{:?}",
+        check.problems
+    );
+    let out = read_back(path);
+    let error = out.open_error.unwrap_or_default();
+    anyhow::ensure!(
+        error.contains(&format!(
+            "segment at {at:#x}: its link to the older segment is damaged"
+        )) && error.contains(&why),
+        "{error:?}"
+    );
     no_panics()
+}
+
+/// The extents a memory node sets aside for deletes on a full pool carry no segment header, even where they held a
+/// segment before: a stale header could pass for a log's older segment when a damaged link is rebuilt.
+#[test]
+fn the_delete_reserve_carries_no_stale_segment_header() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("reused");
+    {
+        // Segments are filled, merged, superseded and recycled; with no reserve, the lowest extents are among them.
+        let mut first = config(&path);
+        first.processor.delete_reserve_segments = 0;
+        let store = Embedded::open(&first)?;
+        for _ in 0..4 {
+            write_workload(&store)?;
+        }
+        anyhow::ensure!(store.processor_stats().recycled_segments > 0);
+    }
+    let stale = segment_headers(&path);
+    // A restart frees the reserve of the last run; the first segment granted sets one aside again, first fit: over
+    // recycled segments.
+    {
+        let store = Embedded::open(&config(&path))?;
+        store.handle().set(b"after the restart", b"value")?;
+    }
+    let bytes = std::fs::read(&path)?;
+    let pool = dinomo_pool::Pool::open_snapshot(&path)?.0;
+    let log_segments: Vec<u64> = pool
+        .allocated()
+        .into_iter()
+        .filter(|e| e.tag == dinomo_log::tags::LOG_SEGMENT)
+        .map(|e| e.offset)
+        .collect();
+    let unformatted: Vec<u64> = log_segments
+        .iter()
+        .copied()
+        .filter(|&o| {
+            let header = &bytes[o as usize..][..dinomo_log::SEGMENT_HEADER_LEN];
+            header.iter().all(|&b| b == 0)
+        })
+        .collect();
+    let check = checked(&path)?;
+    anyhow::ensure!(check.is_clean(), "{:?}", check.problems);
+    // Every log segment no chain reaches is the reserve, and it carries no header.
+    anyhow::ensure!(
+        check.orphaned_segments == ProcessorConfig::default().delete_reserve_segments as u64
+            && unformatted.len() as u64 == check.orphaned_segments,
+        "{} log segments outside the chains, {} of them without a header: {unformatted:x?} of {log_segments:x?} \
+         (segments before the restart: {stale:?})",
+        check.orphaned_segments,
+        unformatted.len()
+    );
+    Ok(())
 }
 
 /// Every key of `store` reads as its last write in `writes`; the keys that do not.
