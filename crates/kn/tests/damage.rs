@@ -425,6 +425,61 @@ fn header_at(path: &Path, at: usize) -> anyhow::Result<Option<SegmentHeader>> {
     Ok(SegmentHeader::decode(&std::fs::read(path)?[at..]))
 }
 
+/// Flips `bit` of the header word `field` of the segment at `at` (whose header is `original`) in a copy of `image`,
+/// and requires the damage repaired by a start: the checker reports one problem, saying each of `reported`; a start
+/// counts one repair (`repairs` of its statistics), reads every key right and writes the header back as it was; the
+/// file then checks clean.
+fn repaired_at_start(
+    image: &Path,
+    name: &str,
+    (at, original): (usize, &SegmentHeader),
+    field: InPlace,
+    bit: usize,
+    reported: &[String],
+    repairs: fn(&ProcessorStats) -> u64,
+) -> anyhow::Result<()> {
+    let path = with_flipped_word(image, name, at, field, bit)?;
+    let check = checked(&path)?;
+    anyhow::ensure!(
+        check.problems.len() == 1 && reported.iter().all(|r| check.problems[0].contains(r)),
+        "bit {bit} of {field:?} of the segment at {at:#x}: {:?}",
+        check.problems
+    );
+    let (stats, wrong) = open_and_read(&path)?;
+    anyhow::ensure!(
+        repairs(&stats) == 1,
+        "{field:?}: {} repairs",
+        repairs(&stats)
+    );
+    anyhow::ensure!(wrong.is_empty(), "read wrong: {wrong:?}");
+    let repaired = header_at(&path, at)?;
+    anyhow::ensure!(
+        repaired.as_ref() == Some(original),
+        "after the start, the header at {at:#x} reads {repaired:?}, was {original:?}"
+    );
+    let check = checked(&path)?;
+    anyhow::ensure!(check.is_clean(), "{:?}", check.problems);
+    Ok(())
+}
+
+/// The checker reports, and a start refuses, the damaged link of the segment at `at` in the pool file at `path`,
+/// both saying `why` it cannot be rebuilt.
+fn link_refused(path: PathBuf, at: usize, why: &str) -> anyhow::Result<()> {
+    let link = format!("segment at {at:#x}: its link to the older segment is damaged");
+    let check = checked(&path)?;
+    anyhow::ensure!(
+        check
+            .problems
+            .iter()
+            .any(|p| p.contains(&link) && p.contains(why)),
+        "{:?}",
+        check.problems
+    );
+    let error = read_back(path).open_error.unwrap_or_default();
+    anyhow::ensure!(error.contains(&link) && error.contains(why), "{error:?}");
+    Ok(())
+}
+
 /// The two header words the memory node rewrites in place carry their own checks. A flipped bit in a sealed length
 /// is rebuilt at start (the segment is scanned to its last valid entry and sealed there again) with nothing lost;
 /// the checker reports it first.
@@ -442,30 +497,15 @@ fn a_damaged_sealed_length_is_rebuilt_at_start() -> anyhow::Result<()> {
     for (n, (at, h)) in sealed.iter().enumerate() {
         // Low, middle and check bits of the word.
         let bit = [3usize, 29, 57][n % 3];
-        let path = with_flipped_word(&image, &format!("sealed{n}"), *at, InPlace::SealedLen, bit)?;
-        let check = checked(&path)?;
-        anyhow::ensure!(
-            check.problems.len() == 1
-                && check.problems[0]
-                    .contains(&format!("segment at {at:#x}: its sealed length is damaged")),
-            "bit {bit} of the sealed length at {at:#x}: {:?}",
-            check.problems
-        );
-        let (stats, wrong) = open_and_read(&path)?;
-        anyhow::ensure!(
-            stats.resealed_segments == 1,
-            "{} segments sealed again",
-            stats.resealed_segments
-        );
-        anyhow::ensure!(wrong.is_empty(), "read wrong: {wrong:?}");
-        // The word was written again: the file checks clean, the segment sealed where it was.
-        let repaired = header_at(&path, *at)?;
-        anyhow::ensure!(
-            repaired.is_some_and(|r| r.sealed_len == h.sealed_len),
-            "after the start, the header at {at:#x} reads {repaired:?}, was {h:?}"
-        );
-        let check = checked(&path)?;
-        anyhow::ensure!(check.is_clean(), "{:?}", check.problems);
+        repaired_at_start(
+            &image,
+            &format!("sealed{n}"),
+            (*at, h),
+            InPlace::SealedLen,
+            bit,
+            &[format!("segment at {at:#x}: its sealed length is damaged")],
+            |s| s.resealed_segments,
+        )?;
     }
     no_panics()
 }
@@ -487,98 +527,59 @@ fn a_damaged_link_is_rebuilt_when_the_older_segment_is_certain() -> anyhow::Resu
     );
     for (n, (at, h)) in segments.iter().enumerate() {
         let bit = [11usize, 40, 50][n % 3];
-        let path = with_flipped_word(&image, &format!("link{n}"), *at, InPlace::Older, bit)?;
-        let older = h.older.map_err(|d| anyhow::anyhow!("{d}"))?;
-        let again = match older {
+        let again = match h.older.map_err(|d| anyhow::anyhow!("{d}"))? {
             0 => "links it again to nothing".to_string(),
             o => format!("links it again to {o:#x}"),
         };
-        let check = checked(&path)?;
-        anyhow::ensure!(
-            check.problems.len() == 1
-                && check.problems[0].contains(&format!(
-                    "segment at {at:#x}: its link to the older segment is damaged"
-                ))
-                && check.problems[0].contains(&again),
-            "the checker on bit {bit} of the link of the segment at {at:#x} (to {older:#x}): {:?}",
-            check.problems
-        );
-        let (stats, wrong) = open_and_read(&path)?;
-        anyhow::ensure!(
-            stats.relinked_segments == 1,
-            "{} segments linked again",
-            stats.relinked_segments
-        );
-        anyhow::ensure!(wrong.is_empty(), "read wrong: {wrong:?}");
-        let repaired = header_at(&path, *at)?;
-        anyhow::ensure!(
-            repaired.is_some_and(|r| r.older == h.older),
-            "after the start, the header at {at:#x} reads {repaired:?}, was {h:?}"
-        );
-        let check = checked(&path)?;
-        anyhow::ensure!(check.is_clean(), "{:?}", check.problems);
+        repaired_at_start(
+            &image,
+            &format!("link{n}"),
+            (*at, h),
+            InPlace::Older,
+            bit,
+            &[
+                format!("segment at {at:#x}: its link to the older segment is damaged"),
+                again,
+            ],
+            |s| s.relinked_segments,
+        )?;
     }
 
-    // The older segment's last entry damaged too: it no longer ends where the segment begins.
+    // With the link, damage to the older segment it named: its last entry (it no longer ends where the segment
+    // begins), or its header (it cannot be told from any other segment).
     let (at, h) = segments
         .iter()
         .find(|(_, h)| h.older.is_ok_and(|o| o != 0))
         .expect("checked above");
-    let path = with_flipped_word(&image, "link-and-entry", *at, InPlace::Older, 20)?;
     let older = h.older.map_err(|d| anyhow::anyhow!("{d}"))? as usize;
-    let older_len = header_at(&path, older)?
-        .and_then(|o| o.sealed_len.ok())
+    let older_len = segments
+        .iter()
+        .find(|(o, _)| *o == older)
+        .and_then(|(_, o)| o.sealed_len.ok())
         .expect("the older segment is sealed") as usize;
-    let mut bytes = std::fs::read(&path)?;
     // Inside the last entry: at most 7 bytes of padding follow it.
-    bytes[older + dinomo_log::SEGMENT_HEADER_LEN + older_len - 9] ^= 0x10;
-    std::fs::write(&path, &bytes)?;
-    let why = format!(
-        "the log's newest older segment outside its chain ({older:#x}) does not end where this one begins"
-    );
-    let check = checked(&path)?;
-    anyhow::ensure!(
-        check.problems.iter().any(|p| p.contains(&format!(
-            "segment at {at:#x}: its link to the older segment is damaged"
-        )) && p.contains(&why)),
-        "{:?}",
-        check.problems
-    );
-    let error = read_back(path).open_error.unwrap_or_default();
-    anyhow::ensure!(
-        error.contains(&format!(
-            "segment at {at:#x}: its link to the older segment is damaged"
-        )) && error.contains(&why),
-        "{error:?}"
-    );
-
-    // The older segment's header damaged too: it cannot be told from any other segment.
-    let (at, h) = segments
-        .iter()
-        .find(|(_, h)| h.older.is_ok_and(|o| o != 0))
-        .expect("checked above");
-    let path = with_flipped_word(&image, "link-and-header", *at, InPlace::Older, 20)?;
-    let older = h.older.map_err(|d| anyhow::anyhow!("{d}"))? as usize;
-    let mut bytes = std::fs::read(&path)?;
-    bytes[older + dinomo_log::segment::field::FIRST_SEQ as usize] ^= 0x10;
-    std::fs::write(&path, &bytes)?;
-    let why = format!("the segment at {older:#x}, which no chain reaches, has a damaged header");
-    let check = checked(&path)?;
-    anyhow::ensure!(
-        check.problems.iter().any(|p| p.contains(&format!(
-            "segment at {at:#x}: its link to the older segment is damaged"
-        )) && p.contains(&why)),
-        "{:?}",
-        check.problems
-    );
-    let out = read_back(path);
-    let error = out.open_error.unwrap_or_default();
-    anyhow::ensure!(
-        error.contains(&format!(
-            "segment at {at:#x}: its link to the older segment is damaged"
-        )) && error.contains(&why),
-        "{error:?}"
-    );
+    let last_entry = older + dinomo_log::SEGMENT_HEADER_LEN + older_len - 9;
+    let first_seq = older + dinomo_log::segment::field::FIRST_SEQ as usize;
+    for (name, byte, why) in [
+        (
+            "link-and-entry",
+            last_entry,
+            format!(
+                "the log's newest older segment outside its chain ({older:#x}) does not end where this one begins"
+            ),
+        ),
+        (
+            "link-and-header",
+            first_seq,
+            format!("the segment at {older:#x}, which no chain reaches, has a damaged header"),
+        ),
+    ] {
+        let path = with_flipped_word(&image, name, *at, InPlace::Older, 20)?;
+        let mut bytes = std::fs::read(&path)?;
+        bytes[byte] ^= 0x10;
+        std::fs::write(&path, &bytes)?;
+        link_refused(path, *at, &why)?;
+    }
     no_panics()
 }
 
