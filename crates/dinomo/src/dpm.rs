@@ -216,7 +216,8 @@ pub fn run(args: DpmArgs) -> anyhow::Result<()> {
                     Partitioning::Shared => "one shared index".to_string(),
                     Partitioning::PerNode => format!("{} index partitions", s.partitions),
                 };
-                let mut damaged = match s.damaged_log_bytes {
+                // Damage recovery met: what it cost, and what it rebuilt.
+                let mut damage = match s.damaged_log_bytes {
                     0 => String::new(),
                     n => format!(
                         ", {n} bytes of damaged log entries skipped (their writes are lost; see the log)"
@@ -224,12 +225,12 @@ pub fn run(args: DpmArgs) -> anyhow::Result<()> {
                 };
                 let repaired = s.resealed_segments + s.relinked_segments;
                 if repaired > 0 {
-                    damaged.push_str(&format!(
+                    damage.push_str(&format!(
                         ", {repaired} damaged segment header words rebuilt (nothing lost; see the log)"
                     ));
                 }
                 format!(
-                    ", {} logs, {layout}, {} keys, {} entries recovered{damaged}",
+                    ", {} logs, {layout}, {} keys, {} entries recovered{damage}",
                     s.logs, s.index_entries, s.recovered_entries
                 )
             }

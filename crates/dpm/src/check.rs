@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use dinomo_index::{Anchor, Index, IndexConfig};
-use dinomo_log::segment::{self, ScanEnd, StopReason};
+use dinomo_log::segment::{self, DamagedField, ScanEnd, StopReason};
 use dinomo_log::{EntryRef, EntryView, HashMode, Op, SEGMENT_HEADER_LEN, SegmentHeader};
 use dinomo_pool::Pool;
 use serde::Serialize;
@@ -224,37 +224,10 @@ impl Checker {
                 self.check_segment(&mut summary, at, &h, merged_seq);
                 at = match h.older {
                     Ok(older) => older,
-                    Err(damaged) => {
-                        let found = find_older_segment(
-                            &self.pool,
-                            &extents,
-                            |o| self.spans.contains_key(&o),
-                            log,
-                            h.first_seq,
-                        );
-                        let link = format!(
-                            "log {log}: segment at {at:#x}: its link to the older segment is damaged ({damaged})"
-                        );
-                        match found {
-                            Ok(older) => {
-                                self.problem(format!(
-                                    "{link}; a memory node starting on this pool links it again to {}",
-                                    match older {
-                                        0 => "nothing (the log has no older segment left)".to_string(),
-                                        o => format!("{o:#x}, the log's segment that ends where it begins"),
-                                    }
-                                ));
-                                older
-                            }
-                            Err(why) => {
-                                self.problem(format!(
-                                    "{link}, and {why}; the segments past it are out of reach (a memory node \
-                                     refuses to start on this pool)"
-                                ));
-                                break;
-                            }
-                        }
-                    }
+                    Err(damaged) => match self.relinked_older(log, at, &h, damaged, &extents) {
+                        Some(older) => older,
+                        None => break,
+                    },
                 };
             }
             self.report.damaged_log_bytes += summary.damaged_bytes;
@@ -264,6 +237,47 @@ impl Checker {
             .keys()
             .filter(|o| !self.spans.contains_key(o))
             .count() as u64;
+    }
+
+    /// The older segment a memory node would link `log`'s segment at `at` (header `h`) to again, its link word
+    /// being `damaged`; reported either way, and `None` when it cannot be told (the chain ends there).
+    fn relinked_older(
+        &mut self,
+        log: u32,
+        at: u64,
+        h: &SegmentHeader,
+        damaged: DamagedField,
+        extents: &HashMap<u64, u64>,
+    ) -> Option<u64> {
+        let found = find_older_segment(
+            &self.pool,
+            extents,
+            |o| self.spans.contains_key(&o),
+            log,
+            h.first_seq,
+        );
+        let link = format!(
+            "log {log}: segment at {at:#x}: its link to the older segment is damaged ({damaged})"
+        );
+        match found {
+            Ok(older) => {
+                let to = match older {
+                    0 => "nothing (the log has no older segment left)".to_string(),
+                    o => format!("{o:#x}, the log's segment that ends where it begins"),
+                };
+                self.problem(format!(
+                    "{link}; a memory node starting on this pool links it again to {to}"
+                ));
+                Some(older)
+            }
+            Err(why) => {
+                self.problem(format!(
+                    "{link}, and {why}; the segments past it are out of reach (a memory node refuses to start on \
+                     this pool)"
+                ));
+                None
+            }
+        }
     }
 
     /// The header of the segment at `at` in `log`'s chain, when it is one; else the chain's damage is reported

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use dinomo_fabric::{MemoryNode, RpcError, RpcHandler};
 use dinomo_index::{Anchor, Index, IndexConfig, IndexError};
-use dinomo_log::segment::{self, InPlace, ScanEnd, SegmentFormat};
+use dinomo_log::segment::{self, DamagedField, InPlace, ScanEnd, SegmentFormat};
 use dinomo_log::{
     ENTRY_HEADER_LEN, EntryHeader, EntryRef, EntryView, HashMode, Op, SEGMENT_HEADER_LEN,
     SegmentHeader, encode_entry, entry_len, roots, tags,
@@ -729,13 +729,6 @@ pub(crate) fn find_older_segment(
     let mut offsets: Vec<u64> = extents.keys().copied().filter(|&o| !chained(o)).collect();
     offsets.sort_unstable();
     for offset in offsets {
-        let mut b = [0u8; SEGMENT_HEADER_LEN];
-        if pool.read(offset, &mut b).is_err() {
-            continue;
-        }
-        let formatted = [SegmentFormat::Checked, SegmentFormat::Unchecked]
-            .iter()
-            .any(|f| b[..8] == f.magic());
         match read_segment_header(pool, offset, extents) {
             Ok(h) if h.log_id == log_id && h.first_seq < first_seq => {
                 if newest
@@ -746,12 +739,16 @@ pub(crate) fn find_older_segment(
                 }
             }
             Ok(_) => {}
-            Err(_) if formatted => {
-                return Err(format!(
-                    "the segment at {offset:#x}, which no chain reaches, has a damaged header and may be the older one"
-                ));
+            Err(_) => {
+                let mut magic = [0u8; 8];
+                if pool.read(offset, &mut magic).is_ok()
+                    && SegmentFormat::of_magic(&magic).is_some()
+                {
+                    return Err(format!(
+                        "the segment at {offset:#x}, which no chain reaches, has a damaged header and may be the older one"
+                    ));
+                }
             }
-            Err(_) => {}
         }
     }
     let Some((offset, h)) = newest else {
@@ -774,8 +771,8 @@ pub(crate) fn find_older_segment(
     }
 }
 
-/// Writes `value` to the in-place header `field` of the segment `seg` (at `offset`, of `format`) with one aligned
-/// 8-byte store, so a crash leaves the old word or the new one.
+/// Writes `value` to the in-place header `field` of the segment at `offset` (of `format`) with one aligned 8-byte
+/// store, so a crash leaves the old word or the new one.
 fn write_in_place(
     pool: &Pool,
     offset: u64,
@@ -1057,30 +1054,7 @@ impl Inner {
                 at = match h.older {
                     Ok(older) => older,
                     Err(damaged) => {
-                        let older = find_older_segment(
-                            &self.pool,
-                            &segment_extents,
-                            |o| chained.contains(&o),
-                            log_id,
-                            h.first_seq,
-                        )
-                        .map_err(|why| {
-                            ProcessorError::Corrupt(format!(
-                                "log {log_id}: segment at {at:#x}: its link to the older segment is damaged \
-                                 ({damaged}), and {why}; the older segments of the log are out of reach"
-                            ))
-                        })?;
-                        write_in_place(&self.pool, at, h.format, InPlace::Older, older)?;
-                        warn!(
-                            log = log_id,
-                            segment = at,
-                            older,
-                            %damaged,
-                            "a segment's link to the older segment is damaged; linked again to the log's segment \
-                             that ends where it begins"
-                        );
-                        self.relinked_segments.fetch_add(1, Ordering::Relaxed);
-                        older
+                        self.relink_older(log_id, at, &h, damaged, &segment_extents, &chained)?
                     }
                 };
             }
@@ -1182,6 +1156,44 @@ impl Inner {
             "memory-node processor recovered"
         );
         Ok(())
+    }
+
+    /// The older segment of `log_id`'s segment at `at` (header `h`), whose link word is `damaged`: found again
+    /// ([`find_older_segment`], among the log segments `extents` outside the chains loaded so far, `chained`) and
+    /// written back. When it cannot be told, the start is refused.
+    fn relink_older(
+        &self,
+        log_id: u32,
+        at: u64,
+        h: &SegmentHeader,
+        damaged: DamagedField,
+        extents: &HashMap<u64, u64>,
+        chained: &HashSet<u64>,
+    ) -> Result<u64, ProcessorError> {
+        let older = find_older_segment(
+            &self.pool,
+            extents,
+            |o| chained.contains(&o),
+            log_id,
+            h.first_seq,
+        )
+        .map_err(|why| {
+            ProcessorError::Corrupt(format!(
+                "log {log_id}: segment at {at:#x}: its link to the older segment is damaged ({damaged}), and {why}; \
+                 the older segments of the log are out of reach"
+            ))
+        })?;
+        write_in_place(&self.pool, at, h.format, InPlace::Older, older)?;
+        warn!(
+            log = log_id,
+            segment = at,
+            older,
+            %damaged,
+            "a segment's link to the older segment is damaged; linked again to the log's segment that ends where it \
+             begins"
+        );
+        self.relinked_segments.fetch_add(1, Ordering::Relaxed);
+        Ok(older)
     }
 
     /// Takes over a log whose writer is gone: seals its open segments at their last valid entry (nothing after

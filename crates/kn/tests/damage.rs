@@ -127,10 +127,7 @@ fn entry_areas(image: &Path) -> anyhow::Result<Vec<std::ops::Range<usize>>> {
         let start = ext.offset as usize;
         let seg = &bytes[start..start + ext.len as usize];
         // The delete reserve's segments are allocated but not formatted yet.
-        if ![SegmentFormat::Checked, SegmentFormat::Unchecked]
-            .iter()
-            .any(|f| seg.starts_with(&f.magic()))
-        {
+        if SegmentFormat::of_magic(&seg[..8]).is_none() {
             continue;
         }
         let used = seg.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
@@ -152,8 +149,8 @@ struct Outcome {
     wrong: Vec<String>,
     /// Reads refused with an error.
     refused: u32,
-    /// `damaged_log_bytes` after the open.
-    damaged_log_bytes: u64,
+    /// The memory node's statistics after the open.
+    stats: ProcessorStats,
     /// What the checker said of the copy, before it was opened.
     check: PoolCheck,
 }
@@ -171,6 +168,26 @@ fn checked(path: &Path) -> anyhow::Result<PoolCheck> {
     Ok(report)
 }
 
+/// Reads every key of `writes` from `store`: the keys read as something other than their last write (without an
+/// error), and the reads refused with an error.
+fn read_every_key(store: &Embedded, writes: &LastWrites) -> (Vec<String>, u32) {
+    let h = store.handle();
+    let (mut wrong, mut refused) = (Vec::new(), 0);
+    for (k, want) in writes {
+        match h.get(k) {
+            Ok(got) if got == *want => {}
+            Ok(got) => wrong.push(format!(
+                "{}: read {:?}, last write {:?}",
+                String::from_utf8_lossy(k),
+                got.map(|v| v.len()),
+                want.as_ref().map(|v| v.len())
+            )),
+            Err(_) => refused += 1,
+        }
+    }
+    (wrong, refused)
+}
+
 /// Opens `path` and reads every key, on a thread given two minutes to finish.
 fn read_back(path: PathBuf) -> Outcome {
     let (tx, rx) = std::sync::mpsc::channel();
@@ -179,20 +196,8 @@ fn read_back(path: PathBuf) -> Outcome {
         match Embedded::open(&config(&path)) {
             Err(e) => out.open_error = Some(e.to_string()),
             Ok(store) => {
-                out.damaged_log_bytes = store.processor_stats().damaged_log_bytes;
-                let h = store.handle();
-                for (k, want) in workload() {
-                    match h.get(&k) {
-                        Ok(got) if got == want => {}
-                        Ok(got) => out.wrong.push(format!(
-                            "{}: read {:?}, last write {:?}",
-                            String::from_utf8_lossy(&k),
-                            got.map(|v| v.len()),
-                            want.as_ref().map(|v| v.len())
-                        )),
-                        Err(_) => out.refused += 1,
-                    }
-                }
+                out.stats = store.processor_stats();
+                (out.wrong, out.refused) = read_every_key(&store, &workload());
             }
         }
         let _ = tx.send(out);
@@ -292,20 +297,20 @@ fn in_a_crash_image_damaged_entries_are_skipped_reported_and_cost_only_themselve
             out.open_error
         );
         // A lost entry takes at least a header's bytes, and changes one key.
-        let explained = out.damaged_log_bytes as usize / ENTRY_HEADER_LEN + THREADS;
+        let explained = out.stats.damaged_log_bytes as usize / ENTRY_HEADER_LEN + THREADS;
         anyhow::ensure!(
             out.wrong.len() <= explained,
             "seed {seed}: {} keys read wrong, {} damaged bytes reported: {:?}",
             out.wrong.len(),
-            out.damaged_log_bytes,
+            out.stats.damaged_log_bytes,
             out.wrong
         );
         // What recovery skips, the checker reports; where it reports nothing, reads lose at most each log's
         // last entry (above).
         anyhow::ensure!(
-            out.damaged_log_bytes == 0 || !out.check.is_clean(),
+            out.stats.damaged_log_bytes == 0 || !out.check.is_clean(),
             "seed {seed}: recovery skipped {} damaged bytes, and the checker found nothing",
-            out.damaged_log_bytes
+            out.stats.damaged_log_bytes
         );
         anyhow::ensure!(
             !out.check.is_clean() || (out.refused == 0 && out.wrong.len() <= THREADS),
@@ -313,7 +318,7 @@ fn in_a_crash_image_damaged_entries_are_skipped_reported_and_cost_only_themselve
             out.refused,
             out.wrong
         );
-        reported += out.damaged_log_bytes;
+        reported += out.stats.damaged_log_bytes;
     }
     anyhow::ensure!(
         reported > 0,
@@ -405,21 +410,6 @@ fn with_flipped_word(
     Ok(path)
 }
 
-/// Opens the pool at `path` (on a thread given two minutes), reads every key of the workload, and stops the store
-/// cleanly: its memory node's statistics after the start, and the keys read as anything but their last write.
-fn open_and_read(path: &Path) -> anyhow::Result<(ProcessorStats, Vec<String>)> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let path = path.to_path_buf();
-    std::thread::spawn(move || {
-        let _ = tx.send((|| -> anyhow::Result<(ProcessorStats, Vec<String>)> {
-            let store = Embedded::open(&config(&path))?;
-            let stats = store.processor_stats();
-            Ok((stats, wrong_reads(&store, &workload())?))
-        })());
-    });
-    rx.recv_timeout(Duration::from_secs(120))?
-}
-
 /// The segment header at `at` of the pool file at `path`.
 fn header_at(path: &Path, at: usize) -> anyhow::Result<Option<SegmentHeader>> {
     Ok(SegmentHeader::decode(&std::fs::read(path)?[at..]))
@@ -445,13 +435,19 @@ fn repaired_at_start(
         "bit {bit} of {field:?} of the segment at {at:#x}: {:?}",
         check.problems
     );
-    let (stats, wrong) = open_and_read(&path)?;
+    let out = read_back(path.clone());
+    anyhow::ensure!(out.open_error.is_none(), "{:?}", out.open_error);
     anyhow::ensure!(
-        repairs(&stats) == 1,
+        repairs(&out.stats) == 1,
         "{field:?}: {} repairs",
-        repairs(&stats)
+        repairs(&out.stats)
     );
-    anyhow::ensure!(wrong.is_empty(), "read wrong: {wrong:?}");
+    anyhow::ensure!(
+        out.wrong.is_empty() && out.refused == 0,
+        "read wrong: {:?}, {} refused",
+        out.wrong,
+        out.refused
+    );
     let repaired = header_at(&path, at)?;
     anyhow::ensure!(
         repaired.as_ref() == Some(original),
@@ -636,18 +632,6 @@ fn the_delete_reserve_carries_no_stale_segment_header() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every key of `store` reads as its last write in `writes`; the keys that do not.
-fn wrong_reads(store: &Embedded, writes: &LastWrites) -> anyhow::Result<Vec<String>> {
-    let h = store.handle();
-    let mut wrong = Vec::new();
-    for (k, want) in writes {
-        if h.get(k)? != *want {
-            wrong.push(String::from_utf8_lossy(k).into_owned());
-        }
-    }
-    Ok(wrong)
-}
-
 /// A pool written by a version whose segment headers kept plain in-place words (`DNMSEG01`) still recovers,
 /// serves and grows: its segments are sealed and relinked in their own format, new segments get the checked one.
 #[test]
@@ -676,8 +660,11 @@ fn segments_of_the_unchecked_format_are_recovered_and_kept_in_their_format() -> 
     {
         let store = Embedded::open(&config(&path))?;
         anyhow::ensure!(store.processor_stats().recovered_entries > 0);
-        let wrong = wrong_reads(&store, &writes)?;
-        anyhow::ensure!(wrong.is_empty(), "read wrong after recovery: {wrong:?}");
+        let (wrong, refused) = read_every_key(&store, &writes);
+        anyhow::ensure!(
+            wrong.is_empty() && refused == 0,
+            "read wrong after recovery: {wrong:?}, {refused} refused"
+        );
         let file = std::fs::read(&path)?;
         for (at, _) in old.iter().filter(|(_, h)| h.sealed_len == Ok(0)) {
             // Sealed at its last entry, with a plain word.
@@ -721,8 +708,11 @@ fn segments_of_the_unchecked_format_are_recovered_and_kept_in_their_format() -> 
         "no segment formatted since has the checked format: {now:?}"
     );
     let store = Embedded::open(&config(&path))?;
-    let wrong = wrong_reads(&store, &writes)?;
-    anyhow::ensure!(wrong.is_empty(), "read wrong after a restart: {wrong:?}");
+    let (wrong, refused) = read_every_key(&store, &writes);
+    anyhow::ensure!(
+        wrong.is_empty() && refused == 0,
+        "read wrong after a restart: {wrong:?}, {refused} refused"
+    );
     Ok(())
 }
 

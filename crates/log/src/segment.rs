@@ -104,7 +104,8 @@ impl SegmentFormat {
         }
     }
 
-    fn of_magic(magic: &[u8]) -> Option<SegmentFormat> {
+    /// The format whose magic `magic` (a header's first 8 bytes) is; `None` when it is no segment's.
+    pub fn of_magic(magic: &[u8]) -> Option<SegmentFormat> {
         [SegmentFormat::Checked, SegmentFormat::Unchecked]
             .into_iter()
             .find(|f| f.magic() == magic)
