@@ -685,8 +685,8 @@ impl Index {
                 drop(guard);
                 match self.grow(t.word, Trigger::Load) {
                     Ok(()) => {}
-                    Err(e @ IndexError::OutOfSpace { .. }) => {
-                        tracing::warn!(error = %e, "index cannot grow; filling the current table");
+                    Err(IndexError::OutOfSpace { .. }) => {
+                        // Logged by the growth that failed; later inserts within its retry pause fail here at once.
                         load_resize_failed = true;
                     }
                     Err(e) => return Err(e),
@@ -745,6 +745,36 @@ impl Index {
             bucket = self.next_bucket(&t, cur);
         }
         None
+    }
+
+    /// Moves a key's entry: the live slot with this hash holding exactly `old` gets `new` (one atomic store), and
+    /// `true` is returned; `false` when no slot holds `old` any more (the key was written, deleted or moved since
+    /// `old` was read) and nothing changed. Never inserts, so it needs no room. The log cleaner's move.
+    pub fn replace(&self, hash: u64, old: EntryRef, new: EntryRef) -> Result<bool, IndexError> {
+        if new.is_null() {
+            return Err(IndexError::NullRef);
+        }
+        self.maybe_reclaim();
+        let hash = stored_hash(hash);
+        let guard = self.read_table();
+        let t = *guard;
+        let b = bucket_index(hash, t.nbuckets);
+        let _stripe = self.stripe(b);
+        let mut bucket = Some(primary_offset(t.offset, b));
+        while let Some(cur) = bucket {
+            for i in 0..SLOTS as u64 {
+                let s = cur + 16 * i;
+                if self.word(s).load(Ordering::Acquire) == hash
+                    && self.word(s + 8).load(Ordering::Acquire) == old.raw()
+                {
+                    self.word(s + 8).store(new.raw(), Ordering::Release);
+                    persist(&self.pool, s + 8, 8);
+                    return Ok(true);
+                }
+            }
+            bucket = self.next_bucket(&t, cur);
+        }
+        Ok(false)
     }
 
     /// Writes `(hash, value)` into the empty slot at `s`: value first, hash last (the hash commits the slot).
@@ -847,7 +877,14 @@ impl Index {
             .map(|(_, at, bytes)| (at, bytes))
     }
 
+    /// Records a failed growth of the table named by `word` (logged here: once per attempt, not once per insert
+    /// that meets the blocked table afterwards).
     fn block_growth(&self, word: u64, bytes: u64) {
+        tracing::warn!(
+            bytes,
+            retry_after = ?GROWTH_RETRY,
+            "index cannot grow for lack of pool space; filling the current table"
+        );
         *self
             .growth_failure
             .lock()

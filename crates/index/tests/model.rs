@@ -16,6 +16,9 @@ enum Op {
     Upsert(u8),
     Remove(u8),
     Get(u8),
+    /// The log cleaner's move of the key's entry to a new place: from its current reference (`false`), or from one
+    /// it no longer has (`true`: the key was written since the cleaner read it), which must change nothing.
+    Move(u8, bool),
 }
 
 const KEYS: u8 = 40;
@@ -25,6 +28,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0..KEYS).prop_map(Op::Upsert),
         2 => (0..KEYS).prop_map(Op::Remove),
         1 => (0..KEYS).prop_map(Op::Get),
+        2 => (0..KEYS, any::<bool>()).prop_map(|(k, stale)| Op::Move(k, stale)),
     ]
 }
 
@@ -82,6 +86,23 @@ impl World {
                 let key = key_bytes(k);
                 let got = self.index.get(self.hash(k), |e| self.side[&e] == key);
                 assert_eq!(got, self.model.get(&k).copied(), "get {k}");
+            }
+            Op::Move(k, stale) => {
+                let to = EntryRef::new(8 * self.next, 8).unwrap();
+                self.next += 1;
+                self.side.insert(to, key_bytes(k));
+                // A stale source: a reference no slot holds, as when the key was written since the cleaner read it.
+                let from = match self.model.get(&k) {
+                    Some(&cur) if !stale => cur,
+                    _ => EntryRef::new(8 * self.next, 8).unwrap(),
+                };
+                self.next += 1;
+                let moved = self.index.replace(self.hash(k), from, to).unwrap();
+                let expect = self.model.get(&k) == Some(&from);
+                assert_eq!(moved, expect, "move {k} (stale {stale})");
+                if expect {
+                    self.model.insert(k, to);
+                }
             }
         }
     }
