@@ -592,6 +592,24 @@ pub fn processor_metrics(s: &ProcessorStats, out: &mut Exposition) {
         s.delete_reserve_grants,
     );
     out.counter(
+        "dinomo_dpm_cleaned_segments_total",
+        "Log segments the cleaner emptied (live entries copied to a relocation log) and recycled.",
+        &[],
+        s.cleaned_segments,
+    );
+    out.counter(
+        "dinomo_dpm_relocated_entries_total",
+        "Live log entries the cleaner copied, their index slots moved to the copies.",
+        &[],
+        s.relocated_entries,
+    );
+    out.counter(
+        "dinomo_dpm_relocated_bytes_total",
+        "Bytes of log entries the cleaner copied.",
+        &[],
+        s.relocated_bytes,
+    );
+    out.counter(
         "dinomo_dpm_recovered_entries_total",
         "Entries a crash had left unmerged, merged at start.",
         &[],

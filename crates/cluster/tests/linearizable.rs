@@ -326,3 +326,45 @@ fn shared_and_unshared(variant: Variant) -> anyhow::Result<()> {
     cluster.stop();
     Ok(())
 }
+
+/// The log cleaner works all the time on every merged segment (a copy of each live entry, its index slot moved to
+/// the copy) while clients read and write, a key is shared and unshared, a node joins and a node crashes: shortcuts
+/// to moved entries, a key written while its entry is copied, and a shared key's entry that must stay where its
+/// cell points all keep the history linearizable.
+#[test]
+fn dinomo_histories_while_the_cleaner_moves_every_live_entry_are_linearizable() -> anyhow::Result<()>
+{
+    let mut cfg = common::small_cluster(3);
+    cfg.processor.clean_below_free_percent = 100;
+    cfg.processor.clean_max_live_percent = 100;
+    // Small segments, sealed and merged every hundred or so writes: many for the cleaner to move.
+    cfg.processor.segment_size = 4096;
+    cfg.node.kn.max_value_len = 1024;
+    cfg.node.kn.max_key_len = 256;
+    let mut cluster = LocalCluster::start(cfg)?;
+    let load = Load::start(&cluster);
+    let pause = Duration::from_millis(300);
+    std::thread::sleep(pause);
+    cluster.mnode().set_replication(&plain(0), 2)?;
+    std::thread::sleep(pause);
+    cluster.add_node()?;
+    std::thread::sleep(pause);
+    let victim = cluster.nodes()[0].id();
+    cluster.crash_node(victim)?;
+    cluster.wait_until_serving(Duration::from_secs(10))?;
+    std::thread::sleep(pause);
+    cluster.mnode().set_replication(&plain(0), 1)?;
+    std::thread::sleep(pause);
+    let stats = cluster.processor().stats();
+    eprintln!(
+        "the cleaner emptied {} segments, moving {} entries",
+        stats.cleaned_segments, stats.relocated_entries
+    );
+    assert!(
+        stats.relocated_entries > 0 && stats.cleaned_segments > 0,
+        "the cleaner moved nothing: {stats:?}"
+    );
+    load.finish()?;
+    cluster.stop();
+    Ok(())
+}

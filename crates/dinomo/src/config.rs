@@ -344,6 +344,8 @@ const DOCS: &[(&str, &str)] = &[
     ("processor.partitioning", "index layout (fixed when the pool is formatted): shared (one index every KV node reads: dinomo, dinomo-s) or per-node (one partition per KV node: dinomo-n; `up` follows up.system)"),
     ("processor.partition_capacity", "KV nodes that can have an index partition (per-node layout; fixed when the pool is formatted)"),
     ("processor.delete_reserve_segments", "log segments held back so that a full pool still takes deletes (0: none); refilled before any other log segment is granted"),
+    ("processor.clean_below_free_percent", "the log cleaner copies the live entries of mostly-dead log segments elsewhere and recycles them while less than this share of the pool is free, in percent (0: off; a grant that finds the pool full cleans anyway)"),
+    ("processor.clean_max_live_percent", "only log segments with at most this share of live entries are cleaned, in percent"),
     ("processor.index.initial_buckets", "primary buckets of a new index (a power of two)"),
     ("processor.index.max_load", "share of the index's slots in use before it doubles"),
     ("processor.index.overflow_per_bucket", "spare overflow buckets per primary bucket of a new table"),
@@ -805,6 +807,20 @@ impl Config {
         }
         if self.dpm.node.max_message_len == 0 {
             check("dpm.node.max_message_len", Err("must be above zero".into()));
+        }
+        for (key, percent) in [
+            (
+                "processor.clean_below_free_percent",
+                self.processor.clean_below_free_percent,
+            ),
+            (
+                "processor.clean_max_live_percent",
+                self.processor.clean_max_live_percent,
+            ),
+        ] {
+            if percent > 100 {
+                check(key, Err("a share in percent is at most 100".into()));
+            }
         }
         if self.processor.partition_capacity == 0 {
             check(

@@ -6,6 +6,8 @@
 //!   one), merge everything now, report statistics;
 //! - merge threads that apply each sealed segment to the index in log order (upserts; deletes remove), keep the
 //!   per-segment invalidation counters, and recycle segments whose every entry is merged and superseded;
+//! - a log cleaner that copies the live entries of mostly-dead segments into a relocation log and moves their index
+//!   slots, so that a few live entries do not hold on to whole segments;
 //! - the [`cells`] of shared (selectively replicated) keys, whose values live behind indirect pointers that the
 //!   owners CAS, and which merges leave out of the index;
 //! - in the shared-nothing layout ([`Partitioning::PerNode`], DINOMO-N), one index per KV node ([`partitions`]),
@@ -23,5 +25,6 @@ pub mod proto;
 mod table_header;
 
 pub use processor::{
-    MIGRATION_THREAD, Partitioning, Processor, ProcessorConfig, ProcessorError, ProcessorStats,
+    CLEANER_THREAD, MIGRATION_THREAD, Partitioning, Processor, ProcessorConfig, ProcessorError,
+    ProcessorStats,
 };

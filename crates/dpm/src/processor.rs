@@ -25,6 +25,14 @@ use crate::proto;
 /// that move into the node's partition (shared-nothing layout only). No KV-node thread may claim it.
 pub const MIGRATION_THREAD: u32 = u32::MAX;
 
+/// The thread number of a KV node's relocation log: the log into which the memory node's log cleaner copies the
+/// live entries of the segments it empties (see [`ProcessorConfig::clean_below_free_percent`]). No KV-node thread
+/// may claim it, and no merge applies it: the cleaner moves each index slot itself, only if it still holds the
+/// entry copied.
+pub const CLEANER_THREAD: u32 = u32::MAX - 1;
+
+mod cleaner;
+
 /// How the memory node lays out its index; fixed when the pool is formatted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -95,6 +103,16 @@ pub struct ProcessorConfig {
     /// segment is granted. A thread deleting on a full pool holds one at a time (its deletes are merged after each
     /// group commit, and the segment recycled); 0 turns the reserve off.
     pub delete_reserve_segments: u32,
+    /// The log cleaner works while less than this share of the pool is free, in percent (default 25; 0 turns it
+    /// off). A segment is recycled once every entry in it is superseded; a few live entries (keys written once and
+    /// never again) would otherwise hold on to whole segments of dead ones until the pool is full. The cleaner
+    /// copies the live entries of the emptiest merged segments into a relocation log, moves their index slots, and
+    /// recycles the segments. Whatever this share, a segment grant that finds the pool full cleans before it
+    /// refuses.
+    pub clean_below_free_percent: u8,
+    /// Only segments with at most this share of live entries are cleaned, in percent (default 80): cleaning one
+    /// copies its live part to free the rest.
+    pub clean_max_live_percent: u8,
 }
 
 impl Default for ProcessorConfig {
@@ -110,6 +128,8 @@ impl Default for ProcessorConfig {
             partitioning: Partitioning::Shared,
             partition_capacity: 1024,
             delete_reserve_segments: 2,
+            clean_below_free_percent: 25,
+            clean_max_live_percent: 80,
         }
     }
 }
@@ -234,6 +254,15 @@ pub struct ProcessorStats {
     /// Log segments held back for deletes on a full pool (counted as used pool space).
     #[serde(default)]
     pub delete_reserve_segments: u64,
+    /// Segments the log cleaner emptied (their live entries copied, the segment recycled), since start.
+    #[serde(default)]
+    pub cleaned_segments: u64,
+    /// Live entries the log cleaner copied into relocation logs, since start.
+    #[serde(default)]
+    pub relocated_entries: u64,
+    /// Bytes of those copies, since start.
+    #[serde(default)]
+    pub relocated_bytes: u64,
     /// Log segments granted from that reserve since start.
     #[serde(default)]
     pub delete_reserve_grants: u64,
@@ -269,6 +298,9 @@ struct LogMeta {
 
 struct LogState {
     id: u32,
+    /// A relocation log ([`CLEANER_THREAD`]): its entries are copies the cleaner moved the index to itself, so a
+    /// merge only marks its segments merged.
+    relocation: bool,
     /// The index its entries merge into (the owner's partition in the shared-nothing layout).
     index: Arc<Index>,
     /// Serializes merges of one log, so its entries reach the index in order.
@@ -447,6 +479,13 @@ struct Inner {
     delete_reserve: Mutex<Vec<Extent>>,
     delete_reserve_target: usize,
     delete_reserve_grants: AtomicU64,
+    /// The log cleaner's writers and memory; one cleaning at a time.
+    cleaner: Mutex<cleaner::CleanerState>,
+    clean_below_free_percent: u8,
+    clean_max_live_percent: u8,
+    cleaned_segments: AtomicU64,
+    relocated_entries: AtomicU64,
+    relocated_bytes: AtomicU64,
 }
 
 /// The memory node's processor: owns the index and the logs' bookkeeping, runs the merge threads, answers the
@@ -481,6 +520,16 @@ impl Processor {
                 config.segment_size,
                 EntryRef::MAX_LEN
             )));
+        }
+        for (name, percent) in [
+            ("clean_below_free_percent", config.clean_below_free_percent),
+            ("clean_max_live_percent", config.clean_max_live_percent),
+        ] {
+            if percent > 100 {
+                return Err(ProcessorError::Config(format!(
+                    "{name} is {percent}; a share in percent is at most 100"
+                )));
+            }
         }
         let indexes = Indexes::open(&pool, config)?;
         let dir = match Directory::open(pool.clone())? {
@@ -528,9 +577,15 @@ impl Processor {
             delete_reserve: Mutex::new(Vec::new()),
             delete_reserve_target: config.delete_reserve_segments as usize,
             delete_reserve_grants: AtomicU64::new(0),
+            cleaner: Mutex::new(cleaner::CleanerState::default()),
+            clean_below_free_percent: config.clean_below_free_percent,
+            clean_max_live_percent: config.clean_max_live_percent,
+            cleaned_segments: AtomicU64::new(0),
+            relocated_entries: AtomicU64::new(0),
+            relocated_bytes: AtomicU64::new(0),
         });
         inner.recover()?;
-        let threads = (0..config.merge_threads)
+        let mut threads: Vec<JoinHandle<()>> = (0..config.merge_threads)
             .map(|i| {
                 let inner = inner.clone();
                 let rx: Receiver<u32> = rx.clone();
@@ -540,6 +595,15 @@ impl Processor {
                     .expect("spawn merge thread")
             })
             .collect();
+        if config.clean_below_free_percent > 0 {
+            let inner = inner.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("dinomo-cleaner".into())
+                    .spawn(move || inner.cleaner_loop())
+                    .expect("spawn cleaner thread"),
+            );
+        }
         Ok(Arc::new(Processor {
             inner,
             threads: Mutex::new(threads),
@@ -607,9 +671,11 @@ impl RpcHandler for Handler {
         match method {
             proto::OPEN_LOG => {
                 let req: proto::OpenLog = dinomo_fabric::decode(request)?;
-                if req.thread == MIGRATION_THREAD {
+                if req.thread == MIGRATION_THREAD || req.thread == CLEANER_THREAD {
                     return Err(RpcError::Failed(format!(
-                        "thread {MIGRATION_THREAD} names the memory node's migration log; no KV node may claim it"
+                        "thread {} names one of the memory node's own logs (migration {MIGRATION_THREAD}, \
+                         relocation {CLEANER_THREAD}); no KV node may claim it",
+                        req.thread
                     )));
                 }
                 dinomo_fabric::encode(&self.0.open_log(&req).map_err(fail)?, response)
@@ -1065,6 +1131,7 @@ impl Inner {
                 log_id,
                 Arc::new(LogState {
                     id: log_id,
+                    relocation: owner as u32 == CLEANER_THREAD,
                     index,
                     merge_lock: Mutex::new(()),
                     meta: Mutex::new(LogMeta {
@@ -1277,6 +1344,7 @@ impl Inner {
                 let id = self.dir.claim(owner)?;
                 let log = Arc::new(LogState {
                     id,
+                    relocation: req.thread == CLEANER_THREAD,
                     index,
                     merge_lock: Mutex::new(()),
                     meta: Mutex::new(LogMeta {
@@ -1365,7 +1433,15 @@ impl Inner {
         req: &proto::NextSegment,
     ) -> Result<proto::SegmentGranted, ProcessorError> {
         match self.next_segment_once(req) {
-            Err(e) if e.is_out_of_space() && self.merge_backlog() => self.next_segment_once(req),
+            Err(e) if e.is_out_of_space() && self.merge_backlog() => {
+                match self.next_segment_once(req) {
+                    Err(e) if e.is_out_of_space() && self.clean_for_room() => {
+                        self.next_segment_once(req)
+                    }
+                    granted => granted,
+                }
+            }
+            Err(e) if e.is_out_of_space() && self.clean_for_room() => self.next_segment_once(req),
             granted => granted,
         }
     }
@@ -1496,7 +1572,8 @@ impl Inner {
             .values()
             .filter(|l| {
                 let owner = l.meta.lock().expect("log lock").owner;
-                owner >> 63 == 1 && owner_node(owner) == req.node_id
+                // The node's relocation log is the cleaner's, which goes on writing it.
+                !l.relocation && owner >> 63 == 1 && owner_node(owner) == req.node_id
             })
             .cloned()
             .collect();
@@ -1608,6 +1685,9 @@ impl Inner {
     /// Merges every sealed, unmerged segment of `log`, oldest first.
     fn merge_log(&self, log: &LogState, scratch: &mut Scratch) -> Result<(), ProcessorError> {
         let _order = log.merge_lock.lock().expect("merge lock");
+        if log.relocation {
+            return self.settle_relocation_log(log, scratch);
+        }
         loop {
             let next = {
                 let meta = log.meta.lock().expect("log lock");
@@ -2278,6 +2358,9 @@ impl Inner {
         }
         s.migrated_keys = self.migrated_keys.load(Ordering::Relaxed);
         s.migrated_bytes = self.migrated_bytes.load(Ordering::Relaxed);
+        s.cleaned_segments = self.cleaned_segments.load(Ordering::Relaxed);
+        s.relocated_entries = self.relocated_entries.load(Ordering::Relaxed);
+        s.relocated_bytes = self.relocated_bytes.load(Ordering::Relaxed);
         s
     }
 }

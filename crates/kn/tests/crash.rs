@@ -1,6 +1,7 @@
 //! A process writing at full speed is SIGKILLed at random moments; after each restart every acknowledged write
 //! reads back with its last acknowledged value (or the one write per key that was in flight), and no torn value is
-//! ever returned; with the memory node's index shared, and partitioned per KV node (DINOMO-N's layout).
+//! ever returned; with the memory node's index shared, and partitioned per KV node (DINOMO-N's layout), and with the
+//! log cleaner moving every live entry it can while the writers write.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -18,8 +19,16 @@ const WRITERS: u32 = 4;
 const KEYS_PER_WRITER: u32 = 64;
 /// Where the child finds the layout to open its pool with ("per-node" or "shared").
 const LAYOUT_VAR: &str = "DINOMO_KN_CRASH_LAYOUT";
+/// Set for a child whose log cleaner works all the time on every segment.
+const CLEAN_VAR: &str = "DINOMO_KN_CRASH_CLEAN";
 
-fn config(path: &Path, partitioning: Partitioning) -> EmbeddedConfig {
+fn config(path: &Path, partitioning: Partitioning, clean_always: bool) -> EmbeddedConfig {
+    let (clean_below_free_percent, clean_max_live_percent) = if clean_always {
+        (100, 100)
+    } else {
+        let d = ProcessorConfig::default();
+        (d.clean_below_free_percent, d.clean_max_live_percent)
+    };
     EmbeddedConfig {
         pool_path: Some(path.to_path_buf()),
         pool_size: 64 << 20,
@@ -27,6 +36,8 @@ fn config(path: &Path, partitioning: Partitioning) -> EmbeddedConfig {
         processor: ProcessorConfig {
             segment_size: 64 << 10,
             partitioning,
+            clean_below_free_percent,
+            clean_max_live_percent,
             ..ProcessorConfig::default()
         },
         kn: KnConfig {
@@ -69,7 +80,9 @@ fn crash_child() {
         Ok("per-node") => Partitioning::PerNode,
         _ => Partitioning::Shared,
     };
-    let store = Embedded::open(&config(Path::new(&path), partitioning)).expect("open store");
+    let clean_always = std::env::var_os(CLEAN_VAR).is_some();
+    let store =
+        Embedded::open(&config(Path::new(&path), partitioning, clean_always)).expect("open store");
     let out = Arc::new(Mutex::new(std::io::stdout()));
     let threads: Vec<_> = (0..WRITERS)
         .map(|w| {
@@ -109,15 +122,32 @@ const ACKS_BEFORE_KILL: usize = 20;
 
 #[test]
 fn sigkill_at_random_moments_loses_no_acknowledged_write() -> anyhow::Result<()> {
-    kill_and_check(Partitioning::Shared, 20)
+    kill_and_check(Partitioning::Shared, 20, false)
 }
 
 #[test]
 fn sigkill_with_the_index_partitioned_per_node_loses_no_acknowledged_write() -> anyhow::Result<()> {
-    kill_and_check(Partitioning::PerNode, 8)
+    kill_and_check(Partitioning::PerNode, 8, false)
 }
 
-fn kill_and_check(partitioning: Partitioning, rounds: usize) -> anyhow::Result<()> {
+/// The cleaner copies entries and moves index slots under the writers (every merged segment qualifies, all the
+/// time): a kill in the middle of a move loses nothing either, and each crash image checks clean.
+#[test]
+fn sigkill_while_the_cleaner_moves_entries_loses_no_acknowledged_write() -> anyhow::Result<()> {
+    kill_and_check(Partitioning::Shared, 8, true)
+}
+
+#[test]
+fn sigkill_while_the_cleaner_moves_entries_between_partitioned_logs_loses_no_acknowledged_write()
+-> anyhow::Result<()> {
+    kill_and_check(Partitioning::PerNode, 4, true)
+}
+
+fn kill_and_check(
+    partitioning: Partitioning,
+    rounds: usize,
+    clean_always: bool,
+) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("crash.pool");
     let layout = match partitioning {
@@ -128,14 +158,20 @@ fn kill_and_check(partitioning: Partitioning, rounds: usize) -> anyhow::Result<(
     // Last acknowledged version per (writer, key).
     let mut acked: HashMap<(u32, u32), u64> = HashMap::new();
     let mut total_acks = 0u64;
+    // Entries in the relocation logs of the last crash image.
+    let mut relocated = 0u64;
     for round in 0..rounds {
-        let mut child = Command::new(std::env::current_exe()?)
+        let mut command = Command::new(std::env::current_exe()?);
+        command
             .args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
             .env("DINOMO_KN_CRASH_CHILD", &path)
             .env(LAYOUT_VAR, layout)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()?;
+            .stderr(Stdio::inherit());
+        if clean_always {
+            command.env(CLEAN_VAR, "1");
+        }
+        let mut child = command.spawn()?;
         let stdout = child.stdout.take().expect("piped");
         let (tx, rx) = std::sync::mpsc::channel::<String>();
         let reader = std::thread::spawn(move || {
@@ -173,7 +209,20 @@ fn kill_and_check(partitioning: Partitioning, rounds: usize) -> anyhow::Result<(
             total_acks += 1;
         }
 
-        let store = Embedded::open(&config(&path, partitioning))?;
+        if clean_always {
+            let report = dinomo_dpm::check::check_pool(
+                &Arc::new(dinomo_pool::Pool::open_snapshot(&path)?.0),
+                &dinomo_dpm::check::CheckOptions::default(),
+            );
+            assert!(report.is_clean(), "round {round}: {:?}", report.problems);
+            relocated = report
+                .logs
+                .iter()
+                .filter(|l| l.thread == dinomo_dpm::CLEANER_THREAD)
+                .map(|l| l.entries)
+                .sum();
+        }
+        let store = Embedded::open(&config(&path, partitioning, clean_always))?;
         let h = store.handle();
         for w in 0..WRITERS {
             for i in 0..KEYS_PER_WRITER {
@@ -208,6 +257,10 @@ fn kill_and_check(partitioning: Partitioning, rounds: usize) -> anyhow::Result<(
     assert!(
         total_acks > rounds as u64 * 10,
         "the children wrote too little to test anything: {total_acks}"
+    );
+    assert!(
+        !clean_always || relocated > 0,
+        "the cleaner moved nothing, so the kills tested nothing of it"
     );
     Ok(())
 }

@@ -334,6 +334,18 @@ pub struct MergeReport {
     /// index).
     #[serde(default)]
     pub partitions: u64,
+    /// Log segments the memory node's cleaner emptied and recycled.
+    #[serde(default)]
+    pub cleaned_segments: u64,
+    /// Live entries it copied to do so.
+    #[serde(default)]
+    pub relocated_entries: u64,
+    /// Bytes of those copies.
+    #[serde(default)]
+    pub relocated_bytes: u64,
+    /// Pool bytes free when the phase ended.
+    #[serde(default)]
+    pub pool_free_bytes_end: u64,
 }
 
 /// One KV node's part.
@@ -507,6 +519,10 @@ pub(crate) fn assemble(
             merged_entries_per_s: per_s(merged),
             merge_waits: t.merge_waits,
             partitions: b.partitions,
+            cleaned_segments: b.cleaned_segments.saturating_sub(a.cleaned_segments),
+            relocated_entries: b.relocated_entries.saturating_sub(a.relocated_entries),
+            relocated_bytes: b.relocated_bytes.saturating_sub(a.relocated_bytes),
+            pool_free_bytes_end: b.pool_free_bytes,
         }
     });
     let node_work: u64 = deltas
@@ -862,6 +878,14 @@ impl YcsbReport {
                 g.merged_entries,
                 rate(g.merged_entries_per_s),
                 g.merge_waits
+            );
+            let _ = writeln!(
+                s,
+                "space:   {} free at the end; cleaner: {} segment(s) emptied, {} live entries ({}) copied",
+                bytes(g.pool_free_bytes_end),
+                g.cleaned_segments,
+                g.relocated_entries,
+                bytes(g.relocated_bytes)
             );
         }
         if !self.nodes.is_empty() {

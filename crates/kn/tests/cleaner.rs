@@ -1,0 +1,182 @@
+//! The log cleaner: segments that a few live entries hold on to are emptied and recycled, so a store whose live
+//! data is a fraction of its pool keeps taking writes for as long as it is written; what it moved reads back, after
+//! a restart too, and the pool checks clean.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use dinomo_dpm::check::{CheckOptions, check_pool};
+use dinomo_dpm::{CLEANER_THREAD, ProcessorConfig};
+use dinomo_kn::{Embedded, EmbeddedConfig, KnConfig, KnError};
+
+/// 64 segments of 64 KiB.
+const POOL: u64 = 4 << 20;
+const SEGMENT: u64 = 64 << 10;
+/// Keys overwritten all the time.
+const HOT: u32 = 16;
+/// Writes of hot keys after each new cold key (a cold key is written once, and stays live).
+const HOT_PER_COLD: u32 = 15;
+/// Cold keys: about 1.2 MiB of live entries, under a third of the pool. The writes add up to about five pools.
+const COLD: u32 = 4000;
+
+fn config(path: &Path, clean: bool) -> EmbeddedConfig {
+    let mut processor = ProcessorConfig {
+        segment_size: SEGMENT,
+        ..ProcessorConfig::default()
+    };
+    if !clean {
+        processor.clean_below_free_percent = 0;
+        processor.clean_max_live_percent = 0;
+    }
+    EmbeddedConfig {
+        pool_path: Some(path.to_path_buf()),
+        pool_size: POOL,
+        pool_segment_size: SEGMENT,
+        processor,
+        kn: kn_config(),
+        ..EmbeddedConfig::default()
+    }
+}
+
+fn kn_config() -> KnConfig {
+    KnConfig {
+        threads: 1,
+        max_value_len: 4096,
+        ..KnConfig::default()
+    }
+}
+
+fn value(key: &str, version: u32) -> Vec<u8> {
+    let mut v = format!("{key}={version};").into_bytes();
+    v.resize(256, b'0' + (version % 10) as u8);
+    v
+}
+
+/// Writes the cold keys in order, each followed by `HOT_PER_COLD` writes of the hot keys, until the store refuses
+/// one. Returns the last value written of every key, and the refusal if there was one.
+fn write_cold_among_hot(store: &Embedded) -> (BTreeMap<String, Vec<u8>>, Option<KnError>) {
+    let h = store.handle();
+    let mut last = BTreeMap::new();
+    let mut hot_writes = 0u32;
+    for c in 0..COLD {
+        let mut writes = vec![(format!("cold-{c}"), value("cold", c))];
+        for _ in 0..HOT_PER_COLD {
+            let k = format!("hot-{}", hot_writes % HOT);
+            writes.push((k.clone(), value(&k, hot_writes)));
+            hot_writes += 1;
+        }
+        for (k, v) in writes {
+            if let Err(e) = h.set(k.as_bytes(), &v) {
+                return (last, Some(e));
+            }
+            last.insert(k, v);
+        }
+    }
+    (last, None)
+}
+
+/// The keys of `last` that `store` reads as something other than their last write.
+fn wrong_keys(store: &Embedded, last: &BTreeMap<String, Vec<u8>>) -> anyhow::Result<Vec<String>> {
+    let h = store.handle();
+    let mut wrong = Vec::new();
+    for (k, v) in last {
+        if h.get(k.as_bytes())?.as_ref() != Some(v) {
+            wrong.push(k.clone());
+        }
+    }
+    Ok(wrong)
+}
+
+#[test]
+fn segments_held_by_a_few_live_entries_are_cleaned_and_the_store_keeps_taking_writes()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+
+    // Without the cleaner, the cold keys spread over every segment keep them all: the pool fills with dead entries.
+    let path = dir.path().join("uncleaned.pool");
+    {
+        let store = Embedded::open(&config(&path, false))?;
+        let (_, refused) = write_cold_among_hot(&store);
+        assert!(
+            matches!(refused, Some(KnError::OutOfSpace(_))),
+            "without cleaning the pool should fill up: {refused:?}"
+        );
+        assert_eq!(store.processor_stats().cleaned_segments, 0);
+    }
+
+    let path = dir.path().join("cleaned.pool");
+    let last = {
+        let store = Embedded::open(&config(&path, true))?;
+        let (last, refused) = write_cold_among_hot(&store);
+        assert!(refused.is_none(), "a write was refused: {refused:?}");
+        let stats = store.processor_stats();
+        assert!(
+            stats.cleaned_segments > 0 && stats.relocated_entries > 0,
+            "{stats:?}"
+        );
+        assert!(
+            stats.relocated_bytes >= stats.relocated_entries * 256,
+            "{stats:?}"
+        );
+        assert_eq!(wrong_keys(&store, &last)?, Vec::<String>::new());
+        last
+    };
+
+    // The checker finds the relocation log, its copies named by the index, and nothing wrong.
+    let report = check_pool(
+        &std::sync::Arc::new(dinomo_pool::Pool::open_snapshot(&path)?.0),
+        &CheckOptions::default(),
+    );
+    assert!(report.is_clean(), "{:?}", report.problems);
+    let relocation: u64 = report
+        .logs
+        .iter()
+        .filter(|l| l.thread == CLEANER_THREAD)
+        .map(|l| l.entries)
+        .sum();
+    assert!(relocation > 0, "no relocation log in {:?}", report.logs);
+    assert_eq!(
+        report.indexes.iter().map(|i| i.keys).sum::<u64>(),
+        last.len() as u64
+    );
+
+    // A restart serves every key as its last write, and the store keeps taking writes.
+    let store = Embedded::open(&config(&path, true))?;
+    assert_eq!(wrong_keys(&store, &last)?, Vec::<String>::new());
+    let (last, refused) = write_cold_among_hot(&store);
+    assert!(
+        refused.is_none(),
+        "a write was refused after the restart: {refused:?}"
+    );
+    assert_eq!(wrong_keys(&store, &last)?, Vec::<String>::new());
+    Ok(())
+}
+
+#[test]
+fn a_kv_node_cannot_claim_the_relocation_log() -> anyhow::Result<()> {
+    let store = Embedded::open(&EmbeddedConfig {
+        pool_size: POOL,
+        pool_segment_size: SEGMENT,
+        processor: ProcessorConfig {
+            segment_size: SEGMENT,
+            ..ProcessorConfig::default()
+        },
+        kn: kn_config(),
+        ..EmbeddedConfig::default()
+    })?;
+    let mut ep = dinomo_fabric::Connector::new(dinomo_fabric::Target::InProcess(
+        store.memory_node().clone(),
+    ))
+    .connect()?;
+    let err = ep
+        .call::<_, dinomo_dpm::proto::LogOpened>(
+            dinomo_dpm::proto::OPEN_LOG,
+            &dinomo_dpm::proto::OpenLog {
+                node_id: 1,
+                thread: CLEANER_THREAD,
+            },
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("no KV node may claim it"), "{err}");
+    Ok(())
+}
