@@ -2164,6 +2164,8 @@ impl Inner {
             return Ok(out);
         }
         let _one = self.rebalance_lock.lock().expect("rebalance lock");
+        // Its migration logs' grants must not wait for the cleaner, which needs this lock.
+        let _rebalancing = cleaner::rebalancing();
         let started = Instant::now();
         let mut header = [0u8; ENTRY_HEADER_LEN];
         let mut key = Vec::new();

@@ -21,6 +21,7 @@
 //! - **Partitions.** The slots are moved in the index the segment's log merges into, under the rebalance lock, so
 //!   a rebalance never sees a key in the middle of a move.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -29,12 +30,30 @@ use std::time::Duration;
 use dinomo_index::Index;
 use dinomo_log::segment;
 use dinomo_log::{EntryRef, EntryView, Op, SEGMENT_HEADER_LEN, encode_entry, entry_len};
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use super::{CLEANER_THREAD, Inner, LogState, ProcessorError, Scratch, SegStat};
 use crate::cells::CellState;
 use crate::directory::owner_node;
 use crate::proto;
+
+thread_local! {
+    /// Set while this thread runs a rebalance, which holds the rebalance lock the cleaner takes: its own segment
+    /// grants must not wait for a cleaning.
+    static IN_REBALANCE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the calling thread as running a rebalance until the guard is dropped.
+pub(super) fn rebalancing() -> impl Drop {
+    struct Guard;
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            IN_REBALANCE.with(|r| r.set(false));
+        }
+    }
+    IN_REBALANCE.with(|r| r.set(true));
+    Guard
+}
 
 /// The cleaner's state between cleanings.
 #[derive(Default)]
@@ -94,10 +113,10 @@ impl Inner {
     }
 
     /// Cleans on a segment grant that found the pool full, whatever the free share: until one segment is freed or
-    /// no segment qualifies. Whether one was freed. Skipped (false) while a rebalance runs, since a rebalance's own
-    /// grants come here with its lock held.
+    /// no segment qualifies (waiting for a cleaning under way first). Whether one was freed. Not on a rebalance's
+    /// own grants, which come here with the rebalance lock held.
     pub(super) fn clean_for_room(&self) -> bool {
-        if self.clean_max_live_percent == 0 {
+        if self.clean_max_live_percent == 0 || IN_REBALANCE.with(Cell::get) {
             return false;
         }
         self.clean_some(true, 64)
@@ -106,14 +125,7 @@ impl Inner {
     /// Cleans up to `most` segments, stopping at the first one freed when `one` (a grant waits); whether any was
     /// freed.
     fn clean_some(&self, one: bool, most: usize) -> bool {
-        let _no_rebalance = if one {
-            match self.rebalance_lock.try_lock() {
-                Ok(g) => g,
-                Err(_) => return false,
-            }
-        } else {
-            self.rebalance_lock.lock().expect("rebalance lock")
-        };
+        let _no_rebalance = self.rebalance_lock.lock().expect("rebalance lock");
         let mut state = self.cleaner.lock().expect("cleaner lock");
         let mut freed_any = false;
         for _ in 0..most {
@@ -130,7 +142,11 @@ impl Inner {
                         break;
                     }
                 }
-                Ok(Cleaned::Kept) => {}
+                // Not tried again until more of its entries are superseded.
+                Ok(Cleaned::Kept) => {
+                    let invalid = self.invalid_count(victim);
+                    state.passed_over.insert(victim, invalid);
+                }
                 Err(e) => {
                     warn!(segment = victim, error = %e, "cleaning a log segment failed");
                     let invalid = self.invalid_count(victim);
@@ -208,12 +224,7 @@ impl Inner {
             };
             match seg.sealed_len {
                 Some(len) if seg.merged => (seg.first_seq, len, owner_node(meta.owner)),
-                _ => {
-                    drop(meta);
-                    let invalid = self.invalid_count(victim);
-                    state.passed_over.insert(victim, invalid);
-                    return Ok(Cleaned::Kept);
-                }
+                _ => return Ok(Cleaned::Kept),
             }
         };
         let mut data = std::mem::take(&mut state.data);
@@ -249,8 +260,6 @@ impl Inner {
                 "a live entry of a shared key keeps a segment from being cleaned"
             );
             state.data = data;
-            let invalid = self.invalid_count(victim);
-            state.passed_over.insert(victim, invalid);
             return Ok(Cleaned::Kept);
         }
         let result = self.relocate(state, node, &log.index, &data, &live);
@@ -274,16 +283,13 @@ impl Inner {
             );
             Ok(Cleaned::Freed)
         } else {
-            // Counters that disagree with the index (they are rebuilt from it at the next start): not tried again
-            // until they change.
-            let invalid = self.invalid_count(victim);
-            info!(
+            // Its counters still count live entries although no slot names one: a merge that superseded one has
+            // yet to count it, or they drifted from the index (they are rebuilt from it at the next start).
+            debug!(
                 segment = victim,
                 log = log_id,
-                invalid,
                 "a cleaned segment still counts live entries"
             );
-            state.passed_over.insert(victim, invalid);
             Ok(Cleaned::Kept)
         }
     }
@@ -300,8 +306,7 @@ impl Inner {
         live: &[(usize, EntryRef)],
     ) -> Result<(u64, u64), ProcessorError> {
         if live.is_empty() {
-            // Every entry is superseded already, or the counters lagged: counting nothing recycles what is dead.
-            self.invalidate(&[])?;
+            // Every entry was superseded since the counters were read.
             return Ok((0, 0));
         }
         let writer = match state.writers.entry(node) {
