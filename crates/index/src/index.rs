@@ -713,10 +713,42 @@ impl Index {
 
     /// Removes the entry of a key: the first live slot with this hash for which `key_matches` holds is cleared and
     /// its reference returned.
-    pub fn remove(
+    pub fn remove(&self, hash: u64, key_matches: impl FnMut(EntryRef) -> bool) -> Option<EntryRef> {
+        // The count changes under the table's read lock, as the slot does: a resize counts while it holds it.
+        self.change_slot(hash, key_matches, |s| {
+            self.word(s).store(0, Ordering::Release);
+            persist(&self.pool, s, 8);
+            self.word(s + 8).store(0, Ordering::Release);
+            persist(&self.pool, s + 8, 8);
+            self.entries.fetch_sub(1, Ordering::Relaxed);
+        })
+    }
+
+    /// Moves a key's entry: the live slot with this hash holding exactly `old` gets `new` (one atomic store), and
+    /// `true` is returned; `false` when no slot holds `old` any more (the key was written, deleted or moved since
+    /// `old` was read) and nothing changed. Never inserts, so it needs no room. The log cleaner's move.
+    pub fn replace(&self, hash: u64, old: EntryRef, new: EntryRef) -> Result<bool, IndexError> {
+        if new.is_null() {
+            return Err(IndexError::NullRef);
+        }
+        let moved = self.change_slot(
+            hash,
+            |c| c == old,
+            |s| {
+                self.word(s + 8).store(new.raw(), Ordering::Release);
+                persist(&self.pool, s + 8, 8);
+            },
+        );
+        Ok(moved.is_some())
+    }
+
+    /// Under the bucket's stripe lock, finds the first live slot of `hash`'s chain whose reference `matches`, hands
+    /// its offset to `change`, and returns the reference it held.
+    fn change_slot(
         &self,
         hash: u64,
-        mut key_matches: impl FnMut(EntryRef) -> bool,
+        mut matches: impl FnMut(EntryRef) -> bool,
+        change: impl FnOnce(u64),
     ) -> Option<EntryRef> {
         self.maybe_reclaim();
         let hash = stored_hash(hash);
@@ -732,49 +764,15 @@ impl Index {
                     continue;
                 }
                 if let Some(old) = EntryRef::from_raw(self.word(s + 8).load(Ordering::Acquire))
-                    && key_matches(old)
+                    && matches(old)
                 {
-                    self.word(s).store(0, Ordering::Release);
-                    persist(&self.pool, s, 8);
-                    self.word(s + 8).store(0, Ordering::Release);
-                    persist(&self.pool, s + 8, 8);
-                    self.entries.fetch_sub(1, Ordering::Relaxed);
+                    change(s);
                     return Some(old);
                 }
             }
             bucket = self.next_bucket(&t, cur);
         }
         None
-    }
-
-    /// Moves a key's entry: the live slot with this hash holding exactly `old` gets `new` (one atomic store), and
-    /// `true` is returned; `false` when no slot holds `old` any more (the key was written, deleted or moved since
-    /// `old` was read) and nothing changed. Never inserts, so it needs no room. The log cleaner's move.
-    pub fn replace(&self, hash: u64, old: EntryRef, new: EntryRef) -> Result<bool, IndexError> {
-        if new.is_null() {
-            return Err(IndexError::NullRef);
-        }
-        self.maybe_reclaim();
-        let hash = stored_hash(hash);
-        let guard = self.read_table();
-        let t = *guard;
-        let b = bucket_index(hash, t.nbuckets);
-        let _stripe = self.stripe(b);
-        let mut bucket = Some(primary_offset(t.offset, b));
-        while let Some(cur) = bucket {
-            for i in 0..SLOTS as u64 {
-                let s = cur + 16 * i;
-                if self.word(s).load(Ordering::Acquire) == hash
-                    && self.word(s + 8).load(Ordering::Acquire) == old.raw()
-                {
-                    self.word(s + 8).store(new.raw(), Ordering::Release);
-                    persist(&self.pool, s + 8, 8);
-                    return Ok(true);
-                }
-            }
-            bucket = self.next_bucket(&t, cur);
-        }
-        Ok(false)
     }
 
     /// Writes `(hash, value)` into the empty slot at `s`: value first, hash last (the hash commits the slot).
