@@ -103,15 +103,15 @@ pub struct ProcessorConfig {
     /// segment is granted. A thread deleting on a full pool holds one at a time (its deletes are merged after each
     /// group commit, and the segment recycled); 0 turns the reserve off.
     pub delete_reserve_segments: u32,
-    /// The log cleaner works while less than this share of the pool is free, in percent (default 25; 0 turns it
-    /// off). A segment is recycled once every entry in it is superseded; a few live entries (keys written once and
+    /// The log cleaner works in the background while less than this share of the pool is free, in percent
+    /// (default 25; 0: no background cleaning). A segment is recycled once every entry in it is superseded; a few live entries (keys written once and
     /// never again) would otherwise hold on to whole segments of dead ones until the pool is full. The cleaner
     /// copies the live entries of the emptiest merged segments into a relocation log, moves their index slots, and
     /// recycles the segments. Whatever this share, a segment grant that finds the pool full cleans before it
     /// refuses.
     pub clean_below_free_percent: u8,
-    /// Only segments with at most this share of live entries are cleaned, in percent (default 80): cleaning one
-    /// copies its live part to free the rest.
+    /// Only segments with at most this share of live entries are cleaned, in percent (default 80; 0 turns the
+    /// cleaner off): cleaning one copies its live part to free the rest.
     pub clean_max_live_percent: u8,
 }
 
@@ -595,7 +595,7 @@ impl Processor {
                     .expect("spawn merge thread")
             })
             .collect();
-        if config.clean_below_free_percent > 0 {
+        if config.clean_below_free_percent > 0 && config.clean_max_live_percent > 0 {
             let inner = inner.clone();
             threads.push(
                 std::thread::Builder::new()
