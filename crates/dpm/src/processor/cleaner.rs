@@ -112,8 +112,8 @@ impl Inner {
                 < (total as u128) * u128::from(self.clean_below_free_percent)
     }
 
-    /// Cleans on a segment grant that found the pool full, whatever the free share: until one segment is freed or
-    /// no segment qualifies (waiting for a cleaning under way first). Whether one was freed. Not on a rebalance's
+    /// Cleans on a segment grant that found the pool full, whatever the free share: until a segment is free (the
+    /// copies may have taken the first one a cleaning freed) or no segment qualifies (waiting for a cleaning under way first). Whether one was freed. Not on a rebalance's
     /// own grants, which come here with the rebalance lock held.
     pub(super) fn clean_for_room(&self) -> bool {
         if self.clean_max_live_percent == 0 || IN_REBALANCE.with(Cell::get) {
@@ -122,26 +122,27 @@ impl Inner {
         self.clean_some(true, 64)
     }
 
-    /// Cleans up to `most` segments, stopping at the first one freed when `one` (a grant waits); whether any was
-    /// freed.
+    /// Cleans up to `most` segments, stopping as soon as a segment is free when `one` (a grant waits); whether any
+    /// was freed.
     fn clean_some(&self, one: bool, most: usize) -> bool {
+        let segment_free = || self.pool.space().free_bytes() >= self.dir.segment_size();
         let _no_rebalance = self.rebalance_lock.lock().expect("rebalance lock");
         let mut state = self.cleaner.lock().expect("cleaner lock");
         let mut freed_any = false;
         for _ in 0..most {
-            if self.stopping.load(Ordering::Acquire) || (!one && !self.space_low()) {
+            let enough = if one {
+                freed_any && segment_free()
+            } else {
+                !self.space_low()
+            };
+            if enough || self.stopping.load(Ordering::Acquire) {
                 break;
             }
             let Some(victim) = self.pick_victim(&mut state) else {
                 break;
             };
             match self.clean_segment(&mut state, victim) {
-                Ok(Cleaned::Freed) => {
-                    freed_any = true;
-                    if one {
-                        break;
-                    }
-                }
+                Ok(Cleaned::Freed) => freed_any = true,
                 // Not tried again until more of its entries are superseded.
                 Ok(Cleaned::Kept) => {
                     let invalid = self.invalid_count(victim);
