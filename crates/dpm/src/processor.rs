@@ -10,7 +10,7 @@ use dinomo_index::{Anchor, Index, IndexConfig, IndexError};
 use dinomo_log::segment::{self, DamagedField, InPlace, ScanEnd, SegmentFormat};
 use dinomo_log::{
     ENTRY_HEADER_LEN, EntryHeader, EntryRef, EntryView, HashMode, Op, SEGMENT_HEADER_LEN,
-    SegmentHeader, encode_entry, entry_len, roots, tags,
+    SegmentHeader, roots, tags,
 };
 use dinomo_pool::{Extent, Pool, PoolError};
 use serde::{Deserialize, Serialize};
@@ -32,6 +32,7 @@ pub const MIGRATION_THREAD: u32 = u32::MAX;
 pub const CLEANER_THREAD: u32 = u32::MAX - 1;
 
 mod cleaner;
+mod log_writer;
 
 /// How the memory node lays out its index; fixed when the pool is formatted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,11 +105,11 @@ pub struct ProcessorConfig {
     /// group commit, and the segment recycled); 0 turns the reserve off.
     pub delete_reserve_segments: u32,
     /// The log cleaner works in the background while less than this share of the pool is free, in percent
-    /// (default 25; 0: no background cleaning). A segment is recycled once every entry in it is superseded; a few live entries (keys written once and
-    /// never again) would otherwise hold on to whole segments of dead ones until the pool is full. The cleaner
-    /// copies the live entries of the emptiest merged segments into a relocation log, moves their index slots, and
-    /// recycles the segments. Whatever this share, a segment grant that finds the pool full cleans before it
-    /// refuses.
+    /// (default 25; 0: no background cleaning). A segment is recycled once every entry in it is superseded; a few
+    /// live entries (keys written once and never again) would otherwise hold on to whole segments of dead ones
+    /// until the pool is full. The cleaner copies the live entries of the emptiest merged segments into a
+    /// relocation log, moves their index slots, and recycles the segments. Whatever this share, a segment grant
+    /// that finds the pool full cleans before it refuses.
     pub clean_below_free_percent: u8,
     /// Only segments with at most this share of live entries are cleaned, in percent (default 80; 0 turns the
     /// cleaner off): cleaning one copies its live part to free the rest.
@@ -254,6 +255,9 @@ pub struct ProcessorStats {
     /// Log segments held back for deletes on a full pool (counted as used pool space).
     #[serde(default)]
     pub delete_reserve_segments: u64,
+    /// Log segments granted from that reserve since start.
+    #[serde(default)]
+    pub delete_reserve_grants: u64,
     /// Segments the log cleaner emptied (their live entries copied, the segment recycled), since start.
     #[serde(default)]
     pub cleaned_segments: u64,
@@ -263,9 +267,6 @@ pub struct ProcessorStats {
     /// Bytes of those copies, since start.
     #[serde(default)]
     pub relocated_bytes: u64,
-    /// Log segments granted from that reserve since start.
-    #[serde(default)]
-    pub delete_reserve_grants: u64,
 }
 
 struct SegInfo {
@@ -682,7 +683,7 @@ impl RpcHandler for Handler {
             }
             proto::NEXT_SEGMENT => {
                 let req: proto::NextSegment = dinomo_fabric::decode(request)?;
-                dinomo_fabric::encode(&self.0.next_segment(&req).map_err(fail)?, response)
+                dinomo_fabric::encode(&self.0.next_segment(&req, true).map_err(fail)?, response)
             }
             proto::MERGE_ALL => {
                 let req: proto::MergeAll = dinomo_fabric::decode(request)?;
@@ -922,112 +923,6 @@ struct SegmentMerge {
     deletes: u64,
     last_seq: Option<u64>,
     superseded: Vec<EntryRef>,
-}
-
-/// Writes copies of entries into a node's migration log the way a KV-node worker writes its log: entries are
-/// gathered locally and written a segment part at a time, segments are granted and sealed through the same calls.
-struct MigrationWriter<'a> {
-    inner: &'a Inner,
-    log_id: u32,
-    session: u64,
-    next_seq: u64,
-    /// The current segment: pool offset and bytes available for entries.
-    segment: Option<(u64, u64)>,
-    /// Entries of the current segment already in the pool.
-    written: u64,
-    /// Entries not written yet.
-    buf: Vec<u8>,
-    /// Bytes of entries appended in all.
-    bytes: u64,
-}
-
-impl<'a> MigrationWriter<'a> {
-    /// Entries are written to the pool whenever this many bytes are gathered.
-    const WRITE_CHUNK: usize = 1 << 20;
-
-    fn new(inner: &'a Inner, log: &proto::LogOpened) -> MigrationWriter<'a> {
-        MigrationWriter {
-            inner,
-            log_id: log.log_id,
-            session: log.session,
-            next_seq: log.next_seq,
-            segment: None,
-            written: 0,
-            buf: Vec::new(),
-            bytes: 0,
-        }
-    }
-
-    fn append(&mut self, key: &[u8], value: &[u8]) -> Result<(), ProcessorError> {
-        let len = entry_len(key.len(), value.len()) as u64;
-        let fits = |w: &Self| {
-            w.segment
-                .is_some_and(|(_, cap)| w.written + w.buf.len() as u64 + len <= cap)
-        };
-        if !fits(self) {
-            self.roll()?;
-            if !fits(self) {
-                return Err(ProcessorError::Config(format!(
-                    "an entry of {len} bytes does not fit in a log segment"
-                )));
-            }
-        }
-        encode_entry(
-            &mut self.buf,
-            Op::Put,
-            self.log_id,
-            self.next_seq,
-            key,
-            value,
-        );
-        self.next_seq += 1;
-        self.bytes += len;
-        if self.buf.len() >= Self::WRITE_CHUNK {
-            self.write_buffered()?;
-        }
-        Ok(())
-    }
-
-    fn write_buffered(&mut self) -> Result<(), ProcessorError> {
-        let Some((offset, _)) = self.segment else {
-            return Ok(());
-        };
-        if self.buf.is_empty() {
-            return Ok(());
-        }
-        let at = offset + SEGMENT_HEADER_LEN as u64 + self.written;
-        self.inner.pool.write(at, &self.buf)?;
-        self.inner.pool.persist(at, self.buf.len() as u64);
-        self.written += self.buf.len() as u64;
-        self.buf.clear();
-        Ok(())
-    }
-
-    /// Seals the current segment (after writing what it holds) and starts a new one.
-    fn roll(&mut self) -> Result<(), ProcessorError> {
-        self.write_buffered()?;
-        let granted = self.inner.next_segment(&proto::NextSegment {
-            log_id: self.log_id,
-            session: self.session,
-            sealed_len: self.segment.map(|_| self.written),
-            first_seq: self.next_seq,
-            deletes_only: false,
-        })?;
-        self.segment = Some((granted.offset, granted.capacity - SEGMENT_HEADER_LEN as u64));
-        self.written = 0;
-        Ok(())
-    }
-
-    /// Writes what is left, seals the log and merges all of it; returns the bytes of entries appended.
-    fn finish(mut self) -> Result<u64, ProcessorError> {
-        self.write_buffered()?;
-        self.inner.merge_all(&proto::MergeAll {
-            log_id: self.log_id,
-            session: self.session,
-            sealed_len: self.segment.map(|_| self.written),
-        })?;
-        Ok(self.bytes)
-    }
 }
 
 impl Inner {
@@ -1427,23 +1322,24 @@ impl Inner {
     }
 
     /// Grants `req`'s log a new segment. Out of space, it first merges every log's sealed segments (whose
-    /// superseded entries may free whole segments) and asks the pool once more.
+    /// superseded entries may free whole segments) and asks the pool once more; then, when `may_clean`, has the
+    /// cleaner make room and asks again. A rebalance's own grants may not clean: they hold the rebalance lock, which
+    /// the cleaner takes.
     fn next_segment(
         &self,
         req: &proto::NextSegment,
+        may_clean: bool,
     ) -> Result<proto::SegmentGranted, ProcessorError> {
-        match self.next_segment_once(req) {
-            Err(e) if e.is_out_of_space() && self.merge_backlog() => {
-                match self.next_segment_once(req) {
-                    Err(e) if e.is_out_of_space() && self.clean_for_room() => {
-                        self.next_segment_once(req)
-                    }
-                    granted => granted,
-                }
-            }
-            Err(e) if e.is_out_of_space() && self.clean_for_room() => self.next_segment_once(req),
-            granted => granted,
+        let out_of_space =
+            |g: &Result<_, ProcessorError>| matches!(g, Err(e) if e.is_out_of_space());
+        let mut granted = self.next_segment_once(req);
+        if out_of_space(&granted) && self.merge_backlog() {
+            granted = self.next_segment_once(req);
         }
+        if may_clean && out_of_space(&granted) && self.clean_for_room() {
+            granted = self.next_segment_once(req);
+        }
+        granted
     }
 
     /// Merges the sealed segments of every log now; whether there were any.
@@ -1548,7 +1444,8 @@ impl Inner {
             capacity: ext.len,
             format: SegmentFormat::Checked,
             sealed_len: None,
-            merged: false,
+            // A relocation log's entries are never merged: the cleaner moves the slots that name them.
+            merged: log.relocation,
         });
         let merged_seq = meta.merged_seq;
         drop(meta);
@@ -2164,8 +2061,6 @@ impl Inner {
             return Ok(out);
         }
         let _one = self.rebalance_lock.lock().expect("rebalance lock");
-        // Its migration logs' grants must not wait for the cleaner, which needs this lock.
-        let _rebalancing = cleaner::rebalancing();
         let started = Instant::now();
         let mut header = [0u8; ENTRY_HEADER_LEN];
         let mut key = Vec::new();
@@ -2220,12 +2115,8 @@ impl Inner {
         to: u32,
         refs: &[EntryRef],
     ) -> Result<(u64, u64), ProcessorError> {
-        let log = self.open_log(&proto::OpenLog {
-            node_id: to,
-            thread: MIGRATION_THREAD,
-        })?;
+        let mut writer = log_writer::LogWriter::open(self, to, MIGRATION_THREAD)?;
         let mode = self.dir.hash_mode();
-        let mut writer = MigrationWriter::new(self, &log);
         let mut moved = Vec::with_capacity(refs.len());
         let mut entry = Vec::new();
         for &r in refs {
@@ -2237,10 +2128,10 @@ impl Inner {
                     r.offset()
                 ))
             })?;
-            writer.append(e.key, e.value)?;
+            writer.append(self, e.key, e.value)?;
             moved.push((mode.hash(e.key), r));
         }
-        let bytes = writer.finish()?;
+        let bytes = writer.finish_merged(self)?;
         let mut dead = Vec::with_capacity(moved.len());
         for &(hash, r) in &moved {
             if let Some(old) = from.remove(hash, |c| c == r) {

@@ -21,66 +21,30 @@
 //! - **Partitions.** The slots are moved in the index the segment's log merges into, under the rebalance lock, so
 //!   a rebalance never sees a key in the middle of a move.
 
-use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use dinomo_index::Index;
 use dinomo_log::segment;
-use dinomo_log::{EntryRef, EntryView, Op, SEGMENT_HEADER_LEN, encode_entry, entry_len};
+use dinomo_log::{EntryRef, EntryView, Op, SEGMENT_HEADER_LEN};
 use tracing::{debug, warn};
 
-use super::{CLEANER_THREAD, Inner, LogState, ProcessorError, Scratch, SegStat};
+use super::log_writer::LogWriter;
+use super::{CLEANER_THREAD, Inner, LogState, ProcessorError, Scratch};
 use crate::cells::CellState;
 use crate::directory::owner_node;
-use crate::proto;
-
-thread_local! {
-    /// Set while this thread runs a rebalance, which holds the rebalance lock the cleaner takes: its own segment
-    /// grants must not wait for a cleaning.
-    static IN_REBALANCE: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Marks the calling thread as running a rebalance until the guard is dropped.
-pub(super) fn rebalancing() -> impl Drop {
-    struct Guard;
-    impl Drop for Guard {
-        fn drop(&mut self) {
-            IN_REBALANCE.with(|r| r.set(false));
-        }
-    }
-    IN_REBALANCE.with(|r| r.set(true));
-    Guard
-}
 
 /// The cleaner's state between cleanings.
 #[derive(Default)]
 pub(super) struct CleanerState {
     /// The relocation log of each KV node (by node id) the cleaner has written to since start.
-    writers: HashMap<u32, RelocationWriter>,
+    writers: HashMap<u32, LogWriter>,
     /// Segments the cleaner could not empty (a live entry behind a shared key's cell), with their invalid count
     /// then: they are tried again once more of their entries are superseded.
     passed_over: HashMap<u64, u64>,
     /// Entries read from a segment being cleaned.
     data: Vec<u8>,
-}
-
-/// Appends copies to one relocation log, the way a KV-node worker writes its log: entries gathered locally,
-/// written to the pool a segment part at a time, segments granted and sealed through the same call.
-struct RelocationWriter {
-    log: Arc<LogState>,
-    session: u64,
-    next_seq: u64,
-    /// The open head: pool offset and bytes available for entries.
-    head: Option<(u64, u64)>,
-    /// Bytes of entries of the head already in the pool.
-    written: u64,
-    /// Entries not written yet.
-    buf: Vec<u8>,
-    /// Copies appended to the head since its counter was last raised.
-    uncounted: u64,
 }
 
 /// What cleaning one segment did.
@@ -113,10 +77,10 @@ impl Inner {
     }
 
     /// Cleans on a segment grant that found the pool full, whatever the free share: until a segment is free (the
-    /// copies may have taken the first one a cleaning freed) or no segment qualifies (waiting for a cleaning under way first). Whether one was freed. Not on a rebalance's
-    /// own grants, which come here with the rebalance lock held.
+    /// copies may have taken the first one a cleaning freed) or no segment qualifies, after any cleaning under way.
+    /// Whether one was freed.
     pub(super) fn clean_for_room(&self) -> bool {
-        if self.clean_max_live_percent == 0 || IN_REBALANCE.with(Cell::get) {
+        if self.clean_max_live_percent == 0 {
             return false;
         }
         self.clean_some(true, 64)
@@ -175,11 +139,7 @@ impl Inner {
         state
             .passed_over
             .retain(|offset, invalid| stats.get(offset).is_some_and(|st| st.invalid == *invalid));
-        let heads: Vec<u64> = state
-            .writers
-            .values()
-            .filter_map(|w| w.head.map(|(offset, _)| offset))
-            .collect();
+        let heads: Vec<u64> = state.writers.values().filter_map(LogWriter::head).collect();
         let max_live = u64::from(self.clean_max_live_percent);
         let mut best: Option<(u64, u64, u64)> = None;
         for (&offset, st) in stats.iter() {
@@ -312,7 +272,9 @@ impl Inner {
         }
         let writer = match state.writers.entry(node) {
             std::collections::hash_map::Entry::Occupied(w) => w.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => v.insert(self.relocation_writer(node)?),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(LogWriter::open(self, node, CLEANER_THREAD)?)
+            }
         };
         let mode = self.dir.hash_mode();
         let mut copies: Vec<(u64, EntryRef, EntryRef)> = Vec::with_capacity(live.len());
@@ -327,78 +289,40 @@ impl Inner {
             copies.push((mode.hash(e.key), old, copy));
         }
         // Copies are in the pool, and counted in their segments, before any slot names them.
-        writer.flush(self)?;
-        let (mut moved, mut dead_copies) = (Vec::new(), Vec::new());
-        let mut bytes = 0u64;
+        writer.flush_relocations(self)?;
+        // Each original whose slot moved, and each copy whose slot did not, is superseded.
+        let mut superseded = Vec::with_capacity(copies.len());
+        let (mut moved, mut bytes) = (0u64, 0u64);
         for &(hash, old, copy) in &copies {
             if index.replace(hash, old, copy)? {
-                moved.push(old);
+                superseded.push(old);
+                moved += 1;
                 bytes += copy.len();
             } else {
-                dead_copies.push(copy);
+                superseded.push(copy);
             }
         }
-        self.invalidate(&dead_copies)?;
-        self.invalidate(&moved)?;
-        Ok((moved.len() as u64, bytes))
-    }
-
-    /// Claims `node`'s relocation log (creating it the first time) for the cleaner.
-    fn relocation_writer(&self, node: u32) -> Result<RelocationWriter, ProcessorError> {
-        let opened = self.open_log(&proto::OpenLog {
-            node_id: node,
-            thread: CLEANER_THREAD,
-        })?;
-        let log = self
-            .logs
-            .read()
-            .expect("logs lock")
-            .get(&opened.log_id)
-            .cloned()
-            .ok_or_else(|| {
-                ProcessorError::Corrupt("a relocation log vanished as it was claimed".into())
-            })?;
-        Ok(RelocationWriter {
-            log,
-            session: opened.session,
-            next_seq: opened.next_seq,
-            head: None,
-            written: 0,
-            buf: Vec::new(),
-            uncounted: 0,
-        })
+        self.invalidate(&superseded)?;
+        Ok((moved, bytes))
     }
 
     /// Marks the sealed segments of a relocation log merged without applying them (the cleaner moved the slots
-    /// that name its copies), and moves its merged sequence number past them. Outside recovery, which rebuilds
-    /// every counter from the index afterwards, each such segment is counted: its entries, dead unless the index
-    /// names them.
+    /// that name its copies) and moves its merged sequence number past them. Only a start finds such segments
+    /// (a relocation log's segments are merged from their grant on), and recovery rebuilds their counters from the
+    /// index afterwards.
     pub(super) fn settle_relocation_log(
         &self,
         log: &LogState,
         scratch: &mut Scratch,
     ) -> Result<(), ProcessorError> {
-        let recovering = self.recovering.load(Ordering::Acquire);
-        let mode = self.dir.hash_mode();
         let mut meta = log.meta.lock().expect("log lock");
         let mut last = None;
-        let mut counted = Vec::new();
         for s in meta.segments.iter_mut().filter(|s| s.awaits_merge()) {
             self.read_entries(s.offset, s.sealed_len.unwrap_or(0), &mut scratch.data)?;
-            let base = s.offset + SEGMENT_HEADER_LEN as u64;
-            let (mut entries, mut live) = (0u64, 0u64);
-            segment::scan_through(&scratch.data, log.id, s.first_seq, |at, e| {
-                last = Some(e.header.seq);
-                entries += 1;
-                if !recovering
-                    && let Some(r) = EntryRef::new(base + at as u64, e.len() as u64)
-                    && log.index.get(mode.hash(e.key), |c| c == r).is_some()
-                {
-                    live += 1;
-                }
+            segment::scan_through(&scratch.data, log.id, s.first_seq, |_, e| {
+                last = Some(e.header.seq)
             });
             s.merged = true;
-            counted.push((s.offset, s.offset + s.capacity, entries, entries - live));
         }
         if let Some(seq) = last
             && seq > meta.merged_seq
@@ -406,158 +330,6 @@ impl Inner {
             self.dir.set_merged_seq(log.id, seq);
             meta.merged_seq = seq;
             meta.last_seq = meta.last_seq.max(seq);
-        }
-        drop(meta);
-        if recovering || counted.is_empty() {
-            return Ok(());
-        }
-        let mut dead = Vec::new();
-        {
-            let mut stats = self.stats_by_segment.lock().expect("segment stats lock");
-            for (offset, end, entries, invalid) in counted {
-                stats.insert(
-                    offset,
-                    SegStat {
-                        log_id: log.id,
-                        end,
-                        entries,
-                        invalid,
-                    },
-                );
-                if invalid >= entries {
-                    dead.push(offset);
-                }
-            }
-        }
-        self.recycle(&dead)
-    }
-}
-
-impl RelocationWriter {
-    /// Entries are written to the pool whenever this many bytes are gathered.
-    const WRITE_CHUNK: usize = 1 << 20;
-
-    /// Appends a copy of `key`'s entry; returns where it will lie.
-    fn append(
-        &mut self,
-        inner: &Inner,
-        key: &[u8],
-        value: &[u8],
-    ) -> Result<EntryRef, ProcessorError> {
-        let len = entry_len(key.len(), value.len()) as u64;
-        let fits = |w: &Self| {
-            w.head
-                .is_some_and(|(_, room)| w.written + w.buf.len() as u64 + len <= room)
-        };
-        if !fits(self) {
-            self.roll(inner)?;
-            if !fits(self) {
-                return Err(ProcessorError::Config(format!(
-                    "an entry of {len} bytes does not fit in a log segment"
-                )));
-            }
-        }
-        let (head, _) = self.head.expect("a head after a roll");
-        let at = head + SEGMENT_HEADER_LEN as u64 + self.written + self.buf.len() as u64;
-        let r = EntryRef::new(at, len).ok_or_else(|| {
-            ProcessorError::Corrupt(format!("a copy at {at:#x} ({len} bytes) cannot be indexed"))
-        })?;
-        encode_entry(
-            &mut self.buf,
-            Op::Put,
-            self.log.id,
-            self.next_seq,
-            key,
-            value,
-        );
-        self.next_seq += 1;
-        self.uncounted += 1;
-        if self.buf.len() >= Self::WRITE_CHUNK {
-            self.write_buffered(inner)?;
-        }
-        Ok(r)
-    }
-
-    /// Writes and persists the gathered copies, raises the head's entry count by them (so that a merge superseding
-    /// one counts it against a known total), and moves the log's merged sequence number past them.
-    fn flush(&mut self, inner: &Inner) -> Result<(), ProcessorError> {
-        self.write_buffered(inner)?;
-        let last = self.next_seq - 1;
-        let mut meta = self.log.meta.lock().expect("log lock");
-        if last > meta.merged_seq {
-            inner.dir.set_merged_seq(self.log.id, last);
-            meta.merged_seq = last;
-            meta.last_seq = meta.last_seq.max(last);
-        }
-        Ok(())
-    }
-
-    fn write_buffered(&mut self, inner: &Inner) -> Result<(), ProcessorError> {
-        let Some((offset, _)) = self.head else {
-            return Ok(());
-        };
-        if !self.buf.is_empty() {
-            let at = offset + SEGMENT_HEADER_LEN as u64 + self.written;
-            inner.pool.write(at, &self.buf)?;
-            inner.pool.persist(at, self.buf.len() as u64);
-            self.written += self.buf.len() as u64;
-            self.buf.clear();
-        }
-        if self.uncounted > 0 {
-            if let Some(st) = inner
-                .stats_by_segment
-                .lock()
-                .expect("segment stats lock")
-                .get_mut(&offset)
-            {
-                st.entries += self.uncounted;
-            }
-            self.uncounted = 0;
-        }
-        Ok(())
-    }
-
-    /// Seals the head (after writing what it holds) and starts a new one: from the free pool, else from the delete
-    /// reserve (cleaning gives back more than it takes). The new head counts as merged from the start, with no
-    /// entries.
-    fn roll(&mut self, inner: &Inner) -> Result<(), ProcessorError> {
-        self.write_buffered(inner)?;
-        let sealed = self.head.map(|(offset, _)| offset);
-        let granted = inner.next_segment_once(&proto::NextSegment {
-            log_id: self.log.id,
-            session: self.session,
-            sealed_len: self.head.map(|_| self.written),
-            first_seq: self.next_seq,
-            deletes_only: true,
-        })?;
-        {
-            let mut meta = self.log.meta.lock().expect("log lock");
-            if let Some(s) = meta
-                .segments
-                .iter_mut()
-                .find(|s| s.offset == granted.offset)
-            {
-                s.merged = true;
-            }
-        }
-        inner
-            .stats_by_segment
-            .lock()
-            .expect("segment stats lock")
-            .insert(
-                granted.offset,
-                SegStat {
-                    log_id: self.log.id,
-                    end: granted.offset + granted.capacity,
-                    entries: 0,
-                    invalid: 0,
-                },
-            );
-        self.head = Some((granted.offset, granted.capacity - SEGMENT_HEADER_LEN as u64));
-        self.written = 0;
-        // A sealed head whose copies were all superseded while it was open is recycled now that it may be.
-        if let Some(offset) = sealed {
-            inner.recycle(&[offset])?;
         }
         Ok(())
     }
