@@ -23,11 +23,11 @@ use dinomo_log::{EntryRef, EntryView, HashMode, Op, SEGMENT_HEADER_LEN, SegmentH
 use dinomo_pool::Pool;
 use serde::Serialize;
 
-use crate::Partitioning;
 use crate::cells::{self, CellState, CellTable};
 use crate::directory::{Directory, owner_node};
 use crate::partitions::PartitionTable;
 use crate::processor::{find_older_segment, log_segment_extents};
+use crate::{CLEANER_THREAD, Partitioning};
 
 /// Settings of a check.
 #[derive(Debug, Clone)]
@@ -95,7 +95,7 @@ pub struct LogCheck {
     pub open_segments: u64,
     /// Valid entries in its segments.
     pub entries: u64,
-    /// Valid entries not merged into the index yet.
+    /// Valid entries not merged into the index yet (none in a relocation log, which is never merged).
     pub unmerged_entries: u64,
     /// Bytes where an entry should be but none is valid.
     pub damaged_bytes: u64,
@@ -350,9 +350,11 @@ impl Checker {
             self.scratch = data;
             return;
         }
+        // A relocation log is never merged: its copies count only through the slots the cleaner moved.
+        let relocation = log.thread == CLEANER_THREAD;
         let found = segment::scan_through(&data, log.log, h.first_seq, |_, e| {
             log.entries += 1;
-            if e.header.seq > merged_seq {
+            if !relocation && e.header.seq > merged_seq {
                 log.unmerged_entries += 1;
             }
         });
