@@ -5,13 +5,14 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use dinomo_dpm::CLEANER_THREAD;
 use dinomo_dpm::check::{CheckOptions, check_pool};
-use dinomo_dpm::{CLEANER_THREAD, ProcessorConfig};
-use dinomo_kn::{Embedded, EmbeddedConfig, KnConfig, KnError};
+use dinomo_kn::{Embedded, EmbeddedConfig, KnError};
+
+mod common;
 
 /// 64 segments of 64 KiB.
 const POOL: u64 = 4 << 20;
-const SEGMENT: u64 = 64 << 10;
 /// Keys overwritten all the time.
 const HOT: u32 = 16;
 /// Writes of hot keys after each new cold key (a cold key is written once, and stays live).
@@ -20,30 +21,12 @@ const HOT_PER_COLD: u32 = 15;
 const COLD: u32 = 4000;
 
 fn config(path: &Path, clean: bool) -> EmbeddedConfig {
-    let mut processor = ProcessorConfig {
-        segment_size: SEGMENT,
-        ..ProcessorConfig::default()
-    };
+    let mut cfg = common::small_file_store(path, POOL, 1);
     if !clean {
-        processor.clean_below_free_percent = 0;
-        processor.clean_max_live_percent = 0;
+        cfg.processor.clean_below_free_percent = 0;
+        cfg.processor.clean_max_live_percent = 0;
     }
-    EmbeddedConfig {
-        pool_path: Some(path.to_path_buf()),
-        pool_size: POOL,
-        pool_segment_size: SEGMENT,
-        processor,
-        kn: kn_config(),
-        ..EmbeddedConfig::default()
-    }
-}
-
-fn kn_config() -> KnConfig {
-    KnConfig {
-        threads: 1,
-        max_value_len: 4096,
-        ..KnConfig::default()
-    }
+    cfg
 }
 
 fn value(key: &str, version: u32) -> Vec<u8> {
@@ -154,16 +137,8 @@ fn segments_held_by_a_few_live_entries_are_cleaned_and_the_store_keeps_taking_wr
 
 #[test]
 fn a_kv_node_cannot_claim_the_relocation_log() -> anyhow::Result<()> {
-    let store = Embedded::open(&EmbeddedConfig {
-        pool_size: POOL,
-        pool_segment_size: SEGMENT,
-        processor: ProcessorConfig {
-            segment_size: SEGMENT,
-            ..ProcessorConfig::default()
-        },
-        kn: kn_config(),
-        ..EmbeddedConfig::default()
-    })?;
+    let dir = tempfile::tempdir()?;
+    let store = Embedded::open(&config(&dir.path().join("claim.pool"), true))?;
     let mut ep = dinomo_fabric::Connector::new(dinomo_fabric::Target::InProcess(
         store.memory_node().clone(),
     ))

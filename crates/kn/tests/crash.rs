@@ -10,10 +10,12 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dinomo_dpm::{Partitioning, ProcessorConfig};
-use dinomo_kn::{Embedded, EmbeddedConfig, KnConfig};
+use dinomo_dpm::Partitioning;
+use dinomo_kn::{Embedded, EmbeddedConfig};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+
+mod common;
 
 const WRITERS: u32 = 4;
 const KEYS_PER_WRITER: u32 = 64;
@@ -23,30 +25,13 @@ const LAYOUT_VAR: &str = "DINOMO_KN_CRASH_LAYOUT";
 const CLEAN_VAR: &str = "DINOMO_KN_CRASH_CLEAN";
 
 fn config(path: &Path, partitioning: Partitioning, clean_always: bool) -> EmbeddedConfig {
-    let (clean_below_free_percent, clean_max_live_percent) = if clean_always {
-        (100, 100)
-    } else {
-        let d = ProcessorConfig::default();
-        (d.clean_below_free_percent, d.clean_max_live_percent)
-    };
-    EmbeddedConfig {
-        pool_path: Some(path.to_path_buf()),
-        pool_size: 64 << 20,
-        pool_segment_size: 64 << 10,
-        processor: ProcessorConfig {
-            segment_size: 64 << 10,
-            partitioning,
-            clean_below_free_percent,
-            clean_max_live_percent,
-            ..ProcessorConfig::default()
-        },
-        kn: KnConfig {
-            threads: 2,
-            max_value_len: 4096,
-            ..KnConfig::default()
-        },
-        ..EmbeddedConfig::default()
+    let mut cfg = common::small_file_store(path, 64 << 20, 2);
+    cfg.processor.partitioning = partitioning;
+    if clean_always {
+        cfg.processor.clean_below_free_percent = 100;
+        cfg.processor.clean_max_live_percent = 100;
     }
+    cfg
 }
 
 fn key(writer: u32, i: u32) -> Vec<u8> {

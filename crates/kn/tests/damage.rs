@@ -23,32 +23,20 @@ use std::time::Duration;
 
 use dinomo_dpm::check::{CheckOptions, PoolCheck, check_pool};
 use dinomo_dpm::{ProcessorConfig, ProcessorStats};
-use dinomo_kn::{Embedded, EmbeddedConfig, KnConfig};
+use dinomo_kn::{Embedded, EmbeddedConfig};
 use dinomo_log::ENTRY_HEADER_LEN;
 use dinomo_log::segment::{InPlace, SegmentFormat, SegmentHeader};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+
+mod common;
 
 const KEYS: u32 = 1500;
 const THREADS: usize = 2;
 const CASES: u64 = 12;
 
 fn config(path: &Path) -> EmbeddedConfig {
-    EmbeddedConfig {
-        pool_path: Some(path.to_path_buf()),
-        pool_size: 8 << 20,
-        pool_segment_size: 64 << 10,
-        processor: ProcessorConfig {
-            segment_size: 64 << 10,
-            ..ProcessorConfig::default()
-        },
-        kn: KnConfig {
-            threads: THREADS,
-            max_value_len: 4096,
-            ..KnConfig::default()
-        },
-        ..EmbeddedConfig::default()
-    }
+    common::small_file_store(path, 8 << 20, THREADS)
 }
 
 fn key(i: u32) -> Vec<u8> {
@@ -228,6 +216,22 @@ fn no_panics() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// [`read_damaged`] with three bits flipped in log entries: the store must open, since damaged entries cost
+/// themselves, never the start.
+fn read_entries_damaged(
+    image: &Path,
+    areas: &[std::ops::Range<usize>],
+    seed: u64,
+) -> anyhow::Result<Outcome> {
+    let out = read_damaged(image, areas, 3, seed)?;
+    anyhow::ensure!(
+        out.open_error.is_none(),
+        "seed {seed}: {:?}",
+        out.open_error
+    );
+    Ok(out)
+}
+
 /// Opens a copy of `image` with `flips` random bits (from `seed`) flipped inside `areas`, reads every key back,
 /// and removes the copy.
 fn read_damaged(
@@ -260,12 +264,7 @@ fn after_a_clean_stop_a_damaged_entry_is_refused_never_served() -> anyhow::Resul
     let areas = entry_areas(&image)?;
     let mut refused = 0;
     for seed in 0..CASES {
-        let out = read_damaged(&image, &areas, 3, seed)?;
-        anyhow::ensure!(
-            out.open_error.is_none(),
-            "seed {seed}: {:?}",
-            out.open_error
-        );
+        let out = read_entries_damaged(&image, &areas, seed)?;
         anyhow::ensure!(out.wrong.is_empty(), "seed {seed}: {:?}", out.wrong);
         anyhow::ensure!(
             out.refused == 0 || !out.check.is_clean(),
@@ -290,12 +289,7 @@ fn in_a_crash_image_damaged_entries_are_skipped_reported_and_cost_only_themselve
     let areas = entry_areas(&image)?;
     let mut reported = 0;
     for seed in 0..CASES {
-        let out = read_damaged(&image, &areas, 3, seed)?;
-        anyhow::ensure!(
-            out.open_error.is_none(),
-            "seed {seed}: {:?}",
-            out.open_error
-        );
+        let out = read_entries_damaged(&image, &areas, seed)?;
         // A lost entry takes at least a header's bytes, and changes one key.
         let explained = out.stats.damaged_log_bytes as usize / ENTRY_HEADER_LEN + THREADS;
         anyhow::ensure!(
