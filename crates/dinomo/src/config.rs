@@ -349,7 +349,7 @@ const DOCS: &[(&str, &str)] = &[
     ("processor.index.initial_buckets", "primary buckets of a new index (a power of two)"),
     ("processor.index.max_load", "share of the index's slots in use before it doubles"),
     ("processor.index.overflow_per_bucket", "spare overflow buckets per primary bucket of a new table"),
-    ("processor.index.retire_grace", "how long a replaced index table stays allocated for lookups under way"),
+    ("processor.index.retire_grace", "how long a replaced index table stays allocated for lookups under way (a pool out of space frees it sooner)"),
     ("dpm.fabric_only", "serve raw registered memory without the data plane (fabric tests and benchmarks)"),
     ("dpm.server.listen", "fabric address of the memory node"),
     ("dpm.server.allow_non_loopback", "permit a non-loopback listen address (needs fabric.token)"),

@@ -1321,10 +1321,10 @@ impl Inner {
         Ok(())
     }
 
-    /// Grants `req`'s log a new segment. Out of space, it first merges every log's sealed segments (whose
-    /// superseded entries may free whole segments) and asks the pool once more; then, when `may_clean`, has the
-    /// cleaner make room and asks again. A rebalance's own grants may not clean: they hold the rebalance lock, which
-    /// the cleaner takes.
+    /// Grants `req`'s log a new segment. Out of space, it first frees the index tables replaced within their grace
+    /// period, then merges every log's sealed segments (whose superseded entries may free whole segments), asking
+    /// the pool once more after each; then, when `may_clean`, has the cleaner make room and asks again. A
+    /// rebalance's own grants may not clean: they hold the rebalance lock, which the cleaner takes.
     fn next_segment(
         &self,
         req: &proto::NextSegment,
@@ -1333,6 +1333,9 @@ impl Inner {
         let out_of_space =
             |g: &Result<_, ProcessorError>| matches!(g, Err(e) if e.is_out_of_space());
         let mut granted = self.next_segment_once(req);
+        if out_of_space(&granted) && self.reclaim_retired_tables() {
+            granted = self.next_segment_once(req);
+        }
         if out_of_space(&granted) && self.merge_backlog() {
             granted = self.next_segment_once(req);
         }
@@ -1340,6 +1343,22 @@ impl Inner {
             granted = self.next_segment_once(req);
         }
         granted
+    }
+
+    /// Frees every replaced index table now, grace or not (see [`Index::reclaim_retired_now`]); whether there
+    /// were any.
+    fn reclaim_retired_tables(&self) -> bool {
+        let mut freed = 0;
+        for (_, index) in self.indexes.all() {
+            freed += index.reclaim_retired_now();
+        }
+        if freed > 0 {
+            debug!(
+                tables = freed,
+                "freed replaced index tables early to make room"
+            );
+        }
+        freed > 0
     }
 
     /// Merges the sealed segments of every log now; whether there were any.

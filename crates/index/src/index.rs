@@ -95,7 +95,7 @@ fn build_table(
     overflow_per_bucket: f64,
     nbuckets: u64,
     generation: u64,
-    mut live: Vec<(u64, u64)>,
+    live: &mut [(u64, u64)],
 ) -> Result<Table, IndexError> {
     // Group by new bucket, keeping chain order within a bucket.
     live.sort_by_key(|&(h, _)| bucket_index(h, nbuckets));
@@ -314,7 +314,7 @@ impl Index {
             cfg.overflow_per_bucket,
             cfg.initial_buckets,
             1,
-            Vec::new(),
+            &mut [],
         ) {
             Ok(t) => t,
             Err(e) => {
@@ -819,7 +819,9 @@ impl Index {
     /// Whether new keys may still be let in: `Err(OutOfSpace)` when the table is close to its load limit and
     /// cannot grow (a growth of this table failed for lack of space, or the pool lacks the bytes of the next
     /// table). The processor asks before each log segment it grants for writes, so that the slots left stay for
-    /// writes already logged; deletes free more. Cheap: no growth happens here (see [`Index::grow_early`]).
+    /// writes already logged; deletes free more. Usually cheap: the table grows here only when its last growth
+    /// failed at least [`GROWTH_RETRY`] ago. Nothing else may retry it then: the merges that call
+    /// [`Index::grow_early`] follow grants, and this refuses them.
     pub fn check_room(&self) -> Result<(), IndexError> {
         let t = *self.read_table();
         if !self.near_load(&t) {
@@ -827,10 +829,17 @@ impl Index {
         }
         let least = self.least_growth(t.nbuckets * 2);
         match self.growth_failure_of(t.word) {
+            Some((at, _)) if at.elapsed() >= GROWTH_RETRY => self.grow(t.word, Trigger::Load),
             Some((_, bytes)) => Err(self.out_of_space(bytes)),
-            None if self.pool.space().free_bytes() < least => Err(self.out_of_space(least)),
+            None if !self.has_room_for(least) => Err(self.out_of_space(least)),
             None => Ok(()),
         }
+    }
+
+    /// Whether the pool has `bytes` free, once retired tables are freed if it has not.
+    fn has_room_for(&self, bytes: u64) -> bool {
+        self.pool.space().free_bytes() >= bytes
+            || (self.reclaim_retired_now() > 0 && self.pool.space().free_bytes() >= bytes)
     }
 
     /// Grows the table if it is close to its load limit, ahead of the inserts that would grow it at the limit,
@@ -923,7 +932,7 @@ impl Index {
         let nbuckets = nbuckets.min(MAX_BUCKETS);
         // Fail fast, before walking the table, when the smallest possible new table cannot fit.
         let least = self.least_growth(nbuckets);
-        if self.pool.space().free_bytes() < least {
+        if !self.has_room_for(least) {
             self.block_growth(expected, least);
             return Err(self.out_of_space(least));
         }
@@ -937,14 +946,24 @@ impl Index {
             }
         }
         let entries = live.len() as u64;
-        let new = match build_table(
-            &self.pool,
-            self.header,
-            self.cfg.overflow_per_bucket,
-            nbuckets,
-            old.generation + 1,
-            live,
-        ) {
+        let build = |live: &mut [(u64, u64)]| {
+            build_table(
+                &self.pool,
+                self.header,
+                self.cfg.overflow_per_bucket,
+                nbuckets,
+                old.generation + 1,
+                live,
+            )
+        };
+        let built = match build(&mut live) {
+            // The free bytes were there but not in one piece: freeing retired tables may join them.
+            Err(IndexError::OutOfSpace { .. }) if self.reclaim_retired_now() > 0 => {
+                build(&mut live)
+            }
+            built => built,
+        };
+        let new = match built {
             Ok(t) => t,
             Err(e) => {
                 if let IndexError::OutOfSpace { bytes, .. } = e {
@@ -1043,6 +1062,17 @@ impl Index {
         self.reclaim_locked(&mut retired)
     }
 
+    /// Frees every retired table at once, grace or not; returns how many. For a pool out of space: a table is
+    /// never read once it stopped being current, because every lookup checks `current` after each bucket it reads
+    /// (see the crate documentation), so the grace only spares lookups under way a restart they must make anyway.
+    pub fn reclaim_retired_now(&self) -> usize {
+        if self.retired_count.load(Ordering::Relaxed) == 0 {
+            return 0;
+        }
+        let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        self.reclaim_where(&mut retired, |_| true)
+    }
+
     fn maybe_reclaim(&self) {
         if self.retired_count.load(Ordering::Relaxed) > 0
             && let Ok(mut retired) = self.retired.try_lock()
@@ -1052,15 +1082,20 @@ impl Index {
     }
 
     fn reclaim_locked(&self, retired: &mut Vec<Retired>) -> usize {
+        let grace = self.cfg.retire_grace;
+        let now = Instant::now();
+        self.reclaim_where(retired, |r| now.duration_since(r.since) >= grace)
+    }
+
+    /// Frees the retired tables `due` picks, never the current one; returns how many.
+    fn reclaim_where(&self, retired: &mut Vec<Retired>, due: impl Fn(&Retired) -> bool) -> usize {
         if retired.is_empty() {
             return 0;
         }
         let current = self.current().table;
-        let grace = self.cfg.retire_grace;
-        let now = Instant::now();
         let mut freed = 0;
         retired.retain(|r| {
-            if r.offset == current || now.duration_since(r.since) < grace {
+            if r.offset == current || !due(r) {
                 return true;
             }
             match self.pool.free(r.offset) {

@@ -42,7 +42,8 @@
 //! double (unless the load is under half of `max_load`, in which case the chains are long because hashes collide,
 //! doubling would not shorten them, and only the overflow area grows), the new table is written and persisted in a
 //! new extent, and `current` is swapped. The old table is retired: it is freed once `retire_grace` has passed, and
-//! never while it is current.
+//! never while it is current. A pool out of space frees retired tables at once ([`Index::reclaim_retired_now`]):
+//! the grace is a courtesy, not what makes lookups safe (next section).
 //!
 //! # Why readers never use freed or reused memory
 //! A reader works from a `current` word `W` it read earlier. It reads each bucket (and a table header when it needs
@@ -78,7 +79,8 @@ pub struct IndexConfig {
     pub max_load: f64,
     /// Spare overflow buckets per primary bucket in each new table. Default 0.25.
     pub overflow_per_bucket: f64,
-    /// How long a replaced table stays allocated, so that lookups already under way finish on it. Default 2 s.
+    /// How long a replaced table stays allocated, so that lookups already under way finish on it. Default 2 s. A
+    /// pool out of space frees replaced tables sooner: no lookup trusts what it read from one.
     #[serde(with = "humantime_serde")]
     pub retire_grace: Duration,
 }

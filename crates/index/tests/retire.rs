@@ -215,3 +215,126 @@ fn a_table_grows_early_and_refuses_new_keys_while_it_cannot() {
         assert_eq!(index.get(hash_of(k), |e| key_of(e) == k), Some(eref(k, 1)));
     }
 }
+
+/// Inserts keys from `*next` until an insert is refused for lack of space; returns the refusal.
+fn fill_until_refused(index: &Index, next: &mut u64) -> dinomo_index::IndexError {
+    loop {
+        let k = *next;
+        match index.upsert(hash_of(k), eref(k, 1), |e| key_of(e) == k) {
+            Ok(_) => *next += 1,
+            Err(e) => return e,
+        }
+        assert!(*next < 1_000_000, "never ran out of space");
+    }
+}
+
+/// A pool too full for the next table frees the tables still in their grace period rather than refuse: lookups
+/// never trust a table that stopped being current, so the grace only spares them a restart. A long grace then
+/// costs no capacity: the index holds as many keys as with no grace at all.
+#[test]
+fn a_full_pool_frees_tables_in_their_grace_before_refusing_growth() {
+    let capacity = |grace: Duration| {
+        // Segments of 1 MiB, as a memory node's log segments are large next to the tables: each table takes one,
+        // and a retired one keeps it.
+        let pool = std::sync::Arc::new(dinomo_pool::Pool::anonymous(12 << 20, 1 << 20).unwrap());
+        let index = Index::create(
+            pool.clone(),
+            &IndexConfig {
+                retire_grace: grace,
+                ..tiny(0.25)
+            },
+        )
+        .unwrap();
+        let mut next = 0;
+        let err = fill_until_refused(&index, &mut next);
+        assert!(
+            matches!(err, dinomo_index::IndexError::OutOfSpace { .. }),
+            "{err}"
+        );
+        for k in (0..next).step_by(7) {
+            assert_eq!(index.get(hash_of(k), |e| key_of(e) == k), Some(eref(k, 1)));
+        }
+        (next, index.stats())
+    };
+    let (without_grace, _) = capacity(Duration::ZERO);
+    let (with_grace, stats) = capacity(Duration::from_secs(3600));
+    assert!(stats.resizes >= 5, "{stats:?}");
+    assert_eq!(with_grace, without_grace, "{stats:?}");
+
+    // `reclaim_retired_now` frees within the grace, and never the current table.
+    let pool = anon_pool(32 << 20);
+    let index = Index::create(
+        pool.clone(),
+        &IndexConfig {
+            retire_grace: Duration::from_secs(3600),
+            ..tiny(0.25)
+        },
+    )
+    .unwrap();
+    let mut next = 0;
+    let mut old = Vec::new();
+    for _ in 0..3 {
+        old.push(index.current().table);
+        force_resize(&index, &mut next);
+    }
+    assert_eq!(index.reclaim_retired(), 0);
+    assert!(old.iter().all(|&t| allocated(&pool, t)));
+    assert_eq!(index.reclaim_retired_now(), 3);
+    assert!(old.iter().all(|&t| !allocated(&pool, t)));
+    assert!(allocated(&pool, index.current().table));
+    assert_eq!(index.stats().retired_tables, 0);
+    assert_eq!(index.reclaim_retired_now(), 0);
+    for k in 0..next {
+        assert_eq!(index.get(hash_of(k), |e| key_of(e) == k), Some(eref(k, 1)));
+    }
+}
+
+/// A table that could not grow refuses new keys; once space is back and the retry pause has passed, `check_room`
+/// grows it itself. Nothing else would: the merges that grow tables follow the segment grants it refuses.
+#[test]
+fn check_room_grows_a_blocked_table_once_space_returns() {
+    let pool = anon_pool(1 << 20);
+    let index = Index::create(pool.clone(), &tiny(1.0)).unwrap();
+    // Leave room for a few small tables only.
+    let free = pool.space().free_bytes();
+    let filler = pool
+        .alloc_bytes(free - 48 * 4096, dinomo_log::tags::LOG_SEGMENT)
+        .unwrap();
+    let mut next = 0u64;
+    while index.check_room().is_ok() {
+        let _ = index.grow_early();
+        index
+            .upsert(hash_of(next), eref(next, 1), |e| key_of(e) == next)
+            .unwrap();
+        next += 1;
+        assert!(next < 1_000_000, "the table never ran out of room");
+    }
+    // Record a failed growth now, so that the retry pause starts here.
+    let failed_at = Instant::now();
+    assert!(matches!(
+        index.grow_early(),
+        Err(dinomo_index::IndexError::OutOfSpace { .. })
+    ));
+    let blocked = index.stats();
+    pool.free(filler.offset).unwrap();
+    // Within the retry pause the refusal stands, and nothing is walked or built.
+    let within_pause = index.check_room();
+    if failed_at.elapsed() < Duration::from_millis(900) {
+        assert!(
+            matches!(
+                within_pause,
+                Err(dinomo_index::IndexError::OutOfSpace { .. })
+            ),
+            "{within_pause:?}"
+        );
+        assert_eq!(index.stats().resizes, blocked.resizes);
+    }
+    std::thread::sleep(Duration::from_millis(1100));
+    index.check_room().unwrap();
+    let grown = index.stats();
+    assert_eq!(grown.resizes, blocked.resizes + 1);
+    assert!(grown.buckets > blocked.buckets);
+    for k in 0..next {
+        assert_eq!(index.get(hash_of(k), |e| key_of(e) == k), Some(eref(k, 1)));
+    }
+}

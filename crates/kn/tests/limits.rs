@@ -420,3 +420,44 @@ fn acknowledged_writes_the_index_has_no_room_for_are_served_across_a_restart() -
     ));
     Ok(())
 }
+
+/// Index tables replaced while the store fills stay allocated for a grace period (lookups under way may still
+/// read them). A pool that runs out of room frees them before refusing a write: a long grace costs no capacity.
+#[test]
+fn replaced_index_tables_are_freed_before_a_write_is_refused() -> anyhow::Result<()> {
+    let fill = |grace: std::time::Duration| -> anyhow::Result<(u32, u64)> {
+        // Tables small next to a segment, as with the default 8 MiB segments: each takes one segment.
+        let mut cfg = config(32, 4096, 256 << 10);
+        cfg.pool_size = 8 << 20;
+        cfg.pool_segment_size = 256 << 10;
+        cfg.processor.index.initial_buckets = 16;
+        cfg.processor.index.retire_grace = grace;
+        cfg.processor.clean_max_live_percent = 0;
+        let store = Embedded::open(&cfg)?;
+        let h = store.handle();
+        let (stored, refusal) =
+            fill_until_refused(&h, |i| format!("key-{i:09}"), |i| vec![i as u8; 2000]);
+        assert!(matches!(refusal, KnError::OutOfSpace(_)), "{refusal}");
+        for i in (0..stored).step_by(97) {
+            assert_eq!(
+                h.get(format!("key-{i:09}").as_bytes())?,
+                Some(vec![i as u8; 2000])
+            );
+        }
+        Ok((stored, store.processor_stats().index_table_bytes))
+    };
+    let (without_grace, _) = fill(std::time::Duration::ZERO)?;
+    let (with_grace, table_bytes) = fill(std::time::Duration::from_secs(3600))?;
+    // Tables grew from 16 buckets to thousands, so several were replaced within the grace. Where writes stop may
+    // differ by the entries of one segment (when the merges ran); keeping the replaced tables would cost several.
+    assert!(
+        table_bytes > 64 << 10,
+        "the index hardly grew: {table_bytes} bytes"
+    );
+    let per_segment = (256 << 10) / 2000;
+    assert!(
+        with_grace + per_segment >= without_grace,
+        "a long grace cost capacity: {with_grace} writes, {without_grace} without it"
+    );
+    Ok(())
+}
