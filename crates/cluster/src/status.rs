@@ -265,7 +265,7 @@ impl ClusterStatus {
             Some(m) => {
                 let total = m.pool_used_bytes.saturating_add(m.pool_free_bytes);
                 out.push_str(&format!(
-                    "memory node: pool {} used of {} ({}), {} keys in the index, merge backlog {} segments ({})\n",
+                    "memory node: pool {} used of {} ({}), {} keys merged into the index, merge backlog {} segments ({})\n",
                     bytes(m.pool_used_bytes),
                     bytes(total),
                     percent(ratio(m.pool_used_bytes, total)),

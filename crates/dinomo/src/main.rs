@@ -56,6 +56,8 @@ fn main() {
                 .unwrap_or_else(|_| default_level.into()),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal: logs sent to a file or a collector stay plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = match cli.command {
         Command::Dpm(args) => dpm::run(args),
