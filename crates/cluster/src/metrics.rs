@@ -610,6 +610,12 @@ pub fn processor_metrics(s: &ProcessorStats, out: &mut Exposition) {
         s.relocated_bytes,
     );
     out.counter(
+        "dinomo_dpm_table_runs_made_total",
+        "Runs of log segments the cleaner emptied for an index table that had room only in pieces.",
+        &[],
+        s.table_runs_made,
+    );
+    out.counter(
         "dinomo_dpm_recovered_entries_total",
         "Entries a crash had left unmerged, merged at start.",
         &[],

@@ -267,6 +267,10 @@ pub struct ProcessorStats {
     /// Bytes of those copies, since start.
     #[serde(default)]
     pub relocated_bytes: u64,
+    /// Runs of segments the cleaner emptied for an index table that could not grow although the pool had room
+    /// for it in pieces, since start.
+    #[serde(default)]
+    pub table_runs_made: u64,
 }
 
 struct SegInfo {
@@ -487,6 +491,9 @@ struct Inner {
     cleaned_segments: AtomicU64,
     relocated_entries: AtomicU64,
     relocated_bytes: AtomicU64,
+    /// Index tables (by offset) a run was last made for, and when.
+    room_tried: Mutex<HashMap<u64, Instant>>,
+    table_runs_made: AtomicU64,
 }
 
 /// The memory node's processor: owns the index and the logs' bookkeeping, runs the merge threads, answers the
@@ -584,6 +591,8 @@ impl Processor {
             cleaned_segments: AtomicU64::new(0),
             relocated_entries: AtomicU64::new(0),
             relocated_bytes: AtomicU64::new(0),
+            room_tried: Mutex::new(HashMap::new()),
+            table_runs_made: AtomicU64::new(0),
         });
         inner.recover()?;
         let mut threads: Vec<JoinHandle<()>> = (0..config.merge_threads)
@@ -1323,7 +1332,8 @@ impl Inner {
 
     /// Grants `req`'s log a new segment. Out of space, it first frees the index tables replaced within their grace
     /// period, then merges every log's sealed segments (whose superseded entries may free whole segments), asking
-    /// the pool once more after each; then, when `may_clean`, has the cleaner make room and asks again. A
+    /// the pool once more after each; then, when `may_clean`, has the cleaner make room and asks again, and, for an
+    /// index that cannot grow although the pool has room for it in pieces, empty a run for the table. A
     /// rebalance's own grants may not clean: they hold the rebalance lock, which the cleaner takes.
     fn next_segment(
         &self,
@@ -1340,6 +1350,14 @@ impl Inner {
             granted = self.next_segment_once(req);
         }
         if may_clean && out_of_space(&granted) && self.clean_for_room() {
+            granted = self.next_segment_once(req);
+        }
+        // An index that cannot grow for want of one contiguous run refuses writes until it grows.
+        if may_clean
+            && out_of_space(&granted)
+            && let Ok(log) = self.log(req.log_id, req.session)
+            && self.make_room_for_table(&log.index)
+        {
             granted = self.next_segment_once(req);
         }
         granted
@@ -1575,7 +1593,10 @@ impl Inner {
                 // Growing here, off the writers' path, before the table is at its limit: a table that cannot
                 // grow is then known while it has slots left for what is already logged (see `next_segment`).
                 if let Err(e) = log.index.grow_early() {
-                    debug!(log = log_id, error = %e, "the index cannot grow yet");
+                    let out_of_space = matches!(e, IndexError::OutOfSpace { .. });
+                    if !(out_of_space && self.make_room_for_table(&log.index)) {
+                        debug!(log = log_id, error = %e, "the index cannot grow yet");
+                    }
                 }
                 match merged {
                     Ok(()) => {
@@ -2271,6 +2292,7 @@ impl Inner {
         s.migrated_keys = self.migrated_keys.load(Ordering::Relaxed);
         s.migrated_bytes = self.migrated_bytes.load(Ordering::Relaxed);
         s.cleaned_segments = self.cleaned_segments.load(Ordering::Relaxed);
+        s.table_runs_made = self.table_runs_made.load(Ordering::Relaxed);
         s.relocated_entries = self.relocated_entries.load(Ordering::Relaxed);
         s.relocated_bytes = self.relocated_bytes.load(Ordering::Relaxed);
         s

@@ -80,8 +80,10 @@ impl std::fmt::Debug for Index {
     }
 }
 
+/// Index extents come from the top of the pool: a table doubles into one contiguous run, which the log segments
+/// taken and freed at the bottom would break up.
 fn pool_alloc(pool: &Pool, bytes: u64, tag: u16) -> Result<Extent, IndexError> {
-    pool.alloc_bytes(bytes, tag).map_err(|e| match e {
+    pool.alloc_bytes_high(bytes, tag).map_err(|e| match e {
         e @ PoolError::OutOfSpace { .. } => IndexError::OutOfSpace { bytes, source: e },
         e => IndexError::Pool(e),
     })
@@ -849,6 +851,32 @@ impl Index {
         let t = *self.read_table();
         if !self.near_load(&t) {
             return Ok(());
+        }
+        self.grow(t.word, Trigger::Load)
+    }
+
+    /// The bytes the current table's last growth could not find in the pool, when it failed (at any time since:
+    /// a table that grows is a new table).
+    pub fn blocked_growth(&self) -> Option<u64> {
+        let word = self.current_word().load(Ordering::Acquire);
+        self.growth_failure_of(word).map(|(_, bytes)| bytes)
+    }
+
+    /// Grows the table now if it is close to its load limit, even within the pause after a failed growth: for a
+    /// caller that has just made room for it.
+    pub fn grow_now(&self) -> Result<(), IndexError> {
+        let t = *self.read_table();
+        if !self.near_load(&t) {
+            return Ok(());
+        }
+        {
+            let mut failure = self
+                .growth_failure
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if failure.is_some_and(|(w, _, _)| w == t.word) {
+                *failure = None;
+            }
         }
         self.grow(t.word, Trigger::Load)
     }

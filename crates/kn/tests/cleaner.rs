@@ -155,3 +155,70 @@ fn a_kv_node_cannot_claim_the_relocation_log() -> anyhow::Result<()> {
     assert!(err.to_string().contains("no KV node may claim it"), "{err}");
     Ok(())
 }
+
+/// A store whose log segments were recycled for a while has its free space in pieces between them. An index table
+/// that doubles needs one contiguous run: with twice its size free in pieces it could not grow, and every new key
+/// was refused. The cleaner now empties a run of merged log segments for it (copying their live entries away) and
+/// the table grows into it; what it moved reads back, after a restart too, and the pool checks clean.
+#[test]
+fn an_index_table_gets_a_contiguous_run_emptied_for_it() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("pieces.pool");
+    let mut cfg = common::small_file_store(&path, 16 << 20, 1);
+    cfg.processor.index.initial_buckets = 64;
+    let big = |k: u32, v: u32| format!("big-{k}-{v}").into_bytes().repeat(60);
+    let mut last = BTreeMap::new();
+    let mut small = 0u32;
+    {
+        let store = Embedded::open(&cfg)?;
+        let h = store.handle();
+        // Big values overwritten at random: segments are recycled and cleaned all over the pool.
+        const BIG: u32 = 3000;
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for i in 0..BIG + 20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let k = if i < BIG {
+                i
+            } else {
+                (x % u64::from(BIG)) as u32
+            };
+            let key = format!("big-{k}");
+            h.set(key.as_bytes(), &big(k, i))?;
+            last.insert(key, big(k, i));
+        }
+        // Small keys, until the table has grown into a run made for it and a few thousand more keys.
+        let mut runs_at = None;
+        let refused = loop {
+            let key = format!("small-{small}");
+            if let Err(e) = h.set(key.as_bytes(), key.as_bytes()) {
+                break Some(e);
+            }
+            last.insert(key.clone(), key.into_bytes());
+            small += 1;
+            if runs_at.is_none() && store.processor_stats().table_runs_made > 0 {
+                runs_at = Some(small);
+            }
+            if runs_at.is_some_and(|at| small >= at + 2000) {
+                break None;
+            }
+            assert!(small < 200_000, "the small keys never stopped");
+        };
+        let stats = store.processor_stats();
+        assert!(
+            stats.table_runs_made >= 1,
+            "the table never grew into a run made for it; {small} small keys, then {refused:?}; {stats:?}"
+        );
+        assert!(refused.is_none(), "{refused:?} after {small} small keys");
+        assert_eq!(wrong_keys(&store, &last)?, Vec::<String>::new());
+    }
+    let report = check_pool(
+        &std::sync::Arc::new(dinomo_pool::Pool::open_snapshot(&path)?.0),
+        &CheckOptions::default(),
+    );
+    assert!(report.is_clean(), "{:?}", report.problems);
+    let store = Embedded::open(&cfg)?;
+    assert_eq!(wrong_keys(&store, &last)?, Vec::<String>::new());
+    Ok(())
+}

@@ -136,6 +136,8 @@ pub(crate) struct FreeMap {
     free: u64,
     /// Every segment below this index is used; where the search starts.
     first_maybe_free: u64,
+    /// A run (first segment, count) that [`FreeMap::find`] treats as used; [`FreeMap::find_last`] does not.
+    kept: Option<(u64, u64)>,
 }
 
 impl FreeMap {
@@ -145,7 +147,27 @@ impl FreeMap {
             len,
             free: len,
             first_maybe_free: 0,
+            kept: None,
         }
+    }
+
+    /// Keeps the run of `count` segments at `start` out of [`FreeMap::find`] (see `Pool::keep_for_high`); false
+    /// when another run is kept.
+    pub(crate) fn keep(&mut self, start: u64, count: u64) -> bool {
+        if self.kept.is_some() || start + count > self.len {
+            return false;
+        }
+        self.kept = Some((start, count));
+        true
+    }
+
+    /// Ends [`FreeMap::keep`].
+    pub(crate) fn release_kept(&mut self) {
+        self.kept = None;
+    }
+
+    fn kept_contains(&self, i: u64) -> bool {
+        self.kept.is_some_and(|(s, c)| (s..s + c).contains(&i))
     }
 
     fn is_used(&self, i: u64) -> bool {
@@ -173,7 +195,7 @@ impl FreeMap {
         self.free
     }
 
-    /// First run of `count` free segments.
+    /// First run of `count` free segments outside the kept run.
     pub(crate) fn find(&mut self, count: u64) -> Option<u64> {
         if count == 0 || count > self.free {
             return None;
@@ -193,7 +215,7 @@ impl FreeMap {
                 run_start = i;
                 continue;
             }
-            if self.is_used(i) {
+            if self.is_used(i) || self.kept_contains(i) {
                 run = 0;
                 run_start = i + 1;
             } else {
@@ -203,6 +225,35 @@ impl FreeMap {
                 }
             }
             i += 1;
+        }
+        None
+    }
+}
+
+impl FreeMap {
+    /// Last (highest) run of `count` free segments, the kept run included.
+    pub(crate) fn find_last(&self, count: u64) -> Option<u64> {
+        if count == 0 || count > self.free {
+            return None;
+        }
+        // Walk down from the top; `i` is one past the segment looked at next.
+        let mut i = self.len;
+        let mut run = 0;
+        while i > 0 {
+            if i % 64 == 0 && self.used[(i / 64 - 1) as usize] == u64::MAX {
+                run = 0;
+                i -= 64;
+                continue;
+            }
+            i -= 1;
+            if self.is_used(i) {
+                run = 0;
+            } else {
+                run += 1;
+                if run == count {
+                    return Some(i);
+                }
+            }
         }
         None
     }
@@ -277,8 +328,21 @@ mod tests {
             let mut live: Vec<(u64, u64)> = Vec::new();
             for (alloc, count, pick) in ops {
                 if alloc || live.is_empty() {
-                    let expect = (0..=n.saturating_sub(count)).find(|&s| (s..s + count).all(|i| !model[i as usize]));
-                    let got = fm.find(count);
+                    let fits = |s: &u64| (*s..*s + count).all(|i| !model[i as usize]);
+                    let highest = (0..=n.saturating_sub(count)).rev().find(fits);
+                    prop_assert_eq!(fm.find_last(count), highest);
+                    let high = count % 2 == 0;
+                    // Now and then a run is kept out of low allocations for a while.
+                    let kept = (pick.index(7) == 0).then(|| (pick.index(n as usize) as u64, count * 3));
+                    let kept = kept.filter(|&(s, c)| s + c <= n && fm.keep(s, c));
+                    let outside = |s: &u64| kept.is_none_or(|(k, c)| *s + count <= k || *s >= k + c);
+                    let lowest = (0..=n.saturating_sub(count)).filter(outside).find(fits);
+                    let (expect, got) = if high {
+                        (highest, fm.find_last(count))
+                    } else {
+                        (lowest, fm.find(count))
+                    };
+                    fm.release_kept();
                     prop_assert_eq!(got, expect);
                     if let Some(s) = got {
                         fm.mark_used(s, count);

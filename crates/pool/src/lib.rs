@@ -686,10 +686,31 @@ impl Pool {
     /// Allocates `segments` contiguous segments tagged with `tag` (an owner id chosen by the caller, returned by
     /// [`Pool::allocated`] so that owners can find their extents after a restart). The content is not zeroed.
     pub fn alloc(&self, segments: u64, tag: u16) -> Result<Extent, PoolError> {
+        self.alloc_placed(segments, tag, Placement::Lowest)
+    }
+
+    /// Like [`Pool::alloc`], from the highest free run instead of the lowest. For structures that grow by doubling
+    /// and need one contiguous run (index tables): kept at the top, away from the segments taken and freed all the
+    /// time at the bottom (log segments), they find a run long enough while the pool has room, where first fit
+    /// would leave the free space in pieces between log segments.
+    pub fn alloc_high(&self, segments: u64, tag: u16) -> Result<Extent, PoolError> {
+        self.alloc_placed(segments, tag, Placement::Highest)
+    }
+
+    fn alloc_placed(
+        &self,
+        segments: u64,
+        tag: u16,
+        placement: Placement,
+    ) -> Result<Extent, PoolError> {
         let layout = self.superblock.layout;
         alloc::check_request(segments, layout.segment_count)?;
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let start = free.find(segments).ok_or(PoolError::OutOfSpace {
+        let found = match placement {
+            Placement::Lowest => free.find(segments),
+            Placement::Highest => free.find_last(segments),
+        };
+        let start = found.ok_or(PoolError::OutOfSpace {
             wanted: segments,
             free: free.free_count(),
         })?;
@@ -715,10 +736,34 @@ impl Pool {
 
     /// Allocates enough segments for `bytes` bytes.
     pub fn alloc_bytes(&self, bytes: u64, tag: u16) -> Result<Extent, PoolError> {
-        self.alloc(
-            bytes.max(1).div_ceil(self.superblock.layout.segment_size),
-            tag,
-        )
+        self.alloc(self.segments_for(bytes), tag)
+    }
+
+    /// Allocates enough segments for `bytes` bytes, from the top (see [`Pool::alloc_high`]).
+    pub fn alloc_bytes_high(&self, bytes: u64, tag: u16) -> Result<Extent, PoolError> {
+        self.alloc_high(self.segments_for(bytes), tag)
+    }
+
+    /// Keeps the run of `segments` segments starting at pool offset `offset` out of [`Pool::alloc`] (log segments)
+    /// until the returned guard drops, while [`Pool::alloc_high`] may still take it: a run being emptied for an
+    /// index table is not refilled by what emptying it writes elsewhere. In memory only (a restart forgets it).
+    /// `None` when another run is kept or the run does not lie in the pool.
+    pub fn keep_for_high(&self, offset: u64, segments: u64) -> Option<KeptRun<'_>> {
+        let layout = self.superblock.layout;
+        let start = layout
+            .segment_index(offset)
+            .filter(|&i| layout.segment_offset(i) == offset)?;
+        let kept = self
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keep(start, segments);
+        // Not `then_some`: a guard built and dropped on refusal would release the run another caller keeps.
+        kept.then(|| KeptRun { pool: self })
+    }
+
+    fn segments_for(&self, bytes: u64) -> u64 {
+        bytes.max(1).div_ceil(self.superblock.layout.segment_size)
     }
 
     /// Frees the extent starting at pool offset `offset`.
@@ -857,4 +902,27 @@ fn read_up_to(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
         }
     }
     Ok(n)
+}
+
+/// Which free run an allocation takes.
+#[derive(Clone, Copy, Debug)]
+enum Placement {
+    Lowest,
+    Highest,
+}
+
+/// A run kept out of low allocations (see [`Pool::keep_for_high`]); released when dropped.
+#[derive(Debug)]
+pub struct KeptRun<'a> {
+    pool: &'a Pool,
+}
+
+impl Drop for KeptRun<'_> {
+    fn drop(&mut self) {
+        self.pool
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .release_kept();
+    }
 }

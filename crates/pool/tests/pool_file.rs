@@ -347,3 +347,43 @@ fn reopen_while_other_threads_spawn_processes() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     spawner.join().unwrap();
 }
+
+/// High allocations take the highest free run; a kept run is skipped by low allocations only, until its guard
+/// drops; both kinds of extent are found again after a reopen.
+#[test]
+fn high_allocations_and_kept_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("high.pool");
+    let (low, high, segments) = {
+        let pool = Pool::create(&path, &opts(1 << 22, 1 << 16)).unwrap();
+        let n = pool.layout().segment_count;
+        let at = |i: u64| pool.layout().segment_offset(i);
+        let high = pool.alloc_high(3, 7).unwrap();
+        assert_eq!(high.offset, at(n - 3));
+        let low = pool.alloc(1, 8).unwrap();
+        assert_eq!(low.offset, at(0));
+        // Keep segments 1..5 for a high allocation: low ones go past them, high ones still take the top.
+        let kept = pool.keep_for_high(at(1), 4).unwrap();
+        assert!(
+            pool.keep_for_high(at(10), 1).is_none(),
+            "one kept run at a time"
+        );
+        let past = pool.alloc(2, 8).unwrap();
+        assert_eq!(past.offset, at(5));
+        let top = pool.alloc_bytes_high(1 << 16, 7).unwrap();
+        assert_eq!(top.offset, at(n - 4));
+        drop(kept);
+        assert_eq!(pool.alloc(1, 8).unwrap().offset, at(1));
+        assert!(
+            pool.keep_for_high(at(0) + 1, 1).is_none(),
+            "not a segment's start"
+        );
+        pool.free(past.offset).unwrap();
+        pool.free(top.offset).unwrap();
+        (low, high, n)
+    };
+    let (pool, _) = Pool::open(&path, PersistMode::Volatile).unwrap();
+    let allocated = pool.allocated();
+    assert!(allocated.contains(&low) && allocated.contains(&high));
+    assert_eq!(pool.space().free_segments, segments - 5);
+}

@@ -23,17 +23,21 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dinomo_index::Index;
 use dinomo_log::segment;
 use dinomo_log::{EntryRef, EntryView, Op, SEGMENT_HEADER_LEN};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::log_writer::LogWriter;
 use super::{CLEANER_THREAD, Inner, LogState, ProcessorError, Scratch};
 use crate::cells::CellState;
 use crate::directory::owner_node;
+use dinomo_log::tags;
+
+/// How soon a run is made again for the same index table after an attempt.
+const ROOM_RETRY: Duration = Duration::from_secs(1);
 
 /// The cleaner's state between cleanings.
 #[derive(Default)]
@@ -121,6 +125,139 @@ impl Inner {
             }
         }
         freed_any
+    }
+
+    /// For an index table that could not grow although the pool has room for it in pieces: empties the cheapest
+    /// run of segments long enough for the table (free segments, and merged log segments the cleaner can empty,
+    /// however live), keeps it out of log segment grants meanwhile, and grows the table into it. Whether the
+    /// table grew. At most once per [`ROOM_RETRY`] for one table.
+    pub(super) fn make_room_for_table(&self, index: &Index) -> bool {
+        if self.clean_max_live_percent == 0 {
+            return false;
+        }
+        let Some(bytes) = index.blocked_growth() else {
+            return false;
+        };
+        let space = self.pool.space();
+        let want = bytes.div_ceil(space.segment_size);
+        if space.free_segments < want {
+            // Not a matter of pieces: the pool lacks the room.
+            return false;
+        }
+        {
+            let table = index.current().table;
+            let mut tried = self.room_tried.lock().expect("room lock");
+            tried.retain(|_, at| at.elapsed() < ROOM_RETRY);
+            if tried.contains_key(&table) {
+                return false;
+            }
+            tried.insert(table, Instant::now());
+        }
+        let _no_rebalance = self.rebalance_lock.lock().expect("rebalance lock");
+        let mut state = self.cleaner.lock().expect("cleaner lock");
+        let Some(start) = self.cheapest_run(&state, want) else {
+            debug!(
+                segments = want,
+                "no run of segments can be emptied for the index table"
+            );
+            return false;
+        };
+        let layout = *self.pool.layout();
+        let offset = layout.segment_offset(start);
+        let Some(_kept) = self.pool.keep_for_high(offset, want) else {
+            return false;
+        };
+        let end = layout.segment_offset(start + want);
+        let in_run: Vec<u64> = self
+            .pool
+            .allocated()
+            .into_iter()
+            .filter(|e| e.offset < end && e.offset + e.len > offset)
+            .map(|e| e.offset)
+            .collect();
+        let relocated_before = self.relocated_entries.load(Ordering::Relaxed);
+        let mut emptied = 0;
+        for segment in in_run {
+            match self.clean_segment(&mut state, segment) {
+                Ok(Cleaned::Freed) => emptied += 1,
+                Ok(Cleaned::Kept) => {
+                    debug!(segment, "a segment of the run for the index table stays");
+                    return false;
+                }
+                Err(e) => {
+                    warn!(segment, error = %e, "emptying a segment for the index table failed");
+                    return false;
+                }
+            }
+        }
+        let moved = self.relocated_entries.load(Ordering::Relaxed) - relocated_before;
+        match index.grow_now() {
+            Ok(()) => {
+                self.table_runs_made.fetch_add(1, Ordering::Relaxed);
+                info!(
+                    segments = want,
+                    emptied,
+                    moved_entries = moved,
+                    "emptied a run of segments for the index table, which grew into it"
+                );
+                true
+            }
+            Err(e) => {
+                debug!(error = %e, "the index table did not grow into the run made for it");
+                false
+            }
+        }
+    }
+
+    /// The first segment of the run of `want` segments that is cheapest to empty for an index table: every
+    /// segment in it free, or a merged log segment the cleaner may empty (not a relocation log's open head, not
+    /// empty of entries); the cost is the live entries to copy, plus one per segment to empty. The highest such
+    /// run of least cost, away from where log segments are granted.
+    fn cheapest_run(&self, state: &CleanerState, want: u64) -> Option<u64> {
+        let layout = *self.pool.layout();
+        let heads: Vec<u64> = state.writers.values().filter_map(LogWriter::head).collect();
+        // Per segment: the cost of emptying it, or None when it cannot be.
+        let mut cost: Vec<Option<u64>> = vec![Some(0); layout.segment_count as usize];
+        {
+            let stats = self.stats_by_segment.lock().expect("segment stats lock");
+            for ext in self.pool.allocated() {
+                let Some(first) = layout.segment_index(ext.offset) else {
+                    continue;
+                };
+                let movable = (ext.tag == tags::LOG_SEGMENT && !heads.contains(&ext.offset))
+                    .then(|| stats.get(&ext.offset))
+                    .flatten()
+                    .filter(|st| st.entries > 0)
+                    .map(|st| st.entries.saturating_sub(st.invalid) + 1);
+                for i in first..(first + ext.segments).min(layout.segment_count) {
+                    cost[i as usize] = if i == first {
+                        movable
+                    } else {
+                        movable.map(|_| 0)
+                    };
+                }
+            }
+        }
+        let want = want as usize;
+        let mut best: Option<(u64, usize)> = None;
+        // Sliding window: the sum of costs and the segments that cannot be emptied in [i + 1 - want, i].
+        let (mut sum, mut fixed) = (0u64, 0usize);
+        for i in 0..cost.len() {
+            match cost[i] {
+                Some(c) => sum += c,
+                None => fixed += 1,
+            }
+            if i >= want {
+                match cost[i - want] {
+                    Some(c) => sum -= c,
+                    None => fixed -= 1,
+                }
+            }
+            if i + 1 >= want && fixed == 0 && best.is_none_or(|(b, _)| sum <= b) {
+                best = Some((sum, i + 1 - want));
+            }
+        }
+        best.map(|(_, start)| start as u64)
     }
 
     fn invalid_count(&self, segment: u64) -> u64 {
