@@ -20,6 +20,11 @@
 //! - **Shared keys.** An entry that is live through a shared key's cell is not moved; its segment waits.
 //! - **Partitions.** The slots are moved in the index the segment's log merges into, under the rebalance lock, so
 //!   a rebalance never sees a key in the middle of a move.
+//!
+//! The same moves make room for an index table: a table doubles into one contiguous run, and once log segments
+//! have been recycled for a while the pool's free space lies in pieces between them. When a table cannot grow
+//! although enough segments are free, [`Inner::make_room_for_table`] empties the run cheapest to free, whatever
+//! the live share of its segments, and the table grows into it.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -27,14 +32,13 @@ use std::time::{Duration, Instant};
 
 use dinomo_index::Index;
 use dinomo_log::segment;
-use dinomo_log::{EntryRef, EntryView, Op, SEGMENT_HEADER_LEN};
+use dinomo_log::{EntryRef, EntryView, Op, SEGMENT_HEADER_LEN, tags};
 use tracing::{debug, info, warn};
 
 use super::log_writer::LogWriter;
 use super::{CLEANER_THREAD, Inner, LogState, ProcessorError, Scratch};
 use crate::cells::CellState;
 use crate::directory::owner_node;
-use dinomo_log::tags;
 
 /// How soon a run is made again for the same index table after an attempt.
 const ROOM_RETRY: Duration = Duration::from_secs(1);
@@ -211,7 +215,7 @@ impl Inner {
 
     /// The first segment of the run of `want` segments that is cheapest to empty for an index table: every
     /// segment in it free, or a merged log segment the cleaner may empty (not a relocation log's open head, not
-    /// empty of entries); the cost is the live entries to copy, plus one per segment to empty. The highest such
+    /// empty of entries, not passed over for a shared key's entry); the cost is the live entries to copy, plus one per segment to empty. The highest such
     /// run of least cost, away from where log segments are granted.
     fn cheapest_run(&self, state: &CleanerState, want: u64) -> Option<u64> {
         let layout = *self.pool.layout();
@@ -224,11 +228,13 @@ impl Inner {
                 let Some(first) = layout.segment_index(ext.offset) else {
                     continue;
                 };
-                let movable = (ext.tag == tags::LOG_SEGMENT && !heads.contains(&ext.offset))
-                    .then(|| stats.get(&ext.offset))
-                    .flatten()
-                    .filter(|st| st.entries > 0)
-                    .map(|st| st.entries.saturating_sub(st.invalid) + 1);
+                let movable = (ext.tag == tags::LOG_SEGMENT
+                    && !heads.contains(&ext.offset)
+                    && !state.passed_over.contains_key(&ext.offset))
+                .then(|| stats.get(&ext.offset))
+                .flatten()
+                .filter(|st| st.entries > 0)
+                .map(|st| st.entries.saturating_sub(st.invalid) + 1);
                 for i in first..(first + ext.segments).min(layout.segment_count) {
                     cost[i as usize] = if i == first {
                         movable
