@@ -343,6 +343,9 @@ pub struct MergeReport {
     /// Bytes of those copies.
     #[serde(default)]
     pub relocated_bytes: u64,
+    /// Runs of segments it emptied so that an index table could grow (the pool had room only in pieces).
+    #[serde(default)]
+    pub table_runs_made: u64,
     /// Pool bytes free when the phase ended.
     #[serde(default)]
     pub pool_free_bytes_end: u64,
@@ -522,6 +525,7 @@ pub(crate) fn assemble(
             cleaned_segments: b.cleaned_segments.saturating_sub(a.cleaned_segments),
             relocated_entries: b.relocated_entries.saturating_sub(a.relocated_entries),
             relocated_bytes: b.relocated_bytes.saturating_sub(a.relocated_bytes),
+            table_runs_made: b.table_runs_made.saturating_sub(a.table_runs_made),
             pool_free_bytes_end: b.pool_free_bytes,
         }
     });
@@ -881,11 +885,15 @@ impl YcsbReport {
             );
             let _ = writeln!(
                 s,
-                "space:   {} free at the end; cleaner: {} segment(s) emptied, {} live entries ({}) copied",
+                "space:   {} free at the end; cleaner: {} segment(s) emptied, {} live entries ({}) copied{}",
                 bytes(g.pool_free_bytes_end),
                 g.cleaned_segments,
                 g.relocated_entries,
-                bytes(g.relocated_bytes)
+                bytes(g.relocated_bytes),
+                match g.table_runs_made {
+                    0 => String::new(),
+                    n => format!(", {n} run(s) emptied for the index table"),
+                }
             );
         }
         if !self.nodes.is_empty() {
