@@ -2292,9 +2292,9 @@ impl Inner {
         s.migrated_keys = self.migrated_keys.load(Ordering::Relaxed);
         s.migrated_bytes = self.migrated_bytes.load(Ordering::Relaxed);
         s.cleaned_segments = self.cleaned_segments.load(Ordering::Relaxed);
-        s.table_runs_made = self.table_runs_made.load(Ordering::Relaxed);
         s.relocated_entries = self.relocated_entries.load(Ordering::Relaxed);
         s.relocated_bytes = self.relocated_bytes.load(Ordering::Relaxed);
+        s.table_runs_made = self.table_runs_made.load(Ordering::Relaxed);
         s
     }
 }

@@ -831,8 +831,8 @@ impl Index {
         }
         let least = self.least_growth(t.nbuckets * 2);
         match self.growth_failure_of(t.word) {
-            Some((at, _)) if at.elapsed() >= GROWTH_RETRY => self.grow(t.word, Trigger::Load),
-            Some((_, bytes)) => Err(self.out_of_space(bytes)),
+            // Refused at once within the retry pause; tried again after it.
+            Some(_) => self.grow(t.word, Trigger::Load),
             None if !self.has_room_for(least) => Err(self.out_of_space(least)),
             None => Ok(()),
         }
@@ -865,20 +865,11 @@ impl Index {
     /// Grows the table now if it is close to its load limit, even within the pause after a failed growth: for a
     /// caller that has just made room for it.
     pub fn grow_now(&self) -> Result<(), IndexError> {
-        let t = *self.read_table();
-        if !self.near_load(&t) {
-            return Ok(());
-        }
-        {
-            let mut failure = self
-                .growth_failure
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if failure.is_some_and(|(w, _, _)| w == t.word) {
-                *failure = None;
-            }
-        }
-        self.grow(t.word, Trigger::Load)
+        *self
+            .growth_failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
+        self.grow_early()
     }
 
     /// Bytes of the smallest table of `nbuckets` primary buckets.

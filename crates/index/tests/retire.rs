@@ -11,6 +11,18 @@ fn allocated(pool: &dinomo_pool::Pool, offset: u64) -> bool {
     pool.allocated().iter().any(|e| e.offset == offset)
 }
 
+/// An index on `pool` that resizes early and keeps replaced tables for `grace`.
+fn index_with_grace(pool: &std::sync::Arc<dinomo_pool::Pool>, grace: Duration) -> Index {
+    Index::create(
+        pool.clone(),
+        &IndexConfig {
+            retire_grace: grace,
+            ..tiny(0.25)
+        },
+    )
+    .unwrap()
+}
+
 /// Inserts keys from `*next` until the table is replaced.
 fn force_resize(index: &Index, next: &mut u64) {
     let before = index.stats().resizes;
@@ -27,14 +39,7 @@ fn force_resize(index: &Index, next: &mut u64) {
 fn retired_tables_are_freed_after_the_grace_and_not_before() {
     let pool = anon_pool(32 << 20);
     let grace = Duration::from_millis(400);
-    let index = Index::create(
-        pool.clone(),
-        &IndexConfig {
-            retire_grace: grace,
-            ..tiny(0.25)
-        },
-    )
-    .unwrap();
+    let index = index_with_grace(&pool, grace);
     let mut next = 0;
     let old = index.current().table;
     let retired_at = Instant::now();
@@ -237,14 +242,7 @@ fn a_full_pool_frees_tables_in_their_grace_before_refusing_growth() {
         // Segments of 1 MiB, as a memory node's log segments are large next to the tables: each table takes one,
         // and a retired one keeps it.
         let pool = std::sync::Arc::new(dinomo_pool::Pool::anonymous(12 << 20, 1 << 20).unwrap());
-        let index = Index::create(
-            pool.clone(),
-            &IndexConfig {
-                retire_grace: grace,
-                ..tiny(0.25)
-            },
-        )
-        .unwrap();
+        let index = index_with_grace(&pool, grace);
         let mut next = 0;
         let err = fill_until_refused(&index, &mut next);
         assert!(
@@ -263,14 +261,7 @@ fn a_full_pool_frees_tables_in_their_grace_before_refusing_growth() {
 
     // `reclaim_retired_now` frees within the grace, and never the current table.
     let pool = anon_pool(32 << 20);
-    let index = Index::create(
-        pool.clone(),
-        &IndexConfig {
-            retire_grace: Duration::from_secs(3600),
-            ..tiny(0.25)
-        },
-    )
-    .unwrap();
+    let index = index_with_grace(&pool, Duration::from_secs(3600));
     let mut next = 0;
     let mut old = Vec::new();
     for _ in 0..3 {

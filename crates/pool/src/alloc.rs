@@ -228,9 +228,7 @@ impl FreeMap {
         }
         None
     }
-}
 
-impl FreeMap {
     /// Last (highest) run of `count` free segments, the kept run included.
     pub(crate) fn find_last(&self, count: u64) -> Option<u64> {
         if count == 0 || count > self.free {

@@ -32,11 +32,11 @@ use std::time::{Duration, Instant};
 
 use dinomo_index::Index;
 use dinomo_log::segment;
-use dinomo_log::{EntryRef, EntryView, Op, SEGMENT_HEADER_LEN, tags};
+use dinomo_log::{EntryRef, EntryView, Op, SEGMENT_HEADER_LEN};
 use tracing::{debug, info, warn};
 
 use super::log_writer::LogWriter;
-use super::{CLEANER_THREAD, Inner, LogState, ProcessorError, Scratch};
+use super::{CLEANER_THREAD, Inner, LogState, ProcessorError, Scratch, SegStat};
 use crate::cells::CellState;
 use crate::directory::owner_node;
 
@@ -172,6 +172,8 @@ impl Inner {
             return false;
         };
         let end = layout.segment_offset(start + want);
+        // Read again now that the run is kept: a grant may have taken one of its free segments meanwhile (emptying
+        // that one, an open head, is refused below).
         let in_run: Vec<u64> = self
             .pool
             .allocated()
@@ -214,36 +216,28 @@ impl Inner {
     }
 
     /// The first segment of the run of `want` segments that is cheapest to empty for an index table: every
-    /// segment in it free, or a merged log segment the cleaner may empty (not a relocation log's open head, not
-    /// empty of entries, not passed over for a shared key's entry); the cost is the live entries to copy, plus one per segment to empty. The highest such
-    /// run of least cost, away from where log segments are granted.
+    /// segment in it free, or one the cleaner may empty ([`Inner::for_each_cleanable`]); the cost is the live
+    /// entries to copy, plus one per segment to empty. The highest such run of least cost, away from where log
+    /// segments are granted.
     fn cheapest_run(&self, state: &CleanerState, want: u64) -> Option<u64> {
         let layout = *self.pool.layout();
-        let heads: Vec<u64> = state.writers.values().filter_map(LogWriter::head).collect();
         // Per segment: the cost of emptying it, or None when it cannot be.
         let mut cost: Vec<Option<u64>> = vec![Some(0); layout.segment_count as usize];
-        {
-            let stats = self.stats_by_segment.lock().expect("segment stats lock");
-            for ext in self.pool.allocated() {
-                let Some(first) = layout.segment_index(ext.offset) else {
-                    continue;
-                };
-                let movable = (ext.tag == tags::LOG_SEGMENT
-                    && !heads.contains(&ext.offset)
-                    && !state.passed_over.contains_key(&ext.offset))
-                .then(|| stats.get(&ext.offset))
-                .flatten()
-                .filter(|st| st.entries > 0)
-                .map(|st| st.entries.saturating_sub(st.invalid) + 1);
-                for i in first..(first + ext.segments).min(layout.segment_count) {
-                    cost[i as usize] = if i == first {
-                        movable
-                    } else {
-                        movable.map(|_| 0)
-                    };
-                }
+        for ext in self.pool.allocated() {
+            if let Some(first) = layout.segment_index(ext.offset) {
+                let end = (first + ext.segments).min(layout.segment_count);
+                cost[first as usize..end as usize].fill(None);
             }
         }
+        self.for_each_cleanable(state, |offset, st| {
+            if let (Some(first), Some(last)) = (
+                layout.segment_index(offset),
+                layout.segment_index(st.end - 1),
+            ) {
+                cost[first as usize] = Some(st.entries.saturating_sub(st.invalid) + 1);
+                cost[first as usize + 1..=last as usize].fill(Some(0));
+            }
+        });
         let want = want as usize;
         let mut best: Option<(u64, usize)> = None;
         // Sliding window: the sum of costs and the segments that cannot be emptied in [i + 1 - want, i].
@@ -275,31 +269,44 @@ impl Inner {
     }
 
     /// The merged segment with the smallest share of live entries, if at most `clean_max_live_percent` of its
-    /// entries are live. The relocation logs' open heads and the segments passed over (until more of their entries
-    /// are superseded) are left out.
+    /// entries are live, among those the cleaner may empty. The segments passed over whose counters changed since
+    /// are tried again.
     fn pick_victim(&self, state: &mut CleanerState) -> Option<u64> {
-        let stats = self.stats_by_segment.lock().expect("segment stats lock");
-        state
-            .passed_over
-            .retain(|offset, invalid| stats.get(offset).is_some_and(|st| st.invalid == *invalid));
-        let heads: Vec<u64> = state.writers.values().filter_map(LogWriter::head).collect();
+        {
+            let stats = self.stats_by_segment.lock().expect("segment stats lock");
+            state.passed_over.retain(|offset, invalid| {
+                stats.get(offset).is_some_and(|st| st.invalid == *invalid)
+            });
+        }
         let max_live = u64::from(self.clean_max_live_percent);
         let mut best: Option<(u64, u64, u64)> = None;
-        for (&offset, st) in stats.iter() {
-            if st.entries == 0 || heads.contains(&offset) || state.passed_over.contains_key(&offset)
-            {
-                continue;
-            }
+        self.for_each_cleanable(state, |offset, st| {
             let live = st.entries.saturating_sub(st.invalid);
             if live * 100 > st.entries * max_live {
-                continue;
+                return;
             }
             // Smallest live / entries first.
             if best.is_none_or(|(_, l, e)| live * e < l * st.entries) {
                 best = Some((offset, live, st.entries));
             }
-        }
+        });
         best.map(|(offset, _, _)| offset)
+    }
+
+    /// Calls `f` with each merged segment the cleaner may empty and its counters, in pool order: every segment
+    /// with counters but those holding no entry, the relocation logs' open heads, and those passed over (until
+    /// more of their entries are superseded).
+    fn for_each_cleanable(&self, state: &CleanerState, mut f: impl FnMut(u64, &SegStat)) {
+        let heads: Vec<u64> = state.writers.values().filter_map(LogWriter::head).collect();
+        let stats = self.stats_by_segment.lock().expect("segment stats lock");
+        for (&offset, st) in stats.iter() {
+            if st.entries > 0
+                && !heads.contains(&offset)
+                && !state.passed_over.contains_key(&offset)
+            {
+                f(offset, st);
+            }
+        }
     }
 
     /// Copies the live entries of the merged segment at `victim` into its node's relocation log and moves their
