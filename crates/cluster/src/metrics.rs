@@ -616,6 +616,18 @@ pub fn processor_metrics(s: &ProcessorStats, out: &mut Exposition) {
         s.table_runs_made,
     );
     out.counter(
+        "dinomo_dpm_retired_logs_total",
+        "Logs whose directory descriptors were given back (their node gone, their segments recycled).",
+        &[],
+        s.retired_logs,
+    );
+    out.counter(
+        "dinomo_dpm_emptied_logs_total",
+        "Logs the cleaner emptied because a KV node's claim found the log directory full.",
+        &[],
+        s.emptied_logs,
+    );
+    out.counter(
         "dinomo_dpm_recovered_entries_total",
         "Entries a crash had left unmerged, merged at start.",
         &[],

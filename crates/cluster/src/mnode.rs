@@ -569,6 +569,10 @@ impl State {
             // The leaving node hands everything over (its log merged) before anyone else serves its keys.
             self.install_at(&next.routing, &[(id, info.addr.clone())])?;
         }
+        // The node's logs get no writer again: fenced, they are given back to the memory node's directory once
+        // their entries are superseded or cleaned (its ids are not reused, so nothing else would).
+        let _: proto::NodeTakenOver =
+            self.dpm_call(proto::TAKE_OVER_NODE, &proto::TakeOverNode { node_id: id })?;
         let moved = self.move_data(&next.routing)?;
         next.store(&*self.meta, version)?;
         self.installed.remove(&id);

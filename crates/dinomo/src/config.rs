@@ -337,7 +337,7 @@ const DOCS: &[(&str, &str)] = &[
     ("pool.persist.mode", "durability: volatile, periodic (msync every interval_ms), durable (msync per write) or dax"),
     ("pool.persist.interval_ms", "milliseconds between background msyncs (mode = periodic only)"),
     ("processor.merge_threads", "threads merging KV nodes' logs into the index"),
-    ("processor.directory_capacity", "KV-node thread logs the pool can hold (fixed when the pool is formatted)"),
+    ("processor.directory_capacity", "KV-node thread logs the pool can hold at once (fixed when the pool is formatted); logs of departed nodes are given back"),
     ("processor.segment_size", "bytes of a log segment (fixed when the pool is formatted)"),
     ("processor.shared_key_capacity", "keys that can be shared by several KV nodes at once (fixed when the pool is formatted)"),
     ("processor.shared_key_max_len", "longest key that can be shared, in bytes (fixed when the pool is formatted)"),

@@ -78,8 +78,8 @@ pub struct DpmArgs {
     /// default 8MiB].
     #[arg(long, value_parser = parse_size)]
     pub log_segment_size: Option<u64>,
-    /// Logs (KV-node threads) the pool can hold (fixed when the pool is first formatted)
-    /// [processor.directory_capacity; default 4096].
+    /// Logs (KV-node threads) the pool can hold at once (fixed when the pool is first formatted; logs of departed
+    /// nodes are given back) [processor.directory_capacity; default 4096].
     #[arg(long)]
     pub max_logs: Option<u32>,
     /// Index layout, fixed when the pool is first formatted: shared (one index every KV node reads: dinomo and

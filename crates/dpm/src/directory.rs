@@ -8,6 +8,11 @@
 //!   16..24 merged_seq: every entry of the log up to this sequence number is in the index
 //! ```
 //! Only the processor writes it; KV nodes read `merged_seq` with one-sided READs.
+//!
+//! A descriptor is given back ([`Directory::release`]) once its log has no writer, no segment and nothing unmerged,
+//! and it keeps its `merged_seq`: the next log to claim it numbers its entries after the last one the descriptor
+//! ever named. A log's id and sequence number then never name two entries, so leftovers of the old log in a reused
+//! extent cannot pass for entries of the new one.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -159,17 +164,33 @@ impl Directory {
         self.load(log_id, OWNER)
     }
 
-    /// Claims a free descriptor for `owner`.
-    pub fn claim(&self, owner: u64) -> Result<u32, ProcessorError> {
+    /// Claims a free descriptor for `owner`: its id, and the sequence number its entries follow (0 on a descriptor
+    /// never used; otherwise the last sequence number of the log that released it).
+    pub fn claim(&self, owner: u64) -> Result<(u32, u64), ProcessorError> {
         let free = (0..self.capacity).find(|&i| self.owner(i) == 0).ok_or(
             ProcessorError::DirectoryFull {
                 capacity: self.capacity,
             },
         )?;
         self.store(free, HEAD, 0);
-        self.store(free, MERGED_SEQ, 0);
         self.store(free, OWNER, owner);
-        Ok(free)
+        Ok((free, self.merged_seq(free)))
+    }
+
+    /// Gives back the descriptor of a log that has no segment left, with every entry it wrote up to `last_seq`
+    /// merged; the descriptor keeps `last_seq` for its next owner.
+    pub fn release(&self, log_id: u32, last_seq: u64) {
+        debug_assert_eq!(self.head(log_id), 0, "log {log_id} still has segments");
+        self.store(log_id, MERGED_SEQ, last_seq.max(self.merged_seq(log_id)));
+        self.store(log_id, OWNER, 0);
+    }
+
+    /// Free descriptors, counted up to `most`.
+    pub fn free_descriptors(&self, most: u32) -> u32 {
+        (0..self.capacity)
+            .filter(|&i| self.owner(i) == 0)
+            .take(most as usize)
+            .count() as u32
     }
 
     /// Newest segment of a log.

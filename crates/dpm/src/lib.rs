@@ -25,6 +25,6 @@ pub mod proto;
 mod table_header;
 
 pub use processor::{
-    CLEANER_THREAD, MIGRATION_THREAD, Partitioning, Processor, ProcessorConfig, ProcessorError,
-    ProcessorStats,
+    CLEANER_THREAD, MAX_NODE_ID, MEMORY_NODE_ID, MIGRATION_THREAD, Partitioning, Processor,
+    ProcessorConfig, ProcessorError, ProcessorStats,
 };

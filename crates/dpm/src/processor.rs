@@ -31,8 +31,16 @@ pub const MIGRATION_THREAD: u32 = u32::MAX;
 /// entry copied.
 pub const CLEANER_THREAD: u32 = u32::MAX - 1;
 
+/// The node id of the memory node's own relocation log in a pool with one shared index: the cleaner copies every
+/// node's entries there, so a node that leaves leaves no relocation log behind. KV node ids are below it.
+pub const MEMORY_NODE_ID: u32 = 0x7fff_ffff;
+
+/// The largest KV node id: a log's owner word holds 31 bits of it, and the last value is the memory node's.
+pub const MAX_NODE_ID: u32 = MEMORY_NODE_ID - 1;
+
 mod cleaner;
 mod log_writer;
+mod retire;
 
 /// How the memory node lays out its index; fixed when the pool is formatted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,7 +88,8 @@ impl std::str::FromStr for Partitioning {
 pub struct ProcessorConfig {
     /// Threads merging logs into the index (default 4).
     pub merge_threads: usize,
-    /// Logs the directory can hold, fixed when the pool is formatted (default 4096: 512 KV nodes × 8 threads).
+    /// Logs the directory can hold at once, fixed when the pool is formatted (default 4096: 512 KV nodes × 8
+    /// threads, and the memory node's own). The logs of nodes that left are given back ([`retire`]).
     pub directory_capacity: u32,
     /// Bytes of a log segment, header included, fixed when the pool is formatted (default 8 MiB).
     pub segment_size: u64,
@@ -271,6 +280,12 @@ pub struct ProcessorStats {
     /// for it in pieces, since start.
     #[serde(default)]
     pub table_runs_made: u64,
+    /// Logs whose directory descriptors were given back (no writer, no segment, everything merged), since start.
+    #[serde(default)]
+    pub retired_logs: u64,
+    /// Of those, logs the cleaner emptied first because a claim found the directory full, since start.
+    #[serde(default)]
+    pub emptied_logs: u64,
 }
 
 struct SegInfo {
@@ -294,6 +309,9 @@ impl SegInfo {
 struct LogMeta {
     owner: u64,
     session: u64,
+    /// Whether a writer holds `session`: a KV-node thread, or the memory node's own writer of a migration or
+    /// relocation log. A log without one, with no segment and everything merged, gives its descriptor back.
+    writer: bool,
     /// Oldest first; the last is the head.
     segments: Vec<SegInfo>,
     merged_seq: u64,
@@ -494,6 +512,13 @@ struct Inner {
     /// Index tables (by offset) a run was last made for, and when.
     room_tried: Mutex<HashMap<u64, Instant>>,
     table_runs_made: AtomicU64,
+    /// KV nodes whose logs were taken over and not claimed again since: the cleaner opens no relocation log for
+    /// them (in the shared-nothing layout, where a relocation log is a node's).
+    gone_nodes: Mutex<HashSet<u32>>,
+    /// Logs whose descriptors were given back, and those emptied by the cleaner for a claim that found the
+    /// directory full.
+    retired_logs: AtomicU64,
+    emptied_logs: AtomicU64,
 }
 
 /// The memory node's processor: owns the index and the logs' bookkeeping, runs the merge threads, answers the
@@ -593,6 +618,9 @@ impl Processor {
             relocated_bytes: AtomicU64::new(0),
             room_tried: Mutex::new(HashMap::new()),
             table_runs_made: AtomicU64::new(0),
+            gone_nodes: Mutex::new(HashSet::new()),
+            retired_logs: AtomicU64::new(0),
+            emptied_logs: AtomicU64::new(0),
         });
         inner.recover()?;
         let mut threads: Vec<JoinHandle<()>> = (0..config.merge_threads)
@@ -681,6 +709,12 @@ impl RpcHandler for Handler {
         match method {
             proto::OPEN_LOG => {
                 let req: proto::OpenLog = dinomo_fabric::decode(request)?;
+                if req.node_id > MAX_NODE_ID {
+                    return Err(RpcError::Failed(format!(
+                        "node id {} is out of range: KV node ids go up to {MAX_NODE_ID}",
+                        req.node_id
+                    )));
+                }
                 if req.thread == MIGRATION_THREAD || req.thread == CLEANER_THREAD {
                     return Err(RpcError::Failed(format!(
                         "thread {} names one of the memory node's own logs (migration {MIGRATION_THREAD}, \
@@ -688,7 +722,7 @@ impl RpcHandler for Handler {
                         req.thread
                     )));
                 }
-                dinomo_fabric::encode(&self.0.open_log(&req).map_err(fail)?, response)
+                dinomo_fabric::encode(&self.0.open_log(&req, true).map_err(fail)?, response)
             }
             proto::NEXT_SEGMENT => {
                 let req: proto::NextSegment = dinomo_fabric::decode(request)?;
@@ -747,6 +781,19 @@ impl RpcHandler for Handler {
             }
             other => Err(RpcError::UnknownMethod(other)),
         }
+    }
+}
+
+/// Refuses a call on `log_id` that carries another session than its writer's (`meta`, locked for the change the call
+/// makes, so that a take-over cannot slip in between).
+fn check_session(log_id: u32, meta: &LogMeta, session: u64) -> Result<(), ProcessorError> {
+    if meta.session == session {
+        Ok(())
+    } else {
+        Err(ProcessorError::BadLog {
+            log_id,
+            why: "the log was claimed by a newer session".into(),
+        })
     }
 }
 
@@ -960,13 +1007,7 @@ impl Inner {
                 log_id,
                 why: "no such log".into(),
             })?;
-        let current = log.meta.lock().expect("log lock").session;
-        if current != session {
-            return Err(ProcessorError::BadLog {
-                log_id,
-                why: "the log was claimed by a newer session".into(),
-            });
-        }
+        check_session(log_id, &log.meta.lock().expect("log lock"), session)?;
         Ok(log)
     }
 
@@ -1041,6 +1082,8 @@ impl Inner {
                     meta: Mutex::new(LogMeta {
                         owner,
                         session: self.next_session(),
+                        // Its writer, if any, claims it again.
+                        writer: false,
                         segments,
                         merged_seq,
                         last_seq: merged_seq,
@@ -1120,6 +1163,11 @@ impl Inner {
         *self.stats_by_segment.lock().expect("segment stats lock") = stats;
         self.recovering.store(false, Ordering::Release);
         self.recycle(&dead)?;
+        // Logs left with nothing in them (their node emptied them and left, or stopped): a node that comes back
+        // claims a fresh one.
+        for log in logs.values() {
+            self.retire_if_unused(log.id);
+        }
         info!(
             logs = logs.len(),
             recovered_entries = recovered,
@@ -1219,20 +1267,42 @@ impl Inner {
         Ok(())
     }
 
-    fn open_log(&self, req: &proto::OpenLog) -> Result<proto::LogOpened, ProcessorError> {
+    /// Claims the log of `req`'s node and thread, creating it the first time. A KV node's claim (`by_kv_node`)
+    /// that finds the directory full has a log without a writer emptied for it; the memory node's own claims (its
+    /// migration and relocation logs) may not, as they hold the locks that takes.
+    fn open_log(
+        &self,
+        req: &proto::OpenLog,
+        by_kv_node: bool,
+    ) -> Result<proto::LogOpened, ProcessorError> {
         let owner = owner_word(req.node_id, req.thread);
-        let existing = self
-            .logs
-            .read()
-            .expect("logs lock")
-            .values()
-            .find(|l| l.meta.lock().expect("log lock").owner == owner)
-            .cloned();
+        if by_kv_node {
+            // The node is back.
+            self.gone_nodes
+                .lock()
+                .expect("gone nodes lock")
+                .remove(&req.node_id);
+        }
+        // The log is found and given its new writer under the logs lock, which a retirement holds too: a log is
+        // either retired before (and a new one claimed) or has a writer, and stays.
+        let existing = {
+            let logs = self.logs.read().expect("logs lock");
+            logs.values()
+                .find(|l| {
+                    let mut meta = l.meta.lock().expect("log lock");
+                    let found = meta.owner == owner;
+                    if found {
+                        meta.session = self.next_session();
+                        meta.writer = true;
+                    }
+                    found
+                })
+                .cloned()
+        };
         let log = match existing {
             Some(log) => {
                 // The previous writer of this log is gone: take over what it wrote and merge it all, or what the
                 // index has room for (the rest goes back to the caller, and is merged once there is room).
-                log.meta.lock().expect("log lock").session = self.next_session();
                 match self.take_over(&log, &mut Scratch::default()) {
                     Err(e) if e.is_out_of_space() => {
                         warn!(log = log.id, error = %e, "a log is claimed with segments the index has no room for yet");
@@ -1244,24 +1314,16 @@ impl Inner {
             }
             None => {
                 let index = self.indexes.for_node(&self.pool, req.node_id)?;
-                let mut logs = self.logs.write().expect("logs lock");
-                let id = self.dir.claim(owner)?;
-                let log = Arc::new(LogState {
-                    id,
-                    relocation: req.thread == CLEANER_THREAD,
-                    index,
-                    merge_lock: Mutex::new(()),
-                    meta: Mutex::new(LogMeta {
-                        owner,
-                        session: self.next_session(),
-                        segments: Vec::new(),
-                        merged_seq: 0,
-                        last_seq: 0,
-                    }),
-                    counted_seq: AtomicU64::new(0),
-                });
-                logs.insert(id, log.clone());
-                log
+                let relocation = req.thread == CLEANER_THREAD;
+                match self.claim_log(owner, relocation, index, by_kv_node) {
+                    Err(ProcessorError::DirectoryFull { .. })
+                        if by_kv_node && self.empty_a_log() =>
+                    {
+                        let index = self.indexes.for_node(&self.pool, req.node_id)?;
+                        self.claim_log(owner, relocation, index, by_kv_node)?
+                    }
+                    other => other?,
+                }
             }
         };
         let meta = log.meta.lock().expect("log lock");
@@ -1293,6 +1355,49 @@ impl Inner {
                 })
                 .collect(),
         })
+    }
+
+    /// Claims a directory descriptor for a new log of `owner` that merges into `index`. A KV node's claim
+    /// (`for_kv_node`) leaves the last free descriptor to the memory node's own relocation log of a shared index
+    /// while that log does not exist: emptying a log for a claim that finds the directory full copies into it.
+    fn claim_log(
+        &self,
+        owner: u64,
+        relocation: bool,
+        index: Arc<Index>,
+        for_kv_node: bool,
+    ) -> Result<Arc<LogState>, ProcessorError> {
+        let mut logs = self.logs.write().expect("logs lock");
+        let relocations = owner_word(MEMORY_NODE_ID, CLEANER_THREAD);
+        let keep_one = for_kv_node
+            && self.indexes.partitioning() == Partitioning::Shared
+            && !logs
+                .values()
+                .any(|l| l.meta.lock().expect("log lock").owner == relocations);
+        if keep_one && self.dir.free_descriptors(2) < 2 {
+            return Err(ProcessorError::DirectoryFull {
+                capacity: self.dir.capacity(),
+            });
+        }
+        // A reused descriptor numbers its entries after the last one it ever named.
+        let (id, seq) = self.dir.claim(owner)?;
+        let log = Arc::new(LogState {
+            id,
+            relocation,
+            index,
+            merge_lock: Mutex::new(()),
+            meta: Mutex::new(LogMeta {
+                owner,
+                session: self.next_session(),
+                writer: true,
+                segments: Vec::new(),
+                merged_seq: seq,
+                last_seq: seq,
+            }),
+            counted_seq: AtomicU64::new(seq),
+        });
+        logs.insert(id, log.clone());
+        Ok(log)
     }
 
     /// Seals the head of `meta` at `sealed_len` (when it is open).
@@ -1413,6 +1518,7 @@ impl Inner {
             log.index.check_room()?;
         }
         let mut meta = log.meta.lock().expect("log lock");
+        check_session(req.log_id, &meta, req.session)?;
         // Sequence numbers must grow, or recovery could not tell new entries from old ones.
         let known = meta.last_seq.max(meta.merged_seq);
         if req.first_seq <= known || req.first_seq == u64::MAX {
@@ -1499,6 +1605,12 @@ impl Inner {
         &self,
         req: &proto::TakeOverNode,
     ) -> Result<proto::NodeTakenOver, ProcessorError> {
+        if req.node_id > MAX_NODE_ID {
+            return Err(ProcessorError::Config(format!(
+                "node id {} is out of range: KV node ids go up to {MAX_NODE_ID}",
+                req.node_id
+            )));
+        }
         let logs: Vec<Arc<LogState>> = self
             .logs
             .read()
@@ -1513,16 +1625,24 @@ impl Inner {
             .collect();
         let mut scratch = Scratch::default();
         let mut merged_entries = 0;
+        self.gone_nodes
+            .lock()
+            .expect("gone nodes lock")
+            .insert(req.node_id);
+        self.close_relocation_writer(req.node_id)?;
         for log in &logs {
             // A new session fences the node's writer: its NEXT_SEGMENT and MERGE_ALL calls are refused from now on.
             let before = {
                 let mut meta = log.meta.lock().expect("log lock");
                 meta.session = self.next_session();
+                meta.writer = false;
                 meta.merged_seq
             };
             self.take_over(log, &mut scratch)?;
             // Sequence numbers are consecutive, so the merged sequence number counts the entries.
             merged_entries += log.meta.lock().expect("log lock").merged_seq - before;
+            // A log the node had emptied goes now; the others once their entries are superseded or cleaned.
+            self.retire_if_unused(log.id);
         }
         Ok(proto::NodeTakenOver {
             logs: logs.len() as u32,
@@ -1534,6 +1654,7 @@ impl Inner {
         let log = self.log(req.log_id, req.session)?;
         {
             let mut meta = log.meta.lock().expect("log lock");
+            check_session(req.log_id, &meta, req.session)?;
             self.seal_head(req.log_id, &mut meta, req.sealed_len)?;
         }
         self.merge_now(&log)
@@ -1861,6 +1982,7 @@ impl Inner {
     /// it is open (its writer appends to it).
     fn recycle(&self, dead: &[u64]) -> Result<(), ProcessorError> {
         let mut freed = false;
+        let mut emptied = Vec::new();
         for &offset in dead {
             let log_id = match self
                 .stats_by_segment
@@ -1905,6 +2027,9 @@ impl Inner {
                 )?;
             }
             meta.segments.remove(pos);
+            if meta.segments.is_empty() && !meta.writer {
+                emptied.push(log_id);
+            }
             drop(meta);
             self.pool.free(offset)?;
             self.stats_by_segment
@@ -1917,6 +2042,9 @@ impl Inner {
         // Space coming back goes to the delete reserve first, before the index or a log can take it.
         if freed {
             self.top_up_delete_reserve();
+        }
+        for log_id in emptied {
+            self.retire_if_unused(log_id);
         }
         Ok(())
     }
@@ -2295,6 +2423,8 @@ impl Inner {
         s.relocated_entries = self.relocated_entries.load(Ordering::Relaxed);
         s.relocated_bytes = self.relocated_bytes.load(Ordering::Relaxed);
         s.table_runs_made = self.table_runs_made.load(Ordering::Relaxed);
+        s.retired_logs = self.retired_logs.load(Ordering::Relaxed);
+        s.emptied_logs = self.emptied_logs.load(Ordering::Relaxed);
         s
     }
 }

@@ -62,6 +62,13 @@ impl KnConfig {
         if self.threads == 0 {
             return bad("threads must be at least 1".into());
         }
+        if self.node_id > dinomo_dpm::MAX_NODE_ID {
+            return bad(format!(
+                "node_id {} is out of range: KV node ids go up to {}",
+                self.node_id,
+                dinomo_dpm::MAX_NODE_ID
+            ));
+        }
         if self.max_key_len > u16::MAX as usize {
             return bad(format!(
                 "max_key_len {} exceeds the log format's limit of 65535",

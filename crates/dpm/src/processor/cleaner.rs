@@ -3,8 +3,9 @@
 //! A merged segment is recycled once every entry in it is superseded (the DINOMO paper's per-segment counters).
 //! A key written once and never again keeps its whole segment, and under a skewed workload most segments end up
 //! holding a few such entries among many dead ones: the pool fills although it holds far less live data. The
-//! cleaner picks the merged segment with the smallest live share, copies its live entries into the relocation log
-//! of the segment's node ([`CLEANER_THREAD`]), and moves each index slot from the old entry to its copy with
+//! cleaner picks the merged segment with the smallest live share, copies its live entries into a relocation log
+//! ([`CLEANER_THREAD`]: the memory node's own with one shared index, the segment's node's in the shared-nothing
+//! layout, whose partitions are the nodes'), and moves each index slot from the old entry to its copy with
 //! [`Index::replace`], which changes the slot only while it still holds the old entry: a key written (merged),
 //! deleted or moved in the meantime keeps its newer state, and the copy counts as dead. The segment, now entirely
 //! superseded, is recycled as any other.
@@ -36,7 +37,9 @@ use dinomo_log::{EntryRef, EntryView, Op, SEGMENT_HEADER_LEN};
 use tracing::{debug, info, warn};
 
 use super::log_writer::LogWriter;
-use super::{CLEANER_THREAD, Inner, LogState, ProcessorError, Scratch, SegStat};
+use super::{
+    CLEANER_THREAD, Inner, LogState, MEMORY_NODE_ID, Partitioning, ProcessorError, Scratch, SegStat,
+};
 use crate::cells::CellState;
 use crate::directory::owner_node;
 
@@ -46,7 +49,7 @@ const ROOM_RETRY: Duration = Duration::from_secs(1);
 /// The cleaner's state between cleanings.
 #[derive(Default)]
 pub(super) struct CleanerState {
-    /// The relocation log of each KV node (by node id) the cleaner has written to since start.
+    /// The relocation logs the cleaner writes, by node id ([`MEMORY_NODE_ID`] for the memory node's own).
     writers: HashMap<u32, LogWriter>,
     /// Segments the cleaner could not empty (a live entry behind a shared key's cell), with their invalid count
     /// then: they are tried again once more of their entries are superseded.
@@ -56,7 +59,7 @@ pub(super) struct CleanerState {
 }
 
 /// What cleaning one segment did.
-enum Cleaned {
+pub(super) enum Cleaned {
     /// The segment was emptied and recycled.
     Freed,
     /// The segment stays: an entry in it is live through a shared key's cell, or it is gone or open.
@@ -309,9 +312,9 @@ impl Inner {
         }
     }
 
-    /// Copies the live entries of the merged segment at `victim` into its node's relocation log and moves their
-    /// index slots; the segment is then recycled.
-    fn clean_segment(
+    /// Copies the live entries of the merged segment at `victim` into a relocation log and moves their index
+    /// slots; the segment is then recycled.
+    pub(super) fn clean_segment(
         &self,
         state: &mut CleanerState,
         victim: u64,
@@ -336,6 +339,22 @@ impl Inner {
             match seg.sealed_len {
                 Some(len) if seg.merged => (seg.first_seq, len, owner_node(meta.owner)),
                 _ => return Ok(Cleaned::Kept),
+            }
+        };
+        // The relocation log the copies go to: one for the shared index; else the partition's node's, unless the
+        // node is gone, when the rebalance after its departure empties the partition.
+        let node = match self.indexes.partitioning() {
+            Partitioning::Shared => MEMORY_NODE_ID,
+            Partitioning::PerNode => {
+                if self
+                    .gone_nodes
+                    .lock()
+                    .expect("gone nodes lock")
+                    .contains(&node)
+                {
+                    return Ok(Cleaned::Kept);
+                }
+                node
             }
         };
         let mut data = std::mem::take(&mut state.data);
@@ -454,6 +473,16 @@ impl Inner {
         }
         self.invalidate(&superseded)?;
         Ok((moved, bytes))
+    }
+
+    /// Seals the relocation log the cleaner writes for `node`, whose logs are being taken over, and lets go of it:
+    /// it is cleaned like any log from now on, and retires once empty.
+    pub(super) fn close_relocation_writer(&self, node: u32) -> Result<(), ProcessorError> {
+        let mut state = self.cleaner.lock().expect("cleaner lock");
+        match state.writers.remove(&node) {
+            Some(writer) => writer.close(self),
+            None => Ok(()),
+        }
     }
 
     /// Marks the sealed segments of a relocation log merged without applying them (the cleaner moved the slots

@@ -32,10 +32,13 @@ impl LogWriter {
 
     /// Claims the log of `node`'s `thread` (creating it the first time).
     pub(super) fn open(inner: &Inner, node: u32, thread: u32) -> Result<LogWriter, ProcessorError> {
-        let opened = inner.open_log(&proto::OpenLog {
-            node_id: node,
-            thread,
-        })?;
+        let opened = inner.open_log(
+            &proto::OpenLog {
+                node_id: node,
+                thread,
+            },
+            false,
+        )?;
         let log = inner
             .logs
             .read()
@@ -104,8 +107,8 @@ impl LogWriter {
         Ok(r)
     }
 
-    /// Migration logs: writes what is left, seals the log and merges all of it; returns the bytes of entries
-    /// appended.
+    /// Migration logs: writes what is left, seals the log and merges all of it, and lets go of it (the next
+    /// rebalance claims it again); returns the bytes of entries appended.
     pub(super) fn finish_merged(mut self, inner: &Inner) -> Result<u64, ProcessorError> {
         self.write_buffered(inner)?;
         inner.merge_all(&proto::MergeAll {
@@ -113,7 +116,25 @@ impl LogWriter {
             session: self.session,
             sealed_len: self.head.map(|_| self.written),
         })?;
+        inner.let_go(&self.log, self.session);
         Ok(self.appended_bytes)
+    }
+
+    /// Relocation logs: seals the head after the copies written so far and lets go of the log, which is then
+    /// cleaned and recycled like any other and gives its descriptor back once empty.
+    pub(super) fn close(mut self, inner: &Inner) -> Result<(), ProcessorError> {
+        self.flush_relocations(inner)?;
+        inner.merge_all(&proto::MergeAll {
+            log_id: self.log.id,
+            session: self.session,
+            sealed_len: self.head.map(|_| self.written),
+        })?;
+        // Copies all superseded already leave a dead head, which no merge will count again.
+        if let Some(head) = self.head() {
+            inner.recycle(&[head])?;
+        }
+        inner.let_go(&self.log, self.session);
+        Ok(())
     }
 
     /// Relocation logs: writes and persists the gathered copies, raises the head's entry count by them (so that a

@@ -1,0 +1,172 @@
+//! Logs of KV nodes that left give their directory descriptors back: a memory node that sees nodes come and go
+//! for ever (node ids are not reused) keeps taking new ones, with a directory much smaller than the nodes it saw.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use dinomo_dpm::check::{CheckOptions, check_pool};
+use dinomo_dpm::{MAX_NODE_ID, MEMORY_NODE_ID, Processor, ProcessorConfig, proto};
+use dinomo_fabric::{Connector, MemoryNode, NodeConfig, Target};
+use dinomo_kn::{KnConfig, KvNode};
+use dinomo_pool::{Pool, PoolOptions};
+
+/// Descriptors in the directory: fewer than the logs the nodes of one test claim in all.
+const DIRECTORY: u32 = 6;
+const SEGMENT: u64 = 64 << 10;
+
+fn memory_node(path: &Path) -> anyhow::Result<(Arc<Processor>, Connector)> {
+    let opts = PoolOptions {
+        segment_size: SEGMENT,
+        ..PoolOptions::with_size(32 << 20)
+    };
+    let (pool, _) = Pool::open_or_create(path, &opts)?;
+    let pool = Arc::new(pool);
+    let processor = Processor::start(
+        pool.clone(),
+        &ProcessorConfig {
+            segment_size: SEGMENT,
+            directory_capacity: DIRECTORY,
+            merge_threads: 1,
+            ..ProcessorConfig::default()
+        },
+    )?;
+    let node = MemoryNode::new(pool, NodeConfig::default());
+    processor.serve(&node);
+    Ok((processor, Connector::new(Target::InProcess(node))))
+}
+
+fn kv_node(connector: &Connector, node_id: u32) -> anyhow::Result<KvNode> {
+    Ok(KvNode::start(
+        KnConfig {
+            node_id,
+            threads: 2,
+            max_value_len: 1024,
+            ..KnConfig::default()
+        },
+        connector.clone(),
+    )?)
+}
+
+fn take_over(connector: &Connector, node_id: u32) -> anyhow::Result<()> {
+    let _: proto::NodeTakenOver = connector
+        .connect()?
+        .call(proto::TAKE_OVER_NODE, &proto::TakeOverNode { node_id })?;
+    Ok(())
+}
+
+fn hot(i: u32) -> Vec<u8> {
+    format!("hot-{i}").into_bytes()
+}
+
+fn cold(node: u32, i: u32) -> Vec<u8> {
+    format!("cold-{node}-{i}").into_bytes()
+}
+
+fn value(key: &[u8], node: u32) -> Vec<u8> {
+    let mut v = key.to_vec();
+    v.extend_from_slice(format!("@{node}").as_bytes());
+    v.resize(300, b'.');
+    v
+}
+
+const NODES: u32 = 12;
+const KEYS: u32 = 100;
+
+/// Whether `node` writes cold keys too (every third).
+fn writes_cold(node: u32) -> bool {
+    node % 3 == 0
+}
+
+/// Every key as its last write: the hot keys by the last node, each node's cold keys by that node.
+fn check_all(kn: &KvNode) -> anyhow::Result<()> {
+    let h = kn.handle();
+    for i in 0..KEYS {
+        assert_eq!(h.get(&hot(i))?, Some(value(&hot(i), NODES)), "hot key {i}");
+        for node in (1..=NODES).filter(|&n| writes_cold(n)) {
+            let k = cold(node, i);
+            assert_eq!(h.get(&k)?, Some(value(&k, node)), "cold key {node}/{i}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn logs_of_departed_nodes_give_their_descriptors_back() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("pool");
+    let (processor, connector) = memory_node(&path)?;
+    // Each node claims two logs: twelve nodes claim four times the directory. Every node overwrites the hot keys,
+    // whose old entries then free the segments of the nodes before; every third also writes cold keys nobody
+    // writes again, which hold its segments until the cleaner moves them.
+    for node in 1..=NODES {
+        let kn = kv_node(&connector, node)
+            .map_err(|e| anyhow::anyhow!("node {node} could not start: {e}"))?;
+        let h = kn.handle();
+        for i in 0..KEYS {
+            h.set(&hot(i), &value(&hot(i), node))?;
+            if writes_cold(node) {
+                h.set(&cold(node, i), &value(&cold(node, i), node))?;
+            }
+        }
+        kn.stop();
+        take_over(&connector, node)?;
+    }
+    let stats = processor.stats();
+    assert!(stats.logs <= u64::from(DIRECTORY), "{stats:?}");
+    // Logs went both ways: emptied by overwrites, and emptied by the cleaner for a claim.
+    assert!(stats.retired_logs > stats.emptied_logs, "{stats:?}");
+    assert!(stats.emptied_logs > 0, "{stats:?}");
+
+    // A reused descriptor numbers its entries after the last one it named: a fresh claim does not start at 1.
+    let opened: proto::LogOpened = connector.connect()?.call(
+        proto::OPEN_LOG,
+        &proto::OpenLog {
+            node_id: 1000,
+            thread: 0,
+        },
+    )?;
+    assert!(opened.log_id < DIRECTORY);
+    assert!(opened.next_seq > 1, "{opened:?}");
+    take_over(&connector, 1000)?;
+
+    let reader = kv_node(&connector, 2000)?;
+    check_all(&reader)?;
+    reader.stop();
+    processor.shutdown();
+    drop((processor, connector));
+
+    // The pool checks clean, and a restart serves every key.
+    let report = check_pool(
+        &Arc::new(Pool::open_snapshot(&path)?.0),
+        &CheckOptions::default(),
+    );
+    assert!(report.is_clean(), "{:?}", report.problems);
+    let (processor, connector) = memory_node(&path)?;
+    let reader = kv_node(&connector, 3000)?;
+    check_all(&reader)?;
+    reader.stop();
+    processor.shutdown();
+    Ok(())
+}
+
+#[test]
+fn node_ids_beyond_the_owner_word_are_refused() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (processor, connector) = memory_node(&dir.path().join("pool"))?;
+    for node_id in [MAX_NODE_ID + 1, MEMORY_NODE_ID, u32::MAX, 1 << 31] {
+        let err = kv_node(&connector, node_id).err().expect("refused");
+        assert!(err.to_string().contains("out of range"), "{err}");
+        let err = connector
+            .connect()?
+            .call::<_, proto::LogOpened>(proto::OPEN_LOG, &proto::OpenLog { node_id, thread: 0 })
+            .expect_err("refused");
+        assert!(err.to_string().contains("out of range"), "{err}");
+    }
+    // The largest id is a node's like any other.
+    let kn = kv_node(&connector, MAX_NODE_ID)?;
+    kn.handle().set(b"k", b"v")?;
+    assert_eq!(kn.handle().get(b"k")?, Some(b"v".to_vec()));
+    kn.stop();
+    processor.shutdown();
+    Ok(())
+}
