@@ -111,24 +111,27 @@ impl LogWriter {
     /// rebalance claims it again); returns the bytes of entries appended.
     pub(super) fn finish_merged(mut self, inner: &Inner) -> Result<u64, ProcessorError> {
         self.write_buffered(inner)?;
+        self.seal_and_merge(inner)?;
+        inner.let_go(&self.log, self.session);
+        Ok(self.appended_bytes)
+    }
+
+    /// Seals the head where the entries written end and merges the log (a relocation log's merge only settles
+    /// what is sealed).
+    fn seal_and_merge(&self, inner: &Inner) -> Result<(), ProcessorError> {
         inner.merge_all(&proto::MergeAll {
             log_id: self.log.id,
             session: self.session,
             sealed_len: self.head.map(|_| self.written),
         })?;
-        inner.let_go(&self.log, self.session);
-        Ok(self.appended_bytes)
+        Ok(())
     }
 
     /// Relocation logs: seals the head after the copies written so far and lets go of the log, which is then
     /// cleaned and recycled like any other and gives its descriptor back once empty.
     pub(super) fn close(mut self, inner: &Inner) -> Result<(), ProcessorError> {
         self.flush_relocations(inner)?;
-        inner.merge_all(&proto::MergeAll {
-            log_id: self.log.id,
-            session: self.session,
-            sealed_len: self.head.map(|_| self.written),
-        })?;
+        self.seal_and_merge(inner)?;
         // Copies all superseded already leave a dead head, which no merge will count again.
         if let Some(head) = self.head() {
             inner.recycle(&[head])?;
