@@ -177,11 +177,10 @@ impl Directory {
         Ok((free, self.merged_seq(free)))
     }
 
-    /// Gives back the descriptor of a log that has no segment left, with every entry it wrote up to `last_seq`
-    /// merged; the descriptor keeps `last_seq` for its next owner.
-    pub fn release(&self, log_id: u32, last_seq: u64) {
+    /// Gives back the descriptor of a log that has no segment left and every entry it wrote merged: its
+    /// `merged_seq`, the log's last sequence number, stays for the next owner.
+    pub fn release(&self, log_id: u32) {
         debug_assert_eq!(self.head(log_id), 0, "log {log_id} still has segments");
-        self.store(log_id, MERGED_SEQ, last_seq.max(self.merged_seq(log_id)));
         self.store(log_id, OWNER, 0);
     }
 

@@ -709,12 +709,6 @@ impl RpcHandler for Handler {
         match method {
             proto::OPEN_LOG => {
                 let req: proto::OpenLog = dinomo_fabric::decode(request)?;
-                if req.node_id > MAX_NODE_ID {
-                    return Err(RpcError::Failed(format!(
-                        "node id {} is out of range: KV node ids go up to {MAX_NODE_ID}",
-                        req.node_id
-                    )));
-                }
                 if req.thread == MIGRATION_THREAD || req.thread == CLEANER_THREAD {
                     return Err(RpcError::Failed(format!(
                         "thread {} names one of the memory node's own logs (migration {MIGRATION_THREAD}, \
@@ -782,6 +776,21 @@ impl RpcHandler for Handler {
             other => Err(RpcError::UnknownMethod(other)),
         }
     }
+}
+
+/// Refuses a KV node id beyond [`MAX_NODE_ID`]: a log's owner word would name another node's logs with it.
+fn check_node_id(node_id: u32) -> Result<(), ProcessorError> {
+    if node_id > MAX_NODE_ID {
+        return Err(ProcessorError::Config(format!(
+            "node id {node_id} is out of range: KV node ids go up to {MAX_NODE_ID}"
+        )));
+    }
+    Ok(())
+}
+
+/// Whether `owner` names a relocation log ([`CLEANER_THREAD`]).
+fn is_relocation(owner: u64) -> bool {
+    owner as u32 == CLEANER_THREAD
 }
 
 /// Refuses a call on `log_id` that carries another session than its writer's (`meta`, locked for the change the call
@@ -1076,7 +1085,7 @@ impl Inner {
                 log_id,
                 Arc::new(LogState {
                     id: log_id,
-                    relocation: owner as u32 == CLEANER_THREAD,
+                    relocation: is_relocation(owner),
                     index,
                     merge_lock: Mutex::new(()),
                     meta: Mutex::new(LogMeta {
@@ -1277,6 +1286,7 @@ impl Inner {
     ) -> Result<proto::LogOpened, ProcessorError> {
         let owner = owner_word(req.node_id, req.thread);
         if by_kv_node {
+            check_node_id(req.node_id)?;
             // The node is back.
             self.gone_nodes
                 .lock()
@@ -1287,17 +1297,16 @@ impl Inner {
         // either retired before (and a new one claimed) or has a writer, and stays.
         let existing = {
             let logs = self.logs.read().expect("logs lock");
-            logs.values()
-                .find(|l| {
-                    let mut meta = l.meta.lock().expect("log lock");
-                    let found = meta.owner == owner;
-                    if found {
-                        meta.session = self.next_session();
-                        meta.writer = true;
-                    }
-                    found
-                })
-                .cloned()
+            let found = logs
+                .values()
+                .find(|l| l.meta.lock().expect("log lock").owner == owner)
+                .cloned();
+            if let Some(log) = &found {
+                let mut meta = log.meta.lock().expect("log lock");
+                meta.session = self.next_session();
+                meta.writer = true;
+            }
+            found
         };
         let log = match existing {
             Some(log) => {
@@ -1314,13 +1323,11 @@ impl Inner {
             }
             None => {
                 let index = self.indexes.for_node(&self.pool, req.node_id)?;
-                let relocation = req.thread == CLEANER_THREAD;
-                match self.claim_log(owner, relocation, index, by_kv_node) {
+                match self.claim_log(owner, &index, by_kv_node) {
                     Err(ProcessorError::DirectoryFull { .. })
                         if by_kv_node && self.empty_a_log() =>
                     {
-                        let index = self.indexes.for_node(&self.pool, req.node_id)?;
-                        self.claim_log(owner, relocation, index, by_kv_node)?
+                        self.claim_log(owner, &index, by_kv_node)?
                     }
                     other => other?,
                 }
@@ -1358,18 +1365,17 @@ impl Inner {
     }
 
     /// Claims a directory descriptor for a new log of `owner` that merges into `index`. A KV node's claim
-    /// (`for_kv_node`) leaves the last free descriptor to the memory node's own relocation log of a shared index
+    /// (`by_kv_node`) leaves the last free descriptor to the memory node's own relocation log of a shared index
     /// while that log does not exist: emptying a log for a claim that finds the directory full copies into it.
     fn claim_log(
         &self,
         owner: u64,
-        relocation: bool,
-        index: Arc<Index>,
-        for_kv_node: bool,
+        index: &Arc<Index>,
+        by_kv_node: bool,
     ) -> Result<Arc<LogState>, ProcessorError> {
         let mut logs = self.logs.write().expect("logs lock");
         let relocations = owner_word(MEMORY_NODE_ID, CLEANER_THREAD);
-        let keep_one = for_kv_node
+        let keep_one = by_kv_node
             && self.indexes.partitioning() == Partitioning::Shared
             && !logs
                 .values()
@@ -1383,8 +1389,8 @@ impl Inner {
         let (id, seq) = self.dir.claim(owner)?;
         let log = Arc::new(LogState {
             id,
-            relocation,
-            index,
+            relocation: is_relocation(owner),
+            index: index.clone(),
             merge_lock: Mutex::new(()),
             meta: Mutex::new(LogMeta {
                 owner,
@@ -1605,12 +1611,7 @@ impl Inner {
         &self,
         req: &proto::TakeOverNode,
     ) -> Result<proto::NodeTakenOver, ProcessorError> {
-        if req.node_id > MAX_NODE_ID {
-            return Err(ProcessorError::Config(format!(
-                "node id {} is out of range: KV node ids go up to {MAX_NODE_ID}",
-                req.node_id
-            )));
-        }
+        check_node_id(req.node_id)?;
         let logs: Vec<Arc<LogState>> = self
             .logs
             .read()
@@ -2027,7 +2028,7 @@ impl Inner {
                 )?;
             }
             meta.segments.remove(pos);
-            if meta.segments.is_empty() && !meta.writer {
+            if meta.segments.is_empty() {
                 emptied.push(log_id);
             }
             drop(meta);

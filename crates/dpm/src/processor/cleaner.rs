@@ -116,19 +116,17 @@ impl Inner {
             let Some(victim) = self.pick_victim(&mut state) else {
                 break;
             };
-            match self.clean_segment(&mut state, victim) {
-                Ok(Cleaned::Freed) => freed_any = true,
-                // Not tried again until more of its entries are superseded.
-                Ok(Cleaned::Kept) => {
-                    let invalid = self.invalid_count(victim);
-                    state.passed_over.insert(victim, invalid);
-                }
-                Err(e) => {
-                    warn!(segment = victim, error = %e, "cleaning a log segment failed");
-                    let invalid = self.invalid_count(victim);
-                    state.passed_over.insert(victim, invalid);
-                    break;
-                }
+            let cleaned = self.clean_segment(&mut state, victim);
+            if let Ok(Cleaned::Freed) = cleaned {
+                freed_any = true;
+                continue;
+            }
+            // Not tried again until more of its entries are superseded.
+            let invalid = self.invalid_count(victim);
+            state.passed_over.insert(victim, invalid);
+            if let Err(e) = cleaned {
+                warn!(segment = victim, error = %e, "cleaning a log segment failed");
+                break;
             }
         }
         freed_any
@@ -343,19 +341,14 @@ impl Inner {
         };
         // The relocation log the copies go to: one for the shared index; else the partition's node's, unless the
         // node is gone, when the rebalance after its departure empties the partition.
+        let gone = || {
+            let gone_nodes = self.gone_nodes.lock().expect("gone nodes lock");
+            gone_nodes.contains(&node)
+        };
         let node = match self.indexes.partitioning() {
             Partitioning::Shared => MEMORY_NODE_ID,
-            Partitioning::PerNode => {
-                if self
-                    .gone_nodes
-                    .lock()
-                    .expect("gone nodes lock")
-                    .contains(&node)
-                {
-                    return Ok(Cleaned::Kept);
-                }
-                node
-            }
+            Partitioning::PerNode if gone() => return Ok(Cleaned::Kept),
+            Partitioning::PerNode => node,
         };
         let mut data = std::mem::take(&mut state.data);
         self.read_entries(victim, len, &mut data)?;

@@ -40,7 +40,8 @@ impl Inner {
         if meta.writer || !meta.segments.is_empty() || meta.merged_seq < meta.last_seq {
             return false;
         }
-        self.dir.release(log_id, meta.last_seq);
+        // Every change of `merged_seq` is written to the descriptor, which so keeps the last sequence number.
+        self.dir.release(log_id);
         debug!(
             log = log_id,
             node = super::owner_node(meta.owner),
@@ -99,25 +100,23 @@ impl Inner {
         };
         candidates.sort_by_cached_key(|(id, segments)| (live_entries(segments), *id));
         for (log_id, segments) in candidates.into_iter().take(EMPTY_TRIES) {
-            let mut moved_all = true;
-            for &segment in &segments {
+            let moved_all = segments.iter().all(|&segment| {
                 match self.clean_segment(&mut state, segment) {
-                    Ok(Cleaned::Freed) => {}
+                    Ok(Cleaned::Freed) => true,
                     // Held by a shared key's cell, or a segment the counters have not settled: another log.
-                    Ok(Cleaned::Kept) => moved_all = false,
+                    Ok(Cleaned::Kept) => false,
                     Err(e) => {
                         warn!(log = log_id, segment, error = %e, "emptying a log for its descriptor failed");
-                        moved_all = false;
+                        false
                     }
                 }
-                if !moved_all {
-                    break;
-                }
+            });
+            if !moved_all {
+                continue;
             }
-            // A log emptied of segments it had no writer for retires as its last one is recycled; one with no
-            // segment at all retires here.
-            let retired = !self.logs.read().expect("logs lock").contains_key(&log_id)
-                || (moved_all && self.retire_if_unused(log_id));
+            // The recycling of its last segment retired it; a log that had none retires here.
+            let retired = self.retire_if_unused(log_id)
+                || !self.logs.read().expect("logs lock").contains_key(&log_id);
             if retired {
                 self.emptied_logs.fetch_add(1, Ordering::Relaxed);
                 info!(
