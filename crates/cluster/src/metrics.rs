@@ -627,6 +627,18 @@ pub fn processor_metrics(s: &ProcessorStats, out: &mut Exposition) {
         &[],
         s.emptied_logs,
     );
+    out.gauge(
+        "dinomo_dpm_partitions",
+        "Index partitions, one per KV node (DINOMO-N; 0 with the shared index).",
+        &[],
+        s.partitions as f64,
+    );
+    out.counter(
+        "dinomo_dpm_freed_partitions_total",
+        "Index partitions of departed KV nodes freed once empty and no log merged into them.",
+        &[],
+        s.freed_partitions,
+    );
     out.counter(
         "dinomo_dpm_recovered_entries_total",
         "Entries a crash had left unmerged, merged at start.",

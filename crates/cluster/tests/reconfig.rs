@@ -2,7 +2,7 @@
 //! data staying where it is.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::small_cluster;
 use dinomo_cluster::wire::{RequestBody, ResponseBody};
@@ -284,6 +284,8 @@ fn nodes_that_come_and_go_give_their_logs_back() -> anyhow::Result<()> {
             // seals and lets go. (With the shared index it is left to its default, so that departed logs keep
             // their cold entries until a claim finds the directory full.)
             cfg.processor.clean_below_free_percent = 100;
+            // Four nodes at a time during a round: the departed nodes' partitions must be given back.
+            cfg.processor.partition_capacity = 6;
         }
         let mut c = LocalCluster::start(cfg)?;
         let mut cl = client(&c);
@@ -317,6 +319,15 @@ fn nodes_that_come_and_go_give_their_logs_back() -> anyhow::Result<()> {
         );
         if variant == Variant::DinomoN {
             assert!(stats.cleaned_segments > 0, "{stats:?}");
+            // Every departed node's partition goes, once its logs retired: one partition per node left.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut stats = stats;
+            while stats.partitions != c.nodes().len() as u64 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+                stats = c.processor().stats();
+            }
+            assert_eq!(stats.partitions, c.nodes().len() as u64, "{stats:?}");
+            assert!(stats.freed_partitions >= rounds as u64, "{stats:?}");
         } else {
             // The cold keys kept departed logs' segments, until claims that found the directory full had them moved.
             assert!(stats.emptied_logs > 0, "{stats:?}");

@@ -342,7 +342,7 @@ const DOCS: &[(&str, &str)] = &[
     ("processor.shared_key_capacity", "keys that can be shared by several KV nodes at once (fixed when the pool is formatted)"),
     ("processor.shared_key_max_len", "longest key that can be shared, in bytes (fixed when the pool is formatted)"),
     ("processor.partitioning", "index layout (fixed when the pool is formatted): shared (one index every KV node reads: dinomo, dinomo-s) or per-node (one partition per KV node: dinomo-n; `up` follows up.system)"),
-    ("processor.partition_capacity", "KV nodes that can have an index partition (per-node layout; fixed when the pool is formatted)"),
+    ("processor.partition_capacity", "KV nodes that can have an index partition at once (per-node layout; fixed when the pool is formatted; departed nodes' partitions are freed)"),
     ("processor.delete_reserve_segments", "log segments held back so that a full pool still takes deletes (0: none); refilled before any other log segment is granted"),
     ("processor.clean_below_free_percent", "the log cleaner copies the live entries of mostly-dead log segments elsewhere and recycles them while less than this share of the pool is free, in percent (0: no background cleaning; a grant that finds the pool full cleans anyway)"),
     ("processor.clean_max_live_percent", "only log segments with at most this share of live entries are cleaned, in percent (0: the cleaner is off)"),

@@ -180,11 +180,11 @@ impl Checker {
         let cfg = IndexConfig::default();
         match partitions {
             Some(table) => {
-                for (slot, node) in table.partitions() {
-                    let anchor = Anchor::Word(table.index_anchor(slot));
+                for p in table.partitions() {
+                    let anchor = Anchor::Word(table.index_anchor(p.slot));
                     match Index::open_at(self.pool.clone(), &cfg, anchor) {
-                        Ok(index) => self.check_index(&index, Some(node)),
-                        Err(e) => self.problem(format!("index of KV node {node}: {e}")),
+                        Ok(index) => self.check_index(&index, Some(p.node)),
+                        Err(e) => self.problem(format!("index of KV node {}: {e}", p.node)),
                     }
                 }
             }

@@ -6,11 +6,11 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use dinomo_fabric::{MemoryNode, RpcError, RpcHandler};
-use dinomo_index::{Anchor, Index, IndexConfig, IndexError};
+use dinomo_index::{Index, IndexConfig, IndexError};
 use dinomo_log::segment::{self, DamagedField, InPlace, ScanEnd, SegmentFormat};
 use dinomo_log::{
     ENTRY_HEADER_LEN, EntryHeader, EntryRef, EntryView, HashMode, Op, SEGMENT_HEADER_LEN,
-    SegmentHeader, roots, tags,
+    SegmentHeader, tags,
 };
 use dinomo_pool::{Extent, Pool, PoolError};
 use serde::{Deserialize, Serialize};
@@ -18,7 +18,6 @@ use tracing::{debug, error, info, warn};
 
 use crate::cells::{self, CellState, CellTable};
 use crate::directory::{Directory, owner_node, owner_word};
-use crate::partitions::PartitionTable;
 use crate::proto;
 
 /// The thread number of a KV node's migration log: the log into which the memory node copies the entries of keys
@@ -39,8 +38,11 @@ pub const MEMORY_NODE_ID: u32 = 0x7fff_ffff;
 pub const MAX_NODE_ID: u32 = MEMORY_NODE_ID - 1;
 
 mod cleaner;
+mod indexes;
 mod log_writer;
 mod retire;
+
+use indexes::Indexes;
 
 /// How the memory node lays out its index; fixed when the pool is formatted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -106,7 +108,8 @@ pub struct ProcessorConfig {
     /// One shared index, or one per KV node (default shared); a pool opens only with the layout it was formatted
     /// with.
     pub partitioning: Partitioning,
-    /// KV nodes that can have a partition, fixed when a pool is formatted per node (default 1024).
+    /// KV nodes that can have a partition at once, fixed when a pool is formatted per node (default 1024). The
+    /// partitions of departed nodes are freed once emptied ([`indexes`]).
     pub partition_capacity: u32,
     /// Log segments held back for deletes (default 2). Once the pool is full, a KV-node thread may log deletes
     /// into one of them, so that a full store can still be emptied; they are refilled before any other log
@@ -286,6 +289,9 @@ pub struct ProcessorStats {
     /// Of those, logs the cleaner emptied first because a claim found the directory full, since start.
     #[serde(default)]
     pub emptied_logs: u64,
+    /// Index partitions of departed KV nodes freed (their slot and index tables given back) since start.
+    #[serde(default)]
+    pub freed_partitions: u64,
 }
 
 struct SegInfo {
@@ -343,135 +349,6 @@ struct SegStat {
     invalid: u64,
 }
 
-/// The memory node's index: one shared by every KV node, or one per KV node.
-enum Indexes {
-    Shared(Arc<Index>),
-    PerNode {
-        table: PartitionTable,
-        by_node: RwLock<BTreeMap<u32, Arc<Index>>>,
-        config: IndexConfig,
-        /// Serializes the creation of partitions.
-        creating: Mutex<()>,
-    },
-}
-
-impl Indexes {
-    /// Opens (or formats) the layout `config` asks for; a pool formatted with the other layout is refused.
-    fn open(pool: &Arc<Pool>, config: &ProcessorConfig) -> Result<Indexes, ProcessorError> {
-        let table = PartitionTable::open(pool.clone())?;
-        match (config.partitioning, table) {
-            (Partitioning::Shared, None) => Ok(Indexes::Shared(Arc::new(Index::open_or_create(
-                pool.clone(),
-                &config.index,
-            )?))),
-            (Partitioning::Shared, Some(_)) => Err(ProcessorError::Config(
-                "the pool is partitioned per KV node (formatted for dinomo-n); it opens only with partitioning \
-                 per-node (dinomo up --system dinomo-n, dinomo dpm --partitioning per-node)"
-                    .into(),
-            )),
-            (Partitioning::PerNode, None) => {
-                if pool.root(roots::INDEX)? != 0 || pool.root(roots::LOG_DIRECTORY)? != 0 {
-                    return Err(ProcessorError::Config(
-                        "the pool holds one shared index (formatted for dinomo or dinomo-s); it opens only with \
-                         partitioning shared (dinomo up --system dinomo|dinomo-s, dinomo dpm --partitioning shared)"
-                            .into(),
-                    ));
-                }
-                let table = PartitionTable::create(pool.clone(), config.partition_capacity)?;
-                Ok(Indexes::per_node(table, BTreeMap::new(), config))
-            }
-            (Partitioning::PerNode, Some(table)) => {
-                let mut by_node = BTreeMap::new();
-                for (slot, node) in table.partitions() {
-                    let anchor = Anchor::Word(table.index_anchor(slot));
-                    let index = Index::open_at(pool.clone(), &config.index, anchor)?;
-                    by_node.insert(node, Arc::new(index));
-                }
-                let live: Vec<&Index> = by_node.values().map(|i| &**i).collect();
-                dinomo_index::free_unreferenced(pool, &live);
-                Ok(Indexes::per_node(table, by_node, config))
-            }
-        }
-    }
-
-    fn per_node(
-        table: PartitionTable,
-        by_node: BTreeMap<u32, Arc<Index>>,
-        config: &ProcessorConfig,
-    ) -> Indexes {
-        Indexes::PerNode {
-            table,
-            by_node: RwLock::new(by_node),
-            config: config.index.clone(),
-            creating: Mutex::new(()),
-        }
-    }
-
-    fn partitioning(&self) -> Partitioning {
-        match self {
-            Indexes::Shared(_) => Partitioning::Shared,
-            Indexes::PerNode { .. } => Partitioning::PerNode,
-        }
-    }
-
-    /// The index KV node `node`'s logs merge into and it reads; a node's partition is created on first use.
-    fn for_node(&self, pool: &Arc<Pool>, node: u32) -> Result<Arc<Index>, ProcessorError> {
-        let (table, by_node, config, creating) = match self {
-            Indexes::Shared(index) => return Ok(index.clone()),
-            Indexes::PerNode {
-                table,
-                by_node,
-                config,
-                creating,
-            } => (table, by_node, config, creating),
-        };
-        if let Some(index) = by_node.read().expect("partitions lock").get(&node) {
-            return Ok(index.clone());
-        }
-        let _one = creating.lock().expect("partition creation lock");
-        if let Some(index) = by_node.read().expect("partitions lock").get(&node) {
-            return Ok(index.clone());
-        }
-        let slot = table.reserve(node)?;
-        let index = Arc::new(Index::create_at(
-            pool.clone(),
-            config,
-            Anchor::Word(table.index_anchor(slot)),
-        )?);
-        table.commit(slot, node);
-        info!(node, slot, "index partition created");
-        by_node
-            .write()
-            .expect("partitions lock")
-            .insert(node, index.clone());
-        Ok(index)
-    }
-
-    /// Every index, with the node whose partition it is (`None` for the shared index).
-    fn all(&self) -> Vec<(Option<u32>, Arc<Index>)> {
-        match self {
-            Indexes::Shared(index) => vec![(None, index.clone())],
-            Indexes::PerNode { by_node, .. } => by_node
-                .read()
-                .expect("partitions lock")
-                .iter()
-                .map(|(n, i)| (Some(*n), i.clone()))
-                .collect(),
-        }
-    }
-
-    /// The shared index, which keys shared by several KV nodes move out of and back into.
-    fn shared(&self) -> Result<&Index, ProcessorError> {
-        match self {
-            Indexes::Shared(index) => Ok(index),
-            Indexes::PerNode { .. } => Err(ProcessorError::Config(
-                "the pool is partitioned per KV node (dinomo-n): a key cannot be shared by several KV nodes"
-                    .into(),
-            )),
-        }
-    }
-}
-
 struct Inner {
     pool: Arc<Pool>,
     indexes: Indexes,
@@ -512,13 +389,14 @@ struct Inner {
     /// Index tables (by offset) a run was last made for, and when.
     room_tried: Mutex<HashMap<u64, Instant>>,
     table_runs_made: AtomicU64,
-    /// KV nodes whose logs were taken over and not claimed again since: the cleaner opens no relocation log for
-    /// them (in the shared-nothing layout, where a relocation log is a node's).
-    gone_nodes: Mutex<HashSet<u32>>,
     /// Logs whose descriptors were given back, and those emptied by the cleaner for a claim that found the
     /// directory full.
     retired_logs: AtomicU64,
     emptied_logs: AtomicU64,
+    /// Set when a departed node's partition may have become free (a log retired, a node departed): the next
+    /// [`Inner::free_departed_partitions`] looks.
+    partitions_to_check: AtomicBool,
+    freed_partitions: AtomicU64,
 }
 
 /// The memory node's processor: owns the index and the logs' bookkeeping, runs the merge threads, answers the
@@ -618,9 +496,10 @@ impl Processor {
             relocated_bytes: AtomicU64::new(0),
             room_tried: Mutex::new(HashMap::new()),
             table_runs_made: AtomicU64::new(0),
-            gone_nodes: Mutex::new(HashSet::new()),
             retired_logs: AtomicU64::new(0),
             emptied_logs: AtomicU64::new(0),
+            partitions_to_check: AtomicBool::new(false),
+            freed_partitions: AtomicU64::new(0),
         });
         inner.recover()?;
         let mut threads: Vec<JoinHandle<()>> = (0..config.merge_threads)
@@ -1177,6 +1056,8 @@ impl Inner {
         for log in logs.values() {
             self.retire_if_unused(log.id);
         }
+        self.partitions_to_check.store(true, Ordering::Release);
+        self.free_departed_partitions();
         info!(
             logs = logs.len(),
             recovered_entries = recovered,
@@ -1287,11 +1168,8 @@ impl Inner {
         let owner = owner_word(req.node_id, req.thread);
         if by_kv_node {
             check_node_id(req.node_id)?;
-            // The node is back.
-            self.gone_nodes
-                .lock()
-                .expect("gone nodes lock")
-                .remove(&req.node_id);
+            // The node is back: its partition, if it has one, stays.
+            self.indexes.set_departed(req.node_id, false);
         }
         // The log is found and given its new writer under the logs lock, which a retirement holds too: a log is
         // either retired before (and a new one claimed) or has a writer, and stays.
@@ -1626,10 +1504,9 @@ impl Inner {
             .collect();
         let mut scratch = Scratch::default();
         let mut merged_entries = 0;
-        self.gone_nodes
-            .lock()
-            .expect("gone nodes lock")
-            .insert(req.node_id);
+        // The cleaner opens no relocation log for a departed node's partition, which the rebalance after its
+        // departure empties; once its logs retire, the partition is freed.
+        self.indexes.set_departed(req.node_id, true);
         self.close_relocation_writer(req.node_id)?;
         for log in &logs {
             // A new session fences the node's writer: its NEXT_SEGMENT and MERGE_ALL calls are refused from now on.
@@ -1645,6 +1522,8 @@ impl Inner {
             // A log the node had emptied goes now; the others once their entries are superseded or cleaned.
             self.retire_if_unused(log.id);
         }
+        self.partitions_to_check.store(true, Ordering::Release);
+        self.free_departed_partitions();
         Ok(proto::NodeTakenOver {
             logs: logs.len() as u32,
             merged_entries,
@@ -1697,6 +1576,7 @@ impl Inner {
                     for (_, index) in self.indexes.all() {
                         index.reclaim_retired();
                     }
+                    self.free_departed_partitions();
                 }
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
             }
@@ -2225,6 +2105,13 @@ impl Inner {
     /// holds it into its owner's partition, then removes it from the old one (see [`proto::Rebalance`]). The
     /// shared layout moves nothing.
     fn rebalance(&self, req: &proto::Rebalance) -> Result<proto::Rebalanced, ProcessorError> {
+        let moved = self.move_to_owners(req);
+        // The moves retired the logs of departed nodes whose entries they superseded.
+        self.free_departed_partitions();
+        moved
+    }
+
+    fn move_to_owners(&self, req: &proto::Rebalance) -> Result<proto::Rebalanced, ProcessorError> {
         let mut out = proto::Rebalanced::default();
         if self.indexes.partitioning() == Partitioning::Shared {
             return Ok(out);
@@ -2426,6 +2313,7 @@ impl Inner {
         s.table_runs_made = self.table_runs_made.load(Ordering::Relaxed);
         s.retired_logs = self.retired_logs.load(Ordering::Relaxed);
         s.emptied_logs = self.emptied_logs.load(Ordering::Relaxed);
+        s.freed_partitions = self.freed_partitions.load(Ordering::Relaxed);
         s
     }
 }

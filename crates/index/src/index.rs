@@ -69,6 +69,8 @@ pub struct Index {
     growth_failure: Mutex<Option<(u64, Instant, u64)>>,
     /// Set when a simulated crash abandoned this instance: dropping it must not touch the pool.
     crashed: AtomicBool,
+    /// Set once [`Index::free`] gave the index's extents back: nothing of the pool is this instance's any more.
+    freed: AtomicBool,
 }
 
 impl std::fmt::Debug for Index {
@@ -491,6 +493,7 @@ impl Index {
             retired_count: AtomicUsize::new(0),
             growth_failure: Mutex::new(None),
             crashed: AtomicBool::new(false),
+            freed: AtomicBool::new(false),
         }
     }
 
@@ -1060,6 +1063,9 @@ impl Index {
     /// Geometry and counters.
     pub fn stats(&self) -> IndexStats {
         let t = *self.read_table();
+        if self.freed.load(Ordering::Acquire) {
+            return IndexStats::default();
+        }
         IndexStats {
             buckets: t.nbuckets,
             overflow_used: self
@@ -1129,6 +1135,45 @@ impl Index {
         freed
     }
 
+    /// Gives the extents of this empty index back to the pool: its current table, every replaced one, and its
+    /// header. The caller has already cleared the word that named the index (a crash then leaves its extents to
+    /// [`free_unreferenced`] at the next start), and uses this instance for nothing but [`Index::len`] and
+    /// [`Index::stats`] afterwards (both read nothing of the pool once it is freed). A reader on another machine
+    /// that still walks the index reads reused space: the header's `current` word, which every lookup checks, then
+    /// names no table it knows.
+    ///
+    /// Refused while the index holds an entry ([`IndexError::NotEmpty`]); freeing twice frees nothing.
+    pub fn free(&self) -> Result<(), IndexError> {
+        // No write or resize is under way, and none starts: every one holds this lock.
+        let t = self.table.write().unwrap_or_else(|e| e.into_inner());
+        let entries = self.len();
+        if entries != 0 {
+            return Err(IndexError::NotEmpty(entries));
+        }
+        if self.freed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        let extents = retired
+            .drain(..)
+            .map(|r| r.offset)
+            .filter(|&o| o != t.offset)
+            .chain([t.offset, self.header]);
+        let mut failed = None;
+        for offset in extents {
+            if let Err(e) = self.pool.free(offset) {
+                tracing::warn!(offset, error = %e, "could not free an index extent");
+                failed.get_or_insert(e);
+            }
+        }
+        self.retired_count.store(0, Ordering::Relaxed);
+        tracing::info!(header = self.header, table = t.offset, "freed index");
+        match failed {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
     /// Marks this instance as abandoned by a simulated crash: dropping it will not touch the pool.
     #[cfg(test)]
     fn abandon(&self) {
@@ -1139,7 +1184,8 @@ impl Index {
 impl Drop for Index {
     fn drop(&mut self) {
         // After a (simulated) crash or during unwinding the pool is left as it is; the next open cleans up.
-        if !self.crashed.load(Ordering::Relaxed) && !std::thread::panicking() {
+        let gone = self.crashed.load(Ordering::Relaxed) || self.freed.load(Ordering::Relaxed);
+        if !gone && !std::thread::panicking() {
             // Tables still in their grace period stay allocated; the next open frees them.
             self.reclaim_retired();
         }

@@ -190,6 +190,9 @@ pub enum IndexError {
         /// The pool's answer.
         source: dinomo_pool::PoolError,
     },
+    /// [`Index::free`] was asked to free an index that still holds entries.
+    #[error("the index still holds {0} entries and cannot be freed")]
+    NotEmpty(u64),
     /// Any other pool error.
     #[error(transparent)]
     Pool(#[from] dinomo_pool::PoolError),

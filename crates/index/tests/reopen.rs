@@ -365,3 +365,83 @@ fn crc_of(bytes: &[u8]) -> u32 {
     }
     !crc
 }
+
+/// An emptied index of a pool that holds several gives every extent back (its header, its table and the tables it
+/// replaced), and only its own; the others keep working. A remote reader still holding its header gets an error,
+/// never an entry, once the space is reused.
+#[test]
+fn an_emptied_index_gives_its_extents_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = create_pool(&dir.path().join("pool"));
+    let cfg = IndexConfig {
+        // Replaced tables wait: the free must take them too.
+        retire_grace: Duration::from_secs(3600),
+        ..tiny(0.25)
+    };
+    let words = pool.alloc_bytes(64, 0x7f).unwrap();
+    let index_extents = |pool: &Pool| -> Vec<u64> {
+        pool.allocated()
+            .into_iter()
+            .filter(|e| e.tag == tags::INDEX_HEADER || e.tag == tags::INDEX_TABLE)
+            .map(|e| e.offset)
+            .collect()
+    };
+    let kept = Index::create_at(pool.clone(), &cfg, Anchor::Word(words.offset)).unwrap();
+    kept.upsert(hash(1), eref(1, 1), |e| key_of(e) == 1)
+        .unwrap();
+    let kept_extents = index_extents(&pool);
+    let free_before = pool.space().free_bytes();
+    let anchor = Anchor::Word(words.offset + 8);
+    let goes = Index::create_at(pool.clone(), &cfg, anchor).unwrap();
+    for k in 0..400u64 {
+        goes.upsert(hash(k), eref(k, 1), |e| key_of(e) == k)
+            .unwrap();
+    }
+    assert!(goes.stats().retired_tables > 0, "{:?}", goes.stats());
+    let node = node(&pool);
+    let mut ep = in_process(&node);
+    let mut remote = RemoteIndex::connect_at(&mut ep, goes.header_offset()).unwrap();
+
+    assert!(matches!(goes.free(), Err(IndexError::NotEmpty(400))));
+    assert_eq!(goes.get(hash(5), |e| key_of(e) == 5), Some(eref(5, 1)));
+    for k in 0..400u64 {
+        assert_eq!(goes.remove(hash(k), |e| key_of(e) == k), Some(eref(k, 1)));
+    }
+    // The caller unlinks the index first.
+    pool.atomic_u64(words.offset + 8)
+        .unwrap()
+        .store(0, std::sync::atomic::Ordering::Release);
+    goes.free().unwrap();
+    assert_eq!(index_extents(&pool), kept_extents);
+    assert_eq!(pool.space().free_bytes(), free_before);
+    assert_eq!(goes.stats(), dinomo_index::IndexStats::default());
+    goes.free().unwrap();
+    drop(goes);
+    assert_eq!(pool.space().free_bytes(), free_before, "no double free");
+
+    // The space is reused, filled with bytes that are no index.
+    let mut reused = Vec::new();
+    while let Ok(e) = pool.alloc(1, 0x7e) {
+        pool.write(e.offset, &vec![0xab; e.len as usize]).unwrap();
+        reused.push(e.offset);
+    }
+    assert_eq!(pool.space().free_bytes(), 0);
+    let mut out = Vec::new();
+    for k in 0..20u64 {
+        let found = remote.candidates(&mut ep, hash(k), &mut out);
+        assert!(
+            matches!(found, Err(RemoteIndexError::Corrupt { .. })),
+            "key {k}: {found:?} {out:?}"
+        );
+    }
+    // The other index is untouched, and a new one can take the word.
+    assert_eq!(kept.get(hash(1), |e| key_of(e) == 1), Some(eref(1, 1)));
+    for offset in reused {
+        pool.free(offset).unwrap();
+    }
+    let again = Index::create_at(pool.clone(), &cfg, anchor).unwrap();
+    again
+        .upsert(hash(2), eref(2, 1), |e| key_of(e) == 2)
+        .unwrap();
+    assert_eq!(again.len(), 1);
+}

@@ -7,8 +7,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use dinomo_cache::CacheConfig;
+use dinomo_dpm::partitions::PartitionTable;
 use dinomo_dpm::{Partitioning, Processor, ProcessorConfig, proto};
 use dinomo_fabric::{Connector, MemoryNode, NodeConfig, Target};
+use dinomo_index::{Anchor, Index};
 use dinomo_kn::{DirectWorker, KnConfig};
 use dinomo_pool::{PersistMode, Pool, PoolOptions};
 use dinomo_ring::{DEFAULT_VNODES, Ring};
@@ -37,13 +39,20 @@ fn memory_node(
     path: &Path,
     partitioning: Partitioning,
 ) -> anyhow::Result<(Arc<Pool>, Arc<Processor>, Connector)> {
+    memory_node_with(path, &processor_config(partitioning))
+}
+
+fn memory_node_with(
+    path: &Path,
+    config: &ProcessorConfig,
+) -> anyhow::Result<(Arc<Pool>, Arc<Processor>, Connector)> {
     let opts = PoolOptions {
         size: 64 << 20,
         segment_size: 16 << 10,
         persist: PersistMode::Volatile,
     };
     let pool = Arc::new(Pool::open_or_create(path, &opts)?.0);
-    let processor = Processor::start(pool.clone(), &processor_config(partitioning))?;
+    let processor = Processor::start(pool.clone(), config)?;
     let node = MemoryNode::new(pool.clone(), NodeConfig::default());
     processor.serve(&node);
     Ok((pool, processor, Connector::new(Target::InProcess(node))))
@@ -69,6 +78,23 @@ fn rebalance(connector: &Connector, nodes: &[u32]) -> anyhow::Result<proto::Reba
     Ok(connector
         .connect()?
         .call(proto::REBALANCE, &proto::Rebalance { ring })?)
+}
+
+/// Fences node `node`'s writers and merges its logs, as the M-node does when the node fails or is removed.
+fn take_over(connector: &Connector, node_id: u32) -> anyhow::Result<proto::NodeTakenOver> {
+    Ok(connector
+        .connect()?
+        .call(proto::TAKE_OVER_NODE, &proto::TakeOverNode { node_id })?)
+}
+
+/// Pool extents of index headers and tables.
+fn index_extents(pool: &Pool) -> usize {
+    pool.allocated()
+        .iter()
+        .filter(|e| {
+            e.tag == dinomo_log::tags::INDEX_HEADER || e.tag == dinomo_log::tags::INDEX_TABLE
+        })
+        .count()
 }
 
 /// Reads every key through `w`: `owned` ones must have their value, the others must be absent.
@@ -186,5 +212,117 @@ fn a_pool_opens_only_with_the_layout_it_was_formatted_with() -> anyhow::Result<(
         };
         assert!(err.contains("formatted for"), "{err}");
     }
+    Ok(())
+}
+
+/// Node ids are not reused, so a partition per node ever seen would fill the partition table: the partition of a
+/// node that departed is freed once the rebalance emptied it and its logs retired, and its slot goes to the next
+/// node. The departure is persistent (a restart in between still frees it), a node that comes back keeps its
+/// partition, and a free that a crash interrupted is finished at the next start.
+#[test]
+fn a_departed_nodes_partition_is_freed_for_the_next_node() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("pool");
+    let config = ProcessorConfig {
+        partition_capacity: 2,
+        ..processor_config(Partitioning::PerNode)
+    };
+    {
+        let (pool, processor, connector) = memory_node_with(&path, &config)?;
+        let mut one = worker(1, &connector)?;
+        for i in 0..KEYS {
+            one.set(&key(i), &value(i))?;
+        }
+        one.merge_all()?;
+        drop(one);
+        // Node 1 leaves: its keys move to node 2, and its logs are taken over.
+        assert_eq!(rebalance(&connector, &[2])?.keys, u64::from(KEYS));
+        let s = processor.stats();
+        assert_eq!((s.partitions, s.freed_partitions), (2, 0), "{s:?}");
+        take_over(&connector, 1)?;
+        let s = processor.stats();
+        assert_eq!((s.partitions, s.freed_partitions), (1, 1), "{s:?}");
+        assert_eq!(index_extents(&pool), 2, "node 2's header and table");
+
+        // A table of two partitions takes a third node, which gets its keys.
+        let three = Ring::with_nodes(DEFAULT_VNODES, [2, 3]);
+        let mut w3 = worker(3, &connector)?;
+        rebalance(&connector, &[2, 3])?;
+        check(&mut w3, |k| three.primary(k) == Some(3))?;
+        check(&mut worker(2, &connector)?, |k| three.primary(k) == Some(2))?;
+        // Node 3 departs and its keys stay for now: a partition with keys is kept.
+        drop(w3);
+        take_over(&connector, 3)?;
+        assert_eq!(processor.stats().partitions, 2);
+        processor.shutdown();
+        pool.close()?;
+    }
+    {
+        // Its departure survived the restart: once the rebalance empties it, it goes.
+        let (pool, processor, connector) = memory_node_with(&path, &config)?;
+        assert_eq!(processor.stats().partitions, 2);
+        rebalance(&connector, &[2])?;
+        let s = processor.stats();
+        assert_eq!((s.partitions, s.freed_partitions), (1, 1), "{s:?}");
+        check(&mut worker(2, &connector)?, |_| true)?;
+
+        // Node 4 departs and comes back before its partition is emptied: the partition is its own again and
+        // stays, even once empty.
+        let mut w4 = worker(4, &connector)?;
+        w4.set(b"node-4", b"four")?;
+        w4.merge_all()?;
+        drop(w4);
+        take_over(&connector, 4)?;
+        let mut w4 = worker(4, &connector)?;
+        assert_eq!(w4.get(b"node-4")?, Some(b"four".to_vec()));
+        rebalance(&connector, &[2])?;
+        assert_eq!(w4.get(b"node-4")?, None, "moved to node 2");
+        let s = processor.stats();
+        assert_eq!((s.partitions, s.freed_partitions), (2, 1), "{s:?}");
+        // It leaves again, its partition empty: it goes at once.
+        drop(w4);
+        take_over(&connector, 4)?;
+        let s = processor.stats();
+        assert_eq!((s.partitions, s.freed_partitions), (1, 2), "{s:?}");
+        assert_eq!(index_extents(&pool), 2);
+        processor.shutdown();
+        pool.close()?;
+    }
+    {
+        // A crash between the end of a partition and the free of its index leaves an index nothing names.
+        let opts = PoolOptions {
+            size: 64 << 20,
+            segment_size: 16 << 10,
+            persist: PersistMode::Volatile,
+        };
+        let pool = Arc::new(Pool::open_or_create(&path, &opts)?.0);
+        let table = PartitionTable::open(pool.clone())?.expect("partitioned");
+        let slot = table.reserve(9)?;
+        let anchor = Anchor::Word(table.index_anchor(slot));
+        let index = Index::create_at(pool.clone(), &config.index, anchor)?;
+        table.commit(slot, 9);
+        table.set_departed(slot, 9, true);
+        table.release(slot);
+        // Dropping it leaves its header and table allocated, as a crash would.
+        drop(index);
+        assert_eq!(index_extents(&pool), 4);
+        pool.close()?;
+    }
+    {
+        let (pool, processor, connector) = memory_node_with(&path, &config)?;
+        assert_eq!(index_extents(&pool), 2, "the next start frees it");
+        assert_eq!(processor.stats().partitions, 1);
+        let mut w2 = worker(2, &connector)?;
+        check(&mut w2, |_| true)?;
+        assert_eq!(w2.get(b"node-4")?, Some(b"four".to_vec()));
+        drop(w2);
+        processor.shutdown();
+        pool.close()?;
+    }
+    let report = dinomo_dpm::check::check_pool(
+        &Arc::new(Pool::open_snapshot(&path)?.0),
+        &dinomo_dpm::check::CheckOptions::default(),
+    );
+    assert!(report.is_clean(), "{:?}", report.problems);
     Ok(())
 }

@@ -75,6 +75,8 @@ impl Inner {
             if !self.space_low() || !self.clean_some(false, 8) {
                 std::thread::sleep(IDLE);
             }
+            // Cleaning may have retired the last logs of a departed node.
+            self.free_departed_partitions();
         }
     }
 
@@ -340,14 +342,10 @@ impl Inner {
             }
         };
         // The relocation log the copies go to: one for the shared index; else the partition's node's, unless the
-        // node is gone, when the rebalance after its departure empties the partition.
-        let gone = || {
-            let gone_nodes = self.gone_nodes.lock().expect("gone nodes lock");
-            gone_nodes.contains(&node)
-        };
+        // node departed, when the rebalance after its departure empties the partition.
         let node = match self.indexes.partitioning() {
             Partitioning::Shared => MEMORY_NODE_ID,
-            Partitioning::PerNode if gone() => return Ok(Cleaned::Kept),
+            Partitioning::PerNode if self.indexes.is_departed(node) => return Ok(Cleaned::Kept),
             Partitioning::PerNode => node,
         };
         let mut data = std::mem::take(&mut state.data);

@@ -18,11 +18,13 @@
 //! go to the memory node's own relocation log, for which KV nodes' claims leave the last descriptor free while it
 //! does not exist.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use tracing::{debug, info, warn};
 
 use super::cleaner::Cleaned;
+use super::indexes::Indexes;
 use super::{Inner, LogState, Partitioning};
 
 /// How many logs a full directory's claim tries to empty before it gives up.
@@ -52,7 +54,35 @@ impl Inner {
         drop(meta);
         logs.remove(&log_id);
         self.retired_logs.fetch_add(1, Ordering::Relaxed);
+        if self.indexes.partitioning() == Partitioning::PerNode {
+            // It may have been the last log merging into a departed node's partition.
+            self.partitions_to_check.store(true, Ordering::Release);
+        }
         true
+    }
+
+    /// Frees the partitions of departed nodes that are empty and that no log merges into any more, when a log
+    /// retired or a node departed since the last look ([`super::indexes::Partitions::free_departed`]). Called where no lock is
+    /// held: after a take-over, a rebalance, a round of cleaning, at the end of recovery and on the merge threads'
+    /// idle ticks. A call that finds a rebalance or cleaning under way leaves the look to the next call.
+    pub(super) fn free_departed_partitions(&self) {
+        let Indexes::PerNode(partitions) = &self.indexes else {
+            return;
+        };
+        if !self.partitions_to_check.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        // The memory node opens its migration and relocation logs under this lock only, and a KV node's claim
+        // marks its partition back first: no log can start merging into a partition being freed.
+        let Ok(_no_rebalance) = self.rebalance_lock.try_lock() else {
+            self.partitions_to_check.store(true, Ordering::Release);
+            return;
+        };
+        let logs = self.all_logs();
+        let freed =
+            partitions.free_departed(|index| logs.iter().any(|l| Arc::ptr_eq(&l.index, index)));
+        self.freed_partitions
+            .fetch_add(freed.len() as u64, Ordering::Relaxed);
     }
 
     /// Marks `log` as without a writer when `session` is still its writer's, and retires it if that was all it
