@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
 
-use dinomo_index::{Anchor, Index, IndexConfig};
+use dinomo_index::{Anchor, Index, IndexConfig, IndexError};
 use dinomo_log::roots;
 use dinomo_pool::Pool;
 use tracing::{info, warn};
@@ -227,11 +227,26 @@ impl Partitions {
             .collect();
         let mut freed = Vec::with_capacity(unused.len());
         for (node, slot, index) in unused {
-            self.by_node.write().expect("partitions lock").remove(&node);
+            let partition = self.by_node.write().expect("partitions lock").remove(&node);
             // The partition ends before its index goes: a crash in between leaves an index nothing names.
             self.table.release(slot);
             match index.free() {
                 Ok(()) => self.table.clear_index(slot),
+                Err(IndexError::NotEmpty(entries)) => {
+                    // Nothing writes to a partition no log merges into; should something have, it stays.
+                    warn!(
+                        node,
+                        slot, entries, "a departed node's partition is not empty after all"
+                    );
+                    self.table.set_departed(slot, node, true);
+                    if let Some(p) = partition {
+                        self.by_node
+                            .write()
+                            .expect("partitions lock")
+                            .insert(node, p);
+                    }
+                    continue;
+                }
                 // Unreferenced now: the next start frees what is left of it.
                 Err(e) => warn!(node, slot, error = %e, "freeing a departed node's index failed"),
             }
