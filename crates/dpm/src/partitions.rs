@@ -128,11 +128,9 @@ impl PartitionTable {
     pub fn reserve(&self, node: u32) -> Result<u32, ProcessorError> {
         let slot = (0..self.capacity)
             .find(|&s| self.word(s, 0).load(Ordering::Acquire) == 0)
-            .ok_or_else(|| {
-                ProcessorError::Config(format!(
-                    "no room for the partition of KV node {node}: the pool was formatted for {} partitions",
-                    self.capacity
-                ))
+            .ok_or(ProcessorError::PartitionTableFull {
+                node,
+                capacity: self.capacity,
             })?;
         let index = self.word(slot, 8);
         if index.load(Ordering::Acquire) != 0 {
@@ -193,7 +191,10 @@ mod tests {
         let b = table.reserve(8).unwrap();
         table.commit(b, 8);
         let full = table.reserve(9).unwrap_err().to_string();
-        assert!(full.contains("formatted for 2 partitions"), "{full}");
+        assert!(
+            full.contains("formatted for 2 partitions at once"),
+            "{full}"
+        );
 
         table.set_departed(a, 7, true);
         let reopened = PartitionTable::open(pool.clone()).unwrap().unwrap();

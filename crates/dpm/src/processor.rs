@@ -165,6 +165,17 @@ pub enum ProcessorError {
         /// Descriptors in the directory.
         capacity: u32,
     },
+    /// Every slot of the partition table holds a partition (shared-nothing layout).
+    #[error(
+        "no room for the partition of KV node {node}: the pool was formatted for {capacity} partitions at once \
+         (processor.partition_capacity), and departed nodes' partitions are freed only once emptied"
+    )]
+    PartitionTableFull {
+        /// The node that needed a partition.
+        node: u32,
+        /// Slots in the table.
+        capacity: u32,
+    },
     /// A call named a log that does not exist or carried an old session.
     #[error("log {log_id}: {why}")]
     BadLog {
