@@ -42,16 +42,31 @@ fn memory_node(
     memory_node_with(path, &processor_config(partitioning))
 }
 
-fn memory_node_with(
-    path: &Path,
-    config: &ProcessorConfig,
-) -> anyhow::Result<(Arc<Pool>, Arc<Processor>, Connector)> {
+/// `dinomo check` of the pool file at `path`, which must find nothing wrong.
+fn checked_clean(path: &Path) -> anyhow::Result<dinomo_dpm::check::PoolCheck> {
+    let report = dinomo_dpm::check::check_pool(
+        &Arc::new(Pool::open_snapshot(path)?.0),
+        &dinomo_dpm::check::CheckOptions::default(),
+    );
+    assert!(report.is_clean(), "{:?}", report.problems);
+    Ok(report)
+}
+
+/// The pool file at `path`, created when missing.
+fn open_pool(path: &Path) -> anyhow::Result<Arc<Pool>> {
     let opts = PoolOptions {
         size: 64 << 20,
         segment_size: 16 << 10,
         persist: PersistMode::Volatile,
     };
-    let pool = Arc::new(Pool::open_or_create(path, &opts)?.0);
+    Ok(Arc::new(Pool::open_or_create(path, &opts)?.0))
+}
+
+fn memory_node_with(
+    path: &Path,
+    config: &ProcessorConfig,
+) -> anyhow::Result<(Arc<Pool>, Arc<Processor>, Connector)> {
+    let pool = open_pool(path)?;
     let processor = Processor::start(pool.clone(), config)?;
     let node = MemoryNode::new(pool.clone(), NodeConfig::default());
     processor.serve(&node);
@@ -159,11 +174,7 @@ fn a_rebalance_moves_entries_into_the_new_owners_partition() -> anyhow::Result<(
 
     // The checker walks each partition: every key is in node 2's, and each slot names a valid entry of its key
     // (most of them entries the rebalances wrote).
-    let report = dinomo_dpm::check::check_pool(
-        &Arc::new(Pool::open_snapshot(&path)?.0),
-        &dinomo_dpm::check::CheckOptions::default(),
-    );
-    assert!(report.is_clean(), "{:?}", report.problems);
+    let report = checked_clean(&path)?;
     assert_eq!(report.layout, Some(Partitioning::PerNode));
     let keys: Vec<_> = report.indexes.iter().map(|i| (i.node, i.keys)).collect();
     assert_eq!(keys, vec![(Some(1), 0), (Some(2), u64::from(KEYS))]);
@@ -200,12 +211,7 @@ fn a_pool_opens_only_with_the_layout_it_was_formatted_with() -> anyhow::Result<(
             processor.shutdown();
             pool.close()?;
         }
-        let opts = PoolOptions {
-            size: 64 << 20,
-            segment_size: 16 << 10,
-            persist: PersistMode::Volatile,
-        };
-        let pool = Arc::new(Pool::open_or_create(&path, &opts)?.0);
+        let pool = open_pool(&path)?;
         let err = match Processor::start(pool, &processor_config(other)) {
             Ok(_) => panic!("a pool formatted {formatted:?} opened as {other:?}"),
             Err(e) => e.to_string(),
@@ -290,12 +296,7 @@ fn a_departed_nodes_partition_is_freed_for_the_next_node() -> anyhow::Result<()>
     }
     {
         // A crash between the end of a partition and the free of its index leaves an index nothing names.
-        let opts = PoolOptions {
-            size: 64 << 20,
-            segment_size: 16 << 10,
-            persist: PersistMode::Volatile,
-        };
-        let pool = Arc::new(Pool::open_or_create(&path, &opts)?.0);
+        let pool = open_pool(&path)?;
         let table = PartitionTable::open(pool.clone())?.expect("partitioned");
         let slot = table.reserve(9)?;
         let anchor = Anchor::Word(table.index_anchor(slot));
@@ -319,10 +320,6 @@ fn a_departed_nodes_partition_is_freed_for_the_next_node() -> anyhow::Result<()>
         processor.shutdown();
         pool.close()?;
     }
-    let report = dinomo_dpm::check::check_pool(
-        &Arc::new(Pool::open_snapshot(&path)?.0),
-        &dinomo_dpm::check::CheckOptions::default(),
-    );
-    assert!(report.is_clean(), "{:?}", report.problems);
+    checked_clean(&path)?;
     Ok(())
 }
