@@ -294,9 +294,10 @@ fn render_data_plane(out: &mut String, c: &PoolCheck) {
         let _ = writeln!(
             out,
             "{}: {} keys in {} buckets ({} bytes), {} bad slots",
-            match i.node {
-                Some(n) => format!("index of KV node {n}"),
-                None => "index".to_string(),
+            match (i.node, i.departed) {
+                (Some(n), false) => format!("index of KV node {n}"),
+                (Some(n), true) => format!("index of KV node {n} (departed)"),
+                (None, _) => "index".to_string(),
             },
             i.keys,
             i.buckets,

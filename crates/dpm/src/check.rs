@@ -106,6 +106,9 @@ pub struct LogCheck {
 pub struct IndexCheck {
     /// The KV node whose partition it is (`None`: the shared index).
     pub node: Option<u32>,
+    /// Its node departed (its logs were taken over, and it has not claimed one since): the memory node frees the
+    /// partition once it is empty and no log merges into it.
+    pub departed: bool,
     /// Live slots.
     pub keys: u64,
     /// Primary buckets.
@@ -183,7 +186,7 @@ impl Checker {
                 for p in table.partitions() {
                     let anchor = Anchor::Word(table.index_anchor(p.slot));
                     match Index::open_at(self.pool.clone(), &cfg, anchor) {
-                        Ok(index) => self.check_index(&index, Some(p.node)),
+                        Ok(index) => self.check_index(&index, Some(p.node), p.departed),
                         Err(e) => self.problem(format!("index of KV node {}: {e}", p.node)),
                     }
                 }
@@ -193,7 +196,7 @@ impl Checker {
                 &cfg,
                 Anchor::Root(dinomo_log::roots::INDEX),
             ) {
-                Ok(index) => self.check_index(&index, None),
+                Ok(index) => self.check_index(&index, None, false),
                 Err(e) => self.problem(format!("index: {e}")),
             },
             None => self.problem("the pool has a log directory but no index".into()),
@@ -388,10 +391,11 @@ impl Checker {
         self.scratch = data;
     }
 
-    fn check_index(&mut self, index: &Index, node: Option<u32>) {
+    fn check_index(&mut self, index: &Index, node: Option<u32>, departed: bool) {
         let stats = index.stats();
         let mut summary = IndexCheck {
             node,
+            departed,
             buckets: stats.buckets,
             table_bytes: stats.table_bytes,
             ..IndexCheck::default()

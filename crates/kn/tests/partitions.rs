@@ -263,6 +263,13 @@ fn a_departed_nodes_partition_is_freed_for_the_next_node() -> anyhow::Result<()>
         processor.shutdown();
         pool.close()?;
     }
+    let departed: Vec<_> = checked_clean(&path)?
+        .indexes
+        .iter()
+        .map(|i| (i.node, i.departed))
+        .collect();
+    // In slot order: node 3 took the slot node 1 left.
+    assert_eq!(departed, vec![(Some(3), true), (Some(2), false)]);
     {
         // Its departure survived the restart: once the rebalance empties it, it goes.
         let (pool, processor, connector) = memory_node_with(&path, &config)?;
