@@ -1210,17 +1210,12 @@ impl Inner {
                 }
                 log
             }
-            None => {
-                let index = self.indexes.for_node(&self.pool, req.node_id)?;
-                match self.claim_log(owner, &index, by_kv_node) {
-                    Err(ProcessorError::DirectoryFull { .. })
-                        if by_kv_node && self.empty_a_log() =>
-                    {
-                        self.claim_log(owner, &index, by_kv_node)?
-                    }
-                    other => other?,
+            None => match self.claim_log(owner, by_kv_node) {
+                Err(ProcessorError::DirectoryFull { .. }) if by_kv_node && self.empty_a_log() => {
+                    self.claim_log(owner, by_kv_node)?
                 }
-            }
+                other => other?,
+            },
         };
         let meta = log.meta.lock().expect("log lock");
         Ok(proto::LogOpened {
@@ -1253,16 +1248,20 @@ impl Inner {
         })
     }
 
-    /// Claims a directory descriptor for a new log of `owner` that merges into `index`. A KV node's claim
-    /// (`by_kv_node`) leaves the last free descriptor to the memory node's own relocation log of a shared index
-    /// while that log does not exist: emptying a log for a claim that finds the directory full copies into it.
-    fn claim_log(
-        &self,
-        owner: u64,
-        index: &Arc<Index>,
-        by_kv_node: bool,
-    ) -> Result<Arc<LogState>, ProcessorError> {
-        let mut logs = self.logs.write().expect("logs lock");
+    /// Claims a directory descriptor for a new log of `owner`, which merges into its node's index. A KV node's
+    /// claim (`by_kv_node`) leaves the last free descriptor to the memory node's own relocation log of a shared
+    /// index while that log does not exist: emptying a log for a claim that finds the directory full copies into
+    /// it.
+    fn claim_log(&self, owner: u64, by_kv_node: bool) -> Result<Arc<LogState>, ProcessorError> {
+        let (index, mut logs) = loop {
+            let index = self.indexes.for_node(&self.pool, owner_node(owner))?;
+            let logs = self.logs.write().expect("logs lock");
+            // A departed node's partition freed since the lookup (the free holds this lock) takes no log: the next
+            // lookup makes the node a new one.
+            if self.indexes.is_live(&index) {
+                break (index, logs);
+            }
+        };
         let relocations = owner_word(MEMORY_NODE_ID, CLEANER_THREAD);
         let keep_one = by_kv_node
             && self.indexes.partitioning() == Partitioning::Shared
@@ -1279,7 +1278,7 @@ impl Inner {
         let log = Arc::new(LogState {
             id,
             relocation: is_relocation(owner),
-            index: index.clone(),
+            index,
             merge_lock: Mutex::new(()),
             meta: Mutex::new(LogMeta {
                 owner,

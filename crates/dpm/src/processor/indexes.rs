@@ -147,12 +147,11 @@ impl Indexes {
         }
     }
 
-    /// Marks `node`'s partition departed (its logs were taken over) or back (it claims a log), persistently;
-    /// whether it has a partition. Nothing to do with the shared index.
-    pub(super) fn set_departed(&self, node: u32, departed: bool) -> bool {
-        match self {
-            Indexes::Shared(_) => false,
-            Indexes::PerNode(parts) => parts.set_departed(node, departed),
+    /// Marks `node`'s partition departed (its logs were taken over) or back (it claims a log), persistently.
+    /// Nothing to do with the shared index, or for a node without a partition.
+    pub(super) fn set_departed(&self, node: u32, departed: bool) {
+        if let Indexes::PerNode(parts) = self {
+            parts.set_departed(node, departed);
         }
     }
 
@@ -160,12 +159,20 @@ impl Indexes {
     pub(super) fn is_departed(&self, node: u32) -> bool {
         match self {
             Indexes::Shared(_) => false,
+            Indexes::PerNode(parts) => parts.is_departed(node),
+        }
+    }
+
+    /// Whether `index` is still one of the memory node's indexes (false once a departed partition's was freed).
+    pub(super) fn is_live(&self, index: &Arc<Index>) -> bool {
+        match self {
+            Indexes::Shared(_) => true,
             Indexes::PerNode(parts) => parts
                 .by_node
                 .read()
                 .expect("partitions lock")
-                .get(&node)
-                .is_some_and(|p| p.departed),
+                .values()
+                .any(|p| Arc::ptr_eq(&p.index, index)),
         }
     }
 }
@@ -198,23 +205,29 @@ impl Partitions {
         Ok(index)
     }
 
-    fn set_departed(&self, node: u32, departed: bool) -> bool {
+    fn set_departed(&self, node: u32, departed: bool) {
         let _one = self.changing.lock().expect("partition changes lock");
         let mut by_node = self.by_node.write().expect("partitions lock");
-        let Some(p) = by_node.get_mut(&node) else {
-            return false;
-        };
-        if p.departed != departed {
+        if let Some(p) = by_node.get_mut(&node)
+            && p.departed != departed
+        {
             self.table.set_departed(p.slot, node, departed);
             p.departed = departed;
         }
-        true
+    }
+
+    fn is_departed(&self, node: u32) -> bool {
+        self.by_node
+            .read()
+            .expect("partitions lock")
+            .get(&node)
+            .is_some_and(|p| p.departed)
     }
 
     /// Frees every departed partition whose index is empty and that `in_use` (whether a log merges into an index)
-    /// does not name; returns the nodes whose partitions were freed. The caller keeps the memory node from opening
-    /// a log into a departed partition meanwhile (a KV node's claim unmarks its partition first, under the same
-    /// lock as this).
+    /// does not name; returns the nodes whose partitions were freed. The caller keeps a log from being claimed
+    /// into a partition meanwhile (a claim checks, under the lock the caller holds, that its index
+    /// [`Indexes::is_live`]).
     pub(super) fn free_departed(&self, in_use: impl Fn(&Arc<Index>) -> bool) -> Vec<u32> {
         let _one = self.changing.lock().expect("partition changes lock");
         let unused: Vec<(u32, u32, Arc<Index>)> = self
@@ -257,5 +270,40 @@ impl Partitions {
             freed.push(node);
         }
         freed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a claim relies on: an index looked up before its departed partition was freed is no longer live, and
+    /// looking the node up again makes it a new partition, which is.
+    #[test]
+    fn a_freed_partitions_index_is_not_live_and_the_node_gets_a_new_one() {
+        let pool = Arc::new(Pool::anonymous(16 << 20, 64 << 10).unwrap());
+        let config = ProcessorConfig {
+            partitioning: Partitioning::PerNode,
+            ..ProcessorConfig::default()
+        };
+        let indexes = Indexes::open(&pool, &config).unwrap();
+        let Indexes::PerNode(parts) = &indexes else {
+            panic!("per-node layout");
+        };
+        let looked_up = indexes.for_node(&pool, 5).unwrap();
+        assert!(indexes.is_live(&looked_up));
+        // In use, or not departed: kept.
+        indexes.set_departed(5, true);
+        assert!(indexes.is_departed(5));
+        assert!(parts.free_departed(|_| true).is_empty());
+        indexes.set_departed(5, false);
+        assert!(parts.free_departed(|_| false).is_empty());
+
+        indexes.set_departed(5, true);
+        assert_eq!(parts.free_departed(|_| false), vec![5]);
+        assert!(!indexes.is_live(&looked_up));
+        assert!(!indexes.is_departed(5));
+        let again = indexes.for_node(&pool, 5).unwrap();
+        assert!(indexes.is_live(&again) && !Arc::ptr_eq(&again, &looked_up));
     }
 }

@@ -62,9 +62,10 @@ impl Inner {
     }
 
     /// Frees the partitions of departed nodes that are empty and that no log merges into any more, when a log
-    /// retired or a node departed since the last look ([`super::indexes::Partitions::free_departed`]). Called where no lock is
-    /// held: after a take-over, a rebalance, a round of cleaning, at the end of recovery and on the merge threads'
-    /// idle ticks. A call that finds a rebalance or cleaning under way leaves the look to the next call.
+    /// retired or a node departed since the last look ([`super::indexes::Partitions::free_departed`]). Called
+    /// where no lock is held: after a take-over, a rebalance, a round of cleaning, at the end of recovery and on
+    /// the merge threads' idle ticks. A call that finds a rebalance or cleaning under way leaves the look to the
+    /// next call.
     pub(super) fn free_departed_partitions(&self) {
         let Indexes::PerNode(partitions) = &self.indexes else {
             return;
@@ -72,15 +73,16 @@ impl Inner {
         if !self.partitions_to_check.swap(false, Ordering::AcqRel) {
             return;
         }
-        // The memory node opens its migration and relocation logs under this lock only, and a KV node's claim
-        // marks its partition back first: no log can start merging into a partition being freed.
+        // No rebalance or cleaning is under way: a partition being freed is not being emptied or cleaned.
         let Ok(_no_rebalance) = self.rebalance_lock.try_lock() else {
             self.partitions_to_check.store(true, Ordering::Release);
             return;
         };
-        let logs = self.all_logs();
+        // Held throughout: a claim takes it (for writing) to add its log, and then finds a freed index not live.
+        let logs = self.logs.read().expect("logs lock");
         let freed =
-            partitions.free_departed(|index| logs.iter().any(|l| Arc::ptr_eq(&l.index, index)));
+            partitions.free_departed(|index| logs.values().any(|l| Arc::ptr_eq(&l.index, index)));
+        drop(logs);
         self.freed_partitions
             .fetch_add(freed.len() as u64, Ordering::Relaxed);
     }
