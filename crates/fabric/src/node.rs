@@ -415,9 +415,11 @@ impl Nic {
     }
 }
 
-/// Copies a verb's payload of `len` bytes. Up to 16 bytes (an index's `current` word, a cell, a counter) are copied
-/// inline with two overlapping loads and stores, where a call to `memcpy` with a length known only at run time
-/// would cost more than the copy itself.
+/// Copies a verb's payload of `len` bytes. Payloads of 8 and 16 bytes (an index's `current` word, a lock word, a
+/// counter) are copied inline as whole words, where a call to `memcpy` with a length known only at run time would
+/// cost more than the copy itself. Every byte is stored exactly once: a WRITE that stored a word twice (say, as two
+/// overlapping halves of a range) could undo a CAS another client made in between, such as the one taking a lock
+/// this WRITE released.
 ///
 /// # Safety
 /// `src` is valid for reads and `dst` for writes of `len` bytes, and the two do not overlap.
@@ -428,18 +430,8 @@ unsafe fn copy_payload(src: *const u8, dst: *mut u8, len: usize) {
     // contract), unaligned accesses are allowed by `read_unaligned` and `write_unaligned`.
     unsafe {
         match len {
-            8..=16 => {
-                let head = read_unaligned(src.cast::<u64>());
-                let tail = read_unaligned(src.add(len - 8).cast::<u64>());
-                write_unaligned(dst.cast::<u64>(), head);
-                write_unaligned(dst.add(len - 8).cast::<u64>(), tail);
-            }
-            4..=7 => {
-                let head = read_unaligned(src.cast::<u32>());
-                let tail = read_unaligned(src.add(len - 4).cast::<u32>());
-                write_unaligned(dst.cast::<u32>(), head);
-                write_unaligned(dst.add(len - 4).cast::<u32>(), tail);
-            }
+            8 => write_unaligned(dst.cast::<u64>(), read_unaligned(src.cast::<u64>())),
+            16 => write_unaligned(dst.cast::<u128>(), read_unaligned(src.cast::<u128>())),
             _ => std::ptr::copy_nonoverlapping(src, dst, len),
         }
     }

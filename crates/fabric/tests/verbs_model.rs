@@ -335,6 +335,52 @@ fn faa_and_cas_are_atomic_over_tcp() {
     hammer(true, 8, 2_000);
 }
 
+/// A lock taken with CAS and released with an 8-byte WRITE of zero (as the pDPM baselines do), guarding a counter
+/// read and written with plain verbs: a WRITE stores each byte once, so a release never undoes the CAS that takes
+/// the lock next, and no increment is lost.
+fn lock_with_cas_release_with_write(tcp: bool, threads: usize, per_thread: u64) {
+    let h = Harness::new(1 << 21, 1 << 16);
+    let connector = h.connector(tcp);
+    let region = h.connect(tcp).region(DATA_REGION).unwrap().clone();
+    let lock = region.at(region.start + 64);
+    let counter = region.at(region.start + 128);
+    std::thread::scope(|s| {
+        for id in 1..=threads as u64 {
+            let c = connector.clone();
+            s.spawn(move || {
+                let mut ep = c.connect().unwrap();
+                let mut b = [0u8; 8];
+                for _ in 0..per_thread {
+                    while ep.cas(lock, 0, id).unwrap() != 0 {
+                        std::thread::yield_now();
+                    }
+                    ep.read(counter, &mut b).unwrap();
+                    ep.write(counter, &(u64::from_le_bytes(b) + 1).to_le_bytes())
+                        .unwrap();
+                    ep.write(lock, &0u64.to_le_bytes()).unwrap();
+                }
+            });
+        }
+    });
+    let mut b = [0u8; 8];
+    h.connect(tcp).read(counter, &mut b).unwrap();
+    assert_eq!(
+        u64::from_le_bytes(b),
+        threads as u64 * per_thread,
+        "increments lost under the lock (tcp={tcp})"
+    );
+}
+
+#[test]
+fn a_write_releasing_a_lock_never_undoes_the_next_cas_in_process() {
+    lock_with_cas_release_with_write(false, 4, 20_000);
+}
+
+#[test]
+fn a_write_releasing_a_lock_never_undoes_the_next_cas_over_tcp() {
+    lock_with_cas_release_with_write(true, 4, 1_000);
+}
+
 #[test]
 fn counters_count_verbs_bytes_and_round_trips() {
     let h = Harness::new(1 << 21, 1 << 16);
