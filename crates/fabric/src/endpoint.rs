@@ -378,7 +378,7 @@ impl Endpoint {
             }
             Transport::Tcp(c) => c.batch(batch),
         };
-        counters::record_batch(&batch.tally());
+        counters::record_batch(batch.tally());
         r.map_err(|e| self.fail(e))?;
         match batch.first_error() {
             Some((index, kind, error)) => Err(FabricError::Verb { index, kind, error }),

@@ -176,6 +176,9 @@ pub struct Batch<'a> {
     data_len: usize,
     /// The verb that stopped the last post, and why; the verbs after it were skipped.
     pub(crate) failed: Option<(u32, VerbError)>,
+    /// The counts of the verbs added, kept as they are added (where each adding method knows its kind) rather
+    /// than counted in another pass at post time.
+    tally: BatchTally,
     /// The payloads of borrowed WRITEs.
     borrows: PhantomData<&'a [u8]>,
 }
@@ -203,6 +206,7 @@ impl<'a> Batch<'a> {
         self.out.clear();
         self.data_len = 0;
         self.failed = None;
+        self.tally = BatchTally::default();
     }
 
     /// Removes every verb and ends the batch's borrows, keeping its buffers: the way to reuse one batch for verbs
@@ -217,6 +221,7 @@ impl<'a> Batch<'a> {
             data_in: self.data_in,
             data_len: 0,
             failed: None,
+            tally: BatchTally::default(),
             borrows: PhantomData,
         }
     }
@@ -242,6 +247,7 @@ impl<'a> Batch<'a> {
         arg1: u64,
         src: *const u8,
     ) -> Slot {
+        self.tally.add(kind, len as u64);
         self.ops.push(BatchOp {
             rkey: addr.rkey,
             offset: addr.offset,
@@ -344,12 +350,8 @@ impl<'a> Batch<'a> {
 
     /// The counts of every verb of the batch, for the thread counters (a batch's refused and skipped verbs count
     /// too: they went out in its round trip).
-    pub(crate) fn tally(&self) -> BatchTally {
-        let mut tally = BatchTally::default();
-        for op in &self.ops {
-            tally.add(op.kind, op.len as u64);
-        }
-        tally
+    pub(crate) fn tally(&self) -> &BatchTally {
+        &self.tally
     }
 
     /// The batch's first refused verb after a post: its index, kind and why.

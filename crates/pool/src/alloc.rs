@@ -154,7 +154,7 @@ impl FreeMap {
     /// Keeps the run of `count` segments at `start` out of [`FreeMap::find`] (see `Pool::keep_for_high`); false
     /// when another run is kept.
     pub(crate) fn keep(&mut self, start: u64, count: u64) -> bool {
-        if self.kept.is_some() || start + count > self.len {
+        if self.kept.is_some() || start.checked_add(count).is_none_or(|end| end > self.len) {
             return false;
         }
         self.kept = Some((start, count));
