@@ -45,14 +45,13 @@ impl Service for RoutingService {
         }
     }
 
-    fn submit(&self, _id: u64, op: DataOp, _: &Sender<Tagged>) -> Option<ResponseBody> {
-        Some(ResponseBody::Error {
-            kind: ErrorKind::Invalid,
-            message: format!(
-                "a routing node serves no data: send {:?} to the key's owner",
-                String::from_utf8_lossy(op.key())
-            ),
-        })
+    /// A routing node owns no key, so it refuses every data request as a KV node refuses a key it does not own,
+    /// with the epoch of its table. A client sends one here only from a stale table whose KV-node address a
+    /// routing node now listens on (a freed port taken again); the refusal makes it fetch the table and go to the
+    /// key's owner, where an error would have failed the request.
+    fn submit(&self, _id: u64, _op: DataOp, _: &Sender<Tagged>) -> Option<ResponseBody> {
+        let epoch = self.current().map_or(0, |r| r.epoch());
+        Some(ResponseBody::NotOwner { epoch })
     }
 }
 

@@ -130,6 +130,37 @@ fn refusals_are_followed_to_the_new_owner() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A routing node owns no key: it refuses a data request as a node refuses a key it does not own, with its
+/// table's epoch, so that a client whose stale table sends a request to an address a routing node has taken since
+/// (a dead node's freed port) fetches the table and goes to the owner instead of failing the request.
+#[test]
+fn a_routing_node_refuses_data_as_a_node_owning_no_key() -> anyhow::Result<()> {
+    let c = LocalCluster::start(small_cluster(2))?;
+    let mut cl = pipelined(&c);
+    run_window(
+        &mut cl,
+        vec![RequestBody::Data(DataOp::Set(key(1), value(1)))],
+        1,
+        |_| {},
+    );
+    let epoch = cl.client().routing().unwrap().epoch();
+    for op in [DataOp::Get(key(1)), DataOp::Set(key(2), value(2))] {
+        match common::raw_call(&c.rn_addr().to_string(), "", RequestBody::Data(op))? {
+            ResponseBody::NotOwner { epoch: e } => assert_eq!(e, epoch),
+            other => panic!("the routing node answered a data request with {other:?}"),
+        }
+    }
+    // Nothing was written through it.
+    let got = run_window(
+        &mut cl,
+        vec![RequestBody::Data(DataOp::Get(key(2)))],
+        1,
+        |_| {},
+    );
+    assert_eq!(got[&0], Ok(ResponseBody::Value(None)));
+    Ok(())
+}
+
 #[test]
 fn reads_in_flight_on_a_dead_node_are_served_by_its_heir() -> anyhow::Result<()> {
     let mut c = LocalCluster::start(small_cluster(3))?;
