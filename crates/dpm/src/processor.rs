@@ -351,6 +351,36 @@ struct LogState {
     counted_seq: AtomicU64,
 }
 
+impl LogState {
+    /// Log `id` of `owner`, merging into `index`, with `segments` (oldest first) and everything up to `merged_seq`
+    /// merged; `writer` when the claim that makes it has one.
+    fn new(
+        id: u32,
+        owner: u64,
+        index: Arc<Index>,
+        session: u64,
+        writer: bool,
+        segments: Vec<SegInfo>,
+        merged_seq: u64,
+    ) -> LogState {
+        LogState {
+            id,
+            relocation: is_relocation(owner),
+            index,
+            merge_lock: Mutex::new(()),
+            meta: Mutex::new(LogMeta {
+                owner,
+                session,
+                writer,
+                segments,
+                merged_seq,
+                last_seq: merged_seq,
+            }),
+            counted_seq: AtomicU64::new(merged_seq),
+        }
+    }
+}
+
 /// Invalidation bookkeeping of one merged segment; only the processor keeps it.
 struct SegStat {
     log_id: u32,
@@ -973,22 +1003,16 @@ impl Inner {
             let index = self.indexes.for_node(&self.pool, owner_node(owner))?;
             logs.insert(
                 log_id,
-                Arc::new(LogState {
-                    id: log_id,
-                    relocation: is_relocation(owner),
+                // Its writer, if any, claims it again.
+                Arc::new(LogState::new(
+                    log_id,
+                    owner,
                     index,
-                    merge_lock: Mutex::new(()),
-                    meta: Mutex::new(LogMeta {
-                        owner,
-                        session: self.next_session(),
-                        // Its writer, if any, claims it again.
-                        writer: false,
-                        segments,
-                        merged_seq,
-                        last_seq: merged_seq,
-                    }),
-                    counted_seq: AtomicU64::new(merged_seq),
-                }),
+                    self.next_session(),
+                    false,
+                    segments,
+                    merged_seq,
+                )),
             );
         }
         // Extents tagged as segments that no chain reaches were being linked or unlinked at a crash.
@@ -1275,21 +1299,15 @@ impl Inner {
         }
         // A reused descriptor numbers its entries after the last one it ever named.
         let (id, seq) = self.dir.claim(owner)?;
-        let log = Arc::new(LogState {
+        let log = Arc::new(LogState::new(
             id,
-            relocation: is_relocation(owner),
+            owner,
             index,
-            merge_lock: Mutex::new(()),
-            meta: Mutex::new(LogMeta {
-                owner,
-                session: self.next_session(),
-                writer: true,
-                segments: Vec::new(),
-                merged_seq: seq,
-                last_seq: seq,
-            }),
-            counted_seq: AtomicU64::new(seq),
-        });
+            self.next_session(),
+            true,
+            Vec::new(),
+            seq,
+        ));
         logs.insert(id, log.clone());
         Ok(log)
     }

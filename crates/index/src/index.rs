@@ -1062,10 +1062,10 @@ impl Index {
 
     /// Geometry and counters.
     pub fn stats(&self) -> IndexStats {
-        let t = *self.read_table();
         if self.freed.load(Ordering::Acquire) {
             return IndexStats::default();
         }
+        let t = *self.read_table();
         IndexStats {
             buckets: t.nbuckets,
             overflow_used: self
