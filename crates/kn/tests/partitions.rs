@@ -9,11 +9,13 @@ use std::sync::Arc;
 use dinomo_cache::CacheConfig;
 use dinomo_dpm::partitions::PartitionTable;
 use dinomo_dpm::{Partitioning, Processor, ProcessorConfig, proto};
-use dinomo_fabric::{Connector, MemoryNode, NodeConfig, Target};
+use dinomo_fabric::Connector;
 use dinomo_index::{Anchor, Index};
 use dinomo_kn::{DirectWorker, KnConfig};
 use dinomo_pool::{PersistMode, Pool, PoolOptions};
 use dinomo_ring::{DEFAULT_VNODES, Ring};
+
+mod common;
 
 const KEYS: u32 = 400;
 
@@ -67,10 +69,8 @@ fn memory_node_with(
     config: &ProcessorConfig,
 ) -> anyhow::Result<(Arc<Pool>, Arc<Processor>, Connector)> {
     let pool = open_pool(path)?;
-    let processor = Processor::start(pool.clone(), config)?;
-    let node = MemoryNode::new(pool.clone(), NodeConfig::default());
-    processor.serve(&node);
-    Ok((pool, processor, Connector::new(Target::InProcess(node))))
+    let (processor, connector) = common::serve_pool(pool.clone(), config)?;
+    Ok((pool, processor, connector))
 }
 
 /// A worker of KV node `node` with no cache: every read goes to the node's own partition.

@@ -6,8 +6,11 @@ use std::sync::Arc;
 
 use dinomo_dpm::check::{CheckOptions, check_pool};
 use dinomo_dpm::{MAX_NODE_ID, MEMORY_NODE_ID, Processor, ProcessorConfig, proto};
-use dinomo_fabric::{Connector, MemoryNode, NodeConfig, Target};
+use dinomo_fabric::Connector;
 use dinomo_kn::{KnConfig, KvNode};
+
+mod common;
+use common::serve_pool;
 use dinomo_pool::{Pool, PoolOptions};
 
 /// Descriptors in the directory: fewer than the logs the nodes of one test claim in all.
@@ -20,19 +23,15 @@ fn memory_node(path: &Path) -> anyhow::Result<(Arc<Processor>, Connector)> {
         ..PoolOptions::with_size(32 << 20)
     };
     let (pool, _) = Pool::open_or_create(path, &opts)?;
-    let pool = Arc::new(pool);
-    let processor = Processor::start(
-        pool.clone(),
+    serve_pool(
+        Arc::new(pool),
         &ProcessorConfig {
             segment_size: SEGMENT,
             directory_capacity: DIRECTORY,
             merge_threads: 1,
             ..ProcessorConfig::default()
         },
-    )?;
-    let node = MemoryNode::new(pool, NodeConfig::default());
-    processor.serve(&node);
-    Ok((processor, Connector::new(Target::InProcess(node))))
+    )
 }
 
 fn kv_node(connector: &Connector, node_id: u32) -> anyhow::Result<KvNode> {

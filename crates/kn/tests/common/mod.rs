@@ -44,14 +44,22 @@ pub fn small_memory_node() -> anyhow::Result<(Arc<Processor>, Connector)> {
 #[allow(dead_code)]
 pub fn small_memory_node_with_pool() -> anyhow::Result<(Arc<Pool>, Arc<Processor>, Connector)> {
     let pool = Arc::new(Pool::anonymous(64 << 20, 16 << 10)?);
-    let processor = Processor::start(
-        pool.clone(),
-        &ProcessorConfig {
-            segment_size: 16 << 10,
-            ..ProcessorConfig::default()
-        },
-    )?;
-    let node = MemoryNode::new(pool.clone(), NodeConfig::default());
+    let config = ProcessorConfig {
+        segment_size: 16 << 10,
+        ..ProcessorConfig::default()
+    };
+    let (processor, connector) = serve_pool(pool.clone(), &config)?;
+    Ok((pool, processor, connector))
+}
+
+/// A memory node serving `pool` in process, its processor started with `config`, and a connector to it.
+#[allow(dead_code)]
+pub fn serve_pool(
+    pool: Arc<Pool>,
+    config: &ProcessorConfig,
+) -> anyhow::Result<(Arc<Processor>, Connector)> {
+    let processor = Processor::start(pool.clone(), config)?;
+    let node = MemoryNode::new(pool, NodeConfig::default());
     processor.serve(&node);
-    Ok((pool, processor, Connector::new(Target::InProcess(node))))
+    Ok((processor, Connector::new(Target::InProcess(node))))
 }
