@@ -40,7 +40,9 @@ pub use node::{ClusterNode, NodeConfig, NodeStats};
 pub use pipeline::{Completion, PipelinedClient};
 pub use resp::process_fabric_counts;
 pub use rn::RoutingNode;
-pub use server::{Server, ServerLimits};
+pub use server::{
+    DEFAULT_CONTROL_THREADS, DEFAULT_IO_THREADS, MAX_SERVER_THREADS, Server, ServerLimits,
+};
 pub use stats::{NodeEpochStats, SampleWindow};
 pub use variant::Variant;
 pub use wire::Routing;

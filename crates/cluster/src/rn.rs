@@ -6,8 +6,7 @@ use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crossbeam_channel::Sender;
-use dinomo_kn::{DataOp, Tagged};
+use dinomo_kn::{DataOp, ReplySink};
 use dinomo_meta::MetaStore;
 use tracing::warn;
 
@@ -49,7 +48,7 @@ impl Service for RoutingService {
     /// with the epoch of its table. A client sends one here only from a stale table whose KV-node address a
     /// routing node now listens on (a freed port taken again); the refusal makes it fetch the table and go to the
     /// key's owner, where an error would have failed the request.
-    fn submit(&self, _id: u64, _op: DataOp, _: &Sender<Tagged>) -> Option<ResponseBody> {
+    fn submit(&self, _id: u64, _op: DataOp, _: Arc<dyn ReplySink>) -> Option<ResponseBody> {
         let epoch = self.current().map_or(0, |r| r.epoch());
         Some(ResponseBody::NotOwner { epoch })
     }

@@ -1,27 +1,54 @@
-//! A KV node's native-protocol server: one reader and one writer thread per connection; data requests go to the
-//! workers' queues tagged with their request id, replies are written back as the workers produce them.
+//! A KV node's (or routing node's) native-protocol server: a few event-loop threads, each serving many
+//! connections (epoll through `mio`). A loop reads what arrived on every ready connection, decodes every complete
+//! frame and queues its data requests at the workers, tagged with their request id; the workers post their
+//! replies to the loop's mailbox, which wakes the loop only when it is waiting, and the loop writes each
+//! connection's replies with one system call. No thread per connection, and no thread between a worker and the
+//! socket: a request costs one hand-off to its worker and one back. Requests that may wait on something (the
+//! statistics of every worker, an ownership install, the memory node) go to a few control threads, so a slow
+//! one never holds up the loop's other connections.
 
-use std::io::{BufReader, BufWriter, Write};
+use std::collections::HashMap;
+use std::io::{ErrorKind as IoErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, select, unbounded};
-use dinomo_kn::{Command, DataOp, KnError, Reply, Tagged};
+use crossbeam_channel::{Receiver, Sender, unbounded};
+use dinomo_kn::{Command, DataOp, KnError, Reply, ReplySink};
+use mio::{Events, Interest, Poll, Token, Waker};
 use tracing::{debug, warn};
 
 use crate::node::NodeShared;
 use crate::wire::{
     ErrorKind, FrameError, PROTOCOL_VERSION, Request, RequestBody, Response, ResponseBody,
-    read_frame, write_frame,
+    append_frame, write_frame,
 };
 
 /// Largest first frame of a connection: a `Hello` carries a version and a token, nothing more.
 const MAX_HELLO_FRAME: u32 = 64 << 10;
+/// Default of [`ServerLimits::io_threads`].
+pub const DEFAULT_IO_THREADS: usize = 2;
+/// Default of [`ServerLimits::control_threads`].
+pub const DEFAULT_CONTROL_THREADS: usize = 2;
+/// The most event-loop or control threads a server starts.
+pub const MAX_SERVER_THREADS: usize = 1024;
+/// Readiness events taken from the kernel per wait.
+const EVENTS_PER_POLL: usize = 1024;
+/// The token of a loop's waker (connections are numbered from 0).
+const WAKER: Token = Token(usize::MAX);
+/// Bytes asked for per read, and the room a connection's input buffer starts with.
+const READ_CHUNK: usize = 16 << 10;
+/// A connection whose unwritten replies exceed this is not read until the socket takes them (a client that sends
+/// without reading cannot make the server hold its replies without bound).
+const OUT_HIGH_WATER: usize = 4 << 20;
+/// Buffers that grew beyond this for one large frame are given back afterwards.
+const KEEP_BUFFER: usize = 1 << 20;
+/// Replies taken from the mailbox per loop iteration, so that input is read between long runs of replies.
+const REPLIES_PER_ROUND: usize = 4096;
 
-/// Limits of a server.
+/// Limits and threads of a server.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerLimits {
@@ -33,6 +60,13 @@ pub struct ServerLimits {
     /// How long a new connection may take to send its `Hello` before it is closed. Default 5 s.
     #[serde(with = "humantime_serde")]
     pub handshake_timeout: Duration,
+    /// Event-loop threads serving the connections (each connection stays on one). Default
+    /// [`DEFAULT_IO_THREADS`], at most [`MAX_SERVER_THREADS`].
+    pub io_threads: usize,
+    /// Threads answering the requests that may wait (statistics, ownership installs, the memory node's
+    /// statistics), away from the event loops. Default [`DEFAULT_CONTROL_THREADS`], at most
+    /// [`MAX_SERVER_THREADS`].
+    pub control_threads: usize,
 }
 
 impl Default for ServerLimits {
@@ -41,25 +75,34 @@ impl Default for ServerLimits {
             max_frame: crate::wire::DEFAULT_MAX_FRAME,
             max_connections: 1024,
             handshake_timeout: Duration::from_secs(5),
+            io_threads: DEFAULT_IO_THREADS,
+            control_threads: DEFAULT_CONTROL_THREADS,
         }
     }
 }
 
 /// Something a server can answer requests for.
 pub(crate) trait Service: Send + Sync + 'static {
-    /// Handles a request that is not queued at a worker: answers right away (on the reader thread).
+    /// Answers a request that is not queued at a worker (on a control thread, or on the event loop for the
+    /// requests [`answered_on_the_loop`] names, which must not wait).
     fn answer(&self, body: RequestBody) -> ResponseBody;
-    /// Queues a data operation; its reply arrives on `replies` tagged with `id`. Returns the immediate answer when
-    /// it cannot be queued.
-    fn submit(&self, id: u64, op: DataOp, replies: &Sender<Tagged>) -> Option<ResponseBody>;
+    /// Queues a data operation; its reply goes to `sink` tagged with `id`. Returns the immediate answer when it
+    /// cannot be queued. Runs on the event loop: it may wait only for room in a worker's queue.
+    fn submit(&self, id: u64, op: DataOp, sink: Arc<dyn ReplySink>) -> Option<ResponseBody>;
+}
+
+/// Requests every service answers at once, without waiting on anything: the event loop answers them itself.
+fn answered_on_the_loop(body: &RequestBody) -> bool {
+    matches!(body, RequestBody::Ping | RequestBody::Routing)
 }
 
 /// A listening server; dropping it stops accepting and closes every connection.
 pub struct Server {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
-    conns: Arc<Mutex<Vec<TcpStream>>>,
+    conns: Arc<Mutex<HashMap<u64, TcpStream>>>,
     accept: Option<JoinHandle<()>>,
+    loops: Vec<(Arc<Mailbox>, Option<JoinHandle<()>>)>,
 }
 
 impl Server {
@@ -73,71 +116,91 @@ impl Server {
         service: Arc<dyn Service>,
         name: &str,
     ) -> std::io::Result<Server> {
+        let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, m);
         if token.is_empty() && !listen.ip().is_loopback() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!(
-                    "refusing to serve the native protocol on non-loopback address {listen} without a cluster \
-                     token (set fabric.token or DINOMO_CLUSTER_TOKEN)"
-                ),
-            ));
+            return Err(invalid(format!(
+                "refusing to serve the native protocol on non-loopback address {listen} without a cluster \
+                 token (set fabric.token or DINOMO_CLUSTER_TOKEN)"
+            )));
+        }
+        for (what, n) in [
+            ("io_threads", limits.io_threads),
+            ("control_threads", limits.control_threads),
+        ] {
+            if !(1..=MAX_SERVER_THREADS).contains(&n) {
+                return Err(invalid(format!(
+                    "the native server's {what} must be 1 to {MAX_SERVER_THREADS}, not {n}"
+                )));
+            }
         }
         let token: Arc<str> = token.into();
         let listener = TcpListener::bind(listen)?;
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
-        let conns: Arc<Mutex<Vec<TcpStream>>> = Arc::new(Mutex::new(Vec::new()));
+        let conns: Arc<Mutex<HashMap<u64, TcpStream>>> = Arc::default();
+        let (control_tx, control_rx) = unbounded::<ControlJob>();
+        for n in 0..limits.control_threads {
+            let (service, jobs) = (service.clone(), control_rx.clone());
+            std::thread::Builder::new()
+                .name(format!("dinomo-conn-ctl{n}"))
+                // Ends when the loops, which hold the senders, are gone.
+                .spawn(move || {
+                    for job in jobs {
+                        let body = service.answer(job.body);
+                        job.sink.post(job.id, Outcome::Answer(body));
+                    }
+                })?;
+        }
+        let mut loops = Vec::with_capacity(limits.io_threads);
+        let mut handoffs = Vec::with_capacity(limits.io_threads);
+        for n in 0..limits.io_threads {
+            let poll = Poll::new()?;
+            let (replies_tx, replies) = unbounded();
+            let mailbox = Arc::new(Mailbox {
+                replies: replies_tx,
+                parked: AtomicBool::new(false),
+                waker: Waker::new(poll.registry(), WAKER)?,
+            });
+            let (incoming_tx, incoming) = unbounded();
+            let event_loop = EventLoop {
+                poll,
+                incoming,
+                mailbox: mailbox.clone(),
+                replies,
+                ctx: Context {
+                    service: service.clone(),
+                    control: control_tx.clone(),
+                    limits: limits.clone(),
+                    token: token.clone(),
+                },
+                stop: stop.clone(),
+                conns: conns.clone(),
+                slots: Vec::new(),
+                free: Vec::new(),
+                ungreeted: 0,
+                touched: Vec::new(),
+                closable: Vec::new(),
+            };
+            let thread = std::thread::Builder::new()
+                .name(format!("dinomo-conn-io{n}"))
+                .spawn(move || event_loop.run())?;
+            handoffs.push((incoming_tx, mailbox.clone()));
+            loops.push((mailbox, Some(thread)));
+        }
+        drop(control_tx);
         let live = Arc::new(AtomicUsize::new(0));
         let accept = {
-            let (stop, conns) = (stop.clone(), conns.clone());
+            let stop = stop.clone();
             std::thread::Builder::new()
                 .name(format!("{name}-accept"))
-                .spawn(move || {
-                    for stream in listener.incoming() {
-                        if stop.load(Ordering::Acquire) {
-                            return;
-                        }
-                        let stream = match stream {
-                            Ok(s) => s,
-                            Err(e) => {
-                                debug!(error = %e, "accept failed");
-                                // Out of descriptors, typically: give connections a moment to close.
-                                std::thread::sleep(Duration::from_millis(5));
-                                continue;
-                            }
-                        };
-                        if live.load(Ordering::Acquire) >= limits.max_connections {
-                            debug!("connection limit reached; turning a new connection away");
-                            turn_away(stream, limits.max_connections);
-                            continue;
-                        }
-                        let _ = stream.set_nodelay(true);
-                        if let Ok(c) = stream.try_clone() {
-                            let mut all = conns.lock().expect("connections lock");
-                            all.retain(|s| s.peer_addr().is_ok());
-                            all.push(c);
-                        }
-                        live.fetch_add(1, Ordering::AcqRel);
-                        let slot = LiveSlot(live.clone());
-                        let (service, limits, token) =
-                            (service.clone(), limits.clone(), token.clone());
-                        let spawned = std::thread::Builder::new()
-                            .name("dinomo-conn".into())
-                            .spawn(move || {
-                                let _slot = slot;
-                                serve_connection(stream, &*service, &limits, &token);
-                            });
-                        if spawned.is_err() {
-                            warn!("cannot start a connection thread");
-                        }
-                    }
-                })?
+                .spawn(move || accept_loop(listener, &stop, &live, &limits, &handoffs))?
         };
         Ok(Server {
             addr,
             stop,
             conns,
             accept: Some(accept),
+            loops,
         })
     }
 
@@ -148,7 +211,12 @@ impl Server {
 
     /// Closes every open connection (the listener keeps accepting).
     pub fn cut_all_connections(&self) {
-        for c in self.conns.lock().expect("connections lock").drain(..) {
+        for c in self
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
             let _ = c.shutdown(Shutdown::Both);
         }
     }
@@ -163,11 +231,62 @@ impl Drop for Server {
             let _ = t.join();
         }
         self.cut_all_connections();
+        // Each loop wakes, sees the stop flag and closes its connections.
+        for (mailbox, thread) in &mut self.loops {
+            let _ = mailbox.waker.wake();
+            if let Some(t) = thread.take() {
+                let _ = t.join();
+            }
+        }
     }
 }
 
-/// A served connection's place in the count of live ones, given back however its thread ends, or when the
-/// thread could not be started.
+/// A new connection for an event loop, with its place in the count of live ones.
+type Handoff = (Sender<(TcpStream, LiveSlot)>, Arc<Mailbox>);
+
+fn accept_loop(
+    listener: TcpListener,
+    stop: &AtomicBool,
+    live: &Arc<AtomicUsize>,
+    limits: &ServerLimits,
+    loops: &[Handoff],
+) {
+    let mut next = 0usize;
+    for stream in listener.incoming() {
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        let stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                debug!(error = %e, "accept failed");
+                // Out of descriptors, typically: give connections a moment to close.
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
+        };
+        if live.load(Ordering::Acquire) >= limits.max_connections {
+            debug!("connection limit reached; turning a new connection away");
+            turn_away(stream, limits.max_connections);
+            continue;
+        }
+        if let Err(e) = stream.set_nonblocking(true) {
+            debug!(error = %e, "cannot make a connection non-blocking; closing it");
+            continue;
+        }
+        let _ = stream.set_nodelay(true);
+        live.fetch_add(1, Ordering::AcqRel);
+        let slot = LiveSlot(live.clone());
+        // Round robin: every loop gets its share of the connections.
+        let (tx, mailbox) = &loops[next % loops.len()];
+        next = next.wrapping_add(1);
+        if tx.send((stream, slot)).is_err() || mailbox.waker.wake().is_err() {
+            warn!("an event loop of the native server is gone; connection dropped");
+        }
+    }
+}
+
+/// A served connection's place in the count of live ones, given back however it ends.
 struct LiveSlot(Arc<AtomicUsize>);
 
 impl Drop for LiveSlot {
@@ -191,150 +310,637 @@ fn turn_away(stream: TcpStream, limit: usize) {
     let _ = stream.shutdown(Shutdown::Both);
 }
 
-/// Reads a connection's first frame, which must be a `Hello` of this protocol version with the cluster token, and
-/// answers it. False when the connection must close: refused (the refusal is sent), or gone.
-fn handshake(
-    stream: &TcpStream,
-    reader: &mut BufReader<&TcpStream>,
-    buf: &mut Vec<u8>,
-    limits: &ServerLimits,
-    token: &str,
-) -> bool {
-    let wait = Some(limits.handshake_timeout.max(Duration::from_millis(1)));
-    if stream.set_read_timeout(wait).is_err() || stream.set_write_timeout(wait).is_err() {
-        return false;
-    }
-    let (id, message) = match read_frame::<Request>(reader, buf, MAX_HELLO_FRAME) {
-        // Gone, or silent for the whole timeout.
-        Err(FrameError::Io(_)) => return false,
-        Err(e) => (u64::MAX, format!("no handshake: {e}")),
-        Ok(Request {
-            id,
-            body:
-                RequestBody::Hello {
-                    version,
-                    token: presented,
-                },
-        }) => {
-            if version != PROTOCOL_VERSION {
-                (
-                    id,
-                    format!(
-                        "native protocol version {version} is not spoken here (this node speaks \
-                         {PROTOCOL_VERSION})"
-                    ),
-                )
-            } else if !dinomo_fabric::token_matches(presented.0.as_bytes(), token.as_bytes()) {
-                (id, "wrong cluster token".to_string())
-            } else {
-                let welcome = Response {
-                    id,
-                    body: ResponseBody::Welcome {
-                        version: PROTOCOL_VERSION,
-                    },
-                };
-                return write_frame(&mut &*stream, &welcome, buf).is_ok()
-                    && stream.set_read_timeout(None).is_ok()
-                    && stream.set_write_timeout(None).is_ok();
-            }
-        }
-        Ok(Request { id, .. }) => (
-            id,
-            "the first request on a connection must be Hello, with the protocol version and the cluster token"
-                .to_string(),
-        ),
-    };
-    warn!(peer = ?stream.peer_addr().ok(), reason = %message, "refused a native-protocol connection");
-    let refusal = Response {
-        id,
-        body: ResponseBody::Error {
-            kind: ErrorKind::Refused,
-            message,
-        },
-    };
-    let _ = write_frame(&mut &*stream, &refusal, buf);
-    false
+/// What comes back to an event loop for a request of one of its connections.
+enum Outcome {
+    /// A worker's reply to a data request.
+    Worker(Result<Reply, KnError>),
+    /// A control thread's answer.
+    Answer(ResponseBody),
 }
 
-fn serve_connection(stream: TcpStream, service: &dyn Service, limits: &ServerLimits, token: &str) {
-    let mut reader = BufReader::new(&stream);
-    let mut buf = Vec::new();
-    if !handshake(&stream, &mut reader, &mut buf, limits, token) {
-        let _ = stream.shutdown(Shutdown::Both);
-        return;
+/// A reply on its way to connection `conn` (slot and generation, see [`conn_key`]) of an event loop.
+struct Delivery {
+    conn: u64,
+    id: u64,
+    outcome: Outcome,
+}
+
+/// An event loop's mailbox: workers and control threads post replies, the loop takes them. A post wakes the loop
+/// only when it waits (or is about to) in `poll`, and only the first post after it parked does: a busy loop
+/// takes replies without a system call on either side.
+struct Mailbox {
+    replies: Sender<Delivery>,
+    parked: AtomicBool,
+    waker: Waker,
+}
+
+impl Mailbox {
+    fn post(&self, delivery: Delivery) -> bool {
+        if self.replies.send(delivery).is_err() {
+            return false;
+        }
+        // Pairs with the loop's fence between raising `parked` and looking at the mailbox: either the loop sees
+        // this reply before it waits, or this sees `parked` and wakes it.
+        fence(Ordering::SeqCst);
+        if self.parked.load(Ordering::Relaxed) && self.parked.swap(false, Ordering::AcqRel) {
+            let _ = self.waker.wake();
+        }
+        true
     }
-    let Ok(write_half) = stream.try_clone() else {
-        return;
-    };
-    let (direct_tx, direct_rx) = unbounded::<Response>();
-    let (tagged_tx, tagged_rx) = unbounded::<Tagged>();
-    let writer = std::thread::Builder::new()
-        .name("dinomo-conn-w".into())
-        .spawn(move || write_loop(write_half, direct_rx, tagged_rx));
-    let Ok(writer) = writer else { return };
-    loop {
-        let req: Request = match read_frame(&mut reader, &mut buf, limits.max_frame) {
-            Ok(r) => r,
-            Err(FrameError::Io(_)) => break,
-            Err(e) => {
-                // The stream cannot be resynchronised after a bad frame: answer and close.
-                let _ = direct_tx.send(Response {
-                    id: u64::MAX,
-                    body: ResponseBody::Error {
-                        kind: ErrorKind::Invalid,
-                        message: e.to_string(),
-                    },
-                });
-                break;
+}
+
+/// Where the replies of one connection's requests go. The workers and control threads hold a clone for every
+/// request they have not answered.
+struct ConnSink {
+    conn: u64,
+    mailbox: Arc<Mailbox>,
+}
+
+impl ConnSink {
+    fn post(&self, id: u64, outcome: Outcome) -> bool {
+        self.mailbox.post(Delivery {
+            conn: self.conn,
+            id,
+            outcome,
+        })
+    }
+}
+
+impl ReplySink for ConnSink {
+    fn deliver(&self, tag: u64, reply: Result<Reply, KnError>) -> bool {
+        self.post(tag, Outcome::Worker(reply))
+    }
+}
+
+/// A request for a control thread.
+struct ControlJob {
+    sink: Arc<ConnSink>,
+    id: u64,
+    body: RequestBody,
+}
+
+/// A connection's key: its slot in the loop (low 32 bits) and the slot's generation (high 32 bits), so that a
+/// late reply for a closed connection is never written to the next one in its slot.
+fn conn_key(slot: usize, generation: u32) -> u64 {
+    (u64::from(generation) << 32) | slot as u64
+}
+
+/// One event-loop thread and the connections it serves, numbered by their slot.
+struct EventLoop {
+    poll: Poll,
+    incoming: Receiver<(TcpStream, LiveSlot)>,
+    mailbox: Arc<Mailbox>,
+    replies: Receiver<Delivery>,
+    ctx: Context,
+    stop: Arc<AtomicBool>,
+    conns: Arc<Mutex<HashMap<u64, TcpStream>>>,
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+    /// Connections that have not completed their handshake, whose timeout the loop must watch.
+    ungreeted: usize,
+    /// Connections with output to write or a close to consider, this iteration.
+    touched: Vec<usize>,
+    /// Connections that may close once the replies posted before their last request was answered are written.
+    closable: Vec<usize>,
+}
+
+/// What an event loop serves its connections' requests with.
+struct Context {
+    service: Arc<dyn Service>,
+    control: Sender<ControlJob>,
+    limits: ServerLimits,
+    token: Arc<str>,
+}
+
+#[derive(Default)]
+struct Slot {
+    generation: u32,
+    conn: Option<Conn>,
+}
+
+/// One client connection of an event loop.
+struct Conn {
+    stream: mio::net::TcpStream,
+    sink: Arc<ConnSink>,
+    /// Received bytes not decoded yet: `input[start..end]`.
+    input: Vec<u8>,
+    start: usize,
+    end: usize,
+    /// Replies not written yet: `out[written..]`.
+    out: Vec<u8>,
+    written: usize,
+    /// No `Hello` yet: the handshake timeout runs from `accepted`.
+    awaiting_hello: bool,
+    accepted: Instant,
+    /// The peer sent its last byte (or the server stopped reading after a bad frame): the connection closes once
+    /// every request in flight is answered and written.
+    done_reading: bool,
+    /// Requests queued at a worker or a control thread whose reply the loop has not taken yet.
+    in_flight: usize,
+    /// Input waits because the replies held back reached [`OUT_HIGH_WATER`].
+    read_paused: bool,
+    /// The connection is unusable: close it now.
+    broken: bool,
+    _live: LiveSlot,
+}
+
+impl EventLoop {
+    fn run(mut self) {
+        let mut events = Events::with_capacity(EVENTS_PER_POLL);
+        // Connections that have not said Hello are looked at a few times per handshake timeout.
+        let sweep_every = (self.ctx.limits.handshake_timeout / 4)
+            .clamp(Duration::from_millis(1), Duration::from_millis(250));
+        let mut last_sweep = Instant::now();
+        loop {
+            // Raise `parked`, then look at the mailbox once more: a reply posted before the flag was seen is found
+            // here, one posted after wakes the poll.
+            self.mailbox.parked.store(true, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            let timeout = if !self.replies.is_empty() {
+                Some(Duration::ZERO)
+            } else if self.ungreeted > 0 {
+                Some(sweep_every)
+            } else {
+                None
+            };
+            let polled = self.poll.poll(&mut events, timeout);
+            self.mailbox.parked.store(false, Ordering::Relaxed);
+            if let Err(e) = polled {
+                if e.kind() == IoErrorKind::Interrupted {
+                    continue;
+                }
+                warn!(error = %e, "native event loop failed; closing its connections");
+                return;
             }
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            for event in events.iter() {
+                if event.token() == WAKER {
+                    self.adopt();
+                    continue;
+                }
+                let slot = event.token().0;
+                if self.slots.get(slot).is_none_or(|s| s.conn.is_none()) {
+                    continue;
+                }
+                if event.is_readable() || event.is_read_closed() || event.is_error() {
+                    self.serve_input(slot, event.is_read_closed() || event.is_error());
+                }
+                self.touched.push(slot);
+            }
+            self.take_replies(REPLIES_PER_ROUND);
+            self.settle_touched();
+            if !self.closable.is_empty() {
+                // Their last holders of a request are gone; the replies those posted first are in the mailbox (the
+                // fence pairs with the release of the sink's count): write them, then close.
+                fence(Ordering::Acquire);
+                self.take_replies(usize::MAX);
+                self.settle_touched();
+                let mut closable = std::mem::take(&mut self.closable);
+                closable.sort_unstable();
+                closable.dedup();
+                for slot in closable.drain(..) {
+                    if self.slots[slot].conn.as_ref().is_some_and(Conn::finished) {
+                        self.close(slot);
+                    }
+                }
+                self.closable = closable;
+            }
+            if self.ungreeted > 0 && last_sweep.elapsed() >= sweep_every {
+                last_sweep = Instant::now();
+                self.close_silent_handshakes();
+            }
+        }
+    }
+
+    /// Appends up to `most` posted replies to their connections' output.
+    fn take_replies(&mut self, most: usize) {
+        for delivery in self.replies.try_iter().take(most) {
+            let slot = (delivery.conn & u64::from(u32::MAX)) as usize;
+            let Some(s) = self.slots.get_mut(slot) else {
+                continue;
+            };
+            if conn_key(slot, s.generation) != delivery.conn {
+                continue;
+            }
+            let Some(conn) = s.conn.as_mut() else {
+                continue;
+            };
+            conn.in_flight = conn.in_flight.saturating_sub(1);
+            let body = match delivery.outcome {
+                Outcome::Worker(r) => reply_body(r),
+                Outcome::Answer(body) => body,
+            };
+            conn.push(&Response {
+                id: delivery.id,
+                body,
+            });
+            self.touched.push(slot);
+        }
+    }
+
+    /// Writes the output of every touched connection; closes the broken ones and notes those that may close.
+    fn settle_touched(&mut self) {
+        let mut touched = std::mem::take(&mut self.touched);
+        touched.sort_unstable();
+        touched.dedup();
+        for slot in touched.drain(..) {
+            self.settle(slot);
+        }
+        // Settling may have read paused input and so touched connections again.
+        if !self.touched.is_empty() {
+            touched.append(&mut self.touched);
+            touched.sort_unstable();
+            touched.dedup();
+            for slot in touched.drain(..) {
+                self.settle(slot);
+            }
+        }
+        self.touched = touched;
+    }
+
+    /// Writes what `slot` has to write; reads input that waited for the output to drain.
+    fn settle(&mut self, slot: usize) {
+        let Some(conn) = self.slots.get_mut(slot).and_then(|s| s.conn.as_mut()) else {
+            return;
         };
-        let id = req.id;
-        let immediate = match req.body {
-            RequestBody::Data(op) => service.submit(id, op, &tagged_tx),
+        if !conn.broken && conn.write_out().is_err() {
+            conn.broken = true;
+        }
+        if conn.broken {
+            self.close(slot);
+            return;
+        }
+        if conn.written < conn.out.len() {
+            // The socket is full: its writable event brings the connection back.
+            return;
+        }
+        conn.shrink();
+        if conn.read_paused {
+            conn.read_paused = false;
+            self.serve_input(slot, false);
+            self.touched.push(slot);
+        } else if conn.done_reading && conn.in_flight == 0 {
+            self.close(slot);
+        } else if conn.done_reading && Arc::strong_count(&conn.sink) == 1 {
+            // Requests in flight, but whoever held them is gone: a worker that stopped drops its queue unanswered.
+            // Replies they posted before may still wait in the mailbox.
+            self.closable.push(slot);
+        }
+    }
+
+    /// Closes the connections that did not complete their handshake in time.
+    fn close_silent_handshakes(&mut self) {
+        let now = Instant::now();
+        let timeout = self.ctx.limits.handshake_timeout;
+        for slot in 0..self.slots.len() {
+            if let Some(conn) = &self.slots[slot].conn
+                && conn.awaiting_hello
+                && now.duration_since(conn.accepted) >= timeout
+            {
+                debug!("closing a native connection that sent no handshake in time");
+                self.close(slot);
+            }
+        }
+    }
+
+    fn close(&mut self, slot: usize) {
+        let Some(s) = self.slots.get_mut(slot) else {
+            return;
+        };
+        if let Some(mut conn) = s.conn.take() {
+            if conn.awaiting_hello {
+                self.ungreeted -= 1;
+            }
+            let _ = self.poll.registry().deregister(&mut conn.stream);
+            let _ = conn.stream.shutdown(Shutdown::Both);
+            self.conns
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&conn.sink.conn);
+            s.generation = s.generation.wrapping_add(1);
+            self.free.push(slot);
+        }
+    }
+
+    /// Takes the connections the accept thread handed over.
+    fn adopt(&mut self) {
+        while let Ok((stream, live)) = self.incoming.try_recv() {
+            let slot = self.free.pop().unwrap_or_else(|| {
+                self.slots.push(Slot::default());
+                self.slots.len() - 1
+            });
+            let key = conn_key(slot, self.slots[slot].generation);
+            if let Ok(c) = stream.try_clone() {
+                self.conns
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key, c);
+            }
+            let mut stream = mio::net::TcpStream::from_std(stream);
+            // Edge-triggered: readable when input arrives, writable when a full socket takes more again.
+            if let Err(e) = self.poll.registry().register(
+                &mut stream,
+                Token(slot),
+                Interest::READABLE | Interest::WRITABLE,
+            ) {
+                warn!(error = %e, "cannot watch a native connection; closing it");
+                self.conns
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&key);
+                self.free.push(slot);
+                continue;
+            }
+            self.slots[slot].conn = Some(Conn {
+                stream,
+                sink: Arc::new(ConnSink {
+                    conn: key,
+                    mailbox: self.mailbox.clone(),
+                }),
+                input: vec![0; READ_CHUNK],
+                start: 0,
+                end: 0,
+                out: Vec::new(),
+                written: 0,
+                awaiting_hello: true,
+                accepted: Instant::now(),
+                done_reading: false,
+                in_flight: 0,
+                read_paused: false,
+                broken: false,
+                _live: live,
+            });
+            self.ungreeted += 1;
+        }
+    }
+
+    /// Reads what arrived on `slot` and handles every complete frame. `hup`: the peer closed its side, so reading
+    /// goes on to the end of its input.
+    fn serve_input(&mut self, slot: usize, hup: bool) {
+        let Some(conn) = self.slots.get_mut(slot).and_then(|s| s.conn.as_mut()) else {
+            return;
+        };
+        loop {
+            self.ctx.handle_frames(conn, &mut self.ungreeted);
+            if conn.done_reading || conn.broken {
+                return;
+            }
+            if conn.out.len() - conn.written >= OUT_HIGH_WATER {
+                conn.read_paused = true;
+                return;
+            }
+            match conn.read_more() {
+                Ok((0, _)) => {
+                    conn.done_reading = true;
+                    return;
+                }
+                Ok((n, asked)) => {
+                    // A short read emptied the socket (what arrives later raises a new event): handle what it
+                    // brought and stop there, saving the read that would find nothing.
+                    if n < asked && !hup {
+                        self.ctx.handle_frames(conn, &mut self.ungreeted);
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == IoErrorKind::Interrupted => {}
+                Err(e) if e.kind() == IoErrorKind::WouldBlock => return,
+                Err(_) => {
+                    conn.broken = true;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl Context {
+    /// Handles every complete frame `conn` holds: its handshake first, then requests.
+    fn handle_frames(&self, conn: &mut Conn, ungreeted: &mut usize) {
+        while !conn.done_reading && !conn.broken {
+            let max = if conn.awaiting_hello {
+                MAX_HELLO_FRAME
+            } else {
+                self.limits.max_frame
+            };
+            match conn.next_frame(max) {
+                Ok(None) => return,
+                Ok(Some(req)) if !conn.awaiting_hello => self.handle(conn, req),
+                Ok(Some(req)) => {
+                    conn.awaiting_hello = false;
+                    *ungreeted -= 1;
+                    if !self.handshake(conn, req) {
+                        conn.done_reading = true;
+                    }
+                }
+                Err(e) => {
+                    let (id, body) = if conn.awaiting_hello {
+                        conn.awaiting_hello = false;
+                        *ungreeted -= 1;
+                        (u64::MAX, refusal(conn, format!("no handshake: {e}")))
+                    } else {
+                        // The stream cannot be resynchronised after a bad frame: answer and close.
+                        let body = ResponseBody::Error {
+                            kind: ErrorKind::Invalid,
+                            message: e.to_string(),
+                        };
+                        (u64::MAX, body)
+                    };
+                    conn.push(&Response { id, body });
+                    conn.done_reading = true;
+                }
+            }
+        }
+    }
+
+    /// Answers a connection's first frame, which must be a `Hello` of this protocol version with the cluster
+    /// token. False when the connection must close (the refusal is queued).
+    fn handshake(&self, conn: &mut Conn, req: Request) -> bool {
+        let (id, message) = match req {
+            Request {
+                id,
+                body:
+                    RequestBody::Hello {
+                        version,
+                        token: presented,
+                    },
+            } => {
+                if version != PROTOCOL_VERSION {
+                    (
+                        id,
+                        format!(
+                            "native protocol version {version} is not spoken here (this node speaks \
+                             {PROTOCOL_VERSION})"
+                        ),
+                    )
+                } else if !dinomo_fabric::token_matches(presented.0.as_bytes(), self.token.as_bytes())
+                {
+                    (id, "wrong cluster token".to_string())
+                } else {
+                    conn.push(&Response {
+                        id,
+                        body: ResponseBody::Welcome {
+                            version: PROTOCOL_VERSION,
+                        },
+                    });
+                    return true;
+                }
+            }
+            Request { id, .. } => (
+                id,
+                "the first request on a connection must be Hello, with the protocol version and the cluster token"
+                    .to_string(),
+            ),
+        };
+        let body = refusal(conn, message);
+        conn.push(&Response { id, body });
+        false
+    }
+
+    /// Serves one request of a greeted connection.
+    fn handle(&self, conn: &mut Conn, req: Request) {
+        let Request { id, body } = req;
+        let immediate = match body {
+            RequestBody::Data(op) => {
+                let refused = self.service.submit(id, op, conn.sink.clone());
+                if refused.is_none() {
+                    conn.in_flight += 1;
+                }
+                refused
+            }
             RequestBody::Hello { .. } => Some(ResponseBody::Error {
                 kind: ErrorKind::Invalid,
                 message: "this connection's handshake is done already".into(),
             }),
-            other => Some(service.answer(other)),
+            body if answered_on_the_loop(&body) => Some(self.service.answer(body)),
+            body => {
+                let job = ControlJob {
+                    sink: conn.sink.clone(),
+                    id,
+                    body,
+                };
+                match self.control.send(job) {
+                    Ok(()) => {
+                        conn.in_flight += 1;
+                        None
+                    }
+                    Err(_) => Some(ResponseBody::Error {
+                        kind: ErrorKind::Unavailable,
+                        message: "the server is stopping".into(),
+                    }),
+                }
+            }
         };
-        if let Some(body) = immediate
-            && direct_tx.send(Response { id, body }).is_err()
-        {
-            break;
+        if let Some(body) = immediate {
+            conn.push(&Response { id, body });
         }
     }
-    drop(direct_tx);
-    drop(tagged_tx);
-    // The writer ends once every queued request has been answered.
-    let _ = writer.join();
-    let _ = stream.shutdown(Shutdown::Both);
 }
 
-fn write_loop(stream: TcpStream, direct: Receiver<Response>, tagged: Receiver<Tagged>) {
-    let mut w = BufWriter::new(stream);
-    let mut buf = Vec::new();
-    let (mut direct_open, mut tagged_open) = (true, true);
-    let (never_direct, never_tagged) = (crossbeam_channel::never(), crossbeam_channel::never());
-    while direct_open || tagged_open {
-        let resp = select! {
-            recv(if direct_open { &direct } else { &never_direct }) -> r => match r {
-                Ok(r) => r,
-                Err(_) => { direct_open = false; continue; }
-            },
-            recv(if tagged_open { &tagged } else { &never_tagged }) -> r => match r {
-                Ok((id, r)) => Response { id, body: reply_body(r) },
-                Err(_) => { tagged_open = false; continue; }
-            },
+/// A refused handshake's answer, logged.
+fn refusal(conn: &Conn, message: String) -> ResponseBody {
+    warn!(peer = ?conn.stream.peer_addr().ok(), reason = %message, "refused a native-protocol connection");
+    ResponseBody::Error {
+        kind: ErrorKind::Refused,
+        message,
+    }
+}
+
+impl Conn {
+    /// The next complete frame of at most `max` bytes, if one has arrived.
+    fn next_frame(&mut self, max: u32) -> Result<Option<Request>, FrameError> {
+        let pending = &self.input[self.start..self.end];
+        let Some(prefix) = pending.first_chunk::<4>() else {
+            return Ok(None);
         };
-        if write_frame(&mut w, &resp, &mut buf).is_err() {
-            return;
+        let len = u32::from_le_bytes(*prefix);
+        if len > max {
+            return Err(FrameError::TooLarge { len, max });
         }
-        // Flush when nothing else is ready, so pipelined replies share a system call.
-        if direct.is_empty() && tagged.is_empty() && w.flush().is_err() {
-            return;
+        let total = 4 + len as usize;
+        if pending.len() < total {
+            return Ok(None);
+        }
+        let decoded = postcard::from_bytes(&pending[4..total])
+            .map_err(|e| FrameError::Malformed(e.to_string()));
+        self.start += total;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        decoded.map(Some)
+    }
+
+    /// Reads what the socket holds into the input buffer: the bytes read and the room they were read into.
+    fn read_more(&mut self) -> std::io::Result<(usize, usize)> {
+        self.reserve_room();
+        let room = &mut self.input[self.end..];
+        let asked = room.len();
+        let n = self.stream.read(room)?;
+        self.end += n;
+        Ok((n, asked))
+    }
+
+    /// Room for the next read: at least [`READ_CHUNK`] bytes, more for a large frame, but never more than what has
+    /// arrived of it again (a peer that sends only a length must not make the connection hold the length).
+    fn reserve_room(&mut self) {
+        let pending = self.end - self.start;
+        let want = READ_CHUNK.max(pending);
+        if self.input.len() - self.end < want {
+            if self.start > 0 {
+                self.input.copy_within(self.start..self.end, 0);
+                self.end = pending;
+                self.start = 0;
+            }
+            if self.input.len() - self.end < want {
+                self.input.resize(self.end + want, 0);
+            }
         }
     }
-    let _ = w.flush();
+
+    /// Queues `response` for writing.
+    fn push(&mut self, response: &Response) {
+        if append_frame(&mut self.out, response).is_err() {
+            self.broken = true;
+        }
+    }
+
+    /// Writes what `out` holds until the socket is full; `Err` when the connection is gone.
+    fn write_out(&mut self) -> Result<(), ()> {
+        while self.written < self.out.len() {
+            match self.stream.write(&self.out[self.written..]) {
+                Ok(0) => return Err(()),
+                Ok(n) => self.written += n,
+                Err(e) if e.kind() == IoErrorKind::Interrupted => {}
+                Err(e) if e.kind() == IoErrorKind::WouldBlock => return Ok(()),
+                Err(_) => return Err(()),
+            }
+        }
+        self.out.clear();
+        self.written = 0;
+        Ok(())
+    }
+
+    /// Gives back memory that grew for one large frame.
+    fn shrink(&mut self) {
+        if self.start == self.end && self.input.len() > KEEP_BUFFER {
+            self.input = vec![0; READ_CHUNK];
+            self.start = 0;
+            self.end = 0;
+        }
+        if self.out.is_empty() && self.out.capacity() > KEEP_BUFFER {
+            self.out = Vec::new();
+        }
+    }
+
+    /// Nothing more will be read, and every request is answered (or dropped by whoever held it) and every reply
+    /// written.
+    fn finished(&self) -> bool {
+        self.done_reading
+            && self.out.is_empty()
+            && (self.in_flight == 0 || Arc::strong_count(&self.sink) == 1)
+    }
 }
 
 /// A worker's reply in protocol terms.
@@ -408,8 +1014,8 @@ impl Service for NodeShared {
         }
     }
 
-    fn submit(&self, id: u64, op: DataOp, replies: &Sender<Tagged>) -> Option<ResponseBody> {
-        match self.submitter.submit(Command::Data(op), id, replies) {
+    fn submit(&self, id: u64, op: DataOp, sink: Arc<dyn ReplySink>) -> Option<ResponseBody> {
+        match self.submitter.submit_to(Command::Data(op), id, sink) {
             Ok(()) => None,
             Err(e) => Some(error_body(e)),
         }

@@ -221,6 +221,19 @@ pub fn write_frame<T: Serialize>(w: &mut impl Write, msg: &T, buf: &mut Vec<u8>)
     w.write_all(buf)
 }
 
+/// Appends `msg` as one frame to `out`.
+pub(crate) fn append_frame<T: Serialize>(out: &mut Vec<u8>, msg: &T) -> io::Result<()> {
+    let at = out.len();
+    out.extend_from_slice(&[0; 4]);
+    if let Err(e) = postcard::to_io(msg, &mut *out) {
+        out.truncate(at);
+        return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string()));
+    }
+    let len = (out.len() - at - 4) as u32;
+    out[at..at + 4].copy_from_slice(&len.to_le_bytes());
+    Ok(())
+}
+
 /// Reads one frame of at most `max` bytes into `buf` and decodes it.
 pub fn read_frame<T: for<'de> Deserialize<'de>>(
     r: &mut impl Read,

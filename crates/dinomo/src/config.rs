@@ -401,6 +401,8 @@ const DOCS: &[(&str, &str)] = &[
     ("kn.limits.max_frame", "largest native-protocol request frame in bytes"),
     ("kn.limits.max_connections", "native-protocol connections served at once; one more is told the limit (clients retry) and closed"),
     ("kn.limits.handshake_timeout", "time a new native-protocol connection has to send its Hello (version and cluster token)"),
+    ("kn.limits.io_threads", "event-loop threads serving the native-protocol connections of a KV node (1..=1024)"),
+    ("kn.limits.control_threads", "threads answering native requests that may wait: statistics, ownership installs (1..=1024)"),
     ("kn.resp.requirepass", "password of the `default` Redis user (also DINOMO_REQUIREPASS; unset: no AUTH) (example)"),
     ("kn.resp.protected_mode", "refuse a non-loopback Redis address without a password"),
     ("kn.resp.max_clients", "Redis clients served at once per KV node"),
@@ -416,6 +418,8 @@ const DOCS: &[(&str, &str)] = &[
     ("rn.limits.max_frame", "largest request frame the routing node accepts, in bytes"),
     ("rn.limits.max_connections", "connections the routing node serves at once; one more is told the limit and closed"),
     ("rn.limits.handshake_timeout", "time a new connection to the routing node has to send its Hello"),
+    ("rn.limits.io_threads", "event-loop threads serving the routing node's connections (1..=1024)"),
+    ("rn.limits.control_threads", "threads answering the routing node's requests that may wait (1..=1024)"),
     ("mnode.name", "this M-node's name in the election (unique per M-node)"),
     ("mnode.lease_ttl", "leadership lease: a standby takes over this long after the leader stops (at most dpm.meta.max_ttl with the embedded store)"),
     ("mnode.check_interval", "how often the M-node checks leases and membership (under half of mnode.lease_ttl)"),
@@ -798,6 +802,17 @@ impl Config {
         }
         if self.kn.resp.max_clients == 0 {
             check("kn.resp.max_clients", Err("must be at least 1".into()));
+        }
+        let max_threads = dinomo_cluster::MAX_SERVER_THREADS;
+        for (key, n) in [
+            ("kn.limits.io_threads", self.kn.limits.io_threads),
+            ("kn.limits.control_threads", self.kn.limits.control_threads),
+            ("rn.limits.io_threads", self.rn.limits.io_threads),
+            ("rn.limits.control_threads", self.rn.limits.control_threads),
+        ] {
+            if !(1..=max_threads).contains(&n) {
+                check(key, Err(format!("must be 1 to {max_threads}, not {n}")));
+            }
         }
         if self.pool.size == 0 {
             check("pool.size", Err("must be above zero".into()));

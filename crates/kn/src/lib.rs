@@ -26,8 +26,8 @@ pub use hotkeys::{
 };
 pub use node::{KvHandle, KvNode, Submitter, thread_for_key};
 pub use worker::{
-    Command, DataOp, DirectWorker, EpochStats, LeaseGate, OpCounts, Ownership, Reply, Tagged,
-    WorkerStats,
+    Command, DataOp, DirectWorker, EpochStats, LeaseGate, OpCounts, Ownership, Reply, ReplySink,
+    Tagged, WorkerStats,
 };
 
 /// The instant `after` from now; a setting too large for the clock means "not in this process's lifetime" (a

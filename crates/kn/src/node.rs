@@ -6,8 +6,8 @@ use dinomo_fabric::Connector;
 use dinomo_log::key_hash;
 
 use crate::worker::{
-    Command, DataOp, EpochStats, LeaseGate, Ownership, Reply, Request, Responder, Tagged, Worker,
-    WorkerStats,
+    Command, DataOp, EpochStats, LeaseGate, Ownership, Reply, ReplySink, ReplyTo, Request,
+    Responder, Tagged, Worker, WorkerStats,
 };
 use crate::{KnConfig, KnError};
 
@@ -148,14 +148,30 @@ impl Submitter {
         tag: u64,
         replies: &Sender<Tagged>,
     ) -> Result<(), KnError> {
+        self.queue(thread, cmd, Responder::channel(tag, replies.clone()))
+    }
+
+    /// Queues `cmd` at the worker that owns its key, like [`Submitter::submit`]; its reply goes to `sink`, tagged
+    /// with `tag`.
+    pub fn submit_to(
+        &self,
+        cmd: Command,
+        tag: u64,
+        sink: Arc<dyn ReplySink>,
+    ) -> Result<(), KnError> {
+        let thread = cmd
+            .key()
+            .map_or(0, |k| thread_for_key(k, self.senders.len()));
+        let reply = Responder {
+            tag,
+            to: ReplyTo::Sink(sink),
+        };
+        self.queue(thread, cmd, reply)
+    }
+
+    fn queue(&self, thread: usize, cmd: Command, reply: Responder) -> Result<(), KnError> {
         self.senders[thread]
-            .send(Request {
-                cmd,
-                reply: Responder {
-                    tag,
-                    tx: replies.clone(),
-                },
-            })
+            .send(Request { cmd, reply })
             .map_err(|_| KnError::Stopped)
     }
 

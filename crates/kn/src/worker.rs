@@ -313,16 +313,42 @@ pub struct EpochStats {
 /// A reply with the tag of its request, so one channel can collect the replies of many requests in flight.
 pub type Tagged = (u64, Result<Reply, KnError>);
 
+/// Takes the replies of requests submitted with [`crate::Submitter::submit_to`]: a server's event loop, say, that
+/// must be told when replies arrive, which a channel alone cannot do.
+pub trait ReplySink: Send + Sync {
+    /// Takes the reply of the request tagged `tag`; false when no one waits for replies here any more. Runs on the
+    /// worker thread, so it must not block.
+    fn deliver(&self, tag: u64, reply: Result<Reply, KnError>) -> bool;
+}
+
 /// Where a worker sends a request's reply.
 #[derive(Clone)]
 pub(crate) struct Responder {
     pub tag: u64,
-    pub tx: Sender<Tagged>,
+    pub to: ReplyTo,
+}
+
+/// The ways a reply goes back.
+#[derive(Clone)]
+pub(crate) enum ReplyTo {
+    Channel(Sender<Tagged>),
+    Sink(Arc<dyn ReplySink>),
 }
 
 impl Responder {
+    /// A responder that sends to a channel.
+    pub(crate) fn channel(tag: u64, tx: Sender<Tagged>) -> Responder {
+        Responder {
+            tag,
+            to: ReplyTo::Channel(tx),
+        }
+    }
+
     pub(crate) fn send(&self, r: Result<Reply, KnError>) -> Result<(), ()> {
-        self.tx.send((self.tag, r)).map_err(|_| ())
+        match &self.to {
+            ReplyTo::Channel(tx) => tx.send((self.tag, r)).map_err(|_| ()),
+            ReplyTo::Sink(sink) => sink.deliver(self.tag, r).then_some(()).ok_or(()),
+        }
     }
 }
 
@@ -1819,10 +1845,7 @@ impl DirectWorker {
         pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
     ) -> Result<(), KnError> {
         for (k, v) in pairs {
-            let reply = Responder {
-                tag: 0,
-                tx: self.reply_tx.clone(),
-            };
+            let reply = Responder::channel(0, self.reply_tx.clone());
             self.worker.write(
                 k.to_vec(),
                 dinomo_log::key_hash(k),
@@ -1947,7 +1970,7 @@ mod tests {
         let connector = Connector::new(Target::Tcp(server.local_addr()));
         let mut w = Worker::start(cfg.clone(), 0, connector.clone(), None, None).unwrap();
         let (tx, rx) = crossbeam_channel::unbounded();
-        let tx = Responder { tag: 0, tx };
+        let tx = Responder::channel(0, tx);
         // One batch: a write (pending), a read that loses the connection, another read.
         w.serve(Request {
             cmd: Command::Data(DataOp::Set(b"a".to_vec(), b"1".to_vec())),

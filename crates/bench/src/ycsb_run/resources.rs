@@ -55,8 +55,8 @@ pub struct NodeCounters {
 pub enum CpuRole {
     /// KV-node worker threads (`dinomo-kn-N`): the data path, cache and group commit.
     KnWorkers,
-    /// KV-node (and routing-node) connection threads (`dinomo-conn`, `dinomo-conn-w`): decoding requests and
-    /// writing replies.
+    /// KV-node (and routing-node) connection threads (`dinomo-conn-ioN`, the event loops, and `dinomo-conn-ctlN`):
+    /// decoding requests and writing replies.
     KnNetwork,
     /// The memory node's merge threads (`dinomo-merge-N`).
     MemoryMerge,
@@ -356,7 +356,8 @@ mod tests {
     fn thread_roles_follow_the_names_the_cluster_gives_its_threads() {
         assert_eq!(CpuRole::of_thread("dinomo-kn-0"), CpuRole::KnWorkers);
         assert_eq!(CpuRole::of_thread("dinomo-kn3-heart"), CpuRole::Other);
-        assert_eq!(CpuRole::of_thread("dinomo-conn-w"), CpuRole::KnNetwork);
+        assert_eq!(CpuRole::of_thread("dinomo-conn-io1"), CpuRole::KnNetwork);
+        assert_eq!(CpuRole::of_thread("dinomo-conn-ctl0"), CpuRole::KnNetwork);
         assert_eq!(CpuRole::of_thread("dinomo-merge-1"), CpuRole::MemoryMerge);
         assert_eq!(CpuRole::of_thread("dpm-proc-0"), CpuRole::MemoryRpc);
         assert_eq!(CpuRole::of_thread("ycsb-client-3"), CpuRole::Clients);
