@@ -11,6 +11,8 @@ use std::collections::HashMap;
 use std::io::{ErrorKind as IoErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
+
+use dinomo_sync::Doorbell;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -158,7 +160,7 @@ impl Server {
             let (replies_tx, replies) = unbounded();
             let mailbox = Arc::new(Mailbox {
                 replies: replies_tx,
-                parked: AtomicBool::new(false),
+                bell: Doorbell::new(),
                 waker: Waker::new(poll.registry(), WAKER)?,
             });
             let (incoming_tx, incoming) = unbounded();
@@ -326,11 +328,11 @@ struct Delivery {
 }
 
 /// An event loop's mailbox: workers and control threads post replies, the loop takes them. A post wakes the loop
-/// only when it waits (or is about to) in `poll`, and only the first post after it parked does: a busy loop
+/// only when it waits in `poll` (see [`Doorbell`]), and only the first post after it parked does: a busy loop
 /// takes replies without a system call on either side.
 struct Mailbox {
     replies: Sender<Delivery>,
-    parked: AtomicBool,
+    bell: Doorbell,
     waker: Waker,
 }
 
@@ -339,10 +341,7 @@ impl Mailbox {
         if self.replies.send(delivery).is_err() {
             return false;
         }
-        // Pairs with the loop's fence between raising `parked` and looking at the mailbox: either the loop sees
-        // this reply before it waits, or this sees `parked` and wakes it.
-        fence(Ordering::SeqCst);
-        if self.parked.load(Ordering::Relaxed) && self.parked.swap(false, Ordering::AcqRel) {
+        if self.bell.must_wake() {
             let _ = self.waker.wake();
         }
         true
@@ -451,12 +450,12 @@ impl EventLoop {
         let sweep_every = (self.ctx.limits.handshake_timeout / 4)
             .clamp(Duration::from_millis(1), Duration::from_millis(250));
         let mut last_sweep = Instant::now();
+        // The posts whose replies the loop has taken (all of them, when the mailbox is empty).
+        let mut seen = self.mailbox.bell.posts();
         loop {
-            // Raise `parked`, then look at the mailbox once more: a reply posted before the flag was seen is found
-            // here, one posted after wakes the poll.
-            self.mailbox.parked.store(true, Ordering::SeqCst);
-            fence(Ordering::SeqCst);
-            let timeout = if !self.replies.is_empty() {
+            // Wait only with the mailbox empty and no post since it was emptied; a later post rings.
+            let parked = self.replies.is_empty() && self.mailbox.bell.park(seen);
+            let timeout = if !parked {
                 Some(Duration::ZERO)
             } else if self.ungreeted > 0 {
                 Some(sweep_every)
@@ -464,7 +463,9 @@ impl EventLoop {
                 None
             };
             let polled = self.poll.poll(&mut events, timeout);
-            self.mailbox.parked.store(false, Ordering::Relaxed);
+            if parked {
+                self.mailbox.bell.unpark();
+            }
             if let Err(e) = polled {
                 if e.kind() == IoErrorKind::Interrupted {
                     continue;
@@ -489,6 +490,7 @@ impl EventLoop {
                 }
                 self.touched.push(slot);
             }
+            seen = self.mailbox.bell.posts();
             self.take_replies(REPLIES_PER_ROUND);
             self.settle_touched();
             if !self.closable.is_empty() {
