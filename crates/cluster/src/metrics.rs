@@ -21,6 +21,7 @@ use tracing::{debug, warn};
 
 use crate::ClusterRecord;
 use crate::latency::LatencyHistogram;
+use crate::server::accept_until_stopped;
 use crate::wire::Routing;
 
 /// Powers of two of nanoseconds whose `2^k - 1` bounds the latency histogram's buckets: about 1 µs to 17 s.
@@ -910,18 +911,7 @@ impl MetricsServer {
             std::thread::Builder::new()
                 .name("dinomo-metrics".into())
                 .spawn(move || {
-                    for stream in listener.incoming() {
-                        if stop.load(Ordering::Acquire) {
-                            return;
-                        }
-                        let stream = match stream {
-                            Ok(s) => s,
-                            Err(e) => {
-                                debug!(error = %e, "metrics accept failed");
-                                std::thread::sleep(Duration::from_millis(5));
-                                continue;
-                            }
-                        };
+                    accept_until_stopped(&listener, &stop, "metrics", |stream| {
                         let mut live = conns.lock().expect("metrics connections lock");
                         // Finished scrapes give their place back.
                         let (done, open): (Vec<_>, Vec<_>) =
@@ -932,10 +922,10 @@ impl MetricsServer {
                         }
                         if live.len() >= cfg.max_connections {
                             debug!("metrics connection limit reached; closing a new connection");
-                            continue;
+                            return;
                         }
                         let Ok(handle) = stream.try_clone() else {
-                            continue;
+                            return;
                         };
                         let (cfg, sources) = (cfg.clone(), sources.clone());
                         match std::thread::Builder::new()
@@ -945,7 +935,7 @@ impl MetricsServer {
                             Ok(t) => live.push((handle, t)),
                             Err(e) => warn!(error = %e, "cannot start a metrics connection thread"),
                         }
-                    }
+                    });
                 })?
         };
         Ok(MetricsServer {

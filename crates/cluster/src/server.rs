@@ -7,18 +7,16 @@
 //! statistics of every worker, an ownership install, the memory node) go to a few control threads, so a slow
 //! one never holds up the loop's other connections.
 
-use std::collections::HashMap;
 use std::io::{ErrorKind as IoErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
-
-use dinomo_sync::Doorbell;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
 use dinomo_kn::{Command, DataOp, KnError, Reply, ReplySink};
+use dinomo_sync::Doorbell;
 use mio::{Events, Interest, Poll, Token, Waker};
 use tracing::{debug, warn};
 
@@ -102,7 +100,6 @@ fn answered_on_the_loop(body: &RequestBody) -> bool {
 pub struct Server {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
-    conns: Arc<Mutex<HashMap<u64, TcpStream>>>,
     accept: Option<JoinHandle<()>>,
     loops: Vec<(Arc<Mailbox>, Option<JoinHandle<()>>)>,
 }
@@ -139,7 +136,6 @@ impl Server {
         let listener = TcpListener::bind(listen)?;
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
-        let conns: Arc<Mutex<HashMap<u64, TcpStream>>> = Arc::default();
         let (control_tx, control_rx) = unbounded::<ControlJob>();
         for n in 0..limits.control_threads {
             let (service, jobs) = (service.clone(), control_rx.clone());
@@ -176,12 +172,11 @@ impl Server {
                     token: token.clone(),
                 },
                 stop: stop.clone(),
-                conns: conns.clone(),
                 slots: Vec::new(),
                 free: Vec::new(),
                 ungreeted: 0,
                 touched: Vec::new(),
-                closable: Vec::new(),
+                settling: Vec::new(),
             };
             let thread = std::thread::Builder::new()
                 .name(format!("dinomo-conn-io{n}"))
@@ -200,7 +195,6 @@ impl Server {
         Ok(Server {
             addr,
             stop,
-            conns,
             accept: Some(accept),
             loops,
         })
@@ -209,18 +203,6 @@ impl Server {
     /// Where it listens.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
-    }
-
-    /// Closes every open connection (the listener keeps accepting).
-    pub fn cut_all_connections(&self) {
-        for c in self
-            .conns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-        {
-            let _ = c.shutdown(Shutdown::Both);
-        }
     }
 }
 
@@ -232,8 +214,7 @@ impl Drop for Server {
         if let Some(t) = self.accept.take() {
             let _ = t.join();
         }
-        self.cut_all_connections();
-        // Each loop wakes, sees the stop flag and closes its connections.
+        // Each loop wakes, sees the stop flag and ends, closing its connections.
         for (mailbox, thread) in &mut self.loops {
             let _ = mailbox.waker.wake();
             if let Some(t) = thread.take() {
@@ -254,27 +235,15 @@ fn accept_loop(
     loops: &[Handoff],
 ) {
     let mut next = 0usize;
-    for stream in listener.incoming() {
-        if stop.load(Ordering::Acquire) {
-            return;
-        }
-        let stream = match stream {
-            Ok(s) => s,
-            Err(e) => {
-                debug!(error = %e, "accept failed");
-                // Out of descriptors, typically: give connections a moment to close.
-                std::thread::sleep(Duration::from_millis(5));
-                continue;
-            }
-        };
+    accept_until_stopped(&listener, stop, "native", |stream| {
         if live.load(Ordering::Acquire) >= limits.max_connections {
             debug!("connection limit reached; turning a new connection away");
             turn_away(stream, limits.max_connections);
-            continue;
+            return;
         }
         if let Err(e) = stream.set_nonblocking(true) {
             debug!(error = %e, "cannot make a connection non-blocking; closing it");
-            continue;
+            return;
         }
         let _ = stream.set_nodelay(true);
         live.fetch_add(1, Ordering::AcqRel);
@@ -284,6 +253,29 @@ fn accept_loop(
         next = next.wrapping_add(1);
         if tx.send((stream, slot)).is_err() || mailbox.waker.wake().is_err() {
             warn!("an event loop of the native server is gone; connection dropped");
+        }
+    });
+}
+
+/// Hands each connection `listener` accepts to `serve` until `stop` is set (whoever sets it then connects once,
+/// to wake the accept). `what` names the server in logs.
+pub(crate) fn accept_until_stopped(
+    listener: &TcpListener,
+    stop: &AtomicBool,
+    what: &str,
+    mut serve: impl FnMut(TcpStream),
+) {
+    for stream in listener.incoming() {
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        match stream {
+            Ok(s) => serve(s),
+            Err(e) => {
+                debug!(error = %e, server = what, "accept failed");
+                // Out of descriptors, typically: give connections a moment to close.
+                std::thread::sleep(Duration::from_millis(5));
+            }
         }
     }
 }
@@ -349,7 +341,8 @@ impl Mailbox {
 }
 
 /// Where the replies of one connection's requests go. The workers and control threads hold a clone for every
-/// request they have not answered.
+/// request they have not answered, and answer every request they take: a node's workers stop only after its
+/// server is gone (`ClusterNode::shutdown`), and control threads only once the loops are.
 struct ConnSink {
     conn: u64,
     mailbox: Arc<Mailbox>,
@@ -392,15 +385,14 @@ struct EventLoop {
     replies: Receiver<Delivery>,
     ctx: Context,
     stop: Arc<AtomicBool>,
-    conns: Arc<Mutex<HashMap<u64, TcpStream>>>,
     slots: Vec<Slot>,
     free: Vec<usize>,
     /// Connections that have not completed their handshake, whose timeout the loop must watch.
     ungreeted: usize,
     /// Connections with output to write or a close to consider, this iteration.
     touched: Vec<usize>,
-    /// Connections that may close once the replies posted before their last request was answered are written.
-    closable: Vec<usize>,
+    /// The ones being settled (a buffer kept between iterations).
+    settling: Vec<usize>,
 }
 
 /// What an event loop serves its connections' requests with.
@@ -453,8 +445,10 @@ impl EventLoop {
         // The posts whose replies the loop has taken (all of them, when the mailbox is empty).
         let mut seen = self.mailbox.bell.posts();
         loop {
-            // Wait only with the mailbox empty and no post since it was emptied; a later post rings.
-            let parked = self.replies.is_empty() && self.mailbox.bell.park(seen);
+            // Wait only with nothing left to settle, the mailbox empty and no post since it was emptied; a later
+            // post rings.
+            let parked =
+                self.touched.is_empty() && self.replies.is_empty() && self.mailbox.bell.park(seen);
             let timeout = if !parked {
                 Some(Duration::ZERO)
             } else if self.ungreeted > 0 {
@@ -491,24 +485,8 @@ impl EventLoop {
                 self.touched.push(slot);
             }
             seen = self.mailbox.bell.posts();
-            self.take_replies(REPLIES_PER_ROUND);
+            self.take_replies();
             self.settle_touched();
-            if !self.closable.is_empty() {
-                // Their last holders of a request are gone; the replies those posted first are in the mailbox (the
-                // fence pairs with the release of the sink's count): write them, then close.
-                fence(Ordering::Acquire);
-                self.take_replies(usize::MAX);
-                self.settle_touched();
-                let mut closable = std::mem::take(&mut self.closable);
-                closable.sort_unstable();
-                closable.dedup();
-                for slot in closable.drain(..) {
-                    if self.slots[slot].conn.as_ref().is_some_and(Conn::finished) {
-                        self.close(slot);
-                    }
-                }
-                self.closable = closable;
-            }
             if self.ungreeted > 0 && last_sweep.elapsed() >= sweep_every {
                 last_sweep = Instant::now();
                 self.close_silent_handshakes();
@@ -516,9 +494,9 @@ impl EventLoop {
         }
     }
 
-    /// Appends up to `most` posted replies to their connections' output.
-    fn take_replies(&mut self, most: usize) {
-        for delivery in self.replies.try_iter().take(most) {
+    /// Appends up to [`REPLIES_PER_ROUND`] posted replies to their connections' output.
+    fn take_replies(&mut self) {
+        for delivery in self.replies.try_iter().take(REPLIES_PER_ROUND) {
             let slot = (delivery.conn & u64::from(u32::MAX)) as usize;
             let Some(s) = self.slots.get_mut(slot) else {
                 continue;
@@ -529,7 +507,7 @@ impl EventLoop {
             let Some(conn) = s.conn.as_mut() else {
                 continue;
             };
-            conn.in_flight = conn.in_flight.saturating_sub(1);
+            conn.in_flight -= 1;
             let body = match delivery.outcome {
                 Outcome::Worker(r) => reply_body(r),
                 Outcome::Answer(body) => body,
@@ -542,24 +520,20 @@ impl EventLoop {
         }
     }
 
-    /// Writes the output of every touched connection; closes the broken ones and notes those that may close.
+    /// Writes the output of every touched connection and closes those that are done. Settling may read paused
+    /// input and so touch connections again: their new replies are written in a second pass, and anything after
+    /// that waits for the next iteration.
     fn settle_touched(&mut self) {
-        let mut touched = std::mem::take(&mut self.touched);
-        touched.sort_unstable();
-        touched.dedup();
-        for slot in touched.drain(..) {
-            self.settle(slot);
-        }
-        // Settling may have read paused input and so touched connections again.
-        if !self.touched.is_empty() {
-            touched.append(&mut self.touched);
-            touched.sort_unstable();
-            touched.dedup();
-            for slot in touched.drain(..) {
+        for _ in 0..2 {
+            let mut settling = std::mem::take(&mut self.settling);
+            std::mem::swap(&mut settling, &mut self.touched);
+            settling.sort_unstable();
+            settling.dedup();
+            for slot in settling.drain(..) {
                 self.settle(slot);
             }
+            self.settling = settling;
         }
-        self.touched = touched;
     }
 
     /// Writes what `slot` has to write; reads input that waited for the output to drain.
@@ -585,10 +559,6 @@ impl EventLoop {
             self.touched.push(slot);
         } else if conn.done_reading && conn.in_flight == 0 {
             self.close(slot);
-        } else if conn.done_reading && Arc::strong_count(&conn.sink) == 1 {
-            // Requests in flight, but whoever held them is gone: a worker that stopped drops its queue unanswered.
-            // Replies they posted before may still wait in the mailbox.
-            self.closable.push(slot);
         }
     }
 
@@ -612,15 +582,9 @@ impl EventLoop {
             return;
         };
         if let Some(mut conn) = s.conn.take() {
-            if conn.awaiting_hello {
-                self.ungreeted -= 1;
-            }
+            conn.hello_wait_over(&mut self.ungreeted);
             let _ = self.poll.registry().deregister(&mut conn.stream);
             let _ = conn.stream.shutdown(Shutdown::Both);
-            self.conns
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&conn.sink.conn);
             s.generation = s.generation.wrapping_add(1);
             self.free.push(slot);
         }
@@ -634,12 +598,6 @@ impl EventLoop {
                 self.slots.len() - 1
             });
             let key = conn_key(slot, self.slots[slot].generation);
-            if let Ok(c) = stream.try_clone() {
-                self.conns
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(key, c);
-            }
             let mut stream = mio::net::TcpStream::from_std(stream);
             // Edge-triggered: readable when input arrives, writable when a full socket takes more again.
             if let Err(e) = self.poll.registry().register(
@@ -648,10 +606,6 @@ impl EventLoop {
                 Interest::READABLE | Interest::WRITABLE,
             ) {
                 warn!(error = %e, "cannot watch a native connection; closing it");
-                self.conns
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .remove(&key);
                 self.free.push(slot);
                 continue;
             }
@@ -730,26 +684,23 @@ impl Context {
                 Ok(None) => return,
                 Ok(Some(req)) if !conn.awaiting_hello => self.handle(conn, req),
                 Ok(Some(req)) => {
-                    conn.awaiting_hello = false;
-                    *ungreeted -= 1;
+                    conn.hello_wait_over(ungreeted);
                     if !self.handshake(conn, req) {
                         conn.done_reading = true;
                     }
                 }
                 Err(e) => {
-                    let (id, body) = if conn.awaiting_hello {
-                        conn.awaiting_hello = false;
-                        *ungreeted -= 1;
-                        (u64::MAX, refusal(conn, format!("no handshake: {e}")))
+                    // The stream cannot be resynchronised after a bad frame: answer and close.
+                    let body = if conn.awaiting_hello {
+                        conn.hello_wait_over(ungreeted);
+                        refusal(conn, format!("no handshake: {e}"))
                     } else {
-                        // The stream cannot be resynchronised after a bad frame: answer and close.
-                        let body = ResponseBody::Error {
+                        ResponseBody::Error {
                             kind: ErrorKind::Invalid,
                             message: e.to_string(),
-                        };
-                        (u64::MAX, body)
+                        }
                     };
-                    conn.push(&Response { id, body });
+                    conn.push(&Response { id: u64::MAX, body });
                     conn.done_reading = true;
                 }
             }
@@ -850,6 +801,14 @@ fn refusal(conn: &Conn, message: String) -> ResponseBody {
 }
 
 impl Conn {
+    /// Ends the wait for this connection's `Hello` (answered, refused or closed), once: `ungreeted` counts the
+    /// loop's connections still waiting.
+    fn hello_wait_over(&mut self, ungreeted: &mut usize) {
+        if std::mem::take(&mut self.awaiting_hello) {
+            *ungreeted -= 1;
+        }
+    }
+
     /// The next complete frame of at most `max` bytes, if one has arrived.
     fn next_frame(&mut self, max: u32) -> Result<Option<Request>, FrameError> {
         let pending = &self.input[self.start..self.end];
@@ -934,14 +893,6 @@ impl Conn {
         if self.out.is_empty() && self.out.capacity() > KEEP_BUFFER {
             self.out = Vec::new();
         }
-    }
-
-    /// Nothing more will be read, and every request is answered (or dropped by whoever held it) and every reply
-    /// written.
-    fn finished(&self) -> bool {
-        self.done_reading
-            && self.out.is_empty()
-            && (self.in_flight == 0 || Arc::strong_count(&self.sink) == 1)
     }
 }
 

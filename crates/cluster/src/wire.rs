@@ -212,12 +212,7 @@ pub enum FrameError {
 /// Writes `msg` as one frame (into `buf`, reused between calls, then to `w`).
 pub fn write_frame<T: Serialize>(w: &mut impl Write, msg: &T, buf: &mut Vec<u8>) -> io::Result<()> {
     buf.clear();
-    buf.extend_from_slice(&[0; 4]);
-    let body = postcard::to_extend(msg, std::mem::take(buf))
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-    *buf = body;
-    let len = (buf.len() - 4) as u32;
-    buf[..4].copy_from_slice(&len.to_le_bytes());
+    append_frame(buf, msg)?;
     w.write_all(buf)
 }
 

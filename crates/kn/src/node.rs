@@ -6,8 +6,8 @@ use dinomo_fabric::Connector;
 use dinomo_log::key_hash;
 
 use crate::worker::{
-    Command, DataOp, EpochStats, LeaseGate, Ownership, Reply, ReplySink, ReplyTo, Request,
-    Responder, Tagged, Worker, WorkerStats,
+    Command, DataOp, EpochStats, LeaseGate, Ownership, Reply, ReplySink, Request, Responder,
+    Tagged, Worker, WorkerStats,
 };
 use crate::{KnConfig, KnError};
 
@@ -134,10 +134,7 @@ impl Submitter {
     /// Queues `cmd` at the worker that owns its key (worker 0 for commands without a key); its reply arrives on
     /// `replies` tagged with `tag`. Blocks while that worker's queue is full (backpressure).
     pub fn submit(&self, cmd: Command, tag: u64, replies: &Sender<Tagged>) -> Result<(), KnError> {
-        let thread = cmd
-            .key()
-            .map_or(0, |k| thread_for_key(k, self.senders.len()));
-        self.send_to(thread, cmd, tag, replies)
+        self.send_to(self.thread_of(&cmd), cmd, tag, replies)
     }
 
     /// Queues `cmd` at worker `thread` (numbered from 0); its reply arrives tagged with `tag`.
@@ -159,14 +156,13 @@ impl Submitter {
         tag: u64,
         sink: Arc<dyn ReplySink>,
     ) -> Result<(), KnError> {
-        let thread = cmd
-            .key()
-            .map_or(0, |k| thread_for_key(k, self.senders.len()));
-        let reply = Responder {
-            tag,
-            to: ReplyTo::Sink(sink),
-        };
-        self.queue(thread, cmd, reply)
+        self.queue(self.thread_of(&cmd), cmd, Responder::sink(tag, sink))
+    }
+
+    /// The worker that serves `cmd`: the owner of its key, worker 0 for commands without one.
+    fn thread_of(&self, cmd: &Command) -> usize {
+        cmd.key()
+            .map_or(0, |k| thread_for_key(k, self.senders.len()))
     }
 
     fn queue(&self, thread: usize, cmd: Command, reply: Responder) -> Result<(), KnError> {

@@ -344,6 +344,14 @@ impl Responder {
         }
     }
 
+    /// A responder that delivers to a sink.
+    pub(crate) fn sink(tag: u64, sink: Arc<dyn ReplySink>) -> Responder {
+        Responder {
+            tag,
+            to: ReplyTo::Sink(sink),
+        }
+    }
+
     pub(crate) fn send(&self, r: Result<Reply, KnError>) -> Result<(), ()> {
         match &self.to {
             ReplyTo::Channel(tx) => tx.send((self.tag, r)).map_err(|_| ()),
