@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, unbounded};
 use dinomo_fabric::{Connector, Endpoint};
-use dinomo_kn::{Command, DataOp, KnError, Reply, Tagged};
-use dinomo_resp::{Backend, BackendConn, BackendError, Op, OpResult, Output};
+use dinomo_kn::{Command, DataOp, KnError, Reply, ReplySink, Tagged};
+use dinomo_resp::{Backend, BackendConn, BackendError, Op, OpResult, Output, Wake};
 
 use crate::ClusterError;
 use crate::client::{Client, ClientConfig, ClientError};
@@ -128,9 +128,15 @@ struct NodeBackend {
 impl Backend for NodeBackend {
     type Conn = NodeConn;
 
-    fn connect(&self) -> NodeConn {
+    fn connect(&self, wake: Wake) -> NodeConn {
         let (replies_tx, replies_rx) = unbounded();
         NodeConn {
+            sink: Arc::new(ConnSink {
+                replies: replies_tx,
+                wake,
+            }),
+            arrived: Vec::new(),
+            arrived_now: 0,
             shared: self.shared.clone(),
             connector: self.connector.clone(),
             forward_config: self.forward.clone(),
@@ -143,7 +149,7 @@ impl Backend for NodeBackend {
             ahead_refused: Vec::new(),
             sent_at: Instant::now(),
             worker_timeout: self.worker_timeout,
-            replies_tx,
+            local_deadline: Instant::now(),
             replies_rx,
             batch: 0,
             memory: self.memory.clone(),
@@ -157,14 +163,36 @@ impl Backend for NodeBackend {
     }
 }
 
+/// Where the workers answer a RESP connection's operations: its channel, then a ring of its event loop.
+struct ConnSink {
+    replies: Sender<Tagged>,
+    wake: Wake,
+}
+
+impl ReplySink for ConnSink {
+    fn deliver(&self, tag: u64, reply: Result<Reply, KnError>) -> bool {
+        if self.replies.send((tag, reply)).is_err() {
+            return false;
+        }
+        self.wake.wake();
+        true
+    }
+}
+
 /// One RESP connection's way to the cluster.
 struct NodeConn {
     shared: Arc<NodeShared>,
     connector: Connector,
     forward_config: ClientConfig,
     worker_timeout: Duration,
-    replies_tx: Sender<Tagged>,
+    /// When the ops queued at the workers are reported failed if some are still unanswered.
+    local_deadline: Instant,
+    sink: Arc<ConnSink>,
     replies_rx: Receiver<Tagged>,
+    /// Replies taken from `replies_rx` by [`BackendConn::is_complete`], for [`NodeConn::collect_local`]; of them,
+    /// the ones of the current batch.
+    arrived: Vec<Tagged>,
+    arrived_now: usize,
     /// Numbers batches, so a late reply of an earlier batch that timed out is never taken for a current one.
     batch: u32,
     forwarders: Forwarders,
@@ -189,6 +217,11 @@ struct NodeConn {
     queued: usize,
     /// A batch was started ([`BackendConn::start`]) and awaits [`BackendConn::finish`].
     started: bool,
+}
+
+/// The batch a worker reply's tag names (see [`NodeConn::submit_local`]).
+fn batch_of(tag: u64) -> u32 {
+    (tag >> 32) as u32
 }
 
 /// The store's operation for `op`, its key and value moved out: `op` keeps only its kind, which is all its result
@@ -311,6 +344,8 @@ impl NodeConn {
         let batch = self.batch;
         let tag = |i: usize| (u64::from(batch) << 32) | i as u64;
         self.queued = 0;
+        self.arrived_now = 0;
+        self.local_deadline = Instant::now() + self.worker_timeout;
         let _same_ownership = self.shared.queue_order.read().expect("queue order lock");
         for &i in &self.local {
             // An op this node turns out not to own comes back whole with its refusal and is forwarded then.
@@ -318,7 +353,7 @@ impl NodeConn {
             match self
                 .shared
                 .submitter
-                .submit(Command::Data(op), tag(i), &self.replies_tx)
+                .submit_to(Command::Data(op), tag(i), self.sink.clone())
             {
                 Ok(()) => self.queued += 1,
                 Err(e) => self.early.push((i, from_kn_error(&ops[i], e))),
@@ -326,40 +361,38 @@ impl NodeConn {
         }
     }
 
-    /// Collects the results of the ops [`NodeConn::submit_local`] queued; refused ones are put back in `ops` and
-    /// join `self.remote`.
+    /// Takes the replies that arrived without waiting; whether every op queued at the workers is answered (or
+    /// their time is up, and [`NodeConn::collect_local`] reports the rest failed).
+    fn local_done(&mut self) -> bool {
+        while self.arrived_now < self.queued {
+            match self.replies_rx.try_recv() {
+                Ok(t) => {
+                    self.arrived_now += usize::from(batch_of(t.0) == self.batch);
+                    self.arrived.push(t);
+                }
+                Err(_) => return Instant::now() >= self.local_deadline,
+            }
+        }
+        true
+    }
+
+    /// Collects the results of the ops [`NodeConn::submit_local`] queued (waiting for them until their deadline);
+    /// refused ones are put back in `ops` and join `self.remote`.
     fn collect_local(&mut self, ops: &mut [Op], results: &mut [OpResult]) {
-        let answered = &mut self.answered;
-        answered.clear();
-        answered.resize(ops.len(), false);
+        self.answered.clear();
+        self.answered.resize(ops.len(), false);
         for (i, e) in self.early.drain(..) {
-            answered[i] = true;
+            self.answered[i] = true;
             results[i] = Err(e);
         }
+        let mut arrived = std::mem::take(&mut self.arrived);
+        for t in arrived.drain(..) {
+            self.take_reply(t, ops, results);
+        }
+        self.arrived = arrived;
         while self.queued > 0 {
-            match self.replies_rx.recv_timeout(self.worker_timeout) {
-                Ok((t, r)) => {
-                    if (t >> 32) as u32 != self.batch {
-                        continue;
-                    }
-                    let i = (t & u64::from(u32::MAX)) as usize;
-                    if i >= ops.len() || answered[i] {
-                        continue;
-                    }
-                    answered[i] = true;
-                    self.queued -= 1;
-                    results[i] = match r {
-                        Ok(reply) => from_reply(&ops[i], reply),
-                        Err(KnError::NotOwner {
-                            refused: Some(op), ..
-                        }) => {
-                            ops[i] = op_of(*op);
-                            self.remote.push(i);
-                            continue;
-                        }
-                        Err(e) => Err(from_kn_error(&ops[i], e)),
-                    };
-                }
+            match self.replies_rx.recv_deadline(self.local_deadline) {
+                Ok(t) => self.take_reply(t, ops, results),
                 Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
                     self.queued = 0;
                     let why = format!(
@@ -367,7 +400,7 @@ impl NodeConn {
                         self.worker_timeout
                     );
                     for &i in &self.local {
-                        if !answered[i] {
+                        if !self.answered[i] {
                             results[i] = Err(if ops[i].is_write() {
                                 BackendError::Indeterminate(why.clone())
                             } else {
@@ -379,6 +412,31 @@ impl NodeConn {
                 }
             }
         }
+    }
+
+    /// Takes one worker reply: the result of its op, or, for an op refused as not owned here, the op back for
+    /// forwarding. Replies of an earlier batch (one that timed out) are dropped.
+    fn take_reply(&mut self, (t, r): Tagged, ops: &mut [Op], results: &mut [OpResult]) {
+        if batch_of(t) != self.batch {
+            return;
+        }
+        let i = (t & u64::from(u32::MAX)) as usize;
+        if i >= ops.len() || self.answered[i] {
+            return;
+        }
+        self.answered[i] = true;
+        self.queued -= 1;
+        results[i] = match r {
+            Ok(reply) => from_reply(&ops[i], reply),
+            Err(KnError::NotOwner {
+                refused: Some(op), ..
+            }) => {
+                ops[i] = op_of(*op);
+                self.remote.push(i);
+                return;
+            }
+            Err(e) => Err(from_kn_error(&ops[i], e)),
+        };
     }
 
     /// Sends the ops at `self.remote` (sorted) to their owners through a shared client (a free one if there is,
@@ -573,6 +631,12 @@ impl NodeConn {
 impl BackendConn for NodeConn {
     fn execute(&mut self, ops: &mut Vec<Op>, results: &mut Vec<OpResult>) {
         self.finish(ops, results);
+    }
+
+    /// Operations forwarded to other nodes are waited for in [`BackendConn::finish`]: only the ones queued at
+    /// this node's workers ring the connection's event loop.
+    fn is_complete(&mut self) -> bool {
+        !self.started || self.local.is_empty() || self.local_done()
     }
 
     fn start(&mut self, ops: &mut Vec<Op>) {

@@ -492,7 +492,7 @@ pub struct PdpmBackend {
 impl Backend for PdpmBackend {
     type Conn = PdpmConn;
 
-    fn connect(&self) -> PdpmConn {
+    fn connect(&self, _wake: dinomo_resp::Wake) -> PdpmConn {
         PdpmConn {
             connect: self.connect.clone(),
             client: None,
@@ -693,7 +693,7 @@ mod tests {
     fn every_op_behaves_as_redis_does() {
         for system in Baseline::ALL {
             let (b, _nodes) = backend(system);
-            let mut c = b.connect();
+            let mut c = b.connect(dinomo_resp::Wake::none());
             assert_eq!(c.get(b"k"), Ok(None), "{system}");
             assert_eq!(c.insert(b"k", b"1"), Ok(true));
             assert_eq!(c.insert(b"k", b"2"), Ok(false));
@@ -724,7 +724,7 @@ mod tests {
             ));
             assert!(matches!(c.get(&[b'k'; 17]), Err(BackendError::Invalid(_))));
             // Another connection sees the same data.
-            let mut other = b.connect();
+            let mut other = b.connect(dinomo_resp::Wake::none());
             assert_eq!(other.get(b"new"), Ok(Some(b"-2".to_vec())));
         }
     }
@@ -735,7 +735,7 @@ mod tests {
     fn a_full_store_refuses_new_keys_as_out_of_space() {
         for system in Baseline::ALL {
             let (b, _nodes) = backend(system);
-            let mut c = b.connect();
+            let mut c = b.connect(dinomo_resp::Wake::none());
             let mut stored = 0u32;
             let refusal = loop {
                 assert!(stored < 100_000, "{system}: the store never filled up");

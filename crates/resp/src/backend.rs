@@ -4,6 +4,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use crate::wake::Wake;
+
 /// One operation on one key. Commands map onto these (`MGET` is one [`Op::Get`] per key, `SET NX` an
 /// [`Op::Insert`], ...).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,8 +104,10 @@ pub trait Backend: Send + Sync + 'static {
     /// A connection's handle.
     type Conn: BackendConn;
 
-    /// A handle for a new client connection (each connection thread has its own).
-    fn connect(&self) -> Self::Conn;
+    /// A handle for a new client connection. A backend whose [`BackendConn::start`] leaves operations running
+    /// rings `wake` as they complete, so the event loop serving the connection learns when to finish them
+    /// instead of blocking in [`BackendConn::finish`].
+    fn connect(&self, wake: Wake) -> Self::Conn;
 }
 
 /// One client connection's way to the store.
@@ -113,11 +117,19 @@ pub trait BackendConn: Send + 'static {
     /// different keys may run concurrently.
     fn execute(&mut self, ops: &mut Vec<Op>, results: &mut Vec<OpResult>);
 
-    /// Starts `ops` without waiting for them, so a thread serving many connections can start every ready
-    /// connection's operations before it waits for any. [`BackendConn::finish`] with the same `ops` must follow
-    /// before any other call. The default starts nothing: `finish` runs them.
+    /// Starts `ops` without waiting for them, so a thread serving many connections serves the others while they
+    /// run. [`BackendConn::finish`] with the same `ops` must follow
+    /// before any other call but [`BackendConn::is_complete`]. The default starts nothing: `finish` runs them.
     fn start(&mut self, ops: &mut Vec<Op>) {
         let _ = ops;
+    }
+
+    /// Whether every op [`BackendConn::start`] began has its result, so [`BackendConn::finish`] will not wait
+    /// for the store. A backend that answers `false` rings the connection's [`Wake`] when that may have changed
+    /// (and answers `true` once its own time limit for the ops has passed, so `finish` reports them failed). The
+    /// default, for backends that start nothing, is `true`: `finish` runs the ops.
+    fn is_complete(&mut self) -> bool {
+        true
     }
 
     /// Completes the ops [`BackendConn::start`] began, as [`BackendConn::execute`] would have run them.
@@ -313,7 +325,7 @@ impl MemoryBackend {
 impl Backend for MemoryBackend {
     type Conn = MemoryBackend;
 
-    fn connect(&self) -> MemoryBackend {
+    fn connect(&self, _wake: Wake) -> MemoryBackend {
         self.clone()
     }
 }

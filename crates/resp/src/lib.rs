@@ -19,6 +19,7 @@ pub mod reply;
 pub mod server;
 mod session;
 pub mod value;
+mod wake;
 
 pub use backend::{
     Backend, BackendConn, BackendError, FabricCounts, MemoryBackend, Op, OpResult, Output,
@@ -28,3 +29,4 @@ pub use reply::{Protocol, ReplyWriter};
 pub use server::{RespServer, ServerConfig, ServerError, ServerStats, StatsHandle};
 pub use session::REDIS_COMPAT_VERSION;
 pub use value::{Value, ValueError, ValueLimits};
+pub use wake::Wake;

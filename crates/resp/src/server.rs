@@ -1,9 +1,10 @@
 //! The RESP server: an accept thread and a few event-loop threads, each serving many connections (epoll through
 //! `mio`), as Redis serves them. A loop thread reads what arrived on every ready connection, parses every complete
-//! request, starts the key operations of all those connections at the backend together, then completes them and
-//! writes each connection's replies with one system call (pipelining). Starting every ready connection's
-//! operations before waiting for any lets a store with worker threads take them in one hand-off instead of one
-//! per connection.
+//! request and starts the key operations at the backend, without waiting for them: while a store's worker
+//! threads run one connection's operations, the loop serves the others. The backend rings the connection's
+//! [`Wake`] as results come; the loop then completes the operations and writes the connection's replies with one
+//! system call (pipelining). A connection has one batch of operations running at a time, so its replies keep the
+//! order of its requests; what it sends meanwhile is read once the batch is answered.
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
@@ -21,6 +22,9 @@ use tracing::{debug, info, warn};
 use crate::backend::{Backend, BackendConn};
 use crate::parse::{ParseLimits, RequestParser};
 use crate::session::{Flow, Session, Shared};
+use crate::wake::{LoopBell, Wake};
+use crossbeam_utils::Backoff;
+use dinomo_sync::Doorbell;
 
 /// Default of [`ServerConfig::max_clients`] (Redis's `maxclients`).
 pub const DEFAULT_MAX_CLIENTS: usize = 10_000;
@@ -38,6 +42,9 @@ const WAKER: Token = Token(usize::MAX);
 const READ_CHUNK: usize = 64 << 10;
 /// Buffers that grew beyond this for one large request or reply are given back afterwards.
 const KEEP_BUFFER: usize = 1 << 20;
+/// How often a loop with operations running asks the backend about them even if not rung: a store that gives up
+/// on its operations after a time limit reports them failed by then.
+const RUNNING_CHECK: Duration = Duration::from_secs(1);
 
 /// Settings of a RESP server. In configuration files the address and the thread names are left out: whoever
 /// starts the server sets them.
@@ -193,15 +200,24 @@ impl RespServer {
             let poll = Poll::new().map_err(io)?;
             let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(io)?);
             let (tx, rx) = channel();
+            let (woken_tx, woken) = channel();
             let event_loop = EventLoop {
                 poll,
                 incoming: rx,
+                bell: Arc::new(LoopBell {
+                    woken: woken_tx,
+                    bell: Doorbell::new(),
+                    waker: waker.clone(),
+                }),
+                woken,
                 backend: backend.clone(),
                 shared: shared.clone(),
                 stop: stop.clone(),
                 conns: conns.clone(),
                 slots: Vec::new(),
                 free: Vec::new(),
+                running: 0,
+                started: Vec::new(),
             };
             let thread = std::thread::Builder::new()
                 .name(format!("{}-io{n}", config.name))
@@ -354,18 +370,27 @@ impl Drop for Connected {
 struct EventLoop<B: Backend> {
     poll: Poll,
     incoming: Receiver<(TcpStream, Connected)>,
+    /// Where the backend rings connections whose operations made progress (by slot).
+    bell: Arc<LoopBell>,
+    woken: Receiver<usize>,
     backend: Arc<B>,
     shared: Arc<Shared>,
     stop: Arc<AtomicBool>,
     conns: Arc<Mutex<HashMap<u64, TcpStream>>>,
     slots: Vec<Option<Conn<B::Conn>>>,
     free: Vec<usize>,
+    /// Connections whose started operations have not completed.
+    running: usize,
+    /// Connections that started operations this iteration, looked at once every ready connection's are started:
+    /// a backend that waits in `finish` for some operations (the cluster's forwarded ones) then has all of them
+    /// in flight at once.
+    started: Vec<usize>,
 }
 
 /// What serving a connection's input left to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
-    /// Its key operations were started: complete them and write the replies.
+    /// Its key operations were started: complete them (once they are done) and write the replies.
     Started,
     /// Nothing more now.
     Wait,
@@ -382,9 +407,33 @@ impl<B: Backend> EventLoop<B> {
         // Idle connections are looked for a few times per timeout.
         let sweep_every = (!idle.is_zero()).then(|| (idle / 4).max(Duration::from_millis(10)));
         let mut last_sweep = Instant::now();
-        let mut started: Vec<usize> = Vec::new();
+        let mut last_check = Instant::now();
+        // The rings whose connections the loop has looked at (all of them, when `woken` is empty).
+        let mut seen = self.bell.bell.posts();
         loop {
-            if let Err(e) = self.poll.poll(&mut events, sweep_every) {
+            // Results of running operations are often microseconds away: look for a ring a little before sleeping
+            // in `poll`, whose wake-up costs the ringing thread a system call and this one a reschedule.
+            if self.running > 0 {
+                let backoff = Backoff::new();
+                while self.bell.bell.posts() == seen && !backoff.is_completed() {
+                    backoff.snooze();
+                }
+            }
+            // Wait only with no ring since the loop last emptied `woken` and nothing started to look at; a later
+            // ring wakes it.
+            let parked = self.started.is_empty() && self.bell.bell.park(seen);
+            let timeout = if !parked {
+                Some(Duration::ZERO)
+            } else if self.running > 0 {
+                Some(sweep_every.map_or(RUNNING_CHECK, |s| s.min(RUNNING_CHECK)))
+            } else {
+                sweep_every
+            };
+            let polled = self.poll.poll(&mut events, timeout);
+            if parked {
+                self.bell.bell.unpark();
+            }
+            if let Err(e) = polled {
                 if e.kind() == ErrorKind::Interrupted {
                     continue;
                 }
@@ -395,7 +444,7 @@ impl<B: Backend> EventLoop<B> {
                 return;
             }
             let now = Instant::now();
-            // First every ready connection's input: its requests parsed, its key operations started.
+            // Every ready connection's input: its requests parsed, its key operations started.
             for event in events.iter() {
                 if event.token() == WAKER {
                     self.adopt();
@@ -407,15 +456,20 @@ impl<B: Backend> EventLoop<B> {
                 };
                 conn.last_active = now;
                 // The peer hung up: read to the end, never trusting a short read to have emptied the socket.
-                let hup = event.is_read_closed() || event.is_error();
+                conn.hup |= event.is_read_closed() || event.is_error();
+                if conn.running {
+                    // Its requests wait until the running batch is answered (events are edge-triggered: remember).
+                    conn.unread = true;
+                    continue;
+                }
                 let step = if conn.out.is_empty() {
-                    conn.serve_input(&self.shared, hup)
+                    conn.serve_input(&self.shared)
                 } else {
                     // Blocked on output: finish writing, then read what waited.
                     match conn.write_out(&self.shared) {
                         Ok(true) if conn.closing => Step::Close,
                         Ok(true) => match conn.reregister(self.poll.registry(), slot, false) {
-                            Ok(()) => conn.serve_input(&self.shared, hup),
+                            Ok(()) => conn.serve_input(&self.shared),
                             Err(_) => Step::Close,
                         },
                         Ok(false) => Step::Wait,
@@ -423,24 +477,34 @@ impl<B: Backend> EventLoop<B> {
                     }
                 };
                 match step {
-                    Step::Started => started.push(slot),
-                    Step::Wait => {}
-                    Step::Blocked => {
-                        if conn.reregister(self.poll.registry(), slot, true).is_err() {
-                            self.close(slot);
-                        }
-                    }
-                    Step::Close => self.close(slot),
+                    Step::Started => self.mark_started(slot),
+                    step => self.advance(slot, step),
                 }
             }
-            // Then their results and replies.
+            // Then the connections that started operations, and those whose operations the backend rang about.
+            seen = self.bell.bell.posts();
+            let mut started = std::mem::take(&mut self.started);
             for slot in started.drain(..) {
-                let Some(Some(conn)) = self.slots.get_mut(slot) else {
-                    continue;
-                };
-                let step = conn.reply(&self.shared, self.poll.registry(), slot);
-                if step == Step::Close {
-                    self.close(slot);
+                self.advance(slot, Step::Started);
+            }
+            if self.started.is_empty() {
+                self.started = started;
+            }
+            while let Ok(slot) = self.woken.try_recv() {
+                if self
+                    .slots
+                    .get(slot)
+                    .is_some_and(|c| c.as_ref().is_some_and(|c| c.running))
+                {
+                    self.advance(slot, Step::Started);
+                }
+            }
+            if self.running > 0 && now.duration_since(last_check) >= RUNNING_CHECK {
+                last_check = now;
+                for slot in 0..self.slots.len() {
+                    if self.slots[slot].as_ref().is_some_and(|c| c.running) {
+                        self.advance(slot, Step::Started);
+                    }
                 }
             }
             if let Some(every) = sweep_every
@@ -448,7 +512,9 @@ impl<B: Backend> EventLoop<B> {
             {
                 last_sweep = now;
                 for slot in 0..self.slots.len() {
+                    // A connection waiting for its operations is not idle.
                     if let Some(conn) = &self.slots[slot]
+                        && !conn.running
                         && now.duration_since(conn.last_active) >= idle
                     {
                         debug!("closing an idle RESP connection");
@@ -456,6 +522,63 @@ impl<B: Backend> EventLoop<B> {
                     }
                 }
             }
+        }
+    }
+
+    /// Notes that `slot` started operations, for a look once the iteration's ready connections are served. From now
+    /// until its operations are answered its input waits.
+    fn mark_started(&mut self, slot: usize) {
+        if let Some(Some(conn)) = self.slots.get_mut(slot)
+            && !conn.running
+        {
+            conn.running = true;
+            self.running += 1;
+            self.started.push(slot);
+        }
+    }
+
+    /// Takes a connection from `step` as far as it goes without waiting: completes its started operations once
+    /// they are done and writes their replies, then serves the input that arrived meanwhile (operations that
+    /// input starts are looked at with the iteration's other started connections).
+    fn advance(&mut self, slot: usize, mut step: Step) {
+        let mut first = true;
+        loop {
+            let Some(Some(conn)) = self.slots.get_mut(slot) else {
+                return;
+            };
+            step = match step {
+                Step::Started if !first => {
+                    self.mark_started(slot);
+                    return;
+                }
+                Step::Started => {
+                    first = false;
+                    // Looked at already (a connection may be both started and rung about), or still running.
+                    if !conn.running || !conn.session.ops_done() {
+                        return;
+                    }
+                    conn.running = false;
+                    self.running -= 1;
+                    match conn.reply(&self.shared) {
+                        Step::Wait if conn.unread => {
+                            conn.unread = false;
+                            conn.serve_input(&self.shared)
+                        }
+                        next => next,
+                    }
+                }
+                Step::Wait => return,
+                Step::Blocked => {
+                    if conn.reregister(self.poll.registry(), slot, true).is_err() {
+                        self.close(slot);
+                    }
+                    return;
+                }
+                Step::Close => {
+                    self.close(slot);
+                    return;
+                }
+            };
         }
     }
 
@@ -470,7 +593,13 @@ impl<B: Backend> EventLoop<B> {
                 .local_addr()
                 .map(|a| a.to_string())
                 .unwrap_or_default();
-            let session = Session::new(self.backend.connect(), self.shared.clone(), peer, local);
+            let slot = self.free.pop().unwrap_or_else(|| {
+                self.slots.push(None);
+                self.slots.len() - 1
+            });
+            let wake = Wake::new(self.bell.clone(), slot);
+            let session =
+                Session::new(self.backend.connect(wake), self.shared.clone(), peer, local);
             if let Ok(c) = stream.try_clone() {
                 let key = session.id();
                 self.conns
@@ -480,10 +609,6 @@ impl<B: Backend> EventLoop<B> {
                 guard.conns = Some(self.conns.clone());
                 guard.key = Some(key);
             }
-            let slot = self.free.pop().unwrap_or_else(|| {
-                self.slots.push(None);
-                self.slots.len() - 1
-            });
             let mut stream = mio::net::TcpStream::from_std(stream);
             if let Err(e) =
                 self.poll
@@ -502,6 +627,9 @@ impl<B: Backend> EventLoop<B> {
                 out: Vec::with_capacity(16 << 10),
                 written: 0,
                 closing: false,
+                hup: false,
+                running: false,
+                unread: false,
                 last_active: Instant::now(),
                 _guard: guard,
             });
@@ -510,6 +638,9 @@ impl<B: Backend> EventLoop<B> {
 
     fn close(&mut self, slot: usize) {
         if let Some(mut conn) = self.slots.get_mut(slot).and_then(Option::take) {
+            if conn.running {
+                self.running -= 1;
+            }
             let _ = self.poll.registry().deregister(&mut conn.stream);
             let _ = conn.stream.shutdown(Shutdown::Both);
             self.free.push(slot);
@@ -528,6 +659,13 @@ struct Conn<C: BackendConn> {
     written: usize,
     /// Closes once `out` is written (the client quit, sent malformed input, or hung up).
     closing: bool,
+    /// The peer closed its side: reading goes on to the end of its input, never trusting a short read to have
+    /// emptied the socket.
+    hup: bool,
+    /// Its started key operations have not completed.
+    running: bool,
+    /// Input arrived while operations ran; it is read once they are answered.
+    unread: bool,
     last_active: Instant,
     _guard: Connected,
 }
@@ -535,9 +673,9 @@ struct Conn<C: BackendConn> {
 impl<C: BackendConn> Conn<C> {
     /// Reads what arrived and handles every complete request; the key operations of the last ones are started,
     /// not waited for. Stops early, leaving the rest unread, when the socket does not take the replies of a full
-    /// pipeline ([`ServerConfig::max_pipeline`]). `hup`: the peer closed its side, so reading goes on to the end
-    /// of its input.
-    fn serve_input(&mut self, shared: &Shared, hup: bool) -> Step {
+    /// pipeline ([`ServerConfig::max_pipeline`]).
+    fn serve_input(&mut self, shared: &Shared) -> Step {
+        let hup = self.hup;
         let max_pipeline = shared.config.max_pipeline;
         let mut batch = 0;
         let mut drained = false;
@@ -609,7 +747,7 @@ impl<C: BackendConn> Conn<C> {
     }
 
     /// Completes the started operations and writes every reply.
-    fn reply(&mut self, shared: &Shared, registry: &mio::Registry, slot: usize) -> Step {
+    fn reply(&mut self, shared: &Shared) -> Step {
         self.session.flush(&mut self.out);
         match self.write_out(shared) {
             Ok(true) if self.closing => Step::Close,
@@ -621,10 +759,7 @@ impl<C: BackendConn> Conn<C> {
                 Step::Wait
             }
             // The socket is full: wait until it takes more.
-            Ok(false) => match self.reregister(registry, slot, true) {
-                Ok(()) => Step::Blocked,
-                Err(_) => Step::Close,
-            },
+            Ok(false) => Step::Blocked,
             Err(()) => Step::Close,
         }
     }
