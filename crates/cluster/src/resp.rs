@@ -633,10 +633,15 @@ impl BackendConn for NodeConn {
         self.finish(ops, results);
     }
 
-    /// Operations forwarded to other nodes are waited for in [`BackendConn::finish`]: only the ones queued at
-    /// this node's workers ring the connection's event loop.
+    /// Only the operations queued at this node's workers ring the connection's event loop. Forwarded ones ring
+    /// nothing: a batch with some is finished (waiting for their owners) as soon as the loop looks at it, which
+    /// it does once every ready connection's first wave is sent, so their round trips overlap.
     fn is_complete(&mut self) -> bool {
-        !self.started || self.local.is_empty() || self.local_done()
+        !self.started
+            || !self.remote.is_empty()
+            || !self.sent_ahead.is_empty()
+            || self.local.is_empty()
+            || self.local_done()
     }
 
     fn start(&mut self, ops: &mut Vec<Op>) {
