@@ -1,12 +1,16 @@
 //! The server over TCP with the in-memory backend: pipelining, large values, the client limit, protected mode,
 //! passwords, the idle timeout, and clients that misbehave or vanish while others are served.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Write;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use dinomo_resp::value::{Value, ValueLimits};
+use dinomo_resp::value::Value;
 use dinomo_resp::{MemoryBackend, RespServer, ServerConfig, ServerError, encode_request};
+
+mod common;
+
+use common::Conn;
 
 fn local() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 0))
@@ -21,55 +25,6 @@ fn server(config: ServerConfig) -> RespServer {
         MemoryBackend::new(),
     )
     .expect("start")
-}
-
-struct Conn {
-    stream: TcpStream,
-    buf: Vec<u8>,
-}
-
-impl Conn {
-    fn open(addr: SocketAddr) -> Conn {
-        let stream = TcpStream::connect(addr).expect("connect");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        Conn {
-            stream,
-            buf: Vec::new(),
-        }
-    }
-
-    fn send(&mut self, args: &[&[u8]]) {
-        let mut wire = Vec::new();
-        encode_request(args, &mut wire);
-        self.stream.write_all(&wire).unwrap();
-    }
-
-    fn read(&mut self) -> Option<Value> {
-        loop {
-            if let Some((v, used)) = Value::parse(&self.buf, &ValueLimits::default()).unwrap() {
-                self.buf.drain(..used);
-                return Some(v);
-            }
-            let mut chunk = [0u8; 65536];
-            match self.stream.read(&mut chunk) {
-                Ok(0) | Err(_) => return None,
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-            }
-        }
-    }
-
-    fn call(&mut self, args: &[&[u8]]) -> Value {
-        self.send(args);
-        self.read().expect("a reply")
-    }
-
-    /// Whether the server closed the connection (after any replies still buffered).
-    fn closed(&mut self) -> bool {
-        let mut b = [0u8; 1];
-        matches!(self.stream.read(&mut b), Ok(0))
-    }
 }
 
 /// Waits up to 10 s for the server to count no more than `n` open connections; fails with `why` if it never does.

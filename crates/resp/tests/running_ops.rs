@@ -2,15 +2,13 @@
 //! waiting connection in order once the store rings, completes operations whose store never rings once it reports
 //! them done, and does not take a connection that waits for its store for an idle one.
 
-use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use dinomo_resp::value::{Value, ValueLimits};
+use dinomo_resp::value::Value;
 use dinomo_resp::{
-    Backend, BackendConn, BackendError, MemoryBackend, Op, OpResult, RespServer, ServerConfig,
-    Wake, encode_request,
+    Backend, BackendConn, BackendError, MemoryBackend, Op, OpResult, RespServer, ServerConfig, Wake,
 };
 
 /// A store whose operations on keys starting with `slow` complete only when the test opens its gate (or, for a
@@ -133,6 +131,10 @@ impl BackendConn for GatedConn {
     }
 }
 
+mod common;
+
+use common::Conn;
+
 fn server(backend: Gated, config: ServerConfig) -> RespServer {
     RespServer::start(
         ServerConfig {
@@ -144,63 +146,6 @@ fn server(backend: Gated, config: ServerConfig) -> RespServer {
         backend,
     )
     .expect("start")
-}
-
-struct Conn {
-    stream: TcpStream,
-    buf: Vec<u8>,
-}
-
-impl Conn {
-    fn open(addr: SocketAddr) -> Conn {
-        let stream = TcpStream::connect(addr).expect("connect");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        Conn {
-            stream,
-            buf: Vec::new(),
-        }
-    }
-
-    fn send(&mut self, args: &[&[u8]]) {
-        let mut wire = Vec::new();
-        encode_request(args, &mut wire);
-        self.stream.write_all(&wire).unwrap();
-    }
-
-    fn read(&mut self) -> Option<Value> {
-        loop {
-            if let Some((v, used)) = Value::parse(&self.buf, &ValueLimits::default()).unwrap() {
-                self.buf.drain(..used);
-                return Some(v);
-            }
-            let mut chunk = [0u8; 65536];
-            match self.stream.read(&mut chunk) {
-                Ok(0) | Err(_) => return None,
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-            }
-        }
-    }
-
-    fn call(&mut self, args: &[&[u8]]) -> Value {
-        self.send(args);
-        self.read().expect("a reply")
-    }
-
-    /// Whether nothing arrives within `wait`.
-    fn silent_for(&mut self, wait: Duration) -> bool {
-        self.stream.set_read_timeout(Some(wait)).unwrap();
-        let mut b = [0u8; 1];
-        let silent = matches!(
-            self.stream.read(&mut b),
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)
-        );
-        self.stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        silent
-    }
 }
 
 fn ok() -> Value {
