@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
 use dinomo_kn::{Command, DataOp, KnError, Reply, ReplySink};
-use dinomo_sync::Doorbell;
-use mio::{Events, Interest, Poll, Token, Waker};
+use dinomo_sync::{Inbox, Mailbox};
+use mio::{Events, Interest, Poll, Token};
 use tracing::{debug, warn};
 
 use crate::node::NodeShared;
@@ -101,8 +101,11 @@ pub struct Server {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
     accept: Option<JoinHandle<()>>,
-    loops: Vec<(Arc<Mailbox>, Option<JoinHandle<()>>)>,
+    loops: Vec<(Replies, Option<JoinHandle<()>>)>,
 }
+
+/// An event loop's mailbox, where its connections' replies are posted.
+type Replies = Arc<Mailbox<Delivery>>;
 
 impl Server {
     /// Serves `service` on `listen` to connections that present `token` in their handshake. Like Redis's protected
@@ -153,18 +156,13 @@ impl Server {
         let mut handoffs = Vec::with_capacity(limits.io_threads);
         for n in 0..limits.io_threads {
             let poll = Poll::new()?;
-            let (replies_tx, replies) = unbounded();
-            let mailbox = Arc::new(Mailbox {
-                replies: replies_tx,
-                bell: Doorbell::new(),
-                waker: Waker::new(poll.registry(), WAKER)?,
-            });
+            let (mailbox, inbox) = Mailbox::new(&poll, WAKER)?;
             let (incoming_tx, incoming) = unbounded();
             let event_loop = EventLoop {
                 poll,
                 incoming,
                 mailbox: mailbox.clone(),
-                replies,
+                inbox,
                 ctx: Context {
                     service: service.clone(),
                     control: control_tx.clone(),
@@ -216,7 +214,7 @@ impl Drop for Server {
         }
         // Each loop wakes, sees the stop flag and ends, closing its connections.
         for (mailbox, thread) in &mut self.loops {
-            let _ = mailbox.waker.wake();
+            let _ = mailbox.wake();
             if let Some(t) = thread.take() {
                 let _ = t.join();
             }
@@ -225,7 +223,7 @@ impl Drop for Server {
 }
 
 /// A new connection for an event loop, with its place in the count of live ones.
-type Handoff = (Sender<(TcpStream, LiveSlot)>, Arc<Mailbox>);
+type Handoff = (Sender<(TcpStream, LiveSlot)>, Replies);
 
 fn accept_loop(
     listener: TcpListener,
@@ -251,7 +249,7 @@ fn accept_loop(
         // Round robin: every loop gets its share of the connections.
         let (tx, mailbox) = &loops[next % loops.len()];
         next = next.wrapping_add(1);
-        if tx.send((stream, slot)).is_err() || mailbox.waker.wake().is_err() {
+        if tx.send((stream, slot)).is_err() || mailbox.wake().is_err() {
             warn!("an event loop of the native server is gone; connection dropped");
         }
     });
@@ -319,33 +317,12 @@ struct Delivery {
     outcome: Outcome,
 }
 
-/// An event loop's mailbox: workers and control threads post replies, the loop takes them. A post wakes the loop
-/// only when it waits in `poll` (see [`Doorbell`]), and only the first post after it parked does: a busy loop
-/// takes replies without a system call on either side.
-struct Mailbox {
-    replies: Sender<Delivery>,
-    bell: Doorbell,
-    waker: Waker,
-}
-
-impl Mailbox {
-    fn post(&self, delivery: Delivery) -> bool {
-        if self.replies.send(delivery).is_err() {
-            return false;
-        }
-        if self.bell.must_wake() {
-            let _ = self.waker.wake();
-        }
-        true
-    }
-}
-
 /// Where the replies of one connection's requests go. The workers and control threads hold a clone for every
 /// request they have not answered, and answer every request they take: a node's workers stop only after its
 /// server is gone (`ClusterNode::shutdown`), and control threads only once the loops are.
 struct ConnSink {
     conn: u64,
-    mailbox: Arc<Mailbox>,
+    mailbox: Replies,
 }
 
 impl ConnSink {
@@ -381,8 +358,9 @@ fn conn_key(slot: usize, generation: u32) -> u64 {
 struct EventLoop {
     poll: Poll,
     incoming: Receiver<(TcpStream, LiveSlot)>,
-    mailbox: Arc<Mailbox>,
-    replies: Receiver<Delivery>,
+    /// Workers and control threads post replies here.
+    mailbox: Replies,
+    inbox: Inbox<Delivery>,
     ctx: Context,
     stop: Arc<AtomicBool>,
     slots: Vec<Slot>,
@@ -442,24 +420,15 @@ impl EventLoop {
         let sweep_every = (self.ctx.limits.handshake_timeout / 4)
             .clamp(Duration::from_millis(1), Duration::from_millis(250));
         let mut last_sweep = Instant::now();
-        // The posts whose replies the loop has taken (all of them, when the mailbox is empty).
-        let mut seen = self.mailbox.bell.posts();
         loop {
-            // Wait only with nothing left to settle, the mailbox empty and no post since it was emptied; a later
-            // post rings.
-            let parked =
-                self.touched.is_empty() && self.replies.is_empty() && self.mailbox.bell.park(seen);
-            let timeout = if !parked {
-                Some(Duration::ZERO)
-            } else if self.ungreeted > 0 {
-                Some(sweep_every)
-            } else {
-                None
-            };
-            let polled = self.poll.poll(&mut events, timeout);
-            if parked {
-                self.mailbox.bell.unpark();
-            }
+            // Wait only with nothing left to settle (and no reply waiting, see `Inbox::poll`).
+            let timeout = (self.ungreeted > 0).then_some(sweep_every);
+            let polled = self.inbox.poll(
+                &mut self.poll,
+                &mut events,
+                self.touched.is_empty(),
+                timeout,
+            );
             if let Err(e) = polled {
                 if e.kind() == IoErrorKind::Interrupted {
                     continue;
@@ -484,7 +453,6 @@ impl EventLoop {
                 }
                 self.touched.push(slot);
             }
-            seen = self.mailbox.bell.posts();
             self.take_replies();
             self.settle_touched();
             if self.ungreeted > 0 && last_sweep.elapsed() >= sweep_every {
@@ -496,7 +464,7 @@ impl EventLoop {
 
     /// Appends up to [`REPLIES_PER_ROUND`] posted replies to their connections' output.
     fn take_replies(&mut self) {
-        for delivery in self.replies.try_iter().take(REPLIES_PER_ROUND) {
+        for delivery in self.inbox.take().take(REPLIES_PER_ROUND) {
             let slot = (delivery.conn & u64::from(u32::MAX)) as usize;
             let Some(s) = self.slots.get_mut(slot) else {
                 continue;

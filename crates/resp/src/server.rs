@@ -15,16 +15,16 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use mio::{Events, Interest, Poll, Token, Waker};
+use mio::{Events, Interest, Poll, Token};
 
 use tracing::{debug, info, warn};
 
 use crate::backend::{Backend, BackendConn};
 use crate::parse::{ParseLimits, RequestParser};
 use crate::session::{Flow, Session, Shared};
-use crate::wake::{LoopBell, Wake};
+use crate::wake::Wake;
 use crossbeam_utils::Backoff;
-use dinomo_sync::Doorbell;
+use dinomo_sync::{Inbox, Mailbox};
 
 /// Default of [`ServerConfig::max_clients`] (Redis's `maxclients`).
 pub const DEFAULT_MAX_CLIENTS: usize = 10_000;
@@ -161,7 +161,8 @@ pub struct RespServer {
 struct LoopHandle {
     /// New connections for the loop.
     tx: Sender<(TcpStream, Connected)>,
-    waker: Arc<Waker>,
+    /// Where the loop's connections are rung; its wake tells the loop of a new connection or a stop.
+    mailbox: Arc<Mailbox<usize>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -198,18 +199,13 @@ impl RespServer {
         let mut loops = Vec::with_capacity(config.io_threads);
         for n in 0..config.io_threads {
             let poll = Poll::new().map_err(io)?;
-            let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(io)?);
+            let (mailbox, rung) = Mailbox::new(&poll, WAKER).map_err(io)?;
             let (tx, rx) = channel();
-            let (woken_tx, woken) = channel();
             let event_loop = EventLoop {
                 poll,
                 incoming: rx,
-                bell: Arc::new(LoopBell {
-                    woken: woken_tx,
-                    bell: Doorbell::new(),
-                    waker: waker.clone(),
-                }),
-                woken,
+                mailbox: mailbox.clone(),
+                rung,
                 backend: backend.clone(),
                 shared: shared.clone(),
                 stop: stop.clone(),
@@ -225,7 +221,7 @@ impl RespServer {
                 .map_err(io)?;
             loops.push(LoopHandle {
                 tx,
-                waker,
+                mailbox,
                 thread: Some(thread),
             });
         }
@@ -289,7 +285,7 @@ impl Drop for RespServer {
         // the stop flag and closes its connections.
         if let Some(loops) = Arc::get_mut(&mut self.loops) {
             for l in loops.iter_mut() {
-                let _ = l.waker.wake();
+                let _ = l.mailbox.wake();
                 if let Some(t) = l.thread.take() {
                     let _ = t.join();
                 }
@@ -341,7 +337,7 @@ fn accept_loop(
         // Round robin: every loop gets its share of the connections.
         let l = &loops[next % loops.len()];
         next = next.wrapping_add(1);
-        if l.tx.send((stream, guard)).is_err() || l.waker.wake().is_err() {
+        if l.tx.send((stream, guard)).is_err() || l.mailbox.wake().is_err() {
             warn!("an event loop of the RESP server is gone; connection dropped");
         }
     }
@@ -371,8 +367,8 @@ struct EventLoop<B: Backend> {
     poll: Poll,
     incoming: Receiver<(TcpStream, Connected)>,
     /// Where the backend rings connections whose operations made progress (by slot).
-    bell: Arc<LoopBell>,
-    woken: Receiver<usize>,
+    mailbox: Arc<Mailbox<usize>>,
+    rung: Inbox<usize>,
     backend: Arc<B>,
     shared: Arc<Shared>,
     stop: Arc<AtomicBool>,
@@ -408,31 +404,27 @@ impl<B: Backend> EventLoop<B> {
         let sweep_every = (!idle.is_zero()).then(|| (idle / 4).max(Duration::from_millis(10)));
         let mut last_sweep = Instant::now();
         let mut last_check = Instant::now();
-        // The rings whose connections the loop has looked at (all of them, when `woken` is empty).
-        let mut seen = self.bell.bell.posts();
         loop {
             // Results of running operations are often microseconds away: look for a ring a little before sleeping
             // in `poll`, whose wake-up costs the ringing thread a system call and this one a reschedule.
             if self.running > 0 {
                 let backoff = Backoff::new();
-                while self.bell.bell.posts() == seen && !backoff.is_completed() {
+                while !self.rung.has_news() && !backoff.is_completed() {
                     backoff.snooze();
                 }
             }
-            // Wait only with no ring since the loop last emptied `woken` and nothing started to look at; a later
-            // ring wakes it.
-            let parked = self.started.is_empty() && self.bell.bell.park(seen);
-            let timeout = if !parked {
-                Some(Duration::ZERO)
-            } else if self.running > 0 {
+            // Sleep only with nothing started to look at (and no ring, see `Inbox::poll`).
+            let timeout = if self.running > 0 {
                 Some(sweep_every.map_or(RUNNING_CHECK, |s| s.min(RUNNING_CHECK)))
             } else {
                 sweep_every
             };
-            let polled = self.poll.poll(&mut events, timeout);
-            if parked {
-                self.bell.bell.unpark();
-            }
+            let polled = self.rung.poll(
+                &mut self.poll,
+                &mut events,
+                self.started.is_empty(),
+                timeout,
+            );
             if let Err(e) = polled {
                 if e.kind() == ErrorKind::Interrupted {
                     continue;
@@ -476,35 +468,22 @@ impl<B: Backend> EventLoop<B> {
                         Err(()) => Step::Close,
                     }
                 };
-                match step {
-                    Step::Started => self.mark_started(slot),
-                    step => self.advance(slot, step),
-                }
+                self.settle(slot, step);
             }
-            // Then the connections that started operations, and those whose operations the backend rang about.
-            seen = self.bell.bell.posts();
-            let mut started = std::mem::take(&mut self.started);
-            for slot in started.drain(..) {
-                self.advance(slot, Step::Started);
+            // Then the connections that started operations, and those whose operations the backend rang about
+            // (in one buffer kept between iterations; a look may start operations again, for the next one).
+            let mut looking = std::mem::take(&mut self.started);
+            looking.extend(self.rung.take());
+            for slot in looking.drain(..) {
+                self.look(slot);
             }
             if self.started.is_empty() {
-                self.started = started;
-            }
-            while let Ok(slot) = self.woken.try_recv() {
-                if self
-                    .slots
-                    .get(slot)
-                    .is_some_and(|c| c.as_ref().is_some_and(|c| c.running))
-                {
-                    self.advance(slot, Step::Started);
-                }
+                self.started = looking;
             }
             if self.running > 0 && now.duration_since(last_check) >= RUNNING_CHECK {
                 last_check = now;
                 for slot in 0..self.slots.len() {
-                    if self.slots[slot].as_ref().is_some_and(|c| c.running) {
-                        self.advance(slot, Step::Started);
-                    }
+                    self.look(slot);
                 }
             }
             if let Some(every) = sweep_every
@@ -525,61 +504,51 @@ impl<B: Backend> EventLoop<B> {
         }
     }
 
-    /// Notes that `slot` started operations, for a look once the iteration's ready connections are served. From now
-    /// until its operations are answered its input waits.
-    fn mark_started(&mut self, slot: usize) {
-        if let Some(Some(conn)) = self.slots.get_mut(slot)
-            && !conn.running
-        {
-            conn.running = true;
-            self.running += 1;
-            self.started.push(slot);
+    /// Acts on what serving `slot` left to do. Started operations are looked at once the iteration's ready
+    /// connections are served; until they are answered the connection's input waits.
+    fn settle(&mut self, slot: usize, step: Step) {
+        match step {
+            Step::Started => {
+                if let Some(Some(conn)) = self.slots.get_mut(slot)
+                    && !conn.running
+                {
+                    conn.running = true;
+                    self.running += 1;
+                    self.started.push(slot);
+                }
+            }
+            Step::Wait => {}
+            Step::Blocked => {
+                if let Some(Some(conn)) = self.slots.get_mut(slot)
+                    && conn.reregister(self.poll.registry(), slot, true).is_err()
+                {
+                    self.close(slot);
+                }
+            }
+            Step::Close => self.close(slot),
         }
     }
 
-    /// Takes a connection from `step` as far as it goes without waiting: completes its started operations once
-    /// they are done and writes their replies, then serves the input that arrived meanwhile (operations that
-    /// input starts are looked at with the iteration's other started connections).
-    fn advance(&mut self, slot: usize, mut step: Step) {
-        let mut first = true;
-        loop {
-            let Some(Some(conn)) = self.slots.get_mut(slot) else {
-                return;
-            };
-            step = match step {
-                Step::Started if !first => {
-                    self.mark_started(slot);
-                    return;
-                }
-                Step::Started => {
-                    first = false;
-                    // Looked at already (a connection may be both started and rung about), or still running.
-                    if !conn.running || !conn.session.ops_done() {
-                        return;
-                    }
-                    conn.running = false;
-                    self.running -= 1;
-                    match conn.reply(&self.shared) {
-                        Step::Wait if conn.unread => {
-                            conn.unread = false;
-                            conn.serve_input(&self.shared)
-                        }
-                        next => next,
-                    }
-                }
-                Step::Wait => return,
-                Step::Blocked => {
-                    if conn.reregister(self.poll.registry(), slot, true).is_err() {
-                        self.close(slot);
-                    }
-                    return;
-                }
-                Step::Close => {
-                    self.close(slot);
-                    return;
-                }
-            };
+    /// Completes `slot`'s running operations if they are done, writes their replies and serves the input that
+    /// arrived meanwhile. Does nothing for a connection with none running (one both started and rung about is
+    /// looked at twice).
+    fn look(&mut self, slot: usize) {
+        let Some(Some(conn)) = self.slots.get_mut(slot) else {
+            return;
+        };
+        if !conn.running || !conn.session.ops_done() {
+            return;
         }
+        conn.running = false;
+        self.running -= 1;
+        let step = match conn.reply(&self.shared) {
+            Step::Wait if conn.unread => {
+                conn.unread = false;
+                conn.serve_input(&self.shared)
+            }
+            step => step,
+        };
+        self.settle(slot, step);
     }
 
     /// Takes the connections the accept thread handed over.
@@ -597,7 +566,7 @@ impl<B: Backend> EventLoop<B> {
                 self.slots.push(None);
                 self.slots.len() - 1
             });
-            let wake = Wake::new(self.bell.clone(), slot);
+            let wake = Wake::new(self.mailbox.clone(), slot);
             let session =
                 Session::new(self.backend.connect(wake), self.shared.clone(), peer, local);
             if let Ok(c) = stream.try_clone() {
