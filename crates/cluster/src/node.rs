@@ -52,11 +52,10 @@ pub struct NodeConfig {
     pub resp_listen: Option<SocketAddr>,
     /// Settings of the RESP server (its `listen` is replaced by `resp_listen`).
     pub resp: dinomo_resp::ServerConfig,
-    /// Native clients the RESP connections share to forward keys this node does not own, beside the one each RESP
-    /// event-loop thread keeps for the first wave of its connections' forwarded commands (each client keeps a
-    /// connection to every owner it reached, so this bounds the connections a node opens to each other node).
-    /// Default 32, at most 1024.
-    pub resp_forward_clients: usize,
+    /// Threads that forward the RESP connections' commands on keys other nodes own, each with one pipelined native
+    /// client (which keeps a connection to every owner it reached, so this also bounds the connections a node
+    /// opens to each other node). 0 (the default): one per RESP event-loop thread (`resp.io_threads`). At most 64.
+    pub resp_forward_threads: usize,
 }
 
 impl Default for NodeConfig {
@@ -72,7 +71,7 @@ impl Default for NodeConfig {
             limits: ServerLimits::default(),
             resp_listen: None,
             resp: dinomo_resp::ServerConfig::default(),
-            resp_forward_clients: 32,
+            resp_forward_threads: 0,
         }
     }
 }

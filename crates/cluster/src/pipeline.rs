@@ -27,6 +27,28 @@ pub struct Completion {
     pub result: Result<ResponseBody, ClientError>,
 }
 
+/// What [`PipelinedClient::next_event`] came back with.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A request completed.
+    Completed(Completion),
+    /// The interrupt is readable, or the caller may not sleep and nothing completed yet.
+    Interrupted,
+    /// Nothing is outstanding.
+    Idle,
+}
+
+/// A caller's own wake-up for [`PipelinedClient::next_event`]: a file descriptor that turns readable when the
+/// caller has work (an eventfd, or the descriptor of a mio `Poll` holding a `Waker`), and whether the wait may sleep
+/// at all.
+#[derive(Debug, Clone, Copy)]
+pub struct Interrupt {
+    /// Polled for readability beside the connections; the caller drains it.
+    pub fd: std::os::fd::RawFd,
+    /// False: take what is ready and come back without waiting.
+    pub sleep: bool,
+}
+
 /// Bytes read from a socket at a time.
 const READ_CHUNK: usize = 64 << 10;
 
@@ -132,20 +154,37 @@ impl PipelinedClient {
     /// The next request to complete, waiting for one if none has; `None` when nothing is outstanding. Every
     /// request completes by its deadline ([`ClientConfig::op_timeout`] after it was submitted).
     pub fn next_completion(&mut self) -> Option<Completion> {
+        match self.next_event(None) {
+            Event::Completed(c) => Some(c),
+            Event::Idle => None,
+            Event::Interrupted => unreachable!("no interrupt to wait on"),
+        }
+    }
+
+    /// Like [`PipelinedClient::next_completion`], for a thread that also waits for work of its own: sends what was
+    /// submitted, then waits for a completion or, with `interrupt`, until its file descriptor is readable (the
+    /// thread's own wake-up) or, when it may not sleep, not at all.
+    pub fn next_event(&mut self, interrupt: Option<Interrupt>) -> Event {
         loop {
             if let Some(c) = self.done.pop_front() {
-                return Some(c);
+                return Event::Completed(c);
             }
             if self.in_flight.is_empty() && self.pending.is_empty() {
-                return None;
+                return Event::Idle;
             }
             self.resend_due();
             self.flush_all();
             if !self.done.is_empty() {
                 continue;
             }
-            self.wait_and_read();
+            let interrupted = self.wait_and_read(interrupt);
             self.expire();
+            if interrupted {
+                return match self.done.pop_front() {
+                    Some(c) => Event::Completed(c),
+                    None => Event::Interrupted,
+                };
+            }
         }
     }
 
@@ -274,9 +313,9 @@ impl PipelinedClient {
         }
     }
 
-    /// Waits until a connection with requests in flight is readable (or the next retry or deadline is due), then
-    /// reads and decodes whatever arrived.
-    fn wait_and_read(&mut self) {
+    /// Waits until a connection with requests in flight is readable (or the next retry or deadline is due, or
+    /// `interrupt` says so), then reads and decodes whatever arrived. True when the wait ended for `interrupt`.
+    fn wait_and_read(&mut self, interrupt: Option<Interrupt>) -> bool {
         let now = Instant::now();
         let next_event = self
             .pending
@@ -284,11 +323,14 @@ impl PipelinedClient {
             .map(|p| p.at)
             .chain(self.in_flight.values().map(|f| f.deadline))
             .min();
-        let timeout = next_event.map_or(Duration::from_millis(100), |t| {
-            t.saturating_duration_since(now)
-        });
+        let timeout = match interrupt {
+            Some(Interrupt { sleep: false, .. }) => Duration::ZERO,
+            _ => next_event.map_or(Duration::from_millis(100), |t| {
+                t.saturating_duration_since(now)
+            }),
+        };
         let mut addrs: Vec<String> = Vec::with_capacity(self.conns.len());
-        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(self.conns.len());
+        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(self.conns.len() + 1);
         for (addr, conn) in &self.conns {
             if conn.in_flight > 0 {
                 addrs.push(addr.clone());
@@ -299,24 +341,34 @@ impl PipelinedClient {
                 });
             }
         }
-        if fds.is_empty() {
+        if let Some(i) = interrupt {
+            fds.push(libc::pollfd {
+                fd: i.fd,
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        } else if fds.is_empty() {
             std::thread::sleep(timeout.min(Duration::from_millis(100)));
-            return;
+            return false;
         }
         // Round up so that a wait for an instant less than a millisecond away does not spin.
         let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
         // SAFETY: `fds` is a live, exclusively borrowed array of `fds.len()` initialised pollfd structures, which
-        // is what poll(2) reads and writes; the descriptors belong to streams in `self.conns`, open for the call.
+        // is what poll(2) reads and writes; the descriptors belong to streams in `self.conns` and to the caller's
+        // interrupt, open for the call.
         let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
         if ready <= 0 {
-            // A timeout, or an interrupted call: the caller checks deadlines and retries.
-            return;
+            // A timeout, or an interrupted call: the caller checks deadlines and retries. A caller that may not
+            // sleep is back at once.
+            return matches!(interrupt, Some(Interrupt { sleep: false, .. }));
         }
+        let woken = interrupt.is_some() && fds.last().is_some_and(|f| f.revents != 0);
         for (fd, addr) in fds.iter().zip(addrs) {
             if fd.revents != 0 {
                 self.read_from(&addr);
             }
         }
+        woken || matches!(interrupt, Some(Interrupt { sleep: false, .. }))
     }
 
     /// Reads what `addr` has sent (one read: poll said it would not block) and handles every whole frame.

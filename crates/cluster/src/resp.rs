@@ -8,39 +8,35 @@
 //! keys may complete in any order, as across the nodes of a Redis Cluster. Multi-key commands (`MGET`, `MSET`,
 //! `DEL`, `EXISTS`) are one operation per key, so `MSET` of keys on several nodes is not atomic.
 //!
-//! A pipeline's operations on keys owned elsewhere are forwarded together: in waves that each hold the next
-//! operation of every such key, sent at once (one round trip to each owner, not one per operation) and all
-//! answered before the next wave, so a key's operations still apply in order. The first wave of every ready
-//! connection of an event-loop thread is sent when the connection's operations start ([`LoopForwarder`]), so the
-//! thread has all of them in flight at once instead of one connection's round trip after another's.
+//! A pipeline's operations on keys owned elsewhere are forwarded together, from the node's forwarding threads
+//! ([`crate::forward`]), so the event loop goes on serving other connections while an owner answers: in waves that
+//! each hold the next operation of every such key, sent at once (one round trip to each owner, not one per
+//! operation) and all answered before the next wave, so a key's operations still apply in order. Operations the
+//! workers refuse (the key moved away meanwhile) are forwarded the same way once every local one is answered.
 //!
 //! A write whose outcome is unknown (the node lost the memory node or its lease mid-write, or a forwarded write
 //! got no reply) is answered with an error, never with success.
 
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, unbounded};
 use dinomo_fabric::{Connector, Endpoint};
-use dinomo_kn::{Command, DataOp, KnError, Reply, ReplySink, Tagged};
+use dinomo_kn::{Command, DataOp, KnError, Reply, ReplySink};
 use dinomo_resp::{Backend, BackendConn, BackendError, Op, OpResult, Output, Wake};
 
 use crate::ClusterError;
-use crate::client::{Client, ClientConfig, ClientError};
+use crate::client::{ClientConfig, ClientError};
+use crate::forward::{Answer, ForwardJob, ForwardLane, Forwarding};
 use crate::node::{NodeConfig, NodeShared};
-use crate::pipeline::PipelinedClient;
-use crate::wire::{RequestBody, ResponseBody};
+use crate::wire::ResponseBody;
 
-/// How long a queued operation may take at this node's workers before it is reported as failed: beyond the
-/// longest a worker waits for the memory node to merge (`KnConfig::merge_wait_timeout`, 10 s by default).
+/// How long a batch's operations may take, at this node's workers and at their owners, before those unanswered are
+/// reported as failed: beyond the longest a worker waits for the memory node to merge
+/// (`KnConfig::merge_wait_timeout`, 10 s by default) and the forwarding client's deadline per operation (5 s).
 const WORKER_REPLY_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The most native clients a node's RESP connections share for forwarding ([`NodeConfig::resp_forward_clients`]).
-const MAX_FORWARD_CLIENTS: usize = 1024;
 
 /// Starts the RESP server of a node.
 pub(crate) fn start(
@@ -50,76 +46,43 @@ pub(crate) fn start(
     connector: Connector,
     native_addr: String,
 ) -> Result<dinomo_resp::RespServer, ClusterError> {
-    if !(1..=MAX_FORWARD_CLIENTS).contains(&config.resp_forward_clients) {
-        return Err(ClusterError::Io(format!(
-            "resp_forward_clients must be 1 to {MAX_FORWARD_CLIENTS}, not {}",
-            config.resp_forward_clients
-        )));
-    }
+    let name = format!("dinomo-kn{}-resp", config.node_id);
+    let threads = match config.resp_forward_threads {
+        0 => config.resp.io_threads,
+        n => n,
+    };
+    // The node's own native server answers routing requests: the forwarding clients start there.
+    let forward = ClientConfig {
+        seeds: vec![native_addr],
+        token: connector.config.cluster_token.clone().into(),
+        ..ClientConfig::default()
+    };
     let backend = NodeBackend {
         shared,
-        // The node's own native server answers routing requests: the forwarding clients start there.
-        forward: ClientConfig {
-            seeds: vec![native_addr],
-            token: connector.config.cluster_token.clone().into(),
-            ..ClientConfig::default()
-        },
+        // Thread names are cut at 15 bytes: "dinomo-kn1-fwd0" stays apart from the loops' "dinomo-kn1-resp".
+        forwarding: Forwarding::start(
+            threads,
+            forward,
+            &format!("dinomo-kn{}-fwd", config.node_id),
+        )?,
         connector,
-        forwarders: Arc::new(
-            (0..config.resp_forward_clients)
-                .map(|_| Mutex::new(None))
-                .collect(),
-        ),
-        next_forwarder: AtomicUsize::new(0),
-        id: NEXT_BACKEND.fetch_add(1, Ordering::Relaxed),
-        next_conn: AtomicU32::new(0),
         memory: Arc::new(Mutex::new(None)),
         worker_timeout: WORKER_REPLY_TIMEOUT.max(config.kn.merge_wait_timeout.saturating_mul(2)),
     };
     let server_config = dinomo_resp::ServerConfig {
         listen,
-        name: format!("dinomo-kn{}-resp", config.node_id),
+        name,
         ..config.resp.clone()
     };
     dinomo_resp::RespServer::start(server_config, backend)
         .map_err(|e| ClusterError::Io(e.to_string()))
 }
 
-/// Native clients shared by a node's RESP connections, each connected on first use.
-type Forwarders = Arc<Vec<Mutex<Option<PipelinedClient>>>>;
-
-/// Numbers the RESP backends of the process, so an event-loop thread's [`LoopForwarder`] is never taken for
-/// another node's.
-static NEXT_BACKEND: AtomicU64 = AtomicU64::new(0);
-
-/// The forwarding client of one event-loop thread, shared by the connections it serves. A connection's
-/// [`BackendConn::start`] submits its first wave of forwarded ops here without waiting; its
-/// [`BackendConn::finish`] takes their completions, and keeps those of other connections that arrive meanwhile
-/// for their own `finish` (which the same thread runs, in the same loop iteration).
-struct LoopForwarder {
-    client: PipelinedClient,
-    /// Completions of other connections' ops taken while one connection waited for its own.
-    stash: HashMap<u32, Vec<Answer>>,
-}
-
-/// An op's index in its connection's batch, and its owner's answer.
-type Answer = (usize, Result<ResponseBody, ClientError>);
-
-thread_local! {
-    /// This thread's forwarding client of each RESP backend it serves (by [`NodeBackend::id`]).
-    static LOOP_FORWARDERS: RefCell<HashMap<u64, LoopForwarder>> = RefCell::new(HashMap::new());
-}
-
 struct NodeBackend {
     shared: Arc<NodeShared>,
     connector: Connector,
-    forward: ClientConfig,
-    forwarders: Forwarders,
-    next_forwarder: AtomicUsize,
-    /// Identity of this backend for the threads' [`LoopForwarder`]s.
-    id: u64,
-    /// Numbers the connections, whose forwarded ops share a [`LoopForwarder`].
-    next_conn: AtomicU32,
+    /// The threads that forward the keys other nodes own; stopped with the server (which drops the backend).
+    forwarding: Forwarding,
     /// A fabric endpoint to the memory node for `DBSIZE`, shared by the connections, connected on first use.
     memory: Arc<Mutex<Option<Endpoint>>>,
     worker_timeout: Duration,
@@ -135,47 +98,57 @@ impl Backend for NodeBackend {
                 replies: replies_tx,
                 wake,
             }),
-            arrived: Vec::new(),
-            arrived_now: 0,
+            replies: replies_rx,
             shared: self.shared.clone(),
             connector: self.connector.clone(),
-            forward_config: self.forward.clone(),
-            forwarders: self.forwarders.clone(),
-            forwarder: self.next_forwarder.fetch_add(1, Ordering::Relaxed) % self.forwarders.len(),
-            backend: self.id,
-            conn: self.next_conn.fetch_add(1, Ordering::Relaxed),
-            sent_ahead: Vec::new(),
-            ahead_waiting: 0,
-            ahead_refused: Vec::new(),
-            sent_at: Instant::now(),
+            lane: self.forwarding.lane(),
             worker_timeout: self.worker_timeout,
-            local_deadline: Instant::now(),
-            replies_rx,
+            deadline: Instant::now(),
             batch: 0,
             memory: self.memory.clone(),
             local: Vec::new(),
             remote: Vec::new(),
+            refused: Vec::new(),
+            results: Vec::new(),
             answered: Vec::new(),
-            early: Vec::new(),
             queued: 0,
+            forwarding: 0,
             started: false,
         }
     }
 }
 
-/// Where the workers answer a RESP connection's operations: its channel, then a ring of its event loop.
-struct ConnSink {
-    replies: Sender<Tagged>,
+/// What reaches a RESP connection from elsewhere: a worker's reply to one op, or the answers of a forwarded job.
+enum Delivery {
+    Worker(u64, Result<Reply, KnError>),
+    Forwarded { batch: u32, answers: Vec<Answer> },
+}
+
+/// Where a RESP connection's operations are answered, by this node's workers and by its forwarding threads: the
+/// connection's channel, then a ring of its event loop.
+pub(crate) struct ConnSink {
+    replies: Sender<Delivery>,
     wake: Wake,
 }
 
-impl ReplySink for ConnSink {
-    fn deliver(&self, tag: u64, reply: Result<Reply, KnError>) -> bool {
-        if self.replies.send((tag, reply)).is_err() {
+impl ConnSink {
+    fn send(&self, d: Delivery) -> bool {
+        if self.replies.send(d).is_err() {
             return false;
         }
         self.wake.wake();
         true
+    }
+
+    /// The answers of a forwarded job of `batch`.
+    pub(crate) fn forwarded(&self, batch: u32, answers: Vec<Answer>) {
+        self.send(Delivery::Forwarded { batch, answers });
+    }
+}
+
+impl ReplySink for ConnSink {
+    fn deliver(&self, tag: u64, reply: Result<Reply, KnError>) -> bool {
+        self.send(Delivery::Worker(tag, reply))
     }
 }
 
@@ -183,38 +156,28 @@ impl ReplySink for ConnSink {
 struct NodeConn {
     shared: Arc<NodeShared>,
     connector: Connector,
-    forward_config: ClientConfig,
     worker_timeout: Duration,
-    /// When the ops queued at the workers are reported failed if some are still unanswered.
-    local_deadline: Instant,
     sink: Arc<ConnSink>,
-    replies_rx: Receiver<Tagged>,
-    /// Replies taken from `replies_rx` by [`BackendConn::is_complete`], for [`NodeConn::collect_local`]; of them,
-    /// the ones of the current batch.
-    arrived: Vec<Tagged>,
-    arrived_now: usize,
-    /// Numbers batches, so a late reply of an earlier batch that timed out is never taken for a current one.
+    replies: Receiver<Delivery>,
+    /// The forwarding thread this connection's forwarded ops go through.
+    lane: ForwardLane,
+    /// When the started batch's ops still unanswered are reported failed.
+    deadline: Instant,
+    /// Numbers batches, so a late answer of an earlier batch that timed out is never taken for a current one.
     batch: u32,
-    forwarders: Forwarders,
-    /// The forwarding client this connection tries first.
-    forwarder: usize,
-    /// The backend and this connection, for the thread's [`LoopForwarder`].
-    backend: u64,
-    conn: u32,
-    /// The ops of the started batch forwarded through the thread's [`LoopForwarder`] (the first wave), and when.
-    sent_ahead: Vec<usize>,
-    /// Of those, the ops in the forwarding client with no answer taken yet, and the ones it refused at once.
-    ahead_waiting: usize,
-    ahead_refused: Vec<Answer>,
-    sent_at: Instant,
     memory: Arc<Mutex<Option<Endpoint>>>,
+    /// The started batch's ops routed here and routed away.
     local: Vec<usize>,
     remote: Vec<usize>,
+    /// Ops the workers handed back (not owned here after all), forwarded once every local op is answered.
+    refused: Vec<usize>,
+    /// The started batch's results as they come, and which ops have one.
+    results: Vec<OpResult>,
     answered: Vec<bool>,
-    /// Ops of the started batch the workers refused at once, with why.
-    early: Vec<(usize, BackendError)>,
-    /// Ops of the started batch queued at the workers and not answered yet.
+    /// Ops queued at the workers and not answered yet.
     queued: usize,
+    /// Forwarded jobs not answered yet.
+    forwarding: usize,
     /// A batch was started ([`BackendConn::start`]) and awaits [`BackendConn::finish`].
     started: bool,
 }
@@ -317,7 +280,6 @@ impl NodeConn {
     fn route(&mut self, ops: &[Op]) {
         self.local.clear();
         self.remote.clear();
-        self.early.clear();
         let node = self.shared.id;
         let (local, remote) = (&mut self.local, &mut self.remote);
         self.shared.with_routing(|r| {
@@ -337,157 +299,151 @@ impl NodeConn {
         });
     }
 
+    fn answer(&mut self, i: usize, r: OpResult) {
+        self.results[i] = r;
+        self.answered[i] = true;
+    }
+
     /// Queues the ops at `self.local` at this node's workers without waiting, moving each one's key and value
-    /// into its request; [`NodeConn::collect_local`] takes their results.
+    /// into its request; their replies come through the connection's channel.
     fn submit_local(&mut self, ops: &mut [Op]) {
-        self.batch = self.batch.wrapping_add(1);
         let batch = self.batch;
         let tag = |i: usize| (u64::from(batch) << 32) | i as u64;
-        self.queued = 0;
-        self.arrived_now = 0;
-        self.local_deadline = Instant::now() + self.worker_timeout;
-        let _same_ownership = self.shared.queue_order.read().expect("queue order lock");
-        for &i in &self.local {
+        let shared = self.shared.clone();
+        let _same_ownership = shared.queue_order.read().expect("queue order lock");
+        for k in 0..self.local.len() {
+            let i = self.local[k];
             // An op this node turns out not to own comes back whole with its refusal and is forwarded then.
             let op = take_data_op(&mut ops[i]);
-            match self
-                .shared
+            match shared
                 .submitter
                 .submit_to(Command::Data(op), tag(i), self.sink.clone())
             {
                 Ok(()) => self.queued += 1,
-                Err(e) => self.early.push((i, from_kn_error(&ops[i], e))),
-            }
-        }
-    }
-
-    /// Takes the replies that arrived without waiting; whether every op queued at the workers is answered (or
-    /// their time is up, and [`NodeConn::collect_local`] reports the rest failed).
-    fn local_done(&mut self) -> bool {
-        while self.arrived_now < self.queued {
-            match self.replies_rx.try_recv() {
-                Ok(t) => {
-                    self.arrived_now += usize::from(batch_of(t.0) == self.batch);
-                    self.arrived.push(t);
-                }
-                Err(_) => return Instant::now() >= self.local_deadline,
-            }
-        }
-        true
-    }
-
-    /// Collects the results of the ops [`NodeConn::submit_local`] queued (waiting for them until their deadline);
-    /// refused ones are put back in `ops` and join `self.remote`.
-    fn collect_local(&mut self, ops: &mut [Op], results: &mut [OpResult]) {
-        self.answered.clear();
-        self.answered.resize(ops.len(), false);
-        for (i, e) in self.early.drain(..) {
-            self.answered[i] = true;
-            results[i] = Err(e);
-        }
-        let mut arrived = std::mem::take(&mut self.arrived);
-        for t in arrived.drain(..) {
-            self.take_reply(t, ops, results);
-        }
-        self.arrived = arrived;
-        while self.queued > 0 {
-            match self.replies_rx.recv_deadline(self.local_deadline) {
-                Ok(t) => self.take_reply(t, ops, results),
-                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
-                    self.queued = 0;
-                    let why = format!(
-                        "no reply from the KV node's worker within {:?}",
-                        self.worker_timeout
-                    );
-                    for &i in &self.local {
-                        if !self.answered[i] {
-                            results[i] = Err(if ops[i].is_write() {
-                                BackendError::Indeterminate(why.clone())
-                            } else {
-                                BackendError::Unavailable(why.clone())
-                            });
-                        }
-                    }
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Takes one worker reply: the result of its op, or, for an op refused as not owned here, the op back for
-    /// forwarding. Replies of an earlier batch (one that timed out) are dropped.
-    fn take_reply(&mut self, (t, r): Tagged, ops: &mut [Op], results: &mut [OpResult]) {
-        if batch_of(t) != self.batch {
-            return;
-        }
-        let i = (t & u64::from(u32::MAX)) as usize;
-        if i >= ops.len() || self.answered[i] {
-            return;
-        }
-        self.answered[i] = true;
-        self.queued -= 1;
-        results[i] = match r {
-            Ok(reply) => from_reply(&ops[i], reply),
-            Err(KnError::NotOwner {
-                refused: Some(op), ..
-            }) => {
-                ops[i] = op_of(*op);
-                self.remote.push(i);
-                return;
-            }
-            Err(e) => Err(from_kn_error(&ops[i], e)),
-        };
-    }
-
-    /// Sends the ops at `self.remote` (sorted) to their owners through a shared client (a free one if there is,
-    /// else this connection's own turn at its first choice), in waves (see [`waves`]): a wave's ops are sent
-    /// together and all answered before the next wave is sent. Each op's key and value are moved into its request.
-    fn run_remote(&mut self, ops: &mut [Op], results: &mut [OpResult]) {
-        let n = self.forwarders.len();
-        let free = (0..n).find_map(|k| self.forwarders[(self.forwarder + k) % n].try_lock().ok());
-        let mut slot = match free {
-            Some(slot) => slot,
-            None => self.forwarders[self.forwarder]
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()),
-        };
-        if slot.is_none() {
-            match Client::connect(self.forward_config.clone()) {
-                Ok(c) => *slot = Some(PipelinedClient::from_client(c)),
                 Err(e) => {
-                    let e = from_client_error(e);
-                    for &i in &self.remote {
-                        results[i] = Err(e.clone());
-                    }
+                    let e = from_kn_error(&ops[i], e);
+                    self.answer(i, Err(e));
+                }
+            }
+        }
+    }
+
+    /// Hands the ops at `at` (in batch order) to the connection's forwarding thread, moving each one's key and
+    /// value into the job; the answers come through the connection's channel.
+    fn forward(&mut self, ops: &mut [Op], at: &[usize]) {
+        let job = ForwardJob {
+            waves: waves(ops, at)
+                .into_iter()
+                .map(|wave| {
+                    wave.into_iter()
+                        .map(|i| (i, take_data_op(&mut ops[i])))
+                        .collect()
+                })
+                .collect(),
+            batch: self.batch,
+            deadline: self.deadline,
+            to: self.sink.clone(),
+        };
+        if self.lane.post(job) {
+            self.forwarding += 1;
+        } else {
+            for &i in at {
+                self.answer(
+                    i,
+                    Err(BackendError::Unavailable(
+                        "the node is stopping: not forwarded".into(),
+                    )),
+                );
+            }
+        }
+    }
+
+    /// Takes one delivery into the started batch's results: a worker's reply (an op refused as not owned here
+    /// comes back whole and waits in `self.refused`), or a forwarded job's answers. Those of an earlier batch
+    /// (one that timed out) are dropped.
+    fn take(&mut self, d: Delivery, ops: &mut [Op]) {
+        match d {
+            Delivery::Worker(t, r) => {
+                let i = (t & u64::from(u32::MAX)) as usize;
+                if batch_of(t) != self.batch || i >= ops.len() || self.answered[i] {
                     return;
                 }
+                self.queued = self.queued.saturating_sub(1);
+                let r = match r {
+                    Ok(reply) => from_reply(&ops[i], reply),
+                    Err(KnError::NotOwner {
+                        refused: Some(op), ..
+                    }) => {
+                        ops[i] = op_of(*op);
+                        self.refused.push(i);
+                        return;
+                    }
+                    Err(e) => Err(from_kn_error(&ops[i], e)),
+                };
+                self.answer(i, r);
             }
-        }
-        let client = slot.as_mut().expect("connected above");
-        if let [i] = self.remote[..] {
-            // One op: the one-at-a-time client, without the pipeline's bookkeeping.
-            let op = take_data_op(&mut ops[i]);
-            results[i] = forwarded(&ops[i], client.client().request(RequestBody::Data(op)));
-            return;
-        }
-        for wave in waves(ops, &self.remote) {
-            let sent = Instant::now();
-            for &i in &wave {
-                if let Err(e) =
-                    client.submit(i as u64, RequestBody::Data(take_data_op(&mut ops[i])))
-                {
-                    results[i] = Err(from_client_error(e));
+            Delivery::Forwarded { batch, answers } => {
+                if batch != self.batch {
+                    return;
+                }
+                self.forwarding = self.forwarding.saturating_sub(1);
+                for (i, r) in answers {
+                    if let Some(op) = ops.get(i) {
+                        let r = forwarded(op, r);
+                        self.answer(i, r);
+                    }
                 }
             }
-            // Every submitted op completes by its deadline, so this ends.
-            while let Some(c) = client.next_completion() {
-                client.client().record_latency(sent.elapsed());
-                let i = c.tag as usize;
-                if let (Some(op), Some(r)) = (ops.get(i), results.get_mut(i)) {
-                    *r = forwarded(op, c.result);
-                }
+        }
+    }
+
+    /// Takes what arrived without waiting and moves the batch on; whether every op has its result (or the
+    /// batch's time is up, and the unanswered ones are reported failed).
+    fn progress(&mut self, ops: &mut [Op]) -> bool {
+        while self.queued > 0 || self.forwarding > 0 {
+            match self.replies.try_recv() {
+                Ok(d) => self.take(d, ops),
+                Err(_) => break,
             }
         }
+        if self.queued == 0 && !self.refused.is_empty() {
+            // Each key's ops keep their order: all of a key's local ops were refused together (see the module).
+            let mut refused = std::mem::take(&mut self.refused);
+            refused.sort_unstable();
+            self.forward(ops, &refused);
+            refused.clear();
+            self.refused = refused;
+        }
+        if self.queued == 0 && self.forwarding == 0 {
+            return true;
+        }
+        if Instant::now() >= self.deadline {
+            self.give_up(ops);
+            return true;
+        }
+        false
+    }
+
+    /// Reports every op without a result failed, its time up: a write as indeterminate (it may yet be applied),
+    /// a read as unavailable.
+    fn give_up(&mut self, ops: &[Op]) {
+        let why = format!(
+            "no reply from this node's workers or the key's owner within {:?}",
+            self.worker_timeout
+        );
+        for (i, op) in ops.iter().enumerate() {
+            if !self.answered[i] {
+                self.results[i] = Err(if op.is_write() {
+                    BackendError::Indeterminate(why.clone())
+                } else {
+                    BackendError::Unavailable(why.clone())
+                });
+                self.answered[i] = true;
+            }
+        }
+        self.queued = 0;
+        self.forwarding = 0;
+        self.refused.clear();
     }
 }
 
@@ -508,6 +464,9 @@ fn forwarded(op: &Op, answer: Result<ResponseBody, ClientError>) -> OpResult {
 /// key, so a wave has at most one op per key, and a key's ops are in successive waves in their order. Most
 /// pipelines touch each key once and make one wave.
 fn waves(ops: &[Op], remote: &[usize]) -> Vec<Vec<usize>> {
+    if let [i] = remote {
+        return vec![vec![*i]];
+    }
     let mut waves: Vec<Vec<usize>> = Vec::new();
     let mut next: HashMap<&[u8], usize> = HashMap::with_capacity(remote.len());
     for &i in remote {
@@ -521,136 +480,37 @@ fn waves(ops: &[Op], remote: &[usize]) -> Vec<Vec<usize>> {
     waves
 }
 
-impl NodeConn {
-    /// Submits the first wave of `self.remote` to this thread's [`LoopForwarder`] without waiting, moving the ops
-    /// to `self.sent_ahead`; the rest stay in `self.remote` for [`NodeConn::run_remote`] after the first wave is
-    /// answered. Nothing is sent when the forwarding client cannot connect: `run_remote` reports why.
-    fn send_ahead(&mut self, ops: &mut [Op]) {
-        // Most batches forward one op, or touch each key once: one wave, found without the map `waves` builds.
-        let first = match self.remote[..] {
-            [] => return,
-            [i] => vec![i],
-            _ => waves(ops, &self.remote).swap_remove(0),
-        };
-        let conn = self.conn;
-        let tag = |i: usize| (u64::from(conn) << 32) | i as u64;
-        let (refused, waiting) = (&mut self.ahead_refused, &mut self.ahead_waiting);
-        let sent = LOOP_FORWARDERS.with(|forwarders| {
-            let mut forwarders = forwarders.borrow_mut();
-            let f = match forwarders.entry(self.backend) {
-                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    match Client::connect(self.forward_config.clone()) {
-                        Ok(c) => e.insert(LoopForwarder {
-                            client: PipelinedClient::from_client(c),
-                            stash: HashMap::new(),
-                        }),
-                        Err(_) => return false,
-                    }
-                }
-            };
-            for &i in &first {
-                match f
-                    .client
-                    .submit(tag(i), RequestBody::Data(take_data_op(&mut ops[i])))
-                {
-                    Ok(()) => *waiting += 1,
-                    Err(e) => refused.push((i, Err(e))),
-                }
-            }
-            true
-        });
-        if sent {
-            if first.len() == self.remote.len() {
-                self.remote.clear();
-            } else {
-                // A pipeline may hold many ops: a mask, not a search of the wave per op.
-                let mut ahead = vec![false; ops.len()];
-                for &i in &first {
-                    ahead[i] = true;
-                }
-                self.remote.retain(|&i| !ahead[i]);
-            }
-            self.sent_ahead = first;
-            self.sent_at = Instant::now();
-        }
-    }
-
-    /// Takes the answers of `self.sent_ahead` from this thread's [`LoopForwarder`], keeping other connections'
-    /// answers that come first for them.
-    fn collect_ahead(&mut self, ops: &[Op], results: &mut [OpResult]) {
-        let conn = self.conn;
-        let mut answers = std::mem::take(&mut self.ahead_refused);
-        LOOP_FORWARDERS.with(|forwarders| {
-            let mut forwarders = forwarders.borrow_mut();
-            let Some(f) = forwarders.get_mut(&self.backend) else {
-                return;
-            };
-            // Answers another connection took while it waited for its own.
-            if let Some(taken) = f.stash.remove(&conn) {
-                self.ahead_waiting = self.ahead_waiting.saturating_sub(taken.len());
-                answers.extend(taken);
-            }
-            // Every submitted op completes by its deadline, so this ends.
-            while self.ahead_waiting > 0 {
-                let Some(c) = f.client.next_completion() else {
-                    break;
-                };
-                let (owner, i) = ((c.tag >> 32) as u32, (c.tag & u64::from(u32::MAX)) as usize);
-                if owner == conn {
-                    self.ahead_waiting -= 1;
-                    f.client.client().record_latency(self.sent_at.elapsed());
-                    answers.push((i, c.result));
-                } else {
-                    f.stash.entry(owner).or_default().push((i, c.result));
-                }
-            }
-        });
-        for (i, r) in answers {
-            if let (Some(op), Some(slot)) = (ops.get(i), results.get_mut(i)) {
-                *slot = forwarded(op, r);
-            }
-        }
-        if self.ahead_waiting > 0 {
-            // Not expected: the client lost track of an op. Said, never left as a blank error.
-            self.ahead_waiting = 0;
-            for &i in &self.sent_ahead {
-                if matches!(&results[i], Err(BackendError::Unavailable(m)) if m.is_empty()) {
-                    results[i] = Err(if ops[i].is_write() {
-                        BackendError::Indeterminate("the forwarding client lost the request".into())
-                    } else {
-                        BackendError::Unavailable("the forwarding client lost the request".into())
-                    });
-                }
-            }
-        }
-        self.sent_ahead.clear();
-    }
-}
-
 impl BackendConn for NodeConn {
     fn execute(&mut self, ops: &mut Vec<Op>, results: &mut Vec<OpResult>) {
         self.finish(ops, results);
     }
 
-    /// Only the operations queued at this node's workers ring the connection's event loop. Forwarded ones ring
-    /// nothing: a batch with some is finished (waiting for their owners) as soon as the loop looks at it, which
-    /// it does once every ready connection's first wave is sent, so their round trips overlap.
-    fn is_complete(&mut self) -> bool {
-        !self.started
-            || !self.remote.is_empty()
-            || !self.sent_ahead.is_empty()
-            || self.local.is_empty()
-            || self.local_done()
+    /// The workers and the forwarding threads both ring the connection's event loop as they answer.
+    fn is_complete(&mut self, ops: &mut Vec<Op>) -> bool {
+        !self.started || self.progress(ops)
     }
 
     fn start(&mut self, ops: &mut Vec<Op>) {
+        self.batch = self.batch.wrapping_add(1);
+        self.deadline = Instant::now() + self.worker_timeout;
+        self.queued = 0;
+        self.forwarding = 0;
+        self.refused.clear();
+        // Every op is answered by one path or another before the batch completes, or failed by `give_up`: the
+        // placeholder is always overwritten, so it carries no message (an empty `String` allocates nothing).
+        self.results.clear();
+        self.results
+            .resize_with(ops.len(), || Err(BackendError::Unavailable(String::new())));
+        self.answered.clear();
+        self.answered.resize(ops.len(), false);
         self.route(ops);
         if !self.local.is_empty() {
             self.submit_local(ops);
         }
         if !self.remote.is_empty() {
-            self.send_ahead(ops);
+            let remote = std::mem::take(&mut self.remote);
+            self.forward(ops, &remote);
+            self.remote = remote;
         }
         self.started = true;
     }
@@ -660,21 +520,17 @@ impl BackendConn for NodeConn {
             self.start(ops);
         }
         self.started = false;
-        // Every op is local or remote, and each path writes the result of every op it holds: the placeholder is
-        // always overwritten, so it carries no message (an empty `String` allocates nothing, unlike a text per op).
-        results.clear();
-        results.resize_with(ops.len(), || Err(BackendError::Unavailable(String::new())));
-        if !self.local.is_empty() {
-            self.collect_local(ops, results);
+        while !self.progress(ops) {
+            match self.replies.recv_deadline(self.deadline) {
+                Ok(d) => self.take(d, ops),
+                // The connection holds a sender itself, so the channel never closes: only the time runs out.
+                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
+                    self.give_up(ops);
+                    break;
+                }
+            }
         }
-        if !self.sent_ahead.is_empty() {
-            self.collect_ahead(ops, results);
-        }
-        if !self.remote.is_empty() {
-            // Refused ops joined the list after the ones routed away at once; each key's ops keep their order.
-            self.remote.sort_unstable();
-            self.run_remote(ops, results);
-        }
+        std::mem::swap(results, &mut self.results);
         ops.clear();
     }
 

@@ -30,7 +30,7 @@ fn cluster_config(kns: usize) -> dinomo_cluster::LocalClusterConfig {
     cfg.node.heartbeat = Duration::from_millis(50);
     cfg.resp_listen = vec![any_port()];
     // Fewer forwarding clients than the tests' connections: they are shared.
-    cfg.node.resp_forward_clients = 2;
+    cfg.node.resp_forward_threads = 2;
     cfg
 }
 

@@ -28,6 +28,11 @@ impl Drop for Proc {
 
 /// Starts `dinomo <args>` and returns once it printed its banner.
 fn start(args: &[&str]) -> anyhow::Result<Proc> {
+    start_with_banner(args, 1)
+}
+
+/// Starts `dinomo <args>` and returns once it printed the first `lines` lines, which make its banner.
+fn start_with_banner(args: &[&str], lines: usize) -> anyhow::Result<Proc> {
     let mut child = Command::new(env!("CARGO_BIN_EXE_dinomo"))
         .args(args)
         .env("DINOMO_LOG", "warn")
@@ -37,12 +42,15 @@ fn start(args: &[&str]) -> anyhow::Result<Proc> {
         .spawn()?;
     let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
     let mut banner = String::new();
-    stdout.read_line(&mut banner)?;
-    anyhow::ensure!(
-        !banner.is_empty(),
-        "dinomo {args:?} exited without a banner: {:?}",
-        child.wait()?
-    );
+    for _ in 0..lines {
+        let before = banner.len();
+        stdout.read_line(&mut banner)?;
+        anyhow::ensure!(
+            banner.len() > before,
+            "dinomo {args:?} exited without a banner: {:?}",
+            child.wait()?
+        );
+    }
     // Keep draining stdout so the child never blocks on a full pipe.
     std::thread::spawn(move || for _ in stdout.lines() {});
     Ok(Proc { child, banner })
@@ -76,7 +84,17 @@ fn dpm(pool: &Path, partitioning: &str) -> anyhow::Result<(Proc, String)> {
 }
 
 fn kn(dpm: &str, id: u32) -> anyhow::Result<Proc> {
-    start(&[
+    kn_with(dpm, id, &[])
+}
+
+/// A KV node given `extra` flags too; with `--resp-listen`, its banner's second line says where RESP listens.
+fn kn_with(dpm: &str, id: u32, extra: &[&str]) -> anyhow::Result<Proc> {
+    let lines = if extra.contains(&"--resp-listen") {
+        2
+    } else {
+        1
+    };
+    let args = [
         "kn",
         "--dpm",
         dpm,
@@ -92,7 +110,8 @@ fn kn(dpm: &str, id: u32) -> anyhow::Result<Proc> {
         "300",
         "--heartbeat-ms",
         "20",
-    ])
+    ];
+    start_with_banner(&[&args[..], extra].concat(), lines)
 }
 
 fn value(i: u32, v: u32) -> Vec<u8> {
@@ -335,5 +354,138 @@ fn the_command_line_tools_present_the_token(rn: &str) -> anyhow::Result<()> {
         let stderr = String::from_utf8_lossy(&refused.stderr);
         assert!(stderr.contains("wrong cluster token"), "{args:?}: {stderr}");
     }
+    Ok(())
+}
+
+/// One RESP request (an array of bulk strings) written to `stream`.
+fn resp_send(stream: &mut std::net::TcpStream, args: &[&[u8]]) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut wire = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        wire.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        wire.extend_from_slice(a);
+        wire.extend_from_slice(b"\r\n");
+    }
+    stream.write_all(&wire)?;
+    Ok(())
+}
+
+/// One RESP reply of the kinds these commands get (simple string, error, integer, bulk string), as its text:
+/// `+OK`, `-ERR ...`, `:1`, the bulk's bytes, or `(nil)`.
+fn resp_read(reader: &mut BufReader<std::net::TcpStream>) -> anyhow::Result<String> {
+    use std::io::Read;
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    anyhow::ensure!(line.ends_with("\r\n"), "a cut reply: {line:?}");
+    let line = line.trim_end().to_string();
+    match line.split_at(1) {
+        ("$", "-1") => Ok("(nil)".into()),
+        ("$", len) => {
+            let mut bulk = vec![0; len.parse::<usize>()? + 2];
+            reader.read_exact(&mut bulk)?;
+            bulk.truncate(bulk.len() - 2);
+            Ok(String::from_utf8(bulk)?)
+        }
+        _ => Ok(line),
+    }
+}
+
+/// A KV node's Redis front door forwards a command on a key another node owns without waiting for it on its event
+/// loop: with that owner frozen (SIGSTOP), the connection waiting for it gets no reply, while another connection
+/// of the same event loop (there is one) is answered command after command, both for keys the front door's node
+/// owns and for keys of a third node, forwarded by the same forwarding thread. Once the owner is woken the waiting
+/// connection is answered (by the owner, or with an error once the forwarding client's deadline passed) and goes
+/// on serving.
+#[test]
+fn a_frozen_owner_holds_up_only_the_commands_forwarded_to_it() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut cluster = Cluster::start(&dir.path().join("pool"), "shared", 2)?;
+    let front = kn_with(&cluster.dpm_addr, 3, &["--resp-listen", "127.0.0.1:0"])?;
+    let resp_addr = front
+        .banner
+        .lines()
+        .nth(1)
+        .and_then(|l| l.split_whitespace().last())
+        .expect("the RESP address in the banner")
+        .to_string();
+    cluster.nodes.push(front);
+    let mut client = cluster.client()?;
+    wait_for_ring(
+        &mut client,
+        |r| r.ring.len() == 3,
+        "three nodes never joined",
+    )?;
+    // A key of the node to freeze (1), and keys of the live node (2) and the front door's node (3), in turn.
+    let keys: Vec<String> = (0..600).map(|i| format!("key{i}")).collect();
+    let far = keys
+        .iter()
+        .find(|k| client.owner(k.as_bytes()) == Some(1))
+        .expect("node 1 owns a key")
+        .clone();
+    let owned_by = |node: u32| -> Vec<&String> {
+        keys.iter()
+            .filter(|k| client.owner(k.as_bytes()) == Some(node))
+            .take(25)
+            .collect()
+    };
+    let (live, own) = (owned_by(2), owned_by(3));
+    anyhow::ensure!(live.len() == 25 && own.len() == 25, "too few keys per node");
+    let near: Vec<&String> = live
+        .into_iter()
+        .zip(own)
+        .flat_map(|(a, b)| [a, b])
+        .collect();
+    client.set(far.as_bytes(), b"far")?;
+    for k in &near {
+        client.set(k.as_bytes(), k.as_bytes())?;
+    }
+
+    let open = || -> anyhow::Result<(std::net::TcpStream, BufReader<std::net::TcpStream>)> {
+        let s = std::net::TcpStream::connect(&resp_addr)?;
+        s.set_read_timeout(Some(Duration::from_secs(30)))?;
+        Ok((s.try_clone()?, BufReader::new(s)))
+    };
+    let (mut waiting, mut waiting_replies) = open()?;
+    let (mut other, mut other_replies) = open()?;
+    // Both connections are served: the RESP server and the forwarding client are warm.
+    resp_send(&mut waiting, &[b"GET", far.as_bytes()])?;
+    assert_eq!(resp_read(&mut waiting_replies)?, "far");
+
+    signal(&cluster.nodes[0], "STOP")?;
+    let frozen_at = Instant::now();
+    resp_send(&mut waiting, &[b"GET", far.as_bytes()])?;
+    // The forwarding client gives up on the frozen owner after its deadline (5 s): every command of the other
+    // connection is answered well before that, one at a time, each after the forwarded one was sent.
+    for k in &near {
+        resp_send(&mut other, &[b"GET", k.as_bytes()])?;
+        assert_eq!(resp_read(&mut other_replies)?, **k);
+    }
+    let served_in = frozen_at.elapsed();
+    assert!(
+        served_in < Duration::from_secs(4),
+        "the other connection took {served_in:?}: it waited for the frozen owner"
+    );
+    waiting.set_nonblocking(true)?;
+    let mut peek = [0u8; 1];
+    let early = waiting.peek(&mut peek);
+    assert!(
+        matches!(&early, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the forwarded GET was answered while its owner was frozen: {early:?}"
+    );
+    waiting.set_nonblocking(false)?;
+
+    signal(&cluster.nodes[0], "CONT")?;
+    let answer = resp_read(&mut waiting_replies)?;
+    assert!(
+        answer == "far" || answer.starts_with("-ERR"),
+        "the forwarded GET got {answer:?}"
+    );
+    resp_send(&mut waiting, &[b"PING"])?;
+    assert_eq!(resp_read(&mut waiting_replies)?, "+PONG");
+    eprintln!(
+        "{} commands answered in {served_in:?} while the owner was frozen; the forwarded GET got {answer:?} after {:?}",
+        near.len(),
+        frozen_at.elapsed()
+    );
     Ok(())
 }

@@ -124,11 +124,14 @@ pub trait BackendConn: Send + 'static {
         let _ = ops;
     }
 
-    /// Whether every op [`BackendConn::start`] began has its result, so [`BackendConn::finish`] will not wait
-    /// for the store. A backend that answers `false` rings the connection's [`Wake`] when that may have changed
-    /// (and answers `true` once its own time limit for the ops has passed, so `finish` reports them failed). The
-    /// default, for backends that start nothing, is `true`: `finish` runs the ops.
-    fn is_complete(&mut self) -> bool {
+    /// Whether every op [`BackendConn::start`] began (`ops`, as `start` left them) has its result, so
+    /// [`BackendConn::finish`] will not wait for the store. A backend may take the chance to move the ops on (send
+    /// on the ones one part of the store handed back). A backend that answers `false` rings the connection's
+    /// [`Wake`] when that may have changed (and answers `true` once its own time limit for the ops has passed, so
+    /// `finish` reports them failed). The default, for backends that start nothing, is `true`: `finish` runs the
+    /// ops.
+    fn is_complete(&mut self, ops: &mut Vec<Op>) -> bool {
+        let _ = ops;
         true
     }
 

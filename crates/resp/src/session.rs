@@ -852,7 +852,7 @@ impl<C: BackendConn> Session<C> {
 
     /// Whether [`Session::flush`] can complete the started key operations without waiting for the store.
     pub(crate) fn ops_done(&mut self) -> bool {
-        !self.started || self.conn.is_complete()
+        !self.started || self.conn.is_complete(&mut self.ops)
     }
 
     /// Runs the pending key operations (or completes the started ones) and writes every reply not written yet,

@@ -102,7 +102,7 @@ impl BackendConn for GatedConn {
         }
     }
 
-    fn is_complete(&mut self) -> bool {
+    fn is_complete(&mut self, _ops: &mut Vec<Op>) -> bool {
         let open = *self.backend.gate.open.lock().unwrap();
         self.slow_done(open)
     }

@@ -70,20 +70,30 @@ impl<T> Inbox<T> {
         may_sleep: bool,
         timeout: Option<Duration>,
     ) -> io::Result<()> {
+        self.wait_with(may_sleep, |parked| {
+            poll.poll(
+                events,
+                if parked {
+                    timeout
+                } else {
+                    Some(Duration::ZERO)
+                },
+            )
+        })
+    }
+
+    /// Runs `wait` as the loop's wait when it waits elsewhere than in its `poll` (for sockets of its own), told
+    /// whether it may sleep: only if `may_sleep` and nothing was posted since the loop last began to take its items
+    /// and none is left. A sleeping `wait` must also wake when the poll's own descriptor turns readable, which a
+    /// post makes it, and the loop then takes the wake's event from its `poll` without waiting.
+    pub fn wait_with<R>(&self, may_sleep: bool, wait: impl FnOnce(bool) -> R) -> R {
         let bell = &self.mailbox.bell;
         let parked = may_sleep && self.items.is_empty() && bell.park(self.seen);
-        let polled = poll.poll(
-            events,
-            if parked {
-                timeout
-            } else {
-                Some(Duration::ZERO)
-            },
-        );
+        let r = wait(parked);
         if parked {
             bell.unpark();
         }
-        polled
+        r
     }
 
     /// Whether something was posted since the loop last began to take its items.
@@ -160,6 +170,41 @@ mod tests {
         let begun = Instant::now();
         inbox.poll(&mut poll, &mut events, false, long).unwrap();
         assert!(begun.elapsed() < Duration::from_secs(20));
+    }
+
+    /// A loop that waits elsewhere (on sockets of its own beside the poll's descriptor) is told to sleep only with
+    /// nothing posted, and a post while it sleeps wakes the poll, which is what that wait watches.
+    #[test]
+    fn a_wait_elsewhere_sleeps_only_without_news_and_a_post_ends_it() {
+        let mut poll = Poll::new().unwrap();
+        let mut events = Events::with_capacity(8);
+        let (mailbox, mut inbox) = Mailbox::<u32>::new(&poll, WAKER).unwrap();
+        assert!(mailbox.post(1));
+        assert!(
+            !inbox.wait_with(true, |sleep| sleep),
+            "told to sleep with an item waiting"
+        );
+        assert_eq!(inbox.take().collect::<Vec<_>>(), vec![1]);
+        assert!(
+            !inbox.wait_with(false, |sleep| sleep),
+            "told to sleep when it may not"
+        );
+        let poster = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(mailbox.post(2));
+        });
+        let begun = Instant::now();
+        let slept = inbox.wait_with(true, |sleep| {
+            // The wait a loop with sockets of its own makes: any of them, or the poll's descriptor.
+            poll.poll(&mut events, Some(Duration::from_secs(30)))
+                .unwrap();
+            sleep
+        });
+        assert!(slept);
+        assert!(begun.elapsed() < Duration::from_secs(20), "not woken");
+        assert!(events.iter().any(|e| e.token() == WAKER));
+        poster.join().unwrap();
+        assert_eq!(inbox.take().collect::<Vec<_>>(), vec![2]);
     }
 
     #[test]
