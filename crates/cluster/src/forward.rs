@@ -1,18 +1,21 @@
-//! Forwarding for a KV node's Redis front door: the operations on keys other nodes own go to their owners from
-//! forwarding threads, each driving one pipelined native client, so an event-loop thread never waits for another
-//! node. A frozen or dying owner then delays only the operations on its keys, not every connection of the loop.
+//! Forwarding for a KV node's Redis front door: the operations on keys other nodes own go to their owners through
+//! forwarding lanes, each one pipelined native client with a thread that waits for its answers, so an event-loop
+//! thread never waits for another node. A frozen or dying owner then delays only the operations on its keys, not
+//! every connection of the loop.
 //!
-//! A connection hands a batch's forwarded operations to one thread (its lane) as a [`ForwardJob`], already in
-//! waves: each wave holds at most one operation per key and is answered whole before the next is sent, so a key's
-//! operations apply in order. A thread sends the first wave of every job it has taken together (frames for one
-//! owner share a system call), and hands a job's answers back at once through the connection's [`ConnSink`],
-//! which rings the connection's event loop. Every job a thread takes is answered: each request completes by the
-//! client's deadline, and a wave not yet sent when the job's deadline passes is answered unavailable unsent.
+//! A connection hands a batch's forwarded operations to its lane as a [`ForwardJob`], already in waves: each wave
+//! holds at most one operation per key and is answered whole before the next is sent, so a key's operations apply
+//! in order. The event-loop thread sends a job's first wave itself when the lane's client has a connection open to
+//! every node (the usual case: no wait, and no hop to another thread); otherwise it posts the job to the lane's
+//! thread, which may have to connect. The lane's thread waits on the owners' sockets, reads the answers, sends the
+//! jobs' next waves, and hands each job's answers back at once through the connection's [`ConnSink`], which rings
+//! the connection's event loop. Every job is answered: each request completes by the client's deadline, and a wave
+//! not yet sent when the job's deadline passes is answered unavailable unsent.
 
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -22,7 +25,7 @@ use mio::{Events, Poll, Token};
 
 use crate::ClusterError;
 use crate::client::{Client, ClientConfig, ClientError};
-use crate::pipeline::{Completion, Event, Interrupt, PipelinedClient};
+use crate::pipeline::{Completion, PipelinedClient, poll_fds};
 use crate::resp::ConnSink;
 use crate::wire::{RequestBody, ResponseBody};
 
@@ -49,20 +52,29 @@ const IDLE_WAIT: Duration = Duration::from_secs(1);
 
 const WAKER: Token = Token(0);
 
-/// A node's forwarding threads. Dropping it stops them; jobs posted afterwards are refused
-/// ([`ForwardLane::post`] says so).
+/// A node's forwarding lanes. Dropping it stops their threads; jobs handed over afterwards are refused
+/// ([`ForwardLane::forward`] says so).
 pub(crate) struct Forwarding {
-    lanes: Vec<Arc<Mailbox<ForwardJob>>>,
+    lanes: Vec<ForwardLane>,
     next: AtomicUsize,
-    stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
 }
 
-/// One forwarding thread, as a connection posts to it.
-pub(crate) type ForwardLane = Arc<Mailbox<ForwardJob>>;
+/// One forwarding lane, as connections hand it jobs.
+#[derive(Clone)]
+pub(crate) struct ForwardLane(Arc<LaneShared>);
+
+/// What a lane's thread and the event-loop threads that hand it jobs share.
+struct LaneShared {
+    state: Mutex<Lane>,
+    /// Jobs the lane's thread starts (those that may have to connect), and its wake-up.
+    mailbox: Arc<Mailbox<ForwardJob>>,
+    stop: AtomicBool,
+}
 
 impl Forwarding {
-    /// Starts `threads` forwarding threads, named `name` and their number, whose clients start from `client`'s seeds.
+    /// Starts `threads` forwarding lanes, their threads named `name` and their number, whose clients start from
+    /// `client`'s seeds.
     pub(crate) fn start(
         threads: usize,
         client: ClientConfig,
@@ -73,35 +85,39 @@ impl Forwarding {
                 "resp_forward_threads must be 1 to {MAX_FORWARD_THREADS}, not {threads}"
             )));
         }
-        let stop = Arc::new(AtomicBool::new(false));
         let mut forwarding = Forwarding {
             lanes: Vec::with_capacity(threads),
             next: AtomicUsize::new(0),
-            stop: stop.clone(),
             threads: Vec::with_capacity(threads),
         };
         for k in 0..threads {
             let io = |e: std::io::Error| ClusterError::Io(format!("forwarding thread: {e}"));
             let poll = Poll::new().map_err(io)?;
             let (mailbox, inbox) = Mailbox::new(&poll, WAKER).map_err(io)?;
-            let lane = Lane {
-                config: client.clone(),
-                client: None,
-                jobs: HashMap::new(),
-                next_job: 0,
-            };
-            let stop = stop.clone();
+            let shared = Arc::new(LaneShared {
+                state: Mutex::new(Lane {
+                    config: client.clone(),
+                    client: None,
+                    jobs: HashMap::new(),
+                    next_job: 0,
+                    watching: None,
+                }),
+                mailbox,
+                stop: AtomicBool::new(false),
+            });
+            let lane = ForwardLane(shared.clone());
+            // Joined by `drop` (the field order of a failed start drops the lanes started so far with it).
             let thread = std::thread::Builder::new()
                 .name(format!("{name}{k}"))
-                .spawn(move || lane.run(poll, inbox, &stop))
+                .spawn(move || run(&shared, poll, inbox))
                 .map_err(io)?;
-            forwarding.lanes.push(mailbox);
+            forwarding.lanes.push(lane);
             forwarding.threads.push(thread);
         }
         Ok(forwarding)
     }
 
-    /// The lane of a new connection: the threads take connections in turn.
+    /// The lane of a new connection: connections take the lanes in turn.
     pub(crate) fn lane(&self) -> ForwardLane {
         let k = self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len();
         self.lanes[k].clone()
@@ -110,9 +126,9 @@ impl Forwarding {
 
 impl Drop for Forwarding {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
         for lane in &self.lanes {
-            let _ = lane.wake();
+            lane.0.stop.store(true, Ordering::Release);
+            let _ = lane.0.mailbox.wake();
         }
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -120,13 +136,62 @@ impl Drop for Forwarding {
     }
 }
 
-/// A forwarding thread's state.
+impl ForwardLane {
+    /// Hands `job` to the lane; false (the job dropped unanswered) once the lane has stopped.
+    pub(crate) fn forward(&self, job: ForwardJob) -> bool {
+        let shared = &self.0;
+        if shared.stop.load(Ordering::Acquire) {
+            return false;
+        }
+        // The lane's thread holds the lock while it reads answers, and while it connects, which may wait (for a
+        // frozen node's handshake, say): an event loop never waits for it, but posts the job to the thread. So does
+        // a job that may have to connect.
+        let mut guard = match shared.state.try_lock() {
+            Ok(g)
+                if g.client
+                    .as_ref()
+                    .is_some_and(PipelinedClient::connected_to_all) =>
+            {
+                g
+            }
+            _ => return shared.mailbox.post(job),
+        };
+        let mut done = Vec::new();
+        guard.start(job, &mut done);
+        let lane = &mut *guard;
+        let client = lane.client.as_mut().expect("connected, checked above");
+        client.flush();
+        // A lane's thread that is not waiting takes a new wait set before it waits. One that waits must look again
+        // if the job went out on a socket it does not wait on, or left a retry to time.
+        let wake = lane
+            .watching
+            .as_deref()
+            .is_some_and(|fds| client.in_flight_beyond(fds) || client.has_retries());
+        for running in done {
+            running.deliver();
+        }
+        if wake {
+            let _ = shared.mailbox.wake();
+        }
+        true
+    }
+}
+
+impl LaneShared {
+    fn lock(&self) -> MutexGuard<'_, Lane> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A lane's client and the jobs with a wave in flight.
 struct Lane {
     config: ClientConfig,
-    /// Connected on the first job (and again after a connection attempt failed).
+    /// Connected by the lane's thread on the first job (and again after a connection attempt failed).
     client: Option<PipelinedClient>,
     jobs: HashMap<u32, Running>,
     next_job: u32,
+    /// While the lane's thread waits: the sockets it waits on. `None` while it is not waiting.
+    watching: Option<Vec<std::os::fd::RawFd>>,
 }
 
 /// A job with a wave in flight.
@@ -142,41 +207,99 @@ struct Running {
     sent_at: Instant,
 }
 
-impl Lane {
-    fn run(mut self, mut poll: Poll, mut inbox: Inbox<ForwardJob>, stop: &AtomicBool) {
-        let mut events = Events::with_capacity(8);
-        let fd = poll.as_raw_fd();
-        let mut taken = Vec::new();
-        while !stop.load(Ordering::Acquire) {
+impl Running {
+    fn deliver(self) {
+        self.to.forwarded(self.batch, self.answers);
+    }
+}
+
+/// The lane's thread: starts the jobs posted to it, waits on the owners' sockets and the mailbox at once, and
+/// takes the answers.
+fn run(shared: &LaneShared, mut poll: Poll, mut inbox: Inbox<ForwardJob>) {
+    let mut events = Events::with_capacity(8);
+    let mut fds = Vec::new();
+    let mut addrs = Vec::new();
+    let mut done = Vec::new();
+    let mut taken = Vec::new();
+    // The buffer of `Lane::watching`, kept between waits.
+    let mut spare_watching = Vec::new();
+    while !shared.stop.load(Ordering::Acquire) {
+        fds.clear();
+        addrs.clear();
+        let next = {
+            let mut lane = shared.lock();
             taken.extend(inbox.take());
             for job in taken.drain(..) {
-                self.start(job);
+                lane.connect();
+                lane.start(job, &mut done);
             }
-            let Some(client) = self.client.as_mut().filter(|c| c.outstanding() > 0) else {
-                // Nothing in flight: sleep until a job is posted (or the stop wakes the thread).
-                if let Err(e) = inbox.poll(&mut poll, &mut events, true, Some(IDLE_WAIT)) {
-                    tracing::warn!("forwarding thread: poll failed: {e}");
-                    std::thread::sleep(Duration::from_millis(10));
+            let lane = &mut *lane;
+            let next = lane.client.as_mut().and_then(|c| {
+                c.flush();
+                while let Some(completion) = c.take_completion() {
+                    lane_complete(&mut lane.jobs, c, completion, &mut done);
                 }
-                continue;
-            };
-            // Waits on the owners' sockets and on the mailbox's poll together: a post ends the wait.
-            let event = inbox.wait_with(true, |sleep| {
-                client.next_event(Some(Interrupt { fd, sleep }))
+                c.wait_set(&mut fds, &mut addrs)
             });
-            match event {
-                Event::Completed(c) => self.complete(c),
+            let mut watching = std::mem::take(&mut spare_watching);
+            watching.clear();
+            watching.extend(fds.iter().map(|f| f.fd));
+            lane.watching = Some(watching);
+            next
+        };
+        for running in done.drain(..) {
+            running.deliver();
+        }
+        // The mailbox's poll beside the sockets: a post or a wake ends the wait.
+        fds.push(libc::pollfd {
+            fd: poll.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        let timeout = next.map_or(IDLE_WAIT, |t| t.saturating_duration_since(Instant::now()));
+        let ready = inbox.wait_with(true, |sleep| {
+            poll_fds(&mut fds, if sleep { timeout } else { Duration::ZERO })
+        });
+        let mut lane = shared.lock();
+        if let Some(w) = lane.watching.take() {
+            spare_watching = w;
+        }
+        if ready > 0 {
+            if fds.last().is_some_and(|f| f.revents != 0) {
                 // The wake's event is taken, so the poll's descriptor is not readable again until the next one.
-                Event::Interrupted => {
-                    let _ = poll.poll(&mut events, Some(Duration::ZERO));
-                }
-                Event::Idle => {}
+                let _ = poll.poll(&mut events, Some(Duration::ZERO));
             }
+            if let Some(c) = lane.client.as_mut() {
+                for (fd, addr) in fds.iter().zip(&addrs) {
+                    if fd.revents != 0 {
+                        c.read_ready(addr);
+                    }
+                }
+            }
+        }
+        let lane = &mut *lane;
+        if let Some(c) = lane.client.as_mut() {
+            c.expire();
+            while let Some(completion) = c.take_completion() {
+                lane_complete(&mut lane.jobs, c, completion, &mut done);
+            }
+            c.flush();
+        }
+    }
+}
+
+impl Lane {
+    /// Connects the client if it is not.
+    fn connect(&mut self) {
+        if self.client.is_none()
+            && let Ok(c) = Client::connect(self.config.clone())
+        {
+            self.client = Some(PipelinedClient::from_client(c));
         }
     }
 
-    /// Takes a job: sends its first wave, or answers it at once if nothing can be sent.
-    fn start(&mut self, job: ForwardJob) {
+    /// Takes a job: submits its first wave, or answers it at once (into `done`) if nothing can be sent.
+    fn start(&mut self, job: ForwardJob, done: &mut Vec<Running>) {
         let ForwardJob {
             mut waves,
             batch,
@@ -193,84 +316,81 @@ impl Lane {
             waiting: 0,
             sent_at: Instant::now(),
         };
-        if self.client.is_none() {
-            match Client::connect(self.config.clone()) {
-                Ok(c) => self.client = Some(PipelinedClient::from_client(c)),
-                Err(e) => {
-                    for (i, _) in running.waves.drain(..).flatten() {
-                        running.answers.push((i, Err(e.clone())));
-                    }
-                    deliver(running);
-                    return;
-                }
+        let Some(client) = self.client.as_mut() else {
+            let why = ClientError::Unavailable(format!(
+                "cannot reach the cluster to forward: no routing table from {:?}",
+                self.config.seeds
+            ));
+            for (i, _) in running.waves.drain(..).flatten() {
+                running.answers.push((i, Err(why.clone())));
             }
-        }
-        let id = self.next_job;
-        self.next_job = self.next_job.wrapping_add(1);
-        if self.send_next_wave(id, &mut running) {
-            self.jobs.insert(id, running);
-        } else {
-            deliver(running);
-        }
-    }
-
-    /// Sends the job's next wave; false when the job has nothing in flight (every wave was answered, or refused
-    /// unsent), so it is done.
-    fn send_next_wave(&mut self, id: u32, running: &mut Running) -> bool {
-        let client = self.client.as_mut().expect("connected before any job runs");
-        while let Some(wave) = running.waves.pop() {
-            if Instant::now() >= running.deadline {
-                // The connection gave up on the batch: what was not sent stays unsent, so it is not applied.
-                let why = ClientError::Unavailable(
-                    "not forwarded: the batch's time ran out while earlier commands on the key ran"
-                        .into(),
-                );
-                for (i, _) in std::iter::once(wave)
-                    .chain(running.waves.drain(..))
-                    .flatten()
-                {
-                    running.answers.push((i, Err(why.clone())));
-                }
-                return false;
-            }
-            running.sent_at = Instant::now();
-            for (i, op) in wave {
-                let tag = (u64::from(id) << 32) | i as u64;
-                match client.submit(tag, RequestBody::Data(op)) {
-                    Ok(()) => running.waiting += 1,
-                    Err(e) => running.answers.push((i, Err(e))),
-                }
-            }
-            if running.waiting > 0 {
-                return true;
-            }
-        }
-        false
-    }
-
-    /// Takes one request's completion into its job; a job whose wave is answered sends the next, or is done.
-    fn complete(&mut self, c: Completion) {
-        let (id, i) = ((c.tag >> 32) as u32, (c.tag & u64::from(u32::MAX)) as usize);
-        let Some(running) = self.jobs.get_mut(&id) else {
+            done.push(running);
             return;
         };
-        running.answers.push((i, c.result));
-        running.waiting -= 1;
-        if let Some(client) = self.client.as_mut() {
-            client.client().record_latency(running.sent_at.elapsed());
-        }
-        if running.waiting > 0 {
-            return;
-        }
-        let mut running = self.jobs.remove(&id).expect("looked up above");
-        if self.send_next_wave(id, &mut running) {
+        let id = self.next_job;
+        self.next_job = self.next_job.wrapping_add(1);
+        if send_next_wave(client, id, &mut running) {
             self.jobs.insert(id, running);
         } else {
-            deliver(running);
+            done.push(running);
         }
     }
 }
 
-fn deliver(running: Running) {
-    running.to.forwarded(running.batch, running.answers);
+/// Submits the job's next wave; false when the job has nothing in flight (every wave was answered, or refused
+/// unsent), so it is done.
+fn send_next_wave(client: &mut PipelinedClient, id: u32, running: &mut Running) -> bool {
+    while let Some(wave) = running.waves.pop() {
+        if Instant::now() >= running.deadline {
+            // The connection gave up on the batch: what was not sent stays unsent, so it is not applied.
+            let why = ClientError::Unavailable(
+                "not forwarded: the batch's time ran out while earlier commands on the key ran"
+                    .into(),
+            );
+            for (i, _) in std::iter::once(wave)
+                .chain(running.waves.drain(..))
+                .flatten()
+            {
+                running.answers.push((i, Err(why.clone())));
+            }
+            return false;
+        }
+        running.sent_at = Instant::now();
+        for (i, op) in wave {
+            let tag = (u64::from(id) << 32) | i as u64;
+            match client.submit(tag, RequestBody::Data(op)) {
+                Ok(()) => running.waiting += 1,
+                Err(e) => running.answers.push((i, Err(e))),
+            }
+        }
+        if running.waiting > 0 {
+            return true;
+        }
+    }
+    false
+}
+
+/// Takes one request's completion into its job; a job whose wave is answered sends the next, or is done.
+fn lane_complete(
+    jobs: &mut HashMap<u32, Running>,
+    client: &mut PipelinedClient,
+    c: Completion,
+    done: &mut Vec<Running>,
+) {
+    let (id, i) = ((c.tag >> 32) as u32, (c.tag & u64::from(u32::MAX)) as usize);
+    let Some(running) = jobs.get_mut(&id) else {
+        return;
+    };
+    running.answers.push((i, c.result));
+    running.waiting -= 1;
+    client.client().record_latency(running.sent_at.elapsed());
+    if running.waiting > 0 {
+        return;
+    }
+    let mut running = jobs.remove(&id).expect("looked up above");
+    if send_next_wave(client, id, &mut running) {
+        jobs.insert(id, running);
+    } else {
+        done.push(running);
+    }
 }

@@ -38,7 +38,7 @@ pub use client::{Client, ClientConfig, ClientError, SessionError, open_session};
 pub use local::{LocalCluster, LocalClusterConfig, MemoryNodeRpc, resp_address};
 pub use mnode::{MNode, MNodeConfig, ReconfigEvent, ReconfigKind};
 pub use node::{ClusterNode, NodeConfig, NodeStats};
-pub use pipeline::{Completion, Event, Interrupt, PipelinedClient};
+pub use pipeline::{Completion, PipelinedClient};
 pub use resp::process_fabric_counts;
 pub use rn::RoutingNode;
 pub use server::{

@@ -27,28 +27,6 @@ pub struct Completion {
     pub result: Result<ResponseBody, ClientError>,
 }
 
-/// What [`PipelinedClient::next_event`] came back with.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Event {
-    /// A request completed.
-    Completed(Completion),
-    /// The interrupt is readable, or the caller may not sleep and nothing completed yet.
-    Interrupted,
-    /// Nothing is outstanding.
-    Idle,
-}
-
-/// A caller's own wake-up for [`PipelinedClient::next_event`]: a file descriptor that turns readable when the
-/// caller has work (an eventfd, or the descriptor of a mio `Poll` holding a `Waker`), and whether the wait may sleep
-/// at all.
-#[derive(Debug, Clone, Copy)]
-pub struct Interrupt {
-    /// Polled for readability beside the connections; the caller drains it.
-    pub fd: std::os::fd::RawFd,
-    /// False: take what is ready and come back without waiting.
-    pub sleep: bool,
-}
-
 /// Bytes read from a socket at a time.
 const READ_CHUNK: usize = 64 << 10;
 
@@ -154,38 +132,79 @@ impl PipelinedClient {
     /// The next request to complete, waiting for one if none has; `None` when nothing is outstanding. Every
     /// request completes by its deadline ([`ClientConfig::op_timeout`] after it was submitted).
     pub fn next_completion(&mut self) -> Option<Completion> {
-        match self.next_event(None) {
-            Event::Completed(c) => Some(c),
-            Event::Idle => None,
-            Event::Interrupted => unreachable!("no interrupt to wait on"),
-        }
-    }
-
-    /// Like [`PipelinedClient::next_completion`], for a thread that also waits for work of its own: sends what was
-    /// submitted, then waits for a completion or, with `interrupt`, until its file descriptor is readable (the
-    /// thread's own wake-up) or, when it may not sleep, not at all.
-    pub fn next_event(&mut self, interrupt: Option<Interrupt>) -> Event {
         loop {
             if let Some(c) = self.done.pop_front() {
-                return Event::Completed(c);
+                return Some(c);
             }
             if self.in_flight.is_empty() && self.pending.is_empty() {
-                return Event::Idle;
+                return None;
             }
-            self.resend_due();
-            self.flush_all();
+            self.flush();
             if !self.done.is_empty() {
                 continue;
             }
-            let interrupted = self.wait_and_read(interrupt);
+            self.wait_and_read();
             self.expire();
-            if interrupted {
-                return match self.done.pop_front() {
-                    Some(c) => Event::Completed(c),
-                    None => Event::Interrupted,
-                };
+        }
+    }
+
+    /// Sends what was submitted and the retries now due. With [`PipelinedClient::wait_set`],
+    /// [`PipelinedClient::read_ready`], [`PipelinedClient::expire`] and [`PipelinedClient::take_completion`], the
+    /// steps of [`PipelinedClient::next_completion`] for a caller that waits itself (on more than this client's
+    /// sockets, or sending from one thread and waiting on another).
+    pub(crate) fn flush(&mut self) {
+        self.resend_due();
+        self.flush_all();
+    }
+
+    /// A request that completed, if one has.
+    pub(crate) fn take_completion(&mut self) -> Option<Completion> {
+        self.done.pop_front()
+    }
+
+    /// Whether a request submitted now goes out on a connection already open, to whichever owner it goes, so that
+    /// submitting it never waits to connect.
+    pub(crate) fn connected_to_all(&self) -> bool {
+        self.client
+            .routing()
+            .is_some_and(|r| r.addrs.values().all(|a| self.conns.contains_key(a)))
+    }
+
+    /// Whether a connection has requests in flight but is not among `watched` (the descriptors a waiting thread
+    /// polls).
+    pub(crate) fn in_flight_beyond(&self, watched: &[std::os::fd::RawFd]) -> bool {
+        self.conns
+            .values()
+            .any(|c| c.in_flight > 0 && !watched.contains(&c.stream.as_raw_fd()))
+    }
+
+    /// Whether requests wait to be sent again (their time is kept by whoever waits on the client).
+    pub(crate) fn has_retries(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// The connections with requests in flight, to wait on for reading (`fds`, and their owners' addresses in
+    /// `addrs`, in the same order), and when the next retry or deadline is due.
+    pub(crate) fn wait_set(
+        &self,
+        fds: &mut Vec<libc::pollfd>,
+        addrs: &mut Vec<String>,
+    ) -> Option<Instant> {
+        for (addr, conn) in &self.conns {
+            if conn.in_flight > 0 {
+                addrs.push(addr.clone());
+                fds.push(libc::pollfd {
+                    fd: conn.stream.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
             }
         }
+        self.pending
+            .iter()
+            .map(|p| p.at)
+            .chain(self.in_flight.values().map(|f| f.deadline))
+            .min()
     }
 
     /// Routes `p` and queues its frame on the owner's connection, or parks it for a retry.
@@ -313,66 +332,32 @@ impl PipelinedClient {
         }
     }
 
-    /// Waits until a connection with requests in flight is readable (or the next retry or deadline is due, or
-    /// `interrupt` says so), then reads and decodes whatever arrived. True when the wait ended for `interrupt`.
-    fn wait_and_read(&mut self, interrupt: Option<Interrupt>) -> bool {
-        let now = Instant::now();
-        let next_event = self
-            .pending
-            .iter()
-            .map(|p| p.at)
-            .chain(self.in_flight.values().map(|f| f.deadline))
-            .min();
-        let timeout = match interrupt {
-            Some(Interrupt { sleep: false, .. }) => Duration::ZERO,
-            _ => next_event.map_or(Duration::from_millis(100), |t| {
-                t.saturating_duration_since(now)
-            }),
-        };
-        let mut addrs: Vec<String> = Vec::with_capacity(self.conns.len());
-        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(self.conns.len() + 1);
-        for (addr, conn) in &self.conns {
-            if conn.in_flight > 0 {
-                addrs.push(addr.clone());
-                fds.push(libc::pollfd {
-                    fd: conn.stream.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                });
-            }
-        }
-        if let Some(i) = interrupt {
-            fds.push(libc::pollfd {
-                fd: i.fd,
-                events: libc::POLLIN,
-                revents: 0,
-            });
-        } else if fds.is_empty() {
+    /// Waits until a connection with requests in flight is readable (or the next retry or deadline is due), then
+    /// reads and decodes whatever arrived.
+    fn wait_and_read(&mut self) {
+        let mut addrs = Vec::with_capacity(self.conns.len());
+        let mut fds = Vec::with_capacity(self.conns.len());
+        let next = self.wait_set(&mut fds, &mut addrs);
+        let timeout = next.map_or(Duration::from_millis(100), |t| {
+            t.saturating_duration_since(Instant::now())
+        });
+        if fds.is_empty() {
             std::thread::sleep(timeout.min(Duration::from_millis(100)));
-            return false;
+            return;
         }
-        // Round up so that a wait for an instant less than a millisecond away does not spin.
-        let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
-        // SAFETY: `fds` is a live, exclusively borrowed array of `fds.len()` initialised pollfd structures, which
-        // is what poll(2) reads and writes; the descriptors belong to streams in `self.conns` and to the caller's
-        // interrupt, open for the call.
-        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-        if ready <= 0 {
-            // A timeout, or an interrupted call: the caller checks deadlines and retries. A caller that may not
-            // sleep is back at once.
-            return matches!(interrupt, Some(Interrupt { sleep: false, .. }));
+        if poll_fds(&mut fds, timeout) <= 0 {
+            // A timeout, or an interrupted call: the caller checks deadlines and retries.
+            return;
         }
-        let woken = interrupt.is_some() && fds.last().is_some_and(|f| f.revents != 0);
         for (fd, addr) in fds.iter().zip(addrs) {
             if fd.revents != 0 {
-                self.read_from(&addr);
+                self.read_ready(&addr);
             }
         }
-        woken || matches!(interrupt, Some(Interrupt { sleep: false, .. }))
     }
 
     /// Reads what `addr` has sent (one read: poll said it would not block) and handles every whole frame.
-    fn read_from(&mut self, addr: &str) {
+    pub(crate) fn read_ready(&mut self, addr: &str) {
         let max_frame = self.client.config().max_frame;
         let Some(conn) = self.conns.get_mut(addr) else {
             return;
@@ -519,7 +504,7 @@ impl PipelinedClient {
 
     /// Completes the requests whose deadline passed without a reply: writes as indeterminate (they were sent),
     /// reads as unavailable.
-    fn expire(&mut self) {
+    pub(crate) fn expire(&mut self) {
         let now = Instant::now();
         let late: Vec<u64> = self
             .in_flight
@@ -551,4 +536,13 @@ impl PipelinedClient {
             }
         }
     }
+}
+
+/// poll(2) on `fds` for up to `timeout` (rounded up to a whole millisecond, so that a wait for an instant less than a
+/// millisecond away does not spin): how many are ready, 0 on a timeout, negative on an interrupted call.
+pub(crate) fn poll_fds(fds: &mut [libc::pollfd], timeout: Duration) -> i32 {
+    let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+    // SAFETY: `fds` is a live, exclusively borrowed array of `fds.len()` initialised pollfd structures, which is
+    // what poll(2) reads and writes; the caller keeps the descriptors open for the call.
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) }
 }

@@ -344,7 +344,7 @@ impl NodeConn {
             deadline: self.deadline,
             to: self.sink.clone(),
         };
-        if self.lane.post(job) {
+        if self.lane.forward(job) {
             self.forwarding += 1;
         } else {
             for &i in at {
