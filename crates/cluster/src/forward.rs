@@ -394,3 +394,113 @@ fn lane_complete(
         done.push(running);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crossbeam_channel::unbounded;
+    use dinomo_resp::Wake;
+
+    use super::*;
+    use crate::resp::Delivery;
+    use crate::{LocalCluster, LocalClusterConfig};
+
+    /// The answers of the next job delivered, by op index, and its batch.
+    fn answers(deliveries: &crossbeam_channel::Receiver<Delivery>) -> (u32, Vec<Answer>) {
+        match deliveries.recv_timeout(Duration::from_secs(20)) {
+            Ok(Delivery::Forwarded { batch, mut answers }) => {
+                answers.sort_by_key(|a| a.0);
+                (batch, answers)
+            }
+            Ok(Delivery::Worker(..)) => panic!("a worker reply from a forwarding lane"),
+            Err(e) => panic!("no answer from the lane: {e}"),
+        }
+    }
+
+    #[test]
+    fn a_lane_answers_waves_in_order_and_leaves_the_waves_of_a_lapsed_job_unsent() {
+        let cluster = LocalCluster::start(LocalClusterConfig {
+            pool_size: 256 << 20,
+            processor: dinomo_dpm::ProcessorConfig {
+                merge_threads: 2,
+                segment_size: 1 << 20,
+                ..dinomo_dpm::ProcessorConfig::default()
+            },
+            kns: 1,
+            node: crate::NodeConfig {
+                kn: dinomo_kn::KnConfig {
+                    threads: 2,
+                    max_value_len: 64 << 10,
+                    ..dinomo_kn::KnConfig::default()
+                },
+                ..crate::NodeConfig::default()
+            },
+            ..LocalClusterConfig::default()
+        })
+        .expect("cluster");
+        let seeds = vec![cluster.nodes()[0].addr().to_string()];
+        let forwarding = Forwarding::start(
+            1,
+            ClientConfig {
+                seeds,
+                ..ClientConfig::default()
+            },
+            "test-fwd",
+        )
+        .expect("lanes");
+        let lane = forwarding.lane();
+        let (tx, deliveries) = unbounded();
+        let sink = Arc::new(ConnSink::new(tx, Wake::none()));
+        let job = |waves: Vec<Vec<(usize, DataOp)>>, batch: u32, deadline: Instant| ForwardJob {
+            waves,
+            batch,
+            deadline,
+            to: sink.clone(),
+        };
+        let (k, later) = (
+            || b"k".to_vec(),
+            || Instant::now() + Duration::from_secs(20),
+        );
+
+        // A key's SET, then its GET in the next wave: the GET sees the SET.
+        let waves = vec![
+            vec![
+                (0, DataOp::Set(k(), b"one".to_vec())),
+                (2, DataOp::Get(b"other".to_vec())),
+            ],
+            vec![(1, DataOp::Get(k()))],
+        ];
+        assert!(lane.forward(job(waves, 7, later())));
+        let (batch, got) = answers(&deliveries);
+        assert_eq!(batch, 7);
+        assert_eq!(got.len(), 3);
+        assert_eq!(got[0], (0, Ok(ResponseBody::Applied(true))));
+        assert_eq!(got[1], (1, Ok(ResponseBody::Value(Some(b"one".to_vec())))));
+        assert_eq!(got[2], (2, Ok(ResponseBody::Value(None))));
+
+        // A job whose batch's time ran out: nothing is sent, every op is answered unavailable, the key keeps its
+        // value.
+        let waves = vec![
+            vec![(0, DataOp::Set(k(), b"two".to_vec()))],
+            vec![(1, DataOp::Delete(k()))],
+        ];
+        assert!(lane.forward(job(waves, 8, Instant::now())));
+        let (batch, got) = answers(&deliveries);
+        assert_eq!(batch, 8);
+        assert!(
+            got.iter()
+                .all(|(_, r)| matches!(r, Err(ClientError::Unavailable(m)) if m.contains("not forwarded"))),
+            "{got:?}"
+        );
+        assert!(lane.forward(job(vec![vec![(0, DataOp::Get(k()))]], 9, later())));
+        assert_eq!(
+            answers(&deliveries).1,
+            vec![(0, Ok(ResponseBody::Value(Some(b"one".to_vec()))))]
+        );
+
+        // Stopped lanes refuse jobs.
+        drop(forwarding);
+        assert!(!lane.forward(job(vec![vec![(0, DataOp::Get(k()))]], 10, later())));
+    }
+}

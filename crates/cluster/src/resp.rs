@@ -94,10 +94,7 @@ impl Backend for NodeBackend {
     fn connect(&self, wake: Wake) -> NodeConn {
         let (replies_tx, replies_rx) = unbounded();
         NodeConn {
-            sink: Arc::new(ConnSink {
-                replies: replies_tx,
-                wake,
-            }),
+            sink: Arc::new(ConnSink::new(replies_tx, wake)),
             replies: replies_rx,
             shared: self.shared.clone(),
             connector: self.connector.clone(),
@@ -119,7 +116,7 @@ impl Backend for NodeBackend {
 }
 
 /// What reaches a RESP connection from elsewhere: a worker's reply to one op, or the answers of a forwarded job.
-enum Delivery {
+pub(crate) enum Delivery {
     Worker(u64, Result<Reply, KnError>),
     Forwarded { batch: u32, answers: Vec<Answer> },
 }
@@ -132,6 +129,11 @@ pub(crate) struct ConnSink {
 }
 
 impl ConnSink {
+    /// A sink that sends to `replies` and rings `wake`.
+    pub(crate) fn new(replies: Sender<Delivery>, wake: Wake) -> ConnSink {
+        ConnSink { replies, wake }
+    }
+
     fn send(&self, d: Delivery) -> bool {
         if self.replies.send(d).is_err() {
             return false;
