@@ -167,6 +167,7 @@ impl ForwardLane {
             .watching
             .as_deref()
             .is_some_and(|fds| client.in_flight_beyond(fds) || client.has_retries());
+        drop(guard);
         for running in done {
             running.deliver();
         }
