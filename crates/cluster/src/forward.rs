@@ -106,7 +106,7 @@ impl Forwarding {
                 stop: AtomicBool::new(false),
             });
             let lane = ForwardLane(shared.clone());
-            // Joined by `drop` (the field order of a failed start drops the lanes started so far with it).
+            // A failed start drops `forwarding`, which stops the lanes started so far.
             let thread = std::thread::Builder::new()
                 .name(format!("{name}{k}"))
                 .spawn(move || run(&shared, poll, inbox))
@@ -215,31 +215,41 @@ impl Running {
 }
 
 /// The lane's thread: starts the jobs posted to it, waits on the owners' sockets and the mailbox at once, and
-/// takes the answers.
+/// takes the answers. One turn holds the lane's lock once: it reads what the last wait found ready, starts the
+/// posted jobs, takes the completions (sending next waves), sends, and takes the next wait set.
 fn run(shared: &LaneShared, mut poll: Poll, mut inbox: Inbox<ForwardJob>) {
     let mut events = Events::with_capacity(8);
-    let mut fds = Vec::new();
-    let mut addrs = Vec::new();
+    let mut fds: Vec<libc::pollfd> = Vec::new();
+    let mut addrs: Vec<String> = Vec::new();
     let mut done = Vec::new();
-    let mut taken = Vec::new();
     // The buffer of `Lane::watching`, kept between waits.
     let mut spare_watching = Vec::new();
     while !shared.stop.load(Ordering::Acquire) {
-        fds.clear();
-        addrs.clear();
         let next = {
-            let mut lane = shared.lock();
-            taken.extend(inbox.take());
-            for job in taken.drain(..) {
+            let mut guard = shared.lock();
+            let lane = &mut *guard;
+            if let Some(w) = lane.watching.take() {
+                spare_watching = w;
+            }
+            if let Some(c) = lane.client.as_mut() {
+                for (fd, addr) in fds.iter().zip(&addrs) {
+                    if fd.revents != 0 {
+                        c.read_ready(addr);
+                    }
+                }
+            }
+            for job in inbox.take() {
                 lane.connect();
                 lane.start(job, &mut done);
             }
-            let lane = &mut *lane;
+            fds.clear();
+            addrs.clear();
             let next = lane.client.as_mut().and_then(|c| {
-                c.flush();
+                c.expire();
                 while let Some(completion) = c.take_completion() {
                     lane_complete(&mut lane.jobs, c, completion, &mut done);
                 }
+                c.flush();
                 c.wait_set(&mut fds, &mut addrs)
             });
             let mut watching = std::mem::take(&mut spare_watching);
@@ -258,33 +268,13 @@ fn run(shared: &LaneShared, mut poll: Poll, mut inbox: Inbox<ForwardJob>) {
             revents: 0,
         });
         let timeout = next.map_or(IDLE_WAIT, |t| t.saturating_duration_since(Instant::now()));
-        let ready = inbox.wait_with(true, |sleep| {
+        // What is ready shows in `revents` (all zero after a timeout or an interrupted call), read next turn.
+        inbox.wait_with(true, |sleep| {
             poll_fds(&mut fds, if sleep { timeout } else { Duration::ZERO })
         });
-        let mut lane = shared.lock();
-        if let Some(w) = lane.watching.take() {
-            spare_watching = w;
-        }
-        if ready > 0 {
-            if fds.last().is_some_and(|f| f.revents != 0) {
-                // The wake's event is taken, so the poll's descriptor is not readable again until the next one.
-                let _ = poll.poll(&mut events, Some(Duration::ZERO));
-            }
-            if let Some(c) = lane.client.as_mut() {
-                for (fd, addr) in fds.iter().zip(&addrs) {
-                    if fd.revents != 0 {
-                        c.read_ready(addr);
-                    }
-                }
-            }
-        }
-        let lane = &mut *lane;
-        if let Some(c) = lane.client.as_mut() {
-            c.expire();
-            while let Some(completion) = c.take_completion() {
-                lane_complete(&mut lane.jobs, c, completion, &mut done);
-            }
-            c.flush();
+        if fds.last().is_some_and(|f| f.revents != 0) {
+            // The wake's event is taken, so the poll's descriptor is not readable again until the next one.
+            let _ = poll.poll(&mut events, Some(Duration::ZERO));
         }
     }
 }

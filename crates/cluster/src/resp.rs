@@ -311,20 +311,20 @@ impl NodeConn {
     fn submit_local(&mut self, ops: &mut [Op]) {
         let batch = self.batch;
         let tag = |i: usize| (u64::from(batch) << 32) | i as u64;
-        let shared = self.shared.clone();
-        let _same_ownership = shared.queue_order.read().expect("queue order lock");
-        for k in 0..self.local.len() {
-            let i = self.local[k];
+        let _same_ownership = self.shared.queue_order.read().expect("queue order lock");
+        for &i in &self.local {
             // An op this node turns out not to own comes back whole with its refusal and is forwarded then.
             let op = take_data_op(&mut ops[i]);
-            match shared
+            match self
+                .shared
                 .submitter
                 .submit_to(Command::Data(op), tag(i), self.sink.clone())
             {
                 Ok(()) => self.queued += 1,
+                // The fields, not `answer`: the lock guard borrows `self.shared`.
                 Err(e) => {
-                    let e = from_kn_error(&ops[i], e);
-                    self.answer(i, Err(e));
+                    self.results[i] = Err(from_kn_error(&ops[i], e));
+                    self.answered[i] = true;
                 }
             }
         }
@@ -333,8 +333,10 @@ impl NodeConn {
     /// Hands the ops at `at` (in batch order) to the connection's forwarding thread, moving each one's key and
     /// value into the job; the answers come through the connection's channel.
     fn forward(&mut self, ops: &mut [Op], at: &[usize]) {
-        let job = ForwardJob {
-            waves: waves(ops, at)
+        let waves = match at {
+            // Most forwarded batches are one op: no grouping by key.
+            [i] => vec![vec![(*i, take_data_op(&mut ops[*i]))]],
+            _ => waves(ops, at)
                 .into_iter()
                 .map(|wave| {
                     wave.into_iter()
@@ -342,6 +344,9 @@ impl NodeConn {
                         .collect()
                 })
                 .collect(),
+        };
+        let job = ForwardJob {
+            waves,
             batch: self.batch,
             deadline: self.deadline,
             to: self.sink.clone(),
@@ -435,12 +440,12 @@ impl NodeConn {
         );
         for (i, op) in ops.iter().enumerate() {
             if !self.answered[i] {
-                self.results[i] = Err(if op.is_write() {
+                let failed = if op.is_write() {
                     BackendError::Indeterminate(why.clone())
                 } else {
                     BackendError::Unavailable(why.clone())
-                });
-                self.answered[i] = true;
+                };
+                self.answer(i, Err(failed));
             }
         }
         self.queued = 0;
@@ -466,9 +471,6 @@ fn forwarded(op: &Op, answer: Result<ResponseBody, ClientError>) -> OpResult {
 /// key, so a wave has at most one op per key, and a key's ops are in successive waves in their order. Most
 /// pipelines touch each key once and make one wave.
 fn waves(ops: &[Op], remote: &[usize]) -> Vec<Vec<usize>> {
-    if let [i] = remote {
-        return vec![vec![*i]];
-    }
     let mut waves: Vec<Vec<usize>> = Vec::new();
     let mut next: HashMap<&[u8], usize> = HashMap::with_capacity(remote.len());
     for &i in remote {

@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dinomo_cluster::{Client, ClientConfig};
+use dinomo_resp::{Value, ValueLimits, encode_request};
 
 /// The cluster token every process of these tests is given.
 const TOKEN: &str = "process-test-token";
@@ -357,36 +358,57 @@ fn the_command_line_tools_present_the_token(rn: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One RESP request (an array of bulk strings) written to `stream`.
-fn resp_send(stream: &mut std::net::TcpStream, args: &[&[u8]]) -> anyhow::Result<()> {
-    use std::io::Write;
-    let mut wire = format!("*{}\r\n", args.len()).into_bytes();
-    for a in args {
-        wire.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        wire.extend_from_slice(a);
-        wire.extend_from_slice(b"\r\n");
-    }
-    stream.write_all(&wire)?;
-    Ok(())
+/// A plain RESP connection: requests encoded by [`encode_request`], replies read by [`Value::parse`].
+struct RespConn {
+    stream: std::net::TcpStream,
+    buf: Vec<u8>,
 }
 
-/// One RESP reply of the kinds these commands get (simple string, error, integer, bulk string), as its text:
-/// `+OK`, `-ERR ...`, `:1`, the bulk's bytes, or `(nil)`.
-fn resp_read(reader: &mut BufReader<std::net::TcpStream>) -> anyhow::Result<String> {
-    use std::io::Read;
-    let mut line = String::new();
-    reader.read_line(&mut line)?;
-    anyhow::ensure!(line.ends_with("\r\n"), "a cut reply: {line:?}");
-    let line = line.trim_end().to_string();
-    match line.split_at(1) {
-        ("$", "-1") => Ok("(nil)".into()),
-        ("$", len) => {
-            let mut bulk = vec![0; len.parse::<usize>()? + 2];
-            reader.read_exact(&mut bulk)?;
-            bulk.truncate(bulk.len() - 2);
-            Ok(String::from_utf8(bulk)?)
+impl RespConn {
+    fn open(addr: &str) -> anyhow::Result<RespConn> {
+        let stream = std::net::TcpStream::connect(addr)?;
+        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        Ok(RespConn {
+            stream,
+            buf: Vec::new(),
+        })
+    }
+
+    fn send(&mut self, args: &[&[u8]]) -> anyhow::Result<()> {
+        use std::io::Write;
+        let mut wire = Vec::new();
+        encode_request(args, &mut wire);
+        self.stream.write_all(&wire)?;
+        Ok(())
+    }
+
+    fn read(&mut self) -> anyhow::Result<Value> {
+        use std::io::Read;
+        loop {
+            if let Some((v, used)) = Value::parse(&self.buf, &ValueLimits::default())? {
+                self.buf.drain(..used);
+                return Ok(v);
+            }
+            let mut chunk = [0u8; 4096];
+            let n = self.stream.read(&mut chunk)?;
+            anyhow::ensure!(n > 0, "the server closed the connection");
+            self.buf.extend_from_slice(&chunk[..n]);
         }
-        _ => Ok(line),
+    }
+
+    /// Whether a reply (or part of one) has arrived and is not read yet.
+    fn has_input(&mut self) -> anyhow::Result<bool> {
+        if !self.buf.is_empty() {
+            return Ok(true);
+        }
+        self.stream.set_nonblocking(true)?;
+        let peeked = self.stream.peek(&mut [0u8; 1]);
+        self.stream.set_nonblocking(false)?;
+        match peeked {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
+            Err(e) => Err(e.into()),
+        }
     }
 }
 
@@ -440,48 +462,40 @@ fn a_frozen_owner_holds_up_only_the_commands_forwarded_to_it() -> anyhow::Result
         client.set(k.as_bytes(), k.as_bytes())?;
     }
 
-    let open = || -> anyhow::Result<(std::net::TcpStream, BufReader<std::net::TcpStream>)> {
-        let s = std::net::TcpStream::connect(&resp_addr)?;
-        s.set_read_timeout(Some(Duration::from_secs(30)))?;
-        Ok((s.try_clone()?, BufReader::new(s)))
-    };
-    let (mut waiting, mut waiting_replies) = open()?;
-    let (mut other, mut other_replies) = open()?;
+    let mut waiting = RespConn::open(&resp_addr)?;
+    let mut other = RespConn::open(&resp_addr)?;
+    let bulk = |b: &[u8]| Value::Bulk(b.to_vec());
     // Both connections are served: the RESP server and the forwarding client are warm.
-    resp_send(&mut waiting, &[b"GET", far.as_bytes()])?;
-    assert_eq!(resp_read(&mut waiting_replies)?, "far");
+    waiting.send(&[b"GET", far.as_bytes()])?;
+    assert_eq!(waiting.read()?, bulk(b"far"));
 
     signal(&cluster.nodes[0], "STOP")?;
     let frozen_at = Instant::now();
-    resp_send(&mut waiting, &[b"GET", far.as_bytes()])?;
+    waiting.send(&[b"GET", far.as_bytes()])?;
     // The forwarding client gives up on the frozen owner after its deadline (5 s): every command of the other
     // connection is answered well before that, one at a time, each after the forwarded one was sent.
     for k in &near {
-        resp_send(&mut other, &[b"GET", k.as_bytes()])?;
-        assert_eq!(resp_read(&mut other_replies)?, **k);
+        other.send(&[b"GET", k.as_bytes()])?;
+        assert_eq!(other.read()?, bulk(k.as_bytes()));
     }
     let served_in = frozen_at.elapsed();
     assert!(
         served_in < Duration::from_secs(4),
         "the other connection took {served_in:?}: it waited for the frozen owner"
     );
-    waiting.set_nonblocking(true)?;
-    let mut peek = [0u8; 1];
-    let early = waiting.peek(&mut peek);
     assert!(
-        matches!(&early, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
-        "the forwarded GET was answered while its owner was frozen: {early:?}"
+        !waiting.has_input()?,
+        "the forwarded GET was answered while its owner was frozen"
     );
-    waiting.set_nonblocking(false)?;
 
     signal(&cluster.nodes[0], "CONT")?;
-    let answer = resp_read(&mut waiting_replies)?;
+    let answer = waiting.read()?;
     assert!(
-        answer == "far" || answer.starts_with("-ERR"),
+        answer == bulk(b"far") || matches!(&answer, Value::Error(e) if e.starts_with(b"ERR")),
         "the forwarded GET got {answer:?}"
     );
-    resp_send(&mut waiting, &[b"PING"])?;
-    assert_eq!(resp_read(&mut waiting_replies)?, "+PONG");
+    waiting.send(&[b"PING"])?;
+    assert_eq!(waiting.read()?, Value::Simple(b"PONG".to_vec()));
     eprintln!(
         "{} commands answered in {served_in:?} while the owner was frozen; the forwarded GET got {answer:?} after {:?}",
         near.len(),

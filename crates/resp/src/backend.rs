@@ -118,8 +118,8 @@ pub trait BackendConn: Send + 'static {
     fn execute(&mut self, ops: &mut Vec<Op>, results: &mut Vec<OpResult>);
 
     /// Starts `ops` without waiting for them, so a thread serving many connections serves the others while they
-    /// run. [`BackendConn::finish`] with the same `ops` must follow
-    /// before any other call but [`BackendConn::is_complete`]. The default starts nothing: `finish` runs them.
+    /// run. [`BackendConn::finish`] with the same `ops` must follow before any other call but
+    /// [`BackendConn::is_complete`]. The default starts nothing: `finish` runs them.
     fn start(&mut self, ops: &mut Vec<Op>) {
         let _ = ops;
     }

@@ -378,8 +378,7 @@ struct EventLoop<B: Backend> {
     /// Connections whose started operations have not completed.
     running: usize,
     /// Connections that started operations this iteration, looked at once every ready connection's are started:
-    /// a backend that waits in `finish` for some operations (the cluster's forwarded ones) then has all of them
-    /// in flight at once.
+    /// the store then has all of them to run at once, and a look finds more of them done.
     started: Vec<usize>,
 }
 
