@@ -170,6 +170,7 @@ impl Directory {
         let free = (0..self.capacity).find(|&i| self.owner(i) == 0).ok_or(
             ProcessorError::DirectoryFull {
                 capacity: self.capacity,
+                why: "every descriptor names a log".into(),
             },
         )?;
         self.store(free, HEAD, 0);

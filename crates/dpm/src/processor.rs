@@ -160,10 +160,12 @@ pub enum ProcessorError {
     #[error("corrupt pool metadata: {0}")]
     Corrupt(String),
     /// Every log descriptor is taken.
-    #[error("the log directory is full ({capacity} logs)")]
+    #[error("the log directory is full ({capacity} logs): {why}")]
     DirectoryFull {
         /// Descriptors in the directory.
         capacity: u32,
+        /// Why no descriptor could be had: which logs hold them, or why none could be emptied.
+        why: String,
     },
     /// Every slot of the partition table holds a partition (shared-nothing layout).
     #[error(
@@ -414,6 +416,9 @@ struct Inner {
     relinked_segments: AtomicU64,
     /// One rebalance at a time; counting keys waits for it (a key is in two partitions for a moment).
     rebalance_lock: Mutex<()>,
+    /// One KV node's claim of a new log at a time, from the first try to the try after a log was emptied for it:
+    /// the descriptor an emptying frees goes to the claim that asked for it, not to a claim that came in between.
+    new_log_claims: Mutex<()>,
     migrated_keys: AtomicU64,
     migrated_bytes: AtomicU64,
     /// Log segments held back for deletes (allocated, in no log; a restart frees them as orphans).
@@ -524,6 +529,7 @@ impl Processor {
             resealed_segments: AtomicU64::new(0),
             relinked_segments: AtomicU64::new(0),
             rebalance_lock: Mutex::new(()),
+            new_log_claims: Mutex::new(()),
             migrated_keys: AtomicU64::new(0),
             migrated_bytes: AtomicU64::new(0),
             delete_reserve: Mutex::new(Vec::new()),
@@ -1234,12 +1240,26 @@ impl Inner {
                 }
                 log
             }
-            None => match self.claim_log(owner, by_kv_node) {
-                Err(ProcessorError::DirectoryFull { .. }) if by_kv_node && self.empty_a_log() => {
-                    self.claim_log(owner, by_kv_node)?
+            // The memory node's own claims hold the cleaner's lock, which emptying takes: they neither wait here
+            // nor empty a log.
+            None if !by_kv_node => self.claim_log(owner, false)?,
+            None => {
+                let _one_claim = self.new_log_claims.lock().expect("claims lock");
+                match self.claim_log(owner, true) {
+                    Err(ProcessorError::DirectoryFull { capacity, why }) => {
+                        // Only a relocation log's claim (made while emptying, for the descriptor KV nodes' claims
+                        // leave free) takes a descriptor without this lock.
+                        self.empty_a_log().map_err(|not_emptied| {
+                            ProcessorError::DirectoryFull {
+                                capacity,
+                                why: format!("{why}, and {not_emptied}"),
+                            }
+                        })?;
+                        self.claim_log(owner, true)?
+                    }
+                    other => other?,
                 }
-                other => other?,
-            },
+            }
         };
         let meta = log.meta.lock().expect("log lock");
         Ok(proto::LogOpened {
@@ -1295,6 +1315,7 @@ impl Inner {
         if keep_one && self.dir.free_descriptors(2) < 2 {
             return Err(ProcessorError::DirectoryFull {
                 capacity: self.dir.capacity(),
+                why: "the last free descriptor is kept for the memory node's relocation log".into(),
             });
         }
         // A reused descriptor numbers its entries after the last one it ever named.

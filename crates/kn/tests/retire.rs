@@ -18,6 +18,10 @@ const DIRECTORY: u32 = 6;
 const SEGMENT: u64 = 64 << 10;
 
 fn memory_node(path: &Path) -> anyhow::Result<(Arc<Processor>, Connector)> {
+    memory_node_with(path, DIRECTORY)
+}
+
+fn memory_node_with(path: &Path, directory: u32) -> anyhow::Result<(Arc<Processor>, Connector)> {
     let opts = PoolOptions {
         segment_size: SEGMENT,
         ..PoolOptions::with_size(32 << 20)
@@ -27,7 +31,7 @@ fn memory_node(path: &Path) -> anyhow::Result<(Arc<Processor>, Connector)> {
         Arc::new(pool),
         &ProcessorConfig {
             segment_size: SEGMENT,
-            directory_capacity: DIRECTORY,
+            directory_capacity: directory,
             merge_threads: 1,
             ..ProcessorConfig::default()
         },
@@ -143,6 +147,109 @@ fn logs_of_departed_nodes_give_their_descriptors_back() -> anyhow::Result<()> {
     let (processor, connector) = memory_node(&path)?;
     let reader = kv_node(&connector, 3000)?;
     check_all(&reader)?;
+    reader.stop();
+    processor.shutdown();
+    Ok(())
+}
+
+/// KV nodes starting at once on a full directory: each worker's claim finds it full, and each gets the descriptor of
+/// a log emptied for it, not one a claim that came in between took. Every node writes keys that live on after it
+/// left, so each round's logs must be emptied (their entries moved) before the next round's nodes can start.
+#[test]
+fn nodes_starting_at_once_on_a_full_directory_each_get_descriptors() -> anyhow::Result<()> {
+    const ROUNDS: u32 = 8;
+    const AT_ONCE: u32 = 4;
+    const KEYS: u32 = 40;
+    // Room for one round's logs and the relocation log.
+    const DIRECTORY: u32 = 2 * AT_ONCE + 1;
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("pool");
+    let (processor, connector) = memory_node_with(&path, DIRECTORY)?;
+    let mut started = Vec::new();
+    for round in 0..ROUNDS {
+        let nodes: Vec<u32> = (1..=AT_ONCE).map(|n| round * AT_ONCE + n).collect();
+        let barrier = std::sync::Barrier::new(nodes.len());
+        let results: Vec<anyhow::Result<()>> = std::thread::scope(|s| {
+            let handles: Vec<_> = nodes
+                .iter()
+                .map(|&node| {
+                    let (connector, barrier) = (&connector, &barrier);
+                    s.spawn(move || -> anyhow::Result<()> {
+                        barrier.wait();
+                        let kn = kv_node(connector, node)
+                            .map_err(|e| anyhow::anyhow!("node {node} could not start: {e}"))?;
+                        for i in 0..KEYS {
+                            kn.handle()
+                                .set(&cold(node, i), &value(&cold(node, i), node))?;
+                        }
+                        kn.stop();
+                        Ok(())
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("node thread"))
+                .collect()
+        });
+        for result in results {
+            result?;
+        }
+        for &node in &nodes {
+            take_over(&connector, node)?;
+        }
+        started.extend(nodes);
+    }
+    let stats = processor.stats();
+    assert!(stats.logs <= u64::from(DIRECTORY), "{stats:?}");
+    // Each round after the first started with every descriptor held by the round before.
+    assert!(stats.emptied_logs >= u64::from(ROUNDS - 1), "{stats:?}");
+    let reader = kv_node(&connector, 1000)?;
+    let h = reader.handle();
+    for &node in &started {
+        for i in 0..KEYS {
+            let k = cold(node, i);
+            assert_eq!(h.get(&k)?, Some(value(&k, node)), "key {node}/{i}");
+        }
+    }
+    reader.stop();
+    processor.shutdown();
+    Ok(())
+}
+
+/// A claim on a directory whose every log has a writer is refused, saying so: nothing can be emptied for it.
+#[test]
+fn a_directory_full_of_written_logs_refuses_a_claim_and_says_why() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (processor, connector) = memory_node(&dir.path().join("pool"))?;
+    // All descriptors but the one kept for the relocation log.
+    let writers = KvNode::start(
+        KnConfig {
+            node_id: 1,
+            threads: DIRECTORY as usize - 1,
+            max_value_len: 1024,
+            ..KnConfig::default()
+        },
+        connector.clone(),
+    )?;
+    writers.handle().set(b"k", b"v")?;
+    let err = kv_node(&connector, 2).err().expect("no descriptor is free");
+    let said = err.to_string();
+    assert!(
+        said.contains("the log directory is full (6 logs)"),
+        "{said}"
+    );
+    assert!(
+        said.contains("kept for the memory node's relocation log"),
+        "{said}"
+    );
+    assert!(said.contains("of 5 logs, 5 have a writer"), "{said}");
+    // Nothing was lost: the writer goes on, and once it leaves the claim succeeds.
+    assert_eq!(writers.handle().get(b"k")?, Some(b"v".to_vec()));
+    writers.stop();
+    take_over(&connector, 1)?;
+    let reader = kv_node(&connector, 3)?;
+    assert_eq!(reader.handle().get(b"k")?, Some(b"v".to_vec()));
     reader.stop();
     processor.shutdown();
     Ok(())

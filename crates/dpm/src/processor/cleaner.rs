@@ -62,8 +62,35 @@ pub(super) struct CleanerState {
 pub(super) enum Cleaned {
     /// The segment was emptied and recycled.
     Freed,
-    /// The segment stays: an entry in it is live through a shared key's cell, or it is gone or open.
-    Kept,
+    /// The segment stays, for the reason given.
+    Kept(Kept),
+}
+
+/// Why a segment was not cleaned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kept {
+    /// No log holds it any more, or its counters are gone: it was recycled meanwhile.
+    Gone,
+    /// It is open (a writer appends to it) or not all merged.
+    Open,
+    /// Its partition's node departed; the rebalance after the departure empties it.
+    DepartedPartition,
+    /// An entry in it is live through a shared key's cell.
+    SharedKey,
+    /// Its counters still count live entries after its live entries moved.
+    Unsettled,
+}
+
+impl std::fmt::Display for Kept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Kept::Gone => "it was recycled meanwhile",
+            Kept::Open => "it is open or not all merged",
+            Kept::DepartedPartition => "its partition's node departed",
+            Kept::SharedKey => "a shared key's cell names an entry in it",
+            Kept::Unsettled => "its counters still count live entries",
+        })
+    }
 }
 
 impl Inner {
@@ -189,8 +216,8 @@ impl Inner {
         for segment in in_run {
             match self.clean_segment(&mut state, segment) {
                 Ok(Cleaned::Freed) => emptied += 1,
-                Ok(Cleaned::Kept) => {
-                    debug!(segment, "a segment of the run for the index table stays");
+                Ok(Cleaned::Kept(why)) => {
+                    debug!(segment, %why, "a segment of the run for the index table stays");
                     return false;
                 }
                 Err(e) => {
@@ -326,26 +353,28 @@ impl Inner {
             .get(&victim)
             .map(|st| st.log_id)
         else {
-            return Ok(Cleaned::Kept);
+            return Ok(Cleaned::Kept(Kept::Gone));
         };
         let Some(log) = self.logs.read().expect("logs lock").get(&log_id).cloned() else {
-            return Ok(Cleaned::Kept);
+            return Ok(Cleaned::Kept(Kept::Gone));
         };
         let (first_seq, len, node) = {
             let meta = log.meta.lock().expect("log lock");
             let Some(seg) = meta.segments.iter().find(|s| s.offset == victim) else {
-                return Ok(Cleaned::Kept);
+                return Ok(Cleaned::Kept(Kept::Gone));
             };
             match seg.sealed_len {
                 Some(len) if seg.merged => (seg.first_seq, len, owner_node(meta.owner)),
-                _ => return Ok(Cleaned::Kept),
+                _ => return Ok(Cleaned::Kept(Kept::Open)),
             }
         };
         // The relocation log the copies go to: one for the shared index; else the partition's node's, unless the
         // node departed, when the rebalance after its departure empties the partition.
         let node = match self.indexes.partitioning() {
             Partitioning::Shared => MEMORY_NODE_ID,
-            Partitioning::PerNode if self.indexes.is_departed(node) => return Ok(Cleaned::Kept),
+            Partitioning::PerNode if self.indexes.is_departed(node) => {
+                return Ok(Cleaned::Kept(Kept::DepartedPartition));
+            }
             Partitioning::PerNode => node,
         };
         let mut data = std::mem::take(&mut state.data);
@@ -381,7 +410,7 @@ impl Inner {
                 "a live entry of a shared key keeps a segment from being cleaned"
             );
             state.data = data;
-            return Ok(Cleaned::Kept);
+            return Ok(Cleaned::Kept(Kept::SharedKey));
         }
         let result = self.relocate(state, node, &log.index, &data, &live);
         state.data = data;
@@ -411,7 +440,7 @@ impl Inner {
                 log = log_id,
                 "a cleaned segment still counts live entries"
             );
-            Ok(Cleaned::Kept)
+            Ok(Cleaned::Kept(Kept::Unsettled))
         }
     }
 

@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering;
 
 use tracing::{debug, info, warn};
 
-use super::cleaner::Cleaned;
+use super::cleaner::{Cleaned, Kept};
 use super::indexes::Indexes;
 use super::{Inner, LogState, Partitioning};
 
@@ -103,24 +103,39 @@ impl Inner {
     /// Frees a directory descriptor for a claim that found the directory full: empties the log without a writer
     /// whose segments hold the fewest live entries, copying them to the relocation log as the cleaner does, and the
     /// log retires as its last segment is recycled. Only with one shared index: a departed node's partition in the
-    /// shared-nothing layout is emptied by the rebalance that follows its departure. Whether a log retired.
-    pub(super) fn empty_a_log(&self) -> bool {
+    /// shared-nothing layout is emptied by the rebalance that follows its departure. When no log retired, says
+    /// why.
+    pub(super) fn empty_a_log(&self) -> Result<(), String> {
         if self.indexes.partitioning() != Partitioning::Shared {
-            return false;
+            return Err("in the shared-nothing layout a departed node's logs are emptied by the rebalance after \
+                        its departure, not for a claim"
+                .into());
         }
         let _no_rebalance = self.rebalance_lock.lock().expect("rebalance lock");
         let mut state = self.cleaner.lock().expect("cleaner lock");
         // Logs without a writer, all merged and sealed, with their segments.
         let mut candidates: Vec<(u32, Vec<u64>)> = Vec::new();
+        let (mut logs, mut written, mut unsettled) = (0, 0, 0);
         for log in self.all_logs() {
+            logs += 1;
             let meta = log.meta.lock().expect("log lock");
             let settled = meta
                 .segments
                 .iter()
                 .all(|s| s.merged && s.sealed_len.is_some());
-            if !meta.writer && settled {
+            if meta.writer {
+                written += 1;
+            } else if !settled {
+                unsettled += 1;
+            } else {
                 candidates.push((log.id, meta.segments.iter().map(|s| s.offset).collect()));
             }
+        }
+        if candidates.is_empty() {
+            return Err(format!(
+                "no log could be emptied for it: of {logs} logs, {written} have a writer and {unsettled} have \
+                 segments open or not merged"
+            ));
         }
         let live_entries = |segments: &[u64]| -> u64 {
             let stats = self.stats_by_segment.lock().expect("segment stats lock");
@@ -131,19 +146,27 @@ impl Inner {
                 .sum()
         };
         candidates.sort_by_cached_key(|(id, segments)| (live_entries(segments), *id));
+        let mut kept = Vec::new();
         for (log_id, segments) in candidates.into_iter().take(EMPTY_TRIES) {
-            let moved_all = segments.iter().all(|&segment| {
+            let mut held = None;
+            for &segment in &segments {
                 match self.clean_segment(&mut state, segment) {
-                    Ok(Cleaned::Freed) => true,
-                    // Held by a shared key's cell, or a segment the counters have not settled: another log.
-                    Ok(Cleaned::Kept) => false,
+                    Ok(Cleaned::Freed) => {}
+                    // Recycled meanwhile (by a merge that superseded its last live entries): nothing to move.
+                    Ok(Cleaned::Kept(Kept::Gone)) => {}
+                    Ok(Cleaned::Kept(why)) => {
+                        held = Some(format!("log {log_id}'s segment at {segment} stays: {why}"));
+                        break;
+                    }
                     Err(e) => {
                         warn!(log = log_id, segment, error = %e, "emptying a log for its descriptor failed");
-                        false
+                        held = Some(format!("emptying log {log_id} failed: {e}"));
+                        break;
                     }
                 }
-            });
-            if !moved_all {
+            }
+            if let Some(held) = held {
+                kept.push(held);
                 continue;
             }
             // The recycling of its last segment retired it; a log that had none retires here.
@@ -156,9 +179,14 @@ impl Inner {
                     segments = segments.len(),
                     "the log directory was full: a log without a writer was emptied and its descriptor reused"
                 );
-                return true;
+                return Ok(());
             }
+            kept.push(format!("log {log_id} did not retire once emptied"));
         }
-        false
+        debug!(reasons = ?kept, "no log could be emptied for a claim");
+        Err(format!(
+            "no log could be emptied for it: {}",
+            kept.join("; ")
+        ))
     }
 }
