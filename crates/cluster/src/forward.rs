@@ -25,7 +25,7 @@ use mio::{Events, Poll, Token};
 
 use crate::ClusterError;
 use crate::client::{Client, ClientConfig, ClientError};
-use crate::pipeline::{Completion, PipelinedClient, poll_fds};
+use crate::pipeline::{Completion, PipelinedClient, poll_fds, readable};
 use crate::resp::ConnSink;
 use crate::wire::{RequestBody, ResponseBody};
 
@@ -162,11 +162,11 @@ impl ForwardLane {
         let client = lane.client.as_mut().expect("connected, checked above");
         client.flush();
         // A lane's thread that is not waiting takes a new wait set before it waits. One that waits must look again
-        // if the job went out on a socket it does not wait on, or left a retry to time.
-        let wake = lane
-            .watching
-            .as_deref()
-            .is_some_and(|fds| client.in_flight_beyond(fds) || client.has_retries());
+        // if the job went out on a socket it does not wait on, left a retry to time, or left bytes a full socket
+        // had no room for (the thread sends them when it takes more).
+        let wake = lane.watching.as_deref().is_some_and(|fds| {
+            client.in_flight_beyond(fds) || client.has_retries() || client.has_unsent()
+        });
         drop(guard);
         for running in done {
             running.deliver();
@@ -233,7 +233,7 @@ fn run(shared: &LaneShared, mut poll: Poll, mut inbox: Inbox<ForwardJob>) {
             }
             if let Some(c) = lane.client.as_mut() {
                 for (fd, addr) in fds.iter().zip(&addrs) {
-                    if fd.revents != 0 {
+                    if readable(fd) {
                         c.read_ready(addr);
                     }
                 }

@@ -8,7 +8,7 @@
 
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
-use std::io::{ErrorKind as IoErrorKind, Read, Write};
+use std::io::{ErrorKind as IoErrorKind, Read};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
@@ -36,8 +36,11 @@ struct PipeConn {
     /// Received bytes not yet decoded; `rpos` marks where the undecoded part starts.
     rbuf: Vec<u8>,
     rpos: usize,
-    /// Encoded frames not yet written.
+    /// Encoded frames not yet written: all of them until a flush, then what the socket had no room for.
     wbuf: Vec<u8>,
+    /// Since when the node has taken none of the bytes left in `wbuf` (a frozen node's socket buffer fills); a
+    /// connection stalled for the request deadline is dropped.
+    stalled_since: Option<Instant>,
     /// Requests in flight on this connection.
     in_flight: usize,
 }
@@ -183,19 +186,32 @@ impl PipelinedClient {
         !self.pending.is_empty()
     }
 
-    /// The connections with requests in flight, to wait on for reading (`fds`, and their owners' addresses in
-    /// `addrs`, in the same order), and when the next retry or deadline is due.
+    /// Whether a flush left bytes a node's socket had no room for: whoever waits on the client must wait for that
+    /// socket to take more ([`PipelinedClient::wait_set`] asks for it).
+    pub(crate) fn has_unsent(&self) -> bool {
+        self.conns.values().any(|c| !c.wbuf.is_empty())
+    }
+
+    /// The connections with requests in flight, to wait on for reading, and for writing those with bytes left to
+    /// send (`fds`, and their owners' addresses in `addrs`, in the same order), and when the next retry or
+    /// deadline is due. After the wait, [`readable`] tells which to [`PipelinedClient::read_ready`]; the next
+    /// [`PipelinedClient::flush`] sends to the writable ones.
     pub(crate) fn wait_set(
         &self,
         fds: &mut Vec<libc::pollfd>,
         addrs: &mut Vec<String>,
     ) -> Option<Instant> {
         for (addr, conn) in &self.conns {
-            if conn.in_flight > 0 {
+            if conn.in_flight > 0 || !conn.wbuf.is_empty() {
                 addrs.push(addr.clone());
+                let events = if conn.wbuf.is_empty() {
+                    libc::POLLIN
+                } else {
+                    libc::POLLIN | libc::POLLOUT
+                };
                 fds.push(libc::pollfd {
                     fd: conn.stream.as_raw_fd(),
-                    events: libc::POLLIN,
+                    events,
                     revents: 0,
                 });
             }
@@ -237,6 +253,7 @@ impl PipelinedClient {
                             rbuf: Vec::new(),
                             rpos: 0,
                             wbuf: Vec::new(),
+                            stalled_since: None,
                             in_flight: 0,
                         },
                     );
@@ -316,15 +333,27 @@ impl PipelinedClient {
         }
     }
 
+    /// Writes each connection's queued frames as far as its socket takes them now, never waiting: a node that
+    /// stops reading (frozen, or starved) must not hold up the caller, who may serve other nodes' answers or other
+    /// clients. What is left goes with the next flush, once the socket is writable.
     fn flush_all(&mut self) {
         let mut broken = Vec::new();
         for (addr, conn) in &mut self.conns {
-            if !conn.wbuf.is_empty() {
-                let r = conn.stream.write_all(&conn.wbuf);
-                conn.wbuf.clear();
-                if r.is_err() {
-                    broken.push(addr.clone());
+            if conn.wbuf.is_empty() {
+                continue;
+            }
+            match send_now(&conn.stream, &conn.wbuf) {
+                Ok(n) if n == conn.wbuf.len() => {
+                    conn.wbuf.clear();
+                    conn.stalled_since = None;
                 }
+                Ok(n) => {
+                    conn.wbuf.drain(..n);
+                    if n > 0 || conn.stalled_since.is_none() {
+                        conn.stalled_since = Some(Instant::now());
+                    }
+                }
+                Err(_) => broken.push(addr.clone()),
             }
         }
         for addr in broken {
@@ -349,8 +378,9 @@ impl PipelinedClient {
             // A timeout, or an interrupted call: the caller checks deadlines and retries.
             return;
         }
+        // A writable socket is written to by the next flush.
         for (fd, addr) in fds.iter().zip(addrs) {
-            if fd.revents != 0 {
+            if readable(fd) {
                 self.read_ready(&addr);
             }
         }
@@ -506,6 +536,22 @@ impl PipelinedClient {
     /// reads as unavailable.
     pub(crate) fn expire(&mut self) {
         let now = Instant::now();
+        // A node that took none of a connection's queued bytes for a whole request deadline is not reading: the
+        // connection goes, with what it held (the queue does not grow for ever behind a frozen node).
+        let op_timeout = self.client.config().op_timeout;
+        let stalled: Vec<String> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| {
+                c.stalled_since
+                    .is_some_and(|t| now.duration_since(t) >= op_timeout)
+            })
+            .map(|(addr, _)| addr.clone())
+            .collect();
+        for addr in stalled {
+            let why = format!("{addr} took none of its requests for {op_timeout:?}");
+            self.lose_connection(&addr, &why);
+        }
         let late: Vec<u64> = self
             .in_flight
             .iter()
@@ -523,6 +569,17 @@ impl PipelinedClient {
             };
             self.done.push_back(Completion { tag: f.tag, result });
         }
+        // A connection left with bytes to send but nothing in flight holds only requests given up: they are not
+        // sent late, and the stream (perhaps cut inside a frame) is not used again.
+        let idle_unsent: Vec<String> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.in_flight == 0 && !c.wbuf.is_empty())
+            .map(|(addr, _)| addr.clone())
+            .collect();
+        for addr in idle_unsent {
+            self.conns.remove(&addr);
+        }
         let mut i = 0;
         while i < self.pending.len() {
             if self.pending[i].deadline <= now {
@@ -538,6 +595,45 @@ impl PipelinedClient {
     }
 }
 
+/// Whether a connection [`PipelinedClient::wait_set`] named has something to read (or has failed, which the read
+/// finds) after the wait.
+pub(crate) fn readable(fd: &libc::pollfd) -> bool {
+    fd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
+}
+
+/// Writes as much of `bytes` to `stream` as its socket takes without waiting: the bytes written (fewer than all
+/// when the socket is full), or the error that broke the connection.
+fn send_now(stream: &TcpStream, bytes: &[u8]) -> std::io::Result<usize> {
+    let mut sent = 0;
+    while sent < bytes.len() {
+        let rest = &bytes[sent..];
+        // SAFETY: `rest` is a live slice of `rest.len()` bytes, which send(2) only reads; the descriptor is the
+        // stream's, open for the call.
+        let n = unsafe {
+            libc::send(
+                stream.as_raw_fd(),
+                rest.as_ptr().cast(),
+                rest.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n > 0 {
+            sent += n as usize;
+            continue;
+        }
+        if n == 0 {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            IoErrorKind::Interrupted => continue,
+            IoErrorKind::WouldBlock => break,
+            _ => return Err(e),
+        }
+    }
+    Ok(sent)
+}
+
 /// poll(2) on `fds` for up to `timeout` (rounded up to a whole millisecond, so that a wait for an instant less than a
 /// millisecond away does not spin): how many are ready, 0 on a timeout, negative on an interrupted call.
 pub(crate) fn poll_fds(fds: &mut [libc::pollfd], timeout: Duration) -> i32 {
@@ -545,4 +641,75 @@ pub(crate) fn poll_fds(fds: &mut [libc::pollfd], timeout: Duration) -> i32 {
     // SAFETY: `fds` is a live, exclusively borrowed array of `fds.len()` initialised pollfd structures, which is
     // what poll(2) reads and writes; the caller keeps the descriptors open for the call.
     unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+
+    use dinomo_kn::DataOp;
+
+    use super::*;
+    use crate::{LocalCluster, LocalClusterConfig};
+
+    /// A node that stops reading (frozen, starved) fills its socket: a flush sends what the socket takes and
+    /// returns, keeping the rest, and once the node has taken nothing for the request deadline its connection goes
+    /// and every request on it completes.
+    #[test]
+    fn a_node_that_stops_reading_holds_up_no_flush_and_its_connection_goes() {
+        let cluster = LocalCluster::start(LocalClusterConfig {
+            pool_size: 64 << 20,
+            kns: 1,
+            ..LocalClusterConfig::default()
+        })
+        .expect("cluster");
+        let op_timeout = Duration::from_secs(1);
+        let mut cl = PipelinedClient::connect(ClientConfig {
+            seeds: vec![cluster.nodes()[0].addr().to_string()],
+            op_timeout,
+            ..ClientConfig::default()
+        })
+        .expect("client");
+        // One request opens the connection to the node.
+        cl.submit(0, RequestBody::Data(DataOp::Get(b"k".to_vec())))
+            .expect("submit");
+        let first = cl.next_completion().expect("a completion");
+        assert_eq!(first.result, Ok(ResponseBody::Value(None)));
+        // The node stops reading: its connection's socket now leads to a peer that never reads.
+        let listener = TcpListener::bind("127.0.0.1:0").expect("listener");
+        let never_read = TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (_held, _) = listener.accept().expect("accept");
+        let addr = cl.conns.keys().next().expect("a connection").clone();
+        cl.conns.get_mut(&addr).expect("connection").stream = never_read;
+        // 32 MiB of writes: more than a loopback socket's buffers take.
+        let requests = 512u64;
+        for i in 0..requests {
+            let op = DataOp::Set(format!("k{i}").into_bytes(), vec![b'v'; 64 << 10]);
+            cl.submit(i, RequestBody::Data(op)).expect("submit");
+        }
+        cl.flush();
+        assert!(
+            cl.has_unsent(),
+            "the flush returned with everything sent, or dropped it"
+        );
+        assert!(cl.conns.contains_key(&addr), "the connection went at once");
+        // Each write completes as indeterminate (part went out), by the deadline.
+        let mut completed = 0;
+        while let Some(c) = cl.next_completion() {
+            assert!(
+                matches!(c.result, Err(ClientError::Indeterminate(_))),
+                "{:?}",
+                c.result
+            );
+            completed += 1;
+        }
+        assert_eq!(completed, requests);
+        // The stalled connection went with its queue: nothing is left to send.
+        assert!(!cl.has_unsent());
+        // The client goes on: a new connection serves the next request.
+        cl.submit(1, RequestBody::Data(DataOp::Get(b"k".to_vec())))
+            .expect("submit");
+        let next = cl.next_completion().expect("a completion");
+        assert_eq!(next.result, Ok(ResponseBody::Value(None)));
+    }
 }
