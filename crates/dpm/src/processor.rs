@@ -1384,10 +1384,14 @@ impl Inner {
         if out_of_space(&granted) && self.reclaim_retired_tables() {
             granted = self.next_segment_once(req);
         }
-        if out_of_space(&granted) && self.merge_backlog() {
+        // Asked again whatever the merging and the cleaning did themselves: each first waits for one under way
+        // (a merge thread's, the cleaner thread's), whose recycling may have freed the room.
+        if out_of_space(&granted) {
+            self.merge_backlog();
             granted = self.next_segment_once(req);
         }
-        if may_clean && out_of_space(&granted) && self.clean_for_room() {
+        if may_clean && out_of_space(&granted) {
+            self.clean_for_room();
             granted = self.next_segment_once(req);
         }
         // An index that cannot grow for want of one contiguous run refuses writes until it grows.
@@ -1417,27 +1421,24 @@ impl Inner {
         freed > 0
     }
 
-    /// Merges the sealed segments of every log now; whether there were any.
-    fn merge_backlog(&self) -> bool {
-        let mut merged_any = false;
+    /// Merges the sealed segments of every log now, after any merge under way (which recycles what it emptied
+    /// before it lets go of the log).
+    fn merge_backlog(&self) {
         let mut scratch = Scratch::default();
         for log in self.all_logs() {
-            let pending = log
-                .meta
-                .lock()
-                .expect("log lock")
-                .segments
-                .iter()
-                .any(SegInfo::awaits_merge);
-            if !pending {
-                continue;
-            }
-            merged_any = true;
-            if let Err(e) = self.merge_log(&log, &mut scratch) {
+            let pending = {
+                let _after_merge_under_way = log.merge_lock.lock().expect("merge lock");
+                log.meta
+                    .lock()
+                    .expect("log lock")
+                    .segments
+                    .iter()
+                    .any(SegInfo::awaits_merge)
+            };
+            if pending && let Err(e) = self.merge_log(&log, &mut scratch) {
                 warn!(log = log.id, error = %e, "merging a log to make room failed");
             }
         }
-        merged_any
     }
 
     fn next_segment_once(

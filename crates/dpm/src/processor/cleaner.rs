@@ -117,13 +117,12 @@ impl Inner {
     }
 
     /// Cleans on a segment grant that found the pool full, whatever the free share: until a segment is free (the
-    /// copies may have taken the first one a cleaning freed) or no segment qualifies, after any cleaning under way.
-    /// Whether one was freed.
-    pub(super) fn clean_for_room(&self) -> bool {
-        if self.clean_max_live_percent == 0 {
-            return false;
+    /// copies may have taken the first one a cleaning freed) or no segment qualifies, after any cleaning under way
+    /// (which may have freed one itself).
+    pub(super) fn clean_for_room(&self) {
+        if self.clean_max_live_percent > 0 {
+            self.clean_some(true, 64);
         }
-        self.clean_some(true, 64)
     }
 
     /// Cleans up to `most` segments, stopping as soon as a segment is free when `one` (a grant waits); whether any
