@@ -10,6 +10,12 @@ mod size;
 
 use clap::{Parser, Subcommand};
 
+/// The hot paths allocate on one thread and free on another (a request's key on an event loop and a reply's value
+/// on a worker), which the system allocator serves through its arenas' locks; mimalloc frees such blocks without
+/// them.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// dinomo: an elastic, persistent key-value store for disaggregated memory.
 #[derive(Debug, Parser)]
 #[command(name = "dinomo", version, about, propagate_version = true)]
