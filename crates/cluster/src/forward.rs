@@ -220,7 +220,7 @@ impl Running {
 fn run(shared: &LaneShared, mut poll: Poll, mut inbox: Inbox<ForwardJob>) {
     let mut events = Events::with_capacity(8);
     let mut fds: Vec<libc::pollfd> = Vec::new();
-    let mut addrs: Vec<String> = Vec::new();
+    let mut addrs: Vec<Arc<str>> = Vec::new();
     let mut done = Vec::new();
     // The buffer of `Lane::watching`, kept between waits.
     let mut spare_watching = Vec::new();
@@ -332,7 +332,8 @@ impl Lane {
 /// unsent), so it is done.
 fn send_next_wave(client: &mut PipelinedClient, id: u32, running: &mut Running) -> bool {
     while let Some(wave) = running.waves.pop() {
-        if Instant::now() >= running.deadline {
+        let now = Instant::now();
+        if now >= running.deadline {
             // The connection gave up on the batch: what was not sent stays unsent, so it is not applied.
             let why = ClientError::Unavailable(
                 "not forwarded: the batch's time ran out while earlier commands on the key ran"
@@ -346,7 +347,7 @@ fn send_next_wave(client: &mut PipelinedClient, id: u32, running: &mut Running) 
             }
             return false;
         }
-        running.sent_at = Instant::now();
+        running.sent_at = now;
         for (i, op) in wave {
             let tag = (u64::from(id) << 32) | i as u64;
             match client.submit(tag, RequestBody::Data(op)) {

@@ -8,9 +8,10 @@
 
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
-use std::io::{ErrorKind as IoErrorKind, Read};
+use std::io::{ErrorKind as IoErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::client::{
@@ -70,7 +71,8 @@ struct Pending {
 /// A client of a cluster that keeps many requests in flight. Not shared between threads.
 pub struct PipelinedClient {
     client: Client,
-    conns: HashMap<String, PipeConn>,
+    /// By owner address, shared (not copied) with every wait set that names the connection.
+    conns: HashMap<Arc<str>, PipeConn>,
     in_flight: HashMap<u64, InFlight>,
     pending: Vec<Pending>,
     done: VecDeque<Completion>,
@@ -168,9 +170,11 @@ impl PipelinedClient {
     /// Whether a request submitted now goes out on a connection already open, to whichever owner it goes, so that
     /// submitting it never waits to connect.
     pub(crate) fn connected_to_all(&self) -> bool {
-        self.client
-            .routing()
-            .is_some_and(|r| r.addrs.values().all(|a| self.conns.contains_key(a)))
+        self.client.routing().is_some_and(|r| {
+            r.addrs
+                .values()
+                .all(|a| self.conns.contains_key(a.as_str()))
+        })
     }
 
     /// Whether a connection has requests in flight but is not among `watched` (the descriptors a waiting thread
@@ -199,7 +203,7 @@ impl PipelinedClient {
     pub(crate) fn wait_set(
         &self,
         fds: &mut Vec<libc::pollfd>,
-        addrs: &mut Vec<String>,
+        addrs: &mut Vec<Arc<str>>,
     ) -> Option<Instant> {
         for (addr, conn) in &self.conns {
             if conn.in_flight > 0 || !conn.wbuf.is_empty() {
@@ -235,19 +239,21 @@ impl PipelinedClient {
         // queued on it; one with requests in flight fails them as it would anyway.
         if self
             .conns
-            .get(&addr)
+            .get(addr.as_str())
             .is_some_and(|c| c.in_flight == 0 && c.wbuf.is_empty() && peer_closed(&c.stream))
         {
-            self.conns.remove(&addr);
+            self.conns.remove(addr.as_str());
         }
-        if !self.conns.contains_key(&addr) {
+        if !self.conns.contains_key(addr.as_str()) {
             let cfg = self.client.config();
-            match open_session(&addr, cfg.connect_timeout, &cfg.token.0) {
+            // Sends and reads never wait: a flush writes what the socket takes (a node that stops reading must not
+            // hold up the caller), and a read follows a poll that found the socket readable.
+            let opened = open_session(&addr, cfg.connect_timeout, &cfg.token.0)
+                .and_then(|s| s.set_nonblocking(true).map(|()| s).map_err(Into::into));
+            match opened {
                 Ok(stream) => {
-                    // A peer that stops reading must not block a write for ever.
-                    let _ = stream.set_write_timeout(Some(cfg.op_timeout));
                     self.conns.insert(
-                        addr.clone(),
+                        Arc::from(addr.as_str()),
                         PipeConn {
                             stream,
                             rbuf: Vec::new(),
@@ -275,7 +281,7 @@ impl PipelinedClient {
         }
         let id = self.next_id;
         self.next_id += 1;
-        let conn = self.conns.get_mut(&addr).expect("inserted above");
+        let conn = self.conns.get_mut(addr.as_str()).expect("inserted above");
         let before = conn.wbuf.len();
         // Frames are encoded into `scratch`, then appended: write_frame clears the buffer it is given.
         if let Err(e) = write_frame(
@@ -539,7 +545,7 @@ impl PipelinedClient {
         // A node that took none of a connection's queued bytes for a whole request deadline is not reading: the
         // connection goes, with what it held (the queue does not grow for ever behind a frozen node).
         let op_timeout = self.client.config().op_timeout;
-        let stalled: Vec<String> = self
+        let stalled: Vec<Arc<str>> = self
             .conns
             .iter()
             .filter(|(_, c)| {
@@ -571,14 +577,14 @@ impl PipelinedClient {
         }
         // A connection left with bytes to send but nothing in flight holds only requests given up: they are not
         // sent late, and the stream (perhaps cut inside a frame) is not used again.
-        let idle_unsent: Vec<String> = self
+        let idle_unsent: Vec<Arc<str>> = self
             .conns
             .iter()
             .filter(|(_, c)| c.in_flight == 0 && !c.wbuf.is_empty())
             .map(|(addr, _)| addr.clone())
             .collect();
         for addr in idle_unsent {
-            self.conns.remove(&addr);
+            self.conns.remove(&*addr);
         }
         let mut i = 0;
         while i < self.pending.len() {
@@ -601,34 +607,17 @@ pub(crate) fn readable(fd: &libc::pollfd) -> bool {
     fd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
 }
 
-/// Writes as much of `bytes` to `stream` as its socket takes without waiting: the bytes written (fewer than all
-/// when the socket is full), or the error that broke the connection.
-fn send_now(stream: &TcpStream, bytes: &[u8]) -> std::io::Result<usize> {
+/// Writes as much of `bytes` to the (non-blocking) `stream` as its socket takes now: the bytes written (fewer than
+/// all when the socket is full), or the error that broke the connection.
+fn send_now(mut stream: &TcpStream, bytes: &[u8]) -> std::io::Result<usize> {
     let mut sent = 0;
     while sent < bytes.len() {
-        let rest = &bytes[sent..];
-        // SAFETY: `rest` is a live slice of `rest.len()` bytes, which send(2) only reads; the descriptor is the
-        // stream's, open for the call.
-        let n = unsafe {
-            libc::send(
-                stream.as_raw_fd(),
-                rest.as_ptr().cast(),
-                rest.len(),
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
-        if n > 0 {
-            sent += n as usize;
-            continue;
-        }
-        if n == 0 {
-            break;
-        }
-        let e = std::io::Error::last_os_error();
-        match e.kind() {
-            IoErrorKind::Interrupted => continue,
-            IoErrorKind::WouldBlock => break,
-            _ => return Err(e),
+        match stream.write(&bytes[sent..]) {
+            Ok(0) => break,
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == IoErrorKind::Interrupted => {}
+            Err(e) if e.kind() == IoErrorKind::WouldBlock => break,
+            Err(e) => return Err(e),
         }
     }
     Ok(sent)
@@ -678,6 +667,9 @@ mod tests {
         // The node stops reading: its connection's socket now leads to a peer that never reads.
         let listener = TcpListener::bind("127.0.0.1:0").expect("listener");
         let never_read = TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        never_read
+            .set_nonblocking(true)
+            .expect("non-blocking, as the client's own");
         let (_held, _) = listener.accept().expect("accept");
         let addr = cl.conns.keys().next().expect("a connection").clone();
         cl.conns.get_mut(&addr).expect("connection").stream = never_read;

@@ -39,10 +39,15 @@ fn memory_node_with(path: &Path, directory: u32) -> anyhow::Result<(Arc<Processo
 }
 
 fn kv_node(connector: &Connector, node_id: u32) -> anyhow::Result<KvNode> {
+    kv_node_with(connector, node_id, 2)
+}
+
+/// A KV node of `threads` workers, each claiming a log.
+fn kv_node_with(connector: &Connector, node_id: u32, threads: usize) -> anyhow::Result<KvNode> {
     Ok(KvNode::start(
         KnConfig {
             node_id,
-            threads: 2,
+            threads,
             max_value_len: 1024,
             ..KnConfig::default()
         },
@@ -223,15 +228,7 @@ fn a_directory_full_of_written_logs_refuses_a_claim_and_says_why() -> anyhow::Re
     let dir = tempfile::tempdir()?;
     let (processor, connector) = memory_node(&dir.path().join("pool"))?;
     // All descriptors but the one kept for the relocation log.
-    let writers = KvNode::start(
-        KnConfig {
-            node_id: 1,
-            threads: DIRECTORY as usize - 1,
-            max_value_len: 1024,
-            ..KnConfig::default()
-        },
-        connector.clone(),
-    )?;
+    let writers = kv_node_with(&connector, 1, DIRECTORY as usize - 1)?;
     writers.handle().set(b"k", b"v")?;
     let err = kv_node(&connector, 2).err().expect("no descriptor is free");
     let said = err.to_string();
