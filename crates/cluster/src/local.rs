@@ -57,6 +57,9 @@ pub struct LocalClusterConfig {
     pub pool_size: u64,
     /// How writes reach the pool file.
     pub persist: PersistMode,
+    /// Bytes of the lowest free pool space kept faulted in ahead of the log writers (see
+    /// [`Pool::start_prefaulter`]); 0 turns it off. Default [`dinomo_pool::DEFAULT_PREFAULT_AHEAD`].
+    pub pool_prefault_ahead: u64,
     /// The memory node's processor.
     pub processor: ProcessorConfig,
     /// KV nodes to start.
@@ -100,6 +103,7 @@ impl Default for LocalClusterConfig {
             pool_path: None,
             pool_size: 1 << 30,
             persist: PersistMode::default(),
+            pool_prefault_ahead: dinomo_pool::DEFAULT_PREFAULT_AHEAD,
             processor: ProcessorConfig::default(),
             kns: 2,
             node: NodeConfig::default(),
@@ -170,6 +174,8 @@ impl LocalCluster {
             .map_err(|e| ClusterError::Io(e.to_string()))?,
         };
         let pool = Arc::new(pool);
+        pool.start_prefaulter(cfg.pool_prefault_ahead)
+            .map_err(|e| ClusterError::Io(e.to_string()))?;
         let processor = Processor::start(pool.clone(), &cfg.processor)
             .map_err(|e| ClusterError::Io(format!("memory node: {e}")))?;
         let meta = EmbeddedMeta::open(pool.clone(), cfg.meta.clone())?;

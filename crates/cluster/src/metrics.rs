@@ -544,6 +544,12 @@ pub fn processor_metrics(s: &ProcessorStats, out: &mut Exposition) {
         &[],
         s.pool_free_bytes as f64,
     );
+    out.counter(
+        "dinomo_pool_prefaulted_bytes_total",
+        "Pool bytes faulted in ahead of the log writers.",
+        &[],
+        s.pool_prefaulted_bytes,
+    );
     out.gauge(
         "dinomo_dpm_logs",
         "KV-node thread logs in the directory.",

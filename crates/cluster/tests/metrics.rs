@@ -189,6 +189,8 @@ fn scraped_counters_follow_the_operations() -> anyhow::Result<()> {
     // The memory node: the pool holds the data, counters never went back.
     ensure!(sum(&after, "dinomo_pool_used_bytes", &[]) > 0.0);
     ensure!(sum(&after, "dinomo_pool_free_bytes", &[]) > 0.0);
+    // The prefaulter is on by default and faults in the lowest free segments as soon as the pool opens.
+    ensure!(sum(&after, "dinomo_pool_prefaulted_bytes_total", &[]) > 0.0);
     ensure!(sum(&after, "dinomo_mnode_leading", &[]) == 1.0);
     ensure!(
         after.contains_key("dinomo_mnode_reconfiguration_failures_total"),

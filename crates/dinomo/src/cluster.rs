@@ -321,6 +321,10 @@ pub struct UpArgs {
     /// Size of a new pool, e.g. 1GiB [pool.size; default 1GiB].
     #[arg(long, value_parser = parse_size)]
     pub pool_size: Option<u64>,
+    /// Free pool space kept faulted in ahead of the log writers, e.g. 64MiB; 0 turns it off
+    /// [pool.prefault_ahead; default 32MiB].
+    #[arg(long, value_parser = parse_size)]
+    pub prefault_ahead: Option<u64>,
     /// Durability: volatile, periodic (msync every second), durable or dax [pool.persist; default periodic].
     #[arg(long)]
     pub persist: Option<PersistMode>,
@@ -378,6 +382,9 @@ impl UpArgs {
         if let Some(size) = self.pool_size {
             cfg.pool.size = size;
         }
+        if let Some(bytes) = self.prefault_ahead {
+            cfg.pool.prefault_ahead = bytes;
+        }
         if let Some(l) = self.rn_listen {
             cfg.rn.listen = l;
         }
@@ -419,6 +426,7 @@ impl UpArgs {
         given([
             ("--kns", self.kns.is_some()),
             ("--pool-size", self.pool_size.is_some()),
+            ("--prefault-ahead", self.prefault_ahead.is_some()),
             ("--rn-listen", self.rn_listen.is_some()),
             ("--no-resp", self.no_resp),
             ("--threads", k.threads.is_some()),
@@ -707,6 +715,7 @@ pub fn local_cluster_config(cfg: &Config) -> LocalClusterConfig {
         pool_path: Some(cfg.pool.path.clone()),
         pool_size: cfg.pool.size,
         persist: cfg.pool.persist,
+        pool_prefault_ahead: cfg.pool.prefault_ahead,
         processor: cfg.processor.clone(),
         kns: cfg.up.kns,
         // Each KV node listens on a free port; the routing table tells clients where.

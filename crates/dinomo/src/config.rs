@@ -82,6 +82,8 @@ pub struct PoolConfig {
     pub size: u64,
     /// Allocation unit of a new pool in bytes (`dpm`; `up` uses the log segment size, at most 8 MiB).
     pub segment_size: u64,
+    /// Bytes of the lowest free space kept faulted in ahead of the log writers by a background thread; 0: off.
+    pub prefault_ahead: u64,
     /// Durability of writes.
     pub persist: PersistMode,
 }
@@ -92,6 +94,7 @@ impl Default for PoolConfig {
             path: PathBuf::from("dinomo-data/pool"),
             size: 1 << 30,
             segment_size: dinomo_pool::DEFAULT_SEGMENT_SIZE,
+            prefault_ahead: dinomo_pool::DEFAULT_PREFAULT_AHEAD,
             persist: PersistMode::default(),
         }
     }
@@ -334,6 +337,7 @@ const DOCS: &[(&str, &str)] = &[
     ("pool.path", "pool file of the memory node (`dpm --pool`, `up --data-dir` DIR/pool); created with its directory when missing"),
     ("pool.size", "bytes of a new pool (ignored when the file exists)"),
     ("pool.segment_size", "allocation unit of a new pool in bytes (dpm; `up` uses processor.segment_size, at most 8 MiB)"),
+    ("pool.prefault_ahead", "bytes of the lowest free pool space a background thread keeps faulted in (madvise MADV_POPULATE_WRITE), so that the threads granting and writing log segments on a fresh pool do not take the page faults and the kernel's zeroing of new file pages; 0 turns it off"),
     ("pool.persist.mode", "durability: volatile, periodic (msync every interval_ms), durable (msync per write) or dax"),
     ("pool.persist.interval_ms", "milliseconds between background msyncs (mode = periodic only)"),
     ("processor.merge_threads", "threads merging KV nodes' logs into the index"),
@@ -517,7 +521,8 @@ fn shown(path: &str, value: &toml::Value) -> String {
     let bytes_key = path.ends_with("size")
         || path.ends_with("bytes")
         || path.ends_with("_len")
-        || path.ends_with("max_frame");
+        || path.ends_with("max_frame")
+        || path == "pool.prefault_ahead";
     match value.as_integer() {
         Some(n) if bytes_key && n >= 1 << 10 => format!("{text} = {}", human_bytes(n as u64)),
         _ => text,

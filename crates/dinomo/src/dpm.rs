@@ -53,6 +53,10 @@ pub struct DpmArgs {
     /// Allocation unit of a new pool, e.g. 8MiB [pool.segment_size; default 8MiB].
     #[arg(long, value_parser = parse_size)]
     pub segment_size: Option<u64>,
+    /// Free pool space kept faulted in ahead of the log writers, e.g. 64MiB; 0 turns it off
+    /// [pool.prefault_ahead; default 32MiB].
+    #[arg(long, value_parser = parse_size)]
+    pub prefault_ahead: Option<u64>,
     /// Durability: volatile, periodic (msync every second), durable (msync per write) or dax [pool.persist;
     /// default periodic].
     #[arg(long)]
@@ -111,6 +115,9 @@ impl DpmArgs {
         if let Some(s) = self.segment_size {
             cfg.pool.segment_size = s;
         }
+        if let Some(bytes) = self.prefault_ahead {
+            cfg.pool.prefault_ahead = bytes;
+        }
         if let Some(p) = self.persist {
             cfg.pool.persist = p;
         }
@@ -168,6 +175,8 @@ pub fn run(args: DpmArgs) -> anyhow::Result<()> {
     let (pool, report) = Pool::open_or_create(pool_path, &opts)
         .with_context(|| format!("opening pool {}", pool_path.display()))?;
     let pool = Arc::new(pool);
+    pool.start_prefaulter(cfg.pool.prefault_ahead)
+        .context("starting the pool's prefaulter")?;
     let layout = *pool.layout();
     let node = MemoryNode::new(
         pool.clone(),

@@ -262,6 +262,9 @@ pub struct ProcessorStats {
     pub pool_used_bytes: u64,
     /// Pool bytes free.
     pub pool_free_bytes: u64,
+    /// Pool bytes faulted in ahead of the log writers by the pool's prefaulter.
+    #[serde(default)]
+    pub pool_prefaulted_bytes: u64,
     /// Keys in the index.
     pub index_entries: u64,
     /// Bytes of the index's current table.
@@ -2349,6 +2352,7 @@ impl Inner {
         s.delete_reserve_grants = self.delete_reserve_grants.load(Ordering::Relaxed);
         s.pool_used_bytes = space.used_bytes();
         s.pool_free_bytes = space.free_bytes();
+        s.pool_prefaulted_bytes = self.pool.prefaulted_segments() * space.segment_size;
         for (node, index) in self.indexes.all() {
             let is = index.stats();
             s.index_entries += is.entries;

@@ -21,6 +21,9 @@ pub struct EmbeddedConfig {
     pub pool_segment_size: u64,
     /// Durability of the pool (default periodic msync every second).
     pub persist: PersistMode,
+    /// Bytes of the lowest free pool space kept faulted in ahead of the log writers (see
+    /// [`Pool::start_prefaulter`]); 0 turns it off. Default [`dinomo_pool::DEFAULT_PREFAULT_AHEAD`].
+    pub prefault_ahead: u64,
     /// Memory-node processor settings.
     pub processor: ProcessorConfig,
     /// KV-node settings.
@@ -36,6 +39,7 @@ impl Default for EmbeddedConfig {
             pool_size: 1 << 30,
             pool_segment_size: 1 << 20,
             persist: PersistMode::default(),
+            prefault_ahead: dinomo_pool::DEFAULT_PREFAULT_AHEAD,
             processor: ProcessorConfig::default(),
             kn: KnConfig::default(),
             injected_latency_ns: 0,
@@ -72,6 +76,8 @@ impl Embedded {
             ),
         };
         let pool = Arc::new(pool);
+        pool.start_prefaulter(cfg.prefault_ahead)
+            .map_err(pool_err)?;
         let processor = Processor::start(pool.clone(), &cfg.processor)
             .map_err(|e| KnError::Refused(e.to_string()))?;
         let node = MemoryNode::new(pool.clone(), NodeConfig::default());

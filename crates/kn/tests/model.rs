@@ -27,6 +27,9 @@ fn tiny_config(
         pool_size: 16 << 20,
         pool_segment_size: 4096,
         persist: PersistMode::Volatile,
+        // A few segments ahead, so that the prefaulter runs beside the writers of every case: faulting in a
+        // segment being written must change none of its bytes.
+        prefault_ahead: 4 * 4096,
         processor: ProcessorConfig {
             merge_threads: 2,
             directory_capacity: 64,

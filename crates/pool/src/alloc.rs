@@ -138,6 +138,9 @@ pub(crate) struct FreeMap {
     first_maybe_free: u64,
     /// A run (first segment, count) that [`FreeMap::find`] treats as used; [`FreeMap::find_last`] does not.
     kept: Option<(u64, u64)>,
+    /// Segments whose pages were faulted in since the pool was mapped: used ones, and free ones handed to the
+    /// prefaulter. A bit is never cleared (a freed segment keeps its pages).
+    primed: Vec<u64>,
 }
 
 impl FreeMap {
@@ -148,6 +151,7 @@ impl FreeMap {
             free: len,
             first_maybe_free: 0,
             kept: None,
+            primed: vec![0; len.div_ceil(64) as usize],
         }
     }
 
@@ -178,6 +182,7 @@ impl FreeMap {
         for i in start..start + count {
             debug_assert!(!self.is_used(i));
             self.used[(i / 64) as usize] |= 1 << (i % 64);
+            self.primed[(i / 64) as usize] |= 1 << (i % 64);
         }
         self.free -= count;
     }
@@ -227,6 +232,28 @@ impl FreeMap {
             i += 1;
         }
         None
+    }
+
+    /// Of the first `ahead` free segments outside the kept run, lowest first (those [`FreeMap::find`] hands out
+    /// next, one at a time), the ones not primed yet: marks them primed and appends them to `out`.
+    pub(crate) fn claim_unprimed_ahead(&mut self, ahead: u64, out: &mut Vec<u64>) {
+        let mut seen = 0;
+        let mut i = self.first_maybe_free;
+        while i < self.len && seen < ahead {
+            let (word, bit) = ((i / 64) as usize, 1u64 << (i % 64));
+            if i % 64 == 0 && self.used[word] == u64::MAX {
+                i += 64;
+                continue;
+            }
+            if self.used[word] & bit == 0 && !self.kept_contains(i) {
+                seen += 1;
+                if self.primed[word] & bit == 0 {
+                    self.primed[word] |= bit;
+                    out.push(i);
+                }
+            }
+            i += 1;
+        }
     }
 
     /// Last (highest) run of `count` free segments, the kept run included.
@@ -353,6 +380,57 @@ mod tests {
                     for i in s..s + c { model[i as usize] = false; }
                 }
                 prop_assert_eq!(fm.free_count(), model.iter().filter(|u| !**u).count() as u64);
+            }
+        }
+
+        /// The prefaulter is handed the lowest free segments, each once, never a used or kept one, and no more than
+        /// `ahead` of the first free ones.
+        #[test]
+        fn prefault_claims_match_model(ops in proptest::collection::vec((0u8..4, 1u64..6, any::<prop::sample::Index>()), 1..200)) {
+            let n = 150;
+            let mut fm = FreeMap::new(n);
+            let mut used = vec![false; n as usize];
+            let mut primed = vec![false; n as usize];
+            let mut live: Vec<(u64, u64)> = Vec::new();
+            for (op, count, pick) in ops {
+                match op {
+                    0 | 1 => {
+                        if let Some(s) = fm.find(count) {
+                            fm.mark_used(s, count);
+                            for i in s..s + count {
+                                used[i as usize] = true;
+                                primed[i as usize] = true;
+                            }
+                            live.push((s, count));
+                        }
+                    }
+                    2 if !live.is_empty() => {
+                        let (s, c) = live.swap_remove(pick.index(live.len()));
+                        fm.mark_free(s, c);
+                        for i in s..s + c { used[i as usize] = false; }
+                    }
+                    _ => {
+                        let ahead = count * 2;
+                        let kept = (pick.index(3) == 0).then(|| (pick.index(n as usize) as u64, count * 4));
+                        let kept = kept.filter(|&(s, c)| s + c <= n && fm.keep(s, c));
+                        let outside = |i: &u64| kept.is_none_or(|(k, c)| *i < k || *i >= k + c);
+                        let expect: Vec<u64> = (0..n)
+                            .filter(|&i| !used[i as usize])
+                            .filter(outside)
+                            .take(ahead as usize)
+                            .filter(|&i| !primed[i as usize])
+                            .collect();
+                        let mut got = Vec::new();
+                        fm.claim_unprimed_ahead(ahead, &mut got);
+                        fm.release_kept();
+                        prop_assert_eq!(&got, &expect);
+                        for i in got { primed[i as usize] = true; }
+                        let mut again = Vec::new();
+                        fm.claim_unprimed_ahead(ahead, &mut again);
+                        prop_assert!(kept.is_some() || again.is_empty(), "claimed twice: {:?}", again);
+                        for i in again { primed[i as usize] = true; }
+                    }
+                }
             }
         }
     }

@@ -11,6 +11,7 @@
 mod alloc;
 mod layout;
 mod persist;
+mod prefault;
 
 use std::fs::{File, OpenOptions};
 use std::io::Read;
@@ -26,9 +27,13 @@ pub use persist::PersistMode;
 
 use alloc::{Entry, FreeMap};
 use layout::{STATE_OFFSET, decode_state, state_word};
+use prefault::Prefaulter;
 
 /// Default allocation unit: one log segment of 8 MiB.
 pub const DEFAULT_SEGMENT_SIZE: u64 = 8 << 20;
+
+/// Default of how much of the lowest free space [`Pool::start_prefaulter`] keeps faulted in: 32 MiB.
+pub const DEFAULT_PREFAULT_AHEAD: u64 = 32 << 20;
 
 /// Everything that can go wrong with a pool. Opening never modifies a file it rejects.
 #[derive(Debug, thiserror::Error)]
@@ -170,6 +175,8 @@ struct Mapping {
     raw: memmap2::MmapRaw,
     len: u64,
     file_backed: bool,
+    /// A copy-on-write mapping of a file: a write fault copies the page.
+    private_copy: bool,
 }
 
 impl Mapping {
@@ -183,6 +190,15 @@ impl Mapping {
         // SAFETY: in bounds and aligned (checked by callers); the mapping lives as long as `self`, and all shared
         // mutation of pool words goes through atomics.
         unsafe { AtomicU64::from_ptr(self.ptr().add(offset as usize).cast::<u64>()) }
+    }
+
+    /// Faults in `len` bytes at `offset` writable, as a write to each page would, without changing them.
+    fn populate_write(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.raw.advise_range(
+            memmap2::Advice::PopulateWrite,
+            offset as usize,
+            len as usize,
+        )
     }
 
     fn msync(&self, offset: u64, len: u64) -> std::io::Result<()> {
@@ -246,6 +262,9 @@ pub struct Pool {
     path: Option<PathBuf>,
     free: Mutex<FreeMap>,
     syncer: Mutex<Option<Syncer>>,
+    prefaulter: Mutex<Option<Prefaulter>>,
+    /// The running prefaulter's side, read by low allocations.
+    prefault: std::sync::OnceLock<Arc<prefault::Shared>>,
     closed: AtomicBool,
     // Keeps the file (and its advisory lock) open while mapped.
     _file: Option<File>,
@@ -350,6 +369,7 @@ impl Pool {
                 raw,
                 len: opts.size,
                 file_backed: true,
+                private_copy: false,
             });
             let superblock = Superblock {
                 layout,
@@ -438,6 +458,7 @@ impl Pool {
             len: file_len,
             // A private mapping is never written back: no msync, and closing it marks nothing.
             file_backed: access == Access::Exclusive,
+            private_copy: access == Access::Snapshot,
         });
         let words: Vec<u64> = (0..layout.segment_count)
             .map(|i| {
@@ -512,6 +533,7 @@ impl Pool {
             raw: memmap2::MmapRaw::from(mm),
             len: size,
             file_backed: false,
+            private_copy: false,
         });
         let superblock = Superblock {
             layout,
@@ -538,6 +560,8 @@ impl Pool {
             mode,
             path,
             syncer: Mutex::new(None),
+            prefaulter: Mutex::new(None),
+            prefault: std::sync::OnceLock::new(),
             closed: AtomicBool::new(false),
             _file: None,
         })
@@ -550,6 +574,48 @@ impl Pool {
             *self.syncer.lock().unwrap_or_else(|e| e.into_inner()) = Some(s);
         }
         Ok(())
+    }
+
+    /// Starts a thread that keeps the pages of the lowest `ahead_bytes` of free space (rounded up to whole
+    /// segments) faulted in, so that the threads writing new log segments do not take those page faults (see the
+    /// `prefault` module). False when it does nothing: `ahead_bytes` is 0, the pool is a read-only snapshot or
+    /// closed, or a prefaulter runs already.
+    pub fn start_prefaulter(&self, ahead_bytes: u64) -> Result<bool, PoolError> {
+        let ahead = ahead_bytes.div_ceil(self.superblock.layout.segment_size);
+        if ahead == 0 || self.map.private_copy || self.closed.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        let mut slot = self.prefaulter.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_some() || self.prefault.get().is_some() {
+            return Ok(false);
+        }
+        let p = Prefaulter::start(self.map.clone(), ahead)
+            .map_err(io_err(self.path.as_deref().unwrap_or(Path::new("<pool>"))))?;
+        let shared = p.shared.clone();
+        *slot = Some(p);
+        drop(slot);
+        let _ = self.prefault.set(shared.clone());
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        self.prefault_ahead(&shared, &mut free);
+        Ok(true)
+    }
+
+    /// Segments the prefaulter has faulted in since it started.
+    pub fn prefaulted_segments(&self) -> u64 {
+        self.prefault.get().map_or(0, |s| s.faulted_segments())
+    }
+
+    /// Hands the prefaulter the lowest free segments it has not had yet. Under the free-map lock, so that claims
+    /// follow allocations in order.
+    fn prefault_ahead(&self, shared: &prefault::Shared, free: &mut FreeMap) {
+        let mut claimed = Vec::new();
+        free.claim_unprimed_ahead(shared.ahead, &mut claimed);
+        let layout = self.superblock.layout;
+        shared.want(
+            claimed
+                .into_iter()
+                .map(|i| (layout.segment_offset(i), layout.segment_size)),
+        );
     }
 
     fn write_superblock(&self) {
@@ -715,6 +781,9 @@ impl Pool {
             free: free.free_count(),
         })?;
         free.mark_used(start, segments);
+        if let (Placement::Lowest, Some(shared)) = (placement, self.prefault.get()) {
+            self.prefault_ahead(shared, &mut free);
+        }
         for j in 1..segments {
             self.table_word(start + j)
                 .store(Entry::Continuation { back: j }.encode(), Ordering::Release);
@@ -865,6 +934,14 @@ impl Pool {
     pub fn close(&self) -> Result<(), PoolError> {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
+        }
+        if let Some(mut p) = self
+            .prefaulter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            p.stop();
         }
         if let Some(mut s) = self.syncer.lock().unwrap_or_else(|e| e.into_inner()).take() {
             s.stop();
