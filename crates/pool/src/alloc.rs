@@ -238,22 +238,31 @@ impl FreeMap {
     /// next, one at a time), the ones not primed yet: marks them primed and appends them to `out`.
     pub(crate) fn claim_unprimed_ahead(&mut self, ahead: u64, out: &mut Vec<u64>) {
         let mut seen = 0;
-        let mut i = self.first_maybe_free;
-        while i < self.len && seen < ahead {
-            let (word, bit) = ((i / 64) as usize, 1u64 << (i % 64));
-            if i % 64 == 0 && self.used[word] == u64::MAX {
-                i += 64;
-                continue;
+        let mut word = (self.first_maybe_free / 64) as usize;
+        while word < self.used.len() && seen < ahead {
+            // Free segments of this word, the kept run and the bits past the last segment left out, a word at a
+            // time: a full pool's scan is a few thousand words, not a bit per segment.
+            let base = word as u64 * 64;
+            let mut free = !self.used[word] & self.in_pool_mask(word);
+            if let Some((start, count)) = self.kept {
+                free &= !range_mask(base, start, start + count);
             }
-            if self.used[word] & bit == 0 && !self.kept_contains(i) {
+            while free != 0 && seen < ahead {
+                let bit = free.trailing_zeros();
+                free &= free - 1;
                 seen += 1;
-                if self.primed[word] & bit == 0 {
-                    self.primed[word] |= bit;
-                    out.push(i);
+                if self.primed[word] & (1 << bit) == 0 {
+                    self.primed[word] |= 1 << bit;
+                    out.push(base + u64::from(bit));
                 }
             }
-            i += 1;
+            word += 1;
         }
+    }
+
+    /// The bits of word `word` that name segments of the pool (the last word may be partial).
+    fn in_pool_mask(&self, word: usize) -> u64 {
+        range_mask(word as u64 * 64, 0, self.len)
     }
 
     /// Last (highest) run of `count` free segments, the kept run included.
@@ -281,6 +290,19 @@ impl FreeMap {
             }
         }
         None
+    }
+}
+
+/// The bits of the 64-segment word starting at segment `base` that lie in segments `start..end`.
+fn range_mask(base: u64, start: u64, end: u64) -> u64 {
+    let lo = start.clamp(base, base + 64) - base;
+    let hi = end.clamp(base, base + 64) - base;
+    if hi <= lo {
+        0
+    } else if hi - lo == 64 {
+        u64::MAX
+    } else {
+        ((1u64 << (hi - lo)) - 1) << lo
     }
 }
 
