@@ -337,7 +337,7 @@ const DOCS: &[(&str, &str)] = &[
     ("pool.path", "pool file of the memory node (`dpm --pool`, `up --data-dir` DIR/pool); created with its directory when missing"),
     ("pool.size", "bytes of a new pool (ignored when the file exists)"),
     ("pool.segment_size", "allocation unit of a new pool in bytes (dpm; `up` uses processor.segment_size, at most 8 MiB)"),
-    ("pool.prefault_ahead", "bytes of the lowest free pool space a background thread keeps faulted in (madvise MADV_POPULATE_WRITE), so that the threads granting and writing log segments on a fresh pool do not take the page faults and the kernel's zeroing of new file pages; 0 turns it off"),
+    ("pool.prefault_ahead", "bytes of the lowest free pool space a background thread keeps faulted in (madvise MADV_POPULATE_READ), so that the threads granting and writing log segments on a fresh pool do not take the page faults and the kernel's zeroing of new file pages; 0 turns it off"),
     ("pool.persist.mode", "durability: volatile, periodic (msync every interval_ms), durable (msync per write) or dax"),
     ("pool.persist.interval_ms", "milliseconds between background msyncs (mode = periodic only)"),
     ("processor.merge_threads", "threads merging KV nodes' logs into the index"),

@@ -192,13 +192,18 @@ impl Mapping {
         unsafe { AtomicU64::from_ptr(self.ptr().add(offset as usize).cast::<u64>()) }
     }
 
-    /// Faults in `len` bytes at `offset` writable, as a write to each page would, without changing them.
-    fn populate_write(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        self.raw.advise_range(
-            memmap2::Advice::PopulateWrite,
-            offset as usize,
-            len as usize,
-        )
+    /// Faults in the pages of `len` bytes at `offset` without changing them. A file's pages are faulted in for
+    /// reading: the kernel finds or zero-fills them in the page cache and maps them, which is the cost, and leaves
+    /// them clean, so a background msync does not write back pages nobody wrote (a writer's first store still
+    /// marks its page dirty, a cheap fault). Anonymous memory is faulted in for writing, since reading it would
+    /// only map the shared zero page.
+    fn populate(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        let advice = if self.file_backed {
+            memmap2::Advice::PopulateRead
+        } else {
+            memmap2::Advice::PopulateWrite
+        };
+        self.raw.advise_range(advice, offset as usize, len as usize)
     }
 
     fn msync(&self, offset: u64, len: u64) -> std::io::Result<()> {

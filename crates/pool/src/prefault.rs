@@ -1,11 +1,13 @@
 //! Faulting in the pages of the segments the next allocations take, off the threads that write them.
 //!
-//! The first write to a page of the pool that was never written since it was mapped is a page fault in which the
-//! kernel finds or allocates a page, zeroes it (a hole of the pool file) or reads it, and, for a file, reserves its
-//! disk block. Log segments are taken lowest first and written front to back at the write rate, so under a
-//! write-heavy load on a fresh pool those faults land on every appending thread: one per 4 KiB of entries. The
-//! prefaulter thread takes them instead, a segment at a time with `madvise(MADV_POPULATE_WRITE)`, for the first
-//! few free segments (those [`crate::Pool::alloc`] hands out next), topping up after every low allocation.
+//! The first touch of a page of the pool that is not mapped yet is a page fault in which the kernel finds or
+//! allocates the page and fills it: zeroes for a hole of a fresh pool file (its read-around zero-fills megabytes
+//! at once), the old bytes from disk for a reopened one. Log segments are taken lowest first and written front to
+//! back, so under a write-heavy load on a fresh pool those faults land on the processor thread that writes a new
+//! segment's header while the KV node waits for the grant, and on the workers appending entries. The prefaulter
+//! thread takes them instead, a segment at a time with `madvise(MADV_POPULATE_READ)` (`_WRITE` for anonymous
+//! memory, see `Mapping::populate`), for the first few free segments (those [`crate::Pool::alloc`] hands out
+//! next), topping up after every low allocation.
 //!
 //! Populating does not change a page's content, so it is safe on a segment that has been handed out meanwhile and
 //! is being written. A segment is primed once per mapping: freed segments keep their pages.
@@ -105,11 +107,11 @@ fn run(map: &Mapping, shared: &Shared) {
                 q = shared.wake.wait(q).unwrap_or_else(|e| e.into_inner());
             }
         };
-        match map.populate_write(offset, len) {
+        match map.populate(offset, len) {
             Ok(()) => {
                 shared.faulted.fetch_add(1, Ordering::Relaxed);
             }
-            // Kernels before 5.14 do not know MADV_POPULATE_WRITE: the writers fault the pages in themselves.
+            // Kernels before 5.14 do not know MADV_POPULATE_*: the writers fault the pages in themselves.
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 tracing::info!(error = %e, "this kernel cannot prefault pool pages; writers fault them in");
                 let mut q = shared.queue.lock().unwrap_or_else(|e| e.into_inner());
