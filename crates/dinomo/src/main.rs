@@ -21,7 +21,7 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
 /// How long the allocator keeps freed memory before giving it back to the OS. mimalloc's 10 ms gives back the
 /// pages of a KV node's cache churn under writes (an evicted value freed, a new one allocated) between two
-/// requests, and then faults them in and zeroes them again: under a SET load on a full cache that doubled the
+/// requests, and then faults them in and zeroes them again: under a SET load on a full cache, some 40% of the
 /// server's page faults. A second keeps the memory a steady load reuses and still returns a burst's soon after.
 /// `MIMALLOC_PURGE_DELAY` in the environment overrides it.
 const ALLOCATOR_PURGE_DELAY_MS: std::ffi::c_long = 1000;

@@ -243,7 +243,7 @@ impl FreeMap {
             // Free segments of this word, the kept run and the bits past the last segment left out, a word at a
             // time: a full pool's scan is a few thousand words, not a bit per segment.
             let base = word as u64 * 64;
-            let mut free = !self.used[word] & self.in_pool_mask(word);
+            let mut free = !self.used[word] & range_mask(base, 0, self.len);
             if let Some((start, count)) = self.kept {
                 free &= !range_mask(base, start, start + count);
             }
@@ -258,11 +258,6 @@ impl FreeMap {
             }
             word += 1;
         }
-    }
-
-    /// The bits of word `word` that name segments of the pool (the last word may be partial).
-    fn in_pool_mask(&self, word: usize) -> u64 {
-        range_mask(word as u64 * 64, 0, self.len)
     }
 
     /// Last (highest) run of `count` free segments, the kept run included.

@@ -267,9 +267,8 @@ pub struct Pool {
     path: Option<PathBuf>,
     free: Mutex<FreeMap>,
     syncer: Mutex<Option<Syncer>>,
-    prefaulter: Mutex<Option<Prefaulter>>,
-    /// The running prefaulter's side, read by low allocations.
-    prefault: std::sync::OnceLock<Arc<prefault::Shared>>,
+    /// Set once, by [`Pool::start_prefaulter`]; low allocations hand it segments.
+    prefaulter: std::sync::OnceLock<Prefaulter>,
     closed: AtomicBool,
     // Keeps the file (and its advisory lock) open while mapped.
     _file: Option<File>,
@@ -565,8 +564,7 @@ impl Pool {
             mode,
             path,
             syncer: Mutex::new(None),
-            prefaulter: Mutex::new(None),
-            prefault: std::sync::OnceLock::new(),
+            prefaulter: std::sync::OnceLock::new(),
             closed: AtomicBool::new(false),
             _file: None,
         })
@@ -590,33 +588,35 @@ impl Pool {
         if ahead == 0 || self.map.private_copy || self.closed.load(Ordering::Acquire) {
             return Ok(false);
         }
-        let mut slot = self.prefaulter.lock().unwrap_or_else(|e| e.into_inner());
-        if slot.is_some() || self.prefault.get().is_some() {
+        if self.prefaulter.get().is_some() {
             return Ok(false);
         }
         let p = Prefaulter::start(self.map.clone(), ahead)
             .map_err(io_err(self.path.as_deref().unwrap_or(Path::new("<pool>"))))?;
-        let shared = p.shared.clone();
-        *slot = Some(p);
-        drop(slot);
-        let _ = self.prefault.set(shared.clone());
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        self.prefault_ahead(&shared, &mut free);
+        // A caller that started one meanwhile keeps its own; ours stops before it was handed anything.
+        if let Err(ours) = self.prefaulter.set(p) {
+            ours.stop();
+            return Ok(false);
+        }
+        let p = self.prefaulter.get().expect("set above");
+        self.prefault_ahead(p, &mut self.free.lock().unwrap_or_else(|e| e.into_inner()));
         Ok(true)
     }
 
     /// Segments the prefaulter has faulted in since it started.
     pub fn prefaulted_segments(&self) -> u64 {
-        self.prefault.get().map_or(0, |s| s.faulted_segments())
+        self.prefaulter
+            .get()
+            .map_or(0, Prefaulter::faulted_segments)
     }
 
     /// Hands the prefaulter the lowest free segments it has not had yet. Under the free-map lock, so that claims
     /// follow allocations in order.
-    fn prefault_ahead(&self, shared: &prefault::Shared, free: &mut FreeMap) {
+    fn prefault_ahead(&self, p: &Prefaulter, free: &mut FreeMap) {
         let mut claimed = Vec::new();
-        free.claim_unprimed_ahead(shared.ahead, &mut claimed);
+        free.claim_unprimed_ahead(p.ahead, &mut claimed);
         let layout = self.superblock.layout;
-        shared.want(
+        p.want(
             claimed
                 .into_iter()
                 .map(|i| (layout.segment_offset(i), layout.segment_size)),
@@ -786,8 +786,8 @@ impl Pool {
             free: free.free_count(),
         })?;
         free.mark_used(start, segments);
-        if let (Placement::Lowest, Some(shared)) = (placement, self.prefault.get()) {
-            self.prefault_ahead(shared, &mut free);
+        if let (Placement::Lowest, Some(p)) = (placement, self.prefaulter.get()) {
+            self.prefault_ahead(p, &mut free);
         }
         for j in 1..segments {
             self.table_word(start + j)
@@ -940,12 +940,7 @@ impl Pool {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
-        if let Some(mut p) = self
-            .prefaulter
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
+        if let Some(p) = self.prefaulter.get() {
             p.stop();
         }
         if let Some(mut s) = self.syncer.lock().unwrap_or_else(|e| e.into_inner()).take() {

@@ -20,9 +20,7 @@ use std::thread::JoinHandle;
 use crate::Mapping;
 
 /// What the allocator and the prefaulter thread share.
-pub(crate) struct Shared {
-    /// How many of the lowest free segments are kept faulted in.
-    pub(crate) ahead: u64,
+struct Shared {
     queue: Mutex<Queue>,
     wake: Condvar,
     /// Segments faulted in so far.
@@ -37,34 +35,26 @@ struct Queue {
 }
 
 impl Shared {
-    /// Queues byte ranges for the thread.
-    pub(crate) fn want(&self, ranges: impl IntoIterator<Item = (u64, u64)>) {
+    /// Takes no more ranges and drops those queued; the thread ends once the range it is faulting in is done.
+    fn shut(&self) {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        if q.stop {
-            return;
-        }
-        let before = q.wanted.len();
-        q.wanted.extend(ranges);
-        if q.wanted.len() > before {
-            self.wake.notify_one();
-        }
-    }
-
-    pub(crate) fn faulted_segments(&self) -> u64 {
-        self.faulted.load(Ordering::Relaxed)
+        q.stop = true;
+        q.wanted.clear();
+        self.wake.notify_all();
     }
 }
 
-/// The prefaulter thread; stopped by [`Prefaulter::stop`].
+/// The prefaulter thread and its queue.
 pub(crate) struct Prefaulter {
-    pub(crate) shared: Arc<Shared>,
-    handle: Option<JoinHandle<()>>,
+    /// How many of the lowest free segments are kept faulted in.
+    pub(crate) ahead: u64,
+    shared: Arc<Shared>,
+    handle: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Prefaulter {
     pub(crate) fn start(map: Arc<Mapping>, ahead: u64) -> std::io::Result<Prefaulter> {
         let shared = Arc::new(Shared {
-            ahead,
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
             faulted: AtomicU64::new(0),
@@ -74,20 +64,34 @@ impl Prefaulter {
             .name("pool-prefault".into())
             .spawn(move || run(&map, &thread_shared))?;
         Ok(Prefaulter {
+            ahead,
             shared,
-            handle: Some(handle),
+            handle: Mutex::new(Some(handle)),
         })
     }
 
-    /// Stops the thread once the range it is faulting in is done, leaving the rest.
-    pub(crate) fn stop(&mut self) {
-        {
-            let mut q = self.shared.queue.lock().unwrap_or_else(|e| e.into_inner());
-            q.stop = true;
-            q.wanted.clear();
+    /// Queues byte ranges for the thread.
+    pub(crate) fn want(&self, ranges: impl IntoIterator<Item = (u64, u64)>) {
+        let mut q = self.shared.queue.lock().unwrap_or_else(|e| e.into_inner());
+        if q.stop {
+            return;
         }
-        self.shared.wake.notify_all();
-        if let Some(h) = self.handle.take() {
+        let before = q.wanted.len();
+        q.wanted.extend(ranges);
+        if q.wanted.len() > before {
+            self.shared.wake.notify_one();
+        }
+    }
+
+    /// Segments faulted in so far.
+    pub(crate) fn faulted_segments(&self) -> u64 {
+        self.shared.faulted.load(Ordering::Relaxed)
+    }
+
+    /// Stops the thread once the range it is faulting in is done, leaving the rest, and waits for it.
+    pub(crate) fn stop(&self) {
+        self.shared.shut();
+        if let Some(h) = self.handle.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = h.join();
         }
     }
@@ -114,9 +118,7 @@ fn run(map: &Mapping, shared: &Shared) {
             // Kernels before 5.14 do not know MADV_POPULATE_*: the writers fault the pages in themselves.
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 tracing::info!(error = %e, "this kernel cannot prefault pool pages; writers fault them in");
-                let mut q = shared.queue.lock().unwrap_or_else(|e| e.into_inner());
-                q.stop = true;
-                q.wanted.clear();
+                shared.shut();
                 return;
             }
             Err(e) => {
