@@ -29,6 +29,7 @@ mod format;
 mod key_stats;
 mod pingpong;
 pub mod project;
+mod redis_compare;
 mod report;
 pub mod svg;
 pub mod ycsb;
@@ -38,6 +39,9 @@ pub use cache_lookup::{CacheBenchOptions, CacheCase, CacheReport, run_cache};
 pub use dac::{DacBenchOptions, DacCase, DacReport, DacVersusBest, run_dac};
 pub use elastic::{Bucket, CloverEvent, ElasticOptions, ElasticReport, Scenario, run_elastic};
 pub use key_stats::{KeyStatsBenchOptions, KeyStatsReport, run_key_stats};
+pub use redis_compare::{
+    REDIS_CSV_HEADER, RedisCase, RedisComparison, parse_redis_csv, plot_redis,
+};
 
 use std::hint::black_box;
 use std::net::SocketAddr;

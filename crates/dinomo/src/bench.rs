@@ -43,6 +43,9 @@ pub enum Which {
     /// Plots throughput, round trips per operation or hit ratios against the number of KV nodes from the JSON
     /// results of `bench ycsb`.
     Plot(PlotArgs),
+    /// Plots the Redis-protocol comparison that `scripts/bench-redis` writes (its `redis.csv`): throughput of
+    /// dinomo and redis-server, dinomo's fraction of Redis's beside each test's target, and CPU per request.
+    PlotRedis(PlotRedisArgs),
     /// What the KV node's per-epoch key-access statistics (for the M-node's policy) cost: in-process throughput
     /// with and without them, side by side, and the sketch's own nanoseconds per access.
     KeyStats(KeyStatsArgs),
@@ -327,6 +330,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.which {
         Which::Ycsb(a) => ycsb(*a),
         Which::Plot(a) => plot(a),
+        Which::PlotRedis(a) => plot_redis(a),
         Which::Project(a) => project(*a),
         Which::Figure(a) => figure(a),
         Which::Fabric(a) => {
@@ -592,6 +596,16 @@ pub struct PlotArgs {
     /// JSON results of `dinomo bench ycsb` (single runs or sweeps).
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
+    /// The SVG file to write.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+/// Settings of `dinomo bench plot-redis`.
+#[derive(Debug, Args)]
+pub struct PlotRedisArgs {
+    /// The results file of `scripts/bench-redis` (CSV: `# title: ...`, a header, a line per test and pipeline).
+    pub file: PathBuf,
     /// The SVG file to write.
     #[arg(long)]
     pub out: PathBuf,
@@ -880,6 +894,24 @@ fn load_runs(files: &[PathBuf]) -> anyhow::Result<Vec<YcsbReport>> {
     }
     anyhow::ensure!(!runs.is_empty(), "no runs in {files:?}");
     Ok(runs)
+}
+
+fn plot_redis(a: PlotRedisArgs) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(&a.file)
+        .with_context(|| format!("reading {}", a.file.display()))?;
+    let comparison = dinomo_bench::parse_redis_csv(&text)
+        .with_context(|| format!("reading {}", a.file.display()))?;
+    if let Some(dir) = a.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(&a.out, dinomo_bench::plot_redis(&comparison))
+        .with_context(|| format!("writing {}", a.out.display()))?;
+    eprintln!(
+        "wrote {} ({} cases)",
+        a.out.display(),
+        comparison.cases.len()
+    );
+    Ok(())
 }
 
 fn plot(a: PlotArgs) -> anyhow::Result<()> {
