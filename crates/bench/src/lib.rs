@@ -526,16 +526,19 @@ impl Bench<'_> {
             .iter()
             .map(|&o| Ok(self.pool.atomic_u64(o)?.load(Ordering::Acquire)))
             .collect::<anyhow::Result<Vec<u64>>>()?;
+        // Every WRITE's payload; it outlives the batch, which borrows it.
+        let payload = match case.kind {
+            VerbKind::Write => pattern(case.size as usize),
+            _ => Vec::new(),
+        };
         let mut fabric = FabricOp {
             endpoint: &mut self.endpoint,
             kind: case.kind,
             size: case.size,
             batched,
             addrs: offsets.iter().map(|&o| self.region.at(o)).collect(),
-            buf: match case.kind {
-                VerbKind::Write => pattern(case.size as usize),
-                _ => vec![0; case.size as usize],
-            },
+            buf: vec![0; case.size as usize],
+            payload: &payload,
             values: values.clone(),
             batch: Batch::new(),
         };
@@ -579,9 +582,9 @@ impl Bench<'_> {
 }
 
 /// The fabric's [`Iteration`]: one round trip of verb `K` ([`verb_code`]), batched when `B`.
-struct FabricIteration<'a, 'e, const K: u8, const B: bool>(&'a mut FabricOp<'e>);
+struct FabricIteration<'a, 'e, 'p, const K: u8, const B: bool>(&'a mut FabricOp<'e, 'p>);
 
-impl<const K: u8, const B: bool> Iteration for FabricIteration<'_, '_, K, B> {
+impl<const K: u8, const B: bool> Iteration for FabricIteration<'_, '_, '_, K, B> {
     type Error = FabricError;
 
     #[inline(always)]
@@ -614,22 +617,25 @@ impl Iteration for &mut pingpong::PingPong {
 }
 
 /// One iteration of a fabric case: one verb, or one posted batch.
-struct FabricOp<'e> {
+struct FabricOp<'e, 'p> {
     endpoint: &'e mut Endpoint,
     kind: VerbKind,
     size: u32,
     batched: bool,
     /// Where each verb of a round trip goes (one address unbatched).
     addrs: Vec<RemoteAddr>,
-    /// Destination of a single READ, or the payload of every WRITE.
+    /// Destination of a single READ.
     buf: Vec<u8>,
+    /// The payload of every WRITE.
+    payload: &'p [u8],
     /// The value each CAS expects next, one per address.
     values: Vec<u64>,
-    /// Reused for every batched round trip.
-    batch: Batch<'static>,
+    /// Cleared and filled again for every batched round trip, as a caller keeping a batch does; its WRITEs borrow
+    /// `payload`.
+    batch: Batch<'p>,
 }
 
-impl FabricOp<'_> {
+impl FabricOp<'_, '_> {
     /// One round trip of verb `K` ([`verb_code`]), batched when `B`; the caller picks `K` and `B` from `kind` and
     /// `batched`.
     #[inline(always)]
@@ -644,7 +650,7 @@ impl FabricOp<'_> {
                     ep.read(a, &mut self.buf)?;
                     black_box(&self.buf);
                 }
-                VerbKind::Write => ep.write(a, &self.buf)?,
+                VerbKind::Write => ep.write(a, self.payload)?,
                 VerbKind::Cas => {
                     let v = self.values[0];
                     let prev = ep.cas(a, v, v.wrapping_add(1))?;
@@ -656,8 +662,8 @@ impl FabricOp<'_> {
             }
             return Ok(());
         }
-        // The WRITEs borrow `buf` for this round trip only; the batch's buffers are kept for the next.
-        let mut batch = std::mem::take(&mut self.batch).reuse();
+        let batch = &mut self.batch;
+        batch.clear();
         match kind {
             VerbKind::Read => {
                 for &a in &self.addrs {
@@ -666,7 +672,7 @@ impl FabricOp<'_> {
             }
             VerbKind::Write => {
                 for &a in &self.addrs {
-                    batch.write(a, &self.buf);
+                    batch.write(a, self.payload);
                 }
             }
             VerbKind::Cas => {
@@ -680,7 +686,7 @@ impl FabricOp<'_> {
                 }
             }
         }
-        let posted = ep.post(&mut batch);
+        let posted = ep.post(batch);
         if posted.is_ok() {
             match kind {
                 VerbKind::Read => {
@@ -697,7 +703,6 @@ impl FabricOp<'_> {
                 }
             }
         }
-        self.batch = batch.reuse();
         posted
     }
 }
