@@ -247,6 +247,20 @@ impl BatchTally {
         }
     }
 
+    /// The one kind every verb of a batch of `len` verbs is, if they are all alike.
+    #[inline(always)]
+    pub(crate) fn only_kind(&self, len: usize) -> Option<VerbKind> {
+        let len = len as u64;
+        [
+            VerbKind::Read,
+            VerbKind::Write,
+            VerbKind::Cas,
+            VerbKind::Faa,
+        ]
+        .into_iter()
+        .find(|&k| self.verbs[kind_index(k)] == len)
+    }
+
     /// The same counts as a snapshot of one round trip.
     #[cfg(test)]
     pub(crate) fn snapshot(&self) -> CounterSnapshot {

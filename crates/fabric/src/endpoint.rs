@@ -440,6 +440,36 @@ fn verb_err(kind: VerbKind, error: VerbError) -> FabricError {
 /// verbs after it are skipped).
 #[inline]
 fn exec_batch_in_process(nic: &Nic, batch: &mut Batch<'_>) {
+    // A batch of one kind of verb (the common case) runs a loop compiled for that kind, without a dispatch per verb.
+    match batch.tally().only_kind(batch.len()) {
+        Some(VerbKind::Read) => exec_ops::<{ KIND_READ }>(nic, batch),
+        Some(VerbKind::Write) => exec_ops::<{ KIND_WRITE }>(nic, batch),
+        Some(VerbKind::Cas) => exec_ops::<{ KIND_CAS }>(nic, batch),
+        Some(VerbKind::Faa) => exec_ops::<{ KIND_FAA }>(nic, batch),
+        None => exec_ops::<{ KIND_ANY }>(nic, batch),
+    }
+}
+
+const KIND_READ: u8 = 0;
+const KIND_WRITE: u8 = 1;
+const KIND_CAS: u8 = 2;
+const KIND_FAA: u8 = 3;
+const KIND_ANY: u8 = 4;
+
+/// The verb kind an op of a batch whose verbs are all `K` has (any kind: the op's own).
+#[inline(always)]
+fn kind_of<const K: u8>(op_kind: VerbKind) -> VerbKind {
+    match K {
+        KIND_READ => VerbKind::Read,
+        KIND_WRITE => VerbKind::Write,
+        KIND_CAS => VerbKind::Cas,
+        KIND_FAA => VerbKind::Faa,
+        _ => op_kind,
+    }
+}
+
+#[inline(always)]
+fn exec_ops<const K: u8>(nic: &Nic, batch: &mut Batch<'_>) {
     let Batch {
         ops,
         out,
@@ -448,7 +478,7 @@ fn exec_batch_in_process(nic: &Nic, batch: &mut Batch<'_>) {
         ..
     } = batch;
     for (index, op) in ops.iter_mut().enumerate() {
-        let r = match op.kind {
+        let r = match kind_of::<K>(op.kind) {
             VerbKind::Cas => nic.cas(op.region, op.rkey, op.offset, op.arg0, op.arg1),
             VerbKind::Faa => nic.faa(op.region, op.rkey, op.offset, op.arg0),
             VerbKind::Read => nic
