@@ -279,10 +279,7 @@ pub fn run(opts: &FabricBenchOptions) -> anyhow::Result<FabricReport> {
             None => Target::InProcess(node.clone()),
             Some(s) => Target::Tcp(s.local_addr()),
         };
-        let connector = Connector {
-            target,
-            config: endpoint_config.clone(),
-        };
+        let connector = Connector::with_config(target, endpoint_config.clone());
         let endpoint = connector
             .connect()
             .with_context(|| format!("connecting to the memory node ({transport})"))?;

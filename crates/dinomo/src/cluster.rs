@@ -4,9 +4,10 @@
 //! Every flag of a process-starting command is optional: a flag given overrides the configuration file
 //! (`--config`), which overrides the defaults ([`Config::default`]).
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -58,12 +59,21 @@ impl MetaArgs {
     }
 }
 
-/// The memory node's fabric as the settings describe it.
+/// The memory node's fabric as the settings describe it. Every call in a process gives a clone of one connector
+/// per memory-node address, so the whole process (its nodes, their restarts in place, its metadata store) holds on
+/// to the pool it reached first and refuses another one behind the same address.
 pub fn connector(cfg: &Config) -> Connector {
-    Connector {
-        target: Target::Tcp(cfg.cluster.dpm),
-        config: endpoint(cfg),
-    }
+    static CONNECTORS: OnceLock<Mutex<HashMap<SocketAddr, Connector>>> = OnceLock::new();
+    let mut connectors = CONNECTORS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let mut c = connectors
+        .entry(cfg.cluster.dpm)
+        .or_insert_with(|| Connector::new(Target::Tcp(cfg.cluster.dpm)))
+        .clone();
+    c.config = endpoint(cfg);
+    c
 }
 
 /// The fabric endpoints' settings, presenting the cluster token.

@@ -378,9 +378,8 @@ pub fn start(opts: StartOptions) -> anyhow::Result<(RunningBaseline, Vec<MemoryN
         reports.push(MemoryNodeReport { path, formatted });
     }
     // Every node of this process is reached in process, with the endpoints' settings.
-    let in_process = |node: &Arc<MemoryNode>| Connector {
-        target: Target::InProcess(node.clone()),
-        config: opts.endpoint.clone(),
+    let in_process = |node: &Arc<MemoryNode>| {
+        Connector::with_config(Target::InProcess(node.clone()), opts.endpoint.clone())
     };
     let connectors: Vec<Connector> = nodes.iter().map(in_process).collect();
     let mismatch = |stored: &dyn std::fmt::Debug, wanted: &dyn std::fmt::Debug| {

@@ -1,5 +1,6 @@
 //! `dinomo dpm` as a real process on loopback: SIGKILL and restart on the same pool file keeps every acknowledged
-//! write; SIGTERM stops cleanly; bad pool files are refused untouched.
+//! write; SIGTERM stops cleanly; bad pool files are refused untouched; a KV node refuses a memory node restarted on
+//! another pool and goes on serving once it is back on its own.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -26,11 +27,15 @@ fn start_dpm(pool: &Path) -> anyhow::Result<Dpm> {
 }
 
 fn start_dpm_with(pool: &Path, extra: &[&str]) -> anyhow::Result<Dpm> {
+    start_dpm_on(pool, "127.0.0.1:0", extra)
+}
+
+fn start_dpm_on(pool: &Path, listen: &str, extra: &[&str]) -> anyhow::Result<Dpm> {
     let mut child = Command::new(env!("CARGO_BIN_EXE_dinomo"))
         .args([
             "dpm",
             "--listen",
-            "127.0.0.1:0",
+            listen,
             "--size",
             "64MiB",
             "--segment-size",
@@ -310,4 +315,90 @@ fn kv_node_over_tcp_survives_a_memory_node_sigkill() {
     }
     kn.stop();
     stop_with_sigterm(dpm);
+}
+
+/// A KV node whose memory node comes back on another pool file at the same address refuses to serve from it (its
+/// log, segments and cached pool offsets belong to the first pool), and serves again, in place, once the memory
+/// node is back on its own pool (whose regions a restarted memory node registers under new keys).
+#[test]
+fn a_kv_node_refuses_a_memory_node_restarted_on_another_pool() {
+    use dinomo_kn::{KnConfig, KvNode};
+    let dir = tempfile::tempdir().unwrap();
+    let (own, other) = (dir.path().join("own.pool"), dir.path().join("other.pool"));
+    let extra = ["--log-segment-size", "1MiB", "--merge-threads", "2"];
+    let mut dpm = start_dpm_with(&own, &extra).unwrap();
+    let addr = dpm.addr;
+    let mut connector = Connector::new(Target::Tcp(addr));
+    connector.config.cluster_token = TOKEN.into();
+    // No cache: every read goes to the memory node (a cached value is answered without it).
+    let kn = KvNode::start(
+        KnConfig {
+            threads: 2,
+            max_value_len: 4096,
+            cache: dinomo_cache::CacheConfig {
+                budget_bytes: 0,
+                ..Default::default()
+            },
+            ..KnConfig::default()
+        },
+        connector.clone(),
+    )
+    .unwrap();
+    let h = kn.handle();
+    h.set(b"kept", b"in the node's own pool").unwrap();
+    dpm.child.kill().unwrap();
+    dpm.child.wait().unwrap();
+
+    let listen = addr.to_string();
+    let foreign = start_dpm_on(&other, &listen, &extra).unwrap();
+    // A read of what the worker wrote last is answered from its open segment's copy, without a round trip; a
+    // write goes to the memory node. The first write after the kill meets the dead connection; the next ones
+    // reconnect and find the other pool.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let refusal = loop {
+        let e = h
+            .set(b"new", b"value")
+            .expect_err("must not write to another pool");
+        if e.to_string().contains("another pool") {
+            break e.to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never refused the other pool: {e}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(refusal.contains("restart this process"), "{refusal}");
+    // Nothing is served now, reads included: what the node held came from its own pool.
+    for key in [&b"kept"[..], b"new", b"never-written"] {
+        let e = h.get(key).expect_err("must not serve from another pool");
+        assert!(e.to_string().contains("another pool"), "{e}");
+    }
+    // A connector made from the same settings, not yet pinned, reaches the other pool; the node's own stays pinned.
+    assert!(connector.pinned_pool().is_some());
+    let mut fresh = Connector::new(Target::Tcp(addr));
+    fresh.config.cluster_token = TOKEN.into();
+    let ep = fresh.connect().unwrap();
+    assert_ne!(Some(ep.pool_id()), connector.pinned_pool());
+    drop(ep);
+    stop_with_sigterm(foreign);
+
+    // Back on its own pool at the same address: served again, with what was written before.
+    let back = start_dpm_on(&own, &listen, &extra).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match h.get(b"kept") {
+            Ok(v) => {
+                assert_eq!(v.as_deref(), Some(&b"in the node's own pool"[..]));
+                break;
+            }
+            Err(e) => {
+                assert!(Instant::now() < deadline, "never served again: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    h.set(b"new", b"value").unwrap();
+    kn.stop();
+    stop_with_sigterm(back);
 }

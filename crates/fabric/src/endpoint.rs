@@ -2,7 +2,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -56,25 +56,55 @@ pub enum Target {
 }
 
 /// Makes endpoints to one memory node.
+///
+/// A connector remembers the pool its first endpoint reached (the pool's random identity, from the handshake), and
+/// so do its clones, made before or after: an endpoint that finds another pool behind the memory node's address
+/// later is refused ([`FabricError::PoolReplaced`]), since the pool offsets, region keys and log positions its users
+/// hold belong to the first one.
 #[derive(Debug, Clone)]
 pub struct Connector {
     /// Where.
     pub target: Target,
     /// How.
     pub config: EndpointConfig,
+    /// The identity of the pool the first endpoint reached, shared with every clone.
+    pinned_pool: Arc<OnceLock<u64>>,
 }
 
 impl Connector {
     /// A connector with default settings.
     pub fn new(target: Target) -> Connector {
+        Connector::with_config(target, EndpointConfig::default())
+    }
+
+    /// A connector with `config`.
+    pub fn with_config(target: Target, config: EndpointConfig) -> Connector {
         Connector {
             target,
-            config: EndpointConfig::default(),
+            config,
+            pinned_pool: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// The pool this connector's endpoints reach, once one has connected.
+    pub fn pinned_pool(&self) -> Option<u64> {
+        self.pinned_pool.get().copied()
     }
 
     /// Opens a new endpoint (a new connection for TCP).
     pub fn connect(&self) -> Result<Endpoint, FabricError> {
+        let ep = self.connect_any_pool()?;
+        let expected = *self.pinned_pool.get_or_init(|| ep.pool_id);
+        if ep.pool_id != expected {
+            return Err(FabricError::PoolReplaced {
+                expected,
+                found: ep.pool_id,
+            });
+        }
+        Ok(ep)
+    }
+
+    fn connect_any_pool(&self) -> Result<Endpoint, FabricError> {
         let (transport, regions, pool_id, max_message_len) = match &self.target {
             Target::InProcess(node) => {
                 if !node.token_matches(self.config.cluster_token.as_bytes()) {
@@ -838,6 +868,42 @@ mod tests {
             .unwrap();
         let region = ep.region(DATA_REGION).unwrap().clone();
         (node, ep, region)
+    }
+
+    #[test]
+    fn a_connector_refuses_a_pool_other_than_the_one_it_reached_first() {
+        let pool = || Arc::new(Pool::anonymous(1 << 20, 1 << 16).unwrap());
+        let (first, second) = (pool(), pool());
+        let node = |p: &Arc<Pool>| MemoryNode::new(p.clone(), NodeConfig::default());
+        let mut c = Connector::new(Target::InProcess(node(&first)));
+        let clone_before = c.clone();
+        assert_eq!(c.pinned_pool(), None);
+        let id = c.connect().unwrap().pool_id();
+        assert_eq!(id, first.superblock().pool_id);
+        assert_eq!(
+            (c.pinned_pool(), clone_before.pinned_pool()),
+            (Some(id), Some(id))
+        );
+        // The same pool behind a new memory node (a restart on the same file) is the same pool.
+        c.target = Target::InProcess(node(&first));
+        c.connect().unwrap();
+        // Another pool is refused, through every clone, made before the first connection or after it.
+        let other = second.superblock().pool_id;
+        for mut k in [clone_before, c.clone()] {
+            k.target = Target::InProcess(node(&second));
+            match k.connect() {
+                Err(e @ FabricError::PoolReplaced { .. }) => {
+                    assert!(
+                        matches!(e, FabricError::PoolReplaced { expected, found } if expected == id && found == other)
+                    );
+                    assert!(e.to_string().contains("another pool"), "{e}");
+                }
+                r => panic!("expected a refusal, got {r:?}"),
+            }
+        }
+        // A connector of its own reaches the other pool.
+        let fresh = Connector::new(Target::InProcess(node(&second)));
+        assert_eq!(fresh.connect().unwrap().pool_id(), other);
     }
 
     #[test]

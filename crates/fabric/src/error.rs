@@ -108,6 +108,19 @@ pub enum FabricError {
     /// A local argument error (buffer too large, bad address).
     #[error("invalid fabric request: {0}")]
     Invalid(String),
+    /// The memory node now serves another pool than the one this connector's endpoints reached before (it was
+    /// restarted on another file, or another memory node took its address). Nothing cached from the old pool means
+    /// anything in this one, so the connection is refused rather than used; restart the process to use the new pool.
+    #[error(
+        "the memory node serves another pool (id {found:#018x}) than the one this process started with \
+         (id {expected:#018x}): was it restarted on another pool file? restart this process to use the new pool"
+    )]
+    PoolReplaced {
+        /// The pool this connector reached first.
+        expected: u64,
+        /// The pool the memory node serves now.
+        found: u64,
+    },
     /// Operating-system error.
     #[error("fabric I/O error: {0}")]
     Io(#[from] std::io::Error),

@@ -687,6 +687,13 @@ fn refused(e: FabricError) -> KnError {
     }
 }
 
+/// The memory node's data region, with the key this connection's verbs present.
+fn data_region(ep: &Endpoint) -> Result<RegionInfo, KnError> {
+    ep.region(DATA_REGION)
+        .cloned()
+        .ok_or_else(|| KnError::Corrupt("the memory node has no data region".into()))
+}
+
 impl Worker {
     /// Connects, claims (and so recovers) this thread's log, and checks that the limits fit in a segment.
     pub(crate) fn start(
@@ -697,10 +704,7 @@ impl Worker {
         lease: Option<Arc<LeaseGate>>,
     ) -> Result<Worker, KnError> {
         let mut ep = connector.connect()?;
-        let data = ep
-            .region(DATA_REGION)
-            .cloned()
-            .ok_or_else(|| KnError::Corrupt("the memory node has no data region".into()))?;
+        let data = data_region(&ep)?;
         let (log, hash_mode, remote) = claim_log(&mut ep, &cfg, thread)?;
         let sealed = load_unmerged(&mut ep, &data, &log)?;
         let merged_seq = first_unmerged_seq(&log) - 1;
@@ -1685,6 +1689,8 @@ impl Worker {
         self.active = None;
         self.sealed.clear();
         self.ep = self.connector.connect()?;
+        // A restarted memory node registers its regions under new keys.
+        self.data = data_region(&self.ep)?;
         let (log, hash_mode, remote) = claim_log(&mut self.ep, &self.cfg, self.thread)?;
         self.sealed = load_unmerged(&mut self.ep, &self.data, &log)?;
         self.hash_mode = hash_mode;
