@@ -21,6 +21,14 @@ struct Dpm {
     stdout: BufReader<std::process::ChildStdout>,
 }
 
+/// A test that fails midway leaves no memory node running behind it.
+impl Drop for Dpm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// A memory node serving raw registered memory (these tests use the pool directly).
 fn start_dpm(pool: &Path) -> anyhow::Result<Dpm> {
     start_dpm_with(pool, &["--fabric-only"])
