@@ -52,21 +52,75 @@ fn nice_step(span: f64) -> f64 {
 
 /// Renders panels side by side as one SVG document.
 pub fn render(panels: &[Panel<'_>]) -> String {
-    let total_w = W * panels.len() as f64;
+    document(panels.len(), H, |out| {
+        for (i, p) in panels.iter().enumerate() {
+            panel(out, p, W * i as f64);
+        }
+    })
+}
+
+/// An SVG document `panels` panels wide and `height` high, on white, around what `draw` writes.
+fn document(panels: usize, height: f64, draw: impl FnOnce(&mut String)) -> String {
+    let width = W * panels as f64;
     let mut out = String::new();
     let _ = writeln!(
         out,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{total_w}" height="{H}" font-family="sans-serif" font-size="12">"#
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">"#
     );
     let _ = writeln!(
         out,
-        r#"<rect width="{total_w}" height="{H}" fill="white"/>"#
+        r#"<rect width="{width}" height="{height}" fill="white"/>"#
     );
-    for (i, p) in panels.iter().enumerate() {
-        panel(&mut out, p, W * i as f64);
-    }
+    draw(&mut out);
     out.push_str("</svg>\n");
     out
+}
+
+/// What every panel at `x0` has: its title, its frame, horizontal grid lines from 0 to `ytop` every `step` with
+/// their values (as `value` writes them), and the y axis's label.
+fn frame(
+    out: &mut String,
+    x0: f64,
+    title: &str,
+    y_label: &str,
+    ytop: f64,
+    step: f64,
+    value: fn(f64) -> String,
+) {
+    let pw = W - LEFT - RIGHT;
+    let ph = H - TOP - BOTTOM;
+    let _ = writeln!(
+        out,
+        r#"<text x="{}" y="20" text-anchor="middle" font-size="14">{}</text>"#,
+        x0 + LEFT + pw / 2.0,
+        esc(title)
+    );
+    let _ = writeln!(
+        out,
+        r##"<rect x="{}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>"##,
+        x0 + LEFT
+    );
+    let mut y = 0.0;
+    while y <= ytop + step / 2.0 {
+        let yy = TOP + ph - y / ytop * ph;
+        let _ = writeln!(
+            out,
+            r##"<line x1="{}" x2="{}" y1="{yy}" y2="{yy}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{}</text>"##,
+            x0 + LEFT,
+            x0 + LEFT + pw,
+            x0 + LEFT - 6.0,
+            yy + 4.0,
+            value(y)
+        );
+        y += step;
+    }
+    let _ = writeln!(
+        out,
+        r#"<text transform="translate({},{}) rotate(-90)" text-anchor="middle">{}</text>"#,
+        x0 + 16.0,
+        TOP + ph / 2.0,
+        esc(y_label)
+    );
 }
 
 fn panel(out: &mut String, p: &Panel<'_>, x0: f64) {
@@ -96,31 +150,7 @@ fn panel(out: &mut String, p: &Panel<'_>, x0: f64) {
     let ph = H - TOP - BOTTOM;
     let px = |x: f64| x0 + LEFT + (xs(x) - xmin) / (xmax - xmin) * pw;
     let py = |y: f64| TOP + ph - y / ytop * ph;
-    let _ = writeln!(
-        out,
-        r#"<text x="{}" y="20" text-anchor="middle" font-size="14">{}</text>"#,
-        x0 + LEFT + pw / 2.0,
-        esc(p.title)
-    );
-    let _ = writeln!(
-        out,
-        r##"<rect x="{}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>"##,
-        x0 + LEFT
-    );
-    let mut y = 0.0;
-    while y <= ytop + step / 2.0 {
-        let yy = py(y);
-        let _ = writeln!(
-            out,
-            r##"<line x1="{}" x2="{}" y1="{yy}" y2="{yy}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{}</text>"##,
-            x0 + LEFT,
-            x0 + LEFT + pw,
-            x0 + LEFT - 6.0,
-            yy + 4.0,
-            trim(y)
-        );
-        y += step;
-    }
+    frame(out, x0, p.title, p.y_label, ytop, step, trim);
     let mut ticks: Vec<f64> = p
         .series
         .iter()
@@ -143,13 +173,6 @@ fn panel(out: &mut String, p: &Panel<'_>, x0: f64) {
         x0 + LEFT + pw / 2.0,
         H - 12.0,
         esc(p.x_label)
-    );
-    let _ = writeln!(
-        out,
-        r#"<text transform="translate({},{}) rotate(-90)" text-anchor="middle">{}</text>"#,
-        x0 + 16.0,
-        TOP + ph / 2.0,
-        esc(p.y_label)
     );
     for (i, s) in p.series.iter().enumerate() {
         let c = COLORS[i % COLORS.len()];
@@ -221,30 +244,20 @@ pub struct BarPanel<'a> {
 /// Renders bar-chart panels side by side as one SVG document, with `note` (what was measured, empty for none)
 /// in a line under them.
 pub fn render_bars(panels: &[BarPanel<'_>], note: &str) -> String {
-    let total_w = W * panels.len() as f64;
-    let total_h = if note.is_empty() { H } else { H + 20.0 };
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{total_w}" height="{total_h}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(
-        out,
-        r#"<rect width="{total_w}" height="{total_h}" fill="white"/>"#
-    );
-    for (i, p) in panels.iter().enumerate() {
-        bar_panel(&mut out, p, W * i as f64);
-    }
-    if !note.is_empty() {
-        let _ = writeln!(
-            out,
-            r##"<text x="{LEFT}" y="{}" fill="#444">{}</text>"##,
-            total_h - 12.0,
-            esc(note)
-        );
-    }
-    out.push_str("</svg>\n");
-    out
+    let height = if note.is_empty() { H } else { H + 20.0 };
+    document(panels.len(), height, |out| {
+        for (i, p) in panels.iter().enumerate() {
+            bar_panel(out, p, W * i as f64);
+        }
+        if !note.is_empty() {
+            let _ = writeln!(
+                out,
+                r##"<text x="{LEFT}" y="{}" fill="#444">{}</text>"##,
+                height - 12.0,
+                esc(note)
+            );
+        }
+    })
 }
 
 fn bar_panel(out: &mut String, p: &BarPanel<'_>, x0: f64) {
@@ -261,38 +274,7 @@ fn bar_panel(out: &mut String, p: &BarPanel<'_>, x0: f64) {
     let pw = W - LEFT - RIGHT;
     let ph = H - TOP - BOTTOM;
     let py = |y: f64| TOP + ph - y.clamp(0.0, ytop) / ytop * ph;
-    let _ = writeln!(
-        out,
-        r#"<text x="{}" y="20" text-anchor="middle" font-size="14">{}</text>"#,
-        x0 + LEFT + pw / 2.0,
-        esc(p.title)
-    );
-    let mut y = 0.0;
-    while y <= ytop + step / 2.0 {
-        let yy = py(y);
-        let _ = writeln!(
-            out,
-            r##"<line x1="{}" x2="{}" y1="{yy}" y2="{yy}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{}</text>"##,
-            x0 + LEFT,
-            x0 + LEFT + pw,
-            x0 + LEFT - 6.0,
-            yy + 4.0,
-            axis_value(y)
-        );
-        y += step;
-    }
-    let _ = writeln!(
-        out,
-        r##"<rect x="{}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>"##,
-        x0 + LEFT
-    );
-    let _ = writeln!(
-        out,
-        r#"<text transform="translate({},{}) rotate(-90)" text-anchor="middle">{}</text>"#,
-        x0 + 16.0,
-        TOP + ph / 2.0,
-        esc(p.y_label)
-    );
+    frame(out, x0, p.title, p.y_label, ytop, step, axis_value);
     let n = p.categories.len().max(1) as f64;
     let group_w = pw / n;
     let bars = p.series.len().max(1) as f64;

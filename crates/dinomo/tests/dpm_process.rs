@@ -29,6 +29,20 @@ impl Drop for Dpm {
     }
 }
 
+/// A KV node of two workers with no cache: every read goes to the memory node (a cached value is answered without
+/// it).
+fn uncached_kn() -> dinomo_kn::KnConfig {
+    dinomo_kn::KnConfig {
+        threads: 2,
+        max_value_len: 4096,
+        cache: dinomo_cache::CacheConfig {
+            budget_bytes: 0,
+            ..Default::default()
+        },
+        ..dinomo_kn::KnConfig::default()
+    }
+}
+
 /// A memory node serving raw registered memory (these tests use the pool directly).
 fn start_dpm(pool: &Path) -> anyhow::Result<Dpm> {
     start_dpm_with(pool, &["--fabric-only"])
@@ -303,19 +317,7 @@ fn kv_node_over_tcp_survives_a_memory_node_sigkill() {
         "{}",
         dpm.banner
     );
-    let kn = KvNode::start(
-        KnConfig {
-            threads: 2,
-            max_value_len: 4096,
-            cache: dinomo_cache::CacheConfig {
-                budget_bytes: 0,
-                ..Default::default()
-            },
-            ..KnConfig::default()
-        },
-        connector(dpm.addr),
-    )
-    .unwrap();
+    let kn = KvNode::start(uncached_kn(), connector(dpm.addr)).unwrap();
     let h = kn.handle();
     for i in 0..500u32 {
         let want = (i != 7).then(|| pattern(i as u64, 100));
@@ -330,7 +332,6 @@ fn kv_node_over_tcp_survives_a_memory_node_sigkill() {
 /// node is back on its own pool (whose regions a restarted memory node registers under new keys).
 #[test]
 fn a_kv_node_refuses_a_memory_node_restarted_on_another_pool() {
-    use dinomo_kn::{KnConfig, KvNode};
     let dir = tempfile::tempdir().unwrap();
     let (own, other) = (dir.path().join("own.pool"), dir.path().join("other.pool"));
     let extra = ["--log-segment-size", "1MiB", "--merge-threads", "2"];
@@ -338,20 +339,7 @@ fn a_kv_node_refuses_a_memory_node_restarted_on_another_pool() {
     let addr = dpm.addr;
     let mut connector = Connector::new(Target::Tcp(addr));
     connector.config.cluster_token = TOKEN.into();
-    // No cache: every read goes to the memory node (a cached value is answered without it).
-    let kn = KvNode::start(
-        KnConfig {
-            threads: 2,
-            max_value_len: 4096,
-            cache: dinomo_cache::CacheConfig {
-                budget_bytes: 0,
-                ..Default::default()
-            },
-            ..KnConfig::default()
-        },
-        connector.clone(),
-    )
-    .unwrap();
+    let kn = dinomo_kn::KvNode::start(uncached_kn(), connector.clone()).unwrap();
     let h = kn.handle();
     h.set(b"kept", b"in the node's own pool").unwrap();
     dpm.child.kill().unwrap();
