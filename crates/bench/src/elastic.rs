@@ -459,20 +459,28 @@ pub fn run_elastic(
                     (key, cl)
                 })
                 .collect();
+            // The probes wait behind this gate until the node is down: a probe answered by the node before the
+            // crash would time nothing.
+            let gate = Arc::new(std::sync::RwLock::new(()));
+            let closed = gate.write().unwrap_or_else(|p| p.into_inner());
             let killed = Instant::now();
             kill_since_mnode_start = Some(killed.duration_since(cluster.mnode().started()));
             let handles: Vec<_> = probers
                 .into_iter()
                 .map(|(key, cl)| {
+                    let gate = gate.clone();
                     std::thread::spawn(move || -> anyhow::Result<Duration> {
                         let mut cl = cl?;
+                        drop(gate.read().unwrap_or_else(|p| p.into_inner()));
                         cl.get(&key)
                             .context("a key of the killed node was never served again")?;
                         Ok(killed.elapsed())
                     })
                 })
                 .collect();
-            cluster.crash_node(victim)?;
+            let crashed = cluster.crash_node(victim);
+            drop(closed);
+            crashed?;
             let mut last = Duration::ZERO;
             for h in handles {
                 last = last.max(h.join().map_err(|_| anyhow::anyhow!("prober panicked"))??);
