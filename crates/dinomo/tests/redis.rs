@@ -169,8 +169,9 @@ assert a.ping()
 key = bytes(range(256))
 assert a.set(key, bytes(reversed(key)))
 assert b.get(key) == bytes(reversed(key))
+# Random keys under a prefix of their own: a bare one-byte key is "n" (the counter below) one run in 256.
 for i in range(64):
-    k, v = os.urandom(1 + i), os.urandom(3 * i)
+    k, v = b"rand:" + os.urandom(1 + i), os.urandom(3 * i)
     assert a.set(k, v)
     assert b.get(k) == v
 # 1 MiB values.
