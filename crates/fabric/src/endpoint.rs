@@ -470,36 +470,19 @@ fn verb_err(kind: VerbKind, error: VerbError) -> FabricError {
 /// verbs after it are skipped).
 #[inline]
 fn exec_batch_in_process(nic: &Nic, batch: &mut Batch<'_>) {
-    // A batch of one kind of verb (the common case) runs a loop compiled for that kind, without a dispatch per verb.
+    // A batch of one kind of verb (the common case) runs a loop compiled for that kind, without a dispatch per verb:
+    // `kind` is a constant there, and the op's own kind only for a mixed batch.
     match batch.tally().only_kind(batch.len()) {
-        Some(VerbKind::Read) => exec_ops::<{ KIND_READ }>(nic, batch),
-        Some(VerbKind::Write) => exec_ops::<{ KIND_WRITE }>(nic, batch),
-        Some(VerbKind::Cas) => exec_ops::<{ KIND_CAS }>(nic, batch),
-        Some(VerbKind::Faa) => exec_ops::<{ KIND_FAA }>(nic, batch),
-        None => exec_ops::<{ KIND_ANY }>(nic, batch),
-    }
-}
-
-const KIND_READ: u8 = 0;
-const KIND_WRITE: u8 = 1;
-const KIND_CAS: u8 = 2;
-const KIND_FAA: u8 = 3;
-const KIND_ANY: u8 = 4;
-
-/// The verb kind an op of a batch whose verbs are all `K` has (any kind: the op's own).
-#[inline(always)]
-fn kind_of<const K: u8>(op_kind: VerbKind) -> VerbKind {
-    match K {
-        KIND_READ => VerbKind::Read,
-        KIND_WRITE => VerbKind::Write,
-        KIND_CAS => VerbKind::Cas,
-        KIND_FAA => VerbKind::Faa,
-        _ => op_kind,
+        Some(VerbKind::Read) => exec_ops(nic, batch, |_| VerbKind::Read),
+        Some(VerbKind::Write) => exec_ops(nic, batch, |_| VerbKind::Write),
+        Some(VerbKind::Cas) => exec_ops(nic, batch, |_| VerbKind::Cas),
+        Some(VerbKind::Faa) => exec_ops(nic, batch, |_| VerbKind::Faa),
+        None => exec_ops(nic, batch, |k| k),
     }
 }
 
 #[inline(always)]
-fn exec_ops<const K: u8>(nic: &Nic, batch: &mut Batch<'_>) {
+fn exec_ops(nic: &Nic, batch: &mut Batch<'_>, kind: impl Fn(VerbKind) -> VerbKind) {
     let Batch {
         ops,
         out,
@@ -508,7 +491,7 @@ fn exec_ops<const K: u8>(nic: &Nic, batch: &mut Batch<'_>) {
         ..
     } = batch;
     for (index, op) in ops.iter_mut().enumerate() {
-        let r = match kind_of::<K>(op.kind) {
+        let r = match kind(op.kind) {
             VerbKind::Cas => nic.cas(op.region, op.rkey, op.offset, op.arg0, op.arg1),
             VerbKind::Faa => nic.faa(op.region, op.rkey, op.offset, op.arg0),
             VerbKind::Read => nic
