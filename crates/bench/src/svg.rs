@@ -33,6 +33,9 @@ const LEFT: f64 = 70.0;
 const RIGHT: f64 = 150.0;
 const TOP: f64 = 40.0;
 const BOTTOM: f64 = 50.0;
+/// The plot area of a panel.
+const PW: f64 = W - LEFT - RIGHT;
+const PH: f64 = H - TOP - BOTTOM;
 
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
@@ -76,38 +79,37 @@ fn document(panels: usize, height: f64, draw: impl FnOnce(&mut String)) -> Strin
     out
 }
 
-/// What every panel at `x0` has: its title, its frame, horizontal grid lines from 0 to `ytop` every `step` with
-/// their values (as `value` writes them), and the y axis's label.
+/// What every panel at `x0` has: its title, its frame, horizontal grid lines from 0 to a round value at or above
+/// `ymax` with their values (as `value` writes them), and the y axis's label. Returns the top of the y axis.
 fn frame(
     out: &mut String,
     x0: f64,
     title: &str,
     y_label: &str,
-    ytop: f64,
-    step: f64,
+    ymax: f64,
     value: fn(f64) -> String,
-) {
-    let pw = W - LEFT - RIGHT;
-    let ph = H - TOP - BOTTOM;
+) -> f64 {
+    let step = nice_step(if ymax > 0.0 { ymax } else { 1.0 });
+    let ytop = (ymax / step).ceil().max(1.0) * step;
     let _ = writeln!(
         out,
         r#"<text x="{}" y="20" text-anchor="middle" font-size="14">{}</text>"#,
-        x0 + LEFT + pw / 2.0,
+        x0 + LEFT + PW / 2.0,
         esc(title)
     );
     let _ = writeln!(
         out,
-        r##"<rect x="{}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>"##,
+        r##"<rect x="{}" y="{TOP}" width="{PW}" height="{PH}" fill="none" stroke="#444"/>"##,
         x0 + LEFT
     );
     let mut y = 0.0;
     while y <= ytop + step / 2.0 {
-        let yy = TOP + ph - y / ytop * ph;
+        let yy = TOP + PH - y / ytop * PH;
         let _ = writeln!(
             out,
             r##"<line x1="{}" x2="{}" y1="{yy}" y2="{yy}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{}</text>"##,
             x0 + LEFT,
-            x0 + LEFT + pw,
+            x0 + LEFT + PW,
             x0 + LEFT - 6.0,
             yy + 4.0,
             value(y)
@@ -118,9 +120,10 @@ fn frame(
         out,
         r#"<text transform="translate({},{}) rotate(-90)" text-anchor="middle">{}</text>"#,
         x0 + 16.0,
-        TOP + ph / 2.0,
+        TOP + PH / 2.0,
         esc(y_label)
     );
+    ytop
 }
 
 fn panel(out: &mut String, p: &Panel<'_>, x0: f64) {
@@ -144,13 +147,9 @@ fn panel(out: &mut String, p: &Panel<'_>, x0: f64) {
     if xmax <= xmin {
         xmax = xmin + 1.0;
     }
-    let step = nice_step(if ymax > 0.0 { ymax } else { 1.0 });
-    let ytop = (ymax / step).ceil().max(1.0) * step;
-    let pw = W - LEFT - RIGHT;
-    let ph = H - TOP - BOTTOM;
-    let px = |x: f64| x0 + LEFT + (xs(x) - xmin) / (xmax - xmin) * pw;
-    let py = |y: f64| TOP + ph - y / ytop * ph;
-    frame(out, x0, p.title, p.y_label, ytop, step, trim);
+    let ytop = frame(out, x0, p.title, p.y_label, ymax, trim);
+    let px = |x: f64| x0 + LEFT + (xs(x) - xmin) / (xmax - xmin) * PW;
+    let py = |y: f64| TOP + PH - y / ytop * PH;
     let mut ticks: Vec<f64> = p
         .series
         .iter()
@@ -163,14 +162,14 @@ fn panel(out: &mut String, p: &Panel<'_>, x0: f64) {
         let _ = writeln!(
             out,
             r#"<text x="{xx}" y="{}" text-anchor="middle">{}</text>"#,
-            TOP + ph + 16.0,
+            TOP + PH + 16.0,
             trim(x)
         );
     }
     let _ = writeln!(
         out,
         r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
-        x0 + LEFT + pw / 2.0,
+        x0 + LEFT + PW / 2.0,
         H - 12.0,
         esc(p.x_label)
     );
@@ -194,16 +193,7 @@ fn panel(out: &mut String, p: &Panel<'_>, x0: f64) {
                 py(y)
             );
         }
-        let ly = TOP + 10.0 + 18.0 * i as f64;
-        let lx = x0 + LEFT + pw + 10.0;
-        let _ = writeln!(
-            out,
-            r#"<line x1="{lx}" x2="{}" y1="{ly}" y2="{ly}" stroke="{c}" stroke-width="2"/><text x="{}" y="{}">{}</text>"#,
-            lx + 18.0,
-            lx + 24.0,
-            ly + 4.0,
-            esc(&s.name)
-        );
+        legend(out, x0, i, c, Swatch::Line, &s.name);
     }
 }
 
@@ -269,14 +259,10 @@ fn bar_panel(out: &mut String, p: &BarPanel<'_>, x0: f64) {
         .fold(0f64, f64::max)
         // Room above the tallest bar for its value.
         * 1.08;
-    let step = nice_step(if ymax > 0.0 { ymax } else { 1.0 });
-    let ytop = (ymax / step).ceil().max(1.0) * step;
-    let pw = W - LEFT - RIGHT;
-    let ph = H - TOP - BOTTOM;
-    let py = |y: f64| TOP + ph - y.clamp(0.0, ytop) / ytop * ph;
-    frame(out, x0, p.title, p.y_label, ytop, step, axis_value);
+    let ytop = frame(out, x0, p.title, p.y_label, ymax, axis_value);
+    let py = |y: f64| TOP + PH - y.clamp(0.0, ytop) / ytop * PH;
     let n = p.categories.len().max(1) as f64;
-    let group_w = pw / n;
+    let group_w = PW / n;
     let bars = p.series.len().max(1) as f64;
     // A fifth of each group is the gap between groups.
     let bar_w = group_w * 0.8 / bars;
@@ -286,7 +272,7 @@ fn bar_panel(out: &mut String, p: &BarPanel<'_>, x0: f64) {
             out,
             r#"<text x="{:.1}" y="{}" text-anchor="middle">{}</text>"#,
             group_x(c) + group_w * 0.4,
-            TOP + ph + 16.0,
+            TOP + PH + 16.0,
             esc(name)
         );
     }
@@ -304,7 +290,7 @@ fn bar_panel(out: &mut String, p: &BarPanel<'_>, x0: f64) {
                 out,
                 r#"<rect class="bar" x="{x:.1}" y="{top:.1}" width="{:.1}" height="{:.1}" fill="{color}"/>"#,
                 bar_w * 0.92,
-                TOP + ph - top,
+                TOP + PH - top,
             );
             let _ = writeln!(
                 labels,
@@ -314,7 +300,7 @@ fn bar_panel(out: &mut String, p: &BarPanel<'_>, x0: f64) {
                 bar_label(v, p.label_digits)
             );
         }
-        legend(out, x0 + LEFT + pw + 10.0, i, color, false, &s.name);
+        legend(out, x0, i, color, Swatch::Bar, &s.name);
     }
     for m in p.marks.iter().filter(|m| m.category < p.categories.len()) {
         let yy = py(m.value);
@@ -328,32 +314,47 @@ fn bar_panel(out: &mut String, p: &BarPanel<'_>, x0: f64) {
     if !p.marks.is_empty() {
         legend(
             out,
-            x0 + LEFT + pw + 10.0,
+            x0,
             p.series.len(),
             "#000",
-            true,
+            Swatch::Dashed,
             p.marks_label,
         );
     }
     out.push_str(&labels);
 }
 
-/// Legend entry `row`: a swatch (a dashed line for marks) and its name.
-fn legend(out: &mut String, lx: f64, row: usize, color: &str, dashed: bool, name: &str) {
+/// What a legend entry shows of its series.
+enum Swatch {
+    /// A line chart's line.
+    Line,
+    /// A bar.
+    Bar,
+    /// A dashed mark.
+    Dashed,
+}
+
+/// Legend entry `row` of the panel at `x0`, right of its plot area: a swatch of `color` and the series' name.
+fn legend(out: &mut String, x0: f64, row: usize, color: &str, swatch: Swatch, name: &str) {
+    let lx = x0 + LEFT + PW + 10.0;
     let ly = TOP + 10.0 + 18.0 * row as f64;
-    if dashed {
-        let _ = writeln!(
+    let _ = match swatch {
+        Swatch::Line => write!(
             out,
-            r#"<line x1="{lx}" x2="{}" y1="{ly}" y2="{ly}" stroke="{color}" stroke-width="1.5" stroke-dasharray="5,3"/>"#,
+            r#"<line x1="{lx}" x2="{}" y1="{ly}" y2="{ly}" stroke="{color}" stroke-width="2"/>"#,
             lx + 18.0
-        );
-    } else {
-        let _ = writeln!(
+        ),
+        Swatch::Bar => writeln!(
             out,
             r#"<rect x="{lx}" y="{}" width="18" height="10" fill="{color}"/>"#,
             ly - 5.0
-        );
-    }
+        ),
+        Swatch::Dashed => writeln!(
+            out,
+            r#"<line x1="{lx}" x2="{}" y1="{ly}" y2="{ly}" stroke="{color}" stroke-width="1.5" stroke-dasharray="5,3"/>"#,
+            lx + 18.0
+        ),
+    };
     let _ = writeln!(
         out,
         r#"<text x="{}" y="{}">{}</text>"#,
