@@ -93,10 +93,15 @@ fn start_dpm_on(pool: &Path, listen: &str, extra: &[&str]) -> anyhow::Result<Dpm
     })
 }
 
-fn connect(addr: SocketAddr) -> Endpoint {
+/// A connector to the memory node at `addr` that presents the cluster token.
+fn connector(addr: SocketAddr) -> Connector {
     let mut c = Connector::new(Target::Tcp(addr));
     c.config.cluster_token = TOKEN.into();
-    c.connect().expect("connect to dpm")
+    c
+}
+
+fn connect(addr: SocketAddr) -> Endpoint {
+    connector(addr).connect().expect("connect to dpm")
 }
 
 fn pattern(i: u64, len: usize) -> Vec<u8> {
@@ -278,11 +283,6 @@ fn kv_node_over_tcp_survives_a_memory_node_sigkill() {
     let extra = ["--log-segment-size", "1MiB", "--merge-threads", "2"];
     let mut dpm = start_dpm_with(&pool, &extra).unwrap();
     assert!(dpm.banner.contains("0 logs"), "{}", dpm.banner);
-    let connector = |addr| {
-        let mut c = Connector::new(Target::Tcp(addr));
-        c.config.cluster_token = TOKEN.into();
-        c
-    };
     let kn = KvNode::start(
         KnConfig {
             threads: 2,
@@ -337,9 +337,8 @@ fn a_kv_node_refuses_a_memory_node_restarted_on_another_pool() {
     let extra = ["--log-segment-size", "1MiB", "--merge-threads", "2"];
     let mut dpm = start_dpm_with(&own, &extra).unwrap();
     let addr = dpm.addr;
-    let mut connector = Connector::new(Target::Tcp(addr));
-    connector.config.cluster_token = TOKEN.into();
-    let kn = dinomo_kn::KvNode::start(uncached_kn(), connector.clone()).unwrap();
+    let node_connector = connector(addr);
+    let kn = dinomo_kn::KvNode::start(uncached_kn(), node_connector.clone()).unwrap();
     let h = kn.handle();
     h.set(b"kept", b"in the node's own pool").unwrap();
     dpm.child.kill().unwrap();
@@ -371,11 +370,9 @@ fn a_kv_node_refuses_a_memory_node_restarted_on_another_pool() {
         assert!(e.to_string().contains("another pool"), "{e}");
     }
     // A connector made from the same settings, not yet pinned, reaches the other pool; the node's own stays pinned.
-    assert!(connector.pinned_pool().is_some());
-    let mut fresh = Connector::new(Target::Tcp(addr));
-    fresh.config.cluster_token = TOKEN.into();
-    let ep = fresh.connect().unwrap();
-    assert_ne!(Some(ep.pool_id()), connector.pinned_pool());
+    assert!(node_connector.pinned_pool().is_some());
+    let ep = connector(addr).connect().unwrap();
+    assert_ne!(Some(ep.pool_id()), node_connector.pinned_pool());
     drop(ep);
     stop_with_sigterm(foreign);
 

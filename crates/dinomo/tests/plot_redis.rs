@@ -15,8 +15,7 @@ fn plot(csv: &Path, svg: &Path) -> anyhow::Result<(bool, String)> {
     Ok((out.status.success(), String::from_utf8(out.stderr)?))
 }
 
-const HEADER: &str =
-    "test,pipeline,dinomo_ops,redis_ops,dinomo_p50_ms,redis_p50_ms,dinomo_cpu_us,redis_cpu_us";
+const HEADER: &str = dinomo_bench::REDIS_CSV_HEADER;
 
 #[test]
 fn draws_a_results_file_and_refuses_a_malformed_one() -> anyhow::Result<()> {

@@ -137,16 +137,21 @@ fn nothing_is_prefaulted_when_off_or_in_a_snapshot_or_after_close() {
     assert_eq!(mapped_pages(&snapshot, seg1, 4 * SEGMENT), 0);
 }
 
+/// Starts a prefaulter `segments` ahead on a pool with nothing allocated, waits for it, and checks that the first
+/// `segments` segments are wholly mapped.
+fn prefault_the_first(pool: &Pool, segments: u64) {
+    assert!(pool.start_prefaulter(segments * SEGMENT).unwrap());
+    wait_for_prefaulted(pool, segments);
+    assert_eq!(
+        mapped_pages(pool, pool.layout().segment_offset(0), segments * SEGMENT),
+        (segments * SEGMENT / PAGE) as usize
+    );
+}
+
 #[test]
 fn an_anonymous_pool_is_prefaulted_too() {
     let pool = Pool::anonymous(16 * SEGMENT, SEGMENT).unwrap();
-    assert!(pool.start_prefaulter(3 * SEGMENT).unwrap());
-    wait_for_prefaulted(&pool, 3);
-    let seg = pool.layout().segment_offset(0);
-    assert_eq!(
-        mapped_pages(&pool, seg, 3 * SEGMENT),
-        (3 * SEGMENT / PAGE) as usize
-    );
+    prefault_the_first(&pool, 3);
 }
 
 /// Kilobytes of the mapping that starts at `start` that are dirty (`Shared_Dirty` + `Private_Dirty` of
@@ -175,13 +180,8 @@ fn a_files_pages_are_faulted_in_clean() {
     let pool = new_pool(&dir);
     // Creation msyncs what it wrote, so this is normally nothing; later writeback can only lower it.
     let before = dirty_kib(pool.as_ptr());
-    assert!(pool.start_prefaulter(8 * SEGMENT).unwrap());
-    wait_for_prefaulted(&pool, 8);
+    prefault_the_first(&pool, 8);
     let seg0 = pool.layout().segment_offset(0);
-    assert_eq!(
-        mapped_pages(&pool, seg0, 8 * SEGMENT),
-        (8 * SEGMENT / PAGE) as usize
-    );
     // Eight mapped segments, none of them dirty: a periodic msync writes back only what the pool's users wrote.
     let after = dirty_kib(pool.as_ptr());
     assert!(
