@@ -148,6 +148,7 @@ fn inspect(
         &pool,
         &CheckOptions {
             max_listed_problems: args.max_problems,
+            crashed: !opened.was_clean,
         },
     );
     let recovery = checked
@@ -279,16 +280,25 @@ fn render_data_plane(out: &mut String, c: &PoolCheck) {
     let open: u64 = c.logs.iter().map(|l| l.open_segments).sum();
     let entries: u64 = c.logs.iter().map(|l| l.entries).sum();
     let unmerged: u64 = c.logs.iter().map(|l| l.unmerged_entries).sum();
+    let cut_short: u64 = c.logs.iter().map(|l| l.cut_short_bytes).sum();
     let _ = writeln!(
         out,
         "data plane: {} index; {} logs in {segments} segments ({open} open, {} orphaned), {entries} entries, \
-         {unmerged} not merged yet",
+         {unmerged} not merged yet{}",
         match layout {
             Partitioning::PerNode => "per-node",
             Partitioning::Shared => "one shared",
         },
         c.logs.len(),
-        c.orphaned_segments
+        c.orphaned_segments,
+        if cut_short > 0 {
+            format!(
+                "; {cut_short} bytes in open segments hold no valid entry past the merged ones: a write the stop cut \
+                 short (never acknowledged), or damage"
+            )
+        } else {
+            String::new()
+        }
     );
     for i in &c.indexes {
         let _ = writeln!(

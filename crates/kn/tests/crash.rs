@@ -195,9 +195,17 @@ fn kill_and_check(
         }
 
         if clean_always {
+            let (pool, opened) = dinomo_pool::Pool::open_snapshot(&path)?;
+            assert!(
+                !opened.was_clean,
+                "round {round}: the kill left a clean pool"
+            );
             let report = dinomo_dpm::check::check_pool(
-                &Arc::new(dinomo_pool::Pool::open_snapshot(&path)?.0),
-                &dinomo_dpm::check::CheckOptions::default(),
+                &Arc::new(pool),
+                &dinomo_dpm::check::CheckOptions {
+                    crashed: true,
+                    ..Default::default()
+                },
             );
             assert!(report.is_clean(), "round {round}: {:?}", report.problems);
             relocated = report

@@ -7,7 +7,8 @@
 //! - in a crash image (a copy of the file taken while the store runs), damaged entries the recovery merges are
 //!   skipped and reported in `damaged_log_bytes`, and the entries after them are kept: each damaged entry costs at
 //!   most its own write; only the last entry of a log's open segment cannot be told from a write the crash cut
-//!   short, so each log may lose that one silently;
+//!   short, so each log may lose that one silently; a write cut short leaves holes past the merged entries of an
+//!   open segment, which the checker counts rather than reports when told the pool was not closed cleanly;
 //! - bits flipped anywhere in the file (index, directory, allocation table) give an error or a serving store;
 //! - a segment header's fields written once refuse the start when damaged; of the two it rewrites in place, a
 //!   damaged sealed length is rebuilt at start with nothing lost, a damaged link to the older segment is rebuilt
@@ -735,6 +736,68 @@ fn the_checker_passes_intact_images_and_counts_what_recovery_will_merge() -> any
         "a crash image has open segments ({open}) with unmerged entries ({unmerged})"
     );
     Ok(())
+}
+
+/// A worker's group commit is one WRITE of its new entries, and a memory node stopped in the middle of it leaves the
+/// write cut short, its bytes landed in any order. In a pool not closed cleanly, the hole that leaves in an open
+/// segment past the merged entries is counted, not reported, and a start serves every key as before; the same hole
+/// in a pool closed cleanly is damage.
+#[test]
+fn a_commit_cut_short_by_a_crash_is_counted_not_reported() -> anyhow::Result<()> {
+    watch_for_panics();
+    let dir = tempfile::tempdir()?;
+    let image = crash_image(dir.path())?;
+    anyhow::ensure!(
+        !dinomo_pool::Pool::open_snapshot(&image)?.1.was_clean,
+        "a copy of a running store's pool reads as closed cleanly"
+    );
+    let logs: Vec<u32> = checked(&image)?.logs.iter().map(|l| l.log).collect();
+    let mut cut = 0;
+    for log_id in logs {
+        let path = dir.path().join(format!("cut-{log_id}"));
+        let Some(cut_len) = common::with_write_cut_short(&image, &path, log_id)? else {
+            continue;
+        };
+        cut += 1;
+        let of_log = |report: &PoolCheck| {
+            let l = report
+                .logs
+                .iter()
+                .find(|l| l.log == log_id)
+                .expect("the log");
+            (l.cut_short_bytes, l.damaged_bytes)
+        };
+        let pool = std::sync::Arc::new(dinomo_pool::Pool::open_snapshot(&path)?.0);
+        let after_crash = check_pool(
+            &pool,
+            &CheckOptions {
+                crashed: true,
+                ..CheckOptions::default()
+            },
+        );
+        drop(pool);
+        anyhow::ensure!(
+            after_crash.is_clean(),
+            "log {log_id}: {:?}",
+            after_crash.problems
+        );
+        anyhow::ensure!(
+            of_log(&after_crash) == (cut_len, 0),
+            "log {log_id}: {after_crash:?}"
+        );
+        let strict = checked(&path)?;
+        anyhow::ensure!(
+            !strict.is_clean() && of_log(&strict) == (0, cut_len),
+            "log {log_id}: {strict:?}"
+        );
+        let out = read_back(path);
+        anyhow::ensure!(
+            out.open_error.is_none() && out.wrong.is_empty() && out.refused == 0,
+            "log {log_id}: {out:?}"
+        );
+    }
+    anyhow::ensure!(cut > 0, "no open segment had room for the cut write");
+    no_panics()
 }
 
 /// Damage to the index that a read cannot tell from a missing key: a slot whose hash word moved it out of its

@@ -341,6 +341,8 @@ pub struct Gap {
     pub at: usize,
     /// Its length: the next valid entry starts at `at + len`.
     pub len: usize,
+    /// The sequence number the scan expected at `at`: the first entry the stretch held.
+    pub expected_seq: u64,
     /// Why its first bytes are not the next entry.
     pub reason: StopReason,
 }
@@ -398,6 +400,7 @@ pub fn scan_through(
                 gaps.push(Gap {
                     at: end,
                     len: at - end,
+                    expected_seq: expected,
                     reason,
                 });
                 start = at;
@@ -708,6 +711,7 @@ mod tests {
             vec![Gap {
                 at: starts[2],
                 len: starts[3] - starts[2],
+                expected_seq: 3,
                 reason: StopReason::Invalid(EntryError::BadChecksum)
             }]
         );

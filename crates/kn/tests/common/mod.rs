@@ -63,3 +63,73 @@ pub fn serve_pool(
     processor.serve(&node);
     Ok((processor, Connector::new(Target::InProcess(node))))
 }
+
+/// A log's open segment, as read from a pool file.
+#[allow(dead_code)]
+pub struct OpenHead {
+    /// Its offset in the file.
+    pub at: usize,
+    /// Its header.
+    pub header: dinomo_log::SegmentHeader,
+    /// The offset in the file of each of its entries, with its sequence number.
+    pub entries: Vec<(usize, u64)>,
+    /// Where its entries end, in the file.
+    pub end: usize,
+}
+
+/// The open segment of log `log_id` (its head) in the pool file at `path`.
+#[allow(dead_code)]
+pub fn open_head(path: &Path, log_id: u32) -> anyhow::Result<OpenHead> {
+    let bytes = std::fs::read(path)?;
+    let pool = Arc::new(Pool::open_snapshot(path)?.0);
+    let dir = dinomo_dpm::directory::Directory::open(pool)?
+        .ok_or_else(|| anyhow::anyhow!("the pool has no log directory"))?;
+    let head = dir.head(log_id) as usize;
+    let h = dinomo_log::SegmentHeader::decode(&bytes[head..])
+        .ok_or_else(|| anyhow::anyhow!("log {log_id}: no segment header at its head {head:#x}"))?;
+    anyhow::ensure!(
+        h.log_id == log_id && h.sealed_len == Ok(0),
+        "log {log_id}: its head {head:#x} is not its open segment: {h:?}"
+    );
+    let data_at = head + dinomo_log::SEGMENT_HEADER_LEN;
+    let mut entries = Vec::new();
+    let (len, _) = dinomo_log::segment::scan(
+        &bytes[data_at..head + h.capacity as usize],
+        log_id,
+        h.first_seq,
+        |at, e| entries.push((data_at + at, e.header.seq)),
+    );
+    Ok(OpenHead {
+        at: head,
+        header: h,
+        entries,
+        end: data_at + len,
+    })
+}
+
+/// A copy of the pool file `image`, written to `out`, in which the open segment of log `log_id` holds two more
+/// entries past its last, the first without its header: what a write cut short by a stop can leave, as a write's
+/// bytes land in any order. Returns the bytes of the entry cut, or `None` (writing nothing) when the segment has no
+/// room left for the two.
+#[allow(dead_code)]
+pub fn with_write_cut_short(image: &Path, out: &Path, log_id: u32) -> anyhow::Result<Option<u64>> {
+    use dinomo_log::{ENTRY_HEADER_LEN, Op, encode_entry};
+    let OpenHead {
+        at: head,
+        header: h,
+        entries,
+        end,
+    } = open_head(image, log_id)?;
+    let next_seq = entries.last().map_or(h.first_seq, |&(_, seq)| seq + 1);
+    let mut torn = Vec::new();
+    let cut = encode_entry(&mut torn, Op::Put, log_id, next_seq, b"cut", &[7; 8]);
+    encode_entry(&mut torn, Op::Put, log_id, next_seq + 1, b"landed", &[8; 8]);
+    if end + torn.len() > head + h.capacity as usize {
+        return Ok(None);
+    }
+    torn[..ENTRY_HEADER_LEN].fill(0xa5);
+    let mut bytes = std::fs::read(image)?;
+    bytes[end..end + torn.len()].copy_from_slice(&torn);
+    std::fs::write(out, &bytes)?;
+    Ok(Some(cut as u64))
+}
