@@ -251,6 +251,7 @@ impl MetricsSource for NodeMetrics {
             sum.log_hits += t.log_hits;
             sum.index_walks += t.index_walks;
             sum.index_walk_round_trips += t.index_walk_round_trips;
+            sum.index_rewalks += t.index_rewalks;
             sum.shared_ops += t.shared_ops;
             sum.shared_cas_retries += t.shared_cas_retries;
             sum.writes += t.writes;
@@ -319,6 +320,12 @@ impl MetricsSource for NodeMetrics {
             "Cached shortcuts that no longer led to their key.",
             node,
             sum.stale_shortcuts,
+        );
+        out.counter(
+            "dinomo_kn_index_rewalks_total",
+            "Index walks made again because a candidate entry had been replaced since its bucket was read.",
+            node,
+            sum.index_rewalks,
         );
         out.counter(
             "dinomo_kn_index_walk_round_trips_total",

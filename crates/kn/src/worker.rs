@@ -13,9 +13,8 @@ use dinomo_fabric::{
     Connector, DATA_REGION, Endpoint, FabricError, RegionInfo, RpcError, counters,
 };
 use dinomo_index::RemoteIndex;
-use dinomo_log::{
-    EntryError, EntryRef, EntryView, HashMode, Op, SEGMENT_HEADER_LEN, encode_entry, entry_len,
-};
+use dinomo_index::layout::stored_hash;
+use dinomo_log::{EntryRef, EntryView, HashMode, Op, SEGMENT_HEADER_LEN, encode_entry, entry_len};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
@@ -460,6 +459,11 @@ pub struct WorkerStats {
     pub index_walks: u64,
     /// Round trips spent on index walks (including the entry READ).
     pub index_walk_round_trips: u64,
+    /// Index walks made again because a candidate's entry did not parse or held another key: its slot was
+    /// replaced since the bucket was read (the cleaner moved it and its segment was written again), or it is
+    /// damaged.
+    #[serde(default)]
+    pub index_rewalks: u64,
     /// Writes acknowledged (puts and deletes that were logged).
     pub writes: u64,
     /// Group commits (one WRITE each).
@@ -534,8 +538,9 @@ enum Candidate {
     Found(Vec<u8>, Shortcut),
     /// No candidate is the key's.
     None,
-    /// This candidate's entry does not parse, and no earlier one was the key's.
-    Unreadable(EntryRef, EntryError),
+    /// This candidate's entry does not parse or is not a put of a key of this hash (why), and no earlier one was
+    /// the key's.
+    Unreadable(EntryRef, String),
 }
 
 /// A write whose WRITE has not completed yet.
@@ -1260,8 +1265,8 @@ impl Worker {
         let before = counters::thread_snapshot().round_trips;
         let hash = self.hash_mode.hash(key);
         let mut cands = std::mem::take(&mut self.candidates);
-        // A candidate whose entry does not parse was either being replaced as the bucket was read (another key's
-        // slot, whose segment was recycled since) or is damaged: another walk tells which.
+        // A candidate whose entry does not parse, or is not of a key of this hash, was either replaced since the
+        // bucket was read (its segment recycled and written again) or is damaged: another walk tells which.
         const WALKS: u32 = 3;
         let mut unreadable: Option<EntryRef> = None;
         let mut walks = 0;
@@ -1271,18 +1276,21 @@ impl Worker {
             let found = match r {
                 Err(dinomo_index::RemoteIndexError::Fabric(e)) => Err(self.fail(e)),
                 Err(e) => Err(KnError::Corrupt(e.to_string())),
-                Ok(()) => self.first_matching(key, &cands),
+                Ok(()) => self.first_matching(key, hash, &cands),
             };
             match found {
                 Ok(Candidate::Unreadable(r, e)) => match unreadable {
                     Some(earlier) if earlier == r || walks == WALKS => {
                         break Err(KnError::Corrupt(format!(
-                            "the index names the entry at {:#x} ({} bytes) for this key, and it fails its check: {e}",
+                            "the index names the entry at {:#x} ({} bytes) for this key, and {e}",
                             r.offset(),
                             r.len()
                         )));
                     }
-                    _ => unreadable = Some(r),
+                    _ => {
+                        self.stats.index_rewalks += 1;
+                        unreadable = Some(r);
+                    }
                 },
                 Ok(Candidate::Found(value, sc)) => break Ok(Some((value, sc))),
                 Ok(Candidate::None) => break Ok(None),
@@ -1300,9 +1308,17 @@ impl Worker {
         }))
     }
 
-    /// The first of `cands` whose entry is a put of `key`. Stops at the first entry that does not parse: it may be
-    /// this key's, so skipping it could serve an older value or none.
-    fn first_matching(&mut self, key: &[u8], cands: &[EntryRef]) -> Result<Candidate, KnError> {
+    /// The first of `cands` (the slots of `hash`, which is `key`'s) whose entry is a put of `key`. Stops at the first
+    /// entry that is not a put of a key of this hash: it may have been this key's, its slot moved since the bucket
+    /// was read (the cleaner moves slots to copies, and recycles the segments it empties) and its bytes written
+    /// again by another log, so skipping it could serve an older value or none. Entries that do not parse stop it
+    /// for the same reason.
+    fn first_matching(
+        &mut self,
+        key: &[u8],
+        hash: u64,
+        cands: &[EntryRef],
+    ) -> Result<Candidate, KnError> {
         for &r in cands {
             self.read_entry(r)?;
             match EntryView::parse(&self.read_buf) {
@@ -1315,8 +1331,23 @@ impl Worker {
                         },
                     ));
                 }
-                Ok(_) => {}
-                Err(e) => return Ok(Candidate::Unreadable(r, e)),
+                // Another key whose hash is this one's: its own slot.
+                Ok(e)
+                    if e.header.op == Op::Put
+                        && stored_hash(self.hash_mode.hash(e.key)) == stored_hash(hash) => {}
+                Ok(e) => {
+                    return Ok(Candidate::Unreadable(
+                        r,
+                        format!(
+                            "it holds a {} of another key",
+                            match e.header.op {
+                                Op::Put => "put",
+                                Op::Delete => "delete",
+                            }
+                        ),
+                    ));
+                }
+                Err(e) => return Ok(Candidate::Unreadable(r, format!("it fails its check: {e}"))),
             }
         }
         Ok(Candidate::None)
