@@ -104,11 +104,12 @@ pub struct LogCheck {
     pub unmerged_entries: u64,
     /// Bytes where an entry should be but none is valid.
     pub damaged_bytes: u64,
-    /// In a pool not closed cleanly: bytes without a valid entry in the log's open segment, past its merged entries,
-    /// that a write cut short by the stop may have left (a write's bytes land in any order, so a cut leaves holes
-    /// before bytes that did land). A worker's log has one write in flight, never acknowledged, or this is damage
-    /// to entries not merged yet; in a relocation log it is certainly the cut (a copy counts once merged, after it
-    /// is persisted and before any slot names it), and nothing reads it.
+    /// Bytes without a valid entry that a write cut short by a crash may have left (a write's bytes land in any
+    /// order, so a cut leaves holes before bytes that did land): in a pool not closed cleanly, those in the log's
+    /// open segment past its merged entries (a worker's log has one write in flight, never acknowledged, or this is
+    /// damage to entries not merged yet; in a relocation log it is certainly the cut, as a copy counts once merged,
+    /// after it is persisted and before any slot names it); and in a sealed segment, exactly the bytes the start
+    /// that sealed it after a crash stepped over (recorded in its header).
     pub cut_short_bytes: u64,
 }
 
@@ -369,12 +370,28 @@ impl Checker {
         }
         // A relocation log is never merged: its copies count only through the slots the cleaner moved.
         let relocation = log.thread == CLEANER_THREAD;
-        let found = segment::scan_through(&data, log.log, h.first_seq, |_, e| {
+        let mut found = segment::scan_through(&data, log.log, h.first_seq, |_, e| {
             log.entries += 1;
             if !relocation && e.header.seq > merged_seq {
                 log.unmerged_entries += 1;
             }
         });
+        let stepped_over = match h.stepped_over {
+            Ok(n) => n,
+            Err(damaged) => {
+                self.problem(format!(
+                    "log {}: segment at {at:#x}: its count of the bytes a start stepped over is damaged ({damaged})",
+                    log.log
+                ));
+                0
+            }
+        };
+        let gap_bytes: u64 = found.gaps.iter().map(|g| g.len as u64).sum();
+        if sealed && stepped_over > 0 && gap_bytes == stepped_over {
+            // The start that sealed this segment after a crash stepped over exactly these (and reported them then).
+            log.cut_short_bytes += gap_bytes;
+            found.gaps.clear();
+        }
         for gap in &found.gaps {
             if self.crashed && !sealed && gap.expected_seq > merged_seq {
                 log.cut_short_bytes += gap.len as u64;

@@ -1166,6 +1166,26 @@ impl Inner {
                     last_seq = last_seq.max(e.header.seq)
                 });
                 let valid = found.end;
+                // Holes before the last valid entry: a write the crash cut short (its bytes land in any order; it was
+                // never acknowledged) or damage. They stay in the sealed segment, so the count is kept with it: a
+                // check then tells them from damage found later.
+                let stepped_over: u64 = found.gaps.iter().map(|g| g.len as u64).sum();
+                if stepped_over > 0 {
+                    warn!(
+                        log = log.id,
+                        segment = s.offset,
+                        bytes = stepped_over,
+                        "an open segment holds stretches without a valid entry before its last one (a write the \
+                         crash cut short, or damage); they are stepped over"
+                    );
+                    write_in_place(
+                        &self.pool,
+                        s.offset,
+                        s.format,
+                        InPlace::SteppedOver,
+                        stepped_over,
+                    )?;
+                }
                 if valid > 0 {
                     write_in_place(
                         &self.pool,

@@ -741,7 +741,8 @@ fn the_checker_passes_intact_images_and_counts_what_recovery_will_merge() -> any
 /// A worker's group commit is one WRITE of its new entries, and a memory node stopped in the middle of it leaves the
 /// write cut short, its bytes landed in any order. In a pool not closed cleanly, the hole that leaves in an open
 /// segment past the merged entries is counted, not reported, and a start serves every key as before; the same hole
-/// in a pool closed cleanly is damage.
+/// in a pool closed cleanly is damage. The start seals the segment with the hole in it and records the bytes it
+/// stepped over, so later checks count the hole too, and report any damage beyond it.
 #[test]
 fn a_commit_cut_short_by_a_crash_is_counted_not_reported() -> anyhow::Result<()> {
     watch_for_panics();
@@ -790,10 +791,28 @@ fn a_commit_cut_short_by_a_crash_is_counted_not_reported() -> anyhow::Result<()>
             !strict.is_clean() && of_log(&strict) == (0, cut_len),
             "log {log_id}: {strict:?}"
         );
-        let out = read_back(path);
+        let out = read_back(path.clone());
         anyhow::ensure!(
             out.open_error.is_none() && out.wrong.is_empty() && out.refused == 0,
             "log {log_id}: {out:?}"
+        );
+        // The start sealed the segment with the hole inside, and recorded what it stepped over: a check of the pool,
+        // closed cleanly since, counts the hole as before and reports nothing.
+        let started = checked(&path)?;
+        anyhow::ensure!(
+            started.is_clean() && of_log(&started) == (cut_len, 0),
+            "log {log_id} after a start: {started:?}"
+        );
+        // Damage found there later is more than the start stepped over: reported, the hole with it.
+        let first = common::open_head(&image, log_id)?.entries[0].0;
+        let mut bytes = std::fs::read(&path)?;
+        bytes[first..first + ENTRY_HEADER_LEN].fill(0xa5);
+        std::fs::write(&path, &bytes)?;
+        let later = checked(&path)?;
+        let (cut_short, damaged) = of_log(&later);
+        anyhow::ensure!(
+            !later.is_clean() && cut_short == 0 && damaged > cut_len,
+            "log {log_id} damaged after a start: {later:?}"
         );
     }
     anyhow::ensure!(cut > 0, "no open segment had room for the cut write");

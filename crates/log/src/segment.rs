@@ -8,14 +8,16 @@
 //! 24..32  older: pool offset of the previous segment of the same log (0: none)
 //! 32..40  sealed_len: bytes of entries, once the writer moved on (0 while open)
 //! 40..48  capacity u64: bytes of the segment, header included
-//! 48..64  reserved
+//! 48..56  stepped_over: bytes without a valid entry that a start stepped over when it sealed the segment after a
+//!         crash (writes the crash cut short, or damage it reported then); 0, a zero word, when none
+//! 56..64  reserved
 //! 64..    entries
 //! ```
 //! Only the memory node writes the header, so its bookkeeping is never overwritten by a KV node's WRITE. Entries are
 //! written by the owning KV node only; a segment reused after recycling may still hold older entries past the new
 //! ones, which [`scan`] rejects by log id and sequence number.
 //!
-//! `older` and `sealed_len` change in place, each with one aligned 8-byte store, so a crash leaves either the old or
+//! `older`, `sealed_len` and `stepped_over` change in place, each with one aligned 8-byte store, so a crash leaves either the old or
 //! the new word. In a `DNMSEG02` segment each word carries its own check: the value in the low 48 bits (pool offsets
 //! and lengths are below 2^48, [`MAX_FIELD_VALUE`]) and 16 check bits above it, which find every one- and two-bit
 //! flip of the word. A `DNMSEG01` segment's words are plain values; such segments are still read and written as
@@ -45,6 +47,8 @@ pub mod field {
     pub const SEALED_LEN: u64 = 32;
     /// `capacity`.
     pub const CAPACITY: u64 = 40;
+    /// `stepped_over`.
+    pub const STEPPED_OVER: u64 = 48;
 }
 
 /// How a segment stores its in-place fields, by its magic.
@@ -63,6 +67,8 @@ pub enum InPlace {
     Older,
     /// The length of the entries once sealed.
     SealedLen,
+    /// The bytes a start stepped over when it sealed the segment after a crash.
+    SteppedOver,
 }
 
 impl InPlace {
@@ -71,6 +77,7 @@ impl InPlace {
         match self {
             InPlace::Older => field::OLDER,
             InPlace::SealedLen => field::SEALED_LEN,
+            InPlace::SteppedOver => field::STEPPED_OVER,
         }
     }
 
@@ -78,6 +85,7 @@ impl InPlace {
         match self {
             InPlace::Older => 1,
             InPlace::SealedLen => 2,
+            InPlace::SteppedOver => 3,
         }
     }
 }
@@ -114,6 +122,10 @@ impl SegmentFormat {
     /// The word that stores `value` in `field`; `None` when a checked word cannot hold it (over
     /// [`MAX_FIELD_VALUE`]).
     pub fn word(self, field: InPlace, value: u64) -> Option<u64> {
+        // A segment formatted before `stepped_over` holds zeros there, which read as none.
+        if field == InPlace::SteppedOver && value == 0 {
+            return Some(0);
+        }
         match self {
             SegmentFormat::Unchecked => Some(value),
             SegmentFormat::Checked => (value <= MAX_FIELD_VALUE)
@@ -123,6 +135,9 @@ impl SegmentFormat {
 
     /// The value `word` stores in `field`.
     pub fn value(self, field: InPlace, word: u64) -> Result<u64, DamagedField> {
+        if field == InPlace::SteppedOver && word == 0 {
+            return Ok(0);
+        }
         match self {
             SegmentFormat::Unchecked => Ok(word),
             SegmentFormat::Checked => {
@@ -162,6 +177,8 @@ pub struct SegmentHeader {
     pub sealed_len: Result<u64, DamagedField>,
     /// Size of the segment with its header.
     pub capacity: u64,
+    /// Bytes without a valid entry that a start stepped over when it sealed the segment after a crash (0: none).
+    pub stepped_over: Result<u64, DamagedField>,
 }
 
 impl SegmentHeader {
@@ -174,6 +191,7 @@ impl SegmentHeader {
             older: Ok(older),
             sealed_len: Ok(0),
             capacity,
+            stepped_over: Ok(0),
         }
     }
 
@@ -191,6 +209,7 @@ impl SegmentHeader {
         b[24..32].copy_from_slice(&word(InPlace::Older, self.older)?.to_le_bytes());
         b[32..40].copy_from_slice(&word(InPlace::SealedLen, self.sealed_len)?.to_le_bytes());
         b[40..48].copy_from_slice(&self.capacity.to_le_bytes());
+        b[48..56].copy_from_slice(&word(InPlace::SteppedOver, self.stepped_over)?.to_le_bytes());
         let crc = fixed_fields_crc(&b);
         b[12..16].copy_from_slice(&crc.to_le_bytes());
         Some(b)
@@ -231,6 +250,7 @@ impl SegmentHeader {
             older: format.value(InPlace::Older, u64_at(field::OLDER)),
             sealed_len,
             capacity,
+            stepped_over: format.value(InPlace::SteppedOver, u64_at(field::STEPPED_OVER)),
         })
     }
 
@@ -497,6 +517,23 @@ mod tests {
         b[field::OLDER as usize] ^= 1;
         let damaged = SegmentHeader::decode(&b).unwrap();
         assert_eq!(damaged.encode().unwrap(), b);
+        // No bytes stepped over is a zero word (as in a segment formatted before the field); a count carries its
+        // check, and a flipped bit of it damages that field only.
+        let at = field::STEPPED_OVER as usize;
+        assert_eq!(h.encode().unwrap()[at..at + 8], [0; 8]);
+        let stepped = SegmentHeader {
+            stepped_over: Ok(328),
+            ..h
+        };
+        let b = stepped.encode().unwrap();
+        assert_eq!(SegmentHeader::decode(&b), Some(stepped));
+        for bit in 0..64 {
+            let mut b = b;
+            b[at + bit / 8] ^= 1 << (bit % 8);
+            let d = SegmentHeader::decode(&b).unwrap();
+            assert!(d.stepped_over.is_err(), "bit {bit} of stepped_over");
+            assert_eq!((d.older, d.sealed_len), (Ok(4096), Ok(100)));
+        }
     }
 
     #[test]
