@@ -832,6 +832,13 @@ pub(crate) fn find_older_segment(
     }
 }
 
+/// Whether the header of the segment at `offset` says it is open (a sealed length of 0, not a damaged word).
+fn left_open(pool: &Pool, offset: u64) -> bool {
+    let mut b = [0u8; SEGMENT_HEADER_LEN];
+    pool.read(offset, &mut b).is_ok()
+        && SegmentHeader::decode(&b).is_some_and(|h| h.sealed_len == Ok(0))
+}
+
 /// Writes `value` to the in-place header `field` of the segment at `offset` (of `format`) with one aligned 8-byte
 /// store, so a crash leaves the old word or the new one.
 fn write_in_place(
@@ -1169,8 +1176,10 @@ impl Inner {
                 // Holes before the last valid entry: a write the crash cut short (its bytes land in any order; it was
                 // never acknowledged) or damage. They stay in the sealed segment, so the count is kept with it: a
                 // check then tells them from damage found later.
+                // (Only in a segment its writer left open: holes in one sealed before, whose sealed-length word is
+                // damaged, are damage, and stay reported.)
                 let stepped_over: u64 = found.gaps.iter().map(|g| g.len as u64).sum();
-                if stepped_over > 0 {
+                if stepped_over > 0 && left_open(&self.pool, s.offset) {
                     warn!(
                         log = log.id,
                         segment = s.offset,
