@@ -254,6 +254,7 @@ impl MetricsSource for NodeMetrics {
             sum.index_rewalks += t.index_rewalks;
             sum.shared_ops += t.shared_ops;
             sum.shared_cas_retries += t.shared_cas_retries;
+            sum.cell_rereads += t.cell_rereads;
             sum.writes += t.writes;
             sum.commits += t.commits;
             sum.segments_sealed += t.segments_sealed;
@@ -344,6 +345,12 @@ impl MetricsSource for NodeMetrics {
             "Lost CASes on shared keys' cells (retried).",
             node,
             sum.shared_cas_retries,
+        );
+        out.counter(
+            "dinomo_kn_cell_rereads_total",
+            "Shared keys' cells read again because another owner moved them on between the cell and entry reads.",
+            node,
+            sum.cell_rereads,
         );
         out.counter(
             "dinomo_kn_writes_total",

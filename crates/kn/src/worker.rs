@@ -453,6 +453,10 @@ pub struct WorkerStats {
     pub shared_ops: u64,
     /// CASes on shared keys' cells that lost to another owner (the operation was retried).
     pub shared_cas_retries: u64,
+    /// Shared keys' cells read again because the entry named was not the key's: another owner moved the cell on
+    /// between the two READs (or the cell is damaged).
+    #[serde(default)]
+    pub cell_rereads: u64,
     /// Lookups answered from the thread's own unmerged log segments.
     pub log_hits: u64,
     /// Lookups that walked the index on the memory node.
@@ -1073,34 +1077,50 @@ impl Worker {
 
     /// The cell word of a shared key and the value it points to (only whether there is one unless `value`: an
     /// empty placeholder then stands for a present value, saving the READ of the entry).
+    ///
+    /// An entry that is not a put of the key may have been the cell's: another owner's CAS can move the cell on
+    /// between the two READs, and the entry it left be superseded, its segment recycled and written again. The cell
+    /// is read again then; only a cell that still names such an entry is damage.
     fn read_cell(
         &mut self,
         key: &[u8],
         cell: u64,
         value: bool,
     ) -> Result<(u64, Option<Vec<u8>>), KnError> {
-        let mut word = [0u8; 8];
-        self.ep
-            .read(self.data.at(cell), &mut word)
-            .map_err(|e| self.fail(e))?;
-        let seen = u64::from_le_bytes(word);
-        if seen == dinomo_dpm::cells::RETIRED {
-            // The key went back to one owner; this node's routing table is older than that.
-            return Err(self.not_owner(None));
+        const READS: u32 = 3;
+        let mut previous = None;
+        for _ in 0..READS {
+            let mut word = [0u8; 8];
+            self.ep
+                .read(self.data.at(cell), &mut word)
+                .map_err(|e| self.fail(e))?;
+            let seen = u64::from_le_bytes(word);
+            if seen == dinomo_dpm::cells::RETIRED {
+                // The key went back to one owner; this node's routing table is older than that.
+                return Err(self.not_owner(None));
+            }
+            let Some(r) = EntryRef::from_raw(seen) else {
+                return Ok((seen, None));
+            };
+            if !value {
+                return Ok((seen, Some(Vec::new())));
+            }
+            self.read_entry(r)?;
+            if let Ok(e) = EntryView::parse(&self.read_buf)
+                && e.key == key
+                && e.header.op == Op::Put
+            {
+                return Ok((seen, Some(e.value.to_vec())));
+            }
+            if previous == Some(seen) {
+                break;
+            }
+            self.stats.cell_rereads += 1;
+            previous = Some(seen);
         }
-        let Some(r) = EntryRef::from_raw(seen) else {
-            return Ok((seen, None));
-        };
-        if !value {
-            return Ok((seen, Some(Vec::new())));
-        }
-        self.read_entry(r)?;
-        match EntryView::parse(&self.read_buf) {
-            Ok(e) if e.key == key && e.header.op == Op::Put => Ok((seen, Some(e.value.to_vec()))),
-            _ => Err(KnError::Corrupt(format!(
-                "the cell at {cell:#x} does not point to an entry of its key"
-            ))),
-        }
+        Err(KnError::Corrupt(format!(
+            "the cell at {cell:#x} does not point to an entry of its key"
+        )))
     }
 
     /// WRITEs what the active segment holds beyond what was written (no pending writes: they were flushed).

@@ -1,11 +1,12 @@
-//! A KV node walks the memory node's index in two round trips: the bucket, then the entry a slot of the key's
-//! hash names. Between the two the log cleaner may move the slot to a copy, recycle the segment it emptied, and
-//! let a log write over it, so the entry read is another key's. The walk must take that for a replaced slot and
-//! walk again: taken for "no such key", a GET would answer nil for a key that is there (and a client that reads
-//! before it writes would start the key over).
+//! A KV node reads a key in two round trips: what names its entry (a slot of the index, or a shared key's cell),
+//! then the entry. Between the two the name may move on (the log cleaner moves a slot to a copy; another owner
+//! CASes a cell) and the entry left behind be superseded, its segment recycled and written again, so the entry read
+//! is another key's. The read must take that for a moved name and look again: taken for "no such key", a GET would
+//! answer nil for a key that is there (and a client that reads before it writes would start the key over); taken
+//! for damage, it would fail.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dinomo_cache::CacheConfig;
@@ -16,12 +17,14 @@ use dinomo_kn::{KnConfig, KvNode};
 use dinomo_log::{EntryRef, Op, encode_entry};
 use dinomo_pool::Pool;
 
+mod common;
+
 /// Tag of the test's own extent, where it keeps the key's entries (no log segment, so nothing else touches it).
 const SCRATCH_TAG: u16 = 0x7e;
 
-#[test]
-fn a_slot_replaced_between_bucket_and_entry_reads_is_walked_again_never_taken_for_a_missing_key()
--> anyhow::Result<()> {
+/// A memory node and a KV node (one worker, no cache: every read goes to the pool) whose round trips take 200 µs:
+/// the window between a read's two READs.
+fn slow_node() -> anyhow::Result<(Arc<Pool>, Arc<Processor>, Connector, KvNode)> {
     let pool = Arc::new(Pool::anonymous(64 << 20, 16 << 10)?);
     let processor = Processor::start(
         pool.clone(),
@@ -32,7 +35,6 @@ fn a_slot_replaced_between_bucket_and_entry_reads_is_walked_again_never_taken_fo
     )?;
     let node = MemoryNode::new(pool.clone(), NodeConfig::default());
     processor.serve(&node);
-    // Each round trip takes 200 µs: the window between a walk's bucket READ and its entry READ.
     let connector = Connector::with_config(
         Target::InProcess(node),
         EndpointConfig {
@@ -40,7 +42,6 @@ fn a_slot_replaced_between_bucket_and_entry_reads_is_walked_again_never_taken_fo
             ..EndpointConfig::default()
         },
     );
-    // No cache: every GET walks the index.
     let kn = KvNode::start(
         KnConfig {
             threads: 1,
@@ -51,50 +52,50 @@ fn a_slot_replaced_between_bucket_and_entry_reads_is_walked_again_never_taken_fo
             },
             ..KnConfig::default()
         },
-        connector,
+        connector.clone(),
     )?;
+    Ok((pool, processor, connector, kn))
+}
 
-    // The key's entry at one of two places of the test's extent, its slot inserted straight into the index; the
-    // other place holds another key's entry of the same length.
-    let key = b"moved-key".as_slice();
-    let value = vec![b'v'; 200];
+/// Entries of `key` and of another key, of one length, holding `value`; two places for them in an extent of the
+/// test's own.
+fn entries_and_places(
+    pool: &Pool,
+    key: &[u8],
+    value: &[u8],
+) -> anyhow::Result<(Vec<u8>, Vec<u8>, [EntryRef; 2])> {
     let entry_of = |k: &[u8]| {
         let mut e = Vec::new();
-        encode_entry(&mut e, Op::Put, 0, 1, k, &value);
+        encode_entry(&mut e, Op::Put, 0, 1, k, value);
         e
     };
-    let (ours, theirs) = (entry_of(key), entry_of(b"other-key"));
-    assert_eq!(ours.len(), theirs.len());
+    let mut other = key.to_vec();
+    other[0] ^= 1;
+    let (ours, theirs) = (entry_of(key), entry_of(&other));
     let extent = pool.alloc_bytes(16 << 10, SCRATCH_TAG)?;
     let places = [extent.offset, extent.offset + 4096].map(|at| {
         EntryRef::new(at, ours.len() as u64).expect("an aligned entry that fits a reference")
     });
-    let hash = dinomo_dpm::directory::Directory::open(pool.clone())?
-        .expect("a started memory node has a log directory")
-        .hash_mode()
-        .hash(key);
-    let index = Index::open(pool.clone(), &IndexConfig::default())?;
-    pool.write(places[0].offset(), &ours)?;
-    pool.write(places[1].offset(), &theirs)?;
-    assert_eq!(index.upsert(hash, places[0], |_| false)?, None);
-    assert_eq!(kn.handle().get(key)?.as_deref(), Some(value.as_slice()));
+    Ok((ours, theirs, places))
+}
 
-    // The cleaner's move, over and over: the key's entry written at the other place, the slot moved there, and the
-    // place it left written over by another key. Moves come 20 ms apart, so a GET (three walks at most, each two
-    // round trips) meets at most one of them.
+/// Runs `mv(from, to)` every 20 ms (so a read, three tries at most, meets at most one move) while reading `key`
+/// as fast as it can for three seconds; the reads that did not give `value`, and how many reads there were.
+fn read_while_moving(
+    kn: &KvNode,
+    key: &[u8],
+    value: &[u8],
+    places: [EntryRef; 2],
+    mv: impl Fn(EntryRef, EntryRef) -> anyhow::Result<()> + Send + 'static,
+) -> anyhow::Result<(Vec<String>, u64)> {
     let stop = Arc::new(AtomicBool::new(false));
-    let moves = Arc::new(AtomicU64::new(0));
     let mover = {
-        let (pool, stop, moves) = (pool.clone(), stop.clone(), moves.clone());
+        let stop = stop.clone();
         std::thread::spawn(move || -> anyhow::Result<()> {
             let mut at = 0;
             while !stop.load(Ordering::Acquire) {
                 std::thread::sleep(Duration::from_millis(20));
-                let (from, to) = (places[at], places[1 - at]);
-                pool.write(to.offset(), &ours)?;
-                anyhow::ensure!(index.replace(hash, from, to)?, "the slot left its place");
-                pool.write(from.offset(), &theirs)?;
-                moves.fetch_add(1, Ordering::Relaxed);
+                mv(places[at], places[1 - at])?;
                 at = 1 - at;
             }
             Ok(())
@@ -113,17 +114,87 @@ fn a_slot_replaced_between_bucket_and_entry_reads_is_walked_again_never_taken_fo
     }
     stop.store(true, Ordering::Release);
     mover.join().expect("the mover thread")?;
-    let rewalks: u64 = h.stats()?.iter().map(|s| s.index_rewalks).sum();
+    Ok((wrong, reads))
+}
+
+#[test]
+fn a_slot_replaced_between_bucket_and_entry_reads_is_walked_again_never_taken_for_a_missing_key()
+-> anyhow::Result<()> {
+    let (pool, _processor, _connector, kn) = slow_node()?;
+    // The key's entry at one of two places, its slot inserted straight into the index; the other place holds
+    // another key's entry.
+    let key = b"moved-key".as_slice();
+    let value = vec![b'v'; 200];
+    let (ours, theirs, places) = entries_and_places(&pool, key, &value)?;
+    let hash = dinomo_dpm::directory::Directory::open(pool.clone())?
+        .expect("a started memory node has a log directory")
+        .hash_mode()
+        .hash(key);
+    let index = Index::open(pool.clone(), &IndexConfig::default())?;
+    pool.write(places[0].offset(), &ours)?;
+    pool.write(places[1].offset(), &theirs)?;
+    assert_eq!(index.upsert(hash, places[0], |_| false)?, None);
+    assert_eq!(kn.handle().get(key)?.as_deref(), Some(value.as_slice()));
+
+    // The cleaner's move: the key's entry written at the other place, the slot moved there, and the place it left
+    // written over by another key.
+    let mover_pool = pool.clone();
+    let (wrong, reads) = read_while_moving(&kn, key, &value, places, move |from, to| {
+        mover_pool.write(to.offset(), &ours)?;
+        anyhow::ensure!(index.replace(hash, from, to)?, "the slot left its place");
+        mover_pool.write(from.offset(), &theirs)?;
+        Ok(())
+    })?;
     assert!(
         wrong.is_empty(),
         "{} of {reads} reads: {wrong:?}",
         wrong.len()
     );
     // The race was met: some walks found the slot's entry replaced, and walked again.
+    let rewalks: u64 = kn.handle().stats()?.iter().map(|s| s.index_rewalks).sum();
     assert!(
         rewalks > 0,
-        "{reads} reads, {} moves, and no walk met a replaced slot",
-        moves.load(Ordering::Relaxed)
+        "{reads} reads, and no walk met a replaced slot"
     );
+    Ok(())
+}
+
+#[test]
+fn a_cell_moved_on_between_cell_and_entry_reads_is_read_again_never_refused() -> anyhow::Result<()>
+{
+    let (pool, _processor, connector, kn) = slow_node()?;
+    let key = b"shared-key".as_slice();
+    let value = vec![b's'; 200];
+    let cell = common::reserve_cell(&connector, key)?;
+    common::install_sharing(&kn, 1, &[(key, cell)])?;
+    kn.handle().set(key, &value)?;
+    assert_eq!(kn.handle().get(key)?.as_deref(), Some(value.as_slice()));
+
+    // The cell moved by another owner's CAS to its entry, then on and on; each entry it leaves is written over by
+    // another key.
+    let (ours, theirs, places) = entries_and_places(&pool, key, &value)?;
+    let word = pool.atomic_u64(cell)?;
+    pool.write(places[0].offset(), &ours)?;
+    pool.write(places[1].offset(), &theirs)?;
+    word.store(places[0].raw(), Ordering::Release);
+    let mover_pool = pool.clone();
+    let (wrong, reads) = read_while_moving(&kn, key, &value, places, move |from, to| {
+        mover_pool.write(to.offset(), &ours)?;
+        let word = mover_pool.atomic_u64(cell)?;
+        anyhow::ensure!(
+            word.compare_exchange(from.raw(), to.raw(), Ordering::AcqRel, Ordering::Acquire)
+                .is_ok(),
+            "the cell left its place"
+        );
+        mover_pool.write(from.offset(), &theirs)?;
+        Ok(())
+    })?;
+    assert!(
+        wrong.is_empty(),
+        "{} of {reads} reads: {wrong:?}",
+        wrong.len()
+    );
+    let rereads: u64 = kn.handle().stats()?.iter().map(|s| s.cell_rereads).sum();
+    assert!(rereads > 0, "{reads} reads, and none met a moved cell");
     Ok(())
 }

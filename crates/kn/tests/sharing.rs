@@ -9,33 +9,9 @@ mod common;
 use std::sync::Arc;
 
 use dinomo_cache::CacheConfig;
-use dinomo_dpm::{Processor, proto};
+use dinomo_dpm::Processor;
 use dinomo_fabric::Connector;
-use dinomo_kn::{Command, KnConfig, KnError, KvNode, Ownership};
-
-/// One node owning every key; `shared` lists keys shared through a cell.
-struct Table {
-    epoch: u64,
-    shared: Vec<(Vec<u8>, u64)>,
-}
-
-impl Ownership for Table {
-    fn epoch(&self) -> u64 {
-        self.epoch
-    }
-    fn owns(&self, _key: &[u8]) -> bool {
-        true
-    }
-    fn cell(&self, key: &[u8]) -> Option<u64> {
-        self.shared
-            .iter()
-            .find(|(k, _)| k.as_slice() == key)
-            .map(|(_, c)| *c)
-    }
-    fn shared_keys(&self) -> Vec<(Vec<u8>, u64)> {
-        self.shared.clone()
-    }
-}
+use dinomo_kn::{Command, KnConfig, KnError, KvNode};
 
 struct Setup {
     pool: Arc<dinomo_pool::Pool>,
@@ -69,30 +45,11 @@ impl Setup {
     }
 
     fn install(&self, epoch: u64, shared: &[(&[u8], u64)]) -> Result<(), KnError> {
-        let own: Arc<dyn Ownership> = Arc::new(Table {
-            epoch,
-            shared: shared.iter().map(|(k, c)| (k.to_vec(), *c)).collect(),
-        });
-        let (tx, rx) = crossbeam_channel::unbounded();
-        self.kn
-            .submitter()
-            .broadcast(|| Command::Own(own.clone()), 0, &tx)?;
-        let mut result = Ok(());
-        for _ in 0..self.kn.threads() {
-            if let (_, Err(e)) = rx.recv().map_err(|_| KnError::Stopped)? {
-                result = Err(e);
-            }
-        }
-        result
+        common::install_sharing(&self.kn, epoch, shared)
     }
 
     fn reserve(&self, key: &[u8]) -> anyhow::Result<u64> {
-        let mut ep = self.connector.connect()?;
-        let r: proto::CellReserved = ep.call(
-            proto::RESERVE_CELL,
-            &proto::ReserveCell { key: key.to_vec() },
-        )?;
-        Ok(r.cell)
+        common::reserve_cell(&self.connector, key)
     }
 
     fn shared_at_memory_node(&self) -> u64 {

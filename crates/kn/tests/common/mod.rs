@@ -133,3 +133,64 @@ pub fn with_write_cut_short(image: &Path, out: &Path, log_id: u32) -> anyhow::Re
     std::fs::write(out, &bytes)?;
     Ok(Some(cut as u64))
 }
+
+/// One node owning every key; `shared` lists keys shared through a cell (selective replication).
+#[allow(dead_code)]
+pub struct SharingTable {
+    pub epoch: u64,
+    pub shared: Vec<(Vec<u8>, u64)>,
+}
+
+impl dinomo_kn::Ownership for SharingTable {
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+    fn owns(&self, _key: &[u8]) -> bool {
+        true
+    }
+    fn cell(&self, key: &[u8]) -> Option<u64> {
+        self.shared
+            .iter()
+            .find(|(k, _)| k.as_slice() == key)
+            .map(|(_, c)| *c)
+    }
+    fn shared_keys(&self) -> Vec<(Vec<u8>, u64)> {
+        self.shared.clone()
+    }
+}
+
+/// Installs on every worker of `kn` a [`SharingTable`] of `epoch` sharing the keys of `shared` through their
+/// cells; the first worker's refusal, if any.
+#[allow(dead_code)]
+pub fn install_sharing(
+    kn: &dinomo_kn::KvNode,
+    epoch: u64,
+    shared: &[(&[u8], u64)],
+) -> Result<(), dinomo_kn::KnError> {
+    use dinomo_kn::{Command, KnError, Ownership};
+    let own: Arc<dyn Ownership> = Arc::new(SharingTable {
+        epoch,
+        shared: shared.iter().map(|(k, c)| (k.to_vec(), *c)).collect(),
+    });
+    let (tx, rx) = crossbeam_channel::unbounded();
+    kn.submitter()
+        .broadcast(|| Command::Own(own.clone()), 0, &tx)?;
+    let mut result = Ok(());
+    for _ in 0..kn.threads() {
+        if let (_, Err(e)) = rx.recv().map_err(|_| KnError::Stopped)? {
+            result = Err(e);
+        }
+    }
+    result
+}
+
+/// Has the memory node behind `connector` reserve a cell for `key`; its offset.
+#[allow(dead_code)]
+pub fn reserve_cell(connector: &Connector, key: &[u8]) -> anyhow::Result<u64> {
+    let mut ep = connector.connect()?;
+    let r: dinomo_dpm::proto::CellReserved = ep.call(
+        dinomo_dpm::proto::RESERVE_CELL,
+        &dinomo_dpm::proto::ReserveCell { key: key.to_vec() },
+    )?;
+    Ok(r.cell)
+}
