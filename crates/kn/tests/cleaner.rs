@@ -264,14 +264,7 @@ fn copies_cut_short_by_a_crash_are_counted_and_damaged_copies_reported() -> anyh
     }
     let (last, log_id, cut_len) =
         made.ok_or_else(|| anyhow::anyhow!("four runs left no room in the relocation log"))?;
-    let log_check = |report: &PoolCheck| {
-        let l = report
-            .logs
-            .iter()
-            .find(|l| l.log == log_id)
-            .expect("the log");
-        (l.cut_short_bytes, l.damaged_bytes)
-    };
+    let log_check = |report: &PoolCheck| common::cut_short_and_damaged(report, log_id);
 
     let report = check(&cut, true)?;
     assert!(report.is_clean(), "{:?}", report.problems);

@@ -760,14 +760,7 @@ fn a_commit_cut_short_by_a_crash_is_counted_not_reported() -> anyhow::Result<()>
             continue;
         };
         cut += 1;
-        let of_log = |report: &PoolCheck| {
-            let l = report
-                .logs
-                .iter()
-                .find(|l| l.log == log_id)
-                .expect("the log");
-            (l.cut_short_bytes, l.damaged_bytes)
-        };
+        let of_log = |report: &PoolCheck| common::cut_short_and_damaged(report, log_id);
         let pool = std::sync::Arc::new(dinomo_pool::Pool::open_snapshot(&path)?.0);
         let after_crash = check_pool(
             &pool,

@@ -9,11 +9,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use dinomo_cache::CacheConfig;
 use dinomo_dpm::{Processor, ProcessorConfig};
 use dinomo_fabric::{Connector, EndpointConfig, MemoryNode, NodeConfig, Target};
 use dinomo_index::{Index, IndexConfig};
-use dinomo_kn::{KnConfig, KvNode};
+use dinomo_kn::KvNode;
 use dinomo_log::{EntryRef, Op, encode_entry};
 use dinomo_pool::Pool;
 
@@ -42,18 +41,7 @@ fn slow_node() -> anyhow::Result<(Arc<Pool>, Arc<Processor>, Connector, KvNode)>
             ..EndpointConfig::default()
         },
     );
-    let kn = KvNode::start(
-        KnConfig {
-            threads: 1,
-            max_value_len: 4096,
-            cache: CacheConfig {
-                budget_bytes: 0,
-                ..CacheConfig::default()
-            },
-            ..KnConfig::default()
-        },
-        connector.clone(),
-    )?;
+    let kn = common::cacheless_kv_node(connector.clone(), 4096)?;
     Ok((pool, processor, connector, kn))
 }
 
@@ -80,14 +68,14 @@ fn entries_and_places(
 }
 
 /// Runs `mv(from, to)` every 20 ms (so a read, three tries at most, meets at most one move) while reading `key`
-/// as fast as it can for three seconds; the reads that did not give `value`, and how many reads there were.
+/// as fast as it can for three seconds, each read required to give `value`; returns how many reads there were.
 fn read_while_moving(
     kn: &KvNode,
     key: &[u8],
     value: &[u8],
     places: [EntryRef; 2],
     mv: impl Fn(EntryRef, EntryRef) -> anyhow::Result<()> + Send + 'static,
-) -> anyhow::Result<(Vec<String>, u64)> {
+) -> anyhow::Result<u64> {
     let stop = Arc::new(AtomicBool::new(false));
     let mover = {
         let stop = stop.clone();
@@ -114,7 +102,12 @@ fn read_while_moving(
     }
     stop.store(true, Ordering::Release);
     mover.join().expect("the mover thread")?;
-    Ok((wrong, reads))
+    anyhow::ensure!(
+        wrong.is_empty(),
+        "{} of {reads} reads: {wrong:?}",
+        wrong.len()
+    );
+    Ok(reads)
 }
 
 #[test]
@@ -139,17 +132,12 @@ fn a_slot_replaced_between_bucket_and_entry_reads_is_walked_again_never_taken_fo
     // The cleaner's move: the key's entry written at the other place, the slot moved there, and the place it left
     // written over by another key.
     let mover_pool = pool.clone();
-    let (wrong, reads) = read_while_moving(&kn, key, &value, places, move |from, to| {
+    let reads = read_while_moving(&kn, key, &value, places, move |from, to| {
         mover_pool.write(to.offset(), &ours)?;
         anyhow::ensure!(index.replace(hash, from, to)?, "the slot left its place");
         mover_pool.write(from.offset(), &theirs)?;
         Ok(())
     })?;
-    assert!(
-        wrong.is_empty(),
-        "{} of {reads} reads: {wrong:?}",
-        wrong.len()
-    );
     // The race was met: some walks found the slot's entry replaced, and walked again.
     let rewalks: u64 = kn.handle().stats()?.iter().map(|s| s.index_rewalks).sum();
     assert!(
@@ -178,7 +166,7 @@ fn a_cell_moved_on_between_cell_and_entry_reads_is_read_again_never_refused() ->
     pool.write(places[1].offset(), &theirs)?;
     word.store(places[0].raw(), Ordering::Release);
     let mover_pool = pool.clone();
-    let (wrong, reads) = read_while_moving(&kn, key, &value, places, move |from, to| {
+    let reads = read_while_moving(&kn, key, &value, places, move |from, to| {
         mover_pool.write(to.offset(), &ours)?;
         let word = mover_pool.atomic_u64(cell)?;
         anyhow::ensure!(
@@ -189,11 +177,6 @@ fn a_cell_moved_on_between_cell_and_entry_reads_is_read_again_never_refused() ->
         mover_pool.write(from.offset(), &theirs)?;
         Ok(())
     })?;
-    assert!(
-        wrong.is_empty(),
-        "{} of {reads} reads: {wrong:?}",
-        wrong.len()
-    );
     let rereads: u64 = kn.handle().stats()?.iter().map(|s| s.cell_rereads).sum();
     assert!(rereads > 0, "{reads} reads, and none met a moved cell");
     Ok(())

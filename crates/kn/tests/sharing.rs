@@ -8,10 +8,9 @@ mod common;
 
 use std::sync::Arc;
 
-use dinomo_cache::CacheConfig;
 use dinomo_dpm::Processor;
 use dinomo_fabric::Connector;
-use dinomo_kn::{Command, KnConfig, KnError, KvNode};
+use dinomo_kn::{Command, KnError, KvNode};
 
 struct Setup {
     pool: Arc<dinomo_pool::Pool>,
@@ -24,18 +23,7 @@ impl Setup {
     fn start() -> anyhow::Result<Setup> {
         let (pool, processor, connector) = common::small_memory_node_with_pool()?;
         // No cache: every read goes to the pool, so a value stranded in a cell shows as a missing key.
-        let kn = KvNode::start(
-            KnConfig {
-                threads: 1,
-                max_value_len: 2048,
-                cache: CacheConfig {
-                    budget_bytes: 0,
-                    ..CacheConfig::default()
-                },
-                ..KnConfig::default()
-            },
-            connector.clone(),
-        )?;
+        let kn = common::cacheless_kv_node(connector.clone(), 2048)?;
         Ok(Setup {
             pool,
             processor,

@@ -194,3 +194,35 @@ pub fn reserve_cell(connector: &Connector, key: &[u8]) -> anyhow::Result<u64> {
     )?;
     Ok(r.cell)
 }
+
+/// A KV node on `connector` with one worker and no cache (every read goes to the pool), values up to
+/// `max_value_len` bytes.
+#[allow(dead_code)]
+pub fn cacheless_kv_node(
+    connector: Connector,
+    max_value_len: usize,
+) -> Result<dinomo_kn::KvNode, dinomo_kn::KnError> {
+    dinomo_kn::KvNode::start(
+        KnConfig {
+            threads: 1,
+            max_value_len,
+            cache: dinomo_cache::CacheConfig {
+                budget_bytes: 0,
+                ..dinomo_cache::CacheConfig::default()
+            },
+            ..KnConfig::default()
+        },
+        connector,
+    )
+}
+
+/// The bytes the checker counted as cut short and as damaged in log `log_id` of `report`.
+#[allow(dead_code)]
+pub fn cut_short_and_damaged(report: &dinomo_dpm::check::PoolCheck, log_id: u32) -> (u64, u64) {
+    let l = report
+        .logs
+        .iter()
+        .find(|l| l.log == log_id)
+        .expect("the log is in the report");
+    (l.cut_short_bytes, l.damaged_bytes)
+}
