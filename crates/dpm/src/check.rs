@@ -386,7 +386,7 @@ impl Checker {
                 0
             }
         };
-        let gap_bytes: u64 = found.gaps.iter().map(|g| g.len as u64).sum();
+        let gap_bytes = found.gap_bytes();
         if sealed && stepped_over > 0 && gap_bytes == stepped_over {
             // The start that sealed this segment after a crash stepped over exactly these (and reported them then).
             log.cut_short_bytes += gap_bytes;

@@ -318,6 +318,9 @@ struct SegInfo {
     format: SegmentFormat,
     /// Bytes of entries once sealed.
     sealed_len: Option<u64>,
+    /// Sealed before, but its sealed-length word was found damaged at start: taken as open, scanned and sealed
+    /// again (its holes are damage, not a write cut short).
+    resealed: bool,
     merged: bool,
 }
 
@@ -832,13 +835,6 @@ pub(crate) fn find_older_segment(
     }
 }
 
-/// Whether the header of the segment at `offset` says it is open (a sealed length of 0, not a damaged word).
-fn left_open(pool: &Pool, offset: u64) -> bool {
-    let mut b = [0u8; SEGMENT_HEADER_LEN];
-    pool.read(offset, &mut b).is_ok()
-        && SegmentHeader::decode(&b).is_some_and(|h| h.sealed_len == Ok(0))
-}
-
 /// Writes `value` to the in-place header `field` of the segment at `offset` (of `format`) with one aligned 8-byte
 /// store, so a crash leaves the old word or the new one.
 fn write_in_place(
@@ -983,8 +979,8 @@ impl Inner {
                         h.log_id
                     )));
                 }
-                let sealed_len = match h.sealed_len {
-                    Ok(len) => (len != 0).then_some(len),
+                let (sealed_len, resealed) = match h.sealed_len {
+                    Ok(len) => ((len != 0).then_some(len), false),
                     // Taken as open: the take-over below scans it to its last valid entry and seals it there,
                     // which is where its writer sealed it (entries past a seal were never written in this use
                     // of the segment, and leftovers of an earlier use are never taken).
@@ -996,7 +992,7 @@ impl Inner {
                             "a segment's sealed length is damaged; it is scanned and sealed again"
                         );
                         self.resealed_segments.fetch_add(1, Ordering::Relaxed);
-                        None
+                        (None, true)
                     }
                 };
                 segments.push(SegInfo {
@@ -1005,6 +1001,7 @@ impl Inner {
                     capacity: h.capacity,
                     format: h.format,
                     sealed_len,
+                    resealed,
                     merged: false,
                 });
                 at = match h.older {
@@ -1173,13 +1170,12 @@ impl Inner {
                     last_seq = last_seq.max(e.header.seq)
                 });
                 let valid = found.end;
-                // Holes before the last valid entry: a write the crash cut short (its bytes land in any order; it was
-                // never acknowledged) or damage. They stay in the sealed segment, so the count is kept with it: a
-                // check then tells them from damage found later.
-                // (Only in a segment its writer left open: holes in one sealed before, whose sealed-length word is
-                // damaged, are damage, and stay reported.)
-                let stepped_over: u64 = found.gaps.iter().map(|g| g.len as u64).sum();
-                if stepped_over > 0 && left_open(&self.pool, s.offset) {
+                // Holes before the last valid entry of a segment its writer left open: a write the crash cut short
+                // (its bytes land in any order; it was never acknowledged) or damage. They stay in the sealed
+                // segment, so the count is kept with it: a check then tells them from damage found later. (Holes in
+                // a segment resealed over a damaged length word are damage, and stay reported.)
+                let stepped_over = found.gap_bytes();
+                if stepped_over > 0 && !s.resealed {
                     warn!(
                         log = log.id,
                         segment = s.offset,
@@ -1553,6 +1549,7 @@ impl Inner {
             capacity: ext.len,
             format: SegmentFormat::Checked,
             sealed_len: None,
+            resealed: false,
             // A relocation log's entries are never merged: the cleaner moves the slots that name them.
             merged: log.relocation,
         });

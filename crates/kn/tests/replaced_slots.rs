@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dinomo_dpm::{Processor, ProcessorConfig};
-use dinomo_fabric::{Connector, EndpointConfig, MemoryNode, NodeConfig, Target};
+use dinomo_fabric::{Connector, EndpointConfig};
 use dinomo_index::{Index, IndexConfig};
 use dinomo_kn::KvNode;
 use dinomo_log::{EntryRef, Op, encode_entry};
@@ -25,22 +25,17 @@ const SCRATCH_TAG: u16 = 0x7e;
 /// the window between a read's two READs.
 fn slow_node() -> anyhow::Result<(Arc<Pool>, Arc<Processor>, Connector, KvNode)> {
     let pool = Arc::new(Pool::anonymous(64 << 20, 16 << 10)?);
-    let processor = Processor::start(
+    let (processor, connector) = common::serve_pool_with(
         pool.clone(),
         &ProcessorConfig {
             segment_size: 16 << 10,
             ..ProcessorConfig::default()
         },
-    )?;
-    let node = MemoryNode::new(pool.clone(), NodeConfig::default());
-    processor.serve(&node);
-    let connector = Connector::with_config(
-        Target::InProcess(node),
         EndpointConfig {
             injected_latency_ns: 200_000,
             ..EndpointConfig::default()
         },
-    );
+    )?;
     let kn = common::cacheless_kv_node(connector.clone(), 4096)?;
     Ok((pool, processor, connector, kn))
 }

@@ -17,10 +17,10 @@
 //! written by the owning KV node only; a segment reused after recycling may still hold older entries past the new
 //! ones, which [`scan`] rejects by log id and sequence number.
 //!
-//! `older`, `sealed_len` and `stepped_over` change in place, each with one aligned 8-byte store, so a crash leaves either the old or
-//! the new word. In a `DNMSEG02` segment each word carries its own check: the value in the low 48 bits (pool offsets
-//! and lengths are below 2^48, [`MAX_FIELD_VALUE`]) and 16 check bits above it, which find every one- and two-bit
-//! flip of the word. A `DNMSEG01` segment's words are plain values; such segments are still read and written as
+//! `older`, `sealed_len` and `stepped_over` change in place, each with one aligned 8-byte store, so a crash leaves
+//! either the old or the new word. In a `DNMSEG02` segment each word carries its own check: the value in the low 48
+//! bits (pool offsets and lengths are below 2^48, [`MAX_FIELD_VALUE`]) and 16 check bits above it, which find every
+//! one- and two-bit flip of the word. A `DNMSEG01` segment's words are plain values; such segments are still read and written as
 //! they are.
 
 use crate::entry::{EntryError, EntryView};
@@ -376,6 +376,13 @@ pub struct ScanThrough {
     pub gaps: Vec<Gap>,
     /// Why the bytes from `end` on hold no further entry ([`ScanEnd::Complete`] when `end` is the limit).
     pub tail: ScanEnd,
+}
+
+impl ScanThrough {
+    /// Bytes of all the gaps.
+    pub fn gap_bytes(&self) -> u64 {
+        self.gaps.iter().map(|g| g.len as u64).sum()
+    }
 }
 
 /// Like [`scan`], but a stretch that is not a valid next entry does not end the walk when a valid entry of the log

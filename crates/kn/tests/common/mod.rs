@@ -4,7 +4,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use dinomo_dpm::{Processor, ProcessorConfig};
-use dinomo_fabric::{Connector, MemoryNode, NodeConfig, Target};
+use dinomo_fabric::{Connector, EndpointConfig, MemoryNode, NodeConfig, Target};
 use dinomo_kn::{EmbeddedConfig, KnConfig};
 use dinomo_pool::Pool;
 
@@ -58,10 +58,23 @@ pub fn serve_pool(
     pool: Arc<Pool>,
     config: &ProcessorConfig,
 ) -> anyhow::Result<(Arc<Processor>, Connector)> {
+    serve_pool_with(pool, config, EndpointConfig::default())
+}
+
+/// [`serve_pool`], its connector's endpoints made with `endpoint`.
+#[allow(dead_code)]
+pub fn serve_pool_with(
+    pool: Arc<Pool>,
+    config: &ProcessorConfig,
+    endpoint: EndpointConfig,
+) -> anyhow::Result<(Arc<Processor>, Connector)> {
     let processor = Processor::start(pool.clone(), config)?;
     let node = MemoryNode::new(pool, NodeConfig::default());
     processor.serve(&node);
-    Ok((processor, Connector::new(Target::InProcess(node))))
+    Ok((
+        processor,
+        Connector::with_config(Target::InProcess(node), endpoint),
+    ))
 }
 
 /// A log's open segment, as read from a pool file.
