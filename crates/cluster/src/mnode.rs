@@ -24,12 +24,12 @@ use dinomo_fabric::{Connector, Endpoint};
 use dinomo_meta::{LeaseId, MetaError, MetaStore};
 use dinomo_ring::{NodeId, Ring};
 use serde::Serialize;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::client::call_each;
 use crate::failures::{FailureStreak, Report};
 use crate::stop::StopSignal;
-use crate::wire::{RequestBody, ResponseBody, Routing};
+use crate::wire::{ErrorKind, RequestBody, ResponseBody, Routing};
 use crate::{ClusterError, ClusterRecord, MemberInfo, member_node};
 
 /// The election M-nodes compete in.
@@ -47,7 +47,8 @@ pub struct MNodeConfig {
     /// How often it checks leases and membership. Default 5 ms.
     #[serde(with = "humantime_serde")]
     pub check_interval: Duration,
-    /// Bound on one call to a KV node during reconfiguration. Default 10 s (a node may merge its log first).
+    /// Bound on installing a routing table at a KV node during reconfiguration, including asking again a node that
+    /// refused for now (a late lease renewal). Default 10 s (a node may merge its log first).
     #[serde(with = "humantime_serde")]
     pub install_timeout: Duration,
     /// Virtual nodes per KV node in a new ring. Default [`dinomo_ring::DEFAULT_VNODES`].
@@ -160,6 +161,7 @@ impl MNode {
         let token = dpm.config.cluster_token.clone();
         let mut state = State {
             lease: meta.grant(config.lease_ttl)?,
+            last_renewal: Instant::now(),
             cfg: config,
             meta,
             dpm,
@@ -279,6 +281,18 @@ impl Drop for MNode {
     }
 }
 
+/// The first pause before a node that refused an install for now is asked again; each further pause doubles, up to
+/// [`INSTALL_RETRY_MAX_PAUSE`].
+const INSTALL_RETRY_PAUSE: Duration = Duration::from_millis(10);
+const INSTALL_RETRY_MAX_PAUSE: Duration = Duration::from_millis(200);
+
+/// A node's answer to an install that it did not refuse for good.
+enum Installed {
+    Done,
+    /// It cannot install now, and says why; it may later.
+    NotNow(String),
+}
+
 struct State {
     cfg: MNodeConfig,
     meta: Arc<dyn MetaStore>,
@@ -287,6 +301,8 @@ struct State {
     /// The memory node's index layout, once asked.
     partitioning: Option<Partitioning>,
     lease: LeaseId,
+    /// When `lease` was last renewed (or granted).
+    last_renewal: Instant,
     /// The epoch each node (incarnation) is known to serve under.
     installed: HashMap<NodeId, (u64, u64)>,
     /// The last record read, with its version.
@@ -307,22 +323,8 @@ struct State {
 
 impl State {
     fn run(&mut self, stop: &StopSignal, resign: &AtomicBool, admin: &Receiver<Admin>) {
-        let mut last_renewal = Instant::now();
         while !stop.is_stopped() {
-            if last_renewal.elapsed() >= self.cfg.lease_ttl / 4 {
-                match self.meta.keep_alive(self.lease) {
-                    Ok(()) => last_renewal = Instant::now(),
-                    Err(MetaError::LeaseExpired(_)) => {
-                        warn!(name = %self.cfg.name, "leadership lease expired");
-                        self.leading.store(false, Ordering::Release);
-                        match self.meta.grant(self.cfg.lease_ttl) {
-                            Ok(l) => self.lease = l,
-                            Err(e) => warn!(error = %e, "cannot take a lease"),
-                        }
-                    }
-                    Err(e) => warn!(error = %e, "cannot renew the leadership lease"),
-                }
-            }
+            self.renew_lease_if_due();
             if !self.leading.load(Ordering::Acquire) {
                 match self.meta.try_lead(ELECTION, &self.cfg.name, self.lease) {
                     Ok(true) => {
@@ -365,6 +367,29 @@ impl State {
         if resign.load(Ordering::Acquire) {
             let _ = self.meta.revoke(self.lease);
         }
+    }
+
+    /// Renews the leadership lease once a quarter of its time to live has passed since the last renewal; an expired
+    /// one ends the leadership and a fresh lease is taken to compete again. True while this M-node leads.
+    fn renew_lease_if_due(&mut self) -> bool {
+        if self.last_renewal.elapsed() >= self.cfg.lease_ttl / 4 {
+            match self.meta.keep_alive(self.lease) {
+                Ok(()) => self.last_renewal = Instant::now(),
+                Err(MetaError::LeaseExpired(_)) => {
+                    warn!(name = %self.cfg.name, "leadership lease expired");
+                    self.leading.store(false, Ordering::Release);
+                    match self.meta.grant(self.cfg.lease_ttl) {
+                        Ok(l) => {
+                            self.lease = l;
+                            self.last_renewal = Instant::now();
+                        }
+                        Err(e) => warn!(error = %e, "cannot take a lease"),
+                    }
+                }
+                Err(e) => warn!(error = %e, "cannot renew the leadership lease"),
+            }
+        }
+        self.leading.load(Ordering::Acquire)
     }
 
     /// The stored record and its version (decoded again only when the version changed), or an empty one.
@@ -732,28 +757,65 @@ impl State {
 
     /// Has every `(node, address)` serve under `routing`, in parallel (the table need not list them: a leaving
     /// node installs the table without itself); fails if any could not.
+    ///
+    /// A node that answers it cannot install now (its lease renewal came late, say, so its workers refused to
+    /// merge) is asked again after a short pause, while it is still a live member under the incarnation that
+    /// refused, this M-node still leads, and `install_timeout` has not passed since the first ask. A node that
+    /// cannot be reached, or refuses for any other reason, fails the install at once: a dead node is failure
+    /// handling's to deal with, and the install is retried by the next reconciliation.
     fn install_at(
         &mut self,
         routing: &Routing,
         targets: &[(NodeId, String)],
     ) -> Result<(), ClusterError> {
         let body = RequestBody::Install(routing.clone());
-        let results = call_each(
-            targets,
-            &body,
-            &self.dpm.config.cluster_token,
-            self.cfg.install_timeout,
-            |_, _, r| match r {
-                ResponseBody::Done => Ok(()),
-                other => Err(format!("{other:?}")),
-            },
-        );
+        let deadline = Instant::now() + self.cfg.install_timeout;
+        let mut pending = targets.to_vec();
+        let mut refused_by: HashMap<NodeId, u64> = HashMap::new();
+        let mut pause = INSTALL_RETRY_PAUSE;
         let mut failed = Vec::new();
-        for (n, r) in results {
-            match r {
-                Ok(()) => self.mark_installed(n, routing.epoch()),
-                Err(e) => failed.push(format!("node {n}: {e}")),
+        loop {
+            let timeout = deadline.saturating_duration_since(Instant::now());
+            let results = call_each(
+                &pending,
+                &body,
+                &self.dpm.config.cluster_token,
+                timeout,
+                |_, _, r| match r {
+                    ResponseBody::Done => Ok(Installed::Done),
+                    ResponseBody::Error {
+                        kind: ErrorKind::Unavailable,
+                        message,
+                    } => Ok(Installed::NotNow(message)),
+                    other => Err(format!("{other:?}")),
+                },
+            );
+            let mut not_now = Vec::new();
+            for ((n, addr), (_, r)) in pending.iter().zip(results) {
+                match r {
+                    Ok(Installed::Done) => self.mark_installed(*n, routing.epoch()),
+                    Ok(Installed::NotNow(why)) => not_now.push((*n, addr.clone(), why)),
+                    Err(e) => failed.push(format!("node {n}: {e}")),
+                }
             }
+            if not_now.is_empty() {
+                break;
+            }
+            let retry = self.still_worth_asking(&not_now, &mut refused_by, deadline, pause);
+            pending.clear();
+            for (n, addr, why) in not_now {
+                if retry.contains(&n) {
+                    debug!(node = n, epoch = routing.epoch(), reason = %why, "install refused for now; asking again");
+                    pending.push((n, addr));
+                } else {
+                    failed.push(format!("node {n}: {why}"));
+                }
+            }
+            if pending.is_empty() {
+                break;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(INSTALL_RETRY_MAX_PAUSE);
         }
         if failed.is_empty() {
             Ok(())
@@ -764,6 +826,35 @@ impl State {
                 failed.join("; ")
             )))
         }
+    }
+
+    /// Which of the nodes that refused an install for now are asked again after `pause`: those still live under
+    /// the incarnation that first refused (`refused_by` remembers it), while this M-node leads and a pause leaves
+    /// time before `deadline`.
+    fn still_worth_asking(
+        &mut self,
+        not_now: &[(NodeId, String, String)],
+        refused_by: &mut HashMap<NodeId, u64>,
+        deadline: Instant,
+        pause: Duration,
+    ) -> Vec<NodeId> {
+        if Instant::now() + pause >= deadline || !self.renew_lease_if_due() {
+            return Vec::new();
+        }
+        let live = match self.live() {
+            Ok(live) => live,
+            Err(e) => {
+                warn!(error = %e, "cannot read the live KV nodes to retry an install");
+                return Vec::new();
+            }
+        };
+        not_now
+            .iter()
+            .filter_map(|(n, _, _)| {
+                let now = live.get(n)?.incarnation;
+                (*refused_by.entry(*n).or_insert(now) == now).then_some(*n)
+            })
+            .collect()
     }
 
     fn mark_installed(&mut self, node: NodeId, epoch: u64) {

@@ -10,7 +10,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use common::small_cluster;
-use dinomo_cluster::{Client, ClientConfig, ClusterNode, LocalCluster, NodeConfig};
+use dinomo_cluster::{
+    Client, ClientConfig, ClusterNode, LocalCluster, LocalClusterConfig, NodeConfig,
+};
 use dinomo_meta::{LeaseId, MetaError, MetaStore, Versioned};
 use dinomo_ring::NodeId;
 
@@ -96,7 +98,14 @@ const STARVED: NodeId = 50;
 fn start(
     lease_wait: Duration,
 ) -> anyhow::Result<(LocalCluster, ClusterNode, Arc<HeldMeta>, Client)> {
-    let cfg = small_cluster(1);
+    start_with(small_cluster(1), lease_wait)
+}
+
+/// [`start`] with the cluster `cfg`.
+fn start_with(
+    cfg: LocalClusterConfig,
+    lease_wait: Duration,
+) -> anyhow::Result<(LocalCluster, ClusterNode, Arc<HeldMeta>, Client)> {
     let c = LocalCluster::start(cfg.clone())?;
     let meta = Arc::new(HeldMeta {
         inner: c.meta_store(),
@@ -216,6 +225,76 @@ fn a_node_whose_lease_expired_never_serves_and_the_client_finds_the_new_owner() 
         Some(b"after".to_vec())
     );
     assert!(!node.is_serving());
+    node.crash();
+    c.stop();
+    Ok(())
+}
+
+#[test]
+fn an_install_refused_while_the_lease_lapsed_is_asked_again_until_the_late_renewal()
+-> anyhow::Result<()> {
+    // No waiting at the node: whatever finds the lease lapsed, an install included, is refused at once.
+    let (c, node, meta, mut client) = start(Duration::ZERO)?;
+    let key = owned_key(&node);
+    client.set(&key, b"v")?;
+
+    meta.hold(true);
+    until("the lease lapsing at the node", || !node.is_serving());
+    let released_at = Arc::new(Mutex::new(None));
+    let release = {
+        let (meta, released_at) = (meta.clone(), released_at.clone());
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            *released_at.lock().unwrap() = Some(Instant::now());
+            meta.release();
+        })
+    };
+    // Sharing the key installs first at its owner, the starved node: refused until the renewal gets through, then
+    // done, within the M-node's install timeout.
+    c.mnode().set_replication(&key, 2)?;
+    let done_at = Instant::now();
+    release.join().expect("release thread");
+    let released_at = released_at.lock().unwrap().expect("released");
+    assert!(
+        done_at >= released_at,
+        "the install was done while the node's lease had lapsed"
+    );
+    assert!(node.is_serving());
+    assert!(node.routing().cells.contains_key(&key));
+    assert_eq!(client.get(&key)?, Some(b"v".to_vec()));
+    node.stop();
+    c.stop();
+    Ok(())
+}
+
+#[test]
+fn an_install_refused_by_a_node_whose_lease_then_expires_fails_without_waiting_out_the_install_timeout()
+-> anyhow::Result<()> {
+    let mut cfg = small_cluster(1);
+    // Far beyond the test: only the node's death may end the asking.
+    cfg.mnode.install_timeout = Duration::from_secs(120);
+    let (c, node, meta, mut client) = start_with(cfg, Duration::ZERO)?;
+    let key = owned_key(&node);
+    client.set(&key, b"v")?;
+
+    // Silent for good: the store's lease runs out too, and the node is gone as far as the cluster knows.
+    meta.hold(false);
+    until("the lease lapsing at the node", || !node.is_serving());
+    let asked = Instant::now();
+    let shared = c.mnode().set_replication(&key, 2);
+    assert!(
+        asked.elapsed() < PATIENCE,
+        "the M-node kept asking a dead node for {:?}",
+        asked.elapsed()
+    );
+    let e = shared.expect_err("a node whose lease expired installed a table");
+    assert!(e.to_string().contains("node 50"), "{e}");
+    // Failure handling goes on: the key gets a new owner, which serves it.
+    until("the failover", || {
+        c.nodes()[0].routing().ring.primary(&key) != Some(STARVED)
+    });
+    assert_eq!(client.get(&key)?, Some(b"v".to_vec()));
+    meta.release();
     node.crash();
     c.stop();
     Ok(())

@@ -427,7 +427,7 @@ const DOCS: &[(&str, &str)] = &[
     ("mnode.name", "this M-node's name in the election (unique per M-node)"),
     ("mnode.lease_ttl", "leadership lease: a standby takes over this long after the leader stops (at most dpm.meta.max_ttl with the embedded store)"),
     ("mnode.check_interval", "how often the M-node checks leases and membership (under half of mnode.lease_ttl)"),
-    ("mnode.install_timeout", "bound on one call to a KV node during reconfiguration"),
+    ("mnode.install_timeout", "bound on installing a routing table at a KV node during reconfiguration, asking again a node that refused for now (a late lease renewal)"),
     ("mnode.vnodes", "virtual nodes per KV node in a new ring"),
     ("mnode.failure_grace", "time unregistered ring members get to come back after an M-node starts leading"),
     ("autoscale.enabled", "run the policy loop (Table 4): add and remove KV nodes, replicate hot keys"),
