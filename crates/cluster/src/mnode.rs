@@ -801,7 +801,8 @@ impl State {
             if not_now.is_empty() {
                 break;
             }
-            let retry = self.still_worth_asking(&not_now, &mut refused_by, deadline, pause);
+            let retry =
+                self.still_worth_asking(routing, &not_now, &mut refused_by, deadline, pause);
             pending.clear();
             for (n, addr, why) in not_now {
                 if retry.contains(&n) {
@@ -828,11 +829,13 @@ impl State {
         }
     }
 
-    /// Which of the nodes that refused an install for now are asked again after `pause`: those still live under
-    /// the incarnation that first refused (`refused_by` remembers it), while this M-node leads and a pause leaves
-    /// time before `deadline`.
+    /// Which of the nodes that refused an install of `routing` for now are asked again after `pause`: those still
+    /// live under the incarnation that first refused (`refused_by` remembers it), while this M-node leads, a pause
+    /// leaves time before `deadline`, and every node of `routing` is live. A member that died meanwhile ends the
+    /// asking: its failure comes first, and the next reconciliation handles it.
     fn still_worth_asking(
         &mut self,
+        routing: &Routing,
         not_now: &[(NodeId, String, String)],
         refused_by: &mut HashMap<NodeId, u64>,
         deadline: Instant,
@@ -848,6 +851,13 @@ impl State {
                 return Vec::new();
             }
         };
+        if let Some(dead) = routing.ring.nodes().find(|n| !live.contains_key(n)) {
+            debug!(
+                node = dead,
+                "a ring member died during an install; not asking again"
+            );
+            return Vec::new();
+        }
         not_now
             .iter()
             .filter_map(|(n, _, _)| {

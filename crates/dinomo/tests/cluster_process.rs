@@ -85,11 +85,15 @@ fn dpm(pool: &Path, partitioning: &str) -> anyhow::Result<(Proc, String)> {
 }
 
 fn kn(dpm: &str, id: u32) -> anyhow::Result<Proc> {
-    kn_with(dpm, id, &[])
+    kn_with(dpm, id, SHORT_LEASE_MS, &[])
 }
 
-/// A KV node given `extra` flags too; with `--resp-listen`, its banner's second line says where RESP listens.
-fn kn_with(dpm: &str, id: u32, extra: &[&str]) -> anyhow::Result<Proc> {
+/// The KV nodes' lease in most of these tests, in milliseconds: a failed node is noticed within about that.
+const SHORT_LEASE_MS: &str = "300";
+
+/// A KV node with a lease of `lease_ms` milliseconds, given `extra` flags too; with `--resp-listen`, its banner's
+/// second line says where RESP listens.
+fn kn_with(dpm: &str, id: u32, lease_ms: &str, extra: &[&str]) -> anyhow::Result<Proc> {
     let lines = if extra.contains(&"--resp-listen") {
         2
     } else {
@@ -108,7 +112,7 @@ fn kn_with(dpm: &str, id: u32, extra: &[&str]) -> anyhow::Result<Proc> {
         "--max-value",
         "64KiB",
         "--lease-ms",
-        "300",
+        lease_ms,
         "--heartbeat-ms",
         "20",
     ];
@@ -132,6 +136,16 @@ struct Cluster {
 
 impl Cluster {
     fn start(pool: &Path, partitioning: &str, kns: u32) -> anyhow::Result<Cluster> {
+        Cluster::start_with_lease(pool, partitioning, kns, SHORT_LEASE_MS)
+    }
+
+    /// [`Cluster::start`] with KV nodes whose lease is `lease_ms` milliseconds.
+    fn start_with_lease(
+        pool: &Path,
+        partitioning: &str,
+        kns: u32,
+        lease_ms: &str,
+    ) -> anyhow::Result<Cluster> {
         let (dpm, dpm_addr) = dpm(pool, partitioning)?;
         let mnode = start(&["mnode", "--dpm", &dpm_addr, "--lease-ms", "500"])?;
         let rn = start(&["rn", "--dpm", &dpm_addr, "--listen", "127.0.0.1:0"])?;
@@ -142,7 +156,7 @@ impl Cluster {
             .expect("address")
             .to_string();
         let nodes = (1..=kns)
-            .map(|id| kn(&dpm_addr, id))
+            .map(|id| kn_with(&dpm_addr, id, lease_ms, &[]))
             .collect::<Result<_, _>>()?;
         Ok(Cluster {
             nodes,
@@ -276,6 +290,40 @@ fn signal(p: &Proc, signal: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Freezes `p` (SIGSTOP) and returns once every one of its threads is stopped. `kill` returns as soon as the
+/// signal is queued; the kernel wakes one thread to begin the stop, and only when that thread runs are the others
+/// told to stop. On a loaded machine that can take tens of milliseconds, in which the other threads go on serving.
+fn freeze(p: &Proc) -> anyhow::Result<()> {
+    signal(p, "STOP")?;
+    let tasks = format!("/proc/{}/task", p.child.id());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut running = 0;
+        for task in std::fs::read_dir(&tasks)? {
+            // A thread that exited meanwhile has no stat to read: it serves nothing either.
+            let Ok(stat) = std::fs::read_to_string(task?.path().join("stat")) else {
+                continue;
+            };
+            // The state follows the command name, which is in parentheses and may hold spaces.
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next());
+            if !matches!(state, Some("T" | "t")) {
+                running += 1;
+            }
+        }
+        if running == 0 {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{running} threads of process {} still run after SIGSTOP",
+            p.child.id()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// A KV node frozen (SIGSTOP) for longer than its lease, as a starved process is, is declared failed and its keys
 /// go to the other node. Woken again, it finds its lease expired, serves nothing under the old table, restarts
 /// itself with the same id and rejoins; every write made while it was frozen is read back through it.
@@ -291,7 +339,7 @@ fn a_kv_node_frozen_past_its_lease_restarts_itself_and_rejoins() -> anyhow::Resu
     }
     let frozen = client.owner(b"key0").expect("owner");
     let idx = (frozen - 1) as usize;
-    signal(&cluster.nodes[idx], "STOP")?;
+    freeze(&cluster.nodes[idx])?;
     wait_for_ring(
         &mut client,
         |r| !r.ring.contains(frozen),
@@ -421,8 +469,16 @@ impl RespConn {
 #[test]
 fn a_frozen_owner_holds_up_only_the_commands_forwarded_to_it() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut cluster = Cluster::start(&dir.path().join("pool"), "shared", 2)?;
-    let front = kn_with(&cluster.dpm_addr, 3, &["--resp-listen", "127.0.0.1:0"])?;
+    // Leases far longer than the test, so that only the freeze holds up the owner: a lease lapsing on a loaded
+    // machine would move the owner's keys, and the forwarded GET would rightly be answered by the new owner.
+    let lease_ms = "20000";
+    let mut cluster = Cluster::start_with_lease(&dir.path().join("pool"), "shared", 2, lease_ms)?;
+    let front = kn_with(
+        &cluster.dpm_addr,
+        3,
+        lease_ms,
+        &["--resp-listen", "127.0.0.1:0"],
+    )?;
     let resp_addr = front
         .banner
         .lines()
@@ -458,6 +514,7 @@ fn a_frozen_owner_holds_up_only_the_commands_forwarded_to_it() -> anyhow::Result
         .flat_map(|(a, b)| [a, b])
         .collect();
     client.set(far.as_bytes(), b"far")?;
+    let epoch = client.routing().map(|r| r.epoch());
     for k in &near {
         client.set(k.as_bytes(), k.as_bytes())?;
     }
@@ -469,7 +526,7 @@ fn a_frozen_owner_holds_up_only_the_commands_forwarded_to_it() -> anyhow::Result
     waiting.send(&[b"GET", far.as_bytes()])?;
     assert_eq!(waiting.read()?, bulk(b"far"));
 
-    signal(&cluster.nodes[0], "STOP")?;
+    freeze(&cluster.nodes[0])?;
     let frozen_at = Instant::now();
     waiting.send(&[b"GET", far.as_bytes()])?;
     // The forwarding client gives up on the frozen owner after its deadline (5 s): every command of the other
@@ -483,8 +540,15 @@ fn a_frozen_owner_holds_up_only_the_commands_forwarded_to_it() -> anyhow::Result
         served_in < Duration::from_secs(4),
         "the other connection took {served_in:?}: it waited for the frozen owner"
     );
+    let answered_while_frozen = waiting.has_input()?;
+    client.refresh_routing();
+    let epoch_now = client.routing().map(|r| r.epoch());
+    assert_eq!(
+        epoch_now, epoch,
+        "the cluster was reconfigured during the test: the owner did not stay the owner"
+    );
     assert!(
-        !waiting.has_input()?,
+        !answered_while_frozen,
         "the forwarded GET was answered while its owner was frozen"
     );
 
