@@ -760,7 +760,8 @@ impl State {
     ///
     /// A node that answers it cannot install now (its lease renewal came late, say, so its workers refused to
     /// merge) is asked again after a short pause, while it is still a live member under the incarnation that
-    /// refused, this M-node still leads, and `install_timeout` has not passed since the first ask. A node that
+    /// refused, every member of `routing` is live, this M-node still leads, and `install_timeout` has not passed
+    /// since the first ask. A node that
     /// cannot be reached, or refuses for any other reason, fails the install at once: a dead node is failure
     /// handling's to deal with, and the install is retried by the next reconciliation.
     fn install_at(
@@ -801,11 +802,14 @@ impl State {
             if not_now.is_empty() {
                 break;
             }
-            let retry =
-                self.still_worth_asking(routing, &not_now, &mut refused_by, deadline, pause);
+            let live = self.live_if_worth_asking_again(routing, deadline, pause);
             pending.clear();
             for (n, addr, why) in not_now {
-                if retry.contains(&n) {
+                // Asked again only while the incarnation that first refused is the live one.
+                let same_incarnation = live.as_ref().and_then(|l| l.get(&n)).is_some_and(|info| {
+                    *refused_by.entry(n).or_insert(info.incarnation) == info.incarnation
+                });
+                if same_incarnation {
                     debug!(node = n, epoch = routing.epoch(), reason = %why, "install refused for now; asking again");
                     pending.push((n, addr));
                 } else {
@@ -829,26 +833,23 @@ impl State {
         }
     }
 
-    /// Which of the nodes that refused an install of `routing` for now are asked again after `pause`: those still
-    /// live under the incarnation that first refused (`refused_by` remembers it), while this M-node leads, a pause
-    /// leaves time before `deadline`, and every node of `routing` is live. A member that died meanwhile ends the
-    /// asking: its failure comes first, and the next reconciliation handles it.
-    fn still_worth_asking(
+    /// The live KV nodes, when nodes that refused an install of `routing` for now may be asked again after
+    /// `pause`: this M-node leads, a pause leaves time before `deadline`, and every node of `routing` is live. A
+    /// member that died meanwhile ends the asking: its failure comes first, and the next reconciliation handles it.
+    fn live_if_worth_asking_again(
         &mut self,
         routing: &Routing,
-        not_now: &[(NodeId, String, String)],
-        refused_by: &mut HashMap<NodeId, u64>,
         deadline: Instant,
         pause: Duration,
-    ) -> Vec<NodeId> {
+    ) -> Option<BTreeMap<NodeId, MemberInfo>> {
         if Instant::now() + pause >= deadline || !self.renew_lease_if_due() {
-            return Vec::new();
+            return None;
         }
         let live = match self.live() {
             Ok(live) => live,
             Err(e) => {
                 warn!(error = %e, "cannot read the live KV nodes to retry an install");
-                return Vec::new();
+                return None;
             }
         };
         if let Some(dead) = routing.ring.nodes().find(|n| !live.contains_key(n)) {
@@ -856,15 +857,9 @@ impl State {
                 node = dead,
                 "a ring member died during an install; not asking again"
             );
-            return Vec::new();
+            return None;
         }
-        not_now
-            .iter()
-            .filter_map(|(n, _, _)| {
-                let now = live.get(n)?.incarnation;
-                (*refused_by.entry(*n).or_insert(now) == now).then_some(*n)
-            })
-            .collect()
+        Some(live)
     }
 
     fn mark_installed(&mut self, node: NodeId, epoch: u64) {

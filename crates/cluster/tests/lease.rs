@@ -240,21 +240,20 @@ fn an_install_refused_while_the_lease_lapsed_is_asked_again_until_the_late_renew
 
     meta.hold(true);
     until("the lease lapsing at the node", || !node.is_serving());
-    let released_at = Arc::new(Mutex::new(None));
     let release = {
-        let (meta, released_at) = (meta.clone(), released_at.clone());
+        let meta = meta.clone();
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(300));
-            *released_at.lock().unwrap() = Some(Instant::now());
+            let released_at = Instant::now();
             meta.release();
+            released_at
         })
     };
     // Sharing the key installs first at its owner, the starved node: refused until the renewal gets through, then
     // done, within the M-node's install timeout.
     c.mnode().set_replication(&key, 2)?;
     let done_at = Instant::now();
-    release.join().expect("release thread");
-    let released_at = released_at.lock().unwrap().expect("released");
+    let released_at = release.join().expect("release thread");
     assert!(
         done_at >= released_at,
         "the install was done while the node's lease had lapsed"
