@@ -37,6 +37,11 @@ impl HeldMeta {
         *self.held.lock().unwrap() = true;
     }
 
+    /// While replies stay held, stops renewing the store's lease too: it runs out, as a node's that died.
+    fn stop_renewing(&self) {
+        self.renew_while_held.store(false, Ordering::Release);
+    }
+
     fn release(&self) {
         *self.held.lock().unwrap() = false;
         self.released.notify_all();
@@ -58,10 +63,10 @@ impl MetaStore for HeldMeta {
         if !*held {
             return self.inner.keep_alive(lease);
         }
-        let renew = self.renew_while_held.load(Ordering::Acquire);
         let start = Instant::now();
         while *held && start.elapsed() < PATIENCE {
-            if renew {
+            // Looked at on every turn: a test may stop the renewals while replies are held.
+            if self.renew_while_held.load(Ordering::Acquire) {
                 self.inner.keep_alive(lease)?;
             }
             held = self
@@ -276,11 +281,25 @@ fn an_install_refused_by_a_node_whose_lease_then_expires_fails_without_waiting_o
     let key = owned_key(&node);
     client.set(&key, b"v")?;
 
-    // Silent for good: the store's lease runs out too, and the node is gone as far as the cluster knows.
-    meta.hold(false);
+    // The node's lease lapses while the store's is renewed: the node stays a live member (the key's owner) and
+    // refuses the install for now, so the M-node asks it again.
+    meta.hold(true);
     until("the lease lapsing at the node", || !node.is_serving());
+    let refusals = || {
+        node.worker_stats()
+            .map_or(0, |s| s.iter().map(|t| t.lease_refusals).sum::<u64>())
+    };
+    let refused_before = refusals();
     let asked = Instant::now();
-    let shared = c.mnode().set_replication(&key, 2);
+    let shared = std::thread::scope(|s| {
+        let sharing = s.spawn(|| c.mnode().set_replication(&key, 2));
+        until("the install refused at the node", || {
+            refusals() > refused_before
+        });
+        // Silent for good: the store's lease runs out too, and the node is gone as far as the cluster knows.
+        meta.stop_renewing();
+        sharing.join().expect("sharing thread")
+    });
     assert!(
         asked.elapsed() < PATIENCE,
         "the M-node kept asking a dead node for {:?}",
