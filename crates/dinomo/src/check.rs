@@ -281,24 +281,30 @@ fn render_data_plane(out: &mut String, c: &PoolCheck) {
     let entries: u64 = c.logs.iter().map(|l| l.entries).sum();
     let unmerged: u64 = c.logs.iter().map(|l| l.unmerged_entries).sum();
     let cut_short: u64 = c.logs.iter().map(|l| l.cut_short_bytes).sum();
+    let stepped_over: u64 = c.logs.iter().map(|l| l.stepped_over_bytes).sum();
+    let mut holes = String::new();
+    if cut_short > 0 {
+        holes.push_str(&format!(
+            "; {cut_short} bytes in open segments hold no valid entry past the merged ones: a write the stop cut \
+             short (never acknowledged), or damage"
+        ));
+    }
+    if stepped_over > 0 {
+        holes.push_str(&format!(
+            "; {stepped_over} bytes in sealed segments are the holes a start after a crash stepped over (a write \
+             the crash cut short, reported by that start)"
+        ));
+    }
     let _ = writeln!(
         out,
         "data plane: {} index; {} logs in {segments} segments ({open} open, {} orphaned), {entries} entries, \
-         {unmerged} not merged yet{}",
+         {unmerged} not merged yet{holes}",
         match layout {
             Partitioning::PerNode => "per-node",
             Partitioning::Shared => "one shared",
         },
         c.logs.len(),
         c.orphaned_segments,
-        if cut_short > 0 {
-            format!(
-                "; {cut_short} bytes in open segments hold no valid entry past the merged ones: a write the stop cut \
-                 short (never acknowledged), or damage"
-            )
-        } else {
-            String::new()
-        }
     );
     for i in &c.indexes {
         let _ = writeln!(
@@ -327,5 +333,52 @@ fn render_data_plane(out: &mut String, c: &PoolCheck) {
         if unlisted > 0 {
             let _ = writeln!(out, "  … and {unlisted} more (--max-problems)");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::render_data_plane;
+    use dinomo_dpm::Partitioning;
+    use dinomo_dpm::check::{LogCheck, PoolCheck};
+
+    fn summary(logs: Vec<LogCheck>) -> String {
+        let mut out = String::new();
+        render_data_plane(
+            &mut out,
+            &PoolCheck {
+                layout: Some(Partitioning::Shared),
+                logs,
+                ..PoolCheck::default()
+            },
+        );
+        out
+    }
+
+    /// The holes of a write cut short in an open segment and those a start sealed in are summed and named apart.
+    #[test]
+    fn the_summary_names_holes_cut_short_apart_from_holes_a_start_stepped_over() {
+        let log = |cut_short_bytes, stepped_over_bytes| LogCheck {
+            cut_short_bytes,
+            stepped_over_bytes,
+            ..LogCheck::default()
+        };
+        let both = summary(vec![log(40, 0), log(2, 100), log(0, 20)]);
+        assert!(
+            both.contains("; 42 bytes in open segments hold no valid entry past the merged ones")
+                && both.contains("; 120 bytes in sealed segments are the holes a start after a crash stepped over"),
+            "{both}"
+        );
+        let stepped_only = summary(vec![log(0, 8)]);
+        assert!(
+            stepped_only.contains("8 bytes in sealed segments")
+                && !stepped_only.contains("open segments hold"),
+            "{stepped_only}"
+        );
+        let neither = summary(vec![log(0, 0)]);
+        assert!(
+            !neither.contains("hold no valid entry") && !neither.contains("stepped over"),
+            "{neither}"
+        );
     }
 }

@@ -12,8 +12,8 @@
 //! - **Shared keys.** Every active cell names a valid entry of its key.
 //!
 //! Committed entries not merged yet, open segments, orphaned segments and writes cut short (see
-//! [`LogCheck::cut_short_bytes`]) are what a crash leaves; they are counted, not reported: the memory node merges
-//! or frees them when it starts.
+//! [`LogCheck::cut_short_bytes`], and [`LogCheck::stepped_over_bytes`] for the holes of one that a start sealed in)
+//! are what a crash leaves; they are counted, not reported: the memory node merges or frees them when it starts.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -108,9 +108,11 @@ pub struct LogCheck {
     /// order, so a cut leaves holes before bytes that did land): in a pool not closed cleanly, those in the log's
     /// open segment past its merged entries (a worker's log has one write in flight, never acknowledged, or this is
     /// damage to entries not merged yet; in a relocation log it is certainly the cut, as a copy counts once merged,
-    /// after it is persisted and before any slot names it); and in a sealed segment, exactly the bytes the start
-    /// that sealed it after a crash stepped over (recorded in its header).
+    /// after it is persisted and before any slot names it).
     pub cut_short_bytes: u64,
+    /// Bytes without a valid entry in sealed segments that a start after a crash sealed with such holes inside:
+    /// exactly what that start stepped over and recorded in the segment's header (it reported them then).
+    pub stepped_over_bytes: u64,
 }
 
 /// One index.
@@ -389,7 +391,7 @@ impl Checker {
         let gap_bytes = found.gap_bytes();
         if sealed && stepped_over > 0 && gap_bytes == stepped_over {
             // The start that sealed this segment after a crash stepped over exactly these (and reported them then).
-            log.cut_short_bytes += gap_bytes;
+            log.stepped_over_bytes += gap_bytes;
             found.gaps.clear();
         }
         for gap in &found.gaps {

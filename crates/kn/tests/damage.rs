@@ -790,10 +790,13 @@ fn a_commit_cut_short_by_a_crash_is_counted_not_reported() -> anyhow::Result<()>
             "log {log_id}: {out:?}"
         );
         // The start sealed the segment with the hole inside, and recorded what it stepped over: a check of the pool,
-        // closed cleanly since, counts the hole as before and reports nothing.
+        // closed cleanly since, counts the hole as stepped over (no longer cut short: the segment is sealed) and
+        // reports nothing.
         let started = checked(&path)?;
         anyhow::ensure!(
-            started.is_clean() && of_log(&started) == (cut_len, 0),
+            started.is_clean()
+                && of_log(&started) == (0, 0)
+                && common::stepped_over(&started, log_id) == cut_len,
             "log {log_id} after a start: {started:?}"
         );
         // Damage found there later is more than the start stepped over: reported, the hole with it.
@@ -804,7 +807,10 @@ fn a_commit_cut_short_by_a_crash_is_counted_not_reported() -> anyhow::Result<()>
         let later = checked(&path)?;
         let (cut_short, damaged) = of_log(&later);
         anyhow::ensure!(
-            !later.is_clean() && cut_short == 0 && damaged > cut_len,
+            !later.is_clean()
+                && cut_short == 0
+                && common::stepped_over(&later, log_id) == 0
+                && damaged > cut_len,
             "log {log_id} damaged after a start: {later:?}"
         );
     }

@@ -239,3 +239,14 @@ pub fn cut_short_and_damaged(report: &dinomo_dpm::check::PoolCheck, log_id: u32)
         .expect("the log is in the report");
     (l.cut_short_bytes, l.damaged_bytes)
 }
+
+/// The bytes the checker counted in log `log_id` of `report` as holes a start after a crash stepped over.
+#[allow(dead_code)]
+pub fn stepped_over(report: &dinomo_dpm::check::PoolCheck, log_id: u32) -> u64 {
+    report
+        .logs
+        .iter()
+        .find(|l| l.log == log_id)
+        .expect("the log is in the report")
+        .stepped_over_bytes
+}
