@@ -761,9 +761,8 @@ impl State {
     /// A node that answers it cannot install now (its lease renewal came late, say, so its workers refused to
     /// merge) is asked again after a short pause, while it is still a live member under the incarnation that
     /// refused, every member of `routing` is live, this M-node still leads, and `install_timeout` has not passed
-    /// since the first ask. A node that
-    /// cannot be reached, or refuses for any other reason, fails the install at once: a dead node is failure
-    /// handling's to deal with, and the install is retried by the next reconciliation.
+    /// since the first ask. A node that cannot be reached, or refuses for any other reason, fails the install at
+    /// once: a dead node is failure handling's to deal with, and the install is retried by the next reconciliation.
     fn install_at(
         &mut self,
         routing: &Routing,

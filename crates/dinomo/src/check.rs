@@ -284,16 +284,18 @@ fn render_data_plane(out: &mut String, c: &PoolCheck) {
     let stepped_over: u64 = c.logs.iter().map(|l| l.stepped_over_bytes).sum();
     let mut holes = String::new();
     if cut_short > 0 {
-        holes.push_str(&format!(
+        let _ = write!(
+            holes,
             "; {cut_short} bytes in open segments hold no valid entry past the merged ones: a write the stop cut \
              short (never acknowledged), or damage"
-        ));
+        );
     }
     if stepped_over > 0 {
-        holes.push_str(&format!(
+        let _ = write!(
+            holes,
             "; {stepped_over} bytes in sealed segments are the holes a start after a crash stepped over (a write \
              the crash cut short, reported by that start)"
-        ));
+        );
     }
     let _ = writeln!(
         out,

@@ -796,7 +796,7 @@ fn a_commit_cut_short_by_a_crash_is_counted_not_reported() -> anyhow::Result<()>
         anyhow::ensure!(
             started.is_clean()
                 && of_log(&started) == (0, 0)
-                && common::stepped_over(&started, log_id) == cut_len,
+                && common::log_check(&started, log_id).stepped_over_bytes == cut_len,
             "log {log_id} after a start: {started:?}"
         );
         // Damage found there later is more than the start stepped over: reported, the hole with it.
@@ -809,7 +809,7 @@ fn a_commit_cut_short_by_a_crash_is_counted_not_reported() -> anyhow::Result<()>
         anyhow::ensure!(
             !later.is_clean()
                 && cut_short == 0
-                && common::stepped_over(&later, log_id) == 0
+                && common::log_check(&later, log_id).stepped_over_bytes == 0
                 && damaged > cut_len,
             "log {log_id} damaged after a start: {later:?}"
         );

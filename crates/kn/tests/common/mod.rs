@@ -229,24 +229,22 @@ pub fn cacheless_kv_node(
     )
 }
 
-/// The bytes the checker counted as cut short and as damaged in log `log_id` of `report`.
+/// What the checker found in log `log_id` of `report`.
 #[allow(dead_code)]
-pub fn cut_short_and_damaged(report: &dinomo_dpm::check::PoolCheck, log_id: u32) -> (u64, u64) {
-    let l = report
-        .logs
-        .iter()
-        .find(|l| l.log == log_id)
-        .expect("the log is in the report");
-    (l.cut_short_bytes, l.damaged_bytes)
-}
-
-/// The bytes the checker counted in log `log_id` of `report` as holes a start after a crash stepped over.
-#[allow(dead_code)]
-pub fn stepped_over(report: &dinomo_dpm::check::PoolCheck, log_id: u32) -> u64 {
+pub fn log_check(
+    report: &dinomo_dpm::check::PoolCheck,
+    log_id: u32,
+) -> &dinomo_dpm::check::LogCheck {
     report
         .logs
         .iter()
         .find(|l| l.log == log_id)
         .expect("the log is in the report")
-        .stepped_over_bytes
+}
+
+/// The bytes the checker counted as cut short and as damaged in log `log_id` of `report`.
+#[allow(dead_code)]
+pub fn cut_short_and_damaged(report: &dinomo_dpm::check::PoolCheck, log_id: u32) -> (u64, u64) {
+    let l = log_check(report, log_id);
+    (l.cut_short_bytes, l.damaged_bytes)
 }
