@@ -39,7 +39,8 @@
 //!
 //! **Recovery.** A client that crashed after writing an entry but before linking it leaves it invisible; a client
 //! that crashed after linking but before advancing the shortcut leaves a lagging shortcut that readers chase and
-//! the next writer advances. [`MetadataServer::reclaim_grants`] returns a dead client's granted slots: those found
+//! the next writer advances. A writer whose shortcut CAS finds the shortcut elsewhere helps it along, but only up
+//! to its own version: a later version's writer may have stopped before chaining its replica cells. [`MetadataServer::reclaim_grants`] returns a dead client's granted slots: those found
 //! linked into their key's chain stay live, the rest go back through the lease.
 //!
 //! **Replication** (`R` > 1, the paper's all-way chaining; layout field `replication`): every version has `R`
@@ -1871,41 +1872,48 @@ impl CloverClient {
     }
 
     /// Advances shortcuts that were not where their CAS expected (a writer that crashed before advancing it, or
-    /// one whose CAS is still pending): walks from the shortcut towards the version this client linked, moving the
-    /// shortcut one version at a time and retiring each version it passes.
+    /// one whose CAS is still pending): walks from the shortcut to the version this client linked and moves the
+    /// shortcut there in one CAS, retiring every version it passes. A shortcut found at or past that version is
+    /// left alone: a later version's writer may have stopped before chaining its replica cells, which then still
+    /// name the version before it, and retiring that one would leave them naming a slot that is reused.
     fn help_stalled(&mut self) -> Result<(), PdpmError> {
+        let mut passed = Vec::new();
         while let Some(p) = self.stalled.pop() {
             let node = p.cell.node as usize;
             let addr = cell_addr(&self.nodes.areas[node], &self.layout, p.cell.cell);
-            let mut word = [0u8; 8];
-            let r = self.nodes.eps[node].read(addr, &mut word);
-            self.on(node, r)?;
-            let mut cur = Ptr::from_word(u64::from_le_bytes(word));
-            for _ in 0..self.settings.max_hops {
-                let Some(c) = cur else { break };
-                if c == p.to {
+            let mut hops = 0;
+            'look: while hops < self.settings.max_hops {
+                let mut word = [0u8; 8];
+                let r = self.nodes.eps[node].read(addr, &mut word);
+                self.on(node, r)?;
+                let start = u64::from_le_bytes(word);
+                let Some(mut cur) = Ptr::from_word(start) else {
+                    break;
+                };
+                passed.clear();
+                while cur != p.to {
+                    hops += 1;
+                    if hops > self.settings.max_hops {
+                        break 'look;
+                    }
+                    self.valid_ptr(cur)?;
+                    let Some(e) = self.read_entry(cur)? else {
+                        // Retired and reused meanwhile: someone moved the shortcut on; look again.
+                        continue 'look;
+                    };
+                    // The tail, and this client's version not met: the shortcut is past it already.
+                    let Some(next) = e.next else { break 'look };
+                    passed.push(cur);
+                    cur = next;
+                }
+                if passed.is_empty() {
                     break;
                 }
-                self.valid_ptr(c)?;
-                let Some(e) = self.read_entry(c)? else {
-                    // Retired and reused meanwhile: someone moved the shortcut past it; look again.
-                    let r = self.nodes.eps[node].read(addr, &mut word);
-                    self.on(node, r)?;
-                    let now = Ptr::from_word(u64::from_le_bytes(word));
-                    if now == cur {
-                        break;
-                    }
-                    cur = now;
-                    continue;
-                };
-                let Some(next) = e.next else { break };
-                let r = self.nodes.eps[node].cas(addr, c.word(), next.word());
-                let old = self.on(node, r)?;
-                if old == c.word() {
-                    self.records.push(Record::Retired(c));
-                    cur = Some(next);
-                } else {
-                    cur = Ptr::from_word(old);
+                hops += 1;
+                let r = self.nodes.eps[node].cas(addr, start, p.to.word());
+                if self.on(node, r)? == start {
+                    self.records.extend(passed.drain(..).map(Record::Retired));
+                    break;
                 }
             }
         }
@@ -3046,5 +3054,93 @@ mod tests {
         assert_eq!(Ptr::from_word(p.word() | (9 << 56)), Some(p));
         assert_eq!(Ptr::from_word(0), None);
         assert_eq!(Ptr::from_word(5u64 << 56), None);
+    }
+
+    /// Clover on `nodes` in-process memory nodes with `layout`, and its metadata server on a node of its own.
+    fn in_process(
+        nodes: usize,
+        layout: &CloverLayout,
+        config: MetadataConfig,
+    ) -> (Vec<Connector>, Connector, Arc<MetadataServer>) {
+        let memory: Vec<Connector> = (0..nodes)
+            .map(|_| {
+                let pool = Arc::new(Pool::anonymous(8 << 20, 1 << 20).unwrap());
+                format(&pool, layout).unwrap();
+                let node = MemoryNode::new(pool, dinomo_fabric::NodeConfig::default());
+                Connector::new(dinomo_fabric::Target::InProcess(node))
+            })
+            .collect();
+        let ms = MetadataServer::new(&memory, config).unwrap();
+        let host = MemoryNode::new(
+            Arc::new(Pool::anonymous(4 << 20, 1 << 20).unwrap()),
+            dinomo_fabric::NodeConfig::default(),
+        );
+        ms.serve(&host);
+        (
+            memory,
+            Connector::new(dinomo_fabric::Target::InProcess(host)),
+            ms,
+        )
+    }
+
+    #[test]
+    fn a_late_helper_never_moves_the_shortcut_past_its_own_version() {
+        let layout = CloverLayout {
+            cells: 64,
+            slots: 8,
+            max_key: 16,
+            max_value: 16,
+            replication: 2,
+        };
+        let config = MetadataConfig {
+            reclaim_lease: Duration::from_millis(20),
+            ..MetadataConfig::default()
+        };
+        let (memory, ms, _server) = in_process(2, &layout, config);
+        let settings = CloverSettings {
+            grant_batch: 1,
+            refill_at: 0,
+            record_batch: 1,
+            read_timeout: Duration::from_millis(10),
+            ..CloverSettings::default()
+        };
+        let client = || CloverClient::connect(&ms, &memory, settings.clone()).unwrap();
+        let key = b"k";
+        let mut a = client();
+        let mut versions = Vec::new();
+        for v in 1..=3u8 {
+            a.put(key, &[v]).unwrap();
+            versions.push(a.cache.get(key).unwrap().tail.unwrap().0);
+        }
+        let cell = a.cache.get(key).unwrap().cell;
+        // A writer links version 4 and stops before chaining its replica and moving the shortcut.
+        let mut stopped = client();
+        stopped
+            .put_crashing(key, &[4], CloverCrash::AfterLink)
+            .unwrap();
+        std::mem::forget(stopped);
+        // A client that linked version 2 gets to help its shortcut along only now, long after version 3's writer
+        // moved it past: it must leave the shortcut at 3, whose copy the replica cell still names.
+        let mut late = client();
+        late.stalled.push(PendingShortcut {
+            cell,
+            from: versions[0],
+            to: versions[1],
+        });
+        late.help_stalled().unwrap();
+        late.flush().unwrap();
+        assert_eq!(late.read_cell(cell).unwrap(), Some(versions[2]));
+        // Had version 3 been retired, its slots would go round again (another key's writes take them) and the
+        // replica cell would name a reused slot: the next write of `key` could not chain, nor a failover read
+        // find the value.
+        let mut other = client();
+        for i in 0..4 * layout.slots {
+            std::thread::sleep(Duration::from_millis(2));
+            other.put(b"other", &i.to_le_bytes()).unwrap();
+        }
+        let mut next = client();
+        next.put(key, &[5]).unwrap();
+        assert_eq!(next.get(key).unwrap(), Some(vec![5]));
+        assert_eq!(next.read_replica(key, 1).unwrap(), Some(vec![5]));
     }
 }
