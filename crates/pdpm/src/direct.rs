@@ -19,7 +19,9 @@
 //! With `R` replicas every step reaches the `R` nodes one after another (the fabric has no multi-endpoint post), so
 //! the fabric counts `2 + 4R` round trips while the protocol still has 6 steps ([`DirectClient::protocol_steps`]).
 //! **Read**: DirectDS locks, READs the committed copy and unlocks (3); DirectDS-C READs and checks the CRC,
-//! retrying a torn copy (1).
+//! retrying a torn copy (1). A replica (read when the primary does not answer) is read lock-free: DirectDS-C by
+//! its CRC, DirectDS by its markers and its marker word READ again in the same batch (a write stores its marker
+//! first, and a shorter write landing mid-read would leave the old trailer and its marker in place).
 //!
 //! **Recovery.** A lock word unchanged for longer than the lease belongs to a crashed client. The client that
 //! takes it over (CAS from the stale value) restores the slot: a whole committed copy stays (the old value, or the
@@ -858,7 +860,11 @@ impl DirectClient {
         let addr = self.committed_addr(node, section, slot);
         let attempts = self.settings.torn_retries.max(1);
         for attempt in 0..attempts {
-            match self.read_copy_at(node, addr)? {
+            let copy = match self.nodes.layout.flavor {
+                Flavor::Crc => self.read_copy_at(node, addr)?,
+                Flavor::Markers => self.read_marked_copy(node, addr)?,
+            };
+            match copy {
                 Copy::Torn => backoff(attempt),
                 c => return Ok(c),
             }
@@ -868,6 +874,29 @@ impl DirectClient {
             slot,
             attempts,
         })
+    }
+
+    /// A DirectDS copy read without its lock: the copy, then its marker word again in the same batch. Matching
+    /// markers alone do not prove a copy whole when it is read during a write of a shorter value: the reader can
+    /// take the old header (old marker and length) before the write lands and the rest after it, where the old
+    /// trailer, past the new copy's end, still holds the old marker. The write stores its own marker first, so a
+    /// marker unchanged after the copy was read means no write landed in between.
+    fn read_marked_copy(
+        &mut self,
+        node: usize,
+        addr: dinomo_fabric::RemoteAddr,
+    ) -> Result<Copy, PdpmError> {
+        self.steps += 1;
+        self.batch.clear();
+        let copy = self.batch.read(addr, self.copy_len() as u32);
+        let marker = self.batch.read(addr, 8);
+        let r = self.nodes.eps[node].post(&mut self.batch);
+        self.nodes.track(node, r)?;
+        Ok(settle_marked_copy(
+            &self.nodes.layout,
+            self.batch.read_data(copy),
+            self.batch.read_data(marker),
+        ))
     }
 
     /// The committed copy of one slot, read the flavor's way.
@@ -1041,6 +1070,15 @@ fn encode_copy(flavor: Flavor, marker: u64, key: &[u8], value: Option<&[u8]>) ->
     c
 }
 
+/// A DirectDS copy `b` read lock-free, then its marker word read again (`marker_after`): whole only if the copy is
+/// whole and its marker was still in place after it was read.
+fn settle_marked_copy(layout: &DirectLayout, b: &[u8], marker_after: &[u8]) -> Copy {
+    match parse_copy(Flavor::Markers, layout, b) {
+        Copy::Whole { .. } if b.get(..8) != Some(marker_after) => Copy::Torn,
+        c => c,
+    }
+}
+
 fn parse_copy(flavor: Flavor, layout: &DirectLayout, b: &[u8]) -> Copy {
     if b.len() < COPY_HEADER {
         return Copy::Torn;
@@ -1082,6 +1120,43 @@ fn parse_copy(flavor: Flavor, layout: &DirectLayout, b: &[u8]) -> Copy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lock_free_read_across_a_shorter_write_is_torn_though_its_markers_match() {
+        let layout = DirectLayout::default();
+        let (old_marker, new_marker) = (0x1_0000_0001u64, 0x1_0000_0002u64);
+        let old = encode_copy(Flavor::Markers, old_marker, b"key", Some(&[b'o'; 100]));
+        let new = encode_copy(Flavor::Markers, new_marker, b"key", Some(b"short"));
+        let mut image = vec![0u8; layout.copy_len() as usize];
+        image[..old.len()].copy_from_slice(&old);
+        // The reader took the old header, then the shorter write landed, then the reader took the rest: the old
+        // trailer, past the new copy's end, still holds the old marker.
+        let mut read = image.clone();
+        read[COPY_HEADER..new.len()].copy_from_slice(&new[COPY_HEADER..]);
+        assert!(
+            matches!(parse_copy(Flavor::Markers, &layout, &read), Copy::Whole { value: Some(v), .. } if v != [b'o'; 100]),
+            "the markers alone take the mixed bytes for a copy"
+        );
+        // The marker read again after the copy is the new write's.
+        assert_eq!(
+            settle_marked_copy(&layout, &read, &new_marker.to_le_bytes()),
+            Copy::Torn
+        );
+        // Read with no write in between, the copy stands.
+        assert_eq!(
+            settle_marked_copy(&layout, &image, &old_marker.to_le_bytes()),
+            parse_copy(Flavor::Markers, &layout, &image)
+        );
+        assert!(matches!(
+            settle_marked_copy(&layout, &image, &old_marker.to_le_bytes()),
+            Copy::Whole { .. }
+        ));
+        // A slot never written stays empty.
+        assert_eq!(
+            settle_marked_copy(&layout, &[0u8; 64], &[0u8; 8]),
+            Copy::Empty
+        );
+    }
 
     #[test]
     fn copies_round_trip_and_every_proper_prefix_is_torn() {
