@@ -58,7 +58,10 @@
 //! down they follow replica chain `j` from cell `j` on the first replica node that answers. Writes need all `R`
 //! nodes and are refused ([`PdpmError::NodeDown`], nothing applied) while one is down; a writer that finds a
 //! replica cell behind (an earlier writer stopped between its commit and its chaining) completes the missing
-//! links from the primary chain and moves the cell.
+//! links from the primary chain and moves the cell. Until then that stopped writer's version is on the primary
+//! chain only: a read with the home down meanwhile returns the version before it, though a read of the primary
+//! may have returned it already (its write was never acknowledged, but the two reads do not order as one copy's
+//! would). Closing this would cost every read a look at the replica cells.
 //!
 //! **MS restart.** The MS keeps its state (slot states, GC versions, free lists) in its memory only, and
 //! [`MetadataServer::new`] rebuilds it from the memory nodes (the cells, which are the key directory, are on the
