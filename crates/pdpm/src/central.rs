@@ -9,7 +9,8 @@
 //! **Memory nodes** hold a block area (anchored in root slot [`crate::roots::CENTRAL_BLOCKS`], zeroed when it is
 //! formatted) of fixed-size blocks `[stamp: 8][version: 8][key len: 2][0: 2][value len: 4][key][value][CRC32C: 4]`.
 //! The CRC covers version to value. The version is the writing client's (its id and sequence: it tells a GET that
-//! the block still holds the value it looked up). The stamp is the coordinator's: a client writes its block with
+//! the block still holds the value it looked up); the coordinator names each client it serves, above every id in
+//! a version its memory nodes hold, so versions never repeat. The stamp is the coordinator's: a client writes its block with
 //! stamp 0 (the first word, so a torn write never keeps an old stamp), and the coordinator, on COMMIT, WRITEs the
 //! next number of its commit counter there before it swaps the location; when it frees a block (an overwrite or a
 //! delete) it WRITEs 0 there first. So the committed blocks are exactly the whole ones with a nonzero stamp, and of
@@ -53,7 +54,7 @@ use serde::{Deserialize, Serialize};
 use crate::anchor::{self, Anchor, Anchored, HEADER_LEN, Located, le_u32, le_u64};
 use crate::{
     Change, DownSince, MemoryNodes, PdpmError, PdpmStore, Tried, check_key, check_value, failed,
-    hash, is_node_failure, new_client_id, reported_down, roots, tags, validate, write_validated,
+    hash, is_node_failure, reported_down, roots, tags, validate, write_validated,
 };
 
 /// Bytes before the key: stamp, version, key length, zero, value length.
@@ -192,6 +193,8 @@ pub struct LayoutReply {
     pub nodes: u32,
     /// Their (shared) block geometry.
     pub layout: CentralLayout,
+    /// The connecting client's id: the high half of its versions, and its name for its granted blocks.
+    pub client: u32,
 }
 
 /// A committed value's place.
@@ -319,6 +322,9 @@ pub struct Coordinator {
     areas: Vec<Located>,
     /// The next commit's stamp.
     next_stamp: AtomicU64,
+    /// The next client's id: above every id in a version found on the memory nodes, so a client's versions
+    /// (id and sequence) repeat none a block still holds, and no two clients share their granted blocks' name.
+    next_client: AtomicU32,
     rebuilt: Mutex<Rebuilt>,
     /// When each memory node was last found unreachable.
     down: Mutex<DownSince>,
@@ -393,6 +399,7 @@ impl Coordinator {
             spare: eps.into_iter().map(|ep| Mutex::new(vec![ep])).collect(),
             areas,
             next_stamp: AtomicU64::new(1),
+            next_client: AtomicU32::new(1),
             rebuilt: Mutex::new(Rebuilt::default()),
             down: Mutex::new(DownSince::new(connectors.len())),
             node_retry_ns: AtomicU64::new(DEFAULT_NODE_RETRY.as_nanos() as u64),
@@ -434,6 +441,7 @@ impl Coordinator {
         let mut stale: Vec<BlockRef> = Vec::new();
         let mut out = Rebuilt::default();
         let mut max_stamp = 0u64;
+        let mut max_client = 0u32;
         for node in 0..self.nodes {
             let mut ep = self.connectors[node].connect()?;
             let per_read = (ep.max_message_len() as usize / 2 / block_len).clamp(1, 1024);
@@ -460,6 +468,7 @@ impl Coordinator {
                         }
                         continue;
                     };
+                    max_client = max_client.max((version >> 32) as u32);
                     // The stamp word lies outside the block's checksum; the last stamp would leave no next one.
                     if stamp == u64::MAX {
                         out.damaged += 1;
@@ -550,6 +559,8 @@ impl Coordinator {
         }
         self.lock_space().free = free;
         self.next_stamp.store(max_stamp + 1, Ordering::Relaxed);
+        self.next_client
+            .store(max_client.wrapping_add(1).max(1), Ordering::Relaxed);
         Ok(out)
     }
 
@@ -864,6 +875,7 @@ impl RpcHandler for Coordinator {
                     replication: self.config.replication,
                     nodes: self.nodes as u32,
                     layout: self.layout.clone(),
+                    client: crate::next_id(&self.next_client),
                 },
                 response,
             ),
@@ -956,8 +968,6 @@ pub struct CentralClient {
     batch: Batch<'static>,
 }
 
-static CLIENT_SEQ: AtomicU32 = AtomicU32::new(0);
-
 impl std::fmt::Debug for CentralClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CentralClient")
@@ -993,13 +1003,14 @@ impl CentralClient {
                 why: "block area differs from the coordinator's".into(),
             });
         }
-        // Distinct ids in one process even if the random draw repeats.
-        let id = new_client_id() ^ CLIENT_SEQ.fetch_add(1, Ordering::Relaxed).rotate_left(16);
+        if reply.client == 0 {
+            return Err(PdpmError::Coordinator("LAYOUT named client 0".into()));
+        }
         Ok(CentralClient {
             coordinator: coord,
             nodes,
             settings,
-            id: if id == 0 { 1 } else { id },
+            id: reply.client,
             seq: 0,
             granted: Vec::new(),
             batch: Batch::new(),

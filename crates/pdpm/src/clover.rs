@@ -77,7 +77,7 @@
 //! crashed client (they stay allocated until the MS restarts).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -91,7 +91,7 @@ use serde::{Deserialize, Serialize};
 use crate::anchor::{self, Anchor, Anchored, HEADER_LEN, Located, le_u32, le_u64};
 use crate::{
     Change, MemoryNodes, PdpmError, PdpmStore, Tried, check_key, check_value, failed, hash,
-    is_node_failure, new_client_id, not_applied, reported_down, roots, tags, validate,
+    is_node_failure, not_applied, reported_down, roots, tags, validate,
 };
 
 /// Bytes before the key in a cell: pointer word, key length (+1, 0 = free) and padding.
@@ -345,6 +345,8 @@ pub struct LayoutReply {
     pub reclaim_lease_us: u64,
     /// The MS's wrap park time (clients' cursor idle limit must be below it).
     pub wrap_park_us: u64,
+    /// The connecting client's id: its name for its granted slots and records.
+    pub client: u32,
 }
 
 /// Settings of the metadata server.
@@ -495,6 +497,8 @@ pub struct MetadataServer {
     node_count: usize,
     space: Mutex<Space>,
     recovered: Recovered,
+    /// The next client's id (grants are this MS's own, forgotten by the next one, so ids start at 1).
+    next_client: AtomicU32,
 }
 
 impl std::fmt::Debug for MetadataServer {
@@ -712,6 +716,7 @@ impl MetadataServer {
             node_count: nodes.len(),
             nodes: Mutex::new((nodes, Batch::new())),
             recovered,
+            next_client: AtomicU32::new(1),
         }))
     }
 
@@ -1026,6 +1031,7 @@ impl RpcHandler for MetadataServer {
                     node_seed: self.config.node_seed,
                     reclaim_lease_us: self.config.reclaim_lease.as_micros() as u64,
                     wrap_park_us: self.config.wrap_park.as_micros() as u64,
+                    client: crate::next_id(&self.next_client),
                 },
                 response,
             ),
@@ -1486,8 +1492,6 @@ struct Tail {
 /// The copies of one version, the primary first.
 type Copies = smallvec::SmallVec<[Ptr; 4]>;
 
-static CLIENT_SEQ: AtomicU32 = AtomicU32::new(0);
-
 /// What a client and its background thread share.
 #[derive(Debug, Default)]
 struct Exchange {
@@ -1679,8 +1683,10 @@ impl CloverClient {
         }
         // The layout is the memory nodes' own (checked when located); the probe length is the server's word alone.
         check_probe(reply.max_probe, &nodes.layout)?;
-        let id = new_client_id() ^ CLIENT_SEQ.fetch_add(1, Ordering::Relaxed).rotate_left(16);
-        let id = if id == 0 { 1 } else { id };
+        if reply.client == 0 {
+            return Err(PdpmError::Coordinator("LAYOUT named client 0".into()));
+        }
+        let id = reply.client;
         let background = Background::start(metadata_server.connect()?, id, &settings)?;
         Ok(CloverClient {
             ms,

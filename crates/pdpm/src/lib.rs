@@ -580,7 +580,19 @@ pub(crate) fn hash(key: &[u8], seed: u64) -> u64 {
     xxhash_rust::xxh3::xxh3_64_with_seed(key, seed)
 }
 
-/// A nonzero 32-bit client identity: distinguishes lock owners and makes markers and versions unique.
+/// The next id from `counter`, never 0 (ids wrap past `u32::MAX`): a server's name for a client it has not named
+/// before.
+pub(crate) fn next_id(counter: &std::sync::atomic::AtomicU32) -> u32 {
+    let id = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if id == 0 {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    } else {
+        id
+    }
+}
+
+/// A nonzero random 32-bit client identity, where no server names clients: distinguishes lock owners and makes
+/// markers unique.
 pub(crate) fn new_client_id() -> u32 {
     loop {
         let id: u32 = rand::random();

@@ -396,6 +396,7 @@ fn a_new_coordinator_on_the_same_memory_nodes_serves_the_same_data() -> Result<(
         c.delete(&key)?;
         model.remove(&key);
     }
+    let first_id = c.id();
     drop(c);
     let memory = s.memory;
     drop(s.coordinator);
@@ -419,6 +420,9 @@ fn a_new_coordinator_on_the_same_memory_nodes_serves_the_same_data() -> Result<(
         &memory.connectors(true),
         CentralSettings::default(),
     )?;
+    // Versions are (client id, sequence): the restarted coordinator names its clients past the one whose
+    // versions the blocks hold, so no new write can repeat a version a block still holds.
+    assert!(c.id() > first_id, "{} after {first_id}", c.id());
     for i in 0..25 {
         let key = format!("key-{i}").into_bytes();
         assert_eq!(c.get(&key)?, model.get(&key).cloned(), "key-{i}");
