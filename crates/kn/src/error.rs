@@ -63,8 +63,9 @@ pub enum KnError {
         "this KV node's lease lapsed, so it did not serve the request (nothing was applied); retry: the key may have a new owner"
     )]
     LeaseLapsed,
-    /// Other owners of a shared key kept changing it: every attempt's CAS lost. The write was not applied.
-    #[error("a shared key changed under {attempts} attempts in a row; the write was not applied")]
+    /// The key kept changing under the request: other owners of a shared key won every attempt's CAS, or the
+    /// index slots of a key's hash changed on every walk of a read. Nothing was applied.
+    #[error("the key changed under {attempts} attempts in a row; nothing was applied")]
     Contended {
         /// Attempts made.
         attempts: u32,

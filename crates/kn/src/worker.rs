@@ -540,8 +540,9 @@ const MERGE_ASK_EVERY: Duration = Duration::from_millis(500);
 enum Candidate {
     /// A put of the key: its value, and the shortcut to cache.
     Found(Vec<u8>, Shortcut),
-    /// No candidate is the key's.
-    None,
+    /// No candidate is the key's. `skipped`: a candidate held a put of another key of this hash, taken for that
+    /// key's own slot; it may instead have been this key's slot, moved meanwhile, its bytes written again.
+    None { skipped: bool },
     /// This candidate's entry does not parse or is not a put of a key of this hash (why), and no earlier one was
     /// the key's.
     Unreadable(EntryRef, String),
@@ -1288,7 +1289,11 @@ impl Worker {
         // A candidate whose entry does not parse, or is not of a key of this hash, was either replaced since the
         // bucket was read (its segment recycled and written again) or is damaged: another walk tells which.
         const WALKS: u32 = 3;
+        // An answer of "none" that skipped another key's put stands once two walks in a row find the same
+        // candidates: the skipped entries are still indexed, so they are their own keys' slots.
+        const WALKS_TO_CONFIRM: u32 = 8;
         let mut unreadable: Option<EntryRef> = None;
+        let mut unconfirmed: Option<Vec<EntryRef>> = None;
         let mut walks = 0;
         let result = loop {
             walks += 1;
@@ -1313,7 +1318,17 @@ impl Worker {
                     }
                 },
                 Ok(Candidate::Found(value, sc)) => break Ok(Some((value, sc))),
-                Ok(Candidate::None) => break Ok(None),
+                Ok(Candidate::None { skipped: false }) => break Ok(None),
+                Ok(Candidate::None { skipped: true }) => {
+                    if unconfirmed.as_deref() == Some(&cands[..]) {
+                        break Ok(None);
+                    }
+                    if walks >= WALKS_TO_CONFIRM {
+                        break Err(KnError::Contended { attempts: walks });
+                    }
+                    self.stats.index_rewalks += 1;
+                    unconfirmed = Some(cands.clone());
+                }
                 Err(e) => break Err(e),
             }
         };
@@ -1332,13 +1347,15 @@ impl Worker {
     /// entry that is not a put of a key of this hash: it may have been this key's, its slot moved since the bucket
     /// was read (the cleaner moves slots to copies, and recycles the segments it empties) and its bytes written
     /// again by another log, so skipping it could serve an older value or none. Entries that do not parse stop it
-    /// for the same reason.
+    /// for the same reason. A put of another key of this hash is skipped as that key's own slot, and the answer
+    /// "none" then says so: written again by another log, it could have been this key's slot too.
     fn first_matching(
         &mut self,
         key: &[u8],
         hash: u64,
         cands: &[EntryRef],
     ) -> Result<Candidate, KnError> {
+        let mut skipped = false;
         for &r in cands {
             self.read_entry(r)?;
             match EntryView::parse(&self.read_buf) {
@@ -1351,10 +1368,13 @@ impl Worker {
                         },
                     ));
                 }
-                // Another key whose hash is this one's: its own slot.
+                // Another key whose hash is this one's: most likely its own slot.
                 Ok(e)
                     if e.header.op == Op::Put
-                        && stored_hash(self.hash_mode.hash(e.key)) == stored_hash(hash) => {}
+                        && stored_hash(self.hash_mode.hash(e.key)) == stored_hash(hash) =>
+                {
+                    skipped = true;
+                }
                 Ok(e) => {
                     return Ok(Candidate::Unreadable(
                         r,
@@ -1370,7 +1390,7 @@ impl Worker {
                 Err(e) => return Ok(Candidate::Unreadable(r, format!("it fails its check: {e}"))),
             }
         }
-        Ok(Candidate::None)
+        Ok(Candidate::None { skipped })
     }
 
     // ---------------------------------------------------------------------------------------------------------

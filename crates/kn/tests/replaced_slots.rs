@@ -13,7 +13,7 @@ use dinomo_dpm::{Processor, ProcessorConfig};
 use dinomo_fabric::{Connector, EndpointConfig};
 use dinomo_index::{Index, IndexConfig};
 use dinomo_kn::KvNode;
-use dinomo_log::{EntryRef, Op, encode_entry};
+use dinomo_log::{EntryRef, HashMode, Op, encode_entry};
 use dinomo_pool::Pool;
 
 mod common;
@@ -21,14 +21,17 @@ mod common;
 /// Tag of the test's own extent, where it keeps the key's entries (no log segment, so nothing else touches it).
 const SCRATCH_TAG: u16 = 0x7e;
 
-/// A memory node and a KV node (one worker, no cache: every read goes to the pool) whose round trips take 200 µs:
-/// the window between a read's two READs.
-fn slow_node() -> anyhow::Result<(Arc<Pool>, Arc<Processor>, Connector, KvNode)> {
+/// A memory node hashing keys with `hash_mode` and a KV node (one worker, no cache: every read goes to the pool)
+/// whose round trips take 200 µs: the window between a read's two READs.
+fn slow_node(
+    hash_mode: HashMode,
+) -> anyhow::Result<(Arc<Pool>, Arc<Processor>, Connector, KvNode)> {
     let pool = Arc::new(Pool::anonymous(64 << 20, 16 << 10)?);
     let (processor, connector) = common::serve_pool_with(
         pool.clone(),
         &ProcessorConfig {
             segment_size: 16 << 10,
+            hash_mode,
             ..ProcessorConfig::default()
         },
         EndpointConfig {
@@ -40,11 +43,12 @@ fn slow_node() -> anyhow::Result<(Arc<Pool>, Arc<Processor>, Connector, KvNode)>
     Ok((pool, processor, connector, kn))
 }
 
-/// Entries of `key` and of another key, of one length, holding `value`; two places for them in an extent of the
-/// test's own.
+/// Entries of `key` and of `other` (a key of the same length), holding `value`; two places for them in an extent of
+/// the test's own.
 fn entries_and_places(
     pool: &Pool,
     key: &[u8],
+    other: &[u8],
     value: &[u8],
 ) -> anyhow::Result<(Vec<u8>, Vec<u8>, [EntryRef; 2])> {
     let entry_of = |k: &[u8]| {
@@ -52,9 +56,7 @@ fn entries_and_places(
         encode_entry(&mut e, Op::Put, 0, 1, k, value);
         e
     };
-    let mut other = key.to_vec();
-    other[0] ^= 1;
-    let (ours, theirs) = (entry_of(key), entry_of(&other));
+    let (ours, theirs) = (entry_of(key), entry_of(other));
     let extent = pool.alloc_bytes(16 << 10, SCRATCH_TAG)?;
     let places = [extent.offset, extent.offset + 4096].map(|at| {
         EntryRef::new(at, ours.len() as u64).expect("an aligned entry that fits a reference")
@@ -105,15 +107,14 @@ fn read_while_moving(
     Ok(reads)
 }
 
-#[test]
-fn a_slot_replaced_between_bucket_and_entry_reads_is_walked_again_never_taken_for_a_missing_key()
--> anyhow::Result<()> {
-    let (pool, _processor, _connector, kn) = slow_node()?;
+/// `key`'s slot moved between two places over and over while it is read; each place it leaves is written over by
+/// `other`'s entry.
+fn slot_moved_while_read(hash_mode: HashMode, key: &[u8], other: &[u8]) -> anyhow::Result<()> {
+    let (pool, _processor, _connector, kn) = slow_node(hash_mode)?;
     // The key's entry at one of two places, its slot inserted straight into the index; the other place holds
-    // another key's entry.
-    let key = b"moved-key".as_slice();
+    // the other key's entry.
     let value = vec![b'v'; 200];
-    let (ours, theirs, places) = entries_and_places(&pool, key, &value)?;
+    let (ours, theirs, places) = entries_and_places(&pool, key, other, &value)?;
     let hash = dinomo_dpm::directory::Directory::open(pool.clone())?
         .expect("a started memory node has a log directory")
         .hash_mode()
@@ -143,9 +144,29 @@ fn a_slot_replaced_between_bucket_and_entry_reads_is_walked_again_never_taken_fo
 }
 
 #[test]
+fn a_slot_replaced_between_bucket_and_entry_reads_is_walked_again_never_taken_for_a_missing_key()
+-> anyhow::Result<()> {
+    slot_moved_while_read(HashMode::Xxh3, b"moved-key", b"loved-key")
+}
+
+/// The place the key's slot left is written over by a key of the same hash: the walk cannot tell that entry from
+/// the other key's own slot, so an answer of "no such key" must wait for a walk that finds the same slots again.
+#[test]
+fn a_slot_replaced_by_an_entry_of_a_key_of_the_same_hash_is_never_taken_for_a_missing_key()
+-> anyhow::Result<()> {
+    let mode = HashMode::Colliding { bits: 6 };
+    let key = b"moved-key".as_slice();
+    let other = (0..100_000)
+        .map(|i| format!("oth-{i:05}").into_bytes())
+        .find(|o| mode.hash(o) == mode.hash(key))
+        .expect("a key of the same 6-bit hash among 100 000");
+    slot_moved_while_read(mode, key, &other)
+}
+
+#[test]
 fn a_cell_moved_on_between_cell_and_entry_reads_is_read_again_never_refused() -> anyhow::Result<()>
 {
-    let (pool, _processor, connector, kn) = slow_node()?;
+    let (pool, _processor, connector, kn) = slow_node(HashMode::Xxh3)?;
     let key = b"shared-key".as_slice();
     let value = vec![b's'; 200];
     let cell = common::reserve_cell(&connector, key)?;
@@ -155,7 +176,7 @@ fn a_cell_moved_on_between_cell_and_entry_reads_is_read_again_never_refused() ->
 
     // The cell moved by another owner's CAS to its entry, then on and on; each entry it leaves is written over by
     // another key.
-    let (ours, theirs, places) = entries_and_places(&pool, key, &value)?;
+    let (ours, theirs, places) = entries_and_places(&pool, key, b"rhared-key", &value)?;
     let word = pool.atomic_u64(cell)?;
     pool.write(places[0].offset(), &ours)?;
     pool.write(places[1].offset(), &theirs)?;
