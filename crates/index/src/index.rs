@@ -733,12 +733,26 @@ impl Index {
     /// `true` is returned; `false` when no slot holds `old` any more (the key was written, deleted or moved since
     /// `old` was read) and nothing changed. Never inserts, so it needs no room. The log cleaner's move.
     pub fn replace(&self, hash: u64, old: EntryRef, new: EntryRef) -> Result<bool, IndexError> {
+        self.replace_if(hash, old, new, || true)
+    }
+
+    /// [`Index::replace`], moving the slot only if `still_old` also holds, asked under the bucket's stripe lock once
+    /// a slot holding `old` is found: nothing else changes the slot meanwhile. For a caller that read the entry at
+    /// `old` a while ago, when its extent may have been freed and written again since, and a slot named `old` anew
+    /// (`still_old` then reads the entry's identity again).
+    pub fn replace_if(
+        &self,
+        hash: u64,
+        old: EntryRef,
+        new: EntryRef,
+        mut still_old: impl FnMut() -> bool,
+    ) -> Result<bool, IndexError> {
         if new.is_null() {
             return Err(IndexError::NullRef);
         }
         let moved = self.change_slot(
             hash,
-            |c| c == old,
+            |c| c == old && still_old(),
             |s| {
                 self.word(s + 8).store(new.raw(), Ordering::Release);
                 persist(&self.pool, s + 8, 8);
@@ -1312,6 +1326,27 @@ mod tests {
         });
         assert_eq!(misplaced, vec![(foreign, r(1000))]);
         assert_eq!(idx.get(1, |_| true), None, "a lookup cannot find it");
+    }
+
+    #[test]
+    fn a_replace_whose_entry_is_no_longer_the_one_read_leaves_the_slot() {
+        let pool = pool();
+        let idx = Index::create(pool.clone(), &cfg()).unwrap();
+        let (old, copy) = (
+            EntryRef::new(4096, 64).unwrap(),
+            EntryRef::new(8192, 64).unwrap(),
+        );
+        idx.upsert(77, old, |_| false).unwrap();
+        // The slot still names `old`, but what lies there is no longer the entry the caller read.
+        assert!(!idx.replace_if(77, old, copy, || false).unwrap());
+        assert_eq!(idx.get(77, |_| true), Some(old));
+        assert!(idx.replace_if(77, old, copy, || true).unwrap());
+        assert_eq!(idx.get(77, |_| true), Some(copy));
+        // A slot that no longer names `old` is left alone without asking.
+        assert!(
+            !idx.replace_if(77, old, copy, || panic!("asked about a slot that moved"))
+                .unwrap()
+        );
     }
 
     #[test]

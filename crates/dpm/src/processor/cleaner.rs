@@ -6,8 +6,11 @@
 //! cleaner picks the merged segment with the smallest live share, copies its live entries into a relocation log
 //! ([`CLEANER_THREAD`]: the memory node's own with one shared index, the segment's node's in the shared-nothing
 //! layout, whose partitions are the nodes'), and moves each index slot from the old entry to its copy with
-//! [`Index::replace`], which changes the slot only while it still holds the old entry: a key written (merged),
-//! deleted or moved in the meantime keeps its newer state, and the copy counts as dead. The segment, now entirely
+//! [`Index::replace_if`], which changes the slot only while it still holds the old entry and the entry there is
+//! still the one copied (its log and sequence number): a key written (merged), deleted or moved in the meantime
+//! keeps its newer state, and the copy counts as dead. (The segment can be emptied by such a write, recycled and
+//! written again while the copies are made: a newer entry of the key at the very same place, merged, is not the
+//! one copied.) The segment, now entirely
 //! superseded, is recycled as any other.
 //!
 //! Why this is safe:
@@ -33,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use dinomo_index::Index;
 use dinomo_log::segment;
-use dinomo_log::{EntryRef, EntryView, Op, SEGMENT_HEADER_LEN};
+use dinomo_log::{ENTRY_HEADER_LEN, EntryHeader, EntryRef, EntryView, Op, SEGMENT_HEADER_LEN};
 use tracing::{debug, info, warn};
 
 use super::log_writer::LogWriter;
@@ -465,7 +468,7 @@ impl Inner {
             }
         };
         let mode = self.dir.hash_mode();
-        let mut copies: Vec<(u64, EntryRef, EntryRef)> = Vec::with_capacity(live.len());
+        let mut copies: Vec<(u64, EntryRef, (u32, u64), EntryRef)> = Vec::with_capacity(live.len());
         for &(at, old) in live {
             let e = EntryView::parse(&data[at..]).map_err(|e| {
                 ProcessorError::Corrupt(format!(
@@ -474,15 +477,23 @@ impl Inner {
                 ))
             })?;
             let copy = writer.append(self, e.key, e.value)?;
-            copies.push((mode.hash(e.key), old, copy));
+            copies.push((mode.hash(e.key), old, (e.header.log_id, e.header.seq), copy));
         }
         // Copies are in the pool, and counted in their segments, before any slot names them.
         writer.flush_relocations(self)?;
-        // Each original whose slot moved, and each copy whose slot did not, is superseded.
+        // Each original whose slot moved, and each copy whose slot did not, is superseded. A slot naming the
+        // original's place may name another entry there by now: the key written meanwhile, its segment recycled
+        // and written again at the same place and merged. So the entry there must still be the one copied (its
+        // log and sequence number, read under the slot's lock); moving that slot would bring the old value back.
         let mut superseded = Vec::with_capacity(copies.len());
         let (mut moved, mut bytes) = (0u64, 0u64);
-        for &(hash, old, copy) in &copies {
-            if index.replace(hash, old, copy)? {
+        let mut header = [0u8; ENTRY_HEADER_LEN];
+        for &(hash, old, identity, copy) in &copies {
+            let still_old = || {
+                self.pool.read(old.offset(), &mut header).is_ok()
+                    && EntryHeader::parse(&header).is_ok_and(|h| (h.log_id, h.seq) == identity)
+            };
+            if index.replace_if(hash, old, copy, still_old)? {
                 superseded.push(old);
                 moved += 1;
                 bytes += copy.len();
