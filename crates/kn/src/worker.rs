@@ -1068,6 +1068,11 @@ impl Worker {
                 .cas(self.data.at(cell), seen, new_ref)
                 .map_err(|e| self.fail(e))?;
             if prev == seen {
+                // As for a group commit: a lease that lapsed while the CAS was on its way may have let the key be
+                // taken over (and this log merged) before the CAS landed, so whether it counts is unknown.
+                if !self.lease_open() {
+                    return Err(KnError::Fenced);
+                }
                 self.stats.writes += 1;
                 return Ok(reply);
             }
