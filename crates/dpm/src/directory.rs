@@ -91,6 +91,10 @@ impl Directory {
         }
         let corrupt =
             |why: &str| ProcessorError::Corrupt(format!("log directory at {offset:#x}: {why}"));
+        // Its descriptors are atomic words: a root naming a place that is not word-aligned is damage.
+        if offset % 8 != 0 {
+            return Err(corrupt("not 8-byte aligned"));
+        }
         let mut h = [0u8; HEADER_LEN as usize];
         pool.read(offset, &mut h)
             .map_err(|_| corrupt("out of the pool"))?;
@@ -216,5 +220,37 @@ impl Directory {
     /// Pool offset of a log's `merged_seq` word.
     pub fn merged_seq_offset(&self, log_id: u32) -> u64 {
         self.word_offset(log_id, MERGED_SEQ)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A root naming a whole, valid header at a place that is not word-aligned is refused at open: the directory's
+    /// descriptors are atomic words, which cannot be taken at such a place.
+    #[test]
+    fn a_directory_root_off_word_alignment_is_refused_at_open() {
+        let pool = Arc::new(Pool::anonymous(8 << 20, 1 << 20).unwrap());
+        let dir = Directory::create(pool.clone(), 4, HashMode::Xxh3, 1 << 20).unwrap();
+        let mut h = [0u8; HEADER_LEN as usize];
+        pool.read(dir.offset, &mut h).unwrap();
+        let bytes = HEADER_LEN + 4 * DESCRIPTOR_LEN;
+        let ext = pool.alloc_bytes(bytes + 8, tags::LOG_DIRECTORY).unwrap();
+        pool.write(ext.offset + 4, &h).unwrap();
+        pool.set_root(dinomo_log::roots::LOG_DIRECTORY, ext.offset + 4)
+            .unwrap();
+        match Directory::open(pool.clone()) {
+            Err(ProcessorError::Corrupt(why)) => assert!(why.contains("aligned"), "{why}"),
+            other => panic!(
+                "opened a misaligned directory: {:?}",
+                other.map(|d| d.is_some())
+            ),
+        }
+        // The same header at an aligned place opens.
+        pool.write(ext.offset, &h).unwrap();
+        pool.set_root(dinomo_log::roots::LOG_DIRECTORY, ext.offset)
+            .unwrap();
+        assert!(Directory::open(pool).unwrap().is_some());
     }
 }
