@@ -494,6 +494,8 @@ impl Processor {
                 )));
             }
         }
+        // A start that fails from here on leaves the pool marked as after a crash, whatever it held before.
+        pool.begin_recovery();
         let indexes = Indexes::open(&pool, config)?;
         let dir = match Directory::open(pool.clone())? {
             Some(d) => d,
@@ -555,6 +557,7 @@ impl Processor {
             freed_partitions: AtomicU64::new(0),
         });
         inner.recover()?;
+        inner.pool.end_recovery();
         let mut threads: Vec<JoinHandle<()>> = (0..config.merge_threads)
             .map(|i| {
                 let inner = inner.clone();

@@ -466,8 +466,14 @@ fn link_refused(path: PathBuf, at: usize, why: &str) -> anyhow::Result<()> {
         "{:?}",
         check.problems
     );
-    let error = read_back(path).open_error.unwrap_or_default();
+    let error = read_back(path.clone()).open_error.unwrap_or_default();
     anyhow::ensure!(error.contains(&link) && error.contains(why), "{error:?}");
+    // The refused start left the pool as after a crash: not marked cleanly closed, for the next start to recover
+    // and for the checker to read so.
+    anyhow::ensure!(
+        !dinomo_pool::Pool::open_snapshot(&path)?.1.was_clean,
+        "a refused start marked the pool cleanly closed"
+    );
     Ok(())
 }
 

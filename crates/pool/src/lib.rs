@@ -270,6 +270,8 @@ pub struct Pool {
     /// Set once, by [`Pool::start_prefaulter`]; low allocations hand it segments.
     prefaulter: std::sync::OnceLock<Prefaulter>,
     closed: AtomicBool,
+    /// A recovery of the layers above was begun and has not ended ([`Pool::begin_recovery`]).
+    recovering: AtomicBool,
     // Keeps the file (and its advisory lock) open while mapped.
     _file: Option<File>,
 }
@@ -495,7 +497,11 @@ impl Pool {
             .store(state_word(false, generation), Ordering::Release);
         pool.map.msync(0, PAGE).map_err(io_err(path))?;
         pool._file = Some(file);
-        pool.start_syncer()?;
+        if let Err(e) = pool.start_syncer() {
+            // Refused after marking the file in use: it stays so (a clean mark now would hide a crash before).
+            pool.closed.store(true, Ordering::Release);
+            return Err(e);
+        }
         let report = OpenReport {
             was_clean,
             generation,
@@ -566,6 +572,7 @@ impl Pool {
             syncer: Mutex::new(None),
             prefaulter: std::sync::OnceLock::new(),
             closed: AtomicBool::new(false),
+            recovering: AtomicBool::new(false),
             _file: None,
         })
     }
@@ -935,7 +942,21 @@ impl Pool {
         Ok(prev)
     }
 
-    /// Flushes everything and marks the pool cleanly closed. Also done on drop.
+    /// Tells the pool that the layers above begin to recover (or format) their structures in it: until
+    /// [`Pool::end_recovery`], closing it flushes everything but leaves it marked as not closed cleanly, so a start
+    /// that fails halfway leaves the pool as after a crash, for the next start to recover and for a check to read
+    /// as such.
+    pub fn begin_recovery(&self) {
+        self.recovering.store(true, Ordering::Release);
+    }
+
+    /// The recovery begun with [`Pool::begin_recovery`] completed: closing the pool marks it cleanly closed again.
+    pub fn end_recovery(&self) {
+        self.recovering.store(false, Ordering::Release);
+    }
+
+    /// Flushes everything and marks the pool cleanly closed, unless a recovery begun in it has not ended
+    /// ([`Pool::begin_recovery`]). Also done on drop.
     pub fn close(&self) -> Result<(), PoolError> {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
@@ -950,6 +971,13 @@ impl Pool {
             return Ok(());
         }
         self.sync_all()?;
+        if self.recovering.load(Ordering::Acquire) {
+            tracing::warn!(
+                path = ?self.path,
+                "pool closed before the recovery in it completed: left marked as not closed cleanly"
+            );
+            return Ok(());
+        }
         let (_, generation) = decode_state(self.map.word(STATE_OFFSET).load(Ordering::Acquire));
         self.map
             .word(STATE_OFFSET)

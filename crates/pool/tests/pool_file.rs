@@ -76,6 +76,32 @@ fn unclean_shutdown_is_reported() {
     assert_eq!(&b, b"before the crash");
 }
 
+/// A pool closed while the layers above recover in it stays marked as after a crash: a start that fails halfway
+/// must not make the next start, or a check, take the pool for cleanly closed. Once the recovery ends, a close
+/// marks it clean again.
+#[test]
+fn a_pool_closed_during_a_recovery_stays_marked_unclean() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.pool");
+    {
+        let pool = Pool::create(&path, &opts(1 << 22, 1 << 16)).unwrap();
+        pool.begin_recovery();
+        let ext = pool.alloc(1, 9).unwrap();
+        pool.write(ext.offset, b"half recovered").unwrap();
+    }
+    let (pool, report) = Pool::open(&path, PersistMode::Volatile).unwrap();
+    assert!(!report.was_clean, "a recovery never ended");
+    // The data written before the close is there all the same.
+    let mut b = [0u8; 14];
+    pool.read(pool.allocated()[0].offset, &mut b).unwrap();
+    assert_eq!(&b, b"half recovered");
+    pool.begin_recovery();
+    pool.end_recovery();
+    drop(pool);
+    let (_, report) = Pool::open(&path, PersistMode::Volatile).unwrap();
+    assert!(report.was_clean, "the recovery ended before the close");
+}
+
 #[test]
 fn second_open_of_a_locked_pool_fails() {
     let dir = tempfile::tempdir().unwrap();
