@@ -927,6 +927,14 @@ impl Worker {
                 Err(e) => Err(e),
             },
         };
+        // A read answers for the moment it ends. A lease that lapsed meanwhile (an index walk's round trips, a
+        // stalled thread) may have let the key go to a new owner, which may have written it since: as for a group
+        // commit, the lease must be renewed first, else the read is refused, nothing applied.
+        let result = if self.lease_open() {
+            result
+        } else {
+            Err(KnError::LeaseLapsed)
+        };
         let _ = reply.send(result);
     }
 
