@@ -69,6 +69,8 @@ pub struct Connector {
     pub config: EndpointConfig,
     /// The identity of the pool the first endpoint reached, shared with every clone.
     pinned_pool: Arc<OnceLock<u64>>,
+    /// Fault hooks every endpoint connected from now on shares (tests: see [`Connector::share_fault_hooks`]).
+    shared_hooks: Option<Arc<FaultHooks>>,
 }
 
 impl Connector {
@@ -83,7 +85,17 @@ impl Connector {
             target,
             config,
             pinned_pool: Arc::new(OnceLock::new()),
+            shared_hooks: None,
         }
+    }
+
+    /// Makes every endpoint this connector (or a clone made after this call) connects from now on share one set of
+    /// fault hooks, returned here: a test's way to delay or cut the round trips of endpoints that code it drives
+    /// opens for itself.
+    pub fn share_fault_hooks(&mut self) -> Arc<FaultHooks> {
+        self.shared_hooks
+            .get_or_insert_with(|| Arc::new(FaultHooks::default()))
+            .clone()
     }
 
     /// The pool this connector's endpoints reach, once one has connected.
@@ -132,7 +144,7 @@ impl Connector {
             regions,
             pool_id,
             max_message_len,
-            hooks: Arc::new(FaultHooks::default()),
+            hooks: self.shared_hooks.clone().unwrap_or_default(),
             latency_ns: 0,
             broken: None,
             slow: false,
@@ -851,6 +863,28 @@ mod tests {
             .unwrap();
         let region = ep.region(DATA_REGION).unwrap().clone();
         (node, ep, region)
+    }
+
+    #[test]
+    fn endpoints_connected_after_hooks_are_shared_obey_them_and_count_their_round_trips() {
+        let pool = Arc::new(Pool::anonymous(1 << 20, 1 << 16).unwrap());
+        let node = MemoryNode::new(pool, NodeConfig::default());
+        let mut c = Connector::new(Target::InProcess(node));
+        let before = c.connect().unwrap();
+        let hooks = c.share_fault_hooks();
+        // A clone made after sharing shares them too.
+        let (mut a, mut b) = (c.connect().unwrap(), c.clone().connect().unwrap());
+        let r = a.region(DATA_REGION).unwrap().clone();
+        let w = r.at(r.start);
+        assert!(Arc::ptr_eq(a.hooks(), &hooks) && Arc::ptr_eq(b.hooks(), &hooks));
+        assert!(!Arc::ptr_eq(before.hooks(), &hooks));
+        hooks.set_delay(Duration::from_micros(1));
+        assert_eq!(a.faa(w, 1).unwrap(), 0);
+        assert_eq!(b.faa(w, 1).unwrap(), 1);
+        assert_eq!(hooks.round_trips_begun(), 2);
+        hooks.cut();
+        assert!(a.faa(w, 1).is_err() && b.faa(w, 1).is_err());
+        assert_eq!(hooks.round_trips_begun(), 4);
     }
 
     #[test]

@@ -13,6 +13,8 @@ pub struct FaultHooks {
     drop_next: AtomicU32,
     delay_ns: AtomicU64,
     cut: AtomicBool,
+    /// Round trips begun since a hook was first used.
+    begun: AtomicU64,
 }
 
 /// What the endpoint must do with the next round trip.
@@ -51,6 +53,12 @@ impl FaultHooks {
         self.armed.load(Ordering::Relaxed)
     }
 
+    /// Round trips begun (including those then delayed, lost or cut) since a hook was first used: lets a test see
+    /// that the code it drives has gone out to the memory node.
+    pub fn round_trips_begun(&self) -> u64 {
+        self.begun.load(Ordering::Acquire)
+    }
+
     /// True once [`FaultHooks::cut`] was called.
     pub fn is_cut(&self) -> bool {
         self.cut.load(Ordering::Acquire)
@@ -62,6 +70,7 @@ impl FaultHooks {
         if !self.armed.load(Ordering::Relaxed) {
             return Fault::None;
         }
+        self.begun.fetch_add(1, Ordering::AcqRel);
         if self.cut.load(Ordering::Relaxed) {
             return Fault::Cut;
         }

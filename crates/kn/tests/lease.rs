@@ -188,3 +188,87 @@ fn a_lease_not_renewed_within_the_wait_refuses() -> anyhow::Result<()> {
     s.kn.stop();
     Ok(())
 }
+
+/// A read whose round trips outlive the lease is refused when it ends, not answered: meanwhile its key may have
+/// gone to a new owner, which may have written it. The read walks the index (nothing of the key is cached or in
+/// the node's own log), each round trip slowed to 400 ms, and the lease is fenced once the walk has gone out.
+#[test]
+fn a_read_that_outlives_the_lease_is_refused_at_its_end() -> anyhow::Result<()> {
+    let (_processor, connector) = common::small_memory_node()?;
+    // The value, written by a node outside any lease and merged into the index when that node stops.
+    let writer = start_kn(&connector, None, 2)?;
+    writer.handle().set(b"k", b"v")?;
+    writer.stop();
+    let gate = LeaseGate::open_until(Instant::now() + LONG);
+    let mut slow = connector.clone();
+    let hooks = slow.share_fault_hooks();
+    let kn = start_kn(&slow, Some(gate.clone()), 1)?;
+    let h = kn.handle();
+    hooks.set_delay(Duration::from_millis(400));
+    let begun = hooks.round_trips_begun();
+    let read = spawn(&h, |h| h.get(b"k"));
+    let start = Instant::now();
+    while hooks.round_trips_begun() == begun {
+        assert!(start.elapsed() < PATIENCE, "the read never went out");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // The walk is on its way, past the lease check at its start.
+    gate.close();
+    assert!(matches!(
+        read.recv_timeout(PATIENCE)?,
+        Err(KnError::LeaseLapsed)
+    ));
+    hooks.set_delay(Duration::ZERO);
+    let stats = &h.stats()?[0];
+    assert_eq!(
+        (stats.index_walks, stats.lease_refusals),
+        (1, 1),
+        "the read walked the index and was refused at its end"
+    );
+    kn.stop();
+    Ok(())
+}
+
+/// A shared key's write whose cell CAS lands after the lease was fenced answers `Fenced` (outcome unknown), not
+/// success: meanwhile the node may have been taken over and its log merged, with the cell not yet naming the entry.
+#[test]
+fn a_shared_write_whose_cas_outlives_the_lease_is_not_acknowledged() -> anyhow::Result<()> {
+    let (pool, _processor, connector) = common::small_memory_node_with_pool()?;
+    let key = b"shared-key".as_slice();
+    let cell = common::reserve_cell(&connector, key)?;
+    let gate = LeaseGate::open_until(Instant::now() + LONG);
+    let mut slow = connector.clone();
+    let hooks = slow.share_fault_hooks();
+    let kn = start_kn(&slow, Some(gate.clone()), 1)?;
+    common::install_sharing(&kn, 1, &[(key, cell)])?;
+    let h = kn.handle();
+    h.set(key, b"before")?;
+    let word = pool.atomic_u64(cell)?;
+    let before = word.load(std::sync::atomic::Ordering::Acquire);
+    hooks.set_delay(Duration::from_millis(400));
+    let begun = hooks.round_trips_begun();
+    let write = spawn(&h, |h| h.set(b"shared-key", b"after"));
+    // The write READs the cell, WRITEs its entry through, checks the lease, and CASes the cell: once its third
+    // round trip has begun, it is past that check.
+    let start = Instant::now();
+    while hooks.round_trips_begun() < begun + 3 {
+        assert!(
+            start.elapsed() < PATIENCE,
+            "the write never reached its CAS"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    gate.close();
+    assert!(matches!(
+        write.recv_timeout(PATIENCE)?,
+        Err(KnError::Fenced)
+    ));
+    hooks.set_delay(Duration::ZERO);
+    assert_ne!(
+        word.load(std::sync::atomic::Ordering::Acquire),
+        before,
+        "the CAS landed, after the lease was fenced"
+    );
+    kn.stop();
+    Ok(())
+}
