@@ -4,6 +4,9 @@
 //! an extent (tag + length in segments) or a *continuation* (distance back to its head). Allocation writes the
 //! continuations first and the head last; freeing clears the head first. The head word is therefore the commit
 //! point: after a crash, continuations without a matching head are orphans and are reclaimed on the next open.
+//! A head whose continuations read free is completed instead: in a persist mode that orders nothing (`periodic`,
+//! where pages reach the file when the background msync writes them), a power loss can keep the page holding the
+//! head and lose the next one, which held its continuations.
 //! The free map in DRAM is rebuilt from the table at open.
 
 use crate::PoolError;
@@ -80,6 +83,8 @@ pub(crate) struct Scan {
     pub free: FreeMap,
     /// Segment indices of continuations whose head is missing (to be cleared).
     pub orphans: Vec<u64>,
+    /// Continuations a head needs that read free: (segment index, distance back to the head), to be written.
+    pub missing: Vec<(u64, u64)>,
 }
 
 /// Validates the whole table before anything is written, so a corrupt file is rejected untouched.
@@ -87,6 +92,7 @@ pub(crate) fn scan(words: &[u64]) -> Result<Scan, String> {
     let n = words.len() as u64;
     let mut free = FreeMap::new(n);
     let mut orphans = Vec::new();
+    let mut missing = Vec::new();
     let mut i = 0u64;
     while i < n {
         let entry = Entry::decode(words[i as usize]).ok_or_else(|| {
@@ -107,11 +113,16 @@ pub(crate) fn scan(words: &[u64]) -> Result<Scan, String> {
                 }
                 for j in 1..segments {
                     let w = words[(i + j) as usize];
-                    if Entry::decode(w) != Some(Entry::Continuation { back: j }) {
-                        return Err(format!(
-                            "segment {}: expected continuation of extent at {i}, found {w:#018x}",
-                            i + j
-                        ));
+                    match Entry::decode(w) {
+                        Some(Entry::Continuation { back }) if back == j => {}
+                        // The head, the commit point, reached the file and its continuation did not.
+                        Some(Entry::Free) => missing.push((i + j, j)),
+                        _ => {
+                            return Err(format!(
+                                "segment {}: expected continuation of extent at {i}, found {w:#018x}",
+                                i + j
+                            ));
+                        }
                     }
                 }
                 free.mark_used(i, segments);
@@ -125,7 +136,11 @@ pub(crate) fn scan(words: &[u64]) -> Result<Scan, String> {
             }
         }
     }
-    Ok(Scan { free, orphans })
+    Ok(Scan {
+        free,
+        orphans,
+        missing,
+    })
 }
 
 /// DRAM bitmap of free segments with first-fit search.
@@ -355,7 +370,16 @@ mod tests {
         let s = scan(&[h, c1, c2, 0, c1, 0]).unwrap();
         assert_eq!(s.orphans, vec![4]);
         assert_eq!(s.free.free_count(), 3);
-        assert!(scan(&[h, c1, 0]).is_err(), "missing continuation");
+        // A continuation that reads free is written again; one that reads as anything else is damage.
+        let s = scan(&[h, c1, 0, 0]).unwrap();
+        assert_eq!(s.missing, vec![(2, 2)]);
+        assert_eq!(s.free.free_count(), 1);
+        assert_eq!(scan(&[h, 0, 0]).unwrap().missing, vec![(1, 1), (2, 2)]);
+        assert!(
+            scan(&[h, c2, c2]).is_err(),
+            "a continuation naming another head"
+        );
+        assert!(scan(&[h, c1, h]).is_err(), "another head inside the extent");
         assert!(scan(&[h, c1]).is_err(), "runs past the end");
         assert!(scan(&[0xdead_beef]).is_err(), "garbage word");
     }

@@ -146,6 +146,9 @@ pub struct OpenReport {
     pub generation: u32,
     /// Continuation words of interrupted allocations that were reclaimed.
     pub reclaimed_orphans: usize,
+    /// Continuation words of allocated extents that read free (lost with a page a power loss kept from the file)
+    /// and were written again.
+    pub completed_continuations: usize,
 }
 
 /// Free and used space, in segments.
@@ -491,6 +494,20 @@ impl Pool {
                 .word(layout.alloc_table_offset + i * 8)
                 .store(0, Ordering::Release);
         }
+        for &(i, back) in &scan.missing {
+            pool.map.word(layout.alloc_table_offset + i * 8).store(
+                alloc::Entry::Continuation { back }.encode(),
+                Ordering::Release,
+            );
+        }
+        if !scan.missing.is_empty() {
+            tracing::warn!(
+                path = %shown,
+                words = scan.missing.len(),
+                "allocated extents whose continuation words read free were completed (a power loss kept the page \
+                 holding their heads, not the next)"
+            );
+        }
         pool.persist_table(0, layout.segment_count);
         pool.map
             .word(STATE_OFFSET)
@@ -506,6 +523,7 @@ impl Pool {
             was_clean,
             generation,
             reclaimed_orphans: scan.orphans.len(),
+            completed_continuations: scan.missing.len(),
         };
         tracing::info!(path = %shown, ?report, "opened pool");
         Ok((pool, report))
@@ -527,6 +545,7 @@ impl Pool {
                     was_clean: true,
                     generation: 1,
                     reclaimed_orphans: 0,
+                    completed_continuations: 0,
                 },
             ))
         }

@@ -102,6 +102,45 @@ fn a_pool_closed_during_a_recovery_stays_marked_unclean() {
     assert!(report.was_clean, "the recovery ended before the close");
 }
 
+/// In the `periodic` persist mode pages reach the file when the background msync writes them, so a power loss can
+/// keep the allocation table's page holding an extent's head and lose the next, holding its continuations. The
+/// head is the commit point: the open writes the continuations again instead of refusing the pool.
+#[test]
+fn an_extent_whose_continuations_read_free_is_completed_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.pool");
+    let (ext, layout) = {
+        let pool = Pool::create(&path, &opts(1 << 22, 1 << 16)).unwrap();
+        let ext = pool.alloc(3, 9).unwrap();
+        pool.write(ext.offset, b"three segments").unwrap();
+        (ext, *pool.layout())
+    };
+    // The power loss: the continuation words of the extent never reached the file.
+    let mut bytes = std::fs::read(&path).unwrap();
+    let head = layout.segment_index(ext.offset).unwrap();
+    for i in head + 1..head + 3 {
+        let at = (layout.alloc_table_offset + i * 8) as usize;
+        bytes[at..at + 8].fill(0);
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    {
+        let (pool, report) = Pool::open(&path, PersistMode::Volatile).unwrap();
+        assert_eq!(report.completed_continuations, 2);
+        assert_eq!(pool.allocated(), vec![ext]);
+        let mut b = [0u8; 14];
+        pool.read(ext.offset, &mut b).unwrap();
+        assert_eq!(&b, b"three segments");
+        // Its segments are not handed out again.
+        let next = pool.alloc(2, 9).unwrap();
+        assert!(next.offset >= ext.offset + ext.len || next.offset + next.len <= ext.offset);
+    }
+    let (_, report) = Pool::open(&path, PersistMode::Volatile).unwrap();
+    assert_eq!(
+        report.completed_continuations, 0,
+        "the table was written back whole"
+    );
+}
+
 #[test]
 fn second_open_of_a_locked_pool_fails() {
     let dir = tempfile::tempdir().unwrap();
