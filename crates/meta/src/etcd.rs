@@ -357,11 +357,14 @@ impl MetaStore for EtcdMeta {
             if ttl.ttl() <= 0 {
                 return Err(MetaError::LeaseExpired(lease));
             }
+            // The leader is the candidate holding the lease it won with (see the soft store's `try_lead`).
             let leader = resp.op_responses().into_iter().find_map(|r| match r {
-                TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
+                TxnOpResponse::Get(g) => {
+                    g.kvs().first().map(|kv| (kv.value().to_vec(), kv.lease()))
+                }
                 _ => None,
             });
-            Ok(leader.as_deref() == Some(candidate.as_bytes()))
+            Ok(leader.is_some_and(|(name, held)| name == candidate.as_bytes() && held == id))
         })
     }
 

@@ -218,8 +218,10 @@ impl Soft {
         cfg.check_name("election", election)?;
         cfg.check_name("candidate", candidate)?;
         self.live(now, lease)?;
+        // The leader is the candidate holding the lease it won with: another under the same name (a second M-node
+        // left on the same name, or a restarted one while the old one's lease lives) does not lead.
         if let Some(l) = self.leaders.get(election) {
-            return Ok(l.candidate == candidate);
+            return Ok(l.candidate == candidate && l.lease == lease);
         }
         if self.leaders.len() >= cfg.max_elections {
             return Err(MetaError::Invalid(format!(

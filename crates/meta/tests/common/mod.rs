@@ -217,6 +217,10 @@ pub fn election(s: &dyn MetaStore, p: &Params) -> Result<()> {
         "the second candidate loses"
     );
     ensure!(s.try_lead("m-node", "m1", a)?, "the leader still leads");
+    ensure!(
+        !s.try_lead("m-node", "m1", b)?,
+        "the leader's name under another lease does not lead"
+    );
     ensure!(s.leader("m-node")?.as_deref() == Some("m1"));
     ensure!(s.leader("other")?.is_none(), "elections are independent");
     invalid(s.try_lead("", "m1", a))?;
