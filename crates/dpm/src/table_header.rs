@@ -62,6 +62,10 @@ impl TableKind {
 
     /// Reads and checks the header of the table at `offset`: its parameter and capacity.
     pub(crate) fn read(&self, pool: &Pool, offset: u64) -> Result<(u32, u64), ProcessorError> {
+        // The tables' fields are atomic words: a root naming a place that is not word-aligned is damage.
+        if offset % 8 != 0 {
+            return Err(self.corrupt(offset, "not 8-byte aligned"));
+        }
         let mut h = [0u8; HEADER_LEN as usize];
         pool.read(offset, &mut h)
             .map_err(|_| self.corrupt(offset, "out of the pool"))?;

@@ -12,7 +12,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use dinomo_dpm::Processor;
-use dinomo_fabric::Connector;
+use dinomo_fabric::{Connector, FaultHooks};
 use dinomo_kn::{KnConfig, KnError, KvHandle, KvNode, LeaseGate};
 
 /// Far beyond any wait in these tests: a reply that needs it means the request never woke.
@@ -189,6 +189,25 @@ fn a_lease_not_renewed_within_the_wait_refuses() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Node 1 on `connector` under a lease open for [`LONG`], and the fault hooks all its endpoints share.
+fn kn_under_lease_with_hooks(
+    connector: &Connector,
+) -> anyhow::Result<(KvNode, Arc<LeaseGate>, Arc<FaultHooks>)> {
+    let gate = LeaseGate::open_until(Instant::now() + LONG);
+    let mut hooked = connector.clone();
+    let hooks = hooked.share_fault_hooks();
+    Ok((start_kn(&hooked, Some(gate.clone()), 1)?, gate, hooks))
+}
+
+/// Waits until `hooks` have seen `n` round trips begin; fails with `what` after the test's patience.
+fn until_round_trips(hooks: &FaultHooks, n: u64, what: &str) {
+    let start = Instant::now();
+    while hooks.round_trips_begun() < n {
+        assert!(start.elapsed() < PATIENCE, "{what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// A read whose round trips outlive the lease is refused when it ends, not answered: meanwhile its key may have
 /// gone to a new owner, which may have written it. The read walks the index (nothing of the key is cached or in
 /// the node's own log), each round trip slowed to 400 ms, and the lease is fenced once the walk has gone out.
@@ -199,19 +218,12 @@ fn a_read_that_outlives_the_lease_is_refused_at_its_end() -> anyhow::Result<()> 
     let writer = start_kn(&connector, None, 2)?;
     writer.handle().set(b"k", b"v")?;
     writer.stop();
-    let gate = LeaseGate::open_until(Instant::now() + LONG);
-    let mut slow = connector.clone();
-    let hooks = slow.share_fault_hooks();
-    let kn = start_kn(&slow, Some(gate.clone()), 1)?;
+    let (kn, gate, hooks) = kn_under_lease_with_hooks(&connector)?;
     let h = kn.handle();
     hooks.set_delay(Duration::from_millis(400));
     let begun = hooks.round_trips_begun();
     let read = spawn(&h, |h| h.get(b"k"));
-    let start = Instant::now();
-    while hooks.round_trips_begun() == begun {
-        assert!(start.elapsed() < PATIENCE, "the read never went out");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    until_round_trips(&hooks, begun + 1, "the read never went out");
     // The walk is on its way, past the lease check at its start.
     gate.close();
     assert!(matches!(
@@ -236,10 +248,7 @@ fn a_shared_write_whose_cas_outlives_the_lease_is_not_acknowledged() -> anyhow::
     let (pool, _processor, connector) = common::small_memory_node_with_pool()?;
     let key = b"shared-key".as_slice();
     let cell = common::reserve_cell(&connector, key)?;
-    let gate = LeaseGate::open_until(Instant::now() + LONG);
-    let mut slow = connector.clone();
-    let hooks = slow.share_fault_hooks();
-    let kn = start_kn(&slow, Some(gate.clone()), 1)?;
+    let (kn, gate, hooks) = kn_under_lease_with_hooks(&connector)?;
     common::install_sharing(&kn, 1, &[(key, cell)])?;
     let h = kn.handle();
     h.set(key, b"before")?;
@@ -250,14 +259,7 @@ fn a_shared_write_whose_cas_outlives_the_lease_is_not_acknowledged() -> anyhow::
     let write = spawn(&h, |h| h.set(b"shared-key", b"after"));
     // The write READs the cell, WRITEs its entry through, checks the lease, and CASes the cell: once its third
     // round trip has begun, it is past that check.
-    let start = Instant::now();
-    while hooks.round_trips_begun() < begun + 3 {
-        assert!(
-            start.elapsed() < PATIENCE,
-            "the write never reached its CAS"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    until_round_trips(&hooks, begun + 3, "the write never reached its CAS");
     gate.close();
     assert!(matches!(
         write.recv_timeout(PATIENCE)?,

@@ -10,11 +10,12 @@
 //! formatted) of fixed-size blocks `[stamp: 8][version: 8][key len: 2][0: 2][value len: 4][key][value][CRC32C: 4]`.
 //! The CRC covers version to value. The version is the writing client's (its id and sequence: it tells a GET that
 //! the block still holds the value it looked up); the coordinator names each client it serves, above every id in
-//! a version its memory nodes hold, so versions never repeat. The stamp is the coordinator's: a client writes its block with
-//! stamp 0 (the first word, so a torn write never keeps an old stamp), and the coordinator, on COMMIT, WRITEs the
-//! next number of its commit counter there before it swaps the location; when it frees a block (an overwrite or a
-//! delete) it WRITEs 0 there first. So the committed blocks are exactly the whole ones with a nonzero stamp, and of
-//! two for one key (a crash between stamping the new and clearing the old) the higher stamp is the newer.
+//! a version its memory nodes hold, so versions never repeat. The stamp is the coordinator's: a client writes its
+//! block with stamp 0 (the first word, so a torn write never keeps an old stamp), and the coordinator, on COMMIT,
+//! WRITEs the next number of its commit counter there before it swaps the location; when it frees a block (an
+//! overwrite or a delete) it WRITEs 0 there first. So the committed blocks are exactly the whole ones with a
+//! nonzero stamp, and of two for one key (a crash between stamping the new and clearing the old) the higher stamp
+//! is the newer.
 //!
 //! **PUT** (3 round trips with R = 1; Table 1): the client WRITEs the block out of place into blocks granted to it
 //! in advance (a `GRANT` call refills `grant_batch` of them, off the per-write path), READs its tail to validate
@@ -1003,14 +1004,12 @@ impl CentralClient {
                 why: "block area differs from the coordinator's".into(),
             });
         }
-        if reply.client == 0 {
-            return Err(PdpmError::Coordinator("LAYOUT named client 0".into()));
-        }
+        let id = crate::named_client(reply.client)?;
         Ok(CentralClient {
             coordinator: coord,
             nodes,
             settings,
-            id: reply.client,
+            id,
             seq: 0,
             granted: Vec::new(),
             batch: Batch::new(),

@@ -40,8 +40,9 @@
 //! **Recovery.** A client that crashed after writing an entry but before linking it leaves it invisible; a client
 //! that crashed after linking but before advancing the shortcut leaves a lagging shortcut that readers chase and
 //! the next writer advances. A writer whose shortcut CAS finds the shortcut elsewhere helps it along, but only up
-//! to its own version: a later version's writer may have stopped before chaining its replica cells. [`MetadataServer::reclaim_grants`] returns a dead client's granted slots: those found
-//! linked into their key's chain stay live, the rest go back through the lease.
+//! to its own version: a later version's writer may have stopped before chaining its replica cells.
+//! [`MetadataServer::reclaim_grants`] returns a dead client's granted slots: those found linked into their key's
+//! chain stay live, the rest go back through the lease.
 //!
 //! **Replication** (`R` > 1, the paper's all-way chaining; layout field `replication`): every version has `R`
 //! copies on distinct memory nodes (the MS grants them as a group), each entry holds `R` header words and the
@@ -1683,10 +1684,7 @@ impl CloverClient {
         }
         // The layout is the memory nodes' own (checked when located); the probe length is the server's word alone.
         check_probe(reply.max_probe, &nodes.layout)?;
-        if reply.client == 0 {
-            return Err(PdpmError::Coordinator("LAYOUT named client 0".into()));
-        }
-        let id = reply.client;
+        let id = crate::named_client(reply.client)?;
         let background = Background::start(metadata_server.connect()?, id, &settings)?;
         Ok(CloverClient {
             ms,
@@ -1747,6 +1745,14 @@ impl CloverClient {
     fn on<T, E: Into<PdpmError>>(&mut self, node: usize, r: Result<T, E>) -> Result<T, PdpmError> {
         self.nodes
             .track_reporting(node, r, &mut self.ms, method::REPORT_DOWN)
+    }
+
+    /// READs the 8-byte word at `addr` on `node` (a shortcut or replica cell) in its own round trip.
+    fn read_word(&mut self, node: usize, addr: RemoteAddr) -> Result<u64, PdpmError> {
+        let mut word = [0u8; 8];
+        let r = self.nodes.eps[node].read(addr, &mut word);
+        self.on(node, r)?;
+        Ok(u64::from_le_bytes(word))
     }
 
     /// Writes need every node holding a copy of the key's versions (the commit point is the primary's header,
@@ -1892,10 +1898,7 @@ impl CloverClient {
             let addr = cell_addr(&self.nodes.areas[node], &self.layout, p.cell.cell);
             let mut hops = 0;
             'look: while hops < self.settings.max_hops {
-                let mut word = [0u8; 8];
-                let r = self.nodes.eps[node].read(addr, &mut word);
-                self.on(node, r)?;
-                let start = u64::from_le_bytes(word);
+                let start = self.read_word(node, addr)?;
                 let Some(mut cur) = Ptr::from_word(start) else {
                     break;
                 };
@@ -2128,14 +2131,11 @@ impl CloverClient {
             },
         };
         let addr = section_cell_addr(&self.nodes.areas[node], &self.layout, j, cell);
-        let mut word = [0u8; 8];
         let mut cur = None;
         let mut from_cell = true;
         for _ in 0..self.settings.max_hops {
             if from_cell {
-                let r = self.nodes.eps[node].read(addr, &mut word);
-                self.on(node, r)?;
-                cur = Ptr::from_word(u64::from_le_bytes(word));
+                cur = Ptr::from_word(self.read_word(node, addr)?);
                 from_cell = false;
             }
             let Some(p) = cur else { return Ok(None) };
@@ -2428,10 +2428,7 @@ impl CloverClient {
         let addr = section_cell_addr(&self.nodes.areas[node], &self.layout, j, cell);
         let mut hops = 0;
         'restart: while hops < self.settings.max_hops {
-            let mut word = [0u8; 8];
-            let r = self.nodes.eps[node].read(addr, &mut word);
-            self.on(node, r)?;
-            let start = u64::from_le_bytes(word);
+            let start = self.read_word(node, addr)?;
             let mut at = match Ptr::from_word(start) {
                 Some(p) if p == target => return Ok(()),
                 Some(p) => p,

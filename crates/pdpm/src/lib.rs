@@ -16,6 +16,7 @@ pub mod clover;
 pub mod direct;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use dinomo_fabric::{
@@ -582,12 +583,20 @@ pub(crate) fn hash(key: &[u8], seed: u64) -> u64 {
 
 /// The next id from `counter`, never 0 (ids wrap past `u32::MAX`): a server's name for a client it has not named
 /// before.
-pub(crate) fn next_id(counter: &std::sync::atomic::AtomicU32) -> u32 {
-    let id = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+pub(crate) fn next_id(counter: &AtomicU32) -> u32 {
+    let id = counter.fetch_add(1, Ordering::Relaxed);
     if id == 0 {
-        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        counter.fetch_add(1, Ordering::Relaxed)
     } else {
         id
+    }
+}
+
+/// The id a server's `LAYOUT` reply named for the connecting client ([`next_id`] never names 0).
+pub(crate) fn named_client(id: u32) -> Result<u32, PdpmError> {
+    match id {
+        0 => Err(PdpmError::Coordinator("LAYOUT named client 0".into())),
+        id => Ok(id),
     }
 }
 

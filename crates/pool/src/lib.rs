@@ -489,16 +489,16 @@ impl Pool {
             Some(path.to_path_buf()),
             Some(scan.free),
         )?;
-        for &i in &scan.orphans {
+        let set_table_word = |i: u64, w: u64| {
             pool.map
                 .word(layout.alloc_table_offset + i * 8)
-                .store(0, Ordering::Release);
+                .store(w, Ordering::Release)
+        };
+        for &i in &scan.orphans {
+            set_table_word(i, 0);
         }
         for &(i, back) in &scan.missing {
-            pool.map.word(layout.alloc_table_offset + i * 8).store(
-                alloc::Entry::Continuation { back }.encode(),
-                Ordering::Release,
-            );
+            set_table_word(i, alloc::Entry::Continuation { back }.encode());
         }
         if !scan.missing.is_empty() {
             tracing::warn!(

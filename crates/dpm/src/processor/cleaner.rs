@@ -10,8 +10,7 @@
 //! still the one copied (its log and sequence number): a key written (merged), deleted or moved in the meantime
 //! keeps its newer state, and the copy counts as dead. (The segment can be emptied by such a write, recycled and
 //! written again while the copies are made: a newer entry of the key at the very same place, merged, is not the
-//! one copied.) The segment, now entirely
-//! superseded, is recycled as any other.
+//! one copied.) The segment, now entirely superseded, is recycled as any other.
 //!
 //! Why this is safe:
 //! - **Readers.** A KV node's shortcut to the old entry is checked against the key and sequence number when
