@@ -79,6 +79,19 @@ pub struct ClusterRecord {
     /// Node incarnations the M-node removed: they stay out of the ring while that process lives, even though it
     /// is still registered (a restarted node has a new incarnation and may join again).
     pub retired: std::collections::BTreeMap<NodeId, u64>,
+    /// The highest epoch handed to a reconfiguration. The M-node stores it before a change installs anything, so
+    /// no two changes (of one M-node or of a stalled one and its successor) ever share an epoch. Above
+    /// `routing`'s epoch, a change was begun and not stored: some nodes may serve under its table, and the M-node
+    /// rolls it back under a newer epoch before anything else. Records stored before this field existed read it as
+    /// their routing epoch.
+    pub reserved_epoch: u64,
+}
+
+/// A record as stored before [`ClusterRecord::reserved_epoch`] existed.
+#[derive(Deserialize)]
+struct RecordWithoutReservations {
+    routing: Routing,
+    retired: std::collections::BTreeMap<NodeId, u64>,
 }
 
 /// What a KV node publishes about itself while its lease lives.
@@ -103,11 +116,7 @@ impl ClusterRecord {
         known: Option<u64>,
     ) -> Result<Option<(ClusterRecord, u64)>, ClusterError> {
         match meta.load()? {
-            Some(v) if Some(v.version) != known => {
-                let r = postcard::from_bytes(&v.value)
-                    .map_err(|e| ClusterError::Corrupt(e.to_string()))?;
-                Ok(Some((r, v.version)))
-            }
+            Some(v) if Some(v.version) != known => Ok(Some((decode(&v.value)?, v.version))),
             _ => Ok(None),
         }
     }
@@ -120,6 +129,24 @@ impl ClusterRecord {
     }
 }
 
+/// A stored record: the current layout, or one stored before [`ClusterRecord::reserved_epoch`] existed (which ends
+/// where that field would begin).
+fn decode(bytes: &[u8]) -> Result<ClusterRecord, ClusterError> {
+    match postcard::from_bytes::<ClusterRecord>(bytes) {
+        Ok(r) => Ok(r),
+        Err(postcard::Error::DeserializeUnexpectedEnd) => {
+            let old: RecordWithoutReservations =
+                postcard::from_bytes(bytes).map_err(|e| ClusterError::Corrupt(e.to_string()))?;
+            Ok(ClusterRecord {
+                reserved_epoch: old.routing.epoch(),
+                routing: old.routing,
+                retired: old.retired,
+            })
+        }
+        Err(e) => Err(ClusterError::Corrupt(e.to_string())),
+    }
+}
+
 /// The member name a KV node registers under.
 pub fn member_name(node: NodeId) -> String {
     format!("kn/{node:08}")
@@ -128,4 +155,66 @@ pub fn member_name(node: NodeId) -> String {
 /// The node id in a member name.
 pub fn member_node(name: &str) -> Option<NodeId> {
     name.strip_prefix("kn/")?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn routing(nodes: &[NodeId]) -> Routing {
+        Routing {
+            ring: dinomo_ring::Ring::with_nodes(8, nodes.iter().copied()),
+            addrs: nodes
+                .iter()
+                .map(|n| (*n, format!("127.0.0.1:{n}")))
+                .collect(),
+            cells: [(b"hot".to_vec(), 4096)].into_iter().collect(),
+        }
+    }
+
+    #[test]
+    fn a_record_round_trips_with_its_reserved_epoch() {
+        let r = ClusterRecord {
+            routing: routing(&[1, 2]),
+            retired: [(3, 77)].into_iter().collect(),
+            reserved_epoch: 9,
+        };
+        assert_eq!(decode(&postcard::to_allocvec(&r).unwrap()).unwrap(), r);
+    }
+
+    #[test]
+    fn a_record_stored_before_reservations_reads_its_routing_epoch_as_reserved() {
+        #[derive(Serialize)]
+        struct Old {
+            routing: Routing,
+            retired: std::collections::BTreeMap<NodeId, u64>,
+        }
+        let mut routing = routing(&[1, 2, 5]);
+        routing.ring.set_epoch_at_least(41);
+        let old = Old {
+            routing: routing.clone(),
+            retired: [(4, 12)].into_iter().collect(),
+        };
+        let r = decode(&postcard::to_allocvec(&old).unwrap()).unwrap();
+        assert_eq!(r.routing, routing);
+        assert_eq!(r.retired, old.retired);
+        assert_eq!(r.reserved_epoch, 41);
+    }
+
+    #[test]
+    fn a_truncated_or_garbled_record_is_corrupt() {
+        let r = ClusterRecord {
+            routing: routing(&[1, 2]),
+            retired: Default::default(),
+            reserved_epoch: 3,
+        };
+        let bytes = postcard::to_allocvec(&r).unwrap();
+        for cut in [0, 1, bytes.len() / 2] {
+            assert!(
+                matches!(decode(&bytes[..cut]), Err(ClusterError::Corrupt(_))),
+                "cut at {cut}"
+            );
+        }
+        assert!(matches!(decode(&[0xff; 16]), Err(ClusterError::Corrupt(_))));
+    }
 }

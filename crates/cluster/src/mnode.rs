@@ -214,7 +214,9 @@ impl MNode {
         self.failures.latest()
     }
 
-    /// Removes a node from the ring (it hands its keys over and may then be stopped). Waits until done.
+    /// Removes a node from the ring (it hands its keys over and may then be stopped). Waits until done. Once begun,
+    /// a removal is carried through: should a step fail, the error is returned and the M-node retries it until the
+    /// node has left (or failed).
     pub fn remove_node(&self, node: NodeId) -> Result<(), ClusterError> {
         let (tx, rx) = bounded(1);
         self.admin
@@ -279,6 +281,20 @@ impl Drop for MNode {
     fn drop(&mut self) {
         self.halt();
     }
+}
+
+/// The epoch the next change of `record` gets: past every epoch handed out, stored or not.
+fn next_epoch(record: &ClusterRecord) -> u64 {
+    record
+        .reserved_epoch
+        .max(record.routing.epoch())
+        .saturating_add(1)
+}
+
+/// Gives `next`'s table the epoch reserved for its change (which moved the ring's own epoch by one at most).
+fn stamp(next: &mut ClusterRecord, epoch: u64) {
+    next.routing.ring.set_epoch_at_least(epoch);
+    next.reserved_epoch = epoch;
 }
 
 /// The first pause before a node that refused an install for now is asked again; each further pause doubles, up to
@@ -409,6 +425,7 @@ impl State {
                         cells: BTreeMap::new(),
                     },
                     retired: BTreeMap::new(),
+                    reserved_epoch: 0,
                 },
                 None,
             ),
@@ -453,9 +470,13 @@ impl State {
         }
     }
 
-    /// One step toward the desired cluster: first failures, then joins, then nodes lagging behind the record.
+    /// One step toward the desired cluster: first a change left half done is rolled back, then failures, then
+    /// removals under way, then joins, then nodes lagging behind the record.
     fn reconcile(&mut self) -> Result<(), ClusterError> {
         let (record, version) = self.record()?;
+        if record.reserved_epoch > record.routing.epoch() {
+            return self.roll_back(&record, version).map(|_| ());
+        }
         let live = self.live()?;
         let noticed = Instant::now();
         self.incarnations = live.iter().map(|(id, i)| (*id, i.incarnation)).collect();
@@ -469,6 +490,15 @@ impl State {
             .find(|n| !live.contains_key(n) && (self.seen.contains(n) || !in_grace));
         if let Some(dead) = dead {
             return self.fail(record, version, dead, noticed);
+        }
+        // A removal stored its intent and then failed: carried through, since the node's logs may be fenced.
+        if let Some(leaving) = record.routing.ring.nodes().find(|n| {
+            record
+                .retired
+                .get(n)
+                .is_some_and(|inc| live.get(n).is_some_and(|i| i.incarnation == *inc))
+        }) {
+            return self.remove(leaving);
         }
         let joining = live
             .iter()
@@ -490,9 +520,8 @@ impl State {
         }) {
             let mut next = record.clone();
             next.routing.addrs.insert(id, info.addr.clone());
-            next.routing
-                .ring
-                .set_epoch_at_least(record.routing.epoch().saturating_add(1));
+            // Nothing is installed before the store, which takes the epoch by itself.
+            stamp(&mut next, next_epoch(&record));
             next.store(&*self.meta, version)?;
             return Ok(());
         }
@@ -519,6 +548,7 @@ impl State {
         if self.first_attempt(ReconfigKind::Failure, dead) {
             info!(node = dead, "KV node failed; its logs are taken over");
         }
+        let (epoch, record, version) = self.reserve(&record, version)?;
         let taken: proto::NodeTakenOver = self.dpm_call(
             proto::TAKE_OVER_NODE,
             &proto::TakeOverNode { node_id: dead },
@@ -529,8 +559,9 @@ impl State {
         let mut next = record;
         next.routing.ring.remove_node(dead);
         next.routing.addrs.remove(&dead);
+        stamp(&mut next, epoch);
         let moved = self.move_data(&next.routing)?;
-        next.store(&*self.meta, version)?;
+        next.store(&*self.meta, Some(version))?;
         self.installed.remove(&dead);
         self.seen.remove(&dead);
         // Nobody loses keys: every survivor may install at once.
@@ -559,14 +590,16 @@ impl State {
             info!(node = id, addr = %info.addr, "KV node joins");
         }
         let old: Vec<NodeId> = record.routing.ring.nodes().collect();
+        let (epoch, record, version) = self.reserve(&record, version)?;
         let mut next = record;
         next.retired.remove(&id);
         next.routing.ring.add_node(id);
         next.routing.addrs.insert(id, info.addr);
+        stamp(&mut next, epoch);
         // The old owners give up the keys the new node takes before it may serve them.
         self.install(&next.routing, &old)?;
         let moved = self.move_data(&next.routing)?;
-        next.store(&*self.meta, version)?;
+        next.store(&*self.meta, Some(version))?;
         self.install(&next.routing, &[id])?;
         self.note(ReconfigKind::Add, id, &next.routing, noticed, 0, &moved);
         Ok(())
@@ -586,11 +619,18 @@ impl State {
             ));
         }
         let live = self.live()?;
+        // The intent (the node's incarnation retired) is stored with the epoch: from the take-over on, the node's
+        // logs are fenced, so a removal that fails after it must be carried through, not rolled back.
+        let mut intent = record;
+        if let Some(info) = live.get(&id) {
+            intent.retired.insert(id, info.incarnation);
+        }
+        let (epoch, record, version) = self.reserve(&intent, version)?;
         let mut next = record;
         next.routing.ring.remove_node(id);
         next.routing.addrs.remove(&id);
+        stamp(&mut next, epoch);
         if let Some(info) = live.get(&id) {
-            next.retired.insert(id, info.incarnation);
             // The leaving node hands everything over (its log merged) before anyone else serves its keys.
             self.install_at(&next.routing, &[(id, info.addr.clone())])?;
         }
@@ -599,7 +639,7 @@ impl State {
         let _: proto::NodeTakenOver =
             self.dpm_call(proto::TAKE_OVER_NODE, &proto::TakeOverNode { node_id: id })?;
         let moved = self.move_data(&next.routing)?;
-        next.store(&*self.meta, version)?;
+        next.store(&*self.meta, Some(version))?;
         self.installed.remove(&id);
         self.seen.remove(&id);
         let rest: Vec<NodeId> = next.routing.ring.nodes().collect();
@@ -618,6 +658,11 @@ impl State {
         }
         let noticed = Instant::now();
         let (record, version) = self.record()?;
+        if record.reserved_epoch > record.routing.epoch() {
+            return Err(ClusterError::Reconfig(
+                "a change left half done is being rolled back; try again".into(),
+            ));
+        }
         let ring = &record.routing.ring;
         let Some(primary) = ring.primary(key) else {
             return Err(ClusterError::Reconfig("the ring is empty".into()));
@@ -629,6 +674,11 @@ impl State {
         };
         let mut next = record.clone();
         if factor > 1 {
+            let changed = next.routing.ring.set_replication(key, factor);
+            if !changed && cell.is_some() {
+                return Ok(());
+            }
+            let (epoch, reserved, version) = self.reserve(&record, version)?;
             let cell = match cell {
                 Some(c) => c,
                 None => {
@@ -639,14 +689,8 @@ impl State {
                     r.cell
                 }
             };
-            let changed = next.routing.ring.set_replication(key, factor);
-            if !changed && next.routing.cells.contains_key(key) {
-                return Ok(());
-            }
-            next.routing
-                .ring
-                .set_epoch_at_least(record.routing.epoch().saturating_add(1));
             next.routing.cells.insert(key.to_vec(), cell);
+            stamp(&mut next, epoch);
             // The nodes giving the key up install first; when the key becomes shared, that is its sole owner,
             // which moves the key's value into the cell before anyone else may serve it.
             let new_owners: Vec<NodeId> = next.routing.ring.owners(key).iter().collect();
@@ -661,7 +705,7 @@ impl State {
             };
             if let Err(e) = self.install(&next.routing, &first) {
                 // Undone at the node (its value back in the index), a cell reserved for this change is freed.
-                if self.roll_back(&record, version, &next, &first)
+                if self.undo(&reserved, version, &first)
                     && !record.routing.cells.contains_key(key)
                     && let Err(e) =
                         self.dpm_call::<_, ()>(proto::RELEASE_CELL, &proto::ReleaseCell { cell })
@@ -670,33 +714,11 @@ impl State {
                 }
                 return Err(e);
             }
-        } else {
-            let Some(cell) = cell else {
-                return Ok(());
-            };
-            next.routing.ring.set_replication(key, 1);
-            next.routing
-                .ring
-                .set_epoch_at_least(record.routing.epoch().saturating_add(1));
-            next.routing.cells.remove(key);
-            // Every other owner stops and merges its log first; then the primary moves the value back into the
-            // index.
-            let others: Vec<NodeId> = old_owners
-                .iter()
-                .copied()
-                .filter(|n| *n != primary)
-                .collect();
-            self.install(&next.routing, &others)?;
-            if let Err(e) = self.install(&next.routing, &[primary]) {
-                self.roll_back(&record, version, &next, &[primary]);
-                return Err(e);
-            }
-            next.store(&*self.meta, version)?;
+            next.store(&*self.meta, Some(version))?;
             let all: Vec<NodeId> = next.routing.ring.nodes().collect();
             self.install(&next.routing, &all)?;
-            let _: () = self.dpm_call(proto::RELEASE_CELL, &proto::ReleaseCell { cell })?;
             self.note(
-                ReconfigKind::Dereplicate,
+                ReconfigKind::Replicate,
                 primary,
                 &next.routing,
                 noticed,
@@ -705,11 +727,30 @@ impl State {
             );
             return Ok(());
         }
-        next.store(&*self.meta, version)?;
+        let Some(cell) = cell else {
+            return Ok(());
+        };
+        next.routing.ring.set_replication(key, 1);
+        next.routing.cells.remove(key);
+        let (epoch, reserved, version) = self.reserve(&record, version)?;
+        stamp(&mut next, epoch);
+        // Every other owner stops and merges its log first; then the primary moves the value back into the index.
+        let others: Vec<NodeId> = old_owners
+            .iter()
+            .copied()
+            .filter(|n| *n != primary)
+            .collect();
+        self.install(&next.routing, &others)?;
+        if let Err(e) = self.install(&next.routing, &[primary]) {
+            self.undo(&reserved, version, &[primary]);
+            return Err(e);
+        }
+        next.store(&*self.meta, Some(version))?;
         let all: Vec<NodeId> = next.routing.ring.nodes().collect();
         self.install(&next.routing, &all)?;
+        let _: () = self.dpm_call(proto::RELEASE_CELL, &proto::ReleaseCell { cell })?;
         self.note(
-            ReconfigKind::Replicate,
+            ReconfigKind::Dereplicate,
             primary,
             &next.routing,
             noticed,
@@ -719,31 +760,60 @@ impl State {
         Ok(())
     }
 
-    /// After a sharing change failed at `nodes`: they get the previous table again under a newer epoch (undoing
-    /// what they did, including changes of theirs that failed halfway), and that is stored. A node that cannot be
-    /// reached is left to failure handling. True when every node installed the previous table.
+    /// Takes the next epoch for a change of `record` (at `version`): the record is stored with its reserved epoch
+    /// raised to it before the change installs anything, so no other change (a stalled M-node's, say) gets the
+    /// same epoch, and a change that never completes is known to need rolling back. Returns the epoch and the
+    /// record as stored, with its version.
+    fn reserve(
+        &mut self,
+        record: &ClusterRecord,
+        version: Option<u64>,
+    ) -> Result<(u64, ClusterRecord, u64), ClusterError> {
+        let mut reserved = record.clone();
+        let epoch = next_epoch(record);
+        reserved.reserved_epoch = epoch;
+        let version = reserved.store(&*self.meta, version)?;
+        Ok((epoch, reserved, version))
+    }
+
+    /// A change reserved an epoch in `record` (at `version`) and was never stored: its M-node failed, stalled or
+    /// lost the store halfway, and some nodes may serve under its table. The record's own table is stored again
+    /// under a newer epoch; installing it everywhere (the catch-up step does) undoes whatever the change did at
+    /// the nodes, since they refuse the older epoch from then on. Returns the record stored and its version.
     fn roll_back(
         &mut self,
         record: &ClusterRecord,
         version: Option<u64>,
-        attempted: &ClusterRecord,
-        nodes: &[NodeId],
-    ) -> bool {
+    ) -> Result<(ClusterRecord, u64), ClusterError> {
         let mut back = record.clone();
-        back.routing
-            .ring
-            .set_epoch_at_least(attempted.routing.epoch().saturating_add(1));
-        let undone = match self.install(&back.routing, nodes) {
+        stamp(&mut back, next_epoch(record));
+        let stored = back.store(&*self.meta, version)?;
+        info!(
+            abandoned = record.reserved_epoch,
+            epoch = back.routing.epoch(),
+            "a change left half done is rolled back"
+        );
+        Ok((back, stored))
+    }
+
+    /// [`State::roll_back`] of the change reserved in `reserved` at once, installing the table at `nodes` (those
+    /// that may have served under the change). True when every one of them did; otherwise the catch-up step goes
+    /// on trying.
+    fn undo(&mut self, reserved: &ClusterRecord, version: u64, nodes: &[NodeId]) -> bool {
+        let back = match self.roll_back(reserved, Some(version)) {
+            Ok((back, _)) => back,
+            Err(e) => {
+                warn!(error = %e, "storing the rolled-back record failed");
+                return false;
+            }
+        };
+        match self.install(&back.routing, nodes) {
             Ok(()) => true,
             Err(e) => {
                 warn!(error = %e, "rolling back a sharing change failed");
                 false
             }
-        };
-        if let Err(e) = back.store(&*self.meta, version) {
-            warn!(error = %e, "storing the rolled-back record failed");
         }
-        undone
     }
 
     /// Has every node in `nodes` serve under `routing`, in parallel; fails if any could not.

@@ -107,6 +107,28 @@ impl Ownership for RingOwnership {
     }
 }
 
+/// Why a KV node did not install a routing table.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum InstallError {
+    /// The node serves under a newer table.
+    #[error("epoch {offered} is older than the epoch {serving} this node serves under")]
+    Older {
+        /// The epoch of the table offered.
+        offered: u64,
+        /// The epoch served.
+        serving: u64,
+    },
+    /// The node serves under another table of the same epoch.
+    #[error("this node serves under another table of epoch {epoch}")]
+    Conflicting {
+        /// The epoch both tables carry.
+        epoch: u64,
+    },
+    /// The workers could not take the table over (a merge failed, say); the node serves under it all the same.
+    #[error(transparent)]
+    Kn(#[from] KnError),
+}
+
 /// What a KV node answers a `Stats` request with (as JSON).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct NodeStats {
@@ -148,11 +170,27 @@ impl NodeShared {
     }
 
     /// Serves under `routing` from now on: every worker commits what is pending, merges its log if it held
-    /// writes of keys it loses, and drops lost keys from its cache before this returns. Older tables are ignored.
-    pub(crate) fn install(&self, routing: Routing) -> Result<(), KnError> {
+    /// writes of keys it loses, and drops lost keys from its cache before this returns.
+    ///
+    /// A table older than the one served is refused, and so is another table under the same epoch: epochs are
+    /// never reused, so either comes from an M-node that lost its leadership mid-change, and following it could
+    /// leave keys with no owner or with two. The same table again is installed again (the M-node retries an
+    /// install that failed halfway).
+    pub(crate) fn install(&self, routing: Routing) -> Result<(), InstallError> {
         let _one = self.install_lock.lock().expect("install lock");
-        if routing.epoch() < self.routing.read().expect("routing lock").epoch() {
-            return Ok(());
+        {
+            let serving = self.routing.read().expect("routing lock");
+            if routing.epoch() < serving.epoch() {
+                return Err(InstallError::Older {
+                    offered: routing.epoch(),
+                    serving: serving.epoch(),
+                });
+            }
+            if routing.epoch() == serving.epoch() && routing != *serving {
+                return Err(InstallError::Conflicting {
+                    epoch: routing.epoch(),
+                });
+            }
         }
         let own: Arc<dyn Ownership> = Arc::new(RingOwnership {
             ring: routing.ring.clone(),
@@ -183,7 +221,7 @@ impl NodeShared {
             first_error.get_or_insert(e);
         }
         *self.routing.write().expect("routing lock") = routing;
-        first_error.map_or(Ok(()), Err)
+        first_error.map_or(Ok(()), |e| Err(InstallError::Kn(e)))
     }
 
     /// The memory node's statistics, asked on a connection of their own (an administrative request, rare).

@@ -907,7 +907,12 @@ impl Service for NodeShared {
             },
             RequestBody::Install(routing) => match self.install(routing) {
                 Ok(()) => ResponseBody::Done,
-                Err(e) => error_body(e),
+                Err(crate::node::InstallError::Kn(e)) => error_body(e),
+                // Asking again cannot help: the M-node that sent it no longer decides.
+                Err(e) => ResponseBody::Error {
+                    kind: ErrorKind::Invalid,
+                    message: e.to_string(),
+                },
             },
             RequestBody::Ping => ResponseBody::Done,
             RequestBody::LatencyReport(report) => match self.record_latency(&report) {

@@ -9,11 +9,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use common::small_cluster;
+use common::{HookedMeta, MetaHooks, small_cluster};
 use dinomo_cluster::{
     Client, ClientConfig, ClusterNode, LocalCluster, LocalClusterConfig, NodeConfig,
 };
-use dinomo_meta::{LeaseId, MetaError, MetaStore, Versioned};
+use dinomo_meta::{LeaseId, MetaError, MetaStore};
 use dinomo_ring::NodeId;
 
 mod common;
@@ -21,9 +21,8 @@ mod common;
 /// How long a test waits for something that must happen.
 const PATIENCE: Duration = Duration::from_secs(20);
 
-/// A metadata store whose keep-alive replies can be held back, like those of a heartbeat thread that gets no CPU.
-struct HeldMeta {
-    inner: Arc<dyn MetaStore>,
+/// Hooks that hold a metadata store's keep-alive replies back, like those of a heartbeat thread that gets no CPU.
+struct Held {
     held: Mutex<bool>,
     released: Condvar,
     /// Whether the store's lease is kept alive while replies are held (the node's thread is slow, the store is
@@ -31,7 +30,10 @@ struct HeldMeta {
     renew_while_held: AtomicBool,
 }
 
-impl HeldMeta {
+/// The store of the starved node.
+type HeldMeta = HookedMeta<Held>;
+
+impl Held {
     fn hold(&self, renew: bool) {
         self.renew_while_held.store(renew, Ordering::Release);
         *self.held.lock().unwrap() = true;
@@ -48,26 +50,17 @@ impl HeldMeta {
     }
 }
 
-impl MetaStore for HeldMeta {
-    fn load(&self) -> Result<Option<Versioned>, MetaError> {
-        self.inner.load()
-    }
-    fn store(&self, expected: Option<u64>, value: &[u8]) -> Result<u64, MetaError> {
-        self.inner.store(expected, value)
-    }
-    fn grant(&self, ttl: Duration) -> Result<LeaseId, MetaError> {
-        self.inner.grant(ttl)
-    }
-    fn keep_alive(&self, lease: LeaseId) -> Result<(), MetaError> {
+impl MetaHooks for Held {
+    fn keep_alive(&self, inner: &dyn MetaStore, lease: LeaseId) -> Result<(), MetaError> {
         let mut held = self.held.lock().unwrap();
         if !*held {
-            return self.inner.keep_alive(lease);
+            return inner.keep_alive(lease);
         }
         let start = Instant::now();
         while *held && start.elapsed() < PATIENCE {
             // Looked at on every turn: a test may stop the renewals while replies are held.
             if self.renew_while_held.load(Ordering::Acquire) {
-                self.inner.keep_alive(lease)?;
+                inner.keep_alive(lease)?;
             }
             held = self
                 .released
@@ -77,22 +70,7 @@ impl MetaStore for HeldMeta {
         }
         drop(held);
         // The reply that finally gets through: the store's answer now.
-        self.inner.keep_alive(lease)
-    }
-    fn revoke(&self, lease: LeaseId) -> Result<(), MetaError> {
-        self.inner.revoke(lease)
-    }
-    fn register(&self, member: &str, info: &[u8], lease: LeaseId) -> Result<(), MetaError> {
-        self.inner.register(member, info, lease)
-    }
-    fn members(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, MetaError> {
-        self.inner.members(prefix)
-    }
-    fn try_lead(&self, election: &str, candidate: &str, lease: LeaseId) -> Result<bool, MetaError> {
-        self.inner.try_lead(election, candidate, lease)
-    }
-    fn leader(&self, election: &str) -> Result<Option<String>, MetaError> {
-        self.inner.leader(election)
+        inner.keep_alive(lease)
     }
 }
 
@@ -112,11 +90,13 @@ fn start_with(
     lease_wait: Duration,
 ) -> anyhow::Result<(LocalCluster, ClusterNode, Arc<HeldMeta>, Client)> {
     let c = LocalCluster::start(cfg.clone())?;
-    let meta = Arc::new(HeldMeta {
+    let meta = Arc::new(HookedMeta {
         inner: c.meta_store(),
-        held: Mutex::new(false),
-        released: Condvar::new(),
-        renew_while_held: AtomicBool::new(true),
+        hooks: Held {
+            held: Mutex::new(false),
+            released: Condvar::new(),
+            renew_while_held: AtomicBool::new(true),
+        },
     });
     let node = ClusterNode::start(
         NodeConfig {

@@ -68,3 +68,79 @@ pub fn raw_call(
     anyhow::ensure!(r.id == 7, "a reply to request {} instead of 7", r.id);
     Ok(r.body)
 }
+
+/// What a [`HookedMeta`] does in place of forwarding a call (a test's fault); the defaults forward.
+#[allow(dead_code)] // Not every test file hooks the store.
+pub trait MetaHooks: Send + Sync {
+    fn store(
+        &self,
+        inner: &dyn dinomo_meta::MetaStore,
+        expected: Option<u64>,
+        value: &[u8],
+    ) -> Result<u64, dinomo_meta::MetaError> {
+        inner.store(expected, value)
+    }
+
+    fn keep_alive(
+        &self,
+        inner: &dyn dinomo_meta::MetaStore,
+        lease: dinomo_meta::LeaseId,
+    ) -> Result<(), dinomo_meta::MetaError> {
+        inner.keep_alive(lease)
+    }
+}
+
+/// A metadata store that forwards every call to `inner`, except where its hooks step in. It derefs to the hooks,
+/// so a test controls the fault through it.
+#[allow(dead_code)] // Not every test file hooks the store.
+pub struct HookedMeta<H> {
+    pub inner: std::sync::Arc<dyn dinomo_meta::MetaStore>,
+    pub hooks: H,
+}
+
+impl<H> std::ops::Deref for HookedMeta<H> {
+    type Target = H;
+    fn deref(&self) -> &H {
+        &self.hooks
+    }
+}
+
+impl<H: MetaHooks> dinomo_meta::MetaStore for HookedMeta<H> {
+    fn load(&self) -> Result<Option<dinomo_meta::Versioned>, dinomo_meta::MetaError> {
+        self.inner.load()
+    }
+    fn store(&self, expected: Option<u64>, value: &[u8]) -> Result<u64, dinomo_meta::MetaError> {
+        self.hooks.store(&*self.inner, expected, value)
+    }
+    fn grant(&self, ttl: Duration) -> Result<dinomo_meta::LeaseId, dinomo_meta::MetaError> {
+        self.inner.grant(ttl)
+    }
+    fn keep_alive(&self, lease: dinomo_meta::LeaseId) -> Result<(), dinomo_meta::MetaError> {
+        self.hooks.keep_alive(&*self.inner, lease)
+    }
+    fn revoke(&self, lease: dinomo_meta::LeaseId) -> Result<(), dinomo_meta::MetaError> {
+        self.inner.revoke(lease)
+    }
+    fn register(
+        &self,
+        member: &str,
+        info: &[u8],
+        lease: dinomo_meta::LeaseId,
+    ) -> Result<(), dinomo_meta::MetaError> {
+        self.inner.register(member, info, lease)
+    }
+    fn members(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, dinomo_meta::MetaError> {
+        self.inner.members(prefix)
+    }
+    fn try_lead(
+        &self,
+        election: &str,
+        candidate: &str,
+        lease: dinomo_meta::LeaseId,
+    ) -> Result<bool, dinomo_meta::MetaError> {
+        self.inner.try_lead(election, candidate, lease)
+    }
+    fn leader(&self, election: &str) -> Result<Option<String>, dinomo_meta::MetaError> {
+        self.inner.leader(election)
+    }
+}

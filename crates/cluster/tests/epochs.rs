@@ -1,0 +1,432 @@
+//! Ownership epochs are never reused, and a change left half done is rolled back under a newer one.
+//!
+//! A reconfiguration installs its table at the nodes that lose keys before the record is stored. If it stops
+//! there (its store fails, its M-node stalls past its lease), those nodes have given keys up that nobody else
+//! serves. Each change therefore reserves its epoch in the record first; a record whose reserved epoch is ahead of
+//! its table is rolled back under a newer epoch, and nodes refuse tables older than theirs or different from
+//! theirs under the same epoch.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail, ensure};
+use common::{HookedMeta, MetaHooks, raw_call, small_cluster};
+use dinomo_cluster::wire::{ErrorKind, RequestBody, ResponseBody};
+use dinomo_cluster::{
+    Client, ClientConfig, ClusterNode, ClusterRecord, LocalCluster, MNode, MNodeConfig,
+    MemoryNodeRpc, NodeConfig, Routing,
+};
+use dinomo_dpm::Processor;
+use dinomo_fabric::{Connector, MemoryNode, NodeConfig as FabricNodeConfig, Target};
+use dinomo_meta::{EmbeddedMeta, MetaConfig, MetaError, MetaStore};
+use dinomo_ring::NodeId;
+
+mod common;
+
+const TOKEN: &str = "epochs-test-token";
+const KEYS: u32 = 300;
+
+fn key(i: u32) -> Vec<u8> {
+    format!("key-{i:05}").into_bytes()
+}
+
+fn value(i: u32) -> Vec<u8> {
+    format!("value-{i}").into_bytes()
+}
+
+fn wait(what: &str, timeout: Duration, mut done: impl FnMut() -> Result<bool>) -> Result<()> {
+    let start = Instant::now();
+    while !done()? {
+        if start.elapsed() > timeout {
+            bail!("timed out waiting until {what}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
+}
+
+fn load(meta: &dyn MetaStore) -> Result<(ClusterRecord, u64)> {
+    ClusterRecord::load(meta)?.ok_or_else(|| anyhow::anyhow!("no cluster record"))
+}
+
+/// A record the M-node finished with: nothing reserved past its table, which every node in `nodes` serves.
+fn settled(meta: &dyn MetaStore, nodes: &[&ClusterNode]) -> Result<bool> {
+    let Some((r, _)) = ClusterRecord::load(meta)? else {
+        return Ok(false);
+    };
+    let ring: BTreeSet<NodeId> = r.routing.ring.nodes().collect();
+    let running: BTreeSet<NodeId> = nodes.iter().map(|n| n.id()).collect();
+    Ok(r.reserved_epoch == r.routing.epoch()
+        && ring == running
+        && nodes
+            .iter()
+            .all(|n| n.routing().epoch() == r.routing.epoch()))
+}
+
+/// Writes the first [`KEYS`] keys.
+fn write_all(cl: &mut Client) -> Result<()> {
+    for i in 0..KEYS {
+        cl.set(&key(i), &value(i))?;
+    }
+    Ok(())
+}
+
+/// A local cluster of two KV nodes holding the first [`KEYS`] keys, its cluster token and a client.
+fn two_loaded_nodes() -> Result<(LocalCluster, String, Client)> {
+    let c = LocalCluster::start(small_cluster(2))?;
+    let token = c.mnode().cluster_token().to_string();
+    let mut cl = Client::connect(c.client_config())?;
+    write_all(&mut cl)?;
+    Ok((c, token, cl))
+}
+
+/// Every key of the first [`KEYS`] reads back as written; a key nobody serves fails the client's bounded retries.
+fn check_all(cl: &mut Client) -> Result<()> {
+    for i in 0..KEYS {
+        ensure!(cl.get(&key(i))? == Some(value(i)), "key {i}");
+    }
+    Ok(())
+}
+
+/// Hooks that fail the stores of the records a test picks, like a store that became unreachable just then.
+#[derive(Default)]
+struct Flaky {
+    #[allow(clippy::type_complexity)]
+    refuse: Mutex<Option<Box<dyn Fn(&ClusterRecord) -> bool + Send>>>,
+    refused: Mutex<u64>,
+}
+
+impl Flaky {
+    fn refuse_stores_of(&self, which: impl Fn(&ClusterRecord) -> bool + Send + 'static) {
+        *self.refuse.lock().unwrap() = Some(Box::new(which));
+    }
+
+    fn heal(&self) {
+        *self.refuse.lock().unwrap() = None;
+    }
+
+    fn refused(&self) -> u64 {
+        *self.refused.lock().unwrap()
+    }
+}
+
+impl MetaHooks for Flaky {
+    fn store(
+        &self,
+        inner: &dyn MetaStore,
+        expected: Option<u64>,
+        value: &[u8],
+    ) -> Result<u64, MetaError> {
+        if let Some(refuse) = &*self.refuse.lock().unwrap()
+            && let Ok(record) = postcard::from_bytes::<ClusterRecord>(value)
+            && refuse(&record)
+        {
+            *self.refused.lock().unwrap() += 1;
+            return Err(MetaError::Unavailable("store refused by the test".into()));
+        }
+        inner.store(expected, value)
+    }
+}
+
+/// A memory node with the embedded metadata store, KV nodes on the plain store and an M-node on a store with
+/// [`Flaky`] hooks.
+struct Harness {
+    processor: Arc<Processor>,
+    connector: Connector,
+    meta: Arc<dyn MetaStore>,
+    flaky: Arc<HookedMeta<Flaky>>,
+    mnode: Option<MNode>,
+    nodes: Vec<ClusterNode>,
+}
+
+impl Harness {
+    fn start(kns: NodeId) -> Result<Harness> {
+        let pool = Arc::new(dinomo_pool::Pool::anonymous(256 << 20, 1 << 20)?);
+        let processor = Processor::start(pool.clone(), &small_cluster(0).processor)?;
+        let meta = EmbeddedMeta::open(pool.clone(), MetaConfig::default())?;
+        let memory = MemoryNode::new(
+            pool,
+            FabricNodeConfig {
+                cluster_token: TOKEN.into(),
+                ..FabricNodeConfig::default()
+            },
+        );
+        memory.set_rpc_handler(Arc::new(MemoryNodeRpc::new(
+            processor.rpc_handler(),
+            meta.clone(),
+        )));
+        let mut connector = Connector::new(Target::InProcess(memory));
+        connector.config.cluster_token = TOKEN.into();
+        let meta: Arc<dyn MetaStore> = meta;
+        let flaky = Arc::new(HookedMeta {
+            inner: meta.clone(),
+            hooks: Flaky::default(),
+        });
+        let mnode = MNode::start(
+            MNodeConfig {
+                install_timeout: Duration::from_secs(5),
+                ..MNodeConfig::default()
+            },
+            flaky.clone(),
+            connector.clone(),
+        )?;
+        let mut h = Harness {
+            processor,
+            connector,
+            meta,
+            flaky,
+            mnode: Some(mnode),
+            nodes: Vec::new(),
+        };
+        for id in 1..=kns {
+            h.start_node(id)?;
+        }
+        h.wait_settled()?;
+        Ok(h)
+    }
+
+    fn start_node(&mut self, id: NodeId) -> Result<()> {
+        let cfg = NodeConfig {
+            node_id: id,
+            ..small_cluster(0).node
+        };
+        self.nodes.push(ClusterNode::start(
+            cfg,
+            self.connector.clone(),
+            self.meta.clone(),
+        )?);
+        Ok(())
+    }
+
+    fn wait_settled(&self) -> Result<()> {
+        let nodes: Vec<&ClusterNode> = self.nodes.iter().collect();
+        wait("the record settles", Duration::from_secs(20), || {
+            settled(&*self.meta, &nodes)
+        })
+    }
+
+    fn mnode(&self) -> &MNode {
+        self.mnode.as_ref().expect("running")
+    }
+
+    fn client(&self) -> Result<Client> {
+        Ok(Client::connect(ClientConfig {
+            seeds: self.nodes.iter().map(|n| n.addr().to_string()).collect(),
+            token: TOKEN.into(),
+            op_timeout: Duration::from_secs(3),
+            ..ClientConfig::default()
+        })?)
+    }
+
+    fn stop(mut self) {
+        if let Some(m) = self.mnode.take() {
+            m.stop();
+        }
+        for n in self.nodes.drain(..) {
+            n.stop();
+        }
+        self.processor.shutdown();
+    }
+}
+
+/// A join whose record cannot be stored after the old owners gave keys up, and whose node then dies: the keys it
+/// was to take are served by their old owners again, under a newer epoch.
+#[test]
+fn a_join_aborted_after_the_old_owners_installed_leaves_no_key_without_an_owner() -> Result<()> {
+    let mut h = Harness::start(2)?;
+    let mut cl = h.client()?;
+    write_all(&mut cl)?;
+    let (before, _) = load(&*h.meta)?;
+    h.flaky
+        .refuse_stores_of(|r: &ClusterRecord| r.routing.ring.contains(3));
+    h.start_node(3)?;
+    // The join gets as far as its store (the old owners installed its table), over and over.
+    wait("the join's store fails", Duration::from_secs(20), || {
+        Ok(h.flaky.refused() >= 2)
+    })?;
+    let (during, _) = load(&*h.meta)?;
+    assert!(
+        during.reserved_epoch > during.routing.epoch(),
+        "the join reserved its epoch first: {} vs {}",
+        during.reserved_epoch,
+        during.routing.epoch()
+    );
+    let joining = h.nodes.pop().expect("node 3");
+    joining.crash();
+    wait(
+        "the dead joiner is no longer a member",
+        Duration::from_secs(20),
+        || {
+            Ok(!h
+                .meta
+                .members("kn/")?
+                .iter()
+                .any(|(m, _)| m.ends_with("03")))
+        },
+    )?;
+    h.flaky.heal();
+    // Every key is served again (the client retries a refusal within its bounded time).
+    check_all(&mut cl)?;
+    h.wait_settled()?;
+    let (after, _) = load(&*h.meta)?;
+    assert!(after.routing.epoch() > during.reserved_epoch);
+    assert_eq!(
+        after.routing.ring.nodes().collect::<Vec<_>>(),
+        before.routing.ring.nodes().collect::<Vec<_>>()
+    );
+    h.stop();
+    Ok(())
+}
+
+/// A removal whose record cannot be stored after the node handed its keys over (and its logs were fenced): the
+/// M-node carries it through once the store works again, rather than giving the node back keys it cannot write.
+#[test]
+fn a_removal_whose_store_fails_is_carried_through() -> Result<()> {
+    let mut h = Harness::start(3)?;
+    let mut cl = h.client()?;
+    write_all(&mut cl)?;
+    h.flaky
+        .refuse_stores_of(|r: &ClusterRecord| !r.routing.ring.contains(3));
+    let e = h.mnode().remove_node(3).expect_err("the store was refused");
+    assert!(e.to_string().contains("refused by the test"), "{e}");
+    let (during, _) = load(&*h.meta)?;
+    assert!(during.routing.ring.contains(3));
+    assert!(during.retired.contains_key(&3));
+    h.flaky.heal();
+    let leaving = h.nodes.pop().expect("node 3");
+    wait("the removal completes", Duration::from_secs(20), || {
+        let nodes: Vec<&ClusterNode> = h.nodes.iter().collect();
+        Ok(settled(&*h.meta, &nodes)? && !leaving.routing().ring.contains(3))
+    })?;
+    let (after, _) = load(&*h.meta)?;
+    assert!(after.routing.epoch() > during.reserved_epoch);
+    assert_eq!(after.routing.ring.nodes().collect::<Vec<_>>(), vec![1, 2]);
+    leaving.stop();
+    cl.refresh_routing();
+    check_all(&mut cl)?;
+    write_all(&mut cl)?;
+    h.stop();
+    Ok(())
+}
+
+/// A key made shared whose record cannot be stored after its owner moved the value into the cell: the owner
+/// takes the value back, no write made meanwhile or after is lost, and sharing it later works.
+#[test]
+fn a_sharing_change_whose_store_fails_is_rolled_back_and_loses_no_write() -> Result<()> {
+    let h = Harness::start(2)?;
+    let mut cl = h.client()?;
+    write_all(&mut cl)?;
+    let hot = key(7);
+    {
+        let hot = hot.clone();
+        h.flaky
+            .refuse_stores_of(move |r: &ClusterRecord| r.routing.cells.contains_key(&hot));
+    }
+    let e = h
+        .mnode()
+        .set_replication(&hot, 2)
+        .expect_err("the store was refused");
+    assert!(e.to_string().contains("refused by the test"), "{e}");
+    h.flaky.heal();
+    h.wait_settled()?;
+    let (r, _) = load(&*h.meta)?;
+    assert!(r.routing.cells.is_empty());
+    cl.refresh_routing();
+    cl.set(&hot, b"after the failed change")?;
+    assert_eq!(
+        cl.get(&hot)?.as_deref(),
+        Some(&b"after the failed change"[..])
+    );
+    h.mnode().set_replication(&hot, 2)?;
+    cl.refresh_routing();
+    assert_eq!(
+        cl.get(&hot)?.as_deref(),
+        Some(&b"after the failed change"[..])
+    );
+    cl.set(&hot, b"shared")?;
+    h.mnode().set_replication(&hot, 1)?;
+    cl.refresh_routing();
+    assert_eq!(cl.get(&hot)?.as_deref(), Some(&b"shared"[..]));
+    for i in (0..KEYS).filter(|i| *i != 7) {
+        assert_eq!(cl.get(&key(i))?, Some(value(i)), "key {i}");
+    }
+    h.stop();
+    Ok(())
+}
+
+/// `routing` as a raw install at the node at `addr`.
+fn install(addr: &str, token: &str, routing: &Routing) -> Result<ResponseBody> {
+    raw_call(addr, token, RequestBody::Install(routing.clone()))
+}
+
+fn refused_as(reply: ResponseBody, what: &str) {
+    match reply {
+        ResponseBody::Error {
+            kind: ErrorKind::Invalid,
+            message,
+        } => assert!(message.contains(what), "{message}"),
+        other => panic!("expected a refusal ({what}), got {other:?}"),
+    }
+}
+
+/// A node refuses a table older than its own and another table under its own epoch, and takes its own again.
+#[test]
+fn a_node_refuses_an_older_table_and_another_table_of_its_epoch() -> Result<()> {
+    let (c, token, mut cl) = two_loaded_nodes()?;
+    let (node, addr) = {
+        let nodes = c.nodes();
+        (nodes[0].id(), nodes[0].addr().to_string())
+    };
+    let serving = c.nodes()[0].routing();
+    let mut older = serving.clone();
+    older.ring = dinomo_ring::Ring::with_nodes(serving.ring.vnodes(), [node]);
+    assert!(older.epoch() < serving.epoch());
+    refused_as(install(&addr, &token, &older)?, "older");
+    let mut other = serving.clone();
+    other.addrs.insert(node, "127.0.0.1:9".into());
+    refused_as(install(&addr, &token, &other)?, "another table");
+    assert_eq!(install(&addr, &token, &serving)?, ResponseBody::Done);
+    assert_eq!(c.nodes()[0].routing(), serving);
+    check_all(&mut cl)?;
+    c.stop();
+    Ok(())
+}
+
+/// An M-node that reserved an epoch and installed its change at the nodes losing keys, then stalled: the leader
+/// rolls the change back, every key is served again, and the stalled M-node's late install is refused.
+#[test]
+fn a_change_a_stalled_m_node_left_half_done_is_rolled_back() -> Result<()> {
+    let (c, token, mut cl) = two_loaded_nodes()?;
+    let meta = c.meta_store();
+    let (record, version) = load(&*meta)?;
+    let epoch = record.reserved_epoch.max(record.routing.epoch()) + 1;
+    // The stalled M-node's change: a node joins that never comes (its table is installed at the old owners).
+    let mut change = record.clone();
+    change.routing.ring.add_node(77);
+    change.routing.addrs.insert(77, "127.0.0.1:9".into());
+    change.routing.ring.set_epoch_at_least(epoch);
+    let addrs: Vec<String> = c.nodes().iter().map(|n| n.addr().to_string()).collect();
+    // Installed before the reservation is stored (an M-node reserves first): so the leader cannot roll back
+    // before the table is in place.
+    for a in &addrs {
+        assert_eq!(install(a, &token, &change.routing)?, ResponseBody::Done);
+    }
+    let mut reserved = record.clone();
+    reserved.reserved_epoch = epoch;
+    reserved.store(&*meta, Some(version))?;
+    wait("the change is rolled back", Duration::from_secs(20), || {
+        let nodes = c.nodes();
+        settled(&*meta, &nodes.iter().collect::<Vec<_>>())
+    })?;
+    let (after, _) = load(&*meta)?;
+    assert!(after.routing.epoch() > epoch);
+    assert!(!after.routing.ring.contains(77));
+    for a in &addrs {
+        refused_as(install(a, &token, &change.routing)?, "older");
+    }
+    cl.refresh_routing();
+    check_all(&mut cl)?;
+    c.stop();
+    Ok(())
+}
