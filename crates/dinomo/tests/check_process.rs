@@ -138,6 +138,16 @@ fn check_reports_intact_and_damaged_pools_and_changes_nothing() -> anyhow::Resul
         "exit {code}: {out}"
     );
 
+    // A flipped bit in the format version: damage, not a format this build cannot read.
+    let mut damaged = intact.clone();
+    damaged[8] ^= 0x04;
+    std::fs::write(&bad, &damaged)?;
+    let (code, out, _) = check(&bad, &[])?;
+    anyhow::ensure!(
+        code == 1 && out.contains("corrupt superblock") && out.contains("version field reads 5"),
+        "exit {code}: {out}"
+    );
+
     // Not a pool file; no file.
     std::fs::write(&bad, b"hello")?;
     let (code, _, err) = check(&bad, &[])?;

@@ -152,20 +152,27 @@ impl Superblock {
             });
         }
         let version = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
+        let stored_crc =
+            u32::from_le_bytes(b[CRC_OFFSET..CRC_OFFSET + 4].try_into().expect("4 bytes"));
+        let crc = crc32c::crc32c(&b[..CRC_OFFSET]);
+        // The checksum covers the version: a version this build does not read is another format only when the
+        // header is whole; with a checksum that fails, the version field may be the damaged part.
+        if crc != stored_crc {
+            let version_note = if version == FORMAT_VERSION {
+                String::new()
+            } else {
+                format!("; the version field reads {version}, which may be the damaged part")
+            };
+            return Err(corrupt(format!(
+                "checksum mismatch (stored {stored_crc:#010x}, computed {crc:#010x}){version_note}"
+            )));
+        }
         if version != FORMAT_VERSION {
             return Err(PoolError::UnsupportedVersion {
                 path: path.to_string(),
                 found: version,
                 supported: FORMAT_VERSION,
             });
-        }
-        let stored_crc =
-            u32::from_le_bytes(b[CRC_OFFSET..CRC_OFFSET + 4].try_into().expect("4 bytes"));
-        let crc = crc32c::crc32c(&b[..CRC_OFFSET]);
-        if crc != stored_crc {
-            return Err(corrupt(format!(
-                "checksum mismatch (stored {stored_crc:#010x}, computed {crc:#010x})"
-            )));
         }
         let header_len = u32::from_le_bytes(b[12..16].try_into().expect("4 bytes"));
         if header_len as usize != HEADER_LEN {

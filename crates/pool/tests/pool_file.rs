@@ -235,13 +235,23 @@ fn rejects_foreign_truncated_and_corrupt_files() {
     drop(Pool::create(&path, &opts(1 << 22, 1 << 16)).unwrap());
     let good = std::fs::read(&path).unwrap();
 
-    // Future format version.
+    // Future format version: a whole header (its checksum matches) of another version.
     let mut v = good.clone();
     v[8] = 99;
+    let crc = crc32c::crc32c(&v[..120]);
+    v[120..124].copy_from_slice(&crc.to_le_bytes());
     std::fs::write(&path, &v).unwrap();
     assert_rejected_untouched(&path, |e| {
         matches!(e, PoolError::UnsupportedVersion { found: 99, .. })
     });
+    // A flipped bit in the version field is damage, not another format.
+    let mut v = good.clone();
+    v[8] ^= 0x04;
+    std::fs::write(&path, &v).unwrap();
+    assert_rejected_untouched(
+        &path,
+        |e| matches!(e, PoolError::CorruptSuperblock { reason, .. } if reason.contains("version field reads 5")),
+    );
 
     // A flipped bit in the header.
     let mut v = good.clone();
