@@ -470,13 +470,10 @@ impl State {
         }
     }
 
-    /// One step toward the desired cluster: first a change left half done is rolled back, then failures, then
-    /// removals under way, then joins, then nodes lagging behind the record.
+    /// One step toward the desired cluster: first failures, then removals under way (both override whatever a
+    /// change left half done), then such a change is rolled back, then joins, then nodes lagging behind the record.
     fn reconcile(&mut self) -> Result<(), ClusterError> {
         let (record, version) = self.record()?;
-        if record.reserved_epoch > record.routing.epoch() {
-            return self.roll_back(&record, version).map(|_| ());
-        }
         let live = self.live()?;
         let noticed = Instant::now();
         self.incarnations = live.iter().map(|(id, i)| (*id, i.incarnation)).collect();
@@ -499,6 +496,9 @@ impl State {
                 .is_some_and(|inc| live.get(n).is_some_and(|i| i.incarnation == *inc))
         }) {
             return self.remove(leaving);
+        }
+        if record.reserved_epoch > record.routing.epoch() {
+            return self.roll_back(&record, version).map(|_| ());
         }
         let joining = live
             .iter()
@@ -780,6 +780,9 @@ impl State {
     /// lost the store halfway, and some nodes may serve under its table. The record's own table is stored again
     /// under a newer epoch; installing it everywhere (the catch-up step does) undoes whatever the change did at
     /// the nodes, since they refuse the older epoch from then on. Returns the record stored and its version.
+    ///
+    /// In the shared-nothing layout the change may have moved data: it is moved back first, while the keys' old
+    /// owners still serve under the change's table, which left the keys to others.
     fn roll_back(
         &mut self,
         record: &ClusterRecord,
@@ -787,6 +790,13 @@ impl State {
     ) -> Result<(ClusterRecord, u64), ClusterError> {
         let mut back = record.clone();
         stamp(&mut back, next_epoch(record));
+        let moved = self.move_data(&back.routing)?;
+        if moved.keys > 0 {
+            info!(
+                keys = moved.keys,
+                "data moved back for a rolled-back change"
+            );
+        }
         let stored = back.store(&*self.meta, version)?;
         info!(
             abandoned = record.reserved_epoch,

@@ -186,6 +186,15 @@ pub enum ProcessorError {
         /// Why the call was refused.
         why: String,
     },
+    /// A rebalance under a ring older than one the memory node already rebalanced to: it comes from a management
+    /// node that no longer leads, and following it would move keys away from the owners serving them.
+    #[error("a rebalance to ring epoch {offered} is older than the one done already ({done})")]
+    StaleRebalance {
+        /// The epoch of the ring in the request.
+        offered: u64,
+        /// The newest epoch rebalanced to since the memory node started.
+        done: u64,
+    },
     /// A setting is out of range.
     #[error("invalid setting: {0}")]
     Config(String),
@@ -420,8 +429,9 @@ struct Inner {
     damaged_log_bytes: AtomicU64,
     resealed_segments: AtomicU64,
     relinked_segments: AtomicU64,
-    /// One rebalance at a time; counting keys waits for it (a key is in two partitions for a moment).
-    rebalance_lock: Mutex<()>,
+    /// One rebalance at a time; counting keys waits for it (a key is in two partitions for a moment). It holds the
+    /// newest ring epoch rebalanced to since start: an older one is refused.
+    rebalance_lock: Mutex<u64>,
     /// One KV node's claim of a new log at a time, from the first try to the try after a log was emptied for it:
     /// the descriptor an emptying frees goes to the claim that asked for it, not to a claim that came in between.
     new_log_claims: Mutex<()>,
@@ -536,7 +546,7 @@ impl Processor {
             damaged_log_bytes: AtomicU64::new(0),
             resealed_segments: AtomicU64::new(0),
             relinked_segments: AtomicU64::new(0),
-            rebalance_lock: Mutex::new(()),
+            rebalance_lock: Mutex::new(0),
             new_log_claims: Mutex::new(()),
             migrated_keys: AtomicU64::new(0),
             migrated_bytes: AtomicU64::new(0),
@@ -2198,7 +2208,15 @@ impl Inner {
         if self.indexes.partitioning() == Partitioning::Shared {
             return Ok(out);
         }
-        let _one = self.rebalance_lock.lock().expect("rebalance lock");
+        let mut done = self.rebalance_lock.lock().expect("rebalance lock");
+        let offered = req.ring.epoch();
+        if offered < *done {
+            return Err(ProcessorError::StaleRebalance {
+                offered,
+                done: *done,
+            });
+        }
+        *done = offered;
         let started = Instant::now();
         let mut header = [0u8; ENTRY_HEADER_LEN];
         let mut key = Vec::new();

@@ -330,3 +330,42 @@ fn a_departed_nodes_partition_is_freed_for_the_next_node() -> anyhow::Result<()>
     checked_clean(&path)?;
     Ok(())
 }
+
+/// A rebalance to a ring older than one already rebalanced to comes from a management node that no longer leads:
+/// it is refused and moves nothing, while the same epoch again (a retry) is taken.
+#[test]
+fn a_rebalance_to_an_older_ring_is_refused_and_moves_nothing() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (_pool, processor, connector) =
+        memory_node(&dir.path().join("pool"), Partitioning::PerNode)?;
+    let mut one = worker(1, &connector)?;
+    for i in 0..KEYS {
+        one.set(&key(i), &value(i))?;
+    }
+    one.merge_all()?;
+    let at = |nodes: &[u32], epoch: u64| {
+        let mut ring = Ring::with_nodes(DEFAULT_VNODES, nodes.iter().copied());
+        ring.set_epoch_at_least(epoch);
+        connector
+            .connect()?
+            .call::<_, proto::Rebalanced>(proto::REBALANCE, &proto::Rebalance { ring })
+    };
+    assert_eq!(at(&[1], 5)?.keys, 0);
+    // An older table that would hand keys to node 2.
+    let refused = at(&[1, 2], 4).expect_err("an older ring");
+    assert!(
+        refused
+            .to_string()
+            .contains("older than the one done already (5)"),
+        "{refused}"
+    );
+    check(&mut one, |_| true)?;
+    assert_eq!(at(&[1], 5)?.keys, 0);
+    assert!(at(&[1, 2], 6)?.keys > 0);
+    check(&mut one, |k| {
+        Ring::with_nodes(DEFAULT_VNODES, [1, 2]).primary(k) == Some(1)
+    })?;
+    drop(one);
+    processor.shutdown();
+    Ok(())
+}
