@@ -104,6 +104,11 @@ pub struct MemberInfo {
 }
 
 impl ClusterRecord {
+    /// Whether a change reserved an epoch past the table and was never stored ([`ClusterRecord::reserved_epoch`]).
+    pub fn change_under_way(&self) -> bool {
+        self.reserved_epoch > self.routing.epoch()
+    }
+
     /// The record and its version, if one was stored.
     pub fn load(meta: &dyn MetaStore) -> Result<Option<(ClusterRecord, u64)>, ClusterError> {
         ClusterRecord::load_if_changed(meta, None)

@@ -497,7 +497,7 @@ impl State {
         }) {
             return self.remove(leaving);
         }
-        if record.reserved_epoch > record.routing.epoch() {
+        if record.change_under_way() {
             return self.roll_back(&record, version).map(|_| ());
         }
         let joining = live
@@ -658,7 +658,7 @@ impl State {
         }
         let noticed = Instant::now();
         let (record, version) = self.record()?;
-        if record.reserved_epoch > record.routing.epoch() {
+        if record.change_under_way() {
             return Err(ClusterError::Reconfig(
                 "a change left half done is being rolled back; try again".into(),
             ));
@@ -791,16 +791,11 @@ impl State {
         let mut back = record.clone();
         stamp(&mut back, next_epoch(record));
         let moved = self.move_data(&back.routing)?;
-        if moved.keys > 0 {
-            info!(
-                keys = moved.keys,
-                "data moved back for a rolled-back change"
-            );
-        }
         let stored = back.store(&*self.meta, version)?;
         info!(
             abandoned = record.reserved_epoch,
             epoch = back.routing.epoch(),
+            moved_keys = moved.keys,
             "a change left half done is rolled back"
         );
         Ok((back, stored))

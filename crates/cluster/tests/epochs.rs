@@ -57,7 +57,7 @@ fn settled(meta: &dyn MetaStore, nodes: &[&ClusterNode]) -> Result<bool> {
     };
     let ring: BTreeSet<NodeId> = r.routing.ring.nodes().collect();
     let running: BTreeSet<NodeId> = nodes.iter().map(|n| n.id()).collect();
-    Ok(r.reserved_epoch == r.routing.epoch()
+    Ok(!r.change_under_way()
         && ring == running
         && nodes
             .iter()
@@ -94,8 +94,8 @@ fn check_all(cl: &mut Client) -> Result<()> {
 struct Flaky {
     #[allow(clippy::type_complexity)]
     refuse: Mutex<Option<Box<dyn Fn(&ClusterRecord) -> bool + Send>>>,
-    refused: Mutex<u64>,
-    last_refused: Mutex<Option<ClusterRecord>>,
+    /// Stores refused so far, and the record of the last.
+    refused: Mutex<(u64, Option<ClusterRecord>)>,
 }
 
 impl Flaky {
@@ -108,11 +108,11 @@ impl Flaky {
     }
 
     fn refused(&self) -> u64 {
-        *self.refused.lock().unwrap()
+        self.refused.lock().unwrap().0
     }
 
     fn last_refused(&self) -> Option<ClusterRecord> {
-        self.last_refused.lock().unwrap().clone()
+        self.refused.lock().unwrap().1.clone()
     }
 }
 
@@ -127,8 +127,8 @@ impl MetaHooks for Flaky {
             && let Ok(record) = postcard::from_bytes::<ClusterRecord>(value)
             && refuse(&record)
         {
-            *self.refused.lock().unwrap() += 1;
-            *self.last_refused.lock().unwrap() = Some(record);
+            let mut refused = self.refused.lock().unwrap();
+            *refused = (refused.0 + 1, Some(record));
             return Err(MetaError::Unavailable("store refused by the test".into()));
         }
         inner.store(expected, value)

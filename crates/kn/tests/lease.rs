@@ -199,13 +199,27 @@ fn kn_under_lease_with_hooks(
     Ok((start_kn(&hooked, Some(gate.clone()), 1)?, gate, hooks))
 }
 
-/// Waits until `hooks` have seen `n` round trips begin; fails with `what` after the test's patience.
-fn until_round_trips(hooks: &FaultHooks, n: u64, what: &str) {
+/// Runs `op` on `h` with every round trip slowed to 400 ms, fences `gate` once `n` of the op's round trips have
+/// begun (failing with `what` if they never do), and returns the op's answer.
+fn fenced_after_round_trips<T: Send + 'static>(
+    h: &KvHandle,
+    (gate, hooks): (&LeaseGate, &FaultHooks),
+    n: u64,
+    what: &str,
+    op: impl FnOnce(&KvHandle) -> T + Send + 'static,
+) -> anyhow::Result<T> {
+    hooks.set_delay(Duration::from_millis(400));
+    let begun = hooks.round_trips_begun();
+    let answer = spawn(h, op);
     let start = Instant::now();
-    while hooks.round_trips_begun() < n {
+    while hooks.round_trips_begun() < begun + n {
         assert!(start.elapsed() < PATIENCE, "{what}");
         std::thread::sleep(Duration::from_millis(1));
     }
+    gate.close();
+    let answer = answer.recv_timeout(PATIENCE)?;
+    hooks.set_delay(Duration::ZERO);
+    Ok(answer)
 }
 
 /// A read whose round trips outlive the lease is refused when it ends, not answered: meanwhile its key may have
@@ -220,17 +234,11 @@ fn a_read_that_outlives_the_lease_is_refused_at_its_end() -> anyhow::Result<()> 
     writer.stop();
     let (kn, gate, hooks) = kn_under_lease_with_hooks(&connector)?;
     let h = kn.handle();
-    hooks.set_delay(Duration::from_millis(400));
-    let begun = hooks.round_trips_begun();
-    let read = spawn(&h, |h| h.get(b"k"));
-    until_round_trips(&hooks, begun + 1, "the read never went out");
-    // The walk is on its way, past the lease check at its start.
-    gate.close();
-    assert!(matches!(
-        read.recv_timeout(PATIENCE)?,
-        Err(KnError::LeaseLapsed)
-    ));
-    hooks.set_delay(Duration::ZERO);
+    // Fenced once the walk is on its way, past the lease check at its start.
+    let read = fenced_after_round_trips(&h, (&gate, &hooks), 1, "the read never went out", |h| {
+        h.get(b"k")
+    })?;
+    assert!(matches!(read, Err(KnError::LeaseLapsed)));
     let stats = &h.stats()?[0];
     assert_eq!(
         (stats.index_walks, stats.lease_refusals),
@@ -254,18 +262,16 @@ fn a_shared_write_whose_cas_outlives_the_lease_is_not_acknowledged() -> anyhow::
     h.set(key, b"before")?;
     let word = pool.atomic_u64(cell)?;
     let before = word.load(std::sync::atomic::Ordering::Acquire);
-    hooks.set_delay(Duration::from_millis(400));
-    let begun = hooks.round_trips_begun();
-    let write = spawn(&h, |h| h.set(b"shared-key", b"after"));
     // The write READs the cell, WRITEs its entry through, checks the lease, and CASes the cell: once its third
     // round trip has begun, it is past that check.
-    until_round_trips(&hooks, begun + 3, "the write never reached its CAS");
-    gate.close();
-    assert!(matches!(
-        write.recv_timeout(PATIENCE)?,
-        Err(KnError::Fenced)
-    ));
-    hooks.set_delay(Duration::ZERO);
+    let write = fenced_after_round_trips(
+        &h,
+        (&gate, &hooks),
+        3,
+        "the write never reached its CAS",
+        |h| h.set(b"shared-key", b"after"),
+    )?;
+    assert!(matches!(write, Err(KnError::Fenced)));
     assert_ne!(
         word.load(std::sync::atomic::Ordering::Acquire),
         before,

@@ -560,8 +560,9 @@ impl Coordinator {
         }
         self.lock_space().free = free;
         self.next_stamp.store(max_stamp + 1, Ordering::Relaxed);
+        // Wraps to 0 only past the last id, which `next_id` never hands out.
         self.next_client
-            .store(max_client.wrapping_add(1).max(1), Ordering::Relaxed);
+            .store(max_client.wrapping_add(1), Ordering::Relaxed);
         Ok(out)
     }
 
