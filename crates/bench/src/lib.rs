@@ -51,9 +51,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use dinomo_fabric::{
-    Batch, Connector, CounterSnapshot, DATA_REGION, Endpoint, EndpointConfig, FabricError,
-    MemoryNode, NodeConfig, RegionInfo, RemoteAddr, Server, ServerConfig, Slot, Target, VerbKind,
-    counters, wire,
+    Batch, ClientId, Connector, CounterSnapshot, DATA_REGION, Endpoint, EndpointConfig,
+    FabricError, MemoryNode, NodeConfig, RegionInfo, RemoteAddr, Server, ServerConfig, Slot,
+    Target, VerbKind, counters, wire,
 };
 use dinomo_pool::Pool;
 use serde::{Deserialize, Serialize};
@@ -138,6 +138,10 @@ pub struct FabricBenchOptions {
     pub injected_latency_ns: u64,
     /// Transports measured, in this order. Default: in-process, then TCP.
     pub transports: Vec<TransportChoice>,
+    /// Name the endpoint as a KV node's, as the nodes of a cluster do: its verbs then run under the memory node's
+    /// revocation gate (see [`dinomo_fabric::Clients`]), whose cost this shows. Default false.
+    #[serde(default)]
+    pub named_client: bool,
 }
 
 impl Default for FabricBenchOptions {
@@ -147,6 +151,7 @@ impl Default for FabricBenchOptions {
             batch: 16,
             injected_latency_ns: 0,
             transports: TransportChoice::ALL.to_vec(),
+            named_client: false,
         }
     }
 }
@@ -279,7 +284,13 @@ pub fn run(opts: &FabricBenchOptions) -> anyhow::Result<FabricReport> {
             None => Target::InProcess(node.clone()),
             Some(s) => Target::Tcp(s.local_addr()),
         };
-        let connector = Connector::with_config(target, endpoint_config.clone());
+        let mut connector = Connector::with_config(target, endpoint_config.clone());
+        if opts.named_client {
+            connector = connector.for_client(ClientId {
+                node: 1,
+                incarnation: 1,
+            });
+        }
         let endpoint = connector
             .connect()
             .with_context(|| format!("connecting to the memory node ({transport})"))?;

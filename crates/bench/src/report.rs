@@ -294,13 +294,18 @@ impl FabricReport {
         let o = &self.options;
         writeln!(
             out,
-            "fabric micro-benchmark: {} cores ({}/{}), {} ms per case, batch {}, injected latency {} ns",
+            "fabric micro-benchmark: {} cores ({}/{}), {} ms per case, batch {}, injected latency {} ns{}",
             self.cores,
             self.os,
             self.arch,
             fmt_num(o.duration_per_case.as_secs_f64() * 1e3),
             o.batch,
-            o.injected_latency_ns
+            o.injected_latency_ns,
+            if o.named_client {
+                ", endpoints named as a KV node's (revocation gate)"
+            } else {
+                ""
+            }
         )?;
         writeln!(out)?;
         writeln!(

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use dinomo_dpm::{Processor, ProcessorConfig};
 use dinomo_fabric::{
-    Connector, MemoryNode, NodeConfig as FabricNodeConfig, RpcError, RpcHandler, Target,
+    ClientId, Connector, MemoryNode, NodeConfig as FabricNodeConfig, RpcError, RpcHandler, Target,
 };
 use dinomo_meta::{EmbeddedMeta, META_METHODS, MetaConfig, MetaService, MetaStore};
 use dinomo_pool::{PersistMode, Pool, PoolOptions};
@@ -40,10 +40,21 @@ impl MemoryNodeRpc {
 
 impl RpcHandler for MemoryNodeRpc {
     fn handle(&self, method: u16, request: &[u8], response: &mut Vec<u8>) -> Result<(), RpcError> {
+        self.handle_from(None, method, request, response)
+    }
+
+    fn handle_from(
+        &self,
+        caller: Option<ClientId>,
+        method: u16,
+        request: &[u8],
+        response: &mut Vec<u8>,
+    ) -> Result<(), RpcError> {
         if META_METHODS.contains(&method) {
-            self.meta.handle(method, request, response)
+            self.meta.handle_from(caller, method, request, response)
         } else {
-            self.data.handle(method, request, response)
+            // The data plane refuses a revoked client's claims, so it must know who calls.
+            self.data.handle_from(caller, method, request, response)
         }
     }
 }
@@ -181,7 +192,7 @@ impl LocalCluster {
         let meta = EmbeddedMeta::open(pool.clone(), cfg.meta.clone())?;
         let memory = MemoryNode::new(pool.clone(), cfg.memory_node.clone());
         memory.set_rpc_handler(Arc::new(MemoryNodeRpc::new(
-            processor.rpc_handler(),
+            processor.rpc_handler(&memory),
             meta.clone(),
         )));
         let connector = in_process_connector(&memory, &cfg);
@@ -400,10 +411,11 @@ impl LocalCluster {
     /// Metrics of the whole cluster: every KV node running now, the memory node, the cluster record's ring, the
     /// M-node and this process's fabric counters.
     pub fn metrics(&self) -> Vec<Arc<dyn crate::metrics::MetricsSource>> {
-        use crate::metrics::{FabricMetrics, ProcessorMetrics, RecordMetrics};
+        use crate::metrics::{ClientMetrics, FabricMetrics, ProcessorMetrics, RecordMetrics};
         vec![
             Arc::new(LocalNodeMetrics(self.scaler.clone())),
             Arc::new(ProcessorMetrics(self.processor.clone())),
+            Arc::new(ClientMetrics(self.memory.clone())),
             Arc::new(RecordMetrics(self.meta_store())),
             Arc::new(self.mnode().metrics()),
             Arc::new(FabricMetrics),

@@ -544,6 +544,27 @@ impl MetricsSource for ProcessorMetrics {
     }
 }
 
+/// The memory node's named clients (KV-node incarnations) and their revocation.
+pub struct ClientMetrics(pub Arc<dinomo_fabric::MemoryNode>);
+
+impl MetricsSource for ClientMetrics {
+    fn collect(&self, out: &mut Exposition) {
+        let clients = self.0.clients();
+        out.gauge(
+            "dinomo_dpm_named_clients",
+            "KV-node incarnations connected to the memory node now.",
+            &[],
+            clients.connected().len() as f64,
+        );
+        out.counter(
+            "dinomo_dpm_revoked_connections_total",
+            "Connections of taken-over KV nodes the memory node closed.",
+            &[],
+            clients.revoked_connections(),
+        );
+    }
+}
+
 /// Adds a memory node's statistics.
 pub fn processor_metrics(s: &ProcessorStats, out: &mut Exposition) {
     out.gauge(

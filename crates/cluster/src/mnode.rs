@@ -323,7 +323,8 @@ struct State {
     installed: HashMap<NodeId, (u64, u64)>,
     /// The last record read, with its version.
     record_cache: Option<(u64, ClusterRecord)>,
-    /// Incarnations of the live nodes, as last read.
+    /// Incarnations of the nodes, as last read live: a node that died keeps its last one until its logs are taken
+    /// over, which revokes that incarnation at the memory node.
     incarnations: HashMap<NodeId, u64>,
     /// Ring members seen live since this M-node leads (their disappearance is a failure at once).
     seen: std::collections::HashSet<NodeId>,
@@ -476,7 +477,8 @@ impl State {
         let (record, version) = self.record()?;
         let live = self.live()?;
         let noticed = Instant::now();
-        self.incarnations = live.iter().map(|(id, i)| (*id, i.incarnation)).collect();
+        self.incarnations
+            .extend(live.iter().map(|(id, i)| (*id, i.incarnation)));
         self.seen
             .extend(live.keys().filter(|id| record.routing.ring.contains(**id)));
         let in_grace = self.leading_since.elapsed() < self.cfg.failure_grace;
@@ -551,7 +553,10 @@ impl State {
         let (epoch, record, version) = self.reserve(&record, version)?;
         let taken: proto::NodeTakenOver = self.dpm_call(
             proto::TAKE_OVER_NODE,
-            &proto::TakeOverNode { node_id: dead },
+            &proto::TakeOverNode {
+                node_id: dead,
+                incarnation: self.incarnations.get(&dead).copied(),
+            },
         )?;
         // A key the dead node was making shared when the record was not stored yet goes back to the index.
         let shared: Vec<u64> = record.routing.cells.values().copied().collect();
@@ -564,6 +569,7 @@ impl State {
         next.store(&*self.meta, Some(version))?;
         self.installed.remove(&dead);
         self.seen.remove(&dead);
+        self.incarnations.remove(&dead);
         // Nobody loses keys: every survivor may install at once.
         let survivors: Vec<NodeId> = next.routing.ring.nodes().collect();
         self.install(&next.routing, &survivors)?;
@@ -636,12 +642,18 @@ impl State {
         }
         // The node's logs get no writer again: fenced, they are given back to the memory node's directory once
         // their entries are superseded or cleaned (its ids are not reused, so nothing else would).
-        let _: proto::NodeTakenOver =
-            self.dpm_call(proto::TAKE_OVER_NODE, &proto::TakeOverNode { node_id: id })?;
+        let _: proto::NodeTakenOver = self.dpm_call(
+            proto::TAKE_OVER_NODE,
+            &proto::TakeOverNode {
+                node_id: id,
+                incarnation: live.get(&id).map(|i| i.incarnation),
+            },
+        )?;
         let moved = self.move_data(&next.routing)?;
         next.store(&*self.meta, Some(version))?;
         self.installed.remove(&id);
         self.seen.remove(&id);
+        self.incarnations.remove(&id);
         let rest: Vec<NodeId> = next.routing.ring.nodes().collect();
         self.install(&next.routing, &rest)?;
         self.note(ReconfigKind::Remove, id, &next.routing, noticed, 0, &moved);

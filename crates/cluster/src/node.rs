@@ -8,7 +8,7 @@ use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use dinomo_fabric::Connector;
+use dinomo_fabric::{ClientId, Connector};
 use dinomo_kn::{Command, KnConfig, KnError, KvNode, LeaseGate, Ownership, Submitter};
 use dinomo_meta::{LeaseId, MetaError, MetaStore};
 use dinomo_ring::{NodeId, Ring};
@@ -290,6 +290,16 @@ impl ClusterNode {
             node_id: config.node_id,
             ..config.kn.clone()
         };
+        let incarnation = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ ((std::process::id() as u64) << 40);
+        // Every connection of this process's node names it, so that the memory node can revoke them all when the
+        // cluster takes the node over (and refuse them when they come back from behind a partition).
+        let connector = connector.for_client(ClientId {
+            node: config.node_id,
+            incarnation,
+        });
         let kv = KvNode::start_in_cluster(kn, connector.clone(), Some(own), Some(gate.clone()))?;
         let shared = Arc::new(NodeShared {
             id: config.node_id,
@@ -322,10 +332,6 @@ impl ClusterNode {
             )?),
             None => None,
         };
-        let incarnation = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
-            ^ ((std::process::id() as u64) << 40);
         let info = postcard::to_allocvec(&MemberInfo {
             addr: addr.clone(),
             incarnation,
@@ -531,6 +537,12 @@ fn heartbeat_loop(
     let interval = period.min(ttl / 2);
     let mut due = granted + interval;
     while !stop.is_stopped() {
+        if gate.is_fenced() {
+            // A worker found the node revoked by the memory node: renewing would only keep a node that cannot
+            // serve in the ring.
+            warn!(node = id, "fenced; this node no longer renews its lease");
+            return;
+        }
         let now = Instant::now();
         if held.load(Ordering::Acquire) {
             stop.wait(period);

@@ -163,7 +163,7 @@ impl Harness {
             },
         );
         memory.set_rpc_handler(Arc::new(MemoryNodeRpc::new(
-            processor.rpc_handler(),
+            processor.rpc_handler(&memory),
             meta.clone(),
         )));
         let mut connector = Connector::new(Target::InProcess(memory));

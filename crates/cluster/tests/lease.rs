@@ -13,6 +13,8 @@ use common::{HookedMeta, MetaHooks, small_cluster};
 use dinomo_cluster::{
     Client, ClientConfig, ClusterNode, LocalCluster, LocalClusterConfig, NodeConfig,
 };
+use dinomo_fabric::{FaultHooks, Target};
+use dinomo_kn::KnError;
 use dinomo_meta::{LeaseId, MetaError, MetaStore};
 use dinomo_ring::NodeId;
 
@@ -89,7 +91,24 @@ fn start_with(
     cfg: LocalClusterConfig,
     lease_wait: Duration,
 ) -> anyhow::Result<(LocalCluster, ClusterNode, Arc<HeldMeta>, Client)> {
+    let (c, node, meta, client, _) = start_with_hooks(cfg, lease_wait)?;
+    Ok((c, node, meta, client))
+}
+
+/// What [`start_with_hooks`] starts: [`start`]'s, and the fault hooks of the starved node's round trips.
+type WithHooks = (
+    LocalCluster,
+    ClusterNode,
+    Arc<HeldMeta>,
+    Client,
+    Arc<FaultHooks>,
+);
+
+/// [`start_with`], with fault hooks on every round trip the starved node makes to the memory node.
+fn start_with_hooks(cfg: LocalClusterConfig, lease_wait: Duration) -> anyhow::Result<WithHooks> {
     let c = LocalCluster::start(cfg.clone())?;
+    let mut connector = c.memory_connector();
+    let hooks = connector.share_fault_hooks();
     let meta = Arc::new(HookedMeta {
         inner: c.meta_store(),
         hooks: Held {
@@ -104,7 +123,7 @@ fn start_with(
             lease_wait,
             ..cfg.node.clone()
         },
-        c.memory_connector(),
+        connector,
         meta.clone(),
     )?;
     // The M-node adds the new member; wait until it serves under a table that has it.
@@ -119,7 +138,7 @@ fn start_with(
         op_timeout: PATIENCE,
         ..ClientConfig::default()
     })?;
-    Ok((c, node, meta, client))
+    Ok((c, node, meta, client, hooks))
 }
 
 /// A key the starved node owns.
@@ -292,6 +311,70 @@ fn an_install_refused_by_a_node_whose_lease_then_expires_fails_without_waiting_o
         c.nodes()[0].routing().ring.primary(&key) != Some(STARVED)
     });
     assert_eq!(client.get(&key)?, Some(b"v".to_vec()));
+    meta.release();
+    node.crash();
+    c.stop();
+    Ok(())
+}
+
+/// Whether `needle` occurs anywhere in the memory node's pool.
+fn pool_holds(c: &LocalCluster, needle: &[u8]) -> anyhow::Result<bool> {
+    let Target::InProcess(memory) = &c.memory_connector().target else {
+        anyhow::bail!("a local cluster's memory node is in this process");
+    };
+    let pool = memory.pool();
+    let mut image = vec![0u8; pool.len() as usize];
+    pool.read(0, &mut image)?;
+    let mut at = 0;
+    while let Some(i) = image[at..].iter().position(|&b| b == needle[0]) {
+        let start = at + i;
+        if image[start..].starts_with(needle) {
+            return Ok(true);
+        }
+        at = start + 1;
+    }
+    Ok(false)
+}
+
+/// A write that passed the node's lease check and then took longer than the lease on its way to the memory node
+/// arrives after the cluster took the node over. The take-over revoked the node at the memory node, so the write
+/// lands nowhere (not past the seal of the log the take-over merged, nor in that segment once it is reused), and
+/// the node, finding itself revoked, stops serving before its lease's late verdict reaches it.
+#[test]
+fn a_write_that_reaches_the_memory_node_after_the_take_over_lands_nowhere() -> anyhow::Result<()> {
+    let mut cfg = small_cluster(1);
+    // Small enough to search whole for the late write's bytes.
+    cfg.pool_size = 64 << 20;
+    let (c, node, meta, mut client, hooks) = start_with_hooks(cfg, Duration::ZERO)?;
+    let key = owned_key(&node);
+    client.set(&key, b"before")?;
+    let starved = node.submitter().handle();
+    const LATE: &[u8] = b"late-write-that-must-land-nowhere";
+
+    // The write passes the lease check and is held on its way out.
+    hooks.pause();
+    let late_write = {
+        let (starved, key) = (starved.clone(), key.clone());
+        std::thread::spawn(move || starved.set(&key, LATE))
+    };
+    until("the write being on its way", || hooks.waiting() > 0);
+    // Meanwhile the node falls silent: the store's lease runs out and the cluster takes the node over.
+    meta.hold(false);
+    until("the failover", || {
+        c.nodes()[0].routing().ring.primary(&key) != Some(STARVED)
+    });
+    hooks.resume();
+    let answer = late_write.join().expect("writer thread");
+    match &answer {
+        Err(e @ KnError::Fabric(_)) if e.to_string().contains("revoked") => {}
+        other => panic!("the late write was not refused by the memory node: {other:?}"),
+    }
+    assert!(!pool_holds(&c, LATE)?, "the late write landed in the pool");
+    // The refusal told the node it was revoked: with its heartbeat still held, it is fenced for good.
+    assert!(node.is_fenced());
+    assert!(matches!(starved.get(&key), Err(KnError::LeaseLapsed)));
+    // The new owner serves the last acknowledged value.
+    assert_eq!(client.get(&key)?, Some(b"before".to_vec()));
     meta.release();
     node.crash();
     c.stop();

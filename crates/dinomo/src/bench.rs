@@ -323,6 +323,10 @@ pub struct FabricArgs {
     /// Transport to measure: in-process or tcp (repeat for both; default both).
     #[arg(long)]
     pub transport: Vec<TransportChoice>,
+    /// Name the endpoints as a KV node's, as a cluster's nodes do: their verbs run under the memory node's
+    /// revocation gate.
+    #[arg(long)]
+    pub named_client: bool,
 }
 
 /// Runs the chosen benchmark.
@@ -338,6 +342,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 duration_per_case: Duration::from_millis(a.ms),
                 batch: a.batch,
                 injected_latency_ns: a.latency_ns,
+                named_client: a.named_client,
                 transports: if a.transport.is_empty() {
                     TransportChoice::ALL.to_vec()
                 } else {

@@ -194,7 +194,7 @@ pub fn run(args: DpmArgs) -> anyhow::Result<()> {
         let meta = dinomo_meta::EmbeddedMeta::open(pool.clone(), cfg.dpm.meta.clone())
             .context("opening the cluster metadata")?;
         node.set_rpc_handler(Arc::new(dinomo_cluster::MemoryNodeRpc::new(
-            p.rpc_handler(),
+            p.rpc_handler(&node),
             meta,
         )));
         Some(p)
@@ -245,9 +245,15 @@ pub fn run(args: DpmArgs) -> anyhow::Result<()> {
             }
         },
     );
-    let metrics = cfg.metrics.serve(|| match &processor {
-        Some(p) => vec![Arc::new(dinomo_cluster::metrics::ProcessorMetrics(p.clone())) as _],
-        None => Vec::new(),
+    let metrics = cfg.metrics.serve(|| {
+        let clients = Arc::new(dinomo_cluster::metrics::ClientMetrics(node.clone())) as _;
+        match &processor {
+            Some(p) => vec![
+                Arc::new(dinomo_cluster::metrics::ProcessorMetrics(p.clone())) as _,
+                clients,
+            ],
+            None => vec![clients],
+        }
     })?;
     let signal = signals.forever().next();
     tracing::info!(?signal, "stopping memory node");

@@ -57,31 +57,59 @@ fn start_with_banner(args: &[&str], lines: usize) -> anyhow::Result<Proc> {
     Ok(Proc { child, banner })
 }
 
-fn dpm(pool: &Path, partitioning: &str) -> anyhow::Result<(Proc, String)> {
-    let p = start(&[
-        "dpm",
-        "--partitioning",
-        partitioning,
-        "--listen",
-        "127.0.0.1:0",
-        "--size",
-        "128MiB",
-        "--segment-size",
-        "1MiB",
-        "--log-segment-size",
-        "1MiB",
-        "--merge-threads",
-        "2",
-        "--pool",
-        pool.to_str().expect("utf-8 path"),
-    ])?;
+/// Starts a memory node; returns it with its fabric address and its metrics address.
+fn dpm(pool: &Path, partitioning: &str) -> anyhow::Result<(Proc, String, String)> {
+    let p = start_with_banner(
+        &[
+            "dpm",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--partitioning",
+            partitioning,
+            "--listen",
+            "127.0.0.1:0",
+            "--size",
+            "128MiB",
+            "--segment-size",
+            "1MiB",
+            "--log-segment-size",
+            "1MiB",
+            "--merge-threads",
+            "2",
+            "--pool",
+            pool.to_str().expect("utf-8 path"),
+        ],
+        2,
+    )?;
     let addr = p
         .banner
         .split_whitespace()
         .nth(4)
         .expect("address in banner")
         .to_string();
-    Ok((p, addr))
+    let metrics = p
+        .banner
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("metrics on http://"))
+        .and_then(|a| a.strip_suffix("/metrics"))
+        .expect("metrics address in banner")
+        .to_string();
+    Ok((p, addr, metrics))
+}
+
+/// The value of the sample `name` (without labels) on the `/metrics` page at `addr`.
+fn scrape(addr: &str, name: &str) -> anyhow::Result<f64> {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(addr)?;
+    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")?;
+    let mut page = String::new();
+    conn.read_to_string(&mut page)?;
+    let value = page
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .ok_or_else(|| anyhow::anyhow!("no sample {name} in:\n{page}"))?;
+    Ok(value.trim().parse()?)
 }
 
 fn kn(dpm: &str, id: u32) -> anyhow::Result<Proc> {
@@ -132,6 +160,7 @@ struct Cluster {
     _mnode: Proc,
     dpm: Proc,
     dpm_addr: String,
+    dpm_metrics: String,
 }
 
 impl Cluster {
@@ -146,7 +175,7 @@ impl Cluster {
         kns: u32,
         lease_ms: &str,
     ) -> anyhow::Result<Cluster> {
-        let (dpm, dpm_addr) = dpm(pool, partitioning)?;
+        let (dpm, dpm_addr, dpm_metrics) = dpm(pool, partitioning)?;
         let mnode = start(&["mnode", "--dpm", &dpm_addr, "--lease-ms", "500"])?;
         let rn = start(&["rn", "--dpm", &dpm_addr, "--listen", "127.0.0.1:0"])?;
         let rn_addr = rn
@@ -165,6 +194,7 @@ impl Cluster {
             _mnode: mnode,
             dpm,
             dpm_addr,
+            dpm_metrics,
         })
     }
 
@@ -345,6 +375,10 @@ fn a_kv_node_frozen_past_its_lease_restarts_itself_and_rejoins() -> anyhow::Resu
         |r| !r.ring.contains(frozen),
         "the frozen node was never declared failed",
     )?;
+    // The take-over revoked the frozen node at the memory node: its connections were closed, so nothing it had
+    // on its way when it froze lands once it wakes.
+    let revoked = scrape(&cluster.dpm_metrics, "dinomo_dpm_revoked_connections_total")?;
+    assert!(revoked >= 1.0, "{revoked} connections revoked");
     for i in 0..n {
         client.set(format!("key{i}").as_bytes(), &value(i, 1))?;
     }

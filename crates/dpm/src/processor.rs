@@ -5,7 +5,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use dinomo_fabric::{MemoryNode, RpcError, RpcHandler};
+use dinomo_fabric::{ClientId, Clients, MemoryNode, RpcError, RpcHandler};
 use dinomo_index::{Index, IndexConfig, IndexError};
 use dinomo_log::segment::{self, DamagedField, InPlace, ScanEnd, SegmentFormat};
 use dinomo_log::{
@@ -195,6 +195,9 @@ pub enum ProcessorError {
         /// The newest epoch rebalanced to since the memory node started.
         done: u64,
     },
+    /// A client the memory node revoked (its KV node was taken over) tried to claim a log.
+    #[error("{0} was revoked: the cluster took its node over, so it may not claim a log")]
+    Revoked(ClientId),
     /// A setting is out of range.
     #[error("invalid setting: {0}")]
     Config(String),
@@ -595,12 +598,16 @@ impl Processor {
 
     /// Installs this processor as `node`'s RPC handler.
     pub fn serve(self: &Arc<Self>, node: &MemoryNode) {
-        node.set_rpc_handler(self.rpc_handler());
+        node.set_rpc_handler(self.rpc_handler(node));
     }
 
-    /// The processor's RPC handler, for composing with other services on one memory node.
-    pub fn rpc_handler(&self) -> Arc<dyn RpcHandler> {
-        Arc::new(Handler(self.inner.clone()))
+    /// The processor's RPC handler on `node` (whose clients a take-over revokes), for composing with other
+    /// services on one memory node.
+    pub fn rpc_handler(&self, node: &MemoryNode) -> Arc<dyn RpcHandler> {
+        Arc::new(Handler {
+            inner: self.inner.clone(),
+            clients: node.clients().clone(),
+        })
     }
 
     /// Keys in the index (every partition's, in the shared-nothing layout).
@@ -640,10 +647,24 @@ impl Drop for Processor {
     }
 }
 
-struct Handler(Arc<Inner>);
+struct Handler {
+    inner: Arc<Inner>,
+    /// The memory node's named clients.
+    clients: Arc<Clients>,
+}
 
 impl RpcHandler for Handler {
     fn handle(&self, method: u16, request: &[u8], response: &mut Vec<u8>) -> Result<(), RpcError> {
+        self.handle_from(None, method, request, response)
+    }
+
+    fn handle_from(
+        &self,
+        caller: Option<ClientId>,
+        method: u16,
+        request: &[u8],
+        response: &mut Vec<u8>,
+    ) -> Result<(), RpcError> {
         let fail = |e: ProcessorError| {
             if e.is_out_of_space() {
                 RpcError::OutOfSpace(e.to_string())
@@ -661,64 +682,100 @@ impl RpcHandler for Handler {
                         req.thread
                     )));
                 }
-                dinomo_fabric::encode(&self.0.open_log(&req, true).map_err(fail)?, response)
+                let claim = Claim::KvNode {
+                    caller: caller.map(|c| (c, &*self.clients)),
+                };
+                dinomo_fabric::encode(&self.inner.open_log(&req, claim).map_err(fail)?, response)
             }
             proto::NEXT_SEGMENT => {
                 let req: proto::NextSegment = dinomo_fabric::decode(request)?;
-                dinomo_fabric::encode(&self.0.next_segment(&req, true).map_err(fail)?, response)
+                dinomo_fabric::encode(
+                    &self.inner.next_segment(&req, true).map_err(fail)?,
+                    response,
+                )
             }
             proto::MERGE_ALL => {
                 let req: proto::MergeAll = dinomo_fabric::decode(request)?;
-                dinomo_fabric::encode(&self.0.merge_all(&req).map_err(fail)?, response)
+                dinomo_fabric::encode(&self.inner.merge_all(&req).map_err(fail)?, response)
             }
             proto::MERGE_SEALED => {
                 let req: proto::MergeSealed = dinomo_fabric::decode(request)?;
-                dinomo_fabric::encode(&self.0.merge_sealed(&req).map_err(fail)?, response)
+                dinomo_fabric::encode(&self.inner.merge_sealed(&req).map_err(fail)?, response)
             }
-            proto::STATS => dinomo_fabric::encode(&self.0.stats(), response),
+            proto::STATS => dinomo_fabric::encode(&self.inner.stats(), response),
             proto::COUNT_KEYS => dinomo_fabric::encode(
                 &proto::KeyCount {
-                    keys: self.0.count_keys().map_err(fail)?,
+                    keys: self.inner.count_keys().map_err(fail)?,
                 },
                 response,
             ),
             proto::TAKE_OVER_NODE => {
                 let req: proto::TakeOverNode = dinomo_fabric::decode(request)?;
-                dinomo_fabric::encode(&self.0.take_over_node(&req).map_err(fail)?, response)
+                dinomo_fabric::encode(
+                    &self
+                        .inner
+                        .take_over_node(&req, &self.clients)
+                        .map_err(fail)?,
+                    response,
+                )
             }
             proto::RESERVE_CELL => {
                 let req: proto::ReserveCell = dinomo_fabric::decode(request)?;
-                dinomo_fabric::encode(&self.0.reserve_cell(&req).map_err(fail)?, response)
+                dinomo_fabric::encode(&self.inner.reserve_cell(&req).map_err(fail)?, response)
             }
             proto::ACTIVATE_CELL => {
                 let req: proto::ShareKey = dinomo_fabric::decode(request)?;
-                dinomo_fabric::encode(&self.0.activate_cell(&req).map_err(fail)?, response)
+                dinomo_fabric::encode(&self.inner.activate_cell(&req).map_err(fail)?, response)
             }
             proto::DEACTIVATE_CELL => {
                 let req: proto::ShareKey = dinomo_fabric::decode(request)?;
-                dinomo_fabric::encode(&self.0.deactivate_cell(&req).map_err(fail)?, response)
+                dinomo_fabric::encode(&self.inner.deactivate_cell(&req).map_err(fail)?, response)
             }
             proto::SYNC_CELLS => {
                 let req: proto::SyncCells = dinomo_fabric::decode(request)?;
-                self.0.sync_cells(&req).map_err(fail)?;
+                self.inner.sync_cells(&req).map_err(fail)?;
                 dinomo_fabric::encode(&(), response)
             }
             proto::REBALANCE => {
                 let req: proto::Rebalance = dinomo_fabric::decode(request)?;
-                dinomo_fabric::encode(&self.0.rebalance(&req).map_err(fail)?, response)
+                dinomo_fabric::encode(&self.inner.rebalance(&req).map_err(fail)?, response)
             }
             proto::LAYOUT => dinomo_fabric::encode(
                 &proto::Layout {
-                    partitioning: self.0.indexes.partitioning(),
+                    partitioning: self.inner.indexes.partitioning(),
                 },
                 response,
             ),
             proto::RELEASE_CELL => {
                 let req: proto::ReleaseCell = dinomo_fabric::decode(request)?;
-                self.0.release_cell(&req).map_err(fail)?;
+                self.inner.release_cell(&req).map_err(fail)?;
                 dinomo_fabric::encode(&(), response)
             }
             other => Err(RpcError::UnknownMethod(other)),
+        }
+    }
+}
+
+/// Who claims a log.
+#[derive(Clone, Copy)]
+enum Claim<'a> {
+    /// A KV-node thread, over a connection that named its client (and the memory node's clients) or not.
+    KvNode {
+        caller: Option<(ClientId, &'a Clients)>,
+    },
+    /// The memory node itself (its migration and relocation logs).
+    MemoryNode,
+}
+
+impl Claim<'_> {
+    /// Refuses the claim of a client the memory node revoked: the cluster took its node over, so the logs are not
+    /// its any more.
+    fn check_not_revoked(&self) -> Result<(), ProcessorError> {
+        match self {
+            Claim::KvNode {
+                caller: Some((id, clients)),
+            } if clients.is_revoked(*id) => Err(ProcessorError::Revoked(*id)),
+            _ => Ok(()),
         }
     }
 }
@@ -1245,11 +1302,13 @@ impl Inner {
     fn open_log(
         &self,
         req: &proto::OpenLog,
-        by_kv_node: bool,
+        claim: Claim<'_>,
     ) -> Result<proto::LogOpened, ProcessorError> {
         let owner = owner_word(req.node_id, req.thread);
+        let by_kv_node = matches!(claim, Claim::KvNode { .. });
         if by_kv_node {
             check_node_id(req.node_id)?;
+            claim.check_not_revoked()?;
             // The node is back: its partition, if it has one, stays.
             self.indexes.set_departed(req.node_id, false);
         }
@@ -1263,6 +1322,9 @@ impl Inner {
                 .cloned();
             if let Some(log) = &found {
                 let mut meta = log.meta.lock().expect("log lock");
+                // Again under the log's lock, which a take-over takes after it revoked the node: a claim either
+                // comes first (and the take-over fences it) or sees the revocation.
+                claim.check_not_revoked()?;
                 meta.session = self.next_session();
                 meta.writer = true;
             }
@@ -1580,8 +1642,21 @@ impl Inner {
     fn take_over_node(
         &self,
         req: &proto::TakeOverNode,
+        clients: &Clients,
     ) -> Result<proto::NodeTakenOver, ProcessorError> {
         check_node_id(req.node_id)?;
+        // Before its logs are sealed: once this returns, none of the node's verbs lands in the pool any more, so
+        // nothing is written past a seal or into a segment after it is recycled, and no claim of its takes a log
+        // back.
+        let revocation = clients.revoke_node(req.node_id, req.incarnation);
+        if !revocation.clients.is_empty() {
+            info!(
+                node = req.node_id,
+                clients = revocation.clients.len(),
+                connections = revocation.connections,
+                "KV node revoked"
+            );
+        }
         let logs: Vec<Arc<LogState>> = self
             .logs
             .read()
@@ -1619,6 +1694,7 @@ impl Inner {
         Ok(proto::NodeTakenOver {
             logs: logs.len() as u32,
             merged_entries,
+            revoked_connections: revocation.connections as u32,
         })
     }
 

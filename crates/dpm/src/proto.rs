@@ -146,13 +146,18 @@ pub struct Merged {
     pub merged_seq: u64,
 }
 
-/// Takes over every log of a KV node that failed or left: its sessions are fenced (its further calls are refused),
-/// its open segments are sealed at their last valid entry and everything is merged before the reply, so the keys
-/// it owned can be served by other nodes from the index.
+/// Takes over every log of a KV node that failed or left: first the node is revoked (every connection that names
+/// itself as one of its incarnations is closed once its verbs in flight complete, and those incarnations may not
+/// connect or claim a log again), then its sessions are fenced (its further calls are refused), its open segments
+/// are sealed at their last valid entry and everything is merged before the reply, so the keys it owned can be
+/// served by other nodes from the index.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TakeOverNode {
     /// The KV node's id.
     pub node_id: u32,
+    /// The incarnation the caller last knew the node as, revoked also when it has no connection now (it may
+    /// reconnect later, from behind a partition). `None`: only the incarnations connected now are revoked.
+    pub incarnation: Option<u64>,
 }
 
 /// Reply to [`TakeOverNode`].
@@ -162,6 +167,8 @@ pub struct NodeTakenOver {
     pub logs: u32,
     /// Entries merged while taking over (committed by the node but not merged before).
     pub merged_entries: u64,
+    /// Connections of the node that were closed.
+    pub revoked_connections: u32,
 }
 
 /// Sets a pool cell aside for `key`, which is about to be shared by several KV nodes (selective replication). The

@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::clients::{ClientId, Refused, Registration};
 use crate::counters;
 use crate::error::{FabricError, RpcError, VerbError};
 use crate::faults::{Fault, FaultHooks, spin_for};
@@ -71,6 +72,8 @@ pub struct Connector {
     pinned_pool: Arc<OnceLock<u64>>,
     /// Fault hooks every endpoint connected from now on shares (tests: see [`Connector::share_fault_hooks`]).
     shared_hooks: Option<Arc<FaultHooks>>,
+    /// Who the endpoints say they are in the handshake, if anyone.
+    client: Option<ClientId>,
 }
 
 impl Connector {
@@ -86,7 +89,24 @@ impl Connector {
             config,
             pinned_pool: Arc::new(OnceLock::new()),
             shared_hooks: None,
+            client: None,
         }
+    }
+
+    /// A connector whose endpoints name themselves as `client` (a KV node's id and incarnation) to the memory
+    /// node, which may then revoke them ([`crate::Clients::revoke_node`]) when the cluster takes that node over:
+    /// from then on their verbs fail, and so does connecting again ([`FabricError::Revoked`]). It holds to the
+    /// same pool as `self`.
+    pub fn for_client(&self, client: ClientId) -> Connector {
+        Connector {
+            client: Some(client),
+            ..self.clone()
+        }
+    }
+
+    /// Who this connector's endpoints say they are.
+    pub fn client(&self) -> Option<ClientId> {
+        self.client
     }
 
     /// Makes every endpoint this connector (or a clone made after this call) connects from now on share one set of
@@ -122,15 +142,23 @@ impl Connector {
                 if !node.token_matches(self.config.cluster_token.as_bytes()) {
                     return Err(FabricError::Handshake("wrong cluster token".into()));
                 }
+                let registration = match self.client {
+                    Some(id) => {
+                        Some(Box::new(node.clients().register(id, None).map_err(
+                            |refused| FabricError::Revoked(refused.to_string()),
+                        )?))
+                    }
+                    None => None,
+                };
                 (
-                    Transport::InProcess(node.clone(), node.nic().clone()),
+                    Transport::InProcess(node.clone(), node.nic().clone(), registration),
                     node.regions().to_vec(),
                     node.pool().superblock().pool_id,
                     node.config().max_message_len,
                 )
             }
             Target::Tcp(addr) => {
-                let (conn, reply) = TcpConn::connect(*addr, &self.config)?;
+                let (conn, reply) = TcpConn::connect(*addr, &self.config, self.client)?;
                 (
                     Transport::Tcp(Box::new(conn)),
                     reply.regions,
@@ -155,8 +183,9 @@ impl Connector {
 }
 
 enum Transport {
-    /// The node is kept alive by the endpoint; verbs go straight to the executor.
-    InProcess(Arc<MemoryNode>, Nic),
+    /// The node is kept alive by the endpoint; verbs go straight to the executor. A named client's endpoint is
+    /// registered with the node: its verbs that change the pool run under its gate.
+    InProcess(Arc<MemoryNode>, Nic, Option<Box<Registration>>),
     Tcp(Box<TcpConn>),
 }
 
@@ -242,6 +271,9 @@ impl Endpoint {
     /// Starts a round trip: refuses on a broken endpoint, applies faults and injected latency.
     #[inline]
     fn begin(&mut self) -> Result<(), FabricError> {
+        if let Some(e) = self.revocation() {
+            return Err(e);
+        }
         if let Some(why) = &self.broken {
             return Err(FabricError::Disconnected(why.clone()));
         }
@@ -263,6 +295,16 @@ impl Endpoint {
             spin_for(self.latency_ns);
         }
         Ok(())
+    }
+
+    /// The error of an in-process endpoint whose client the memory node revoked.
+    fn revocation(&self) -> Option<FabricError> {
+        match &self.transport {
+            Transport::InProcess(_, _, Some(r)) if r.gate().is_revoked() => {
+                Some(revoked_error(r.id()))
+            }
+            _ => None,
+        }
     }
 
     /// Records a transport failure so that later calls fail fast.
@@ -292,7 +334,14 @@ impl Endpoint {
     #[inline(always)]
     fn fast_path(&self, kind: VerbKind, len: usize) -> Option<&Nic> {
         match &self.transport {
-            Transport::InProcess(_, nic) if self.ready() => {
+            Transport::InProcess(_, nic, None) if self.ready() => {
+                counters::record_single(kind, len as u64);
+                Some(nic)
+            }
+            // A named client's READ changes nothing in the pool: it need not hold the gate, only see a revocation.
+            Transport::InProcess(_, nic, Some(r))
+                if kind == VerbKind::Read && self.ready() && !r.gate().is_revoked() =>
+            {
                 counters::record_single(kind, len as u64);
                 Some(nic)
             }
@@ -320,7 +369,16 @@ impl Endpoint {
             VerbKind::Cas | VerbKind::Faa => len as u32,
         };
         let r = match &mut self.transport {
-            Transport::InProcess(_, nic) => local(nic, buf).map_err(|e| verb_err(kind, e)),
+            Transport::InProcess(_, nic, registration) => {
+                match registration.as_ref().map(|r| (r.id(), r.gate().enter())) {
+                    Some((id, None)) => Err(revoked_error(id)),
+                    entered => {
+                        let r = local(nic, buf).map_err(|e| verb_err(kind, e));
+                        drop(entered);
+                        r
+                    }
+                }
+            }
             Transport::Tcp(c) => remote(c, len, buf),
         };
         counters::record_single(kind, len as u64);
@@ -414,9 +472,26 @@ impl Endpoint {
         }
         let r = match &mut self.transport {
             // The executor's own length limit is the node's message limit, which the endpoint took at connect.
-            Transport::InProcess(_, nic) => {
-                exec_batch_in_process(nic, batch);
-                Ok(())
+            // A batch of READs changes nothing: like a single READ, it only needs to see a revocation.
+            Transport::InProcess(_, nic, Some(r))
+                if batch.tally().only_kind(batch.len()) == Some(VerbKind::Read) =>
+            {
+                if r.gate().is_revoked() {
+                    Err(revoked_error(r.id()))
+                } else {
+                    exec_batch_in_process(nic, batch);
+                    Ok(())
+                }
+            }
+            Transport::InProcess(_, nic, registration) => {
+                match registration.as_ref().map(|r| (r.id(), r.gate().enter())) {
+                    Some((id, None)) => Err(revoked_error(id)),
+                    entered => {
+                        exec_batch_in_process(nic, batch);
+                        drop(entered);
+                        Ok(())
+                    }
+                }
             }
             Transport::Tcp(c) => c.batch(batch),
         };
@@ -439,7 +514,11 @@ impl Endpoint {
         // The request goes out as a payload, like a WRITE's.
         self.check_len(VerbKind::Write, request.len())?;
         let r = match &mut self.transport {
-            Transport::InProcess(node, _) => match node.call(method, request.to_vec()) {
+            Transport::InProcess(node, _, registration) => match node.call(
+                registration.as_ref().map(|r| r.id()),
+                method,
+                request.to_vec(),
+            ) {
                 Ok(v) => {
                     *response = v;
                     Ok(())
@@ -467,6 +546,10 @@ impl Endpoint {
         self.rpc(method, &body, &mut reply)?;
         Ok(postcard::from_bytes(&reply).map_err(|e| RpcError::Codec(e.to_string()))?)
     }
+}
+
+fn revoked_error(id: ClientId) -> FabricError {
+    FabricError::Revoked(Refused(id).to_string())
 }
 
 #[inline]
@@ -545,6 +628,7 @@ impl TcpConn {
     fn connect(
         addr: SocketAddr,
         cfg: &EndpointConfig,
+        client: Option<ClientId>,
     ) -> Result<(TcpConn, HandshakeReply), FabricError> {
         let stream = TcpStream::connect_timeout(&addr, cfg.connect_timeout)?;
         stream.set_nodelay(true)?;
@@ -556,11 +640,18 @@ impl TcpConn {
                 "cluster token longer than 1024 bytes".into(),
             ));
         }
-        let mut hello = Vec::with_capacity(8 + token.len());
+        let mut hello = Vec::with_capacity(8 + token.len() + wire::HANDSHAKE_IDENTITY);
         hello.extend_from_slice(&wire::HANDSHAKE_MAGIC);
         hello.extend_from_slice(&wire::PROTOCOL_VERSION.to_le_bytes());
         hello.extend_from_slice(&(token.len() as u16).to_le_bytes());
         hello.extend_from_slice(token);
+        let id = client.unwrap_or(ClientId {
+            node: 0,
+            incarnation: 0,
+        });
+        hello.push(u8::from(client.is_some()));
+        hello.extend_from_slice(&id.node.to_le_bytes());
+        hello.extend_from_slice(&id.incarnation.to_le_bytes());
         let mut s = &stream;
         s.write_all(&hello)?;
         let mut head = [0u8; 5];
@@ -578,10 +669,11 @@ impl TcpConn {
         }
         let mut body = vec![0u8; len];
         s.read_exact(&mut body)?;
-        if head[0] != status::OK {
-            return Err(FabricError::Handshake(
-                String::from_utf8_lossy(&body).into_owned(),
-            ));
+        let why = || String::from_utf8_lossy(&body).into_owned();
+        match head[0] {
+            status::OK => {}
+            wire::HANDSHAKE_REVOKED => return Err(FabricError::Revoked(why())),
+            _ => return Err(FabricError::Handshake(why())),
         }
         let reply: HandshakeReply = postcard::from_bytes(&body)
             .map_err(|e| FabricError::Protocol(format!("bad handshake reply: {e}")))?;

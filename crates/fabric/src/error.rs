@@ -102,6 +102,11 @@ pub enum FabricError {
     /// The memory node refused the connection (wrong token, version, or too many connections).
     #[error("fabric handshake refused: {0}")]
     Handshake(String),
+    /// The memory node revoked this client (the cluster took over the KV node it names itself as): its
+    /// connections were closed and it may not connect again. Reconnecting does not help; the process must restart
+    /// (as a new incarnation).
+    #[error("the memory node revoked this client: {0}")]
+    Revoked(String),
     /// The peer sent something that is not this protocol.
     #[error("fabric protocol violation: {0}")]
     Protocol(String),
@@ -127,11 +132,13 @@ pub enum FabricError {
 }
 
 impl FabricError {
-    /// True when the endpoint must be replaced by a new connection.
+    /// True when the endpoint must be replaced by a new connection (for a revoked client, connecting again is
+    /// refused with [`FabricError::Revoked`]).
     pub fn is_connection_lost(&self) -> bool {
         matches!(
             self,
             FabricError::Disconnected(_)
+                | FabricError::Revoked(_)
                 | FabricError::Timeout
                 | FabricError::Io(_)
                 | FabricError::Protocol(_)

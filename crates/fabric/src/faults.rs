@@ -1,4 +1,4 @@
-//! Test hooks on a client endpoint: lose requests, delay round trips, cut the connection.
+//! Test hooks on a client endpoint: lose requests, delay or hold round trips, cut the connection.
 //!
 //! A [`FaultHooks`] is shared (`Arc`) so a test can change it from another thread while the endpoint is in use.
 
@@ -13,9 +13,16 @@ pub struct FaultHooks {
     drop_next: AtomicU32,
     delay_ns: AtomicU64,
     cut: AtomicBool,
+    /// While set, round trips wait before they go out (and before they are counted as begun).
+    paused: AtomicBool,
     /// Round trips begun since a hook was first used.
     begun: AtomicU64,
+    /// Round trips held back by `paused` now.
+    waiting: AtomicU64,
 }
+
+/// The longest a round trip waits in [`FaultHooks::pause`], so that a test that never resumes still ends.
+pub const MAX_PAUSE: Duration = Duration::from_secs(60);
 
 /// What the endpoint must do with the next round trip.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +54,24 @@ impl FaultHooks {
         self.armed.store(true, Ordering::Release);
     }
 
+    /// Holds every round trip back (parked, not spinning) until [`FaultHooks::resume`], or [`MAX_PAUSE`] at most: a
+    /// request that has passed its checks waits on its way to the memory node for as long as a test needs, as one
+    /// held up by the network.
+    pub fn pause(&self) {
+        self.paused.store(true, Ordering::Release);
+        self.armed.store(true, Ordering::Release);
+    }
+
+    /// Lets paused round trips go on.
+    pub fn resume(&self) {
+        self.paused.store(false, Ordering::Release);
+    }
+
+    /// Round trips waiting in [`FaultHooks::pause`] now.
+    pub fn waiting(&self) -> u64 {
+        self.waiting.load(Ordering::Acquire)
+    }
+
     /// True once any hook was used.
     #[inline(always)]
     pub(crate) fn is_armed(&self) -> bool {
@@ -69,6 +94,14 @@ impl FaultHooks {
     pub(crate) fn before_round_trip(&self) -> Fault {
         if !self.armed.load(Ordering::Relaxed) {
             return Fault::None;
+        }
+        if self.paused.load(Ordering::Acquire) {
+            self.waiting.fetch_add(1, Ordering::AcqRel);
+            let until = Instant::now() + MAX_PAUSE;
+            while self.paused.load(Ordering::Acquire) && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
         }
         self.begun.fetch_add(1, Ordering::AcqRel);
         if self.cut.load(Ordering::Relaxed) {

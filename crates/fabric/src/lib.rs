@@ -10,6 +10,7 @@
 //! Every round trip is counted per thread ([`counters`]); an injected per-round-trip latency emulates a
 //! microsecond fabric on one host; [`FaultHooks`] drop, delay or cut an endpoint's traffic in tests.
 
+mod clients;
 pub mod counters;
 mod endpoint;
 mod error;
@@ -19,10 +20,11 @@ mod server;
 mod verbs;
 pub mod wire;
 
+pub use clients::{ClientId, Clients, Revocation};
 pub use counters::CounterSnapshot;
 pub use endpoint::{Connector, Endpoint, EndpointConfig, Target};
 pub use error::{FabricError, RpcError, VerbError};
-pub use faults::{FaultHooks, spin_for};
+pub use faults::{FaultHooks, MAX_PAUSE, spin_for};
 pub use node::{
     DATA_REGION, MemoryNode, NodeConfig, ROOTS_REGION, RpcHandler, decode, encode, token_matches,
 };

@@ -8,6 +8,7 @@ use std::sync::{Arc, RwLock};
 
 use dinomo_pool::Pool;
 
+use crate::clients::{ClientId, Clients};
 use crate::error::{RpcError, VerbError};
 use crate::verbs::{Access, RegionInfo, VerbKind};
 
@@ -45,6 +46,9 @@ pub struct NodeConfig {
     pub rpc_threads: usize,
     /// Bound on queued two-sided calls before callers wait. Default 1024.
     pub rpc_queue: usize,
+    /// Revoked clients (KV-node incarnations the cluster took over) remembered and refused when they connect
+    /// again; the oldest is forgotten beyond this. Default 4096.
+    pub max_revoked_clients: usize,
 }
 
 impl Default for NodeConfig {
@@ -54,6 +58,7 @@ impl Default for NodeConfig {
             max_message_len: 64 << 20,
             rpc_threads: 2,
             rpc_queue: 1024,
+            max_revoked_clients: 4096,
         }
     }
 }
@@ -62,9 +67,23 @@ impl Default for NodeConfig {
 pub trait RpcHandler: Send + Sync + 'static {
     /// Handles `method` with `request`, appending the reply to `response`.
     fn handle(&self, method: u16, request: &[u8], response: &mut Vec<u8>) -> Result<(), RpcError>;
+
+    /// Handles a call from `caller` (`None`: a connection that did not name itself). By default the caller does
+    /// not matter; a handler that refuses revoked clients ([`MemoryNode::clients`]) looks at it here.
+    fn handle_from(
+        &self,
+        caller: Option<ClientId>,
+        method: u16,
+        request: &[u8],
+        response: &mut Vec<u8>,
+    ) -> Result<(), RpcError> {
+        let _ = caller;
+        self.handle(method, request, response)
+    }
 }
 
 struct RpcJob {
+    caller: Option<ClientId>,
     method: u16,
     request: Vec<u8>,
     reply: crossbeam_channel::Sender<Result<Vec<u8>, RpcError>>,
@@ -79,6 +98,7 @@ pub struct MemoryNode {
     handler: Arc<RwLock<Option<Arc<dyn RpcHandler>>>>,
     rpc_tx: crossbeam_channel::Sender<RpcJob>,
     rpc_threads: Vec<std::thread::JoinHandle<()>>,
+    clients: Arc<Clients>,
 }
 
 impl std::fmt::Debug for MemoryNode {
@@ -148,7 +168,9 @@ impl MemoryNode {
                 .flushes_on_persist()
                 .then(|| pool.clone()),
         };
+        let clients = Clients::new(config.max_revoked_clients);
         Arc::new(MemoryNode {
+            clients,
             nic,
             pool,
             regions: regions.into(),
@@ -188,11 +210,22 @@ impl MemoryNode {
         token_matches(presented, self.config.cluster_token.as_bytes())
     }
 
-    /// Runs a two-sided call on a processor thread and waits for its reply.
-    pub(crate) fn call(&self, method: u16, request: Vec<u8>) -> Result<Vec<u8>, RpcError> {
+    /// The clients that named themselves, and revocation ([`Clients::revoke_node`]).
+    pub fn clients(&self) -> &Arc<Clients> {
+        &self.clients
+    }
+
+    /// Runs a two-sided call from `caller` on a processor thread and waits for its reply.
+    pub(crate) fn call(
+        &self,
+        caller: Option<ClientId>,
+        method: u16,
+        request: Vec<u8>,
+    ) -> Result<Vec<u8>, RpcError> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.rpc_tx
             .send(RpcJob {
+                caller,
                 method,
                 request,
                 reply: tx,
@@ -215,7 +248,7 @@ fn processor_loop(
             Some(h) => {
                 // A handler bug must not take the memory node down.
                 match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    h.handle(job.method, &job.request, &mut response)
+                    h.handle_from(job.caller, job.method, &job.request, &mut response)
                 })) {
                     Ok(r) => r.map(|()| std::mem::take(&mut response)),
                     Err(_) => Err(RpcError::Failed(format!(

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::clients::{ClientId, Registration};
 use crate::error::{RpcError, VerbError};
 use crate::node::MemoryNode;
 use crate::wire::{self, FLAG_LAST, HandshakeReply, REQ_HEADER, ReqHeader, RespHeader, op, status};
@@ -222,22 +223,34 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
-fn refuse(mut stream: &TcpStream, why: &str) -> std::io::Result<()> {
-    let mut reply = vec![1u8];
+fn refuse(stream: &TcpStream, why: &str) -> std::io::Result<()> {
+    refuse_with(stream, wire::HANDSHAKE_REFUSED, why)
+}
+
+fn refuse_with(mut stream: &TcpStream, status: u8, why: &str) -> std::io::Result<()> {
+    let mut reply = vec![status];
     reply.extend_from_slice(&(why.len() as u32).to_le_bytes());
     reply.extend_from_slice(why.as_bytes());
     stream.write_all(&reply)?;
     stream.shutdown(Shutdown::Both)
 }
 
-fn handshake(mut stream: &TcpStream, shared: &Shared) -> std::io::Result<bool> {
+/// What a handshake ended in.
+enum Handshake {
+    /// Refused (the reply said why); close.
+    Refused,
+    /// Accepted; a client that named itself is registered for as long as this lives.
+    Accepted(Option<Registration>),
+}
+
+fn handshake(mut stream: &TcpStream, shared: &Shared) -> std::io::Result<Handshake> {
     stream.set_read_timeout(Some(shared.config.handshake_timeout))?;
     stream.set_write_timeout(Some(shared.config.handshake_timeout))?;
     let mut hello = [0u8; 8];
     stream.read_exact(&mut hello)?;
     if hello[0..4] != wire::HANDSHAKE_MAGIC {
         refuse(stream, "not a dinomo fabric client (bad magic)")?;
-        return Ok(false);
+        return Ok(Handshake::Refused);
     }
     let version = u16::from_le_bytes([hello[4], hello[5]]);
     if version != wire::PROTOCOL_VERSION {
@@ -248,19 +261,50 @@ fn handshake(mut stream: &TcpStream, shared: &Shared) -> std::io::Result<bool> {
                 wire::PROTOCOL_VERSION
             ),
         )?;
-        return Ok(false);
+        return Ok(Handshake::Refused);
     }
     let token_len = u16::from_le_bytes([hello[6], hello[7]]) as usize;
     if token_len > wire::MAX_TOKEN_LEN {
         refuse(stream, "cluster token too long")?;
-        return Ok(false);
+        return Ok(Handshake::Refused);
     }
-    let mut token = vec![0u8; token_len];
-    stream.read_exact(&mut token)?;
-    if !shared.node.token_matches(&token) {
+    let mut rest = vec![0u8; token_len + wire::HANDSHAKE_IDENTITY];
+    stream.read_exact(&mut rest)?;
+    let (token, identity) = rest.split_at(token_len);
+    if !shared.node.token_matches(token) {
         refuse(stream, "wrong cluster token")?;
-        return Ok(false);
+        return Ok(Handshake::Refused);
     }
+    let registration = match identity[0] {
+        0 => None,
+        1 => {
+            let id = ClientId {
+                node: u32::from_le_bytes(identity[1..5].try_into().expect("4 bytes")),
+                incarnation: u64::from_le_bytes(identity[5..13].try_into().expect("8 bytes")),
+            };
+            // Registered before the reply: a client is never served unregistered, so a revocation that begins
+            // after this either finds the connection or refused it here.
+            match shared
+                .node
+                .clients()
+                .register(id, Some(stream.try_clone()?))
+            {
+                Ok(r) => Some(r),
+                Err(refused) => {
+                    tracing::info!(client = %id, "refused a revoked client");
+                    refuse_with(stream, wire::HANDSHAKE_REVOKED, &refused.to_string())?;
+                    return Ok(Handshake::Refused);
+                }
+            }
+        }
+        other => {
+            refuse(
+                stream,
+                &format!("bad identity flag {other} in the handshake"),
+            )?;
+            return Ok(Handshake::Refused);
+        }
+    };
     let reply = HandshakeReply {
         pool_id: shared.node.pool().superblock().pool_id,
         regions: shared.node.regions().to_vec(),
@@ -274,7 +318,7 @@ fn handshake(mut stream: &TcpStream, shared: &Shared) -> std::io::Result<bool> {
     // Established connections wait as long as the client likes.
     stream.set_read_timeout(None)?;
     stream.set_write_timeout(None)?;
-    Ok(true)
+    Ok(Handshake::Accepted(registration))
 }
 
 /// Largest output buffered before it is sent even though more requests are queued.
@@ -282,15 +326,21 @@ const FLUSH_THRESHOLD: usize = 1 << 20;
 
 fn serve_connection(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
-    if !handshake(&stream, shared)? {
-        return Ok(());
-    }
+    let registration = match handshake(&stream, shared)? {
+        Handshake::Refused => return Ok(()),
+        Handshake::Accepted(r) => r,
+    };
+    let gate = registration.as_ref().map(Registration::gate);
+    let caller = registration.as_ref().map(Registration::id);
     let node = &shared.node;
     let max = node.config().max_message_len as usize;
     let mut rbuf = vec![0u8; 64 << 10];
     let (mut start, mut end) = (0usize, 0usize);
     let mut out: Vec<u8> = Vec::with_capacity(64 << 10);
     let mut batch_failed = false;
+    // A named client's verbs execute while its gate is held; it is let go before anything that may block (an RPC,
+    // a send), so that a revocation never waits on the network or on the processor.
+    let mut entered = None;
     loop {
         // Execute every complete request in the buffer.
         loop {
@@ -329,14 +379,29 @@ fn serve_connection(mut stream: TcpStream, shared: &Shared) -> std::io::Result<(
                 }
                 break;
             }
+            if let Some(gate) = gate {
+                if h.op == op::RPC {
+                    entered = None;
+                    if gate.is_revoked() {
+                        return revoked(caller);
+                    }
+                } else if entered.is_none() {
+                    match gate.enter() {
+                        Some(g) => entered = Some(g),
+                        None => return revoked(caller),
+                    }
+                }
+            }
             let body = &rbuf[start + REQ_HEADER..start + REQ_HEADER + payload];
-            execute(node, &h, body, &mut out, &mut batch_failed);
+            execute(node, caller, &h, body, &mut out, &mut batch_failed);
             start += REQ_HEADER + payload;
             if out.len() >= FLUSH_THRESHOLD {
+                entered = None;
                 stream.write_all(&out)?;
                 out.clear();
             }
         }
+        entered = None;
         if !out.is_empty() {
             stream.write_all(&out)?;
             out.clear();
@@ -359,6 +424,12 @@ fn serve_connection(mut stream: TcpStream, shared: &Shared) -> std::io::Result<(
     }
 }
 
+/// Ends a revoked client's connection: nothing it sent after the revocation is executed or answered.
+fn revoked(caller: Option<ClientId>) -> std::io::Result<()> {
+    tracing::info!(client = ?caller, "connection revoked; its remaining requests are dropped");
+    Ok(())
+}
+
 #[inline]
 fn reply(out: &mut Vec<u8>, id: u32, status: u8, value: u64, payload: &[u8]) {
     RespHeader {
@@ -374,6 +445,7 @@ fn reply(out: &mut Vec<u8>, id: u32, status: u8, value: u64, payload: &[u8]) {
 #[inline]
 fn execute(
     node: &MemoryNode,
+    caller: Option<ClientId>,
     h: &ReqHeader,
     body: &[u8],
     out: &mut Vec<u8>,
@@ -386,7 +458,7 @@ fn execute(
             reply(out, h.id, status::RPC_UNKNOWN, 0, &[]);
             return;
         };
-        match node.call(method, body.to_vec()) {
+        match node.call(caller, method, body.to_vec()) {
             Ok(resp) => reply(out, h.id, status::OK, 0, &resp),
             Err(RpcError::UnknownMethod(_)) => reply(out, h.id, status::RPC_UNKNOWN, 0, &[]),
             Err(RpcError::Failed(m)) => reply(out, h.id, status::RPC_FAILED, 0, m.as_bytes()),

@@ -1,8 +1,10 @@
 //! TCP wire format: a handshake, then fixed little-endian headers for verbs and RPCs.
 //!
 //! ```text
-//! handshake   client → node: "DNMF" u16 version u16 token_len, token
-//!             node → client: u8 status (0 = ok) u32 len, body (postcard HandshakeReply, or an error message)
+//! handshake   client → node: "DNMF" u16 version u16 token_len, token, u8 named u32 node u64 incarnation
+//!             (named = 1: the client is that KV-node incarnation; 0: it names itself not, and the rest is zero)
+//!             node → client: u8 status (0 = ok, 1 = refused, 2 = revoked) u32 len, body (postcard
+//!             HandshakeReply, or an error message)
 //! request     48 B: u8 opcode u8 flags u16 0 | u32 region_or_method | u64 rkey | u64 offset | u32 len | u32 id
 //!                   | u64 arg0 | u64 arg1, then `len` payload bytes for WRITE and RPC
 //! response    24 B: u32 id u8 status u8 0 u16 0 | u32 len u32 0 | u64 value, then `len` payload bytes
@@ -17,7 +19,13 @@ use crate::verbs::{RegionInfo, VerbKind};
 /// Handshake magic.
 pub const HANDSHAKE_MAGIC: [u8; 4] = *b"DNMF";
 /// Protocol version spoken by this build.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
+/// Bytes of the client's identity after the token: u8 named, u32 node, u64 incarnation.
+pub const HANDSHAKE_IDENTITY: usize = 13;
+/// Handshake status: refused (the message says why).
+pub const HANDSHAKE_REFUSED: u8 = 1;
+/// Handshake status: the client named itself as one the memory node revoked.
+pub const HANDSHAKE_REVOKED: u8 = 2;
 /// Longest cluster token accepted.
 pub const MAX_TOKEN_LEN: usize = 1024;
 /// Size of a request header.

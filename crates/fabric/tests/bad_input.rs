@@ -167,6 +167,8 @@ fn raw_client(h: &Harness) -> TcpStream {
     hello.extend_from_slice(&wire::PROTOCOL_VERSION.to_le_bytes());
     hello.extend_from_slice(&(TOKEN.len() as u16).to_le_bytes());
     hello.extend_from_slice(TOKEN.as_bytes());
+    // Not named: no KV node's identity.
+    hello.extend_from_slice(&[0u8; wire::HANDSHAKE_IDENTITY]);
     s.write_all(&hello).unwrap();
     let mut head = [0u8; 5];
     s.read_exact(&mut head).unwrap();

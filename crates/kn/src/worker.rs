@@ -1657,7 +1657,10 @@ impl Worker {
         let result = match result {
             Ok(()) if !self.lease_open() => Err(None),
             Ok(()) => Ok(()),
-            Err(e) => Err(Some(e)),
+            Err(e) => {
+                self.note_revoked(&e);
+                Err(Some(e))
+            }
         };
         match result {
             Ok(()) => {
@@ -1745,6 +1748,7 @@ impl Worker {
     }
 
     fn fail(&mut self, e: FabricError) -> KnError {
+        self.note_revoked(&e);
         if e.is_connection_lost() {
             self.broken = true;
         }
@@ -1752,11 +1756,24 @@ impl Worker {
     }
 
     fn fail_rpc(&mut self, e: FabricError) -> KnError {
+        self.note_revoked(&e);
         let e = refused(e);
         if matches!(e, KnError::Fabric(_)) {
             self.broken = true;
         }
         e
+    }
+
+    /// Stops the node serving when the memory node revoked it: the cluster took it over, whatever its lease says
+    /// yet. (Over TCP a revoked connection is just closed; the node learns why when it connects again.)
+    fn note_revoked(&self, e: &FabricError) {
+        if let FabricError::Revoked(why) = e
+            && let Some(gate) = &self.lease
+            && !gate.is_fenced()
+        {
+            warn!(thread = self.thread, %why, "the memory node revoked this node; it stops serving");
+            gate.close();
+        }
     }
 
     /// After a failure: forgets local state and claims the log again, which makes the memory node merge whatever
@@ -1772,7 +1789,23 @@ impl Worker {
         self.cache.clear();
         self.active = None;
         self.sealed.clear();
-        self.ep = self.connector.connect()?;
+        // A fenced node's logs may have been taken over: claiming them would take them back.
+        if self.lease.as_ref().is_some_and(|g| g.is_fenced()) {
+            return Err(KnError::LeaseLapsed);
+        }
+        self.ep = match self.connector.connect() {
+            Ok(ep) => ep,
+            Err(e @ FabricError::Revoked(_)) => {
+                // A member of a cluster serves nothing from now on, as when its lease expired, and says so: the
+                // request was not applied, and the key has a new owner.
+                self.note_revoked(&e);
+                return Err(match self.lease {
+                    Some(_) => KnError::LeaseLapsed,
+                    None => KnError::Fabric(e),
+                });
+            }
+            Err(e) => return Err(e.into()),
+        };
         // A restarted memory node registers its regions under new keys.
         self.data = data_region(&self.ep)?;
         let (log, hash_mode, remote) = claim_log(&mut self.ep, &self.cfg, self.thread)?;

@@ -97,9 +97,13 @@ fn rebalance(connector: &Connector, nodes: &[u32]) -> anyhow::Result<proto::Reba
 
 /// Fences node `node`'s writers and merges its logs, as the M-node does when the node fails or is removed.
 fn take_over(connector: &Connector, node_id: u32) -> anyhow::Result<proto::NodeTakenOver> {
-    Ok(connector
-        .connect()?
-        .call(proto::TAKE_OVER_NODE, &proto::TakeOverNode { node_id })?)
+    Ok(connector.connect()?.call(
+        proto::TAKE_OVER_NODE,
+        &proto::TakeOverNode {
+            node_id,
+            incarnation: None,
+        },
+    )?)
 }
 
 /// Pool extents of index headers and tables.

@@ -56,9 +56,13 @@ fn kv_node_with(connector: &Connector, node_id: u32, threads: usize) -> anyhow::
 }
 
 fn take_over(connector: &Connector, node_id: u32) -> anyhow::Result<()> {
-    let _: proto::NodeTakenOver = connector
-        .connect()?
-        .call(proto::TAKE_OVER_NODE, &proto::TakeOverNode { node_id })?;
+    let _: proto::NodeTakenOver = connector.connect()?.call(
+        proto::TAKE_OVER_NODE,
+        &proto::TakeOverNode {
+            node_id,
+            incarnation: None,
+        },
+    )?;
     Ok(())
 }
 

@@ -37,7 +37,7 @@ impl LogWriter {
                 node_id: node,
                 thread,
             },
-            false,
+            super::Claim::MemoryNode,
         )?;
         let log = inner
             .logs

@@ -1,0 +1,141 @@
+//! A KV node the memory node took over (`TAKE_OVER_NODE`) is revoked there, over TCP as in process: its next write
+//! lands nowhere, it cannot connect or claim its logs again, and what it wrote before is served by others.
+
+use std::sync::Arc;
+
+use anyhow::{Result, ensure};
+use dinomo_dpm::{Processor, ProcessorConfig, proto};
+use dinomo_fabric::{
+    ClientId, Connector, FabricError, MemoryNode, NodeConfig, RpcError, Server, ServerConfig,
+    Target,
+};
+use dinomo_kn::{KnConfig, KnError, KvNode};
+use dinomo_pool::Pool;
+
+struct MemoryNodeUnderTest {
+    node: Arc<MemoryNode>,
+    processor: Arc<Processor>,
+    _server: Server,
+    connector: Connector,
+}
+
+fn memory_node(tcp: bool) -> Result<MemoryNodeUnderTest> {
+    let pool = Arc::new(Pool::anonymous(64 << 20, 16 << 10)?);
+    let processor = Processor::start(
+        pool.clone(),
+        &ProcessorConfig {
+            segment_size: 16 << 10,
+            ..ProcessorConfig::default()
+        },
+    )?;
+    let node = MemoryNode::new(pool, NodeConfig::default());
+    processor.serve(&node);
+    let server = Server::start(
+        node.clone(),
+        ServerConfig {
+            listen: "127.0.0.1:0".parse()?,
+            ..ServerConfig::default()
+        },
+    )?;
+    let connector = Connector::new(if tcp {
+        Target::Tcp(server.local_addr())
+    } else {
+        Target::InProcess(node.clone())
+    });
+    Ok(MemoryNodeUnderTest {
+        node,
+        processor,
+        _server: server,
+        connector,
+    })
+}
+
+fn kv_node(connector: &Connector, node_id: u32) -> Result<KvNode> {
+    Ok(KvNode::start(
+        KnConfig {
+            node_id,
+            threads: 1,
+            max_value_len: 1024,
+            ..KnConfig::default()
+        },
+        connector.clone(),
+    )?)
+}
+
+#[test]
+fn a_kv_node_taken_over_writes_nothing_more_and_cannot_claim_its_logs_back() -> Result<()> {
+    for tcp in [false, true] {
+        let m = memory_node(tcp)?;
+        let id = ClientId {
+            node: 1,
+            incarnation: 11,
+        };
+        let kv = kv_node(&m.connector.for_client(id), 1)?;
+        let h = kv.handle();
+        h.set(b"k", b"before")?;
+
+        let taken: proto::NodeTakenOver = m.connector.connect()?.call(
+            proto::TAKE_OVER_NODE,
+            &proto::TakeOverNode {
+                node_id: 1,
+                incarnation: Some(id.incarnation),
+            },
+        )?;
+        ensure!(taken.revoked_connections >= 1, "tcp={tcp}: {taken:?}");
+        ensure!(
+            m.node.clients().connected().is_empty(),
+            "tcp={tcp}: the node is still connected"
+        );
+
+        // The write's WRITE is refused (in process) or goes out on a closed connection (TCP): either way it is not
+        // acknowledged, and the node cannot connect again to retry it.
+        let late = h.set(b"k", b"after");
+        ensure!(
+            late.is_err(),
+            "tcp={tcp}: a revoked node acknowledged a write"
+        );
+        let again = h.set(b"k", b"after");
+        ensure!(
+            matches!(&again, Err(KnError::Fabric(FabricError::Revoked(_)))),
+            "tcp={tcp}: {again:?}"
+        );
+        ensure!(
+            matches!(
+                m.connector.for_client(id).connect(),
+                Err(FabricError::Revoked(_))
+            ),
+            "tcp={tcp}"
+        );
+        // A claim that got past the connection's check (one on its way when the revocation came) is refused by the
+        // processor, which looks at who calls.
+        let mut claim = Vec::new();
+        dinomo_fabric::encode(
+            &proto::OpenLog {
+                node_id: 1,
+                thread: 0,
+            },
+            &mut claim,
+        )?;
+        let refused = m.processor.rpc_handler(&m.node).handle_from(
+            Some(id),
+            proto::OPEN_LOG,
+            &claim,
+            &mut Vec::new(),
+        );
+        ensure!(
+            matches!(&refused, Err(RpcError::Failed(why)) if why.contains("revoked")),
+            "tcp={tcp}: {refused:?}"
+        );
+
+        // Another node serves what the revoked one acknowledged, and nothing else.
+        drop(h);
+        kv.stop();
+        let other = kv_node(&m.connector, 2)?;
+        ensure!(
+            other.handle().get(b"k")? == Some(b"before".to_vec()),
+            "tcp={tcp}"
+        );
+        other.stop();
+    }
+    Ok(())
+}
