@@ -349,6 +349,10 @@ struct LogMeta {
     /// Whether a writer holds `session`: a KV-node thread, or the memory node's own writer of a migration or
     /// relocation log. A log without one, with no segment and everything merged, gives its descriptor back.
     writer: bool,
+    /// The incarnation of the KV-node process that claimed the log last, when its connection named it: a take-over
+    /// of an older incarnation (from a management node that stalled while the node restarted) leaves the log to
+    /// it.
+    writer_incarnation: Option<u64>,
     /// Oldest first; the last is the head.
     segments: Vec<SegInfo>,
     merged_seq: u64,
@@ -392,6 +396,7 @@ impl LogState {
                 owner,
                 session,
                 writer,
+                writer_incarnation: None,
                 segments,
                 merged_seq,
                 last_seq: merged_seq,
@@ -768,6 +773,16 @@ enum Claim<'a> {
 }
 
 impl Claim<'_> {
+    /// The incarnation of the claiming process, when its connection named it.
+    fn incarnation(&self) -> Option<u64> {
+        match self {
+            Claim::KvNode {
+                caller: Some((id, _)),
+            } => Some(id.incarnation),
+            _ => None,
+        }
+    }
+
     /// Refuses the claim of a client the memory node revoked: the cluster took its node over, so the logs are not
     /// its any more.
     fn check_not_revoked(&self) -> Result<(), ProcessorError> {
@@ -1325,6 +1340,7 @@ impl Inner {
                 // Again under the log's lock, which a take-over takes after it revoked the node: a claim either
                 // comes first (and the take-over fences it) or sees the revocation.
                 claim.check_not_revoked()?;
+                meta.writer_incarnation = claim.incarnation();
                 meta.session = self.next_session();
                 meta.writer = true;
             }
@@ -1364,7 +1380,11 @@ impl Inner {
                 }
             }
         };
-        let meta = log.meta.lock().expect("log lock");
+        let mut meta = log.meta.lock().expect("log lock");
+        // A log claimed for the first time (the claim of one that existed set it with its session).
+        if by_kv_node {
+            meta.writer_incarnation = claim.incarnation();
+        }
         Ok(proto::LogOpened {
             log_id: log.id,
             session: meta.session,
@@ -1669,8 +1689,32 @@ impl Inner {
             })
             .cloned()
             .collect();
+        // A take-over of an older incarnation than the one writing the node's logs comes late (its management node
+        // stalled while the node restarted): the new incarnation merged what the old one wrote when it claimed the
+        // logs, and sealing them now would lose what it acknowledged since.
+        let held_by_newer = |meta: &LogMeta| {
+            req.incarnation.is_some_and(|taken| {
+                meta.writer && meta.writer_incarnation.is_some_and(|w| w != taken)
+            })
+        };
+        if logs
+            .iter()
+            .any(|l| held_by_newer(&l.meta.lock().expect("log lock")))
+        {
+            info!(
+                node = req.node_id,
+                "a take-over of an older incarnation of a KV node whose logs a newer one writes; its logs are left \
+                 to it"
+            );
+            return Ok(proto::NodeTakenOver {
+                logs: 0,
+                merged_entries: 0,
+                revoked_connections: revocation.connections as u32,
+            });
+        }
         let mut scratch = Scratch::default();
         let mut merged_entries = 0;
+        let mut skipped = 0;
         // The cleaner opens no relocation log for a departed node's partition, which the rebalance after its
         // departure empties; once its logs retire, the partition is freed.
         self.indexes.set_departed(req.node_id, true);
@@ -1679,6 +1723,11 @@ impl Inner {
             // A new session fences the node's writer: its NEXT_SEGMENT and MERGE_ALL calls are refused from now on.
             let before = {
                 let mut meta = log.meta.lock().expect("log lock");
+                // Checked again under the lock: a newer incarnation may have claimed this log since.
+                if held_by_newer(&meta) {
+                    skipped += 1;
+                    continue;
+                }
                 meta.session = self.next_session();
                 meta.writer = false;
                 meta.merged_seq
@@ -1689,10 +1738,14 @@ impl Inner {
             // A log the node had emptied goes now; the others once their entries are superseded or cleaned.
             self.retire_if_unused(log.id);
         }
+        if skipped > 0 {
+            // The node is back (as the claims that made this take-over late said): its partition stays.
+            self.indexes.set_departed(req.node_id, false);
+        }
         self.partitions_to_check.store(true, Ordering::Release);
         self.free_departed_partitions();
         Ok(proto::NodeTakenOver {
-            logs: logs.len() as u32,
+            logs: (logs.len() - skipped) as u32,
             merged_entries,
             revoked_connections: revocation.connections as u32,
         })

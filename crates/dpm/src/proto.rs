@@ -147,16 +147,19 @@ pub struct Merged {
 }
 
 /// Takes over every log of a KV node that failed or left: first the node is revoked (every connection that names
-/// itself as one of its incarnations is closed once its verbs in flight complete, and those incarnations may not
-/// connect or claim a log again), then its sessions are fenced (its further calls are refused), its open segments
+/// itself as the incarnation taken over is closed once its verbs in flight complete, and that incarnation may not
+/// connect or claim a log again), then, unless a newer incarnation of the node holds its logs (the call came late,
+/// and the logs are left to it), its sessions are fenced (its further calls are refused), its open segments
 /// are sealed at their last valid entry and everything is merged before the reply, so the keys it owned can be
 /// served by other nodes from the index.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TakeOverNode {
     /// The KV node's id.
     pub node_id: u32,
-    /// The incarnation the caller last knew the node as, revoked also when it has no connection now (it may
-    /// reconnect later, from behind a partition). `None`: only the incarnations connected now are revoked.
+    /// The incarnation taken over, as the caller last saw it live: revoked whether it has a connection now or not
+    /// (it may reconnect later, from behind a partition), while a newer incarnation of the node is left alone (a
+    /// late call must not revoke a node that restarted meanwhile). `None` (not known): every incarnation of the
+    /// node connected now is revoked.
     pub incarnation: Option<u64>,
 }
 

@@ -163,24 +163,23 @@ impl Clients {
         })
     }
 
-    /// Revokes every client of KV node `node` connected now, and `also` (an incarnation of it) whether connected or
-    /// not: each is refused from now on, and each of their connections is closed once the verbs it is executing
-    /// have completed, so that when this returns none of their verbs runs any more.
-    pub fn revoke_node(&self, node: u32, also: Option<u64>) -> Revocation {
+    /// Revokes KV node `node`'s `incarnation`, connected or not (it may connect later, from behind a partition), or
+    /// with `None` every incarnation of it connected now: each is refused from now on, and each of their
+    /// connections is closed once the verbs it is executing have completed, so that when this returns none of
+    /// their verbs runs any more. Naming the incarnation leaves a newer one of the same node alone, which matters
+    /// when the call comes late (from a management node that stalled while the node restarted).
+    pub fn revoke_node(&self, node: u32, incarnation: Option<u64>) -> Revocation {
         let (clients, gates) = {
             let mut inner = self.lock();
-            let mut clients: Vec<ClientId> = inner
-                .live
-                .keys()
-                .filter(|c| c.node == node)
-                .copied()
-                .collect();
-            if let Some(incarnation) = also {
-                let id = ClientId { node, incarnation };
-                if !clients.contains(&id) {
-                    clients.push(id);
-                }
-            }
+            let clients: Vec<ClientId> = match incarnation {
+                Some(incarnation) => vec![ClientId { node, incarnation }],
+                None => inner
+                    .live
+                    .keys()
+                    .filter(|c| c.node == node)
+                    .copied()
+                    .collect(),
+            };
             let mut gates = Vec::new();
             for id in &clients {
                 if inner.revoked.insert(*id) {
@@ -266,12 +265,15 @@ mod tests {
     }
 
     #[test]
-    fn an_incarnation_named_is_refused_even_when_it_was_not_connected() {
+    fn an_incarnation_named_is_refused_even_when_it_was_not_connected_and_others_are_left_alone() {
         let clients = Clients::new(8);
+        let newer = clients.register(id(3, 8), None).unwrap();
         let r = clients.revoke_node(3, Some(7));
         assert_eq!((r.clients, r.connections), (vec![id(3, 7)], 0));
         assert!(clients.register(id(3, 7), None).is_err());
         assert!(clients.is_revoked(id(3, 7)));
+        assert!(!newer.gate().is_revoked());
+        assert_eq!(clients.connected(), vec![id(3, 8)]);
     }
 
     #[test]

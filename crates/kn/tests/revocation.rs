@@ -139,3 +139,42 @@ fn a_kv_node_taken_over_writes_nothing_more_and_cannot_claim_its_logs_back() -> 
     }
     Ok(())
 }
+
+/// A take-over that names an older incarnation (one a management node that stalled meant to take over) leaves the
+/// incarnation running now connected and its logs to it: what it acknowledges afterwards is not sealed away, and
+/// another node reads it once it stops.
+#[test]
+fn a_take_over_of_an_older_incarnation_leaves_the_running_one_alone() -> Result<()> {
+    for tcp in [false, true] {
+        let m = memory_node(tcp)?;
+        let running = ClientId {
+            node: 1,
+            incarnation: 12,
+        };
+        let kv = kv_node(&m.connector.for_client(running), 1)?;
+        let h = kv.handle();
+        h.set(b"k", b"v1")?;
+        let taken: proto::NodeTakenOver = m.connector.connect()?.call(
+            proto::TAKE_OVER_NODE,
+            &proto::TakeOverNode {
+                node_id: 1,
+                incarnation: Some(11),
+            },
+        )?;
+        ensure!(taken.revoked_connections == 0, "tcp={tcp}: {taken:?}");
+        ensure!(
+            m.node.clients().connected() == vec![running],
+            "tcp={tcp}: {:?}",
+            m.node.clients().connected()
+        );
+        h.set(b"k", b"v2")?;
+        ensure!(h.get(b"k")? == Some(b"v2".to_vec()), "tcp={tcp}");
+        drop(h);
+        kv.stop();
+        let other = kv_node(&m.connector, 2)?;
+        let got = other.handle().get(b"k")?;
+        ensure!(got == Some(b"v2".to_vec()), "tcp={tcp}: {got:?}");
+        other.stop();
+    }
+    Ok(())
+}
