@@ -39,11 +39,7 @@ impl MemoryNodeRpc {
 }
 
 impl RpcHandler for MemoryNodeRpc {
-    fn handle(&self, method: u16, request: &[u8], response: &mut Vec<u8>) -> Result<(), RpcError> {
-        self.handle_from(None, method, request, response)
-    }
-
-    fn handle_from(
+    fn handle(
         &self,
         caller: Option<ClientId>,
         method: u16,
@@ -51,10 +47,10 @@ impl RpcHandler for MemoryNodeRpc {
         response: &mut Vec<u8>,
     ) -> Result<(), RpcError> {
         if META_METHODS.contains(&method) {
-            self.meta.handle_from(caller, method, request, response)
+            self.meta.handle(method, request, response)
         } else {
             // The data plane refuses a revoked client's claims, so it must know who calls.
-            self.data.handle_from(caller, method, request, response)
+            self.data.handle(caller, method, request, response)
         }
     }
 }

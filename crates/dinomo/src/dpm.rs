@@ -246,14 +246,12 @@ pub fn run(args: DpmArgs) -> anyhow::Result<()> {
         },
     );
     let metrics = cfg.metrics.serve(|| {
-        let clients = Arc::new(dinomo_cluster::metrics::ClientMetrics(node.clone())) as _;
-        match &processor {
-            Some(p) => vec![
-                Arc::new(dinomo_cluster::metrics::ProcessorMetrics(p.clone())) as _,
-                clients,
-            ],
-            None => vec![clients],
+        use dinomo_cluster::metrics::{ClientMetrics, MetricsSource, ProcessorMetrics};
+        let mut sources: Vec<Arc<dyn MetricsSource>> = vec![Arc::new(ClientMetrics(node.clone()))];
+        if let Some(p) = &processor {
+            sources.push(Arc::new(ProcessorMetrics(p.clone())));
         }
+        sources
     })?;
     let signal = signals.forever().next();
     tracing::info!(?signal, "stopping memory node");

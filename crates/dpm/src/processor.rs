@@ -659,11 +659,7 @@ struct Handler {
 }
 
 impl RpcHandler for Handler {
-    fn handle(&self, method: u16, request: &[u8], response: &mut Vec<u8>) -> Result<(), RpcError> {
-        self.handle_from(None, method, request, response)
-    }
-
-    fn handle_from(
+    fn handle(
         &self,
         caller: Option<ClientId>,
         method: u16,
@@ -773,6 +769,11 @@ enum Claim<'a> {
 }
 
 impl Claim<'_> {
+    /// Whether a KV node claims (not the memory node itself).
+    fn by_kv_node(&self) -> bool {
+        matches!(self, Claim::KvNode { .. })
+    }
+
     /// The incarnation of the claiming process, when its connection named it.
     fn incarnation(&self) -> Option<u64> {
         match self {
@@ -1311,7 +1312,7 @@ impl Inner {
         Ok(())
     }
 
-    /// Claims the log of `req`'s node and thread, creating it the first time. A KV node's claim (`by_kv_node`)
+    /// Claims the log of `req`'s node and thread, creating it the first time. A KV node's claim (`Claim::KvNode`)
     /// that finds the directory full has a log without a writer emptied for it; the memory node's own claims (its
     /// migration and relocation logs) may not, as they hold the locks that takes.
     fn open_log(
@@ -1320,7 +1321,7 @@ impl Inner {
         claim: Claim<'_>,
     ) -> Result<proto::LogOpened, ProcessorError> {
         let owner = owner_word(req.node_id, req.thread);
-        let by_kv_node = matches!(claim, Claim::KvNode { .. });
+        let by_kv_node = claim.by_kv_node();
         if by_kv_node {
             check_node_id(req.node_id)?;
             claim.check_not_revoked()?;
@@ -1361,10 +1362,10 @@ impl Inner {
             }
             // The memory node's own claims hold the cleaner's lock, which emptying takes: they neither wait here
             // nor empty a log.
-            None if !by_kv_node => self.claim_log(owner, false)?,
+            None if !by_kv_node => self.claim_log(owner, claim)?,
             None => {
                 let _one_claim = self.new_log_claims.lock().expect("claims lock");
-                match self.claim_log(owner, true) {
+                match self.claim_log(owner, claim) {
                     Err(ProcessorError::DirectoryFull { capacity, why }) => {
                         // Only a relocation log's claim (made while emptying, for the descriptor KV nodes' claims
                         // leave free) takes a descriptor without this lock.
@@ -1374,17 +1375,13 @@ impl Inner {
                                 why: format!("{why}, and {not_emptied}"),
                             }
                         })?;
-                        self.claim_log(owner, true)?
+                        self.claim_log(owner, claim)?
                     }
                     other => other?,
                 }
             }
         };
-        let mut meta = log.meta.lock().expect("log lock");
-        // A log claimed for the first time (the claim of one that existed set it with its session).
-        if by_kv_node {
-            meta.writer_incarnation = claim.incarnation();
-        }
+        let meta = log.meta.lock().expect("log lock");
         Ok(proto::LogOpened {
             log_id: log.id,
             session: meta.session,
@@ -1416,10 +1413,9 @@ impl Inner {
     }
 
     /// Claims a directory descriptor for a new log of `owner`, which merges into its node's index. A KV node's
-    /// claim (`by_kv_node`) leaves the last free descriptor to the memory node's own relocation log of a shared
-    /// index while that log does not exist: emptying a log for a claim that finds the directory full copies into
-    /// it.
-    fn claim_log(&self, owner: u64, by_kv_node: bool) -> Result<Arc<LogState>, ProcessorError> {
+    /// claim leaves the last free descriptor to the memory node's own relocation log of a shared index while that
+    /// log does not exist: emptying a log for a claim that finds the directory full copies into it.
+    fn claim_log(&self, owner: u64, claim: Claim<'_>) -> Result<Arc<LogState>, ProcessorError> {
         let (index, mut logs) = loop {
             let index = self.indexes.for_node(&self.pool, owner_node(owner))?;
             let logs = self.logs.write().expect("logs lock");
@@ -1430,7 +1426,7 @@ impl Inner {
             }
         };
         let relocations = owner_word(MEMORY_NODE_ID, CLEANER_THREAD);
-        let keep_one = by_kv_node
+        let keep_one = claim.by_kv_node()
             && self.indexes.partitioning() == Partitioning::Shared
             && !logs
                 .values()
@@ -1452,6 +1448,8 @@ impl Inner {
             Vec::new(),
             seq,
         ));
+        // Given its writer as a claimed log is (`open_log`): with its session, and whose claim it is.
+        log.meta.lock().expect("log lock").writer_incarnation = claim.incarnation();
         logs.insert(id, log.clone());
         Ok(log)
     }

@@ -13,11 +13,9 @@ use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use serde::{Deserialize, Serialize};
-
 /// A client as the memory node knows it: a KV node's id and the incarnation of the process that runs it, so that
 /// a restarted node (a new incarnation) is told apart from the one the cluster took over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ClientId {
     /// The KV node's id.
     pub node: u32,
@@ -227,6 +225,12 @@ impl Clients {
 /// A revoked client tried to connect.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Refused(pub ClientId);
+
+impl From<Refused> for crate::FabricError {
+    fn from(r: Refused) -> Self {
+        crate::FabricError::Revoked(r.to_string())
+    }
+}
 
 impl std::fmt::Display for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

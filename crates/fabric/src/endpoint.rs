@@ -104,11 +104,6 @@ impl Connector {
         }
     }
 
-    /// Who this connector's endpoints say they are.
-    pub fn client(&self) -> Option<ClientId> {
-        self.client
-    }
-
     /// Makes every endpoint this connector (or a clone made after this call) connects from now on share one set of
     /// fault hooks, returned here: a test's way to delay or cut the round trips of endpoints that code it drives
     /// opens for itself.
@@ -143,11 +138,7 @@ impl Connector {
                     return Err(FabricError::Handshake("wrong cluster token".into()));
                 }
                 let registration = match self.client {
-                    Some(id) => {
-                        Some(Box::new(node.clients().register(id, None).map_err(
-                            |refused| FabricError::Revoked(refused.to_string()),
-                        )?))
-                    }
+                    Some(id) => Some(Box::new(node.clients().register(id, None)?)),
                     None => None,
                 };
                 (
@@ -370,14 +361,10 @@ impl Endpoint {
         };
         let r = match &mut self.transport {
             Transport::InProcess(_, nic, registration) => {
-                match registration.as_ref().map(|r| (r.id(), r.gate().enter())) {
-                    Some((id, None)) => Err(revoked_error(id)),
-                    entered => {
-                        let r = local(nic, buf).map_err(|e| verb_err(kind, e));
-                        drop(entered);
-                        r
-                    }
-                }
+                as_client(registration.as_deref(), kind != VerbKind::Read, || {
+                    local(nic, buf)
+                })
+                .and_then(|r| r.map_err(|e| verb_err(kind, e)))
             }
             Transport::Tcp(c) => remote(c, len, buf),
         };
@@ -472,26 +459,12 @@ impl Endpoint {
         }
         let r = match &mut self.transport {
             // The executor's own length limit is the node's message limit, which the endpoint took at connect.
-            // A batch of READs changes nothing: like a single READ, it only needs to see a revocation.
-            Transport::InProcess(_, nic, Some(r))
-                if batch.tally().only_kind(batch.len()) == Some(VerbKind::Read) =>
-            {
-                if r.gate().is_revoked() {
-                    Err(revoked_error(r.id()))
-                } else {
-                    exec_batch_in_process(nic, batch);
-                    Ok(())
-                }
-            }
             Transport::InProcess(_, nic, registration) => {
-                match registration.as_ref().map(|r| (r.id(), r.gate().enter())) {
-                    Some((id, None)) => Err(revoked_error(id)),
-                    entered => {
-                        exec_batch_in_process(nic, batch);
-                        drop(entered);
-                        Ok(())
-                    }
-                }
+                // A batch of READs changes nothing: like a single READ, it only needs to see a revocation.
+                let reads = batch.tally().only_kind(batch.len()) == Some(VerbKind::Read);
+                as_client(registration.as_deref(), !reads, || {
+                    exec_batch_in_process(nic, batch)
+                })
             }
             Transport::Tcp(c) => c.batch(batch),
         };
@@ -549,7 +522,29 @@ impl Endpoint {
 }
 
 fn revoked_error(id: ClientId) -> FabricError {
-    FabricError::Revoked(Refused(id).to_string())
+    Refused(id).into()
+}
+
+/// Runs `f` as a named client's in-process endpoint may: a round trip that changes the pool (`mutates`) under the
+/// client's gate, so that a revocation waits for it; one that only reads with the revocation mark checked (a stale
+/// READ changes nothing). Without a registration, `f` just runs.
+#[inline]
+fn as_client<T>(
+    registration: Option<&Registration>,
+    mutates: bool,
+    f: impl FnOnce() -> T,
+) -> Result<T, FabricError> {
+    let Some(r) = registration else {
+        return Ok(f());
+    };
+    if !mutates {
+        if r.gate().is_revoked() {
+            return Err(revoked_error(r.id()));
+        }
+        return Ok(f());
+    }
+    let _entered = r.gate().enter().ok_or_else(|| revoked_error(r.id()))?;
+    Ok(f())
 }
 
 #[inline]
@@ -645,13 +640,7 @@ impl TcpConn {
         hello.extend_from_slice(&wire::PROTOCOL_VERSION.to_le_bytes());
         hello.extend_from_slice(&(token.len() as u16).to_le_bytes());
         hello.extend_from_slice(token);
-        let id = client.unwrap_or(ClientId {
-            node: 0,
-            incarnation: 0,
-        });
-        hello.push(u8::from(client.is_some()));
-        hello.extend_from_slice(&id.node.to_le_bytes());
-        hello.extend_from_slice(&id.incarnation.to_le_bytes());
+        hello.extend_from_slice(&wire::encode_identity(client));
         let mut s = &stream;
         s.write_all(&hello)?;
         let mut head = [0u8; 5];

@@ -65,21 +65,16 @@ impl Default for NodeConfig {
 
 /// Serves two-sided calls on the memory node's processor threads.
 pub trait RpcHandler: Send + Sync + 'static {
-    /// Handles `method` with `request`, appending the reply to `response`.
-    fn handle(&self, method: u16, request: &[u8], response: &mut Vec<u8>) -> Result<(), RpcError>;
-
-    /// Handles a call from `caller` (`None`: a connection that did not name itself). By default the caller does
-    /// not matter; a handler that refuses revoked clients ([`MemoryNode::clients`]) looks at it here.
-    fn handle_from(
+    /// Handles `method` with `request` from `caller` (`None`: a connection that did not name itself), appending
+    /// the reply to `response`. A handler that refuses revoked clients ([`MemoryNode::clients`]) looks at the
+    /// caller; most need not.
+    fn handle(
         &self,
         caller: Option<ClientId>,
         method: u16,
         request: &[u8],
         response: &mut Vec<u8>,
-    ) -> Result<(), RpcError> {
-        let _ = caller;
-        self.handle(method, request, response)
-    }
+    ) -> Result<(), RpcError>;
 }
 
 struct RpcJob {
@@ -248,7 +243,7 @@ fn processor_loop(
             Some(h) => {
                 // A handler bug must not take the memory node down.
                 match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    h.handle_from(job.caller, job.method, &job.request, &mut response)
+                    h.handle(job.caller, job.method, &job.request, &mut response)
                 })) {
                     Ok(r) => r.map(|()| std::mem::take(&mut response)),
                     Err(_) => Err(RpcError::Failed(format!(

@@ -275,32 +275,27 @@ fn handshake(mut stream: &TcpStream, shared: &Shared) -> std::io::Result<Handsha
         refuse(stream, "wrong cluster token")?;
         return Ok(Handshake::Refused);
     }
-    let registration = match identity[0] {
-        0 => None,
-        1 => {
-            let id = ClientId {
-                node: u32::from_le_bytes(identity[1..5].try_into().expect("4 bytes")),
-                incarnation: u64::from_le_bytes(identity[5..13].try_into().expect("8 bytes")),
-            };
-            // Registered before the reply: a client is never served unregistered, so a revocation that begins
-            // after this either finds the connection or refused it here.
-            match shared
-                .node
-                .clients()
-                .register(id, Some(stream.try_clone()?))
-            {
-                Ok(r) => Some(r),
-                Err(refused) => {
-                    tracing::info!(client = %id, "refused a revoked client");
-                    refuse_with(stream, wire::HANDSHAKE_REVOKED, &refused.to_string())?;
-                    return Ok(Handshake::Refused);
-                }
+    let identity = identity.try_into().expect("split at the token's end");
+    let registration = match wire::decode_identity(identity) {
+        Ok(None) => None,
+        // Registered before the reply: a client is never served unregistered, so a revocation that begins after
+        // this either finds the connection or refused it here.
+        Ok(Some(id)) => match shared
+            .node
+            .clients()
+            .register(id, Some(stream.try_clone()?))
+        {
+            Ok(r) => Some(r),
+            Err(refused) => {
+                tracing::info!(client = %id, "refused a revoked client");
+                refuse_with(stream, wire::HANDSHAKE_REVOKED, &refused.to_string())?;
+                return Ok(Handshake::Refused);
             }
-        }
-        other => {
+        },
+        Err(flag) => {
             refuse(
                 stream,
-                &format!("bad identity flag {other} in the handshake"),
+                &format!("bad identity flag {flag} in the handshake"),
             )?;
             return Ok(Handshake::Refused);
         }

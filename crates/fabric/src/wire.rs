@@ -14,6 +14,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::clients::ClientId;
 use crate::verbs::{RegionInfo, VerbKind};
 
 /// Handshake magic.
@@ -22,6 +23,29 @@ pub const HANDSHAKE_MAGIC: [u8; 4] = *b"DNMF";
 pub const PROTOCOL_VERSION: u16 = 2;
 /// Bytes of the client's identity after the token: u8 named, u32 node, u64 incarnation.
 pub const HANDSHAKE_IDENTITY: usize = 13;
+/// The identity that follows the token in a handshake: who the client is, if it names itself.
+pub fn encode_identity(client: Option<ClientId>) -> [u8; HANDSHAKE_IDENTITY] {
+    let mut b = [0u8; HANDSHAKE_IDENTITY];
+    if let Some(id) = client {
+        b[0] = 1;
+        b[1..5].copy_from_slice(&id.node.to_le_bytes());
+        b[5..13].copy_from_slice(&id.incarnation.to_le_bytes());
+    }
+    b
+}
+
+/// Decodes [`encode_identity`]'s bytes; a flag other than 0 or 1 is returned as the error.
+pub fn decode_identity(b: &[u8; HANDSHAKE_IDENTITY]) -> Result<Option<ClientId>, u8> {
+    match b[0] {
+        0 => Ok(None),
+        1 => Ok(Some(ClientId {
+            node: u32_at(b, 1),
+            incarnation: u64_at(b, 5),
+        })),
+        other => Err(other),
+    }
+}
+
 /// Handshake status: refused (the message says why).
 pub const HANDSHAKE_REFUSED: u8 = 1;
 /// Handshake status: the client named itself as one the memory node revoked.

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use common::{Harness, TOKEN};
 use dinomo_fabric::wire::{self, REQ_HEADER, RESP_HEADER, ReqHeader, RespHeader, op, status};
 use dinomo_fabric::{
-    Batch, Connector, DATA_REGION, FabricError, MemoryNode, NodeConfig, ROOTS_REGION, RegionInfo,
-    RemoteAddr, RpcError, RpcHandler, Server, ServerConfig, Target, VerbError,
+    Batch, ClientId, Connector, DATA_REGION, FabricError, MemoryNode, NodeConfig, ROOTS_REGION,
+    RegionInfo, RemoteAddr, RpcError, RpcHandler, Server, ServerConfig, Target, VerbError,
 };
 use dinomo_pool::Pool;
 use rand::{Rng, RngExt, SeedableRng};
@@ -168,7 +168,7 @@ fn raw_client(h: &Harness) -> TcpStream {
     hello.extend_from_slice(&(TOKEN.len() as u16).to_le_bytes());
     hello.extend_from_slice(TOKEN.as_bytes());
     // Not named: no KV node's identity.
-    hello.extend_from_slice(&[0u8; wire::HANDSHAKE_IDENTITY]);
+    hello.extend_from_slice(&wire::encode_identity(None));
     s.write_all(&hello).unwrap();
     let mut head = [0u8; 5];
     s.read_exact(&mut head).unwrap();
@@ -387,7 +387,13 @@ fn fault_hooks_drop_delay_and_cut() {
 
 struct Echo;
 impl RpcHandler for Echo {
-    fn handle(&self, method: u16, request: &[u8], response: &mut Vec<u8>) -> Result<(), RpcError> {
+    fn handle(
+        &self,
+        _caller: Option<ClientId>,
+        method: u16,
+        request: &[u8],
+        response: &mut Vec<u8>,
+    ) -> Result<(), RpcError> {
         match method {
             1 => {
                 response.extend_from_slice(request);

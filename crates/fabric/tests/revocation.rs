@@ -103,11 +103,7 @@ struct Gatekeeper {
 }
 
 impl RpcHandler for Gatekeeper {
-    fn handle(&self, method: u16, request: &[u8], response: &mut Vec<u8>) -> Result<(), RpcError> {
-        self.handle_from(None, method, request, response)
-    }
-
-    fn handle_from(
+    fn handle(
         &self,
         caller: Option<ClientId>,
         method: u16,
@@ -139,25 +135,22 @@ fn gatekeeper(
     (entered_rx, release_tx)
 }
 
-/// A connection to `h`'s server that sent a handshake with the right token, the identity flag `named` and the
-/// identity `id`.
-fn hello(h: &Harness, named: u8, id: ClientId) -> Result<TcpStream> {
+/// A connection to `h`'s server that sent a handshake with the right token and `identity`.
+fn hello(h: &Harness, identity: [u8; wire::HANDSHAKE_IDENTITY]) -> Result<TcpStream> {
     let mut s = TcpStream::connect(h.server.local_addr())?;
     s.set_read_timeout(Some(WAIT))?;
     let mut hello = wire::HANDSHAKE_MAGIC.to_vec();
     hello.extend_from_slice(&wire::PROTOCOL_VERSION.to_le_bytes());
     hello.extend_from_slice(&(TOKEN.len() as u16).to_le_bytes());
     hello.extend_from_slice(TOKEN.as_bytes());
-    hello.push(named);
-    hello.extend_from_slice(&id.node.to_le_bytes());
-    hello.extend_from_slice(&id.incarnation.to_le_bytes());
+    hello.extend_from_slice(&identity);
     s.write_all(&hello)?;
     Ok(s)
 }
 
 /// A connection past a handshake that named the client `id`.
 fn raw_named_client(h: &Harness, id: ClientId) -> Result<TcpStream> {
-    let mut s = hello(h, 1, id)?;
+    let mut s = hello(h, wire::encode_identity(Some(id)))?;
     let mut head = [0u8; 5];
     s.read_exact(&mut head)?;
     ensure!(head[0] == 0, "handshake refused");
@@ -284,11 +277,13 @@ fn a_revoked_handshake_is_answered_with_its_own_status() -> Result<()> {
     let h = Harness::new(1 << 20, 1 << 16);
     h.node.clients().revoke_node(4, Some(44));
     let mut reply = Vec::new();
-    hello(&h, 1, named(4, 44))?.read_to_end(&mut reply)?;
+    hello(&h, wire::encode_identity(Some(named(4, 44))))?.read_to_end(&mut reply)?;
     ensure!(reply.first() == Some(&wire::HANDSHAKE_REVOKED), "{reply:?}");
     // An identity flag other than 0 or 1 is refused as malformed.
     let mut reply = Vec::new();
-    hello(&h, 9, named(0, 0))?.read_to_end(&mut reply)?;
+    let mut bad_flag = [0u8; wire::HANDSHAKE_IDENTITY];
+    bad_flag[0] = 9;
+    hello(&h, bad_flag)?.read_to_end(&mut reply)?;
     ensure!(reply.first() == Some(&wire::HANDSHAKE_REFUSED), "{reply:?}");
     ensure!(String::from_utf8_lossy(&reply[5..]).contains("identity flag"));
     Ok(())

@@ -62,6 +62,25 @@ fn kv_node(connector: &Connector, node_id: u32) -> Result<KvNode> {
     )?)
 }
 
+/// Node 1 taken over at the memory node, as the M-node asks it to, naming `incarnation`.
+fn take_over(m: &MemoryNodeUnderTest, incarnation: u64) -> Result<proto::NodeTakenOver> {
+    Ok(m.connector.connect()?.call(
+        proto::TAKE_OVER_NODE,
+        &proto::TakeOverNode {
+            node_id: 1,
+            incarnation: Some(incarnation),
+        },
+    )?)
+}
+
+/// What a node started afterwards (anonymous, node 2) reads of `key`.
+fn read_by_another_node(m: &MemoryNodeUnderTest, key: &[u8]) -> Result<Option<Vec<u8>>> {
+    let other = kv_node(&m.connector, 2)?;
+    let got = other.handle().get(key)?;
+    other.stop();
+    Ok(got)
+}
+
 #[test]
 fn a_kv_node_taken_over_writes_nothing_more_and_cannot_claim_its_logs_back() -> Result<()> {
     for tcp in [false, true] {
@@ -74,13 +93,7 @@ fn a_kv_node_taken_over_writes_nothing_more_and_cannot_claim_its_logs_back() -> 
         let h = kv.handle();
         h.set(b"k", b"before")?;
 
-        let taken: proto::NodeTakenOver = m.connector.connect()?.call(
-            proto::TAKE_OVER_NODE,
-            &proto::TakeOverNode {
-                node_id: 1,
-                incarnation: Some(id.incarnation),
-            },
-        )?;
+        let taken = take_over(&m, id.incarnation)?;
         ensure!(taken.revoked_connections >= 1, "tcp={tcp}: {taken:?}");
         ensure!(
             m.node.clients().connected().is_empty(),
@@ -116,7 +129,7 @@ fn a_kv_node_taken_over_writes_nothing_more_and_cannot_claim_its_logs_back() -> 
             },
             &mut claim,
         )?;
-        let refused = m.processor.rpc_handler(&m.node).handle_from(
+        let refused = m.processor.rpc_handler(&m.node).handle(
             Some(id),
             proto::OPEN_LOG,
             &claim,
@@ -130,12 +143,10 @@ fn a_kv_node_taken_over_writes_nothing_more_and_cannot_claim_its_logs_back() -> 
         // Another node serves what the revoked one acknowledged, and nothing else.
         drop(h);
         kv.stop();
-        let other = kv_node(&m.connector, 2)?;
         ensure!(
-            other.handle().get(b"k")? == Some(b"before".to_vec()),
+            read_by_another_node(&m, b"k")? == Some(b"before".to_vec()),
             "tcp={tcp}"
         );
-        other.stop();
     }
     Ok(())
 }
@@ -154,13 +165,7 @@ fn a_take_over_of_an_older_incarnation_leaves_the_running_one_alone() -> Result<
         let kv = kv_node(&m.connector.for_client(running), 1)?;
         let h = kv.handle();
         h.set(b"k", b"v1")?;
-        let taken: proto::NodeTakenOver = m.connector.connect()?.call(
-            proto::TAKE_OVER_NODE,
-            &proto::TakeOverNode {
-                node_id: 1,
-                incarnation: Some(11),
-            },
-        )?;
+        let taken = take_over(&m, 11)?;
         ensure!(taken.revoked_connections == 0, "tcp={tcp}: {taken:?}");
         ensure!(
             m.node.clients().connected() == vec![running],
@@ -171,10 +176,8 @@ fn a_take_over_of_an_older_incarnation_leaves_the_running_one_alone() -> Result<
         ensure!(h.get(b"k")? == Some(b"v2".to_vec()), "tcp={tcp}");
         drop(h);
         kv.stop();
-        let other = kv_node(&m.connector, 2)?;
-        let got = other.handle().get(b"k")?;
+        let got = read_by_another_node(&m, b"k")?;
         ensure!(got == Some(b"v2".to_vec()), "tcp={tcp}: {got:?}");
-        other.stop();
     }
     Ok(())
 }

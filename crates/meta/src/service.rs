@@ -13,7 +13,7 @@ use std::ops::RangeInclusive;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use dinomo_fabric::{RpcError, RpcHandler, decode, encode};
+use dinomo_fabric::{ClientId, RpcError, RpcHandler, decode, encode};
 use serde::{Deserialize, Serialize};
 
 use crate::{EmbeddedMeta, LeaseId, MetaStore};
@@ -254,7 +254,13 @@ impl MetaService {
 }
 
 impl RpcHandler for MetaService {
-    fn handle(&self, method: u16, request: &[u8], response: &mut Vec<u8>) -> Result<(), RpcError> {
+    fn handle(
+        &self,
+        _caller: Option<ClientId>,
+        method: u16,
+        request: &[u8],
+        response: &mut Vec<u8>,
+    ) -> Result<(), RpcError> {
         MetaService::handle(self, method, request, response)
     }
 }

@@ -47,7 +47,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use dinomo_fabric::{
-    Batch, Connector, Endpoint, FaultHooks, MemoryNode, RpcError, RpcHandler, decode, encode,
+    Batch, ClientId, Connector, Endpoint, FaultHooks, MemoryNode, RpcError, RpcHandler, decode,
+    encode,
 };
 use dinomo_pool::Pool;
 use serde::{Deserialize, Serialize};
@@ -870,7 +871,13 @@ impl Coordinator {
 }
 
 impl RpcHandler for Coordinator {
-    fn handle(&self, method: u16, request: &[u8], response: &mut Vec<u8>) -> Result<(), RpcError> {
+    fn handle(
+        &self,
+        _caller: Option<ClientId>,
+        method: u16,
+        request: &[u8],
+        response: &mut Vec<u8>,
+    ) -> Result<(), RpcError> {
         match method {
             method::LAYOUT => encode(
                 &LayoutReply {

@@ -83,8 +83,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dinomo_fabric::{
-    Batch, Connector, Endpoint, FabricError, MemoryNode, RemoteAddr, RpcError, RpcHandler, decode,
-    encode,
+    Batch, ClientId, Connector, Endpoint, FabricError, MemoryNode, RemoteAddr, RpcError,
+    RpcHandler, decode, encode,
 };
 use dinomo_pool::Pool;
 use serde::{Deserialize, Serialize};
@@ -1022,7 +1022,13 @@ impl MetadataServer {
 }
 
 impl RpcHandler for MetadataServer {
-    fn handle(&self, method: u16, request: &[u8], response: &mut Vec<u8>) -> Result<(), RpcError> {
+    fn handle(
+        &self,
+        _caller: Option<ClientId>,
+        method: u16,
+        request: &[u8],
+        response: &mut Vec<u8>,
+    ) -> Result<(), RpcError> {
         match method {
             method::LAYOUT => encode(
                 &LayoutReply {
