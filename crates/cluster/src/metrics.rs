@@ -681,6 +681,18 @@ pub fn processor_metrics(s: &ProcessorStats, out: &mut Exposition) {
         &[],
         s.freed_partitions,
     );
+    out.gauge(
+        "dinomo_dpm_manager_epoch",
+        "The newest management epoch the memory node acted on; calls of older ones are refused.",
+        &[],
+        s.manager_epoch as f64,
+    );
+    out.counter(
+        "dinomo_dpm_stale_manager_calls_total",
+        "Management calls refused because they came from an M-node that no longer leads (an older epoch).",
+        &[],
+        s.stale_manager_calls,
+    );
     out.counter(
         "dinomo_dpm_recovered_entries_total",
         "Entries a crash had left unmerged, merged at start.",

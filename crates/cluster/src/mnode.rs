@@ -166,6 +166,7 @@ impl MNode {
             meta,
             dpm,
             partitioning: None,
+            dpm_epoch_floor: 0,
             ep: None,
             installed: HashMap::new(),
             record_cache: None,
@@ -316,6 +317,9 @@ struct State {
     ep: Option<Endpoint>,
     /// The memory node's index layout, once asked.
     partitioning: Option<Partitioning>,
+    /// The newest management epoch the memory node reported when it refused a fence: a change reserves past it.
+    /// Above the record's own epochs only when the pool outlived the metadata store that held the record.
+    dpm_epoch_floor: u64,
     lease: LeaseId,
     /// When `lease` was last renewed (or granted).
     last_renewal: Instant,
@@ -556,11 +560,12 @@ impl State {
             &proto::TakeOverNode {
                 node_id: dead,
                 incarnation: self.incarnations.get(&dead).copied(),
+                epoch,
             },
         )?;
         // A key the dead node was making shared when the record was not stored yet goes back to the index.
         let shared: Vec<u64> = record.routing.cells.values().copied().collect();
-        let _: () = self.dpm_call(proto::SYNC_CELLS, &proto::SyncCells { shared })?;
+        let _: () = self.dpm_call(proto::SYNC_CELLS, &proto::SyncCells { shared, epoch })?;
         let mut next = record;
         next.routing.ring.remove_node(dead);
         next.routing.addrs.remove(&dead);
@@ -647,6 +652,7 @@ impl State {
             &proto::TakeOverNode {
                 node_id: id,
                 incarnation: live.get(&id).map(|i| i.incarnation),
+                epoch,
             },
         )?;
         let moved = self.move_data(&next.routing)?;
@@ -696,7 +702,10 @@ impl State {
                 None => {
                     let r: proto::CellReserved = self.dpm_call(
                         proto::RESERVE_CELL,
-                        &proto::ReserveCell { key: key.to_vec() },
+                        &proto::ReserveCell {
+                            key: key.to_vec(),
+                            epoch,
+                        },
                     )?;
                     r.cell
                 }
@@ -717,10 +726,10 @@ impl State {
             };
             if let Err(e) = self.install(&next.routing, &first) {
                 // Undone at the node (its value back in the index), a cell reserved for this change is freed.
-                if self.undo(&reserved, version, &first)
+                if let Some(epoch) = self.undo(&reserved, version, &first)
                     && !record.routing.cells.contains_key(key)
-                    && let Err(e) =
-                        self.dpm_call::<_, ()>(proto::RELEASE_CELL, &proto::ReleaseCell { cell })
+                    && let Err(e) = self
+                        .dpm_call::<_, ()>(proto::RELEASE_CELL, &proto::ReleaseCell { cell, epoch })
                 {
                     warn!(error = %e, "freeing the cell of a rolled-back sharing change failed");
                 }
@@ -760,7 +769,7 @@ impl State {
         next.store(&*self.meta, Some(version))?;
         let all: Vec<NodeId> = next.routing.ring.nodes().collect();
         self.install(&next.routing, &all)?;
-        let _: () = self.dpm_call(proto::RELEASE_CELL, &proto::ReleaseCell { cell })?;
+        let _: () = self.dpm_call(proto::RELEASE_CELL, &proto::ReleaseCell { cell, epoch })?;
         self.note(
             ReconfigKind::Dereplicate,
             primary,
@@ -774,18 +783,49 @@ impl State {
 
     /// Takes the next epoch for a change of `record` (at `version`): the record is stored with its reserved epoch
     /// raised to it before the change installs anything, so no other change (a stalled M-node's, say) gets the
-    /// same epoch, and a change that never completes is known to need rolling back. Returns the epoch and the
-    /// record as stored, with its version.
+    /// same epoch, and a change that never completes is known to need rolling back. The memory node is then
+    /// fenced at that epoch, so that it refuses the calls of every older change from then on. Returns the epoch
+    /// and the record as stored, with its version.
     fn reserve(
         &mut self,
         record: &ClusterRecord,
         version: Option<u64>,
     ) -> Result<(u64, ClusterRecord, u64), ClusterError> {
-        let mut reserved = record.clone();
-        let epoch = next_epoch(record);
-        reserved.reserved_epoch = epoch;
-        let version = reserved.store(&*self.meta, version)?;
-        Ok((epoch, reserved, version))
+        let mut record = record.clone();
+        let mut version = version;
+        // A second try reserves past the memory node's newest epoch, which the first refusal told.
+        for _ in 0..2 {
+            let mut reserved = record.clone();
+            let epoch = next_epoch(&record).max(self.dpm_epoch_floor.saturating_add(1));
+            reserved.reserved_epoch = epoch;
+            let stored = reserved.store(&*self.meta, version)?;
+            if self.fence(epoch)? {
+                return Ok((epoch, reserved, stored));
+            }
+            record = reserved;
+            version = Some(stored);
+        }
+        Err(ClusterError::Reconfig(format!(
+            "the memory node refused management epoch {} twice: another management node leads",
+            record.reserved_epoch
+        )))
+    }
+
+    /// Raises the memory node's newest management epoch to `epoch`. False when it had a newer one, which is kept
+    /// as the floor of the next reservation (the pool outlived the metadata store's record, or another M-node
+    /// reserved a newer epoch meanwhile).
+    fn fence(&mut self, epoch: u64) -> Result<bool, ClusterError> {
+        let fenced: proto::Fenced = self.dpm_call(proto::FENCE, &proto::Fence { epoch })?;
+        if fenced.newest == epoch {
+            return Ok(true);
+        }
+        warn!(
+            epoch,
+            newest = fenced.newest,
+            "the memory node acted on a newer management epoch; reserving past it"
+        );
+        self.dpm_epoch_floor = self.dpm_epoch_floor.max(fenced.newest);
+        Ok(false)
     }
 
     /// A change reserved an epoch in `record` (at `version`) and was never stored: its M-node failed, stalled or
@@ -794,16 +834,18 @@ impl State {
     /// the nodes, since they refuse the older epoch from then on. Returns the record stored and its version.
     ///
     /// In the shared-nothing layout the change may have moved data: it is moved back first, while the keys' old
-    /// owners still serve under the change's table, which left the keys to others.
+    /// owners still serve under the change's table, which left the keys to others. The rollback reserves its own
+    /// epoch first, like a change, so that the memory node refuses the abandoned change's calls from then on.
     fn roll_back(
         &mut self,
         record: &ClusterRecord,
         version: Option<u64>,
     ) -> Result<(ClusterRecord, u64), ClusterError> {
-        let mut back = record.clone();
-        stamp(&mut back, next_epoch(record));
+        let (epoch, reserved, version) = self.reserve(record, version)?;
+        let mut back = reserved;
+        stamp(&mut back, epoch);
         let moved = self.move_data(&back.routing)?;
-        let stored = back.store(&*self.meta, version)?;
+        let stored = back.store(&*self.meta, Some(version))?;
         info!(
             abandoned = record.reserved_epoch,
             epoch = back.routing.epoch(),
@@ -814,21 +856,21 @@ impl State {
     }
 
     /// [`State::roll_back`] of the change reserved in `reserved` at once, installing the table at `nodes` (those
-    /// that may have served under the change). True when every one of them did; otherwise the catch-up step goes
-    /// on trying.
-    fn undo(&mut self, reserved: &ClusterRecord, version: u64, nodes: &[NodeId]) -> bool {
+    /// that may have served under the change). The rollback's epoch when every one of them did; otherwise `None`,
+    /// and the catch-up step goes on trying.
+    fn undo(&mut self, reserved: &ClusterRecord, version: u64, nodes: &[NodeId]) -> Option<u64> {
         let back = match self.roll_back(reserved, Some(version)) {
             Ok((back, _)) => back,
             Err(e) => {
                 warn!(error = %e, "storing the rolled-back record failed");
-                return false;
+                return None;
             }
         };
         match self.install(&back.routing, nodes) {
-            Ok(()) => true,
+            Ok(()) => Some(back.routing.epoch()),
             Err(e) => {
                 warn!(error = %e, "rolling back a sharing change failed");
-                false
+                None
             }
         }
     }

@@ -17,7 +17,7 @@ use dinomo_cluster::{
     Client, ClientConfig, ClusterNode, ClusterRecord, LocalCluster, LocalClusterConfig, MNode,
     MNodeConfig, MemoryNodeRpc, NodeConfig, Routing, Variant,
 };
-use dinomo_dpm::Processor;
+use dinomo_dpm::{Processor, proto};
 use dinomo_fabric::{Connector, MemoryNode, NodeConfig as FabricNodeConfig, Target};
 use dinomo_meta::{EmbeddedMeta, MetaConfig, MetaError, MetaStore};
 use dinomo_ring::NodeId;
@@ -150,6 +150,15 @@ struct Harness {
 
 impl Harness {
     fn start(kns: NodeId, variant: Variant) -> Result<Harness> {
+        Harness::start_with(kns, variant, |_| Ok(()))
+    }
+
+    /// [`Harness::start`], `before_mnode` done with a connector to the memory node before the M-node starts.
+    fn start_with(
+        kns: NodeId,
+        variant: Variant,
+        before_mnode: impl FnOnce(&Connector) -> Result<()>,
+    ) -> Result<Harness> {
         let mut cfg = small_cluster(0);
         variant.configure(&mut cfg);
         let pool = Arc::new(dinomo_pool::Pool::anonymous(256 << 20, 1 << 20)?);
@@ -173,6 +182,7 @@ impl Harness {
             inner: meta.clone(),
             hooks: Flaky::default(),
         });
+        before_mnode(&connector)?;
         let mnode = MNode::start(
             MNodeConfig {
                 install_timeout: Duration::from_secs(5),
@@ -371,6 +381,97 @@ fn a_sharing_change_whose_store_fails_is_rolled_back_and_loses_no_write() -> Res
     for i in (0..KEYS).filter(|i| *i != 7) {
         assert_eq!(cl.get(&key(i))?, Some(value(i)), "key {i}");
     }
+    h.stop();
+    Ok(())
+}
+
+/// A late call of the M-node's change before the last, as from an M-node that stalled and no longer leads.
+fn stale_call<Req: serde::Serialize>(h: &Harness, method: u16, req: &Req) -> Result<String> {
+    match h
+        .connector
+        .connect()?
+        .call::<_, serde::de::IgnoredAny>(method, req)
+    {
+        Ok(_) => bail!("a call of an older management epoch was taken"),
+        Err(e) => Ok(e.to_string()),
+    }
+}
+
+/// Every change the M-node makes fences the memory node at its epoch first, even one that sends it nothing else
+/// (a join, with the shared index): after a key was made shared, a stalled M-node's late calls of the change
+/// before (its record's cells do not have the key; the node it took for dead is alive) are refused, and the key
+/// stays shared and served.
+#[test]
+fn a_stalled_m_nodes_late_calls_are_refused_once_a_newer_change_reserved() -> Result<()> {
+    let h = Harness::start(2, Variant::Dinomo)?;
+    let mut cl = h.client()?;
+    write_all(&mut cl)?;
+    let (joined, _) = load(&*h.meta)?;
+    assert_eq!(h.processor.stats().manager_epoch, joined.routing.epoch());
+    let hot = key(7);
+    h.mnode().set_replication(&hot, 2)?;
+    let (shared, _) = load(&*h.meta)?;
+    assert!(shared.routing.cells.contains_key(&hot));
+    assert_eq!(h.processor.stats().manager_epoch, shared.routing.epoch());
+    assert_eq!(h.processor.stats().shared_keys, 1);
+
+    let stale = joined.routing.epoch();
+    let refused = stale_call(
+        &h,
+        proto::SYNC_CELLS,
+        &proto::SyncCells {
+            shared: joined.routing.cells.values().copied().collect(),
+            epoch: stale,
+        },
+    )?;
+    assert!(
+        refused.contains("SYNC_CELLS of management epoch"),
+        "{refused}"
+    );
+    let refused = stale_call(
+        &h,
+        proto::TAKE_OVER_NODE,
+        &proto::TakeOverNode {
+            node_id: 1,
+            incarnation: None,
+            epoch: stale,
+        },
+    )?;
+    assert!(
+        refused.contains("TAKE_OVER_NODE of management epoch"),
+        "{refused}"
+    );
+    assert_eq!(h.processor.stats().stale_manager_calls, 2);
+    assert_eq!(h.processor.stats().shared_keys, 1);
+    cl.refresh_routing();
+    cl.set(&hot, b"shared and written")?;
+    assert_eq!(cl.get(&hot)?.as_deref(), Some(&b"shared and written"[..]));
+    for i in (0..KEYS).filter(|i| *i != 7) {
+        assert_eq!(cl.get(&key(i))?, Some(value(i)), "key {i}");
+    }
+    h.stop();
+    Ok(())
+}
+
+/// A pool that outlived the metadata store holding its cluster record has acted on newer management epochs than
+/// the fresh record's: the M-node, refused at its first fence, reserves past the pool's epoch and the cluster
+/// forms.
+#[test]
+fn an_m_node_whose_record_is_behind_the_pool_reserves_past_it() -> Result<()> {
+    const POOL_EPOCH: u64 = 100;
+    let h = Harness::start_with(2, Variant::Dinomo, |connector| {
+        let f: proto::Fenced = connector
+            .connect()?
+            .call(proto::FENCE, &proto::Fence { epoch: POOL_EPOCH })?;
+        ensure!(f.newest == POOL_EPOCH);
+        Ok(())
+    })?;
+    let (r, _) = load(&*h.meta)?;
+    assert!(r.routing.epoch() > POOL_EPOCH, "{}", r.routing.epoch());
+    assert_eq!(h.processor.stats().manager_epoch, r.routing.epoch());
+    let mut cl = h.client()?;
+    write_all(&mut cl)?;
+    check_all(&mut cl)?;
     h.stop();
     Ok(())
 }

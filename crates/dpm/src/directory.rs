@@ -2,6 +2,8 @@
 //!
 //! ```text
 //! header (64 B): magic "DNMLOGD1" | version u32 | hash mode u32 | capacity u64 | segment size u64 | crc32c u32
+//!   40..48 the newest management epoch acted on (not under the checksum: it changes; 0 in a directory that never
+//!          saw one)
 //! descriptor i (64 B, at 64 + 64·i):
 //!   0..8   owner: 0 = free, else 1<<63 | node_id<<32 | thread
 //!   8..16  head: pool offset of the newest segment (0: none)
@@ -30,6 +32,8 @@ const DESCRIPTOR_LEN: u64 = 64;
 const OWNER: u64 = 0;
 const HEAD: u64 = 8;
 const MERGED_SEQ: u64 = 16;
+/// Header offset of the newest management epoch (see [`crate::proto::ManagerEpoch`]).
+const MANAGER_EPOCH: u64 = 40;
 
 /// Identity of a log's writer.
 pub fn owner_word(node_id: u32, thread: u32) -> u64 {
@@ -215,6 +219,25 @@ impl Directory {
     /// Records merge progress (after the index changes it covers are persisted).
     pub fn set_merged_seq(&self, log_id: u32, seq: u64) {
         self.store(log_id, MERGED_SEQ, seq)
+    }
+
+    /// The newest management epoch the memory node acted on; 0 before the first.
+    pub fn manager_epoch(&self) -> u64 {
+        self.header_word(MANAGER_EPOCH).load(Ordering::Acquire)
+    }
+
+    /// Records (and persists) a newer management epoch before the call carrying it acts, so that the older
+    /// changes' calls are refused across a restart as well.
+    pub fn set_manager_epoch(&self, epoch: u64) {
+        self.header_word(MANAGER_EPOCH)
+            .store(epoch, Ordering::Release);
+        self.pool.persist(self.offset + MANAGER_EPOCH, 8);
+    }
+
+    fn header_word(&self, field: u64) -> &std::sync::atomic::AtomicU64 {
+        self.pool
+            .atomic_u64(self.offset + field)
+            .expect("directory range checked at open")
     }
 
     /// Pool offset of a log's `merged_seq` word.

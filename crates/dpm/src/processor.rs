@@ -186,14 +186,20 @@ pub enum ProcessorError {
         /// Why the call was refused.
         why: String,
     },
-    /// A rebalance under a ring older than one the memory node already rebalanced to: it comes from a management
-    /// node that no longer leads, and following it would move keys away from the owners serving them.
-    #[error("a rebalance to ring epoch {offered} is older than the one done already ({done})")]
-    StaleRebalance {
-        /// The epoch of the ring in the request.
+    /// A management node's call of a change older than one the memory node already acted on: it comes from an
+    /// M-node that no longer leads, and following it would undo what the leader did since (see
+    /// [`proto::ManagerEpoch`]).
+    #[error(
+        "{call} of management epoch {offered} is refused: the memory node acted on epoch {newest} already, so \
+         the caller no longer leads"
+    )]
+    StaleEpoch {
+        /// The call.
+        call: &'static str,
+        /// The epoch the call carried.
         offered: u64,
-        /// The newest epoch rebalanced to since the memory node started.
-        done: u64,
+        /// The newest epoch the memory node acted on.
+        newest: u64,
     },
     /// A client the memory node revoked (its KV node was taken over) tried to claim a log.
     #[error("{0} was revoked: the cluster took its node over, so it may not claim a log")]
@@ -320,6 +326,13 @@ pub struct ProcessorStats {
     /// Index partitions of departed KV nodes freed (their slot and index tables given back) since start.
     #[serde(default)]
     pub freed_partitions: u64,
+    /// The newest management epoch the memory node acted on (kept in the pool).
+    #[serde(default)]
+    pub manager_epoch: u64,
+    /// Management calls refused because a newer epoch was acted on already (from M-nodes that no longer lead),
+    /// since start.
+    #[serde(default)]
+    pub stale_manager_calls: u64,
 }
 
 struct SegInfo {
@@ -437,9 +450,12 @@ struct Inner {
     damaged_log_bytes: AtomicU64,
     resealed_segments: AtomicU64,
     relinked_segments: AtomicU64,
-    /// One rebalance at a time; counting keys waits for it (a key is in two partitions for a moment). It holds the
-    /// newest ring epoch rebalanced to since start: an older one is refused.
-    rebalance_lock: Mutex<u64>,
+    /// One rebalance at a time; counting keys waits for it (a key is in two partitions for a moment).
+    rebalance_lock: Mutex<()>,
+    /// The newest management epoch acted on (persisted in the log directory's header). A management call holds it
+    /// while it acts, so a call of an older change cannot slip in between a newer one's check and its effects.
+    /// Lock order: this, then every other lock.
+    manager_epoch: Mutex<u64>,
     /// One KV node's claim of a new log at a time, from the first try to the try after a log was emptied for it:
     /// the descriptor an emptying frees goes to the claim that asked for it, not to a claim that came in between.
     new_log_claims: Mutex<()>,
@@ -467,6 +483,7 @@ struct Inner {
     /// [`Inner::free_departed_partitions`] looks.
     partitions_to_check: AtomicBool,
     freed_partitions: AtomicU64,
+    stale_manager_calls: AtomicU64,
 }
 
 /// The memory node's processor: owns the index and the logs' bookkeeping, runs the merge threads, answers the
@@ -530,6 +547,7 @@ impl Processor {
             config.shared_key_max_len,
         )?;
         let shared_active = AtomicUsize::new(cells.active());
+        let manager_epoch = dir.manager_epoch();
         let (tx, rx) = crossbeam_channel::unbounded();
         let boot = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -554,7 +572,8 @@ impl Processor {
             damaged_log_bytes: AtomicU64::new(0),
             resealed_segments: AtomicU64::new(0),
             relinked_segments: AtomicU64::new(0),
-            rebalance_lock: Mutex::new(0),
+            rebalance_lock: Mutex::new(()),
+            manager_epoch: Mutex::new(manager_epoch),
             new_log_claims: Mutex::new(()),
             migrated_keys: AtomicU64::new(0),
             migrated_bytes: AtomicU64::new(0),
@@ -573,6 +592,7 @@ impl Processor {
             emptied_logs: AtomicU64::new(0),
             partitions_to_check: AtomicBool::new(false),
             freed_partitions: AtomicU64::new(0),
+            stale_manager_calls: AtomicU64::new(0),
         });
         inner.recover()?;
         inner.pool.end_recovery();
@@ -712,17 +732,21 @@ impl RpcHandler for Handler {
             ),
             proto::TAKE_OVER_NODE => {
                 let req: proto::TakeOverNode = dinomo_fabric::decode(request)?;
-                dinomo_fabric::encode(
-                    &self
-                        .inner
-                        .take_over_node(&req, &self.clients)
-                        .map_err(fail)?,
-                    response,
-                )
+                let taken = self.inner.as_manager("TAKE_OVER_NODE", req.epoch, || {
+                    self.inner.take_over_node(&req, &self.clients)
+                });
+                dinomo_fabric::encode(&taken.map_err(fail)?, response)
             }
             proto::RESERVE_CELL => {
                 let req: proto::ReserveCell = dinomo_fabric::decode(request)?;
-                dinomo_fabric::encode(&self.inner.reserve_cell(&req).map_err(fail)?, response)
+                let reserved = self
+                    .inner
+                    .as_manager("RESERVE_CELL", req.epoch, || self.inner.reserve_cell(&req));
+                dinomo_fabric::encode(&reserved.map_err(fail)?, response)
+            }
+            proto::FENCE => {
+                let req: proto::Fence = dinomo_fabric::decode(request)?;
+                dinomo_fabric::encode(&self.inner.fence(req.epoch), response)
             }
             proto::ACTIVATE_CELL => {
                 let req: proto::ShareKey = dinomo_fabric::decode(request)?;
@@ -734,12 +758,17 @@ impl RpcHandler for Handler {
             }
             proto::SYNC_CELLS => {
                 let req: proto::SyncCells = dinomo_fabric::decode(request)?;
-                self.inner.sync_cells(&req).map_err(fail)?;
+                self.inner
+                    .as_manager("SYNC_CELLS", req.epoch, || self.inner.sync_cells(&req))
+                    .map_err(fail)?;
                 dinomo_fabric::encode(&(), response)
             }
             proto::REBALANCE => {
                 let req: proto::Rebalance = dinomo_fabric::decode(request)?;
-                dinomo_fabric::encode(&self.inner.rebalance(&req).map_err(fail)?, response)
+                let moved = self
+                    .inner
+                    .as_manager("REBALANCE", req.ring.epoch(), || self.inner.rebalance(&req));
+                dinomo_fabric::encode(&moved.map_err(fail)?, response)
             }
             proto::LAYOUT => dinomo_fabric::encode(
                 &proto::Layout {
@@ -749,7 +778,9 @@ impl RpcHandler for Handler {
             ),
             proto::RELEASE_CELL => {
                 let req: proto::ReleaseCell = dinomo_fabric::decode(request)?;
-                self.inner.release_cell(&req).map_err(fail)?;
+                self.inner
+                    .as_manager("RELEASE_CELL", req.epoch, || self.inner.release_cell(&req))
+                    .map_err(fail)?;
                 dinomo_fabric::encode(&(), response)
             }
             other => Err(RpcError::UnknownMethod(other)),
@@ -1657,6 +1688,57 @@ impl Inner {
         })
     }
 
+    /// Runs the management call `call` of epoch `epoch` while no other management call runs, unless a newer
+    /// epoch was acted on already (the caller no longer leads: see [`proto::ManagerEpoch`]).
+    fn as_manager<T>(
+        &self,
+        call: &'static str,
+        epoch: u64,
+        f: impl FnOnce() -> Result<T, ProcessorError>,
+    ) -> Result<T, ProcessorError> {
+        let _acting = self.enter_manager_epoch(call, epoch)?;
+        f()
+    }
+
+    /// Takes the management epoch for a call of `epoch`: refused when a newer one was acted on already, otherwise
+    /// raised to `epoch` (and persisted) before the call acts; held until the call is done.
+    fn enter_manager_epoch(
+        &self,
+        call: &'static str,
+        epoch: u64,
+    ) -> Result<std::sync::MutexGuard<'_, u64>, ProcessorError> {
+        let mut newest = self.manager_epoch.lock().expect("manager epoch lock");
+        if epoch < *newest {
+            self.stale_manager_calls.fetch_add(1, Ordering::Relaxed);
+            warn!(
+                call,
+                offered = epoch,
+                newest = *newest,
+                "a call of an older management epoch is refused"
+            );
+            return Err(ProcessorError::StaleEpoch {
+                call,
+                offered: epoch,
+                newest: *newest,
+            });
+        }
+        if epoch > *newest {
+            self.dir.set_manager_epoch(epoch);
+            *newest = epoch;
+        }
+        Ok(newest)
+    }
+
+    /// [`proto::FENCE`]: raises the newest management epoch to `epoch` unless it is newer already; the newest after.
+    fn fence(&self, epoch: u64) -> proto::Fenced {
+        let newest = match self.enter_manager_epoch("FENCE", epoch) {
+            Ok(newest) => *newest,
+            Err(ProcessorError::StaleEpoch { newest, .. }) => newest,
+            Err(_) => *self.manager_epoch.lock().expect("manager epoch lock"),
+        };
+        proto::Fenced { newest }
+    }
+
     fn take_over_node(
         &self,
         req: &proto::TakeOverNode,
@@ -2335,15 +2417,7 @@ impl Inner {
         if self.indexes.partitioning() == Partitioning::Shared {
             return Ok(out);
         }
-        let mut done = self.rebalance_lock.lock().expect("rebalance lock");
-        let offered = req.ring.epoch();
-        if offered < *done {
-            return Err(ProcessorError::StaleRebalance {
-                offered,
-                done: *done,
-            });
-        }
-        *done = offered;
+        let _one_at_a_time = self.rebalance_lock.lock().expect("rebalance lock");
         let started = Instant::now();
         let mut header = [0u8; ENTRY_HEADER_LEN];
         let mut key = Vec::new();
@@ -2542,6 +2616,9 @@ impl Inner {
         s.retired_logs = self.retired_logs.load(Ordering::Relaxed);
         s.emptied_logs = self.emptied_logs.load(Ordering::Relaxed);
         s.freed_partitions = self.freed_partitions.load(Ordering::Relaxed);
+        // Read from the pool, not under the lock a long rebalance holds.
+        s.manager_epoch = self.dir.manager_epoch();
+        s.stale_manager_calls = self.stale_manager_calls.load(Ordering::Relaxed);
         s
     }
 }

@@ -34,6 +34,32 @@ pub const REBALANCE: u16 = 12;
 pub const LAYOUT: u16 = 13;
 /// [`MergeSealed`] → [`Merged`].
 pub const MERGE_SEALED: u16 = 14;
+/// [`Fence`] → [`Fenced`].
+pub const FENCE: u16 = 15;
+
+/// The management node's calls ([`TAKE_OVER_NODE`], [`RESERVE_CELL`], [`RELEASE_CELL`], [`SYNC_CELLS`],
+/// [`REBALANCE`] and [`FENCE`]) each carry the epoch of the change they belong to: the epoch the M-node reserved in
+/// the cluster record before acting. The memory node keeps the newest such epoch in the pool and refuses a call
+/// with an older one: it comes from an M-node that stalled and no longer leads, and acting on it would undo what
+/// the leader did since (free a cell in use, send a shared key's value back to the index, revoke a live node).
+/// Calls of the same change share its epoch, so a retry is taken.
+pub type ManagerEpoch = u64;
+
+/// Raises the memory node's newest management epoch to `epoch`, so that every call of an older change is refused
+/// from then on. Sent by the M-node right after it reserves an epoch, before its change touches anything.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Fence {
+    /// The epoch just reserved.
+    pub epoch: ManagerEpoch,
+}
+
+/// Reply to [`Fence`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fenced {
+    /// The memory node's newest management epoch after the call: the epoch offered when it was taken, a newer one
+    /// when it was refused (the caller's record is behind the pool: it must reserve past this one).
+    pub newest: ManagerEpoch,
+}
 
 /// Claims (or reclaims after a restart) the log of one KV-node thread. Whatever that log holds unmerged is merged
 /// before the reply, so the caller starts from an index that has all of its earlier writes.
@@ -161,6 +187,8 @@ pub struct TakeOverNode {
     /// late call must not revoke a node that restarted meanwhile). `None` (not known): every incarnation of the
     /// node connected now is revoked.
     pub incarnation: Option<u64>,
+    /// The epoch of the change taking the node over (see [`ManagerEpoch`]).
+    pub epoch: ManagerEpoch,
 }
 
 /// Reply to [`TakeOverNode`].
@@ -180,6 +208,8 @@ pub struct NodeTakenOver {
 pub struct ReserveCell {
     /// The key.
     pub key: Vec<u8>,
+    /// The epoch of the sharing change (see [`ManagerEpoch`]).
+    pub epoch: ManagerEpoch,
 }
 
 /// Reply to [`ReserveCell`].
@@ -214,6 +244,9 @@ pub struct ShareKey {
 pub struct ReleaseCell {
     /// The cell.
     pub cell: u64,
+    /// The epoch of the change that stopped sharing the cell's key, or rolled its sharing back (see
+    /// [`ManagerEpoch`]).
+    pub epoch: ManagerEpoch,
 }
 
 /// Sent by the M-node once a failed KV node's logs are taken over: `shared` lists the cells of the keys the
@@ -223,6 +256,8 @@ pub struct ReleaseCell {
 pub struct SyncCells {
     /// The cells the cluster record names.
     pub shared: Vec<u64>,
+    /// The epoch of the change that took the failed node over (see [`ManagerEpoch`]).
+    pub epoch: ManagerEpoch,
 }
 
 /// Reply to [`COUNT_KEYS`]: how many keys the store holds, counting every write that reached the memory node
@@ -239,7 +274,8 @@ pub struct KeyCount {
 /// stopped serving them and merged their logs, and before their new owners start. The shared layout moves nothing.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Rebalance {
-    /// The routing table the partitions must match.
+    /// The routing table the partitions must match. Its epoch is the change's management epoch (see
+    /// [`ManagerEpoch`]).
     pub ring: dinomo_ring::Ring,
 }
 

@@ -102,6 +102,8 @@ fn take_over(connector: &Connector, node_id: u32) -> anyhow::Result<proto::NodeT
         &proto::TakeOverNode {
             node_id,
             incarnation: None,
+            // The epoch of the rings `rebalance` sends.
+            epoch: 1,
         },
     )?)
 }
@@ -358,9 +360,9 @@ fn a_rebalance_to_an_older_ring_is_refused_and_moves_nothing() -> anyhow::Result
     // An older table that would hand keys to node 2.
     let refused = at(&[1, 2], 4).expect_err("an older ring");
     assert!(
-        refused
-            .to_string()
-            .contains("older than the one done already (5)"),
+        refused.to_string().contains(
+            "REBALANCE of management epoch 4 is refused: the memory node acted on epoch 5 already"
+        ),
         "{refused}"
     );
     check(&mut one, |_| true)?;

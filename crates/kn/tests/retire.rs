@@ -61,6 +61,8 @@ fn take_over(connector: &Connector, node_id: u32) -> anyhow::Result<()> {
         &proto::TakeOverNode {
             node_id,
             incarnation: None,
+            // No management node acts in these tests.
+            epoch: 0,
         },
     )?;
     Ok(())

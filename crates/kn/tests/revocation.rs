@@ -69,6 +69,8 @@ fn take_over(m: &MemoryNodeUnderTest, incarnation: u64) -> Result<proto::NodeTak
         &proto::TakeOverNode {
             node_id: 1,
             incarnation: Some(incarnation),
+            // No management node acts in these tests.
+            epoch: 0,
         },
     )?)
 }

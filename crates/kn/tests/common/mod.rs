@@ -203,7 +203,11 @@ pub fn reserve_cell(connector: &Connector, key: &[u8]) -> anyhow::Result<u64> {
     let mut ep = connector.connect()?;
     let r: dinomo_dpm::proto::CellReserved = ep.call(
         dinomo_dpm::proto::RESERVE_CELL,
-        &dinomo_dpm::proto::ReserveCell { key: key.to_vec() },
+        &dinomo_dpm::proto::ReserveCell {
+            key: key.to_vec(),
+            // No management node acts in these tests.
+            epoch: 0,
+        },
     )?;
     Ok(r.cell)
 }
