@@ -9,6 +9,11 @@
 //! A miss costs `M` round trips (an index walk plus the read); `M` is measured at run time as
 //! an exponentially weighted moving average ([`Dac::record_miss_round_trips`]).
 //!
+//! A miss whose walk found no value may also be remembered ([`Dac::fill_absent`]): a value entry
+//! with no value, answering [`Lookup::Absent`] without a walk. Such a record only takes space
+//! that is free (it never demotes or evicts anything) and is dropped, not demoted, when a value
+//! needs its room. Like every entry it is exact only while the caller is the key's sole writer.
+//!
 //! # The adaptive policy ([`Policy::Adaptive`], Table 3 of the DINOMO paper)
 //!
 //! * The cache starts empty and caches values while they fit in free space.
@@ -131,17 +136,23 @@ pub struct CacheConfig {
     pub initial_miss_cost: f64,
     /// Weight of a new sample in the moving average of round trips per miss, in `(0, 1]`.
     pub miss_cost_weight: f64,
+    /// Whether [`Dac::fill_absent`] records keys found to have no value (in free space only). Off, the cache
+    /// holds only what the DINOMO paper's DAC holds, values and shortcuts, and every lookup of a key without a
+    /// value walks the index.
+    pub remember_absent: bool,
 }
 
 impl Default for CacheConfig {
     /// A 64 MiB budget, [`Policy::Adaptive`], an initial miss cost of 2 round trips (an index
-    /// read plus the value read) and a moving-average weight of 1/64 per sample.
+    /// read plus the value read), a moving-average weight of 1/64 per sample, and keys without a
+    /// value remembered.
     fn default() -> Self {
         CacheConfig {
             budget_bytes: 64 << 20,
             policy: Policy::Adaptive,
             initial_miss_cost: 2.0,
             miss_cost_weight: 1.0 / 64.0,
+            remember_absent: true,
         }
     }
 }
@@ -169,8 +180,10 @@ pub enum Lookup<'a> {
     /// A shortcut hit: read the value through this shortcut, then call
     /// [`Dac::shortcut_hit`] (or [`Dac::stale_shortcut`] if it no longer leads to the key).
     Shortcut(Shortcut),
-    /// A miss: walk the index, then call [`Dac::fill`].
+    /// A miss: walk the index, then call [`Dac::fill`] (or [`Dac::fill_absent`] when the key has no value).
     Miss,
+    /// The key has no value: a miss found none, and nothing wrote it since.
+    Absent,
 }
 
 /// The kind of a cached entry.
@@ -180,6 +193,8 @@ pub enum EntryKind {
     Value,
     /// A pointer to the value in remote memory.
     Shortcut,
+    /// A record that the key has no value.
+    Absent,
 }
 
 /// Counters and gauges of a [`Dac`]. The counters (hits, misses, promotions, demotions,
@@ -210,6 +225,13 @@ pub struct CacheStats {
     pub value_bytes: u64,
     /// Bytes charged for shortcut entries now cached.
     pub shortcut_bytes: u64,
+    /// Lookups answered with a record that the key has no value.
+    #[serde(default)]
+    pub absent_hits: u64,
+    /// Records of keys without a value now cached (charged as value entries with no value: in `value_bytes`,
+    /// not in `values`).
+    #[serde(default)]
+    pub absents: u64,
 }
 
 /// One worker thread's cache of values and shortcuts; see the [crate documentation](crate).
@@ -222,6 +244,7 @@ pub struct Dac {
     shortcut_cap: u64,
     miss_cost: f64,
     miss_cost_weight: f64,
+    remember_absent: bool,
 
     nodes: Vec<Node>,
     free_head: u32,
@@ -243,6 +266,8 @@ pub struct Dac {
     shortcut_bytes: u64,
     value_count: u64,
     shortcut_count: u64,
+    /// Value entries that record an absence (counted in `value_count` too).
+    absent_count: u64,
     counters: CacheStats,
 }
 
@@ -278,6 +303,7 @@ impl Dac {
             shortcut_cap: 0,
             miss_cost,
             miss_cost_weight,
+            remember_absent: cfg.remember_absent,
             nodes: Vec::new(),
             free_head: NIL,
             table: HashTable::new(),
@@ -293,6 +319,7 @@ impl Dac {
             shortcut_bytes: 0,
             value_count: 0,
             shortcut_count: 0,
+            absent_count: 0,
             counters: CacheStats::default(),
         };
         dac.set_caps(cfg.budget_bytes);
@@ -374,6 +401,11 @@ impl Dac {
         let node = &mut self.nodes[id as usize];
         node.hits = node.hits.saturating_add(1);
         match node.kind {
+            Kind::Value if node.absent => {
+                self.counters.absent_hits += 1;
+                self.values.move_to_front(&mut self.nodes, id);
+                Lookup::Absent
+            }
             Kind::Value => {
                 self.counters.value_hits += 1;
                 self.values.move_to_front(&mut self.nodes, id);
@@ -402,6 +434,29 @@ impl Dac {
     /// `shortcut`. If the key got cached meanwhile, its entry is updated as by [`Dac::write`].
     pub fn fill(&mut self, key: &[u8], value: &[u8], shortcut: Shortcut) {
         self.upsert(key, value, shortcut);
+    }
+
+    /// Records, after a miss whose walk found no value for `key`, that it has none, so that its next lookups answer
+    /// [`Lookup::Absent`] until it is written or invalidated. Only space free now is used (within the value share of
+    /// a static policy): nothing is demoted or evicted for the record, which is worth less than any value or
+    /// shortcut. A key cached meanwhile keeps its entry (a write since is newer than the walk's answer). Nothing is
+    /// recorded when [`CacheConfig::remember_absent`] is off.
+    pub fn fill_absent(&mut self, key: &[u8]) {
+        if !self.remember_absent || self.find(key).is_some() {
+            return;
+        }
+        let entry = Self::value_entry_bytes(key.len(), 0);
+        let fits = if self.is_adaptive() {
+            entry <= self.free()
+        } else {
+            self.value_bytes + entry <= self.value_cap
+        };
+        if !fits || key.len() > u32::MAX as usize || self.nodes.len() >= NIL as usize {
+            return;
+        }
+        let id = self.alloc(key, Shortcut { ptr: 0, seq: 0 });
+        self.nodes[id as usize].absent = true;
+        self.attach_value(id, &[]);
     }
 
     /// Reports that a shortcut hit on `key` read `value` (now at `shortcut`, which may differ
@@ -506,6 +561,7 @@ impl Dac {
         self.shortcut_bytes = 0;
         self.value_count = 0;
         self.shortcut_count = 0;
+        self.absent_count = 0;
     }
 
     /// Drops every entry whose key `keep` rejects; returns how many were dropped. A KV node calls it when it hands
@@ -527,7 +583,8 @@ impl Dac {
     /// Counters and gauges.
     pub fn stats(&self) -> CacheStats {
         CacheStats {
-            values: self.value_count,
+            values: self.value_count - self.absent_count,
+            absents: self.absent_count,
             shortcuts: self.shortcut_count,
             used_bytes: self.used(),
             budget_bytes: self.budget,
@@ -540,7 +597,9 @@ impl Dac {
     /// How `key` is cached, if at all, without counting anything.
     pub fn contains(&self, key: &[u8]) -> Option<EntryKind> {
         let id = self.find(key)?;
-        match self.nodes[id as usize].kind {
+        let node = &self.nodes[id as usize];
+        match node.kind {
+            Kind::Value if node.absent => Some(EntryKind::Absent),
             Kind::Value => Some(EntryKind::Value),
             Kind::Shortcut => Some(EntryKind::Shortcut),
             Kind::Free | Kind::Detached => None,
@@ -617,12 +676,14 @@ impl Dac {
     fn update(&mut self, id: u32, value: &[u8]) {
         let node = &mut self.nodes[id as usize];
         let was = node.kind;
-        if was == Kind::Value && node.value().len() == value.len() {
+        if was == Kind::Value && !node.absent && node.value().len() == value.len() {
             node.set_value(value);
             self.values.move_to_front(&mut self.nodes, id);
             return;
         }
         self.detach(id);
+        // A record of absence holds a value from now on.
+        self.nodes[id as usize].absent = false;
         match (was, self.place(id, value)) {
             (Kind::Shortcut, Some(Kind::Value)) => self.counters.promotions += 1,
             (Kind::Value, Some(Kind::Shortcut)) => self.counters.demotions += 1,
@@ -776,6 +837,11 @@ impl Dac {
     /// Turns the value entry `id` into a shortcut entry (static policies: into the shortcut
     /// share, evicting its least-recently-used entries, or drops it if that share is empty).
     fn demote(&mut self, id: u32) {
+        // A record of absence is worth nothing as a shortcut (there is no value to point at): it goes.
+        if self.nodes[id as usize].absent {
+            self.evict(id);
+            return;
+        }
         self.detach(id);
         let shortcut_entry = Self::shortcut_entry_bytes(self.nodes[id as usize].key_len as usize);
         if !self.is_adaptive() {
@@ -817,6 +883,7 @@ impl Dac {
         node.kind = Kind::Value;
         self.value_bytes += Self::entry_bytes(node);
         self.value_count += 1;
+        self.absent_count += u64::from(node.absent);
         self.values.push_front(&mut self.nodes, id);
     }
 
@@ -843,6 +910,7 @@ impl Dac {
         let bytes = Self::entry_bytes(node);
         match node.kind {
             Kind::Value => {
+                self.absent_count -= u64::from(node.absent);
                 self.values.unlink(&mut self.nodes, id);
                 self.value_bytes -= bytes;
                 self.value_count -= 1;
@@ -923,11 +991,16 @@ impl Dac {
         }
         // Values: a well-linked list of value entries whose charges add up.
         let (mut count, mut bytes, mut prev, mut id) = (0, 0, NIL, self.values.head);
+        let mut absents = 0;
         while id != NIL {
             let node = &self.nodes[id as usize];
             assert_eq!(node.kind, Kind::Value);
             assert_eq!(node.prev, prev);
             assert_eq!(node.buf.len(), node.key_len as usize + node.value().len());
+            if node.absent {
+                assert!(node.value().is_empty(), "a record of absence holds a value");
+                absents += 1;
+            }
             count += 1;
             bytes += Self::entry_bytes(node);
             prev = id;
@@ -935,6 +1008,7 @@ impl Dac {
         }
         assert_eq!(self.values.tail, prev);
         assert_eq!((count, bytes), (self.value_count, self.value_bytes));
+        assert_eq!(absents, self.absent_count);
         // Shortcuts: a valid heap (adaptive) or a well-linked list (static).
         let (mut count, mut bytes) = (0, 0);
         if self.is_adaptive() {
@@ -942,6 +1016,7 @@ impl Dac {
             for (pos, item) in items.iter().enumerate() {
                 let node = &self.nodes[item.node as usize];
                 assert_eq!(node.kind, Kind::Shortcut);
+                assert!(!node.absent, "a record of absence became a shortcut");
                 assert_eq!(node.heap_pos as usize, pos);
                 assert_eq!(node.hits, item.hits);
                 assert_eq!(node.buf.len(), node.key_len as usize);
@@ -958,6 +1033,7 @@ impl Dac {
             while id != NIL {
                 let node = &self.nodes[id as usize];
                 assert_eq!(node.kind, Kind::Shortcut);
+                assert!(!node.absent, "a record of absence became a shortcut");
                 assert_eq!(node.prev, prev);
                 assert_eq!(node.buf.len(), node.key_len as usize);
                 count += 1;

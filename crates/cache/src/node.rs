@@ -34,6 +34,8 @@ pub(crate) struct Node {
     /// Position in the frequency heap while this is an adaptive shortcut entry.
     pub heap_pos: u32,
     pub kind: Kind,
+    /// A value entry recording that the key has no value (see [`crate::Dac::fill_absent`]); its value is empty.
+    pub absent: bool,
 }
 
 impl Node {
@@ -47,6 +49,7 @@ impl Node {
             next,
             heap_pos: NIL,
             kind: Kind::Free,
+            absent: false,
         }
     }
 

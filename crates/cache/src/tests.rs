@@ -18,6 +18,7 @@ fn cache(policy: Policy, budget_bytes: u64) -> Dac {
         policy,
         initial_miss_cost: 2.0,
         miss_cost_weight: 0.25,
+        remember_absent: true,
     })
 }
 
@@ -398,7 +399,7 @@ fn shrinking_compacts_the_slab() {
         match dac.lookup(&k.to_le_bytes()) {
             Lookup::Miss => {}
             Lookup::Shortcut(s) => assert_eq!(s, sc(u64::from(k))),
-            Lookup::Value { .. } => panic!("no value fits"),
+            Lookup::Value { .. } | Lookup::Absent => panic!("no value fits"),
         }
     }
     assert_eq!(dac.stats().shortcut_hits, 10);
@@ -547,4 +548,79 @@ fn retain_drops_rejected_keys_of_both_kinds_and_frees_their_bytes() {
         dac.fill(&[2], &val(10, 2), sc(2));
         assert_eq!(dac.contains(&[2]), V);
     }
+}
+
+#[test]
+fn a_record_of_absence_answers_until_the_key_is_written() {
+    for policy in [Policy::Adaptive, Policy::Static { value_percent: 50 }] {
+        let mut dac = cache(policy, 8 * ve(8));
+        assert_eq!(dac.lookup(b"k"), Lookup::Miss);
+        dac.fill_absent(b"k");
+        assert_eq!(dac.contains(b"k"), Some(EntryKind::Absent));
+        assert_eq!(dac.lookup(b"k"), Lookup::Absent);
+        let st = dac.stats();
+        assert_eq!(
+            (st.absent_hits, st.absents, st.values, st.misses),
+            (1, 1, 0, 1)
+        );
+        assert_eq!(st.value_bytes, ve(0));
+        // An empty value written over it is a value, not a record of absence.
+        dac.write(b"k", b"", sc(1));
+        assert_eq!(
+            dac.lookup(b"k"),
+            Lookup::Value {
+                value: b"",
+                shortcut: sc(1)
+            }
+        );
+        assert_eq!((dac.stats().absents, dac.stats().values), (0, 1));
+        dac.invalidate(b"k");
+        dac.fill_absent(b"k");
+        dac.write(b"k", b"value", sc(2));
+        assert_eq!(
+            dac.lookup(b"k"),
+            Lookup::Value {
+                value: b"value",
+                shortcut: sc(2)
+            }
+        );
+        // A key cached meanwhile keeps its entry.
+        dac.fill_absent(b"k");
+        assert_eq!(dac.contains(b"k"), Some(EntryKind::Value));
+        dac.invalidate(b"k");
+        dac.fill_absent(b"k");
+        dac.invalidate(b"k");
+        assert_eq!(dac.lookup(b"k"), Lookup::Miss);
+        assert_eq!(dac.stats().absents, 0);
+        dac.check_invariants();
+    }
+}
+
+#[test]
+fn a_record_of_absence_takes_only_free_space_and_is_dropped_not_demoted() {
+    let mut dac = cache(Policy::Adaptive, 2 * ve(8));
+    dac.fill(b"a", &val(8, 1), sc(1));
+    dac.fill(b"b", &val(8, 2), sc(2));
+    // No room: nothing is demoted for it, and it is not recorded.
+    dac.fill_absent(b"c");
+    assert_eq!(dac.contains(b"c"), None);
+    let st = dac.stats();
+    assert_eq!((st.values, st.demotions, st.evictions), (2, 0, 0));
+    dac.check_invariants();
+
+    dac.set_budget(2 * ve(8) + ve(0));
+    dac.fill_absent(b"c");
+    assert_eq!(dac.contains(b"c"), Some(EntryKind::Absent));
+    // The record is the least recently used value entry once a and b are read; a new key needing its room (as a
+    // shortcut, the adaptive policy's way with no free space) drops it rather than turning it into a shortcut to
+    // nothing.
+    assert!(matches!(dac.lookup(b"a"), Lookup::Value { .. }));
+    assert!(matches!(dac.lookup(b"b"), Lookup::Value { .. }));
+    dac.fill(b"d", &val(0, 0), sc(4));
+    assert_eq!(dac.contains(b"c"), None);
+    assert_eq!(dac.contains(b"d"), Some(EntryKind::Shortcut));
+    assert_eq!(dac.stats().values, 2);
+    let st = dac.stats();
+    assert_eq!((st.absents, st.demotions, st.evictions), (0, 0, 1));
+    dac.check_invariants();
 }

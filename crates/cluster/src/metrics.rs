@@ -247,6 +247,7 @@ impl MetricsSource for NodeMetrics {
             sum.lookups += t.lookups;
             sum.value_hits += t.value_hits;
             sum.shortcut_hits += t.shortcut_hits;
+            sum.absent_hits += t.absent_hits;
             sum.stale_shortcuts += t.stale_shortcuts;
             sum.log_hits += t.log_hits;
             sum.index_walks += t.index_walks;
@@ -298,20 +299,22 @@ impl MetricsSource for NodeMetrics {
             node,
             sum.lookups,
         );
-        // Where lookups were answered: the cache's value or shortcut, the unmerged log, or an index walk (a miss).
+        // Where lookups were answered: the cache's value, shortcut or record of absence, the unmerged log, or an
+        // index walk (a miss).
         let answered = [
             ("value", sum.value_hits),
             ("shortcut", sum.shortcut_hits),
+            ("absent", sum.absent_hits),
             ("log", sum.log_hits),
             ("miss", sum.index_walks),
         ];
         for (kind, n) in answered {
-            out.counter("dinomo_kn_lookup_answers_total", "Lookups by where they were answered: value (cached value), shortcut (cached pointer, one READ), log (unmerged log), miss (index walk).", &[("node", &id), ("kind", kind)], n);
+            out.counter("dinomo_kn_lookup_answers_total", "Lookups by where they were answered: value (cached value), shortcut (cached pointer, one READ), absent (cached record that the key has no value), log (unmerged log), miss (index walk).", &[("node", &id), ("kind", kind)], n);
         }
         for (kind, n) in answered {
             out.gauge(
                 "dinomo_kn_hit_ratio",
-                "Share of lookups since start answered each way (value, shortcut, log, miss).",
+                "Share of lookups since start answered each way (value, shortcut, absent, log, miss).",
                 &[("node", &id), ("kind", kind)],
                 ratio(n, sum.lookups),
             );

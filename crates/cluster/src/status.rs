@@ -62,6 +62,7 @@ fn hits(s: &NodeStats) -> (u64, u64) {
             // Saturating: the counts come from peers and must not overflow.
             h.saturating_add(t.value_hits)
                 .saturating_add(t.shortcut_hits)
+                .saturating_add(t.absent_hits)
                 .saturating_add(t.log_hits),
             l.saturating_add(t.lookups),
         )

@@ -447,6 +447,9 @@ pub struct WorkerStats {
     pub value_hits: u64,
     /// Lookups answered through a cached shortcut (one READ).
     pub shortcut_hits: u64,
+    /// Lookups answered "no value" from the cache's record that an earlier index walk found none (no round trip).
+    #[serde(default)]
+    pub absent_hits: u64,
     /// Shortcuts that no longer matched their key and sequence number.
     pub stale_shortcuts: u64,
     /// Operations on shared keys (served through their indirect cells).
@@ -1217,6 +1220,10 @@ impl Worker {
                 self.stats.value_hits += 1;
                 return Ok(Some(of(value)));
             }
+            Lookup::Absent => {
+                self.stats.absent_hits += 1;
+                return Ok(None);
+            }
             Lookup::Shortcut(sc) => {
                 if let Some(value) = self.read_shortcut(key, sc)? {
                     self.stats.shortcut_hits += 1;
@@ -1349,11 +1356,18 @@ impl Worker {
         let rts = counters::thread_snapshot().round_trips - before;
         self.stats.index_walk_round_trips += rts;
         self.cache.record_miss_round_trips(rts as u32);
-        let found = result?;
-        Ok(found.map(|(value, sc)| {
-            self.cache.fill(key, &value, sc);
-            value
-        }))
+        match result? {
+            Some((value, sc)) => {
+                self.cache.fill(key, &value, sc);
+                Ok(Some(value))
+            }
+            None => {
+                // This thread is the key's only writer while it owns the key, so "none" stands until it writes the
+                // key (or loses it, which drops its cache entries).
+                self.cache.fill_absent(key);
+                Ok(None)
+            }
+        }
     }
 
     /// The first of `cands` (the slots of `hash`, which is `key`'s) whose entry is a put of `key`. Stops at the first

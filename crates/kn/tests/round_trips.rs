@@ -103,6 +103,60 @@ fn uncached_lookup(partitioning: dinomo_dpm::Partitioning) {
     assert_eq!(s.processor().partitioning(), partitioning);
 }
 
+/// A key an index walk found without a value is remembered: its next reads cost no round trip, until this node
+/// writes it (or deletes it, and a walk finds it absent again). With `remember_absent` off, every read walks.
+#[test]
+fn a_key_without_a_value_walks_the_index_once() {
+    for remember_absent in [true, false] {
+        let s = Embedded::open(&EmbeddedConfig {
+            pool_size: 256 << 20,
+            kn: KnConfig {
+                threads: 1,
+                cache: CacheConfig {
+                    budget_bytes: 1 << 20,
+                    remember_absent,
+                    ..CacheConfig::default()
+                },
+                ..KnConfig::default()
+            },
+            ..EmbeddedConfig::default()
+        })
+        .expect("open store");
+        let h = s.handle();
+        // A merged log: the key is neither in the cache nor in the unmerged segments.
+        h.set(b"other", b"value").unwrap();
+        h.merge_all().unwrap();
+        assert_eq!(h.get(b"k").unwrap(), None);
+        let before = round_trips(&h);
+        for _ in 0..50 {
+            assert_eq!(h.get(b"k").unwrap(), None);
+            assert!(!h.exists(b"k").unwrap());
+        }
+        let walked = round_trips(&h) - before;
+        let st = &h.stats().unwrap()[0];
+        if remember_absent {
+            assert_eq!(walked, 0, "reads of a key known to have no value");
+            assert_eq!((st.absent_hits, st.index_walks), (100, 1));
+        } else {
+            assert_eq!(
+                walked, 100,
+                "one batch per read: the bucket, checked against the index header"
+            );
+            assert_eq!((st.absent_hits, st.index_walks), (0, 101));
+        }
+        h.set(b"k", b"v1").unwrap();
+        assert_eq!(h.get(b"k").unwrap().as_deref(), Some(&b"v1"[..]));
+        assert!(h.delete(b"k").unwrap());
+        h.merge_all().unwrap();
+        assert_eq!(h.get(b"k").unwrap(), None);
+        assert_eq!(h.get(b"k").unwrap(), None);
+        h.set(b"k", b"v2").unwrap();
+        assert_eq!(h.get(b"k").unwrap().as_deref(), Some(&b"v2"[..]));
+        let cache = h.stats().unwrap()[0].cache;
+        assert_eq!(cache.absents, 0, "every record of absence was written over");
+    }
+}
+
 #[test]
 fn group_commit_amortises_writes_below_one_round_trip() {
     // A 200 µs round trip gives the concurrent writers time to queue up behind each WRITE even when the test

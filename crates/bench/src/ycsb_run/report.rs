@@ -286,6 +286,9 @@ pub struct HitRatios {
     pub value: f64,
     /// Through a cached shortcut (one READ).
     pub shortcut: f64,
+    /// From the cache's record that the key has no value (no round trip).
+    #[serde(default)]
+    pub absent: f64,
     /// From the worker's unmerged log (no round trip).
     pub log: f64,
     /// By walking the index.
@@ -301,6 +304,9 @@ pub struct CacheReport {
     pub value_hits: u64,
     /// Answered through a shortcut.
     pub shortcut_hits: u64,
+    /// Answered from the cache's record that the key has no value.
+    #[serde(default)]
+    pub absent_hits: u64,
     /// Answered from the unmerged log.
     pub log_hits: u64,
     /// Walked the index.
@@ -503,6 +509,7 @@ pub(crate) fn assemble(
     let ratios = (t.lookups > 0).then(|| HitRatios {
         value: ratio(t.value_hits, t.lookups),
         shortcut: ratio(t.shortcut_hits, t.lookups),
+        absent: ratio(t.absent_hits, t.lookups),
         log: ratio(t.log_hits, t.lookups),
         miss: ratio(misses, t.lookups),
     });
@@ -595,6 +602,7 @@ pub(crate) fn assemble(
             lookups: t.lookups,
             value_hits: t.value_hits,
             shortcut_hits: t.shortcut_hits,
+            absent_hits: t.absent_hits,
             log_hits: t.log_hits,
             misses,
             stale_shortcuts: t.stale_shortcuts,

@@ -160,6 +160,9 @@ pub struct WorkerTotals {
     pub value_hits: u64,
     /// Lookups answered through a cached shortcut (one READ).
     pub shortcut_hits: u64,
+    /// Lookups answered from the cache's record that the key has no value.
+    #[serde(default)]
+    pub absent_hits: u64,
     /// Shortcuts found stale (the lookup went on).
     pub stale_shortcuts: u64,
     /// Lookups answered from the worker's unmerged log.
@@ -191,6 +194,7 @@ impl WorkerTotals {
         self.lookups += d(|s| s.lookups);
         self.value_hits += d(|s| s.value_hits);
         self.shortcut_hits += d(|s| s.shortcut_hits);
+        self.absent_hits += d(|s| s.absent_hits);
         self.stale_shortcuts += d(|s| s.stale_shortcuts);
         self.log_hits += d(|s| s.log_hits);
         self.index_walks += d(|s| s.index_walks);
@@ -204,10 +208,11 @@ impl WorkerTotals {
         self.bytes_in += d(|s| s.bytes_in);
     }
 
-    /// Lookups not answered by a value, a shortcut or the log: they walked the index (absent keys included).
+    /// Lookups not answered by the cache (a value, a shortcut or a record of absence) or the log: they walked the
+    /// index.
     pub fn misses(&self) -> u64 {
         self.lookups
-            .saturating_sub(self.value_hits + self.shortcut_hits + self.log_hits)
+            .saturating_sub(self.value_hits + self.shortcut_hits + self.absent_hits + self.log_hits)
     }
 }
 
