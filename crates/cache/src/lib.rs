@@ -138,7 +138,8 @@ pub struct CacheConfig {
     pub miss_cost_weight: f64,
     /// Whether [`Dac::fill_absent`] records keys found to have no value (in free space only). Off, the cache
     /// holds only what the DINOMO paper's DAC holds, values and shortcuts, and every lookup of a key without a
-    /// value walks the index.
+    /// value walks the index. (A KV node records absence only where a walk costs a fabric round trip: not over
+    /// an in-process fabric without injected latency, where the walk is cheaper than the record's bookkeeping.)
     pub remember_absent: bool,
 }
 

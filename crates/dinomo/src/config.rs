@@ -397,7 +397,7 @@ const DOCS: &[(&str, &str)] = &[
     ("kn.workers.cache.policy", "cache policy: dac, static-N (N% values), value-only or shortcut-only"),
     ("kn.workers.cache.initial_miss_cost", "round trips per miss assumed until misses are measured"),
     ("kn.workers.cache.miss_cost_weight", "weight of a new sample in the moving average of round trips per miss"),
-    ("kn.workers.cache.remember_absent", "remember keys an index walk found without a value (in free cache space only), so their next reads walk no index; false: the paper's DAC, values and shortcuts only"),
+    ("kn.workers.cache.remember_absent", "remember keys an index walk found without a value (in free cache space only), so their next reads walk no index; only where a walk costs a fabric round trip (TCP, or an injected latency), not over an in-process fabric without one; false: the paper's DAC, values and shortcuts only"),
     ("kn.workers.key_stats.enabled", "whether workers keep key-access statistics for the M-node's policy"),
     ("kn.workers.key_stats.heavy_hitters", "counters of the heavy-hitter summary (1..=65536)"),
     ("kn.workers.key_stats.distinct_precision", "log2 of the distinct-key estimator's registers (4..=18)"),

@@ -212,6 +212,12 @@ impl Endpoint {
         }
     }
 
+    /// True for an in-process endpoint without injected latency: a round trip is a function call on the mapped
+    /// pool, so avoiding one saves next to nothing (less than keeping a record that avoids it may cost).
+    pub fn round_trips_are_free(&self) -> bool {
+        matches!(self.transport, Transport::InProcess(..)) && self.latency_ns == 0
+    }
+
     /// Regions of the memory node, with their keys.
     pub fn regions(&self) -> &[RegionInfo] {
         &self.regions

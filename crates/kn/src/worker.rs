@@ -1363,8 +1363,11 @@ impl Worker {
             }
             None => {
                 // This thread is the key's only writer while it owns the key, so "none" stands until it writes the
-                // key (or loses it, which drops its cache entries).
-                self.cache.fill_absent(key);
+                // key (or loses it, which drops its cache entries). Where a walk is a function call, the cache's
+                // bookkeeping would cost more than the walk it saves.
+                if !self.ep.round_trips_are_free() {
+                    self.cache.fill_absent(key);
+                }
                 Ok(None)
             }
         }
