@@ -928,6 +928,10 @@ pub struct HttpConfig {
     pub io_timeout: Duration,
     /// Longest request head (request line and headers). Default 8 KiB.
     pub max_request_bytes: usize,
+    /// When set, every scrape must present it as `Authorization: Bearer <token>` (Prometheus's
+    /// `authorization.credentials`); others are answered 401. Default unset: anyone who reaches the address may
+    /// scrape.
+    pub bearer_token: Option<crate::wire::Secret>,
 }
 
 impl Default for HttpConfig {
@@ -937,6 +941,7 @@ impl Default for HttpConfig {
             max_connections: 16,
             io_timeout: Duration::from_secs(5),
             max_request_bytes: 8 << 10,
+            bearer_token: None,
         }
     }
 }
@@ -1071,13 +1076,18 @@ fn read_head(stream: &mut impl Read, max: usize) -> Result<Vec<u8>, HeadError> {
 /// What a request asks for.
 #[derive(Debug, PartialEq, Eq)]
 enum Route {
-    Metrics { head_only: bool },
+    Metrics {
+        head_only: bool,
+    },
     MethodNotAllowed,
     NotFound,
+    /// The endpoint wants a bearer token, and the request presented none or another.
+    Unauthorized,
 }
 
-/// Parses a request head (without its final blank line).
-fn route(head: &[u8]) -> Result<Route, HeadError> {
+/// Parses a request head (without its final blank line); with `bearer`, `/metrics` is only for a request whose
+/// `Authorization` header presents it as a bearer token.
+fn route(head: &[u8], bearer: Option<&str>) -> Result<Route, HeadError> {
     let text = std::str::from_utf8(head).map_err(|_| HeadError::Malformed("not text"))?;
     let mut lines = text.split("\r\n");
     let request_line = lines.next().unwrap_or_default();
@@ -1103,16 +1113,33 @@ fn route(head: &[u8]) -> Result<Route, HeadError> {
     if version != "HTTP/1.1" && version != "HTTP/1.0" {
         return Err(HeadError::Malformed("not HTTP/1.0 or HTTP/1.1"));
     }
+    let mut authorized = bearer.is_none();
     for line in lines {
-        let Some((name, _)) = line.split_once(':') else {
+        let Some((name, value)) = line.split_once(':') else {
             return Err(HeadError::Malformed("a header line without a colon"));
         };
         if !token(name) {
             return Err(HeadError::Malformed("bad header name"));
         }
+        if let Some(want) = bearer
+            && name.eq_ignore_ascii_case("authorization")
+        {
+            // The scheme is case-insensitive (RFC 9110); the credentials are compared in constant time.
+            authorized |= value
+                .trim()
+                .split_once(' ')
+                .is_some_and(|(scheme, credentials)| {
+                    scheme.eq_ignore_ascii_case("bearer")
+                        && dinomo_fabric::token_matches(
+                            credentials.trim().as_bytes(),
+                            want.as_bytes(),
+                        )
+                });
+        }
     }
     let path = target.split_once('?').map_or(target, |(p, _)| p);
     Ok(match (method, path) {
+        (_, "/metrics") if !authorized => Route::Unauthorized,
         ("GET", "/metrics") => Route::Metrics { head_only: false },
         ("HEAD", "/metrics") => Route::Metrics { head_only: true },
         (_, "/metrics") => Route::MethodNotAllowed,
@@ -1143,7 +1170,8 @@ fn serve(mut stream: TcpStream, cfg: &HttpConfig, sources: &[Arc<dyn MetricsSour
     let _ = stream.set_read_timeout(Some(cfg.io_timeout));
     let _ = stream.set_write_timeout(Some(cfg.io_timeout));
     const TEXT: &str = "text/plain; charset=utf-8";
-    let result = read_head(&mut stream, cfg.max_request_bytes).and_then(|h| route(&h));
+    let token = cfg.bearer_token.as_ref().map(|t| t.0.as_str());
+    let result = read_head(&mut stream, cfg.max_request_bytes).and_then(|h| route(&h, token));
     match result {
         Ok(Route::Metrics { head_only }) => {
             let body = render(sources);
@@ -1162,6 +1190,14 @@ fn serve(mut stream: TcpStream, cfg: &HttpConfig, sources: &[Arc<dyn MetricsSour
             "Allow: GET, HEAD\r\n",
             TEXT,
             "only GET and HEAD\n",
+            false,
+        ),
+        Ok(Route::Unauthorized) => respond(
+            &mut stream,
+            "401 Unauthorized",
+            "WWW-Authenticate: Bearer realm=\"dinomo\"\r\n",
+            TEXT,
+            "this endpoint wants its bearer token (metrics.bearer_token)\n",
             false,
         ),
         Ok(Route::NotFound) => respond(
@@ -1252,19 +1288,57 @@ mod tests {
         assert!(counts.windows(2).all(|w| w[0] <= w[1]));
     }
 
+    fn route_open(head: &[u8]) -> Result<Route, HeadError> {
+        route(head, None)
+    }
+
+    #[test]
+    fn with_a_bearer_token_only_requests_presenting_it_get_metrics() {
+        let with = |headers: &str| {
+            let head = format!("GET /metrics HTTP/1.1\r\nHost: x{headers}");
+            route(head.as_bytes(), Some("s3cret")).unwrap()
+        };
+        let metrics = Route::Metrics { head_only: false };
+        assert_eq!(with("\r\nAuthorization: Bearer s3cret"), metrics);
+        assert_eq!(with("\r\nauthorization:   bearer   s3cret  "), metrics);
+        for refused in [
+            "",
+            "\r\nAuthorization: Bearer s3cre",
+            "\r\nAuthorization: Bearer s3cret2",
+            "\r\nAuthorization: Basic czNjcmV0",
+            "\r\nAuthorization: s3cret",
+            "\r\nAuthorization: Bearer",
+            "\r\nX-Authorization: Bearer s3cret",
+            "\r\nAuthorization: Bé s3cret",
+            "\r\nAuthorization: Bearerés3cret",
+        ] {
+            assert_eq!(with(refused), Route::Unauthorized, "{refused:?}");
+        }
+        // Other paths and malformed heads are answered as without a token.
+        assert_eq!(
+            route(b"GET / HTTP/1.1", Some("s3cret")).unwrap(),
+            Route::NotFound
+        );
+        assert_eq!(
+            route(b"POST /metrics HTTP/1.1", Some("s3cret")).unwrap(),
+            Route::Unauthorized
+        );
+        assert!(route(b"GET /metrics HTTP/9", Some("s3cret")).is_err());
+    }
+
     #[test]
     fn requests_are_routed_or_refused() {
-        let ok = route(b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: */*").unwrap();
+        let ok = route_open(b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: */*").unwrap();
         assert_eq!(ok, Route::Metrics { head_only: false });
         assert_eq!(
-            route(b"HEAD /metrics?x=1 HTTP/1.0").unwrap(),
+            route_open(b"HEAD /metrics?x=1 HTTP/1.0").unwrap(),
             Route::Metrics { head_only: true }
         );
         assert_eq!(
-            route(b"POST /metrics HTTP/1.1").unwrap(),
+            route_open(b"POST /metrics HTTP/1.1").unwrap(),
             Route::MethodNotAllowed
         );
-        assert_eq!(route(b"GET / HTTP/1.1").unwrap(), Route::NotFound);
+        assert_eq!(route_open(b"GET / HTTP/1.1").unwrap(), Route::NotFound);
         for bad in [
             &b"GET /metrics"[..],
             b"GET /metrics HTTP/2.0",
@@ -1276,7 +1350,7 @@ mod tests {
             b"",
         ] {
             assert!(
-                matches!(route(bad), Err(HeadError::Malformed(_))),
+                matches!(route_open(bad), Err(HeadError::Malformed(_))),
                 "{bad:?}"
             );
         }

@@ -258,3 +258,44 @@ fn malformed_requests_are_refused_and_the_endpoint_keeps_serving() -> anyhow::Re
     cluster.stop();
     Ok(())
 }
+
+/// With a bearer token set, a scrape without it, or with another, is answered 401 with a `WWW-Authenticate`
+/// challenge, and one presenting it gets the page.
+#[test]
+fn a_bearer_token_guards_the_endpoint() -> anyhow::Result<()> {
+    let cluster = LocalCluster::start(common::small_cluster(1))?;
+    let server = MetricsServer::start(
+        HttpConfig {
+            bearer_token: Some("scrape-secret".into()),
+            ..HttpConfig::default()
+        },
+        cluster.metrics(),
+    )?;
+    let addr = server.local_addr();
+    for request in [
+        &b"GET /metrics HTTP/1.1\r\n\r\n"[..],
+        b"GET /metrics HTTP/1.1\r\nAuthorization: Bearer scrape-secreT\r\n\r\n",
+        b"HEAD /metrics HTTP/1.1\r\nAuthorization: Basic c2NyYXBlLXNlY3JldA==\r\n\r\n",
+    ] {
+        let mut s = TcpStream::connect(addr)?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        s.write_all(request)?;
+        let mut answer = String::new();
+        s.read_to_string(&mut answer)?;
+        ensure!(
+            answer.starts_with("HTTP/1.1 401 Unauthorized\r\n"),
+            "{request:?}: {answer}"
+        );
+        ensure!(answer.contains("WWW-Authenticate: Bearer"), "{answer}");
+        ensure!(!answer.contains("dinomo_ring_nodes"), "{answer}");
+    }
+    let (status, body) = http(
+        addr,
+        b"GET /metrics HTTP/1.1\r\nAuthorization: Bearer scrape-secret\r\n\r\n",
+    )?;
+    ensure!(status == "HTTP/1.1 200 OK", "{status}");
+    ensure!(sum(&parse(&body)?, "dinomo_ring_nodes", &[]) == 1.0);
+    drop(server);
+    cluster.stop();
+    Ok(())
+}

@@ -289,6 +289,8 @@ pub struct MetricsConfig {
     pub io_timeout: Duration,
     /// Longest request head (request line and headers) accepted.
     pub max_request_bytes: usize,
+    /// When set, scrapes must present it as `Authorization: Bearer <token>`; unset: no authorization.
+    pub bearer_token: Option<String>,
 }
 
 impl Default for MetricsConfig {
@@ -299,6 +301,7 @@ impl Default for MetricsConfig {
             max_connections: d.max_connections,
             io_timeout: d.io_timeout,
             max_request_bytes: d.max_request_bytes,
+            bearer_token: None,
         }
     }
 }
@@ -312,6 +315,7 @@ impl MetricsConfig {
                 max_connections: self.max_connections,
                 io_timeout: self.io_timeout,
                 max_request_bytes: self.max_request_bytes,
+                bearer_token: self.bearer_token.clone().map(Into::into),
             })
     }
 
@@ -500,6 +504,7 @@ const DOCS: &[(&str, &str)] = &[
     ("metrics.max_connections", "metrics scrapes served at once; more are closed"),
     ("metrics.io_timeout", "bound on reading a metrics request and writing its answer"),
     ("metrics.max_request_bytes", "longest HTTP request head accepted by the metrics endpoint"),
+    ("metrics.bearer_token", "scrapes must present it as `Authorization: Bearer <token>` (also DINOMO_METRICS_TOKEN; unset: none) (example)"),
 ];
 
 /// Examples for the optional keys, printed commented out in the defaults.
@@ -509,6 +514,7 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("kn.resp_listen", "\"127.0.0.1:6379\""),
     ("kn.resp.requirepass", "\"secret\""),
     ("metrics.listen", "\"127.0.0.1:9100\""),
+    ("metrics.bearer_token", "\"scrape-secret\""),
 ];
 
 fn doc(path: &str) -> Option<&'static str> {
@@ -921,6 +927,14 @@ pub struct ConfigArgs {
     /// [metrics.listen; default off].
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Token every scrape must present as `Authorization: Bearer <token>` [metrics.bearer_token; default none].
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "DINOMO_METRICS_TOKEN",
+        hide_env_values = true
+    )]
+    pub metrics_token: Option<String>,
 }
 
 impl ConfigArgs {
@@ -929,6 +943,9 @@ impl ConfigArgs {
         let mut loaded = load_or_default(self.config.as_deref())?;
         if let Some(listen) = self.metrics_listen {
             loaded.config.metrics.listen = Some(listen);
+        }
+        if let Some(token) = &self.metrics_token {
+            loaded.config.metrics.bearer_token = Some(token.clone());
         }
         Ok(loaded)
     }
@@ -999,6 +1016,29 @@ mod tests {
                 None => out.push(full),
             }
         }
+    }
+
+    #[test]
+    fn the_metrics_token_flag_overrides_the_file_and_reaches_the_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("dinomo.toml");
+        std::fs::write(
+            &file,
+            "[metrics]\nlisten = \"127.0.0.1:0\"\nbearer_token = \"from-file\"\n",
+        )
+        .unwrap();
+        let args = |token: Option<&str>| ConfigArgs {
+            config: Some(file.clone()),
+            metrics_listen: None,
+            metrics_token: token.map(str::to_string),
+        };
+        let token = |args: ConfigArgs| {
+            let http = args.load().unwrap().config.metrics.http().unwrap();
+            http.bearer_token.map(|t| t.0)
+        };
+        assert_eq!(token(args(None)).as_deref(), Some("from-file"));
+        assert_eq!(token(args(Some("from-flag"))).as_deref(), Some("from-flag"));
+        assert_eq!(MetricsConfig::default().bearer_token, None);
     }
 
     #[test]
