@@ -595,6 +595,13 @@ impl Dac {
         }
     }
 
+    /// The shortcut of `key` when it is cached as a shortcut, without counting anything or touching its frequency
+    /// (a caller reading ahead for lookups that follow, which count).
+    pub fn peek_shortcut(&self, key: &[u8]) -> Option<Shortcut> {
+        let node = &self.nodes[self.find(key)? as usize];
+        (node.kind == Kind::Shortcut).then_some(node.shortcut)
+    }
+
     /// How `key` is cached, if at all, without counting anything.
     pub fn contains(&self, key: &[u8]) -> Option<EntryKind> {
         let id = self.find(key)?;

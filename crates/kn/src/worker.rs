@@ -10,7 +10,7 @@ use crossbeam_channel::{Receiver, Sender};
 use dinomo_cache::{CacheStats, Dac, Lookup, Shortcut};
 use dinomo_dpm::proto;
 use dinomo_fabric::{
-    Connector, DATA_REGION, Endpoint, FabricError, RegionInfo, RpcError, counters,
+    Batch, Connector, DATA_REGION, Endpoint, FabricError, RegionInfo, RpcError, Slot, counters,
 };
 use dinomo_index::RemoteIndex;
 use dinomo_index::layout::stored_hash;
@@ -261,6 +261,14 @@ pub enum Command {
 }
 
 impl Command {
+    /// The key of a read that changes nothing (GET, EXISTS, STRLEN).
+    fn read_key(&self) -> Option<&[u8]> {
+        match self {
+            Command::Data(op) if !op.is_write() => Some(op.key()),
+            _ => None,
+        }
+    }
+
     /// The key the command is about, if any.
     pub fn key(&self) -> Option<&[u8]> {
         match self {
@@ -284,7 +292,7 @@ impl Command {
 }
 
 /// A worker's answer.
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 pub enum Reply {
     /// A value, or none.
     Value(Option<Vec<u8>>),
@@ -447,6 +455,9 @@ pub struct WorkerStats {
     pub value_hits: u64,
     /// Lookups answered through a cached shortcut (one READ).
     pub shortcut_hits: u64,
+    /// Entries that shortcuts led to, read ahead for a batch's lookups in one round trip (instead of one each).
+    #[serde(default)]
+    pub entries_read_ahead: u64,
     /// Lookups answered "no value" from the cache's record that an earlier index walk found none (no round trip).
     #[serde(default)]
     pub absent_hits: u64,
@@ -583,6 +594,10 @@ pub(crate) struct Worker {
     spare_buffers: Vec<Vec<u8>>,
     candidates: Vec<EntryRef>,
     read_buf: Vec<u8>,
+    /// The entries the current batch's reads will follow shortcuts to, read ahead in one round trip
+    /// ([`Worker::read_ahead`]): each one's place in `ahead`, by the shortcut's pointer.
+    read_ahead: std::collections::HashMap<u64, Slot>,
+    ahead: Batch<'static>,
     /// After a failed round trip: the log must be claimed again before the next request.
     broken: bool,
     /// The cluster's ownership map (`None`: this node serves every key).
@@ -740,6 +755,8 @@ impl Worker {
             spare_buffers: Vec::new(),
             candidates: Vec::new(),
             read_buf: Vec::new(),
+            read_ahead: std::collections::HashMap::new(),
+            ahead: Batch::new(),
             broken: false,
             ownership,
             unsettled_sharing: Vec::new(),
@@ -770,22 +787,7 @@ impl Worker {
                     Err(_) => break,
                 }
             }
-            // Ask for every key's cache entry at once, so that the memory loads of their lookups overlap.
-            if batch.len() > 1 {
-                self.cache
-                    .prefetch(batch.iter().filter_map(|r| r.cmd.key()));
-            }
-            let mut stop = false;
-            for req in batch.drain(..) {
-                if matches!(req.cmd, Command::Shutdown) {
-                    stop = true;
-                    let _ = req.reply.send(Ok(Reply::Applied(true)));
-                    continue;
-                }
-                self.serve(req);
-            }
-            self.flush();
-            self.merge_reserved_deletes();
+            let stop = self.serve_batch(&mut batch);
             self.occupancy.end_batch();
             if stop {
                 self.seal_on_shutdown();
@@ -794,6 +796,30 @@ impl Worker {
         }
         self.flush();
         self.seal_on_shutdown();
+    }
+
+    /// Serves the requests of `batch` in order (it is left empty), commits their writes with one WRITE and then
+    /// acknowledges them. True when one of them asked the worker to stop.
+    fn serve_batch(&mut self, batch: &mut Vec<Request>) -> bool {
+        // Ask for every key's cache entry at once, so that the memory loads of their lookups overlap; then read the
+        // entries their shortcuts lead to in one round trip.
+        if batch.len() > 1 {
+            self.cache
+                .prefetch(batch.iter().filter_map(|r| r.cmd.key()));
+            self.read_ahead(batch.iter().filter_map(|r| r.cmd.read_key()));
+        }
+        let mut stop = false;
+        for req in batch.drain(..) {
+            if matches!(req.cmd, Command::Shutdown) {
+                stop = true;
+                let _ = req.reply.send(Ok(Reply::Applied(true)));
+                continue;
+            }
+            self.serve(req);
+        }
+        self.flush();
+        self.merge_reserved_deletes();
+        stop
     }
 
     fn serve(&mut self, req: Request) {
@@ -955,6 +981,7 @@ impl Worker {
             self.reclaim()?;
         }
         self.change_sharing(&*own)?;
+        self.read_ahead.clear();
         // Shared keys are never cached: their cell is read on every access.
         let dropped = self.cache.retain(|k| own.owns(k) && own.cell(k).is_none());
         let moved = self.segments().any(|seg| {
@@ -1241,12 +1268,62 @@ impl Worker {
         Ok(self.index_walk(key)?.map(|v| of(&v)))
     }
 
-    /// Follows a shortcut with one READ; `None` when the entry there is no longer this key's.
+    /// Reads, in one round trip, the entries that the shortcuts cached for `keys` (the keys the batch's reads look
+    /// up) lead to, so that those lookups follow their shortcuts without a round trip each. Each entry read ahead
+    /// is checked against its key and sequence number when used, as a READ made then would be: only this thread
+    /// writes its keys, and a write since changes the key's cached shortcut, so an entry read ahead is never used
+    /// for a key written in between. Where round trips cost nothing (in process) nothing is read ahead, and a
+    /// failure leaves the lookups to make their own READs (and meet it).
+    fn read_ahead<'k>(&mut self, keys: impl Iterator<Item = &'k [u8]>) {
+        self.read_ahead.clear();
+        if self.broken || self.cfg.read_ahead_bytes == 0 || self.ep.round_trips_are_free() {
+            return;
+        }
+        self.ahead.clear();
+        let room = self.log.entry_room();
+        // Within the memory node's message limit too, so that the batch is not refused whole.
+        let budget = self
+            .cfg
+            .read_ahead_bytes
+            .min(u64::from(self.ep.max_message_len()) / 2);
+        let mut bytes = 0u64;
+        for key in keys {
+            let Some(sc) = self.cache.peek_shortcut(key) else {
+                continue;
+            };
+            let Some(r) = EntryRef::from_raw(sc.ptr) else {
+                continue;
+            };
+            if r.len() > room || bytes + r.len() > budget || self.read_ahead.contains_key(&sc.ptr) {
+                continue;
+            }
+            // Keys shared through a cell never have a cached shortcut, and keys not owned are refused before
+            // their lookup: neither uses what is read here.
+            bytes += r.len();
+            let slot = self.ahead.read(self.data.at(r.offset()), r.len() as u32);
+            self.read_ahead.insert(sc.ptr, slot);
+        }
+        // One entry gains no round trip.
+        if self.read_ahead.len() < 2 || self.ep.post(&mut self.ahead).is_err() {
+            self.read_ahead.clear();
+            return;
+        }
+        self.stats.entries_read_ahead += self.read_ahead.len() as u64;
+    }
+
+    /// Follows a shortcut with one READ (none when the batch read its entry ahead); `None` when the entry there is no
+    /// longer this key's.
     fn read_shortcut(&mut self, key: &[u8], sc: Shortcut) -> Result<Option<Vec<u8>>, KnError> {
         let Some(r) = EntryRef::from_raw(sc.ptr) else {
             return Ok(None);
         };
-        self.read_entry(r)?;
+        match self.read_ahead.remove(&sc.ptr) {
+            Some(slot) => {
+                self.read_buf.clear();
+                self.read_buf.extend_from_slice(self.ahead.read_data(slot));
+            }
+            None => self.read_entry(r)?,
+        }
         let value = match EntryView::parse(&self.read_buf) {
             Ok(e) if e.key == key && e.header.seq == sc.seq && e.header.op == Op::Put => {
                 e.value.to_vec()
@@ -1804,6 +1881,7 @@ impl Worker {
         // works, refused if not. Never acknowledged after their segment copy is dropped below.
         self.flush();
         self.cache.clear();
+        self.read_ahead.clear();
         self.active = None;
         self.sealed.clear();
         // A fenced node's logs may have been taken over: claiming them would take them back.
@@ -2007,6 +2085,31 @@ impl DirectWorker {
             r?;
         }
         Ok(())
+    }
+
+    /// Serves `ops` as the worker serves the requests it takes from its queue together (one batch: cache
+    /// prefetch, entries read ahead, one group commit), and returns their replies in order.
+    pub fn serve_batch(&mut self, ops: Vec<DataOp>) -> Vec<Result<Reply, KnError>> {
+        let n = ops.len();
+        let mut batch: Vec<Request> = ops
+            .into_iter()
+            .enumerate()
+            .map(|(i, op)| Request {
+                cmd: Command::Data(op),
+                reply: Responder::channel(i as u64, self.reply_tx.clone()),
+            })
+            .collect();
+        self.worker.serve_batch(&mut batch);
+        let mut replies: Vec<Option<Result<Reply, KnError>>> = (0..n).map(|_| None).collect();
+        for (tag, r) in self.reply_rx.try_iter() {
+            if let Some(slot) = replies.get_mut(tag as usize) {
+                *slot = Some(r);
+            }
+        }
+        replies
+            .into_iter()
+            .map(|r| r.unwrap_or(Err(KnError::Stopped)))
+            .collect()
     }
 
     /// Writes one pair.

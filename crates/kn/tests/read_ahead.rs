@@ -1,0 +1,198 @@
+//! A worker's batch reads ahead, in one round trip, the entries its lookups will follow cached shortcuts to. What
+//! was read ahead must answer exactly as a READ made at the lookup would: checked against a model through random
+//! batches that mix reads and writes of the same keys, with tiny caches and segments.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use dinomo_cache::{CacheConfig, Policy};
+use dinomo_dpm::{Processor, ProcessorConfig};
+use dinomo_fabric::EndpointConfig;
+use dinomo_kn::{DataOp, DirectWorker, KnConfig, Reply};
+use proptest::prelude::*;
+
+/// A worker on an in-process memory node whose round trips take `latency_ns` (so they are not free, and the
+/// worker reads ahead), caching shortcuts only within `cache_bytes`.
+fn worker(
+    latency_ns: u64,
+    policy: Policy,
+    cache_bytes: u64,
+    read_ahead_bytes: u64,
+) -> anyhow::Result<(Arc<Processor>, DirectWorker)> {
+    let pool = Arc::new(dinomo_pool::Pool::anonymous(32 << 20, 4096)?);
+    let (processor, connector) = common::serve_pool_with(
+        pool,
+        &ProcessorConfig {
+            segment_size: 4096,
+            merge_threads: 1,
+            ..ProcessorConfig::default()
+        },
+        EndpointConfig {
+            injected_latency_ns: latency_ns,
+            ..EndpointConfig::default()
+        },
+    )?;
+    let w = DirectWorker::start(
+        KnConfig {
+            threads: 1,
+            max_key_len: 64,
+            max_value_len: 1024,
+            read_ahead_bytes,
+            cache: CacheConfig {
+                budget_bytes: cache_bytes,
+                policy,
+                ..CacheConfig::default()
+            },
+            ..KnConfig::default()
+        },
+        0,
+        connector,
+    )?;
+    Ok((processor, w))
+}
+
+fn key(i: u8) -> Vec<u8> {
+    format!("key-{i}").into_bytes()
+}
+
+fn gets(keys: impl Iterator<Item = u8>) -> Vec<DataOp> {
+    keys.map(|i| DataOp::Get(key(i))).collect()
+}
+
+/// Sixteen reads through cached shortcuts cost one round trip between them, where they cost one each without
+/// reading ahead; the answers are the same.
+#[test]
+fn a_batch_follows_its_shortcuts_in_one_round_trip() -> anyhow::Result<()> {
+    for read_ahead_bytes in [1 << 20, 0] {
+        let (processor, mut w) = worker(1000, Policy::ShortcutOnly, 1 << 20, read_ahead_bytes)?;
+        let keys: Vec<Vec<u8>> = (0..16u8).map(key).collect();
+        let values: Vec<Vec<u8>> = (0..16u8).map(|i| vec![i; 100 + usize::from(i)]).collect();
+        w.set_many(keys.iter().zip(&values).map(|(k, v)| (&k[..], &v[..])))?;
+        let before = w.stats();
+        let replies = w.serve_batch(gets(0..16));
+        let after = w.stats();
+        for (i, r) in replies.into_iter().enumerate() {
+            assert_eq!(r?, Reply::Value(Some(values[i].clone())), "key {i}");
+        }
+        let (rts, ahead) = (
+            after.round_trips - before.round_trips,
+            after.entries_read_ahead - before.entries_read_ahead,
+        );
+        assert_eq!(after.shortcut_hits - before.shortcut_hits, 16);
+        if read_ahead_bytes > 0 {
+            assert_eq!((rts, ahead), (1, 16));
+        } else {
+            assert_eq!((rts, ahead), (16, 0));
+        }
+        drop(w);
+        processor.shutdown();
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Get(u8),
+    Set(u8, usize),
+    Delete(u8),
+    Incr(u8),
+    Append(u8, usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let k = 0..12u8;
+    prop_oneof![
+        6 => k.clone().prop_map(Op::Get),
+        3 => (k.clone(), 0..300usize).prop_map(|(k, l)| Op::Set(k, l)),
+        1 => k.clone().prop_map(Op::Delete),
+        1 => k.clone().prop_map(Op::Incr),
+        1 => (k, 0..40usize).prop_map(|(k, l)| Op::Append(k, l)),
+    ]
+}
+
+/// Applies `op` to the model and returns the reply the store must give, with the operation to send.
+fn expect(model: &mut HashMap<u8, Vec<u8>>, op: &Op, version: u64) -> (DataOp, Result<Reply, ()>) {
+    match *op {
+        Op::Get(k) => (
+            DataOp::Get(key(k)),
+            Ok(Reply::Value(model.get(&k).cloned())),
+        ),
+        Op::Set(k, len) => {
+            let v: Vec<u8> = (0..len).map(|i| (version as usize + i) as u8).collect();
+            model.insert(k, v.clone());
+            (DataOp::Set(key(k), v), Ok(Reply::Applied(true)))
+        }
+        Op::Delete(k) => (
+            DataOp::Delete(key(k)),
+            Ok(Reply::Applied(model.remove(&k).is_some())),
+        ),
+        Op::Incr(k) => {
+            let current = model.get(&k).map(|v| {
+                std::str::from_utf8(v)
+                    .ok()
+                    .and_then(|s| s.parse::<i64>().ok())
+            });
+            match current {
+                Some(None) => (DataOp::Incr(key(k), 1), Err(())),
+                Some(Some(n)) => {
+                    model.insert(k, (n + 1).to_string().into_bytes());
+                    (DataOp::Incr(key(k), 1), Ok(Reply::Int(n + 1)))
+                }
+                None => {
+                    model.insert(k, b"1".to_vec());
+                    (DataOp::Incr(key(k), 1), Ok(Reply::Int(1)))
+                }
+            }
+        }
+        Op::Append(k, len) => {
+            let suffix = vec![b'a' + (version % 26) as u8; len];
+            let v = model.entry(k).or_default();
+            v.extend_from_slice(&suffix);
+            let n = v.len() as i64;
+            (DataOp::Append(key(k), suffix), Ok(Reply::Int(n)))
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Batches of reads and writes of a few keys, served as the worker serves a batch from its queue, answer as
+    /// the same operations one after another on a map; merges in between move entries the shortcuts lead to.
+    #[test]
+    fn batches_that_read_ahead_agree_with_a_model(
+        policy in prop_oneof![Just(Policy::ShortcutOnly), Just(Policy::Adaptive)],
+        cache_bytes in prop_oneof![Just(600u64), Just(4000u64), Just(1u64 << 20)],
+        batches in proptest::collection::vec(
+            (proptest::collection::vec(op(), 1..24), any::<bool>()),
+            1..12,
+        ),
+    ) {
+        let (processor, mut w) = worker(1, policy, cache_bytes, 1 << 20).unwrap();
+        let mut model = HashMap::new();
+        let mut version = 0;
+        for (ops, merge_after) in batches {
+            let (sent, expected): (Vec<DataOp>, Vec<Result<Reply, ()>>) = ops
+                .iter()
+                .map(|op| {
+                    version += 1;
+                    expect(&mut model, op, version)
+                })
+                .unzip();
+            let replies = w.serve_batch(sent.clone());
+            for ((op, want), got) in sent.iter().zip(expected).zip(replies) {
+                match want {
+                    Ok(want) => prop_assert_eq!(got.as_ref().ok(), Some(&want), "{:?}", op),
+                    Err(()) => prop_assert!(got.is_err(), "{:?}: {:?}", op, got),
+                }
+            }
+            if merge_after {
+                w.merge_all().unwrap();
+            }
+        }
+        drop(w);
+        processor.shutdown();
+    }
+}
