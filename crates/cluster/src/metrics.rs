@@ -248,6 +248,7 @@ impl MetricsSource for NodeMetrics {
             sum.value_hits += t.value_hits;
             sum.shortcut_hits += t.shortcut_hits;
             sum.absent_hits += t.absent_hits;
+            sum.entries_read_ahead += t.entries_read_ahead;
             sum.stale_shortcuts += t.stale_shortcuts;
             sum.log_hits += t.log_hits;
             sum.index_walks += t.index_walks;
@@ -319,6 +320,12 @@ impl MetricsSource for NodeMetrics {
                 ratio(n, sum.lookups),
             );
         }
+        out.counter(
+            "dinomo_kn_entries_read_ahead_total",
+            "Entries that cached shortcuts led to, read ahead for a batch's lookups in one round trip.",
+            node,
+            sum.entries_read_ahead,
+        );
         out.counter(
             "dinomo_kn_stale_shortcuts_total",
             "Cached shortcuts that no longer led to their key.",
