@@ -1272,8 +1272,7 @@ impl Worker {
     /// up) lead to, so that those lookups follow their shortcuts without a round trip each. Each entry read ahead
     /// is checked against its key and sequence number when used, as a READ made then would be: only this thread
     /// writes its keys, and a write since changes the key's cached shortcut, so an entry read ahead is never used
-    /// for a key written in between. Where round trips cost nothing (in process) nothing is read ahead, and a
-    /// failure leaves the lookups to make their own READs (and meet it).
+    /// for a key written in between. Where round trips cost nothing (in process) nothing is read ahead.
     fn read_ahead<'k>(&mut self, keys: impl Iterator<Item = &'k [u8]>) {
         self.read_ahead.clear();
         if self.broken || self.cfg.read_ahead_bytes == 0 || self.ep.round_trips_are_free() {
@@ -1304,11 +1303,20 @@ impl Worker {
             self.read_ahead.insert(sc.ptr, slot);
         }
         // One entry gains no round trip.
-        if self.read_ahead.len() < 2 || self.ep.post(&mut self.ahead).is_err() {
+        if self.read_ahead.len() < 2 {
             self.read_ahead.clear();
             return;
         }
-        self.stats.entries_read_ahead += self.read_ahead.len() as u64;
+        match self.ep.post(&mut self.ahead) {
+            Ok(()) => self.stats.entries_read_ahead += self.read_ahead.len() as u64,
+            Err(e) => {
+                self.read_ahead.clear();
+                // Handled as any failed round trip (a lost connection has the log claimed again before the
+                // batch's requests are served; a revocation stops the node); a refused READ is left to the lookup
+                // that would have made it.
+                let _ = self.fail(e);
+            }
+        }
     }
 
     /// Follows a shortcut with one READ (none when the batch read its entry ahead); `None` when the entry there is no

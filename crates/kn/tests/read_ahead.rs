@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use dinomo_cache::{CacheConfig, Policy};
 use dinomo_dpm::{Processor, ProcessorConfig};
-use dinomo_fabric::EndpointConfig;
+use dinomo_fabric::{EndpointConfig, FaultHooks};
 use dinomo_kn::{DataOp, DirectWorker, KnConfig, Reply};
 use proptest::prelude::*;
 
@@ -21,8 +21,19 @@ fn worker(
     cache_bytes: u64,
     read_ahead_bytes: u64,
 ) -> anyhow::Result<(Arc<Processor>, DirectWorker)> {
+    let (processor, w, _) = worker_with_hooks(latency_ns, policy, cache_bytes, read_ahead_bytes)?;
+    Ok((processor, w))
+}
+
+/// [`worker`], and the fault hooks of its fabric endpoint.
+fn worker_with_hooks(
+    latency_ns: u64,
+    policy: Policy,
+    cache_bytes: u64,
+    read_ahead_bytes: u64,
+) -> anyhow::Result<(Arc<Processor>, DirectWorker, Arc<FaultHooks>)> {
     let pool = Arc::new(dinomo_pool::Pool::anonymous(32 << 20, 4096)?);
-    let (processor, connector) = common::serve_pool_with(
+    let (processor, mut connector) = common::serve_pool_with(
         pool,
         &ProcessorConfig {
             segment_size: 4096,
@@ -34,6 +45,7 @@ fn worker(
             ..EndpointConfig::default()
         },
     )?;
+    let hooks = connector.share_fault_hooks();
     let w = DirectWorker::start(
         KnConfig {
             threads: 1,
@@ -50,7 +62,7 @@ fn worker(
         0,
         connector,
     )?;
-    Ok((processor, w))
+    Ok((processor, w, hooks))
 }
 
 fn key(i: u8) -> Vec<u8> {
@@ -89,6 +101,30 @@ fn a_batch_follows_its_shortcuts_in_one_round_trip() -> anyhow::Result<()> {
         drop(w);
         processor.shutdown();
     }
+    Ok(())
+}
+
+/// A read-ahead whose round trip is lost is handled as any lost round trip: the log is claimed again, and the
+/// batch's reads are answered as without it.
+#[test]
+fn a_lost_read_ahead_leaves_the_batch_answered() -> anyhow::Result<()> {
+    let (processor, mut w, hooks) =
+        worker_with_hooks(1000, Policy::ShortcutOnly, 1 << 20, 1 << 20)?;
+    let keys: Vec<Vec<u8>> = (0..16u8).map(key).collect();
+    w.set_many(keys.iter().map(|k| (&k[..], &k[..])))?;
+    hooks.drop_next(1);
+    let before = w.stats();
+    for (i, r) in w.serve_batch(gets(0..16)).into_iter().enumerate() {
+        assert_eq!(r?, Reply::Value(Some(keys[i].clone())), "key {i}");
+    }
+    assert_eq!(w.stats().entries_read_ahead, before.entries_read_ahead);
+    // The next batch reads ahead again.
+    for (i, r) in w.serve_batch(gets(0..16)).into_iter().enumerate() {
+        assert_eq!(r?, Reply::Value(Some(keys[i].clone())), "key {i}");
+    }
+    assert!(w.stats().entries_read_ahead > before.entries_read_ahead);
+    drop(w);
+    processor.shutdown();
     Ok(())
 }
 
