@@ -261,10 +261,11 @@ pub enum Command {
 }
 
 impl Command {
-    /// The key of a read that changes nothing (GET, EXISTS, STRLEN).
+    /// The key whose current value the command reads: every data operation's but a blind SET's.
     fn read_key(&self) -> Option<&[u8]> {
         match self {
-            Command::Data(op) if !op.is_write() => Some(op.key()),
+            Command::Data(DataOp::Set(..)) => None,
+            Command::Data(op) => Some(op.key()),
             _ => None,
         }
     }
@@ -1268,8 +1269,8 @@ impl Worker {
         Ok(self.index_walk(key)?.map(|v| of(&v)))
     }
 
-    /// Reads, in one round trip, the entries that the shortcuts cached for `keys` (the keys the batch's reads look
-    /// up) lead to, so that those lookups follow their shortcuts without a round trip each. Each entry read ahead
+    /// Reads, in one round trip, the entries that the shortcuts cached for `keys` (the keys whose values the batch's
+    /// operations read: reads and read-modify-writes) lead to, so that those lookups follow their shortcuts without a round trip each. Each entry read ahead
     /// is checked against its key and sequence number when used, as a READ made then would be: only this thread
     /// writes its keys, and a write since changes the key's cached shortcut, so an entry read ahead is never used
     /// for a key written in between. Where round trips cost nothing (in process) nothing is read ahead.

@@ -74,7 +74,7 @@ fn gets(keys: impl Iterator<Item = u8>) -> Vec<DataOp> {
 }
 
 /// Sixteen reads through cached shortcuts cost one round trip between them, where they cost one each without
-/// reading ahead; the answers are the same.
+/// reading ahead, and so do the reads of sixteen read-modify-writes; the answers are the same.
 #[test]
 fn a_batch_follows_its_shortcuts_in_one_round_trip() -> anyhow::Result<()> {
     for read_ahead_bytes in [1 << 20, 0] {
@@ -97,6 +97,23 @@ fn a_batch_follows_its_shortcuts_in_one_round_trip() -> anyhow::Result<()> {
             assert_eq!((rts, ahead), (1, 16));
         } else {
             assert_eq!((rts, ahead), (16, 0));
+        }
+        // Read-modify-writes read the values they change the same way: one round trip for their reads; the rest is
+        // their group commit (its WRITEs, and the call for a new log segment when they fill one).
+        let before = w.stats();
+        let appends = (0..16u8)
+            .map(|i| DataOp::Append(key(i), b"+".to_vec()))
+            .collect();
+        for (i, r) in w.serve_batch(appends).into_iter().enumerate() {
+            assert_eq!(r?, Reply::Int(values[i].len() as i64 + 1), "key {i}");
+        }
+        let after = w.stats();
+        let rts = after.round_trips - before.round_trips;
+        if read_ahead_bytes > 0 {
+            assert_eq!(after.entries_read_ahead - before.entries_read_ahead, 16);
+            assert!(rts <= 4, "{rts} round trips");
+        } else {
+            assert!(rts > 16, "{rts} round trips: one READ each, and the commit");
         }
         drop(w);
         processor.shutdown();
