@@ -1270,10 +1270,11 @@ impl Worker {
     }
 
     /// Reads, in one round trip, the entries that the shortcuts cached for `keys` (the keys whose values the batch's
-    /// operations read: reads and read-modify-writes) lead to, so that those lookups follow their shortcuts without a round trip each. Each entry read ahead
-    /// is checked against its key and sequence number when used, as a READ made then would be: only this thread
-    /// writes its keys, and a write since changes the key's cached shortcut, so an entry read ahead is never used
-    /// for a key written in between. Where round trips cost nothing (in process) nothing is read ahead.
+    /// operations read: reads and read-modify-writes) lead to, so that those lookups follow their shortcuts without
+    /// a round trip each. Each entry read ahead is checked against its key and sequence number when used, as a READ
+    /// made then would be: only this thread writes its keys, and a write since changes the key's cached shortcut,
+    /// so an entry read ahead is never used for a key written in between. Where round trips cost nothing (in
+    /// process) nothing is read ahead.
     fn read_ahead<'k>(&mut self, keys: impl Iterator<Item = &'k [u8]>) {
         self.read_ahead.clear();
         if self.broken || self.cfg.read_ahead_bytes == 0 || self.ep.round_trips_are_free() {
