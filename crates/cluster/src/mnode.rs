@@ -781,33 +781,33 @@ impl State {
         Ok(())
     }
 
-    /// Takes the next epoch for a change of `record` (at `version`): the record is stored with its reserved epoch
-    /// raised to it before the change installs anything, so no other change (a stalled M-node's, say) gets the
-    /// same epoch, and a change that never completes is known to need rolling back. The memory node is then
-    /// fenced at that epoch, so that it refuses the calls of every older change from then on. Returns the epoch
-    /// and the record as stored, with its version.
+    /// Takes the next epoch for a change of `record` (at `version`). The memory node is fenced at that epoch first,
+    /// so that it refuses the calls of every older change from then on; then the record is stored with its reserved
+    /// epoch raised to it, before the change installs anything, so no other change (a stalled M-node's, say) gets
+    /// the same epoch, and a change that never completes is known to need rolling back. A memory node that cannot
+    /// be reached leaves the record as it was: nothing to roll back, and no store per attempt while it is away. A
+    /// fence by an M-node whose store then fails (it no longer leads) raises the memory node at most to the epoch
+    /// the leader reserves next, which the leader's own fence then takes again. Returns the epoch and the record as
+    /// stored, with its version.
     fn reserve(
         &mut self,
         record: &ClusterRecord,
         version: Option<u64>,
     ) -> Result<(u64, ClusterRecord, u64), ClusterError> {
-        let mut record = record.clone();
-        let mut version = version;
         // A second try reserves past the memory node's newest epoch, which the first refusal told.
         for _ in 0..2 {
+            let epoch = next_epoch(record).max(self.dpm_epoch_floor.saturating_add(1));
+            if !self.fence(epoch)? {
+                continue;
+            }
             let mut reserved = record.clone();
-            let epoch = next_epoch(&record).max(self.dpm_epoch_floor.saturating_add(1));
             reserved.reserved_epoch = epoch;
             let stored = reserved.store(&*self.meta, version)?;
-            if self.fence(epoch)? {
-                return Ok((epoch, reserved, stored));
-            }
-            record = reserved;
-            version = Some(stored);
+            return Ok((epoch, reserved, stored));
         }
         Err(ClusterError::Reconfig(format!(
             "the memory node refused management epoch {} twice: another management node leads",
-            record.reserved_epoch
+            self.dpm_epoch_floor
         )))
     }
 

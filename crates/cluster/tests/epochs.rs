@@ -18,7 +18,7 @@ use dinomo_cluster::{
     MNodeConfig, MemoryNodeRpc, NodeConfig, Routing, Variant,
 };
 use dinomo_dpm::{Processor, proto};
-use dinomo_fabric::{Connector, MemoryNode, NodeConfig as FabricNodeConfig, Target};
+use dinomo_fabric::{Connector, FaultHooks, MemoryNode, NodeConfig as FabricNodeConfig, Target};
 use dinomo_meta::{EmbeddedMeta, MetaConfig, MetaError, MetaStore};
 use dinomo_ring::NodeId;
 
@@ -144,6 +144,8 @@ struct Harness {
     connector: Connector,
     meta: Arc<dyn MetaStore>,
     flaky: Arc<HookedMeta<Flaky>>,
+    /// The fault hooks of the M-node's fabric connections.
+    mnode_fabric: Arc<FaultHooks>,
     mnode: Option<MNode>,
     nodes: Vec<ClusterNode>,
 }
@@ -183,13 +185,16 @@ impl Harness {
             hooks: Flaky::default(),
         });
         before_mnode(&connector)?;
+        // The M-node's own connector, so that a test can cut the M-node off the memory node alone.
+        let mut mnode_connector = connector.clone();
+        let mnode_fabric = mnode_connector.share_fault_hooks();
         let mnode = MNode::start(
             MNodeConfig {
                 install_timeout: Duration::from_secs(5),
                 ..MNodeConfig::default()
             },
             flaky.clone(),
-            connector.clone(),
+            mnode_connector,
         )?;
         let mut h = Harness {
             cfg,
@@ -197,6 +202,7 @@ impl Harness {
             connector,
             meta,
             flaky,
+            mnode_fabric,
             mnode: Some(mnode),
             nodes: Vec::new(),
         };
@@ -449,6 +455,37 @@ fn a_stalled_m_nodes_late_calls_are_refused_once_a_newer_change_reserved() -> Re
     for i in (0..KEYS).filter(|i| *i != 7) {
         assert_eq!(cl.get(&key(i))?, Some(value(i)), "key {i}");
     }
+    h.stop();
+    Ok(())
+}
+
+/// An M-node that cannot reach the memory node makes no change: each attempt of a join fails at its fence and
+/// stores nothing (no reservation left to roll back, no store per attempt), and the join completes once the
+/// memory node is reachable again.
+#[test]
+fn a_change_the_memory_node_cannot_be_fenced_for_stores_nothing() -> Result<()> {
+    let mut h = Harness::start(2, Variant::Dinomo)?;
+    let mut cl = h.client()?;
+    write_all(&mut cl)?;
+    let (_, version) = load(&*h.meta)?;
+    h.mnode_fabric.drop_next(u32::MAX);
+    let begun = h.mnode_fabric.round_trips_begun();
+    h.start_node(3)?;
+    wait(
+        "the join has been tried a few times",
+        Duration::from_secs(20),
+        || Ok(h.mnode_fabric.round_trips_begun() >= begun + 5),
+    )?;
+    let (during, version_during) = load(&*h.meta)?;
+    assert_eq!(version_during, version, "the record was stored: {during:?}");
+    assert!(!during.change_under_way());
+    h.mnode_fabric.drop_next(0);
+    h.wait_settled()?;
+    let (after, _) = load(&*h.meta)?;
+    assert!(after.routing.ring.contains(3));
+    assert_eq!(h.processor.stats().manager_epoch, after.routing.epoch());
+    cl.refresh_routing();
+    check_all(&mut cl)?;
     h.stop();
     Ok(())
 }
