@@ -151,20 +151,26 @@ impl Directory {
         self.offset + HEADER_LEN + log_id as u64 * DESCRIPTOR_LEN + field
     }
 
-    fn load(&self, log_id: u32, field: u64) -> u64 {
+    /// The directory's word at pool offset `off` (in its header or a descriptor).
+    fn word(&self, off: u64) -> &std::sync::atomic::AtomicU64 {
         self.pool
-            .atomic_u64(self.word_offset(log_id, field))
+            .atomic_u64(off)
             .expect("directory range checked at open")
+    }
+
+    /// Stores `value` in the word at `off` and persists it.
+    fn store_word(&self, off: u64, value: u64) {
+        self.word(off).store(value, Ordering::Release);
+        self.pool.persist(off, 8);
+    }
+
+    fn load(&self, log_id: u32, field: u64) -> u64 {
+        self.word(self.word_offset(log_id, field))
             .load(Ordering::Acquire)
     }
 
     fn store(&self, log_id: u32, field: u64, value: u64) {
-        let off = self.word_offset(log_id, field);
-        self.pool
-            .atomic_u64(off)
-            .expect("directory range checked at open")
-            .store(value, Ordering::Release);
-        self.pool.persist(off, 8);
+        self.store_word(self.word_offset(log_id, field), value);
     }
 
     /// Owner word of a descriptor (0: free).
@@ -223,21 +229,14 @@ impl Directory {
 
     /// The newest management epoch the memory node acted on; 0 before the first.
     pub fn manager_epoch(&self) -> u64 {
-        self.header_word(MANAGER_EPOCH).load(Ordering::Acquire)
+        self.word(self.offset + MANAGER_EPOCH)
+            .load(Ordering::Acquire)
     }
 
     /// Records (and persists) a newer management epoch before the call carrying it acts, so that the older
     /// changes' calls are refused across a restart as well.
     pub fn set_manager_epoch(&self, epoch: u64) {
-        self.header_word(MANAGER_EPOCH)
-            .store(epoch, Ordering::Release);
-        self.pool.persist(self.offset + MANAGER_EPOCH, 8);
-    }
-
-    fn header_word(&self, field: u64) -> &std::sync::atomic::AtomicU64 {
-        self.pool
-            .atomic_u64(self.offset + field)
-            .expect("directory range checked at open")
+        self.store_word(self.offset + MANAGER_EPOCH, epoch);
     }
 
     /// Pool offset of a log's `merged_seq` word.

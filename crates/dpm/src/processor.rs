@@ -1696,17 +1696,23 @@ impl Inner {
         epoch: u64,
         f: impl FnOnce() -> Result<T, ProcessorError>,
     ) -> Result<T, ProcessorError> {
-        let _acting = self.enter_manager_epoch(call, epoch)?;
+        let _acting =
+            self.enter_manager_epoch(call, epoch)
+                .map_err(|newest| ProcessorError::StaleEpoch {
+                    call,
+                    offered: epoch,
+                    newest,
+                })?;
         f()
     }
 
-    /// Takes the management epoch for a call of `epoch`: refused when a newer one was acted on already, otherwise
-    /// raised to `epoch` (and persisted) before the call acts; held until the call is done.
+    /// Takes the management epoch for a call of `epoch`: refused with the newest epoch when a newer one was acted
+    /// on already, otherwise raised to `epoch` (and persisted) before the call acts; held until the call is done.
     fn enter_manager_epoch(
         &self,
         call: &'static str,
         epoch: u64,
-    ) -> Result<std::sync::MutexGuard<'_, u64>, ProcessorError> {
+    ) -> Result<std::sync::MutexGuard<'_, u64>, u64> {
         let mut newest = self.manager_epoch.lock().expect("manager epoch lock");
         if epoch < *newest {
             self.stale_manager_calls.fetch_add(1, Ordering::Relaxed);
@@ -1716,11 +1722,7 @@ impl Inner {
                 newest = *newest,
                 "a call of an older management epoch is refused"
             );
-            return Err(ProcessorError::StaleEpoch {
-                call,
-                offered: epoch,
-                newest: *newest,
-            });
+            return Err(*newest);
         }
         if epoch > *newest {
             self.dir.set_manager_epoch(epoch);
@@ -1733,8 +1735,7 @@ impl Inner {
     fn fence(&self, epoch: u64) -> proto::Fenced {
         let newest = match self.enter_manager_epoch("FENCE", epoch) {
             Ok(newest) => *newest,
-            Err(ProcessorError::StaleEpoch { newest, .. }) => newest,
-            Err(_) => *self.manager_epoch.lock().expect("manager epoch lock"),
+            Err(newest) => newest,
         };
         proto::Fenced { newest }
     }

@@ -597,7 +597,7 @@ pub(crate) struct Worker {
     read_buf: Vec<u8>,
     /// The entries the current batch's reads will follow shortcuts to, read ahead in one round trip
     /// ([`Worker::read_ahead`]): each one's place in `ahead`, by the shortcut's pointer.
-    read_ahead: std::collections::HashMap<u64, Slot>,
+    ahead_slots: std::collections::HashMap<u64, Slot>,
     ahead: Batch<'static>,
     /// After a failed round trip: the log must be claimed again before the next request.
     broken: bool,
@@ -756,7 +756,7 @@ impl Worker {
             spare_buffers: Vec::new(),
             candidates: Vec::new(),
             read_buf: Vec::new(),
-            read_ahead: std::collections::HashMap::new(),
+            ahead_slots: std::collections::HashMap::new(),
             ahead: Batch::new(),
             broken: false,
             ownership,
@@ -982,7 +982,7 @@ impl Worker {
             self.reclaim()?;
         }
         self.change_sharing(&*own)?;
-        self.read_ahead.clear();
+        self.ahead_slots.clear();
         // Shared keys are never cached: their cell is read on every access.
         let dropped = self.cache.retain(|k| own.owns(k) && own.cell(k).is_none());
         let moved = self.segments().any(|seg| {
@@ -1276,7 +1276,7 @@ impl Worker {
     /// so an entry read ahead is never used for a key written in between. Where round trips cost nothing (in
     /// process) nothing is read ahead.
     fn read_ahead<'k>(&mut self, keys: impl Iterator<Item = &'k [u8]>) {
-        self.read_ahead.clear();
+        self.ahead_slots.clear();
         if self.broken || self.cfg.read_ahead_bytes == 0 || self.ep.round_trips_are_free() {
             return;
         }
@@ -1295,24 +1295,25 @@ impl Worker {
             let Some(r) = EntryRef::from_raw(sc.ptr) else {
                 continue;
             };
-            if r.len() > room || bytes + r.len() > budget || self.read_ahead.contains_key(&sc.ptr) {
+            if r.len() > room || bytes + r.len() > budget {
                 continue;
             }
             // Keys shared through a cell never have a cached shortcut, and keys not owned are refused before
             // their lookup: neither uses what is read here.
-            bytes += r.len();
-            let slot = self.ahead.read(self.data.at(r.offset()), r.len() as u32);
-            self.read_ahead.insert(sc.ptr, slot);
+            if let std::collections::hash_map::Entry::Vacant(v) = self.ahead_slots.entry(sc.ptr) {
+                bytes += r.len();
+                v.insert(self.ahead.read(self.data.at(r.offset()), r.len() as u32));
+            }
         }
         // One entry gains no round trip.
-        if self.read_ahead.len() < 2 {
-            self.read_ahead.clear();
+        if self.ahead_slots.len() < 2 {
+            self.ahead_slots.clear();
             return;
         }
         match self.ep.post(&mut self.ahead) {
-            Ok(()) => self.stats.entries_read_ahead += self.read_ahead.len() as u64,
+            Ok(()) => self.stats.entries_read_ahead += self.ahead_slots.len() as u64,
             Err(e) => {
-                self.read_ahead.clear();
+                self.ahead_slots.clear();
                 // Handled as any failed round trip (a lost connection has the log claimed again before the
                 // batch's requests are served; a revocation stops the node); a refused READ is left to the lookup
                 // that would have made it.
@@ -1327,14 +1328,14 @@ impl Worker {
         let Some(r) = EntryRef::from_raw(sc.ptr) else {
             return Ok(None);
         };
-        match self.read_ahead.remove(&sc.ptr) {
-            Some(slot) => {
-                self.read_buf.clear();
-                self.read_buf.extend_from_slice(self.ahead.read_data(slot));
+        let entry = match self.ahead_slots.remove(&sc.ptr) {
+            Some(slot) => self.ahead.read_data(slot),
+            None => {
+                self.read_entry(r)?;
+                &self.read_buf
             }
-            None => self.read_entry(r)?,
-        }
-        let value = match EntryView::parse(&self.read_buf) {
+        };
+        let value = match EntryView::parse(entry) {
             Ok(e) if e.key == key && e.header.seq == sc.seq && e.header.op == Op::Put => {
                 e.value.to_vec()
             }
@@ -1891,7 +1892,7 @@ impl Worker {
         // works, refused if not. Never acknowledged after their segment copy is dropped below.
         self.flush();
         self.cache.clear();
-        self.read_ahead.clear();
+        self.ahead_slots.clear();
         self.active = None;
         self.sealed.clear();
         // A fenced node's logs may have been taken over: claiming them would take them back.
