@@ -249,6 +249,7 @@ impl MetricsSource for NodeMetrics {
             sum.shortcut_hits += t.shortcut_hits;
             sum.absent_hits += t.absent_hits;
             sum.entries_read_ahead += t.entries_read_ahead;
+            sum.index_walks_ahead += t.index_walks_ahead;
             sum.stale_shortcuts += t.stale_shortcuts;
             sum.log_hits += t.log_hits;
             sum.index_walks += t.index_walks;
@@ -325,6 +326,12 @@ impl MetricsSource for NodeMetrics {
             "Entries that cached shortcuts led to, read ahead for a batch's lookups in one round trip.",
             node,
             sum.entries_read_ahead,
+        );
+        out.counter(
+            "dinomo_kn_index_walks_ahead_total",
+            "Index walks of a batch's uncached keys made side by side before it was served.",
+            node,
+            sum.index_walks_ahead,
         );
         out.counter(
             "dinomo_kn_stale_shortcuts_total",

@@ -395,7 +395,7 @@ const DOCS: &[(&str, &str)] = &[
     ("kn.workers.max_unmerged_segments", "sealed segments a worker may have unmerged before its writes wait"),
     ("kn.workers.merge_wait_timeout", "how long a write waits for the memory node to merge before it fails"),
     ("kn.workers.max_batch", "requests a worker takes for one group commit"),
-    ("kn.workers.read_ahead_bytes", "bytes of entries a worker reads ahead in one round trip for the lookups of a batch that follow cached shortcuts (0: none; not in process without injected latency)"),
+    ("kn.workers.read_ahead_bytes", "bytes a worker reads ahead for a batch's lookups: the index walks of its uncached keys side by side, then in one round trip the entries found and those its cached shortcuts lead to (0: none; not in process without injected latency)"),
     ("kn.workers.queue_depth", "requests that may wait in a worker's queue"),
     ("kn.workers.shared_cas_attempts", "attempts of a write to a shared key before it gives up under contention"),
     ("kn.workers.cache.budget_bytes", "cache bytes per worker thread (--cache is per node and divided among the workers)"),

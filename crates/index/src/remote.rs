@@ -1,7 +1,7 @@
 //! The index as a KV node sees it: lock-free lookups with one-sided READs, each validated against the header's
 //! `current` word read after it in the same round trip (see the crate documentation).
 
-use dinomo_fabric::{Batch, DATA_REGION, Endpoint, ROOTS_REGION, RegionInfo};
+use dinomo_fabric::{Batch, DATA_REGION, Endpoint, ROOTS_REGION, RegionInfo, Slot};
 use dinomo_log::{EntryRef, roots};
 
 use crate::RemoteIndexError;
@@ -189,55 +189,23 @@ impl RemoteIndex {
         out: &mut Vec<EntryRef>,
     ) -> Result<(), RemoteIndexError> {
         let hash = stored_hash(hash);
-        let cur = self.data.at(self.header + CURRENT_OFFSET);
         for _ in 0..REMOTE_MAX_ATTEMPTS {
             out.clear();
-            let w = self.word;
             let t = self.table;
             let mut bucket = primary_offset(t.table, bucket_index(hash, t.nbuckets));
             let mut hops = 0u64;
             let complete = loop {
-                self.batch.clear();
-                let th = self.overflow_capacity.is_none().then(|| {
-                    self.batch
-                        .read(self.data.at(t.table), TABLE_HEADER_LEN as u32)
-                });
-                let bs = self.batch.read(self.data.at(bucket), BUCKET_LEN as u32);
-                let cs = self.batch.read(cur, 8);
-                ep.post(&mut self.batch)?;
-                let now = word_at(self.batch.read_data(cs));
-                if now != w {
-                    // A new table was published: what we read may come from a retired (or freed) table.
-                    self.adopt(now)?;
+                let Some(first) = self.read_buckets(ep, std::iter::once(bucket))? else {
                     break false;
+                };
+                match self.follow(first, bucket, hash, hops, |r| out.push(r)) {
+                    Chain::End => break true,
+                    Chain::Broken => break false,
+                    Chain::Next(next) => {
+                        hops += 1;
+                        bucket = next;
+                    }
                 }
-                if let Some(th) = th {
-                    let bytes: [u8; TABLE_HEADER_LEN as usize] =
-                        self.batch.read_data(th).try_into().expect("64 bytes");
-                    self.accept_table_header(&bytes)?;
-                }
-                let cap = self.overflow_capacity.unwrap_or(0);
-                let img = BucketImage::decode(self.batch.read_data(bs));
-                out.extend(
-                    img.slots
-                        .iter()
-                        .filter(|&&(h, _)| h == hash)
-                        .filter_map(|&(_, v)| EntryRef::from_raw(v)),
-                );
-                if img.next == 0 {
-                    break true;
-                }
-                if img.next > cap || hops >= cap {
-                    // Cannot happen in a sound table; start over rather than follow it.
-                    tracing::warn!(
-                        bucket,
-                        next = img.next,
-                        "remote index chain cannot be followed"
-                    );
-                    break false;
-                }
-                hops += 1;
-                bucket = overflow_offset(t.table, t.nbuckets, img.next);
             };
             if complete {
                 return Ok(());
@@ -248,4 +216,151 @@ impl RemoteIndex {
             attempts: REMOTE_MAX_ATTEMPTS,
         })
     }
+
+    /// [`Self::candidates`] of several hashes at once: their chains are walked side by side, so the walk costs one
+    /// round trip per bucket of the longest chain, not one per bucket of every chain. Clears `out` and pushes
+    /// `(i, reference)` for each candidate of `hashes[i]`, each hash's in chain order. Every round trip READs the
+    /// `current` word after its buckets, as a single walk's does; when it changed, every walk starts over on the new
+    /// table. Keep `hashes` within what one batch may READ: 64 bytes each, within the memory node's message limit.
+    pub fn candidates_of_many(
+        &mut self,
+        ep: &mut Endpoint,
+        hashes: &[u64],
+        out: &mut Vec<(usize, EntryRef)>,
+    ) -> Result<(), RemoteIndexError> {
+        // Each walk still under way: its hash's index in `hashes`, its stored hash, the bucket to read next, and the
+        // overflow buckets followed so far.
+        let mut walks: Vec<(usize, u64, u64, u64)> = Vec::with_capacity(hashes.len());
+        for _ in 0..REMOTE_MAX_ATTEMPTS {
+            out.clear();
+            walks.clear();
+            let t = self.table;
+            walks.extend(hashes.iter().enumerate().map(|(i, &h)| {
+                let h = stored_hash(h);
+                (
+                    i,
+                    h,
+                    primary_offset(t.table, bucket_index(h, t.nbuckets)),
+                    0,
+                )
+            }));
+            let complete = loop {
+                if walks.is_empty() {
+                    break true;
+                }
+                let Some(first) = self.read_buckets(ep, walks.iter().map(|w| w.2))? else {
+                    break false;
+                };
+                let mut broken = false;
+                let mut at = first;
+                walks.retain_mut(|(i, hash, bucket, hops)| {
+                    let chain = self.follow(at, *bucket, *hash, *hops, |r| out.push((*i, r)));
+                    at += 1;
+                    match chain {
+                        Chain::End => false,
+                        Chain::Broken => {
+                            broken = true;
+                            false
+                        }
+                        Chain::Next(next) => {
+                            *hops += 1;
+                            *bucket = next;
+                            true
+                        }
+                    }
+                });
+                if broken {
+                    break false;
+                }
+            };
+            if complete {
+                // Each walk pushed its candidates round by round: put each hash's together, in chain order.
+                out.sort_by_key(|&(i, _)| i);
+                return Ok(());
+            }
+        }
+        out.clear();
+        Err(RemoteIndexError::TooManyRetries {
+            attempts: REMOTE_MAX_ATTEMPTS,
+        })
+    }
+
+    /// One round trip of a walk: READs `buckets` of the cached table (and its header, while its overflow capacity
+    /// is unknown), then the `current` word. Returns the batch slot of the first bucket (the others follow it), or
+    /// `None` when a new table was published: what was read may come from a retired (or freed) table, and the
+    /// walk starts over on the new one, adopted here.
+    fn read_buckets(
+        &mut self,
+        ep: &mut Endpoint,
+        buckets: impl Iterator<Item = u64>,
+    ) -> Result<Option<usize>, RemoteIndexError> {
+        let w = self.word;
+        let t = self.table;
+        let cur = self.data.at(self.header + CURRENT_OFFSET);
+        self.batch.clear();
+        let th = self.overflow_capacity.is_none().then(|| {
+            self.batch
+                .read(self.data.at(t.table), TABLE_HEADER_LEN as u32)
+        });
+        let first = self.batch.len();
+        for bucket in buckets {
+            self.batch.read(self.data.at(bucket), BUCKET_LEN as u32);
+        }
+        let cs = self.batch.read(cur, 8);
+        ep.post(&mut self.batch)?;
+        let now = word_at(self.batch.read_data(cs));
+        if now != w {
+            self.adopt(now)?;
+            return Ok(None);
+        }
+        if let Some(th) = th {
+            let bytes: [u8; TABLE_HEADER_LEN as usize] =
+                self.batch.read_data(th).try_into().expect("64 bytes");
+            self.accept_table_header(&bytes)?;
+        }
+        Ok(Some(first))
+    }
+
+    /// Takes the bucket read into batch slot `at` (`bucket` of the cached table, reached after `hops` overflow
+    /// buckets): pushes its slots of stored hash `hash`, and says where the chain goes.
+    fn follow(
+        &self,
+        at: usize,
+        bucket: u64,
+        hash: u64,
+        hops: u64,
+        mut push: impl FnMut(EntryRef),
+    ) -> Chain {
+        let t = self.table;
+        let cap = self.overflow_capacity.unwrap_or(0);
+        let img = BucketImage::decode(self.batch.read_data(Slot(at)));
+        img.slots
+            .iter()
+            .filter(|&&(h, _)| h == hash)
+            .filter_map(|&(_, v)| EntryRef::from_raw(v))
+            .for_each(&mut push);
+        if img.next == 0 {
+            return Chain::End;
+        }
+        if img.next > cap || hops >= cap {
+            // Cannot happen in a sound table; start over rather than follow it.
+            tracing::warn!(
+                bucket,
+                next = img.next,
+                "remote index chain cannot be followed"
+            );
+            return Chain::Broken;
+        }
+        Chain::Next(overflow_offset(t.table, t.nbuckets, img.next))
+    }
+}
+
+/// Where a chain goes after a bucket.
+enum Chain {
+    /// It ends there.
+    End,
+    /// On to this overflow bucket.
+    Next(u64),
+    /// Its next word cannot be followed (a walk starts over).
+    Broken,
 }

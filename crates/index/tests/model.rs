@@ -118,6 +118,23 @@ impl World {
 
     fn check_remote(&self, remote: &mut RemoteIndex, ep: &mut Endpoint) {
         let mut out = Vec::new();
+        // The keys' walks side by side give what each walk alone gives, in the same order; hashes may repeat.
+        let hashes: Vec<u64> = (0..KEYS).map(|k| self.hash(k)).collect();
+        let mut together = Vec::new();
+        remote
+            .candidates_of_many(ep, &hashes, &mut together)
+            .unwrap();
+        for (i, &h) in hashes.iter().enumerate() {
+            remote.candidates(ep, h, &mut out).unwrap();
+            let mine: Vec<EntryRef> = together
+                .iter()
+                .filter(|&&(j, _)| j == i)
+                .map(|&(_, r)| r)
+                .collect();
+            assert_eq!(mine, out, "walks side by side, hash {h}");
+        }
+        remote.candidates_of_many(ep, &[], &mut together).unwrap();
+        assert!(together.is_empty());
         for k in 0..KEYS {
             let h = self.hash(k);
             remote.candidates(ep, h, &mut out).unwrap();
@@ -242,6 +259,29 @@ fn growth_through_many_resizes() {
         remote.candidates(&mut ep, hash_of(k), &mut out).unwrap();
         assert_eq!(out, vec![eref(k, 1)]);
     }
+    // Walked side by side, 64 keys (half of them absent) cost the round trips of the longest of their walks alone.
+    let keys: Vec<u64> = (0..64u64).map(|i| i * 613 + (i % 2) * 20_000).collect();
+    let rts = || dinomo_fabric::counters::thread_snapshot().round_trips;
+    let mut longest = 0;
+    for &k in &keys {
+        let before = rts();
+        remote.candidates(&mut ep, hash_of(k), &mut out).unwrap();
+        longest = longest.max(rts() - before);
+    }
+    let hashes: Vec<u64> = keys.iter().map(|&k| hash_of(k)).collect();
+    let mut together = Vec::new();
+    let before = rts();
+    remote
+        .candidates_of_many(&mut ep, &hashes, &mut together)
+        .unwrap();
+    assert_eq!(rts() - before, longest);
+    let want: Vec<(usize, EntryRef)> = keys
+        .iter()
+        .enumerate()
+        .filter(|&(_, &k)| k < 20_000)
+        .map(|(i, &k)| (i, eref(k, 1)))
+        .collect();
+    assert_eq!(together, want);
     // Absent keys: no candidate.
     for k in 20_000..20_100u64 {
         remote.candidates(&mut ep, hash_of(k), &mut out).unwrap();

@@ -28,9 +28,10 @@ pub struct KnConfig {
     pub merge_wait_timeout: Duration,
     /// Requests a worker takes from its queue for one group commit (default 128).
     pub max_batch: usize,
-    /// Bytes of entries a worker reads ahead, in one round trip, for the lookups of a batch that follow cached
-    /// shortcuts (default 1 MiB; 0: none); each worker keeps a buffer of up to that size for them. Not over an
-    /// in-process fabric without injected latency, where a round trip costs nothing.
+    /// Bytes a worker reads ahead for the lookups of a batch (default 1 MiB; 0: none): the index buckets of its
+    /// uncached keys, walked side by side, then in one round trip the entries those walks found and those its
+    /// cached shortcuts lead to. Each worker keeps a buffer of up to that size for them. Not over an in-process
+    /// fabric without injected latency, where a round trip costs nothing.
     pub read_ahead_bytes: u64,
     /// Requests that may wait in a worker's queue (default 4096).
     pub queue_depth: usize,

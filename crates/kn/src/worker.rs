@@ -1,7 +1,7 @@
 //! One KV-node worker thread: its cache, its log, its endpoint, and the request loop with group commit.
 
-use std::collections::{HashSet, VecDeque};
-use std::ops::ControlFlow;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::ops::{ControlFlow, Range};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -13,7 +13,7 @@ use dinomo_fabric::{
     Batch, Connector, DATA_REGION, Endpoint, FabricError, RegionInfo, RpcError, Slot, counters,
 };
 use dinomo_index::RemoteIndex;
-use dinomo_index::layout::stored_hash;
+use dinomo_index::layout::{BUCKET_LEN, stored_hash};
 use dinomo_log::{EntryRef, EntryView, HashMode, Op, SEGMENT_HEADER_LEN, encode_entry, entry_len};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
@@ -459,6 +459,10 @@ pub struct WorkerStats {
     /// Entries that shortcuts led to, read ahead for a batch's lookups in one round trip (instead of one each).
     #[serde(default)]
     pub entries_read_ahead: u64,
+    /// Index walks of a batch's uncached keys made side by side before it was served (one round trip per bucket
+    /// level for all of them, and their entries in the round trip of the entries read ahead).
+    #[serde(default)]
+    pub index_walks_ahead: u64,
     /// Lookups answered "no value" from the cache's record that an earlier index walk found none (no round trip).
     #[serde(default)]
     pub absent_hits: u64,
@@ -597,8 +601,19 @@ pub(crate) struct Worker {
     read_buf: Vec<u8>,
     /// The entries the current batch's reads will follow shortcuts to, read ahead in one round trip
     /// ([`Worker::read_ahead`]): each one's place in `ahead`, by the shortcut's pointer.
-    ahead_slots: std::collections::HashMap<u64, Slot>,
+    ahead_slots: HashMap<u64, Slot>,
     ahead: Batch<'static>,
+    /// The index walks of the current batch's uncached keys, made side by side ([`Worker::read_ahead`]): by the
+    /// key's index hash, the range of the walk's candidates in `walked_candidates`. A write of a key of that hash
+    /// removes its walk.
+    walked: HashMap<u64, Range<usize>>,
+    /// Each candidate a walk made ahead found, with the place in `ahead` of its entry when that was read too.
+    walked_candidates: Vec<(EntryRef, Option<Slot>)>,
+    /// Round trips the walks made ahead took (bucket levels, and their entries' round trip).
+    walk_ahead_round_trips: u32,
+    /// Scratch of [`Worker::read_ahead`]: the hashes to walk, and what their walks found.
+    walk_hashes: Vec<u64>,
+    walk_found: Vec<(usize, EntryRef)>,
     /// After a failed round trip: the log must be claimed again before the next request.
     broken: bool,
     /// The cluster's ownership map (`None`: this node serves every key).
@@ -756,8 +771,13 @@ impl Worker {
             spare_buffers: Vec::new(),
             candidates: Vec::new(),
             read_buf: Vec::new(),
-            ahead_slots: std::collections::HashMap::new(),
+            ahead_slots: HashMap::new(),
             ahead: Batch::new(),
+            walked: HashMap::new(),
+            walked_candidates: Vec::new(),
+            walk_ahead_round_trips: 0,
+            walk_hashes: Vec::new(),
+            walk_found: Vec::new(),
             broken: false,
             ownership,
             unsettled_sharing: Vec::new(),
@@ -818,6 +838,8 @@ impl Worker {
             }
             self.serve(req);
         }
+        // What was read ahead answers for this batch only: a lookup outside one walks afresh.
+        self.forget_read_ahead();
         self.flush();
         self.merge_reserved_deletes();
         stop
@@ -982,7 +1004,7 @@ impl Worker {
             self.reclaim()?;
         }
         self.change_sharing(&*own)?;
-        self.ahead_slots.clear();
+        self.forget_read_ahead();
         // Shared keys are never cached: their cell is read on every access.
         let dropped = self.cache.retain(|k| own.owns(k) && own.cell(k).is_none());
         let moved = self.segments().any(|seg| {
@@ -1269,57 +1291,162 @@ impl Worker {
         Ok(self.index_walk(key)?.map(|v| of(&v)))
     }
 
-    /// Reads, in one round trip, the entries that the shortcuts cached for `keys` (the keys whose values the batch's
-    /// operations read: reads and read-modify-writes) lead to, so that those lookups follow their shortcuts without
-    /// a round trip each. Each entry read ahead is checked against its key and sequence number when used, as a READ
-    /// made then would be: only this thread writes its keys, and a write since changes the key's cached shortcut,
-    /// so an entry read ahead is never used for a key written in between. Where round trips cost nothing (in
-    /// process) nothing is read ahead.
+    /// Reads ahead what the lookups of `keys` (the keys whose values the batch's operations read: reads and
+    /// read-modify-writes) will need, so that they do not make a round trip each:
+    /// - the index walks of the keys not cached at all, side by side: one round trip per bucket level for all of
+    ///   them ([`RemoteIndex::candidates_of_many`]);
+    /// - then, in one round trip, the entries those walks found and the entries the cached shortcuts lead to.
+    ///
+    /// This answers exactly as a lookup made at its turn would: only this thread writes its keys, and a write since
+    /// changes the key's cached shortcut (an entry read ahead is checked against its key and sequence number when
+    /// used, as a READ made then would be) and removes its walk (`append`); a change of ownership or a failed round
+    /// trip drops all of it, as it drops the cache. Where round trips cost nothing (in process) nothing is read
+    /// ahead.
     fn read_ahead<'k>(&mut self, keys: impl Iterator<Item = &'k [u8]>) {
-        self.ahead_slots.clear();
+        self.forget_read_ahead();
         if self.broken || self.cfg.read_ahead_bytes == 0 || self.ep.round_trips_are_free() {
             return;
         }
         self.ahead.clear();
         let room = self.log.entry_room();
-        // Within the memory node's message limit too, so that the batch is not refused whole.
+        // Within the memory node's message limit too, so that no batch is refused whole.
         let budget = self
             .cfg
             .read_ahead_bytes
             .min(u64::from(self.ep.max_message_len()) / 2);
         let mut bytes = 0u64;
+        let mut hashes = std::mem::take(&mut self.walk_hashes);
+        hashes.clear();
         for key in keys {
-            let Some(sc) = self.cache.peek_shortcut(key) else {
-                continue;
-            };
-            let Some(r) = EntryRef::from_raw(sc.ptr) else {
-                continue;
-            };
-            if r.len() > room || bytes + r.len() > budget {
-                continue;
-            }
-            // Keys shared through a cell never have a cached shortcut, and keys not owned are refused before
-            // their lookup: neither uses what is read here.
-            if let std::collections::hash_map::Entry::Vacant(v) = self.ahead_slots.entry(sc.ptr) {
-                bytes += r.len();
-                v.insert(self.ahead.read(self.data.at(r.offset()), r.len() as u32));
+            if let Some(sc) = self.cache.peek_shortcut(key) {
+                let Some(r) = EntryRef::from_raw(sc.ptr) else {
+                    continue;
+                };
+                if r.len() > room || bytes + r.len() > budget {
+                    continue;
+                }
+                // Keys shared through a cell never have a cached shortcut, and keys not owned are refused before
+                // their lookup: neither uses what is read here.
+                if let std::collections::hash_map::Entry::Vacant(v) = self.ahead_slots.entry(sc.ptr)
+                {
+                    bytes += r.len();
+                    v.insert(self.ahead.read(self.data.at(r.offset()), r.len() as u32));
+                }
+            } else if bytes + BUCKET_LEN <= budget && self.walks_index(key) {
+                let hash = self.hash_mode.hash(key);
+                if self.walked.insert(hash, 0..0).is_none() {
+                    bytes += BUCKET_LEN;
+                    hashes.push(hash);
+                }
             }
         }
-        // One entry gains no round trip.
-        if self.ahead_slots.len() < 2 {
-            self.ahead_slots.clear();
+        // A walk alone with nothing to read beside its entry gains no round trip.
+        if hashes.len() == 1 && self.ahead_slots.is_empty() {
+            hashes.clear();
+            self.walked.clear();
+        }
+        if !hashes.is_empty() {
+            self.walk_ahead(&hashes, room, budget, &mut bytes);
+        }
+        self.walk_hashes = hashes;
+        if self.broken {
+            self.forget_read_ahead();
             return;
         }
+        // One entry alone gains no round trip either: its lookup reads it.
+        if self.ahead.len() < 2 {
+            self.ahead_slots.clear();
+            for c in &mut self.walked_candidates {
+                c.1 = None;
+            }
+            return;
+        }
+        let walk_entries = self.walked_candidates.iter().any(|c| c.1.is_some());
         match self.ep.post(&mut self.ahead) {
-            Ok(()) => self.stats.entries_read_ahead += self.ahead_slots.len() as u64,
+            Ok(()) => {
+                self.stats.entries_read_ahead += self.ahead_slots.len() as u64;
+                if walk_entries {
+                    self.walk_ahead_round_trips += 1;
+                    self.stats.index_walk_round_trips += 1;
+                }
+            }
             Err(e) => {
-                self.ahead_slots.clear();
+                self.forget_read_ahead();
                 // Handled as any failed round trip (a lost connection has the log claimed again before the
                 // batch's requests are served; a revocation stops the node); a refused READ is left to the lookup
                 // that would have made it.
                 let _ = self.fail(e);
             }
         }
+    }
+
+    /// Whether the lookup of `key` would walk the index: the key is not cached, is not in this thread's unmerged
+    /// log, and is an owned, unshared key this worker serves.
+    fn walks_index(&self, key: &[u8]) -> bool {
+        if key.len() > self.cfg.max_key_len || self.cache.contains(key).is_some() {
+            return false;
+        }
+        if let Some(own) = &self.ownership
+            && (!own.owns(key) || own.cell(key).is_some())
+        {
+            return false;
+        }
+        let hash = dinomo_log::key_hash(key);
+        !self
+            .segments()
+            .any(|seg| seg.keys.find(hash, key, &seg.buf).is_some())
+    }
+
+    /// Walks the index for `hashes` side by side, keeps each walk's candidates in `walked`, and adds their entries
+    /// to `ahead` while `bytes` stays within `budget`. A walk that fails leaves every lookup to walk itself.
+    fn walk_ahead(&mut self, hashes: &[u64], room: u64, budget: u64, bytes: &mut u64) {
+        let before = counters::thread_snapshot().round_trips;
+        let mut found = std::mem::take(&mut self.walk_found);
+        let walked = self
+            .remote
+            .candidates_of_many(&mut self.ep, hashes, &mut found);
+        let rts = counters::thread_snapshot().round_trips - before;
+        self.stats.index_walk_round_trips += rts;
+        match walked {
+            Ok(()) => {
+                self.walk_ahead_round_trips = rts as u32;
+                self.stats.index_walks_ahead += hashes.len() as u64;
+                // `found` lists each hash's candidates together, in the order of `hashes`.
+                let mut at = 0;
+                for (i, &hash) in hashes.iter().enumerate() {
+                    let start = self.walked_candidates.len();
+                    while let Some(&(j, r)) = found.get(at)
+                        && j == i
+                    {
+                        at += 1;
+                        let slot = (r.len() <= room && *bytes + r.len() <= budget).then(|| {
+                            *bytes += r.len();
+                            self.ahead.read(self.data.at(r.offset()), r.len() as u32)
+                        });
+                        self.walked_candidates.push((r, slot));
+                    }
+                    self.walked
+                        .insert(hash, start..self.walked_candidates.len());
+                }
+            }
+            Err(e) => {
+                self.walked.clear();
+                self.walked_candidates.clear();
+                // A lost connection is handled as any; damage is left to the lookups, which report it.
+                if let dinomo_index::RemoteIndexError::Fabric(e) = e {
+                    let _ = self.fail(e);
+                }
+            }
+        }
+        self.walk_found = found;
+    }
+
+    /// Drops what was read ahead.
+    fn forget_read_ahead(&mut self) {
+        self.ahead_slots.clear();
+        self.walked.clear();
+        self.walked_candidates.clear();
+        self.walk_ahead_round_trips = 0;
     }
 
     /// Follows a shortcut with one READ (none when the batch read its entry ahead); `None` when the entry there is no
@@ -1403,13 +1530,29 @@ impl Worker {
         let mut unreadable: Option<EntryRef> = None;
         let mut unconfirmed: Option<Vec<EntryRef>> = None;
         let mut walks = 0;
+        // The walk made ahead of the batch, if any, stands for the first one.
+        let mut walked_ahead = if self.walked.is_empty() {
+            None
+        } else {
+            self.walked.remove(&hash)
+        };
+        let ahead_rts = if walked_ahead.is_some() {
+            self.walk_ahead_round_trips
+        } else {
+            0
+        };
         let result = loop {
             walks += 1;
-            let r = self.remote.candidates(&mut self.ep, hash, &mut cands);
-            let found = match r {
-                Err(dinomo_index::RemoteIndexError::Fabric(e)) => Err(self.fail(e)),
-                Err(e) => Err(KnError::Corrupt(e.to_string())),
-                Ok(()) => self.first_matching(key, hash, &cands),
+            let found = if let Some(range) = walked_ahead.take() {
+                cands.clear();
+                cands.extend(self.walked_candidates[range.clone()].iter().map(|c| c.0));
+                self.first_matching(key, hash, &cands, Some(range.start))
+            } else {
+                match self.remote.candidates(&mut self.ep, hash, &mut cands) {
+                    Err(dinomo_index::RemoteIndexError::Fabric(e)) => Err(self.fail(e)),
+                    Err(e) => Err(KnError::Corrupt(e.to_string())),
+                    Ok(()) => self.first_matching(key, hash, &cands, None),
+                }
             };
             match found {
                 Ok(Candidate::Unreadable(r, e)) => match unreadable {
@@ -1443,7 +1586,8 @@ impl Worker {
         self.candidates = cands;
         let rts = counters::thread_snapshot().round_trips - before;
         self.stats.index_walk_round_trips += rts;
-        self.cache.record_miss_round_trips(rts as u32);
+        // The cost of a miss is the round trips its answer waited for, those of its walk made ahead included.
+        self.cache.record_miss_round_trips(rts as u32 + ahead_rts);
         match result? {
             Some((value, sc)) => {
                 self.cache.fill(key, &value, sc);
@@ -1467,16 +1611,28 @@ impl Worker {
     /// again by another log, so skipping it could serve an older value or none. Entries that do not parse stop it
     /// for the same reason. A put of another key of this hash is skipped as that key's own slot, and the answer
     /// "none" then says so: written again by another log, it could have been this key's slot too.
+    ///
+    /// The candidates of a walk made ahead are `walked_candidates[ahead..]`, with the entries read ahead for them.
     fn first_matching(
         &mut self,
         key: &[u8],
         hash: u64,
         cands: &[EntryRef],
+        ahead: Option<usize>,
     ) -> Result<Candidate, KnError> {
         let mut skipped = false;
-        for &r in cands {
-            self.read_entry(r)?;
-            match EntryView::parse(&self.read_buf) {
+        for (i, &r) in cands.iter().enumerate() {
+            let read_ahead = ahead
+                .and_then(|start| self.walked_candidates.get(start + i))
+                .and_then(|c| c.1);
+            let entry = match read_ahead {
+                Some(slot) => self.ahead.read_data(slot),
+                None => {
+                    self.read_entry(r)?;
+                    &self.read_buf
+                }
+            };
+            match EntryView::parse(entry) {
                 Ok(e) if e.key == key && e.header.op == Op::Put => {
                     return Ok(Candidate::Found(
                         e.value.to_vec(),
@@ -1565,6 +1721,10 @@ impl Worker {
         hash: u64,
         value: &[u8],
     ) -> Result<(EntryRef, u64), KnError> {
+        // A walk made ahead of the batch no longer answers for this key (nor for the others of its hash).
+        if !self.walked.is_empty() {
+            self.walked.remove(&self.hash_mode.hash(key));
+        }
         let len = entry_len(key.len(), value.len());
         let deletes_only = op == Op::Delete;
         let fits = self
@@ -1892,7 +2052,7 @@ impl Worker {
         // works, refused if not. Never acknowledged after their segment copy is dropped below.
         self.flush();
         self.cache.clear();
-        self.ahead_slots.clear();
+        self.forget_read_ahead();
         self.active = None;
         self.sealed.clear();
         // A fenced node's logs may have been taken over: claiming them would take them back.
