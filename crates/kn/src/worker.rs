@@ -567,6 +567,15 @@ enum Candidate {
     Unreadable(EntryRef, String),
 }
 
+/// An index walk made ahead of a batch, for one key ([`Worker::read_ahead`]).
+struct WalkAhead {
+    /// Its key in `Worker::walked_keys`: the walk answers for this key only. Another key of the hash may have had
+    /// writes in the worker's unmerged log when the walk was made, which the index did not hold yet.
+    key: Range<usize>,
+    /// Its candidates in `Worker::walked_candidates`.
+    candidates: Range<usize>,
+}
+
 /// A write whose WRITE has not completed yet.
 struct PendingWrite {
     key: Vec<u8>,
@@ -603,10 +612,11 @@ pub(crate) struct Worker {
     /// ([`Worker::read_ahead`]): each one's place in `ahead`, by the shortcut's pointer.
     ahead_slots: HashMap<u64, Slot>,
     ahead: Batch<'static>,
-    /// The index walks of the current batch's uncached keys, made side by side ([`Worker::read_ahead`]): by the
-    /// key's index hash, the range of the walk's candidates in `walked_candidates`. A write of a key of that hash
-    /// removes its walk.
-    walked: HashMap<u64, Range<usize>>,
+    /// The index walks of the current batch's uncached keys, made side by side ([`Worker::read_ahead`]), by the
+    /// key's index hash. A write of a key of that hash removes its walk.
+    walked: HashMap<u64, WalkAhead>,
+    /// The keys of `walked`, one after another.
+    walked_keys: Vec<u8>,
     /// Each candidate a walk made ahead found, with the place in `ahead` of its entry when that was read too.
     walked_candidates: Vec<(EntryRef, Option<Slot>)>,
     /// Round trips the walks made ahead took (bucket levels, and their entries' round trip).
@@ -774,6 +784,7 @@ impl Worker {
             ahead_slots: HashMap::new(),
             ahead: Batch::new(),
             walked: HashMap::new(),
+            walked_keys: Vec::new(),
             walked_candidates: Vec::new(),
             walk_ahead_round_trips: 0,
             walk_hashes: Vec::new(),
@@ -1333,8 +1344,15 @@ impl Worker {
                     v.insert(self.ahead.read(self.data.at(r.offset()), r.len() as u32));
                 }
             } else if bytes + BUCKET_LEN <= budget && self.walks_index(key) {
+                // One walk per hash: a second key of the hash walks at its lookup.
                 let hash = self.hash_mode.hash(key);
-                if self.walked.insert(hash, 0..0).is_none() {
+                if let std::collections::hash_map::Entry::Vacant(v) = self.walked.entry(hash) {
+                    let at = self.walked_keys.len();
+                    self.walked_keys.extend_from_slice(key);
+                    v.insert(WalkAhead {
+                        key: at..self.walked_keys.len(),
+                        candidates: 0..0,
+                    });
                     bytes += BUCKET_LEN;
                     hashes.push(hash);
                 }
@@ -1344,6 +1362,7 @@ impl Worker {
         if hashes.len() == 1 && self.ahead_slots.is_empty() {
             hashes.clear();
             self.walked.clear();
+            self.walked_keys.clear();
         }
         if !hashes.is_empty() {
             self.walk_ahead(&hashes, room, budget, &mut bytes);
@@ -1425,12 +1444,15 @@ impl Worker {
                         });
                         self.walked_candidates.push((r, slot));
                     }
-                    self.walked
-                        .insert(hash, start..self.walked_candidates.len());
+                    let end = self.walked_candidates.len();
+                    if let Some(walk) = self.walked.get_mut(&hash) {
+                        walk.candidates = start..end;
+                    }
                 }
             }
             Err(e) => {
                 self.walked.clear();
+                self.walked_keys.clear();
                 self.walked_candidates.clear();
                 // A lost connection is handled as any; damage is left to the lookups, which report it.
                 if let dinomo_index::RemoteIndexError::Fabric(e) = e {
@@ -1445,6 +1467,7 @@ impl Worker {
     fn forget_read_ahead(&mut self) {
         self.ahead_slots.clear();
         self.walked.clear();
+        self.walked_keys.clear();
         self.walked_candidates.clear();
         self.walk_ahead_round_trips = 0;
     }
@@ -1530,11 +1553,12 @@ impl Worker {
         let mut unreadable: Option<EntryRef> = None;
         let mut unconfirmed: Option<Vec<EntryRef>> = None;
         let mut walks = 0;
-        // The walk made ahead of the batch, if any, stands for the first one.
-        let mut walked_ahead = if self.walked.is_empty() {
-            None
-        } else {
-            self.walked.remove(&hash)
+        // The walk made ahead of the batch for this key, if any, stands for the first one.
+        let mut walked_ahead = match self.walked.get(&hash) {
+            Some(walk) if self.walked_keys[walk.key.clone()] == *key => {
+                self.walked.remove(&hash).map(|walk| walk.candidates)
+            }
+            _ => None,
         };
         let ahead_rts = if walked_ahead.is_some() {
             self.walk_ahead_round_trips

@@ -75,6 +75,19 @@ fn worker_with_hooks(
     Ok((processor, w, hooks))
 }
 
+/// A worker that caches nothing (every read of a merged key walks the index) and whose hashes keep three bits (keys
+/// collide), reading ahead over a 1 µs fabric.
+fn uncached_colliding_worker() -> anyhow::Result<(Arc<Processor>, DirectWorker)> {
+    let (processor, w, _) = worker_with_hooks(
+        1000,
+        Policy::Adaptive,
+        0,
+        1 << 20,
+        HashMode::Colliding { bits: 3 },
+    )?;
+    Ok((processor, w))
+}
+
 fn key(i: u8) -> Vec<u8> {
     format!("key-{i}").into_bytes()
 }
@@ -215,13 +228,7 @@ fn a_batch_walks_the_index_for_its_uncached_keys_side_by_side() -> anyhow::Resul
 #[test]
 fn a_write_in_the_batch_outdates_the_walk_made_ahead_for_its_key() -> anyhow::Result<()> {
     // Three bits of hash: the sixteen keys share eight hashes, so a write also outdates the walks of other keys.
-    let (processor, mut w, _) = worker_with_hooks(
-        1000,
-        Policy::Adaptive,
-        0,
-        1 << 20,
-        HashMode::Colliding { bits: 3 },
-    )?;
+    let (processor, mut w) = uncached_colliding_worker()?;
     let keys: Vec<Vec<u8>> = (0..16u8).map(key).collect();
     w.set_many(keys.iter().map(|k| (&k[..], &b"old"[..])))?;
     w.merge_all()?;
@@ -360,4 +367,67 @@ proptest! {
         drop(w);
         processor.shutdown();
     }
+}
+
+/// Keys of `HashMode::Colliding { bits: 3 }` hash `hash`, and keys of other hashes.
+fn keys_by_hash(hash: u64) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    let mode = HashMode::Colliding { bits: 3 };
+    (0..200u8)
+        .map(|i| format!("k{i}").into_bytes())
+        .partition(|k| mode.hash(k) == hash)
+}
+
+/// A walk made ahead for one key answers for that key only. Another key of the same hash, whose newest write was in
+/// the worker's unmerged log when the batch began (so it was not walked), and is merged and dropped from there
+/// during the batch, must not be answered from the walk made before its write reached the index.
+#[test]
+fn a_walk_made_ahead_answers_for_its_own_key_only() -> anyhow::Result<()> {
+    let (processor, mut w) = uncached_colliding_worker()?;
+    let (same, others) = keys_by_hash(1);
+    let (walked, unmerged) = (&same[0], &same[1]);
+    // A third key, of another hash, so that the batch has two walks to make side by side.
+    let third = &others[16];
+    w.set_many([
+        (&walked[..], &b"walked"[..]),
+        (&unmerged[..], &b"old"[..]),
+        (&third[..], &b"third"[..]),
+    ])?;
+    w.merge_all()?;
+    // The newer value stays in the worker's open segment: not in the index when the next batch begins.
+    w.set(unmerged, b"new")?;
+    // Writes of other hashes fill segments, so the one holding "new" is sealed, merged and dropped from the worker.
+    let mut ops: Vec<DataOp> = others[..16]
+        .iter()
+        .map(|k| DataOp::Set(k.clone(), vec![7; 1000]))
+        .collect();
+    ops.push(DataOp::Get(unmerged.clone()));
+    ops.push(DataOp::Get(walked.clone()));
+    ops.push(DataOp::Get(third.clone()));
+    let before = w.stats();
+    let replies = w.serve_batch(ops);
+    let after = w.stats();
+    assert_eq!(
+        after.index_walks_ahead - before.index_walks_ahead,
+        2,
+        "the batch walked two keys ahead"
+    );
+    assert_eq!(
+        replies[16].as_ref().ok(),
+        Some(&Reply::Value(Some(b"new".to_vec())))
+    );
+    assert_eq!(
+        replies[17].as_ref().ok(),
+        Some(&Reply::Value(Some(b"walked".to_vec())))
+    );
+    assert_eq!(
+        replies[18].as_ref().ok(),
+        Some(&Reply::Value(Some(b"third".to_vec())))
+    );
+    assert!(
+        after.index_walks - before.index_walks >= 2,
+        "both reads walked the index"
+    );
+    drop(w);
+    processor.shutdown();
+    Ok(())
 }
