@@ -96,6 +96,11 @@ impl FailureStreak {
             .clone()
     }
 
+    /// Failures since the last success.
+    pub(crate) fn streak(&self) -> u64 {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).streak
+    }
+
     /// Failures since the process started.
     pub(crate) fn total(&self) -> u64 {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).total

@@ -57,6 +57,13 @@ pub struct MNodeConfig {
     /// declared failed (a restarted cluster's nodes register one by one). Default 2 s.
     #[serde(with = "humantime_serde")]
     pub failure_grace: Duration,
+    /// Longest pause between attempts of a reconfiguration step that keeps failing (a metadata store or memory
+    /// node out of reach). The first retry comes after `check_interval`, and each failure in a row doubles the
+    /// pause up to this, so that a lasting outage does not have a join and its rollback alternate every check
+    /// (each join attempt has the old owners merge their logs). A node failure noticed meanwhile waits for the
+    /// pause to end. Default 250 ms.
+    #[serde(with = "humantime_serde")]
+    pub max_retry_pause: Duration,
 }
 
 impl Default for MNodeConfig {
@@ -68,6 +75,7 @@ impl Default for MNodeConfig {
             install_timeout: Duration::from_secs(10),
             vnodes: dinomo_ring::DEFAULT_VNODES,
             failure_grace: Duration::from_secs(2),
+            max_retry_pause: Duration::from_millis(250),
         }
     }
 }
@@ -177,6 +185,8 @@ impl MNode {
             leading: leading.clone(),
             failures: failures.clone(),
             attempting: None,
+            next_attempt: Instant::now(),
+            join_backoff: None,
             started,
         };
         let thread = {
@@ -284,6 +294,16 @@ impl Drop for MNode {
     }
 }
 
+/// The pause after the `streak`-th failure in a row of a reconfiguration step: `check_interval` after the first,
+/// doubling with each further one, at most `max_retry_pause` (and never below `check_interval`).
+fn retry_pause(cfg: &MNodeConfig, streak: u64) -> Duration {
+    let doublings = streak.saturating_sub(1).min(32) as u32;
+    cfg.check_interval
+        .saturating_mul(1u32 << doublings.min(31))
+        .min(cfg.max_retry_pause)
+        .max(cfg.check_interval)
+}
+
 /// The epoch the next change of `record` gets: past every epoch handed out, stored or not.
 fn next_epoch(record: &ClusterRecord) -> u64 {
     record
@@ -336,9 +356,16 @@ struct State {
     events: Arc<Mutex<Vec<ReconfigEvent>>>,
     leading: Arc<AtomicBool>,
     failures: Arc<FailureStreak>,
-    /// The reconfiguration under way since its first attempt (a failed step is retried every check interval),
-    /// so that its start is logged once.
+    /// The reconfiguration under way since its first attempt (a failed step is retried after a pause), so that
+    /// its start is logged once.
     attempting: Option<(ReconfigKind, NodeId)>,
+    /// When the next reconfiguration step may be tried: later than now while failures in a row back it off.
+    next_attempt: Instant,
+    /// A join that failed: the node, its failed attempts in a row, and when it may be tried again. A failed join
+    /// is rolled back at the next check (the rollback succeeds, so failures in a row do not pile up there), but
+    /// the join itself is put off by [`retry_pause`], so that a lasting outage does not have the old owners merge
+    /// their logs for it every check.
+    join_backoff: Option<(NodeId, u64, Instant)>,
     started: Instant,
 }
 
@@ -353,6 +380,7 @@ impl State {
                         self.installed.clear();
                         self.seen.clear();
                         self.leading_since = Instant::now();
+                        self.next_attempt = self.leading_since;
                         self.leading.store(true, Ordering::Release);
                     }
                     Ok(false) => {}
@@ -370,7 +398,9 @@ impl State {
                         }
                     }
                 }
-                self.reconcile_and_report();
+                if Instant::now() >= self.next_attempt {
+                    self.reconcile_and_report();
+                }
             } else {
                 let standby = || Err(ClusterError::Reconfig("this M-node is a standby".into()));
                 while let Ok(cmd) = admin.try_recv() {
@@ -457,7 +487,8 @@ impl State {
     }
 
     /// One [`State::reconcile`] step, logging a failure when it starts, changes or has lasted another
-    /// [`crate::failures::REPEAT_EVERY`] (the step is retried every check interval) and the recovery from one.
+    /// [`crate::failures::REPEAT_EVERY`] and the recovery from one. A failure puts the next attempt off by
+    /// [`retry_pause`].
     fn reconcile_and_report(&mut self) {
         match self.reconcile() {
             Ok(()) => {
@@ -466,10 +497,17 @@ impl State {
                 }
             }
             Err(e) => {
-                if let Report::Log { unlogged } =
-                    self.failures.failed(e.to_string(), Instant::now())
-                {
-                    warn!(error = %e, repeats_not_logged = unlogged, "reconfiguration failed; retrying");
+                let now = Instant::now();
+                let report = self.failures.failed(e.to_string(), now);
+                let pause = retry_pause(&self.cfg, self.failures.streak());
+                self.next_attempt = now + pause;
+                if let Report::Log { unlogged } = report {
+                    warn!(
+                        error = %e,
+                        repeats_not_logged = unlogged,
+                        retry_in = ?pause,
+                        "reconfiguration failed; retrying"
+                    );
                 }
             }
         }
@@ -513,8 +551,22 @@ impl State {
                     && record.retired.get(id) != Some(&info.incarnation)
             })
             .map(|(id, info)| (*id, info.clone()));
-        if let Some((id, info)) = joining {
-            return self.join(record, version, id, info, noticed);
+        let put_off = |id: NodeId| {
+            self.join_backoff
+                .is_some_and(|(n, _, not_before)| n == id && noticed < not_before)
+        };
+        if let Some((id, info)) = joining.filter(|(id, _)| !put_off(*id)) {
+            let joined = self.join(record, version, id, info, noticed);
+            self.join_backoff = match (&joined, self.join_backoff) {
+                (Ok(()), _) => None,
+                (Err(_), Some((n, failures, _))) if n == id => Some((
+                    id,
+                    failures + 1,
+                    Instant::now() + retry_pause(&self.cfg, failures + 1),
+                )),
+                (Err(_), _) => Some((id, 1, Instant::now() + retry_pause(&self.cfg, 1))),
+            };
+            return joined;
         }
         // A ring member that restarted on another address.
         if let Some((&id, info)) = live.iter().find(|(id, info)| {
@@ -1082,5 +1134,37 @@ impl State {
         self.attempting = None;
         info!(?kind, node, epoch = e.epoch, took = ?e.duration, moved_bytes = e.moved_bytes, "reconfigured");
         self.events.lock().expect("events lock").push(e);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_retry_pause_doubles_from_the_check_interval_up_to_its_bound() {
+        let cfg = MNodeConfig::default();
+        let ms = Duration::from_millis;
+        let pauses: Vec<Duration> = (1..=8).map(|n| retry_pause(&cfg, n)).collect();
+        assert_eq!(
+            pauses,
+            [
+                ms(5),
+                ms(10),
+                ms(20),
+                ms(40),
+                ms(80),
+                ms(160),
+                ms(250),
+                ms(250)
+            ]
+        );
+        assert_eq!(retry_pause(&cfg, u64::MAX), ms(250));
+        // A bound below the check interval leaves the check interval.
+        let tight = MNodeConfig {
+            max_retry_pause: ms(1),
+            ..MNodeConfig::default()
+        };
+        assert_eq!(retry_pause(&tight, 3), ms(5));
     }
 }

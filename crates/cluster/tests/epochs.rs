@@ -313,8 +313,49 @@ fn aborted_join(variant: Variant) -> Result<()> {
     Ok(())
 }
 
+/// Checks that over a second the M-node tries again the change whose stores the test refuses, but backs off: pauses
+/// of 5, 10, 20, ... ms up to 250 (`max_retry_pause`) fit about eight attempts in a second, where one every 5 ms
+/// check would be some hundred.
+fn assert_backs_off(h: &Harness, what: &str) {
+    let first = h.flaky.refused();
+    std::thread::sleep(Duration::from_secs(1));
+    let attempts = h.flaky.refused() - first;
+    assert!(
+        (1..=15).contains(&attempts),
+        "{attempts} {what} in a second"
+    );
+}
+
+/// While the store keeps refusing a join's record, each attempt is rolled back at once (the old owners serve the
+/// keys they gave up again), and the join is tried again after pauses that double: a handful of attempts in a
+/// second, each of which has the old owners merge their logs, not one every check interval. Once the store works
+/// again, the join completes.
+#[test]
+fn a_join_whose_store_keeps_failing_is_put_off_longer_each_time() -> Result<()> {
+    let mut h = Harness::start(2, Variant::Dinomo)?;
+    let mut cl = h.client()?;
+    write_all(&mut cl)?;
+    h.flaky
+        .refuse_stores_of(|r: &ClusterRecord| r.routing.ring.contains(3));
+    h.start_node(3)?;
+    wait("the join's store fails", Duration::from_secs(20), || {
+        Ok(h.flaky.refused() >= 1)
+    })?;
+    assert_backs_off(&h, "attempts of the join");
+    // Every key is served meanwhile, by its old owner.
+    check_all(&mut cl)?;
+    h.flaky.heal();
+    h.wait_settled()?;
+    let (after, _) = load(&*h.meta)?;
+    assert!(after.routing.ring.contains(3));
+    check_all(&mut cl)?;
+    h.stop();
+    Ok(())
+}
+
 /// A removal whose record cannot be stored after the node handed its keys over (and its logs were fenced): the
-/// M-node carries it through once the store works again, rather than giving the node back keys it cannot write.
+/// M-node carries it through once the store works again, rather than giving the node back keys it cannot write,
+/// retrying it meanwhile after pauses that double.
 #[test]
 fn a_removal_whose_store_fails_is_carried_through() -> Result<()> {
     let mut h = Harness::start(3, Variant::Dinomo)?;
@@ -327,6 +368,8 @@ fn a_removal_whose_store_fails_is_carried_through() -> Result<()> {
     let (during, _) = load(&*h.meta)?;
     assert!(during.routing.ring.contains(3));
     assert!(during.retired.contains_key(&3));
+    // The retries fail in a row, so each waits twice as long as the last (up to `max_retry_pause`).
+    assert_backs_off(&h, "retries of the removal");
     h.flaky.heal();
     let leaving = h.nodes.pop().expect("node 3");
     wait("the removal completes", Duration::from_secs(20), || {

@@ -437,6 +437,7 @@ const DOCS: &[(&str, &str)] = &[
     ("mnode.install_timeout", "bound on installing a routing table at a KV node during reconfiguration, asking again a node that refused for now (a late lease renewal)"),
     ("mnode.vnodes", "virtual nodes per KV node in a new ring"),
     ("mnode.failure_grace", "time unregistered ring members get to come back after an M-node starts leading"),
+    ("mnode.max_retry_pause", "longest pause between attempts of a reconfiguration step that keeps failing (the pause starts at mnode.check_interval and doubles with each failure in a row)"),
     ("autoscale.enabled", "run the policy loop (Table 4): add and remove KV nodes, replicate hot keys"),
     ("autoscale.monitoring_epoch", "how often the KV nodes' statistics are collected (at most the decision period)"),
     ("autoscale.collect_timeout", "bound on collecting one node's statistics"),
