@@ -25,6 +25,9 @@ pub trait Scaler: Send + Sync {
     fn add_node(&self) -> Result<NodeId, ClusterError>;
     /// Stops `node`, which the M-node has already removed from the ring.
     fn stop_node(&self, node: NodeId) -> Result<(), ClusterError>;
+    /// Says that the caller is removing `node` (`true`) and will stop it once the removal succeeds, or no longer
+    /// is (`false`): a scaler that stops removed nodes by itself leaves it to the caller meanwhile.
+    fn set_removing(&self, _node: NodeId, _removing: bool) {}
 }
 
 /// What the autoscaler asks of the M-node.
@@ -348,8 +351,12 @@ fn carry_out(
             Ok(format!("node {id} started"))
         }
         Action::RemoveNode(node) => {
-            actuator.remove_node(*node)?;
-            scaler.stop_node(*node)?;
+            scaler.set_removing(*node, true);
+            let removed = actuator
+                .remove_node(*node)
+                .and_then(|()| scaler.stop_node(*node));
+            scaler.set_removing(*node, false);
+            removed?;
             Ok(format!("node {node} removed and stopped"))
         }
         Action::SetReplication { key, to, .. } => {

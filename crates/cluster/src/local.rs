@@ -14,7 +14,7 @@ use dinomo_fabric::{
 use dinomo_meta::{EmbeddedMeta, META_METHODS, MetaConfig, MetaService, MetaStore};
 use dinomo_pool::{PersistMode, Pool, PoolOptions};
 use dinomo_ring::NodeId;
-use tracing::warn;
+use tracing::{debug, info, warn};
 
 use crate::stop::StopSignal;
 use crate::{
@@ -204,6 +204,7 @@ impl LocalCluster {
             resp_listen: cfg.resp_listen.clone(),
             started: std::sync::atomic::AtomicUsize::new(0),
             restarted: Mutex::new(Vec::new()),
+            removing: Mutex::new(Default::default()),
         });
         let mut c = LocalCluster {
             pool,
@@ -257,8 +258,11 @@ impl LocalCluster {
                 .spawn(move || {
                     // Stopped nodes waiting to start again.
                     let mut to_restart = Vec::new();
+                    // The version of the cluster record last looked at.
+                    let mut record_version = None;
                     while !scaler.stopping.is_stopped() {
                         scaler.restart_fenced(&mut to_restart);
+                        scaler.retire_removed(&mut record_version);
                         if scaler.stopping.wait(period) {
                             break;
                         }
@@ -307,9 +311,14 @@ impl LocalCluster {
     /// Has the M-node remove `node` from the ring, then stops it once it has drained
     /// ([`LocalClusterConfig::retire_quiet`]).
     pub fn remove_node(&mut self, node: NodeId) -> Result<(), ClusterError> {
-        self.mnode().remove_node(node)?;
-        self.scaler.retire(node);
-        Ok(())
+        self.scaler.set_removing(node, true);
+        let removed = self.mnode().remove_node(node);
+        if removed.is_ok() {
+            self.scaler.retire(node);
+        }
+        // A removal that failed may still be carried through by the M-node: the supervisor then stops the node.
+        self.scaler.set_removing(node, false);
+        removed
     }
 
     /// The ids of the KV nodes restarted because their lease expired while they ran, in restart order (an id
@@ -503,6 +512,8 @@ struct LocalScaler {
     started: std::sync::atomic::AtomicUsize,
     /// Every restart so far, by node id.
     restarted: Mutex<Vec<NodeId>>,
+    /// Nodes whose removal a caller is driving, and which it stops itself once the removal succeeds.
+    removing: Mutex<std::collections::HashSet<NodeId>>,
 }
 
 impl LocalScaler {
@@ -570,6 +581,50 @@ impl LocalScaler {
         });
     }
 
+    /// Stops, after their drain, the nodes the M-node removed while whoever asked for the removal was told it
+    /// failed (a step failed, and the M-node carried the removal through later): out of the ring for good, they
+    /// would otherwise run idle until the cluster stops. Looks at the cluster record when it changed since
+    /// `known` (its version).
+    fn retire_removed(&self, known: &mut Option<u64>) {
+        let record = match ClusterRecord::load_if_changed(&*self.meta, *known) {
+            Ok(Some((record, version))) => {
+                *known = Some(version);
+                record
+            }
+            Ok(None) => return,
+            Err(e) => {
+                debug!(error = %e, "cannot read the cluster record");
+                return;
+            }
+        };
+        let removed: Vec<ClusterNode> = {
+            let removing = self.removing.lock().expect("removing lock");
+            let is_removed =
+                |n: &ClusterNode| n.is_removed_by(&record) && !removing.contains(&n.id());
+            let mut nodes = self.nodes();
+            if !nodes.iter().any(is_removed) {
+                // Looked at again when it changes, or once a removal in a caller's hands ends.
+                if nodes.iter().any(|n| n.is_removed_by(&record)) {
+                    *known = None;
+                }
+                return;
+            }
+            let (removed, running) = std::mem::take(&mut *nodes)
+                .into_iter()
+                .partition(is_removed);
+            *nodes = running;
+            removed
+        };
+        let (quiet, max) = self.retire;
+        for n in removed {
+            info!(
+                node = n.id(),
+                "KV node removed from the ring; stopping it once drained"
+            );
+            n.retire(quiet, max);
+        }
+    }
+
     /// Stops `node`, removed from the ring, after its drain; false when no such node runs.
     fn retire(&self, node: NodeId) -> bool {
         let Some(n) = self.take(node) else {
@@ -623,5 +678,14 @@ impl Scaler for LocalScaler {
             return Err(ClusterError::Reconfig(format!("no node {node} is running")));
         }
         Ok(())
+    }
+
+    fn set_removing(&self, node: NodeId, removing: bool) {
+        let mut set = self.removing.lock().expect("removing lock");
+        if removing {
+            set.insert(node);
+        } else {
+            set.remove(&node);
+        }
     }
 }

@@ -12,6 +12,8 @@ use dinomo_fabric::{ClientId, Connector};
 use dinomo_kn::{Command, KnConfig, KnError, KvNode, LeaseGate, Ownership, Submitter};
 use dinomo_meta::{LeaseId, MetaError, MetaStore};
 use dinomo_ring::{NodeId, Ring};
+
+use crate::ClusterRecord;
 use tracing::{info, warn};
 
 use crate::server::{Server, ServerLimits};
@@ -256,6 +258,8 @@ pub struct ClusterNode {
     gate: Arc<LeaseGate>,
     meta: Arc<dyn MetaStore>,
     lease: LeaseId,
+    /// This process's incarnation of the node id (registered with its address).
+    incarnation: u64,
     stop_heartbeat: Arc<StopSignal>,
     /// Fault injection: while set, the heartbeat sends nothing ([`ClusterNode::hold_heartbeats`]).
     heartbeats_held: Arc<AtomicBool>,
@@ -377,6 +381,7 @@ impl ClusterNode {
             gate,
             meta,
             lease,
+            incarnation,
             stop_heartbeat,
             heartbeats_held,
             heartbeat: Some(heartbeat),
@@ -396,6 +401,18 @@ impl ClusterNode {
             resp_listen: self.resp_addr().or(self.config.resp_listen),
             ..self.config.clone()
         }
+    }
+
+    /// This incarnation of the node id: a restart of the id is another one.
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    /// Whether `record` says the M-node removed this incarnation: it is retired and out of the ring, so it serves
+    /// nothing again and may be stopped.
+    pub fn is_removed_by(&self, record: &ClusterRecord) -> bool {
+        record.retired.get(&self.id()) == Some(&self.incarnation)
+            && !record.routing.ring.contains(self.id())
     }
 
     /// The native-protocol address.
