@@ -537,6 +537,15 @@ pub struct YcsbArgs {
     /// In-process: busy-wait per fabric round trip, in nanoseconds.
     #[arg(long, default_value_t = 0)]
     pub latency_ns: u64,
+    /// In-process, with --latency-ns: bytes a KV-node worker reads ahead for a batch's lookups (the index walks of
+    /// its uncached keys side by side, then the entries found and those its cached shortcuts lead to), e.g. 1MiB;
+    /// 0 gives the paper's KV nodes.
+    #[arg(long, value_parser = parse_size, default_value = "1MiB")]
+    pub read_ahead_bytes: u64,
+    /// In-process, with --latency-ns: whether KV-node caches record keys an index walk found without a value
+    /// (false gives the paper's DAC).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub remember_absent: bool,
     /// In-process: the memory node's merge threads.
     #[arg(long, default_value_t = 4)]
     pub merge_threads: usize,
@@ -719,6 +728,14 @@ fn ycsb_options(a: &YcsbArgs) -> anyhow::Result<YcsbOptions> {
                 let ignored = [
                     ("--kn-threads", a.kn_threads != defaults.kn_threads),
                     ("--cache-bytes", a.cache_bytes != defaults.cache_bytes),
+                    (
+                        "--read-ahead-bytes",
+                        a.read_ahead_bytes != defaults.read_ahead_bytes,
+                    ),
+                    (
+                        "--remember-absent",
+                        a.remember_absent != defaults.remember_absent,
+                    ),
                     ("--merge-threads", a.merge_threads != defaults.merge_threads),
                     ("--pool-bytes", a.pool_bytes.is_some()),
                     ("--lease-ms", a.lease_ms != defaults.lease_ms),
@@ -757,6 +774,8 @@ fn ycsb_options(a: &YcsbArgs) -> anyhow::Result<YcsbOptions> {
                     .clone()
                     .unwrap_or_else(|| a.system.default_policy()),
                 latency_ns: a.latency_ns,
+                read_ahead_bytes: a.read_ahead_bytes,
+                remember_absent: a.remember_absent,
                 merge_threads: a.merge_threads,
                 pool_bytes: a.pool_bytes,
                 lease_ms: a.lease_ms,
@@ -1133,10 +1152,23 @@ mod tests {
             ["--merge-threads", "1"],
             ["--pool-bytes", "1GiB"],
             ["--lease-ms", "500"],
+            ["--read-ahead-bytes", "0"],
+            ["--remember-absent", "false"],
         ] {
             let err = options(&["--system", "directds", flag[0], flag[1]]).unwrap_err();
             assert!(err.to_string().starts_with(flag[0]), "{err}");
             assert!(options(&[flag[0], flag[1]]).is_ok(), "{flag:?} is DINOMO's");
         }
+        // The paper's KV nodes: nothing read ahead, no records of absence.
+        let o = options(&["--read-ahead-bytes", "0", "--remember-absent", "false"]).unwrap();
+        let TargetOptions::InProcess(p) = &o.target else {
+            panic!("in process")
+        };
+        assert_eq!((p.read_ahead_bytes, p.remember_absent), (0, false));
+        let o = options(&[]).unwrap();
+        let TargetOptions::InProcess(p) = &o.target else {
+            panic!("in process")
+        };
+        assert_eq!((p.read_ahead_bytes, p.remember_absent), (1 << 20, true));
     }
 }

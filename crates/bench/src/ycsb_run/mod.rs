@@ -198,6 +198,14 @@ pub struct InProcessOptions {
     pub policy: String,
     /// Busy-wait per fabric round trip, in nanoseconds (emulates a microsecond fabric). Default 0.
     pub latency_ns: u64,
+    /// Bytes a KV-node worker reads ahead for a batch's lookups (`kn.workers.read_ahead_bytes`): 0 gives the paper's
+    /// KV nodes. Applies only with a `latency_ns` above 0, where round trips cost something. Default 1 MiB.
+    #[serde(default = "read_ahead_bytes")]
+    pub read_ahead_bytes: u64,
+    /// Whether KV-node caches record keys an index walk found without a value (`kn.workers.cache.remember_absent`):
+    /// false gives the paper's DAC. Applies only with a `latency_ns` above 0. Default true.
+    #[serde(default = "remember_absent")]
+    pub remember_absent: bool,
     /// The memory node's merge threads. Default 4.
     pub merge_threads: usize,
     /// Bytes of the memory node's pool (anonymous memory, touched only as it is used); `None` sizes it from the
@@ -243,6 +251,14 @@ fn clover_read_timeout_ms() -> u64 {
         .as_millis() as u64
 }
 
+fn read_ahead_bytes() -> u64 {
+    dinomo_kn::KnConfig::default().read_ahead_bytes
+}
+
+fn remember_absent() -> bool {
+    dinomo_cache::CacheConfig::default().remember_absent
+}
+
 fn one_usize() -> usize {
     1
 }
@@ -259,6 +275,8 @@ impl Default for InProcessOptions {
             cache_bytes: 64 << 20,
             policy: "dac".to_string(),
             latency_ns: 0,
+            read_ahead_bytes: read_ahead_bytes(),
+            remember_absent: remember_absent(),
             merge_threads: 4,
             pool_bytes: None,
             lease_ms: 2000,

@@ -744,13 +744,23 @@ impl YcsbReport {
                 p.latency_ns
             ),
             TargetOptions::InProcess(p) => format!(
-                "{} in-process: {} × {} worker(s), {} cache per node ({}), fabric latency {} ns",
+                "{} in-process: {} × {} worker(s), {} cache per node ({}), fabric latency {} ns{}",
                 self.system,
                 self.nodes_text(),
                 p.kn_threads,
                 bytes(p.cache_bytes),
                 p.policy,
-                p.latency_ns
+                p.latency_ns,
+                // Both apply only where a round trip costs something.
+                if p.latency_ns > 0 {
+                    format!(
+                        ", read-ahead {}, absence records {}",
+                        bytes(p.read_ahead_bytes),
+                        if p.remember_absent { "on" } else { "off" }
+                    )
+                } else {
+                    String::new()
+                }
             ),
             TargetOptions::Native(n) => format!(
                 "{} at {}: {}",

@@ -191,8 +191,10 @@ impl DinomoStore {
                     cache: dinomo_cache::CacheConfig {
                         budget_bytes: p.cache_bytes / threads as u64,
                         policy,
+                        remember_absent: p.remember_absent,
                         ..dinomo_cache::CacheConfig::default()
                     },
+                    read_ahead_bytes: p.read_ahead_bytes,
                     max_key_len: opts.key_bytes.max(KnConfig::default().max_key_len),
                     max_value_len: opts.value_bytes.max(64 << 10),
                     ..KnConfig::default()
