@@ -378,7 +378,7 @@ impl Client {
                 match self.attempt(&addr, &body, deadline) {
                     Attempt::Done(ResponseBody::NotOwner { epoch }) => {
                         last = format!("node {node} refused the key at epoch {epoch}");
-                        self.refresh(epoch, Some(&addr));
+                        self.refresh_after_refusal(epoch, &addr);
                     }
                     Attempt::Done(ResponseBody::Error { kind, message }) => {
                         match final_error(kind, message, write) {
@@ -539,6 +539,15 @@ impl Client {
         self.latency.clear();
         self.latency_since = Instant::now();
         true
+    }
+
+    /// After the node at `addr` refused a key under its table of `epoch`: fetches a table newer than both that one
+    /// and the cached one. A node under an older table than the cached one lags behind, or the cached table is of a
+    /// change that was rolled back since (the rollback's table is newer, and the node never installed the change):
+    /// only a table newer than the cached one tells the second case, and waiting on the node would not.
+    pub(crate) fn refresh_after_refusal(&mut self, epoch: u64, addr: &str) {
+        let cached = self.routing.as_ref().map_or(0, Routing::epoch);
+        self.refresh(epoch.max(cached.saturating_add(1)), Some(addr));
     }
 
     /// Fetches a routing table of at least epoch `min_epoch`, asking `hint` first, then the seeds; keeps the

@@ -475,7 +475,7 @@ impl PipelinedClient {
         };
         match r.body {
             ResponseBody::NotOwner { epoch } => {
-                self.client.refresh(epoch, Some(addr));
+                self.client.refresh_after_refusal(epoch, addr);
                 let p = retry(f, format!("{addr} refused the key at epoch {epoch}").into());
                 self.send(p);
             }
