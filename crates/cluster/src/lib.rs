@@ -85,6 +85,18 @@ pub struct ClusterRecord {
     /// rolls it back under a newer epoch before anything else. Records stored before this field existed read it as
     /// their routing epoch.
     pub reserved_epoch: u64,
+    /// The pool of the memory node this cluster runs on (its superblock's `pool_id`), which the M-node checks before
+    /// it changes anything: a record of another pool's cluster names cells, logs and epochs this pool does not
+    /// have. 0 until the M-node first stores a change, and in records stored before this field existed.
+    pub pool_id: u64,
+}
+
+/// A record as stored before [`ClusterRecord::pool_id`] existed.
+#[derive(Deserialize)]
+struct RecordWithoutPool {
+    routing: Routing,
+    retired: std::collections::BTreeMap<NodeId, u64>,
+    reserved_epoch: u64,
 }
 
 /// A record as stored before [`ClusterRecord::reserved_epoch`] existed.
@@ -134,21 +146,33 @@ impl ClusterRecord {
     }
 }
 
-/// A stored record: the current layout, or one stored before [`ClusterRecord::reserved_epoch`] existed (which ends
-/// where that field would begin).
+/// A stored record: the current layout, or one stored before [`ClusterRecord::pool_id`] or before
+/// [`ClusterRecord::reserved_epoch`] existed (each ends where the newer fields would begin).
 fn decode(bytes: &[u8]) -> Result<ClusterRecord, ClusterError> {
+    use postcard::Error::DeserializeUnexpectedEnd as Ended;
+    let corrupt = |e: postcard::Error| ClusterError::Corrupt(e.to_string());
     match postcard::from_bytes::<ClusterRecord>(bytes) {
         Ok(r) => Ok(r),
-        Err(postcard::Error::DeserializeUnexpectedEnd) => {
-            let old: RecordWithoutReservations =
-                postcard::from_bytes(bytes).map_err(|e| ClusterError::Corrupt(e.to_string()))?;
-            Ok(ClusterRecord {
-                reserved_epoch: old.routing.epoch(),
+        Err(Ended) => match postcard::from_bytes::<RecordWithoutPool>(bytes) {
+            Ok(old) => Ok(ClusterRecord {
                 routing: old.routing,
                 retired: old.retired,
-            })
-        }
-        Err(e) => Err(ClusterError::Corrupt(e.to_string())),
+                reserved_epoch: old.reserved_epoch,
+                pool_id: 0,
+            }),
+            Err(Ended) => {
+                let old: RecordWithoutReservations =
+                    postcard::from_bytes(bytes).map_err(corrupt)?;
+                Ok(ClusterRecord {
+                    reserved_epoch: old.routing.epoch(),
+                    routing: old.routing,
+                    retired: old.retired,
+                    pool_id: 0,
+                })
+            }
+            Err(e) => Err(corrupt(e)),
+        },
+        Err(e) => Err(corrupt(e)),
     }
 }
 
@@ -178,13 +202,34 @@ mod tests {
     }
 
     #[test]
-    fn a_record_round_trips_with_its_reserved_epoch() {
+    fn a_record_round_trips_with_its_reserved_epoch_and_pool() {
         let r = ClusterRecord {
             routing: routing(&[1, 2]),
             retired: [(3, 77)].into_iter().collect(),
             reserved_epoch: 9,
+            pool_id: 0x5eed,
         };
         assert_eq!(decode(&postcard::to_allocvec(&r).unwrap()).unwrap(), r);
+    }
+
+    #[test]
+    fn a_record_stored_before_pools_were_named_reads_pool_zero() {
+        #[derive(Serialize)]
+        struct Old {
+            routing: Routing,
+            retired: std::collections::BTreeMap<NodeId, u64>,
+            reserved_epoch: u64,
+        }
+        let old = Old {
+            routing: routing(&[1, 2]),
+            retired: [(3, 77)].into_iter().collect(),
+            reserved_epoch: 9,
+        };
+        let r = decode(&postcard::to_allocvec(&old).unwrap()).unwrap();
+        assert_eq!(
+            (r.routing, r.retired, r.reserved_epoch, r.pool_id),
+            (old.routing, old.retired, 9, 0)
+        );
     }
 
     #[test]
@@ -212,6 +257,7 @@ mod tests {
             routing: routing(&[1, 2]),
             retired: Default::default(),
             reserved_epoch: 3,
+            pool_id: 0x5eed,
         };
         let bytes = postcard::to_allocvec(&r).unwrap();
         for cut in [0, 1, bytes.len() / 2] {

@@ -174,6 +174,7 @@ impl MNode {
             meta,
             dpm,
             partitioning: None,
+            pool: 0,
             dpm_epoch_floor: 0,
             ep: None,
             installed: HashMap::new(),
@@ -312,10 +313,12 @@ fn next_epoch(record: &ClusterRecord) -> u64 {
         .saturating_add(1)
 }
 
-/// Gives `next`'s table the epoch reserved for its change (which moved the ring's own epoch by one at most).
-fn stamp(next: &mut ClusterRecord, epoch: u64) {
+/// Gives `next`'s table the epoch reserved for its change (which moved the ring's own epoch by one at most), and
+/// names the pool it was made on.
+fn stamp(next: &mut ClusterRecord, epoch: u64, pool: u64) {
     next.routing.ring.set_epoch_at_least(epoch);
     next.reserved_epoch = epoch;
+    next.pool_id = pool;
 }
 
 /// The first pause before a node that refused an install for now is asked again; each further pause doubles, up to
@@ -337,6 +340,9 @@ struct State {
     ep: Option<Endpoint>,
     /// The memory node's index layout, once asked.
     partitioning: Option<Partitioning>,
+    /// The pool the memory node serves (its superblock's `pool_id`), once connected; the records this M-node stores
+    /// name it ([`State::check_pool`]).
+    pool: u64,
     /// The newest management epoch the memory node reported when it refused a fence: a change reserves past it.
     /// Above the record's own epochs only when the pool outlived the metadata store that held the record.
     dpm_epoch_floor: u64,
@@ -461,6 +467,7 @@ impl State {
                     },
                     retired: BTreeMap::new(),
                     reserved_epoch: 0,
+                    pool_id: 0,
                 },
                 None,
             ),
@@ -517,6 +524,7 @@ impl State {
     /// change left half done), then such a change is rolled back, then joins, then nodes lagging behind the record.
     fn reconcile(&mut self) -> Result<(), ClusterError> {
         let (record, version) = self.record()?;
+        self.check_pool(&record)?;
         let live = self.live()?;
         let noticed = Instant::now();
         self.incarnations
@@ -579,7 +587,7 @@ impl State {
             let mut next = record.clone();
             next.routing.addrs.insert(id, info.addr.clone());
             // Nothing is installed before the store, which takes the epoch by itself.
-            stamp(&mut next, next_epoch(&record));
+            stamp(&mut next, next_epoch(&record), self.pool);
             next.store(&*self.meta, version)?;
             return Ok(());
         }
@@ -621,7 +629,7 @@ impl State {
         let mut next = record;
         next.routing.ring.remove_node(dead);
         next.routing.addrs.remove(&dead);
-        stamp(&mut next, epoch);
+        stamp(&mut next, epoch, self.pool);
         let moved = self.move_data(&next.routing)?;
         next.store(&*self.meta, Some(version))?;
         self.installed.remove(&dead);
@@ -658,7 +666,7 @@ impl State {
         next.retired.remove(&id);
         next.routing.ring.add_node(id);
         next.routing.addrs.insert(id, info.addr);
-        stamp(&mut next, epoch);
+        stamp(&mut next, epoch, self.pool);
         // The old owners give up the keys the new node takes before it may serve them.
         self.install(&next.routing, &old)?;
         let moved = self.move_data(&next.routing)?;
@@ -671,6 +679,7 @@ impl State {
     fn remove(&mut self, id: NodeId) -> Result<(), ClusterError> {
         let noticed = Instant::now();
         let (record, version) = self.record()?;
+        self.check_pool(&record)?;
         if !record.routing.ring.contains(id) {
             return Err(ClusterError::Reconfig(format!(
                 "node {id} is not in the ring"
@@ -692,7 +701,7 @@ impl State {
         let mut next = record;
         next.routing.ring.remove_node(id);
         next.routing.addrs.remove(&id);
-        stamp(&mut next, epoch);
+        stamp(&mut next, epoch, self.pool);
         if let Some(info) = live.get(&id) {
             // The leaving node hands everything over (its log merged) before anyone else serves its keys.
             self.install_at(&next.routing, &[(id, info.addr.clone())])?;
@@ -728,6 +737,7 @@ impl State {
         }
         let noticed = Instant::now();
         let (record, version) = self.record()?;
+        self.check_pool(&record)?;
         if record.change_under_way() {
             return Err(ClusterError::Reconfig(
                 "a change left half done is being rolled back; try again".into(),
@@ -763,7 +773,7 @@ impl State {
                 }
             };
             next.routing.cells.insert(key.to_vec(), cell);
-            stamp(&mut next, epoch);
+            stamp(&mut next, epoch, self.pool);
             // The nodes giving the key up install first; when the key becomes shared, that is its sole owner,
             // which moves the key's value into the cell before anyone else may serve it.
             let new_owners: Vec<NodeId> = next.routing.ring.owners(key).iter().collect();
@@ -806,7 +816,7 @@ impl State {
         next.routing.ring.set_replication(key, 1);
         next.routing.cells.remove(key);
         let (epoch, reserved, version) = self.reserve(&record, version)?;
-        stamp(&mut next, epoch);
+        stamp(&mut next, epoch, self.pool);
         // Every other owner stops and merges its log first; then the primary moves the value back into the index.
         let others: Vec<NodeId> = old_owners
             .iter()
@@ -854,6 +864,7 @@ impl State {
             }
             let mut reserved = record.clone();
             reserved.reserved_epoch = epoch;
+            reserved.pool_id = self.pool;
             let stored = reserved.store(&*self.meta, version)?;
             return Ok((epoch, reserved, stored));
         }
@@ -895,7 +906,7 @@ impl State {
     ) -> Result<(ClusterRecord, u64), ClusterError> {
         let (epoch, reserved, version) = self.reserve(record, version)?;
         let mut back = reserved;
-        stamp(&mut back, epoch);
+        stamp(&mut back, epoch, self.pool);
         let moved = self.move_data(&back.routing)?;
         let stored = back.store(&*self.meta, Some(version))?;
         info!(
@@ -1052,6 +1063,26 @@ impl State {
         self.installed
             .get(&node)
             .is_some_and(|&(i, e)| i == inc && e >= epoch)
+    }
+
+    /// Checks that `record` is of the pool the memory node serves (or names none yet), connecting first if need be.
+    /// A record of another pool's cluster (the metadata store and the memory node belong to different clusters, or
+    /// the pool was replaced under a store that kept the record) names cells, logs and epochs this pool does not
+    /// have: nothing is changed by it.
+    fn check_pool(&mut self, record: &ClusterRecord) -> Result<(), ClusterError> {
+        if self.ep.is_none() {
+            self.ep = Some(self.dpm.connect()?);
+        }
+        self.pool = self.ep.as_ref().expect("connected above").pool_id();
+        if record.pool_id != 0 && record.pool_id != self.pool {
+            return Err(ClusterError::Reconfig(format!(
+                "the cluster record in the metadata store belongs to pool {:#018x}, but the memory node serves \
+                 pool {:#018x}: they are of different clusters, or the pool was replaced while the store kept \
+                 the old record (delete that record to form a new cluster on this pool)",
+                record.pool_id, self.pool
+            )));
+        }
+        Ok(())
     }
 
     fn dpm_call<Req: Serialize, Resp: serde::de::DeserializeOwned>(

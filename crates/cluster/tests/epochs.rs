@@ -643,3 +643,47 @@ fn a_change_a_stalled_m_node_left_half_done_is_rolled_back() -> Result<()> {
     c.stop();
     Ok(())
 }
+
+/// The record names the pool its cluster runs on. An M-node whose metadata store holds the record of another pool
+/// (the store and the memory node belong to different clusters, or the pool was replaced under a store that kept
+/// the record) changes nothing and says why; with the record of its own pool it goes on.
+#[test]
+fn an_m_node_changes_nothing_under_the_record_of_another_pool() -> Result<()> {
+    let mut h = Harness::start(2, Variant::Dinomo)?;
+    let pool = h.connector.connect()?.pool_id();
+    let (own, version) = load(&*h.meta)?;
+    assert_eq!(own.pool_id, pool, "the record names its pool");
+    h.mnode.take().expect("running").stop();
+    // The record of another pool's cluster, as a store of another cluster would hold.
+    let foreign = ClusterRecord {
+        pool_id: pool ^ 0x5a5a,
+        ..own.clone()
+    };
+    let version = foreign.store(&*h.meta, Some(version))?;
+    h.mnode = Some(MNode::start(
+        MNodeConfig::default(),
+        h.flaky.clone(),
+        h.connector.clone(),
+    )?);
+    h.start_node(3)?;
+    wait(
+        "the M-node names the other pool",
+        Duration::from_secs(20),
+        || {
+            Ok(h.mnode()
+                .last_failure()
+                .is_some_and(|f| f.contains("belongs to pool")))
+        },
+    )?;
+    std::thread::sleep(Duration::from_millis(300));
+    let (now, still) = load(&*h.meta)?;
+    assert_eq!((now, still), (foreign, version), "nothing was stored");
+    // The record of this pool again: node 3 joins.
+    own.store(&*h.meta, Some(version))?;
+    h.wait_settled()?;
+    let (after, _) = load(&*h.meta)?;
+    assert!(after.routing.ring.contains(3));
+    assert_eq!(after.pool_id, pool);
+    h.stop();
+    Ok(())
+}
