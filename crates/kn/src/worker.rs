@@ -1343,8 +1343,9 @@ impl Worker {
                     bytes += r.len();
                     v.insert(self.ahead.read(self.data.at(r.offset()), r.len() as u32));
                 }
-            } else if bytes + BUCKET_LEN <= budget && self.walks_index(key) {
-                // One walk per hash: a second key of the hash walks at its lookup.
+            } else if bytes + BUCKET_LEN + key.len() as u64 <= budget && self.walks_index(key) {
+                // One walk per hash: a second key of the hash walks at its lookup. The copy of the key kept for
+                // the walk counts against the budget too, so that the worker's buffers stay within it.
                 let hash = self.hash_mode.hash(key);
                 if let std::collections::hash_map::Entry::Vacant(v) = self.walked.entry(hash) {
                     let at = self.walked_keys.len();
@@ -1353,7 +1354,7 @@ impl Worker {
                         key: at..self.walked_keys.len(),
                         candidates: 0..0,
                     });
-                    bytes += BUCKET_LEN;
+                    bytes += BUCKET_LEN + key.len() as u64;
                     hashes.push(hash);
                 }
             }

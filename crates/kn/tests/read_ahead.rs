@@ -431,3 +431,24 @@ fn a_walk_made_ahead_answers_for_its_own_key_only() -> anyhow::Result<()> {
     processor.shutdown();
     Ok(())
 }
+
+/// A budget smaller than the batch needs walks ahead only the keys that fit (a bucket and the key's copy each), and
+/// the others walk at their lookup; the answers are the same.
+#[test]
+fn walks_made_ahead_stay_within_the_budget() -> anyhow::Result<()> {
+    // Room for two walks of keys "key-N" (64 bytes of bucket and 5 or 6 of key each), not three.
+    let (processor, mut w) = worker(1000, Policy::Adaptive, 0, 2 * (64 + 6) + 10)?;
+    let keys: Vec<Vec<u8>> = (0..16u8).map(key).collect();
+    w.set_many(keys.iter().map(|k| (&k[..], &k[..])))?;
+    w.merge_all()?;
+    let before = w.stats();
+    for (i, r) in w.serve_batch(gets(0..16)).into_iter().enumerate() {
+        assert_eq!(r?, Reply::Value(Some(keys[i].clone())), "key {i}");
+    }
+    let after = w.stats();
+    assert_eq!(after.index_walks_ahead - before.index_walks_ahead, 2);
+    assert_eq!(after.index_walks - before.index_walks, 16);
+    drop(w);
+    processor.shutdown();
+    Ok(())
+}
