@@ -257,3 +257,44 @@ fn a_running_cluster_is_measured_over_the_network() -> anyhow::Result<()> {
     cluster.stop();
     Ok(())
 }
+
+/// Over an emulated 2 µs fabric, DINOMO-S's workers read their batches' shortcut entries ahead (the report counts
+/// them per operation and says so); with `read_ahead_bytes` 0, as the paper's KV nodes, nothing is read ahead and
+/// every shortcut hit costs a round trip of its own.
+#[test]
+fn reads_ahead_are_reported_and_can_be_turned_off() -> anyhow::Result<()> {
+    let run = |read_ahead_bytes: u64| -> anyhow::Result<YcsbReport> {
+        let mut opts = tiny(Workload::C, Distribution::Uniform, 1);
+        opts.system = System::DinomoS;
+        if let TargetOptions::InProcess(p) = &mut opts.target {
+            p.policy = System::DinomoS.default_policy();
+            p.latency_ns = 2_000;
+            p.read_ahead_bytes = read_ahead_bytes;
+        }
+        let r = run_ycsb(&opts, &mut |_| {})?;
+        check_sane(&r, 1);
+        Ok(r)
+    };
+    let on = run(1 << 20)?;
+    let per_op = &on.resources.as_ref().expect("counters").per_op;
+    assert!(per_op.entries_read_ahead > 0.0, "{per_op:?}");
+    let summary = on.summary();
+    assert!(summary.contains("read-ahead 1.0 MiB"), "{summary}");
+    assert!(
+        summary.contains("read ahead for their batches"),
+        "{summary}"
+    );
+    let off = run(0)?;
+    let resources = off.resources.as_ref().expect("counters");
+    assert_eq!(resources.per_op.entries_read_ahead, 0.0);
+    assert_eq!(resources.per_op.index_walks_ahead, 0.0);
+    let cache = off.cache.as_ref().expect("caches");
+    assert!(
+        resources.totals.round_trips >= cache.shortcut_hits,
+        "{} round trips for {} shortcut hits",
+        resources.totals.round_trips,
+        cache.shortcut_hits
+    );
+    assert!(!off.summary().contains("read ahead for their batches"));
+    Ok(())
+}

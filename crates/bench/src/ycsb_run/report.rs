@@ -252,6 +252,12 @@ pub struct PerOp {
     pub commits: f64,
     /// Round trips of index walks (misses).
     pub index_walk_round_trips: f64,
+    /// Entries read ahead for a batch's shortcut hits (`kn.workers.read_ahead_bytes`).
+    #[serde(default)]
+    pub entries_read_ahead: f64,
+    /// Index walks made ahead, side by side, for a batch's misses.
+    #[serde(default)]
+    pub index_walks_ahead: f64,
     /// Entries the memory node merged into its index.
     pub merged_entries: Option<f64>,
     /// CPU µs of KV-node worker threads.
@@ -498,6 +504,8 @@ pub(crate) fn assemble(
         writes: per(t.writes),
         commits: per(t.commits),
         index_walk_round_trips: per(t.index_walk_round_trips),
+        entries_read_ahead: per(t.entries_read_ahead),
+        index_walks_ahead: per(t.index_walks_ahead),
         merged_entries: merged_entries.map(per),
         kn_worker_cpu_us: cpu_us(CpuRole::KnWorkers),
         kn_network_cpu_us: cpu_us(CpuRole::KnNetwork),
@@ -850,6 +858,13 @@ impl YcsbReport {
             p.commits,
             resources.writes_per_commit
         );
+        if p.entries_read_ahead > 0.0 || p.index_walks_ahead > 0.0 {
+            let _ = writeln!(
+                s,
+                "ahead:   {:.3} entries of shortcut hits and {:.3} index walks per op read ahead for their batches",
+                p.entries_read_ahead, p.index_walks_ahead
+            );
+        }
         if let (Some(w), Some(n), Some(mm), Some(mr), Some(c)) = (
             p.kn_worker_cpu_us,
             p.kn_network_cpu_us,

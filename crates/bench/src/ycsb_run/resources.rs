@@ -171,6 +171,12 @@ pub struct WorkerTotals {
     pub index_walks: u64,
     /// Round trips spent on index walks.
     pub index_walk_round_trips: u64,
+    /// Entries that cached shortcuts led to, read ahead for a batch's lookups in one round trip.
+    #[serde(default)]
+    pub entries_read_ahead: u64,
+    /// Index walks of a batch's uncached keys made side by side before it was served.
+    #[serde(default)]
+    pub index_walks_ahead: u64,
     /// Writes logged.
     pub writes: u64,
     /// Group commits (one WRITE each).
@@ -199,6 +205,8 @@ impl WorkerTotals {
         self.log_hits += d(|s| s.log_hits);
         self.index_walks += d(|s| s.index_walks);
         self.index_walk_round_trips += d(|s| s.index_walk_round_trips);
+        self.entries_read_ahead += d(|s| s.entries_read_ahead);
+        self.index_walks_ahead += d(|s| s.index_walks_ahead);
         self.writes += d(|s| s.writes);
         self.commits += d(|s| s.commits);
         self.segments_sealed += d(|s| s.segments_sealed);
