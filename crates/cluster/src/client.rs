@@ -412,8 +412,8 @@ impl Client {
         }
     }
 
-    /// The node to send a request on `key` to, and its address, under the cached table: the primary for writes,
-    /// any replica for reads.
+    /// The node to send a request on `key` to, and its address, under the cached table: the key's primary, or for
+    /// a shared key (one with a cell) any of its owners, reads and writes alike.
     pub(crate) fn target(&mut self, key: &[u8]) -> Option<(NodeId, String)> {
         let r = self.routing.as_ref()?;
         // Any owner serves a shared key, reads and writes alike (writes CAS its cell).

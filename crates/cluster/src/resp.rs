@@ -286,11 +286,14 @@ impl NodeConn {
         let (local, remote) = (&mut self.local, &mut self.remote);
         self.shared.with_routing(|r| {
             for (i, op) in ops.iter().enumerate() {
-                // Like the native client: writes at the primary owner, reads at any owner.
-                let here = if op.is_write() {
-                    r.ring.primary(op.key()) == Some(node)
+                // Every op on a key goes the same way, as the workers decide ownership: a shared key (one with a
+                // cell) is served by any of its owners, reads and writes alike, and any other key by its primary
+                // alone. Reads here and writes at the primary would let a read overtake a write sent before it.
+                let key = op.key();
+                let here = if r.cells.contains_key(key) {
+                    r.ring.is_owner(node, key)
                 } else {
-                    r.ring.is_owner(node, op.key())
+                    r.ring.primary(key) == Some(node)
                 };
                 if here {
                     local.push(i);

@@ -627,3 +627,36 @@ fn connections_forwarding_at_once_each_get_their_own_answers_in_order() -> anyho
     );
     Ok(())
 }
+
+/// A pipeline on a node that is a secondary owner of a shared key: its reads of the key may be served here and its
+/// writes anywhere the key is owned, but each read must still see the writes the connection sent before it.
+#[test]
+fn a_pipeline_on_a_secondary_owner_of_a_shared_key_reads_its_own_writes() -> anyhow::Result<()> {
+    let c = cluster(2)?;
+    let ids: Vec<_> = c.nodes().iter().map(|n| n.id()).collect();
+    let key = key_owned_by(&c, ids[0], "shared");
+    c.mnode().set_replication(&key, 2)?;
+    c.wait_until_serving(Duration::from_secs(20))?;
+    let secondary = c
+        .nodes()
+        .iter()
+        .find(|n| n.id() == ids[1])
+        .and_then(|n| n.resp_addr())
+        .expect("the second node's RESP address");
+    assert!(c.nodes()[1].routing().ring.is_owner(ids[1], &key));
+    let mut conn = Conn::open(secondary);
+    for round in 0..20 {
+        for i in 0..10 {
+            let v = format!("v{round}-{i}");
+            conn.send(&[b"SET", &key, v.as_bytes()]);
+            conn.send(&[b"GET", &key]);
+        }
+        for i in 0..10 {
+            assert_eq!(conn.read(), ok());
+            let v = format!("v{round}-{i}");
+            assert_eq!(conn.read(), bulk(v.as_bytes()), "round {round}, pair {i}");
+        }
+    }
+    c.stop();
+    Ok(())
+}
