@@ -16,6 +16,7 @@ use dinomo_pool::{PersistMode, Pool, PoolOptions};
 use dinomo_ring::NodeId;
 use tracing::{debug, info, warn};
 
+use crate::node::Peers;
 use crate::stop::StopSignal;
 use crate::{
     Actuator, AutoscaleConfig, Autoscaler, ClientConfig, ClusterError, ClusterNode, ClusterRecord,
@@ -205,6 +206,7 @@ impl LocalCluster {
             started: std::sync::atomic::AtomicUsize::new(0),
             restarted: Mutex::new(Vec::new()),
             removing: Mutex::new(Default::default()),
+            peers: Default::default(),
         });
         let mut c = LocalCluster {
             pool,
@@ -514,6 +516,8 @@ struct LocalScaler {
     restarted: Mutex<Vec<NodeId>>,
     /// Nodes whose removal a caller is driving, and which it stops itself once the removal succeeds.
     removing: Mutex<std::collections::HashSet<NodeId>>,
+    /// The running nodes, as their Redis front doors reach each other ([`Peers`]).
+    peers: Arc<Peers>,
 }
 
 impl LocalScaler {
@@ -528,7 +532,12 @@ impl LocalScaler {
             resp_listen: resp_address(&self.resp_listen, ordinal)?,
             ..self.node.clone()
         };
-        let node = ClusterNode::start(cfg, self.connector.clone(), self.meta.clone())?;
+        let node = ClusterNode::start_among(
+            cfg,
+            self.connector.clone(),
+            self.meta.clone(),
+            Some(self.peers.clone()),
+        )?;
         self.nodes().push(node);
         Ok(())
     }
@@ -564,7 +573,12 @@ impl LocalScaler {
             if self.stopping.is_stopped() {
                 return false;
             }
-            match ClusterNode::start(cfg.clone(), self.connector.clone(), self.meta.clone()) {
+            match ClusterNode::start_among(
+                cfg.clone(),
+                self.connector.clone(),
+                self.meta.clone(),
+                Some(self.peers.clone()),
+            ) {
                 Ok(node) => {
                     self.nodes().push(node);
                     self.restarted

@@ -220,6 +220,18 @@ impl MetricsSource for NodeMetrics {
             node,
             serving,
         );
+        for (to, n) in [
+            ("peer", &self.shared.resp_ops_to_peers),
+            ("network", &self.shared.resp_ops_forwarded),
+        ] {
+            out.counter(
+                "dinomo_kn_resp_ops_sent_total",
+                "Operations the Redis front door sent to their owners: queued at the workers of another node of this \
+                 process (peer), or forwarded over the native protocol (network).",
+                &[("node", &id), ("to", to)],
+                n.load(std::sync::atomic::Ordering::Relaxed),
+            );
+        }
         out.gauge(
             "dinomo_kn_ring_epoch",
             "Epoch of the routing table the KV node serves under.",

@@ -1,9 +1,9 @@
 //! A KV node as a cluster member: its workers, its native-protocol server, its liveness lease and its view of
 //! the routing table.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -159,6 +159,45 @@ pub(crate) struct NodeShared {
     pub(crate) policy_stats: crate::stats::NodePolicyStats,
     /// The memory node, for the administrative requests that ask about it.
     pub(crate) memory: Connector,
+    /// Whether other nodes of this process may still queue operations at its workers ([`Peers`]); cleared under
+    /// the write side of `queue_order` when the node stops, so that every operation a peer queued is ahead of the
+    /// workers' stop and is answered.
+    pub(crate) open_to_peers: AtomicBool,
+    /// Operations the node's Redis front door sent to other nodes: queued at a peer's workers in this process, and
+    /// forwarded over the network.
+    pub(crate) resp_ops_to_peers: AtomicU64,
+    pub(crate) resp_ops_forwarded: AtomicU64,
+}
+
+/// The KV nodes running in one process (a local cluster): a node's Redis front door queues an operation on a key
+/// another of them owns straight at that node's workers, as it queues its own, instead of forwarding it through the
+/// native protocol over loopback. The owner's workers check ownership as for any request, and one that refuses
+/// hands the operation back to be forwarded.
+#[derive(Default)]
+pub(crate) struct Peers {
+    nodes: RwLock<HashMap<NodeId, Arc<NodeShared>>>,
+}
+
+impl Peers {
+    /// The running node `id`, if it runs in this process.
+    pub(crate) fn get(&self, id: NodeId) -> Option<Arc<NodeShared>> {
+        self.nodes.read().expect("peers lock").get(&id).cloned()
+    }
+
+    fn add(&self, node: Arc<NodeShared>) {
+        self.nodes
+            .write()
+            .expect("peers lock")
+            .insert(node.id, node);
+    }
+
+    /// Removes `node`, unless another incarnation of its id took its place.
+    fn remove(&self, node: &Arc<NodeShared>) {
+        let mut nodes = self.nodes.write().expect("peers lock");
+        if nodes.get(&node.id).is_some_and(|n| Arc::ptr_eq(n, node)) {
+            nodes.remove(&node.id);
+        }
+    }
 }
 
 impl NodeShared {
@@ -265,6 +304,8 @@ pub struct ClusterNode {
     heartbeats_held: Arc<AtomicBool>,
     heartbeat: Option<JoinHandle<()>>,
     crashed: bool,
+    /// The other nodes of this process, which this one joined ([`Peers`]).
+    peers: Option<Arc<Peers>>,
 }
 
 impl ClusterNode {
@@ -274,6 +315,16 @@ impl ClusterNode {
         config: NodeConfig,
         connector: Connector,
         meta: Arc<dyn MetaStore>,
+    ) -> Result<ClusterNode, ClusterError> {
+        ClusterNode::start_among(config, connector, meta, None)
+    }
+
+    /// [`ClusterNode::start`], the node joining `peers`, the nodes of this process, once it runs.
+    pub(crate) fn start_among(
+        config: NodeConfig,
+        connector: Connector,
+        meta: Arc<dyn MetaStore>,
+        peers: Option<Arc<Peers>>,
     ) -> Result<ClusterNode, ClusterError> {
         let mut t0 = Instant::now();
         let mut lease = meta.grant(config.lease_ttl)?;
@@ -313,6 +364,9 @@ impl ClusterNode {
             queue_order: RwLock::new(()),
             policy_stats: Default::default(),
             memory: connector.clone(),
+            open_to_peers: AtomicBool::new(true),
+            resp_ops_to_peers: AtomicU64::new(0),
+            resp_ops_forwarded: AtomicU64::new(0),
         });
         let server = Server::start(
             config.listen,
@@ -331,6 +385,7 @@ impl ClusterNode {
                 listen,
                 &config,
                 shared.clone(),
+                peers.clone(),
                 connector.clone(),
                 server.local_addr().to_string(),
             )?),
@@ -371,6 +426,9 @@ impl ClusterNode {
                 .map_err(|e| ClusterError::Io(format!("cannot start the heartbeat: {e}")))?
         };
         info!(node = config.node_id, %addr, resp = ?config.resp_listen, "KV node serving");
+        if let Some(peers) = &peers {
+            peers.add(shared.clone());
+        }
         Ok(ClusterNode {
             config,
             shared,
@@ -386,6 +444,7 @@ impl ClusterNode {
             heartbeats_held,
             heartbeat: Some(heartbeat),
             crashed: false,
+            peers,
         })
     }
 
@@ -520,6 +579,13 @@ impl ClusterNode {
 
     /// Stops heartbeats, server and workers; a clean stop (not a crash) also gives the lease back.
     fn shutdown(&mut self) {
+        if let Some(peers) = self.peers.take() {
+            // No peer queues anything at the workers from here on, and what peers queued before is ahead of the
+            // workers' stop below.
+            peers.remove(&self.shared);
+            let _queued = self.shared.queue_order.write().expect("queue order lock");
+            self.shared.open_to_peers.store(false, Ordering::Release);
+        }
         self.stop_heartbeat.stop();
         self.resp.take();
         self.server.take();

@@ -19,6 +19,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,11 +27,12 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, unbounded};
 use dinomo_fabric::{Connector, Endpoint};
 use dinomo_kn::{Command, DataOp, KnError, Reply, ReplySink};
 use dinomo_resp::{Backend, BackendConn, BackendError, Op, OpResult, Output, Wake};
+use dinomo_ring::NodeId;
 
 use crate::ClusterError;
 use crate::client::{ClientConfig, ClientError};
 use crate::forward::{Answer, ForwardJob, ForwardLane, Forwarding};
-use crate::node::{NodeConfig, NodeShared};
+use crate::node::{NodeConfig, NodeShared, Peers};
 use crate::wire::ResponseBody;
 
 /// How long a batch's operations may take, at this node's workers and at their owners, before those unanswered are
@@ -43,6 +45,7 @@ pub(crate) fn start(
     listen: SocketAddr,
     config: &NodeConfig,
     shared: Arc<NodeShared>,
+    peers: Option<Arc<Peers>>,
     connector: Connector,
     native_addr: String,
 ) -> Result<dinomo_resp::RespServer, ClusterError> {
@@ -59,6 +62,7 @@ pub(crate) fn start(
     };
     let backend = NodeBackend {
         shared,
+        peers,
         // Thread names are cut at 15 bytes: "dinomo-kn1-fwd0" stays apart from the loops' "dinomo-kn1-resp".
         forwarding: Forwarding::start(
             threads,
@@ -80,6 +84,8 @@ pub(crate) fn start(
 
 struct NodeBackend {
     shared: Arc<NodeShared>,
+    /// The other nodes of this process, whose keys' operations are queued at their workers directly.
+    peers: Option<Arc<Peers>>,
     connector: Connector,
     /// The threads that forward the keys other nodes own; stopped with the server (which drops the backend).
     forwarding: Forwarding,
@@ -97,6 +103,7 @@ impl Backend for NodeBackend {
             sink: Arc::new(ConnSink::new(replies_tx, wake)),
             replies: replies_rx,
             shared: self.shared.clone(),
+            peers: self.peers.clone(),
             connector: self.connector.clone(),
             lane: self.forwarding.lane(),
             worker_timeout: self.worker_timeout,
@@ -104,6 +111,7 @@ impl Backend for NodeBackend {
             batch: 0,
             memory: self.memory.clone(),
             local: Vec::new(),
+            at_peers: Vec::new(),
             remote: Vec::new(),
             refused: Vec::new(),
             results: Vec::new(),
@@ -157,6 +165,7 @@ impl ReplySink for ConnSink {
 /// One RESP connection's way to the cluster.
 struct NodeConn {
     shared: Arc<NodeShared>,
+    peers: Option<Arc<Peers>>,
     connector: Connector,
     worker_timeout: Duration,
     sink: Arc<ConnSink>,
@@ -168,8 +177,9 @@ struct NodeConn {
     /// Numbers batches, so a late answer of an earlier batch that timed out is never taken for a current one.
     batch: u32,
     memory: Arc<Mutex<Option<Endpoint>>>,
-    /// The started batch's ops routed here and routed away.
+    /// The started batch's ops routed here, to another node of this process (with that node), and away.
     local: Vec<usize>,
+    at_peers: Vec<(Arc<NodeShared>, usize)>,
     remote: Vec<usize>,
     /// Ops the workers handed back (not owned here after all), forwarded once every local op is answered.
     refused: Vec<usize>,
@@ -278,12 +288,16 @@ fn from_client_error(e: ClientError) -> BackendError {
 }
 
 impl NodeConn {
-    /// Splits `ops` by owner into `self.local` and `self.remote`.
+    /// Splits `ops` by owner into `self.local`, `self.at_peers` and `self.remote`.
     fn route(&mut self, ops: &[Op]) {
         self.local.clear();
+        self.at_peers.clear();
         self.remote.clear();
         let node = self.shared.id;
-        let (local, remote) = (&mut self.local, &mut self.remote);
+        let (local, at_peers, remote) = (&mut self.local, &mut self.at_peers, &mut self.remote);
+        let peers = self.peers.as_deref();
+        // Each owner's presence in this process is looked up once per batch, so a key's ops all go the same way.
+        let mut peer_of: Vec<(NodeId, Option<Arc<NodeShared>>)> = Vec::new();
         self.shared.with_routing(|r| {
             for (i, op) in ops.iter().enumerate() {
                 // Every op on a key goes the same way, as the workers decide ownership: a shared key (one with a
@@ -297,8 +311,22 @@ impl NodeConn {
                 };
                 if here {
                     local.push(i);
-                } else {
-                    remote.push(i);
+                    continue;
+                }
+                let peer =
+                    peers.zip(r.ring.primary(key)).and_then(|(peers, owner)| {
+                        match peer_of.iter().find(|(id, _)| *id == owner) {
+                            Some((_, p)) => p.clone(),
+                            None => {
+                                let p = peers.get(owner);
+                                peer_of.push((owner, p.clone()));
+                                p
+                            }
+                        }
+                    });
+                match peer {
+                    Some(p) => at_peers.push((p, i)),
+                    None => remote.push(i),
                 }
             }
         });
@@ -333,6 +361,48 @@ impl NodeConn {
         }
     }
 
+    /// Queues the ops at `self.at_peers` at their owners' workers, as [`Self::submit_local`] queues this node's: under
+    /// each owner's `queue_order`, so that every op of a key meets the same ownership there. The ops of an owner
+    /// that stopped meanwhile go to `self.remote`, to be forwarded.
+    fn submit_to_peers(&mut self, ops: &mut [Op]) {
+        let batch = self.batch;
+        let tag = |i: usize| (u64::from(batch) << 32) | i as u64;
+        let mut at_peers = std::mem::take(&mut self.at_peers);
+        // Each owner's ops together, in batch order.
+        at_peers.sort_by_key(|(p, i)| (p.id, *i));
+        for group in at_peers.chunk_by(|a, b| a.0.id == b.0.id) {
+            let peer = &group[0].0;
+            let _same_ownership = peer.queue_order.read().expect("queue order lock");
+            if !peer.open_to_peers.load(Ordering::Acquire) {
+                self.remote.extend(group.iter().map(|(_, i)| *i));
+                continue;
+            }
+            for (_, i) in group {
+                let i = *i;
+                let op = take_data_op(&mut ops[i]);
+                match peer
+                    .submitter
+                    .submit_to(Command::Data(op), tag(i), self.sink.clone())
+                {
+                    Ok(()) => {
+                        self.queued += 1;
+                        self.shared
+                            .resp_ops_to_peers
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        self.results[i] = Err(from_kn_error(&ops[i], e));
+                        self.answered[i] = true;
+                    }
+                }
+            }
+        }
+        // The ops left to forward, in batch order (a key's ops keep theirs).
+        self.remote.sort_unstable();
+        at_peers.clear();
+        self.at_peers = at_peers;
+    }
+
     /// Hands the ops at `at` (in batch order) to the connection's forwarding thread, moving each one's key and
     /// value into the job; the answers come through the connection's channel.
     fn forward(&mut self, ops: &mut [Op], at: &[usize]) {
@@ -348,6 +418,9 @@ impl NodeConn {
                 })
                 .collect(),
         };
+        self.shared
+            .resp_ops_forwarded
+            .fetch_add(at.len() as u64, Ordering::Relaxed);
         let job = ForwardJob {
             waves,
             batch: self.batch,
@@ -513,6 +586,9 @@ impl BackendConn for NodeConn {
         self.route(ops);
         if !self.local.is_empty() {
             self.submit_local(ops);
+        }
+        if !self.at_peers.is_empty() {
+            self.submit_to_peers(ops);
         }
         if !self.remote.is_empty() {
             let remote = std::mem::take(&mut self.remote);

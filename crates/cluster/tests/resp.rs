@@ -660,3 +660,97 @@ fn a_pipeline_on_a_secondary_owner_of_a_shared_key_reads_its_own_writes() -> any
     c.stop();
     Ok(())
 }
+
+/// The value of metric `series` (name and labels, as exposed) in the cluster's metrics, 0 when absent.
+fn metric(c: &LocalCluster, series: &str) -> f64 {
+    dinomo_cluster::metrics::render(&c.metrics())
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// In a local cluster the front door queues the operations on another node's keys straight at that node's workers
+/// (the nodes run in one process), not through the network; their answers are the owner's all the same.
+#[test]
+fn a_local_clusters_front_door_queues_its_peers_keys_at_their_workers() -> anyhow::Result<()> {
+    let c = cluster(2)?;
+    let ids: Vec<_> = c.nodes().iter().map(|n| n.id()).collect();
+    let here = c.nodes()[0].resp_addr().expect("RESP enabled");
+    let routing = c.nodes()[0].routing();
+    let keys: Vec<Vec<u8>> = (0..100).map(|i| format!("peer-{i}").into_bytes()).collect();
+    let elsewhere = keys
+        .iter()
+        .filter(|k| routing.ring.primary(k) == Some(ids[1]))
+        .count();
+    assert!(
+        elsewhere > 10,
+        "{elsewhere} of the keys are the other node's"
+    );
+    let mut conn = Conn::open(here);
+    for k in &keys {
+        conn.send(&[b"SET", k, k]);
+    }
+    for k in &keys {
+        conn.send(&[b"GET", k]);
+    }
+    for _ in &keys {
+        assert_eq!(conn.read(), ok());
+    }
+    for k in &keys {
+        assert_eq!(conn.read(), bulk(k));
+    }
+    let node = ids[0];
+    let to_peers = metric(
+        &c,
+        &format!("dinomo_kn_resp_ops_sent_total{{node=\"{node}\",to=\"peer\"}}"),
+    );
+    let forwarded = metric(
+        &c,
+        &format!("dinomo_kn_resp_ops_sent_total{{node=\"{node}\",to=\"network\"}}"),
+    );
+    assert_eq!((to_peers, forwarded), (2.0 * elsewhere as f64, 0.0));
+    // The other node's workers served them: its counters moved by as much.
+    let other = c.nodes()[1].worker_stats()?;
+    let served: u64 = other.iter().map(|t| t.ops.get + t.ops.set).sum();
+    assert!(served >= 2 * elsewhere as u64, "{served} ops at the owner");
+    c.stop();
+    Ok(())
+}
+
+/// A peer that crashes while a connection pipelines operations on its keys: each is answered, with its value or an
+/// error, never with a wrong value, and once the cluster has handed the keys over they are all served again.
+#[test]
+fn a_peer_that_crashes_under_a_pipeline_leaves_every_operation_answered() -> anyhow::Result<()> {
+    let mut cfg = cluster_config(2);
+    cfg.node.lease_ttl = Duration::from_secs(1);
+    let mut c = LocalCluster::start(cfg)?;
+    let ids: Vec<_> = c.nodes().iter().map(|n| n.id()).collect();
+    let here = c.nodes()[0].resp_addr().expect("RESP enabled");
+    let routing = c.nodes()[0].routing();
+    let keys: Vec<Vec<u8>> = (0..200)
+        .map(|i| format!("crash-{i}").into_bytes())
+        .filter(|k| routing.ring.primary(k) == Some(ids[1]))
+        .collect();
+    let mut conn = Conn::open(here);
+    for k in &keys {
+        assert_eq!(conn.call(&[b"SET", k, k]), ok());
+    }
+    // Pipelines of reads in flight while the owner crashes.
+    for k in &keys {
+        conn.send(&[b"GET", k]);
+    }
+    c.crash_node(ids[1])?;
+    for k in &keys {
+        match conn.read() {
+            Value::Bulk(v) => assert_eq!(&v, k),
+            Value::Error(_) => {}
+            other => panic!("{other:?} for {}", String::from_utf8_lossy(k)),
+        }
+    }
+    c.wait_until_serving(Duration::from_secs(30))?;
+    for k in &keys {
+        assert_eq!(conn.call(&[b"GET", k]), bulk(k));
+    }
+    c.stop();
+    Ok(())
+}
