@@ -113,6 +113,7 @@ impl Backend for NodeBackend {
             local: Vec::new(),
             at_peers: Vec::new(),
             remote: Vec::new(),
+            peer_of: Vec::new(),
             refused: Vec::new(),
             results: Vec::new(),
             answered: Vec::new(),
@@ -181,6 +182,8 @@ struct NodeConn {
     local: Vec<usize>,
     at_peers: Vec<(Arc<NodeShared>, usize)>,
     remote: Vec<usize>,
+    /// [`NodeConn::route`]'s scratch: each owner met in the batch, and that node if it runs in this process.
+    peer_of: Vec<(NodeId, Option<Arc<NodeShared>>)>,
     /// Ops the workers handed back (not owned here after all), forwarded once every local op is answered.
     refused: Vec<usize>,
     /// The started batch's results as they come, and which ops have one.
@@ -297,7 +300,7 @@ impl NodeConn {
         let (local, at_peers, remote) = (&mut self.local, &mut self.at_peers, &mut self.remote);
         let peers = self.peers.as_deref();
         // Each owner's presence in this process is looked up once per batch, so a key's ops all go the same way.
-        let mut peer_of: Vec<(NodeId, Option<Arc<NodeShared>>)> = Vec::new();
+        let mut peer_of = std::mem::take(&mut self.peer_of);
         self.shared.with_routing(|r| {
             for (i, op) in ops.iter().enumerate() {
                 // Every op on a key goes the same way, as the workers decide ownership: a shared key (one with a
@@ -330,6 +333,9 @@ impl NodeConn {
                 }
             }
         });
+        // Kept for its room only: a node that stops must not be held alive by it.
+        peer_of.clear();
+        self.peer_of = peer_of;
     }
 
     fn answer(&mut self, i: usize, r: OpResult) {
