@@ -152,24 +152,13 @@ impl RemoteIndex {
         Ok(())
     }
 
-    /// Reads the current table's header, validated by `current` in the same round trip.
+    /// Reads the current table's header, validated by `current` in the same round trip: a walk's round trip that
+    /// reads no bucket (the header is read while its overflow capacity is unknown, as it is after `adopt`).
     fn load_geometry(&mut self, ep: &mut Endpoint) -> Result<(), RemoteIndexError> {
-        let cur = self.data.at(self.header + CURRENT_OFFSET);
         for _ in 0..REMOTE_MAX_ATTEMPTS {
-            self.batch.clear();
-            let th = self
-                .batch
-                .read(self.data.at(self.table.table), TABLE_HEADER_LEN as u32);
-            let cs = self.batch.read(cur, 8);
-            ep.post(&mut self.batch)?;
-            let now = word_at(self.batch.read_data(cs));
-            if now != self.word {
-                self.adopt(now)?;
-                continue;
+            if self.read_buckets(ep, std::iter::empty())?.is_some() {
+                return Ok(());
             }
-            let bytes: [u8; TABLE_HEADER_LEN as usize] =
-                self.batch.read_data(th).try_into().expect("64 bytes");
-            return self.accept_table_header(&bytes);
         }
         Err(RemoteIndexError::TooManyRetries {
             attempts: REMOTE_MAX_ATTEMPTS,
