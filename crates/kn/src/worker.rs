@@ -1314,7 +1314,7 @@ impl Worker {
     /// trip drops all of it, as it drops the cache. Where round trips cost nothing (in process) nothing is read
     /// ahead.
     fn read_ahead<'k>(&mut self, keys: impl Iterator<Item = &'k [u8]>) {
-        self.forget_read_ahead();
+        // Nothing is left from an earlier batch: `serve_batch` forgets it all when the batch is served.
         if self.broken || self.cfg.read_ahead_bytes == 0 || self.ep.round_trips_are_free() {
             return;
         }
@@ -1362,8 +1362,7 @@ impl Worker {
         // A walk alone with nothing to read beside its entry gains no round trip.
         if hashes.len() == 1 && self.ahead_slots.is_empty() {
             hashes.clear();
-            self.walked.clear();
-            self.walked_keys.clear();
+            self.forget_walks();
         }
         if !hashes.is_empty() {
             self.walk_ahead(&hashes, room, budget, &mut bytes);
@@ -1452,9 +1451,7 @@ impl Worker {
                 }
             }
             Err(e) => {
-                self.walked.clear();
-                self.walked_keys.clear();
-                self.walked_candidates.clear();
+                self.forget_walks();
                 // A lost connection is handled as any; damage is left to the lookups, which report it.
                 if let dinomo_index::RemoteIndexError::Fabric(e) = e {
                     let _ = self.fail(e);
@@ -1467,10 +1464,26 @@ impl Worker {
     /// Drops what was read ahead.
     fn forget_read_ahead(&mut self) {
         self.ahead_slots.clear();
+        self.forget_walks();
+    }
+
+    /// Drops the walks made ahead.
+    fn forget_walks(&mut self) {
         self.walked.clear();
         self.walked_keys.clear();
         self.walked_candidates.clear();
         self.walk_ahead_round_trips = 0;
+    }
+
+    /// The bytes of the entry `r`: those read ahead into `slot`, or READ now into `read_buf`.
+    fn entry_bytes(&mut self, r: EntryRef, slot: Option<Slot>) -> Result<&[u8], KnError> {
+        match slot {
+            Some(slot) => Ok(self.ahead.read_data(slot)),
+            None => {
+                self.read_entry(r)?;
+                Ok(&self.read_buf)
+            }
+        }
     }
 
     /// Follows a shortcut with one READ (none when the batch read its entry ahead); `None` when the entry there is no
@@ -1479,14 +1492,8 @@ impl Worker {
         let Some(r) = EntryRef::from_raw(sc.ptr) else {
             return Ok(None);
         };
-        let entry = match self.ahead_slots.remove(&sc.ptr) {
-            Some(slot) => self.ahead.read_data(slot),
-            None => {
-                self.read_entry(r)?;
-                &self.read_buf
-            }
-        };
-        let value = match EntryView::parse(entry) {
+        let slot = self.ahead_slots.remove(&sc.ptr);
+        let value = match EntryView::parse(self.entry_bytes(r, slot)?) {
             Ok(e) if e.key == key && e.header.seq == sc.seq && e.header.op == Op::Put => {
                 e.value.to_vec()
             }
@@ -1646,18 +1653,12 @@ impl Worker {
         ahead: Option<usize>,
     ) -> Result<Candidate, KnError> {
         let mut skipped = false;
+        let hash_mode = self.hash_mode;
         for (i, &r) in cands.iter().enumerate() {
-            let read_ahead = ahead
+            let slot = ahead
                 .and_then(|start| self.walked_candidates.get(start + i))
                 .and_then(|c| c.1);
-            let entry = match read_ahead {
-                Some(slot) => self.ahead.read_data(slot),
-                None => {
-                    self.read_entry(r)?;
-                    &self.read_buf
-                }
-            };
-            match EntryView::parse(entry) {
+            match EntryView::parse(self.entry_bytes(r, slot)?) {
                 Ok(e) if e.key == key && e.header.op == Op::Put => {
                     return Ok(Candidate::Found(
                         e.value.to_vec(),
@@ -1670,7 +1671,7 @@ impl Worker {
                 // Another key whose hash is this one's: most likely its own slot.
                 Ok(e)
                     if e.header.op == Op::Put
-                        && stored_hash(self.hash_mode.hash(e.key)) == stored_hash(hash) =>
+                        && stored_hash(hash_mode.hash(e.key)) == stored_hash(hash) =>
                 {
                     skipped = true;
                 }
