@@ -298,9 +298,9 @@ impl Drop for MNode {
 /// The pause after the `streak`-th failure in a row of a reconfiguration step: `check_interval` after the first,
 /// doubling with each further one, at most `max_retry_pause` (and never below `check_interval`).
 fn retry_pause(cfg: &MNodeConfig, streak: u64) -> Duration {
-    let doublings = streak.saturating_sub(1).min(32) as u32;
+    let doublings = streak.saturating_sub(1).min(31) as u32;
     cfg.check_interval
-        .saturating_mul(1u32 << doublings.min(31))
+        .saturating_mul(1u32 << doublings)
         .min(cfg.max_retry_pause)
         .max(cfg.check_interval)
 }
@@ -565,15 +565,17 @@ impl State {
         };
         if let Some((id, info)) = joining.filter(|(id, _)| !put_off(*id)) {
             let joined = self.join(record, version, id, info, noticed);
-            self.join_backoff = match (&joined, self.join_backoff) {
-                (Ok(()), _) => None,
-                (Err(_), Some((n, failures, _))) if n == id => Some((
+            self.join_backoff = joined.is_err().then(|| {
+                let failures = match self.join_backoff {
+                    Some((n, failures, _)) if n == id => failures + 1,
+                    _ => 1,
+                };
+                (
                     id,
-                    failures + 1,
-                    Instant::now() + retry_pause(&self.cfg, failures + 1),
-                )),
-                (Err(_), _) => Some((id, 1, Instant::now() + retry_pause(&self.cfg, 1))),
-            };
+                    failures,
+                    Instant::now() + retry_pause(&self.cfg, failures),
+                )
+            });
             return joined;
         }
         // A ring member that restarted on another address.
@@ -1070,10 +1072,7 @@ impl State {
     /// the pool was replaced under a store that kept the record) names cells, logs and epochs this pool does not
     /// have: nothing is changed by it.
     fn check_pool(&mut self, record: &ClusterRecord) -> Result<(), ClusterError> {
-        if self.ep.is_none() {
-            self.ep = Some(self.dpm.connect()?);
-        }
-        self.pool = self.ep.as_ref().expect("connected above").pool_id();
+        self.pool = self.endpoint()?.pool_id();
         if record.pool_id != 0 && record.pool_id != self.pool {
             return Err(ClusterError::Reconfig(format!(
                 "the cluster record in the metadata store belongs to pool {:#018x}, but the memory node serves \
@@ -1085,16 +1084,20 @@ impl State {
         Ok(())
     }
 
+    /// The endpoint to the memory node, connected first if need be (a failed call drops it).
+    fn endpoint(&mut self) -> Result<&mut Endpoint, ClusterError> {
+        if self.ep.is_none() {
+            self.ep = Some(self.dpm.connect()?);
+        }
+        Ok(self.ep.as_mut().expect("connected above"))
+    }
+
     fn dpm_call<Req: Serialize, Resp: serde::de::DeserializeOwned>(
         &mut self,
         method: u16,
         req: &Req,
     ) -> Result<Resp, ClusterError> {
-        if self.ep.is_none() {
-            self.ep = Some(self.dpm.connect()?);
-        }
-        let ep = self.ep.as_mut().expect("connected above");
-        match ep.call(method, req) {
+        match self.endpoint()?.call(method, req) {
             Ok(r) => Ok(r),
             Err(e) => {
                 self.ep = None;
