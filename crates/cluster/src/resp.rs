@@ -180,9 +180,11 @@ struct NodeConn {
     memory: Arc<Mutex<Option<Endpoint>>>,
     /// The started batch's ops routed here, to another node of this process (with that node), and away.
     local: Vec<usize>,
-    at_peers: Vec<(Arc<NodeShared>, usize)>,
+    at_peers: Vec<(NodeId, usize)>,
     remote: Vec<usize>,
-    /// [`NodeConn::route`]'s scratch: each owner met in the batch, and that node if it runs in this process.
+    /// Each owner [`NodeConn::route`] met in the batch, and that node if it runs in this process: looked up once
+    /// per batch, so that all of a key's ops go one way; emptied once they are queued, so that a node that stops
+    /// is not held alive by it.
     peer_of: Vec<(NodeId, Option<Arc<NodeShared>>)>,
     /// Ops the workers handed back (not owned here after all), forwarded once every local op is answered.
     refused: Vec<usize>,
@@ -197,7 +199,7 @@ struct NodeConn {
     started: bool,
 }
 
-/// The batch a worker reply's tag names (see [`NodeConn::submit_local`]).
+/// The batch a worker reply's tag names (see `NodeShared::queue_ops`).
 fn batch_of(tag: u64) -> u32 {
     (tag >> 32) as u32
 }
@@ -296,11 +298,10 @@ impl NodeConn {
         self.local.clear();
         self.at_peers.clear();
         self.remote.clear();
+        self.peer_of.clear();
         let node = self.shared.id;
         let (local, at_peers, remote) = (&mut self.local, &mut self.at_peers, &mut self.remote);
-        let peers = self.peers.as_deref();
-        // Each owner's presence in this process is looked up once per batch, so a key's ops all go the same way.
-        let mut peer_of = std::mem::take(&mut self.peer_of);
+        let (peers, peer_of) = (self.peers.as_deref(), &mut self.peer_of);
         self.shared.with_routing(|r| {
             for (i, op) in ops.iter().enumerate() {
                 // Every op on a key goes the same way, as the workers decide ownership: a shared key (one with a
@@ -316,26 +317,14 @@ impl NodeConn {
                     local.push(i);
                     continue;
                 }
-                let peer =
-                    peers.zip(r.ring.primary(key)).and_then(|(peers, owner)| {
-                        match peer_of.iter().find(|(id, _)| *id == owner) {
-                            Some((_, p)) => p.clone(),
-                            None => {
-                                let p = peers.get(owner);
-                                peer_of.push((owner, p.clone()));
-                                p
-                            }
-                        }
-                    });
-                match peer {
-                    Some(p) => at_peers.push((p, i)),
-                    None => remote.push(i),
+                match (peers, r.ring.primary(key)) {
+                    (Some(peers), Some(owner)) if runs_here(peers, peer_of, owner) => {
+                        at_peers.push((owner, i));
+                    }
+                    _ => remote.push(i),
                 }
             }
         });
-        // Kept for its room only: a node that stops must not be held alive by it.
-        peer_of.clear();
-        self.peer_of = peer_of;
     }
 
     fn answer(&mut self, i: usize, r: OpResult) {
@@ -343,70 +332,65 @@ impl NodeConn {
         self.answered[i] = true;
     }
 
-    /// Queues the ops at `self.local` at this node's workers without waiting, moving each one's key and value
-    /// into its request; their replies come through the connection's channel.
+    /// Queues the ops at `self.local` at this node's workers without waiting; their replies come through the
+    /// connection's channel. An op this node turns out not to own comes back whole with its refusal and is
+    /// forwarded then.
     fn submit_local(&mut self, ops: &mut [Op]) {
-        let batch = self.batch;
-        let tag = |i: usize| (u64::from(batch) << 32) | i as u64;
-        let _same_ownership = self.shared.queue_order.read().expect("queue order lock");
-        for &i in &self.local {
-            // An op this node turns out not to own comes back whole with its refusal and is forwarded then.
-            let op = take_data_op(&mut ops[i]);
-            match self
-                .shared
-                .submitter
-                .submit_to(Command::Data(op), tag(i), self.sink.clone())
-            {
-                Ok(()) => self.queued += 1,
-                // The fields, not `answer`: the lock guard borrows `self.shared`.
-                Err(e) => {
-                    self.results[i] = Err(from_kn_error(&ops[i], e));
-                    self.answered[i] = true;
-                }
-            }
-        }
+        let (results, answered) = (&mut self.results, &mut self.answered);
+        let queued = self.shared.queue_ops(
+            ops,
+            self.local.iter().copied(),
+            self.batch,
+            &self.sink,
+            false,
+            |i, r| {
+                results[i] = r;
+                answered[i] = true;
+            },
+        );
+        self.queued += queued.unwrap_or(0);
     }
 
-    /// Queues the ops at `self.at_peers` at their owners' workers, as [`Self::submit_local`] queues this node's: under
-    /// each owner's `queue_order`, so that every op of a key meets the same ownership there. The ops of an owner
-    /// that stopped meanwhile go to `self.remote`, to be forwarded.
+    /// Queues the ops at `self.at_peers` at their owners' workers, as [`Self::submit_local`] queues this node's.
+    /// The ops of an owner that stopped meanwhile go to `self.remote`, to be forwarded.
     fn submit_to_peers(&mut self, ops: &mut [Op]) {
-        let batch = self.batch;
-        let tag = |i: usize| (u64::from(batch) << 32) | i as u64;
         let mut at_peers = std::mem::take(&mut self.at_peers);
         // Each owner's ops together, in batch order.
-        at_peers.sort_by_key(|(p, i)| (p.id, *i));
-        for group in at_peers.chunk_by(|a, b| a.0.id == b.0.id) {
-            let peer = &group[0].0;
-            let _same_ownership = peer.queue_order.read().expect("queue order lock");
-            if !peer.open_to_peers.load(Ordering::Acquire) {
-                self.remote.extend(group.iter().map(|(_, i)| *i));
-                continue;
-            }
-            for (_, i) in group {
-                let i = *i;
-                let op = take_data_op(&mut ops[i]);
-                match peer
-                    .submitter
-                    .submit_to(Command::Data(op), tag(i), self.sink.clone())
-                {
-                    Ok(()) => {
-                        self.queued += 1;
-                        self.shared
-                            .resp_ops_to_peers
-                            .fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(e) => {
-                        self.results[i] = Err(from_kn_error(&ops[i], e));
-                        self.answered[i] = true;
-                    }
+        at_peers.sort_unstable();
+        for group in at_peers.chunk_by(|a, b| a.0 == b.0) {
+            let owner = group[0].0;
+            let peer = self
+                .peer_of
+                .iter()
+                .find_map(|(id, p)| (*id == owner).then_some(p.as_ref()).flatten())
+                .expect("route looked every owner in at_peers up");
+            let (results, answered) = (&mut self.results, &mut self.answered);
+            let queued = peer.queue_ops(
+                ops,
+                group.iter().map(|&(_, i)| i),
+                self.batch,
+                &self.sink,
+                true,
+                |i, r| {
+                    results[i] = r;
+                    answered[i] = true;
+                },
+            );
+            match queued {
+                Some(n) => {
+                    self.queued += n;
+                    self.shared
+                        .resp_ops_to_peers
+                        .fetch_add(n as u64, Ordering::Relaxed);
                 }
+                None => self.remote.extend(group.iter().map(|&(_, i)| i)),
             }
         }
         // The ops left to forward, in batch order (a key's ops keep theirs).
         self.remote.sort_unstable();
         at_peers.clear();
         self.at_peers = at_peers;
+        self.peer_of.clear();
     }
 
     /// Hands the ops at `at` (in batch order) to the connection's forwarding thread, moving each one's key and
@@ -533,6 +517,56 @@ impl NodeConn {
         self.queued = 0;
         self.forwarding = 0;
         self.refused.clear();
+    }
+}
+
+/// Whether `owner` runs in this process, looked up in `peers` once per batch (`seen` keeps the answers).
+fn runs_here(
+    peers: &Peers,
+    seen: &mut Vec<(NodeId, Option<Arc<NodeShared>>)>,
+    owner: NodeId,
+) -> bool {
+    if let Some((_, p)) = seen.iter().find(|(id, _)| *id == owner) {
+        return p.is_some();
+    }
+    let p = peers.get(owner);
+    let here = p.is_some();
+    seen.push((owner, p));
+    here
+}
+
+impl NodeShared {
+    /// Queues the ops at `at` (in batch order) at this node's workers without waiting, moving each one's key and
+    /// value into its request, under the read side of `queue_order`, so that every op of a key meets the same
+    /// ownership there; the replies come through `sink`, tagged with `batch` and the op's index. An op the workers
+    /// cannot take is answered through `failed`. Returns how many were queued, or `None`, queuing nothing, when
+    /// they come `from_peer` and the node closed to peers (it is stopping).
+    fn queue_ops(
+        &self,
+        ops: &mut [Op],
+        at: impl IntoIterator<Item = usize>,
+        batch: u32,
+        sink: &Arc<ConnSink>,
+        from_peer: bool,
+        mut failed: impl FnMut(usize, OpResult),
+    ) -> Option<usize> {
+        let _same_ownership = self.queue_order.read().expect("queue order lock");
+        if from_peer && !self.open_to_peers.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut queued = 0;
+        for i in at {
+            let op = take_data_op(&mut ops[i]);
+            let tag = (u64::from(batch) << 32) | i as u64;
+            match self
+                .submitter
+                .submit_to(Command::Data(op), tag, sink.clone())
+            {
+                Ok(()) => queued += 1,
+                Err(e) => failed(i, Err(from_kn_error(&ops[i], e))),
+            }
+        }
+        Some(queued)
     }
 }
 
