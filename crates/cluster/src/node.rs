@@ -462,11 +462,6 @@ impl ClusterNode {
         }
     }
 
-    /// This incarnation of the node id: a restart of the id is another one.
-    pub fn incarnation(&self) -> u64 {
-        self.incarnation
-    }
-
     /// Whether `record` says the M-node removed this incarnation: it is retired and out of the ring, so it serves
     /// nothing again and may be stopped.
     pub fn is_removed_by(&self, record: &ClusterRecord) -> bool {
