@@ -336,17 +336,13 @@ impl NodeConn {
     /// connection's channel. An op this node turns out not to own comes back whole with its refusal and is
     /// forwarded then.
     fn submit_local(&mut self, ops: &mut [Op]) {
-        let (results, answered) = (&mut self.results, &mut self.answered);
         let queued = self.shared.queue_ops(
             ops,
             self.local.iter().copied(),
             self.batch,
             &self.sink,
             false,
-            |i, r| {
-                results[i] = r;
-                answered[i] = true;
-            },
+            answer_into(&mut self.results, &mut self.answered),
         );
         self.queued += queued.unwrap_or(0);
     }
@@ -364,17 +360,13 @@ impl NodeConn {
                 .iter()
                 .find_map(|(id, p)| (*id == owner).then_some(p.as_ref()).flatten())
                 .expect("route looked every owner in at_peers up");
-            let (results, answered) = (&mut self.results, &mut self.answered);
             let queued = peer.queue_ops(
                 ops,
                 group.iter().map(|&(_, i)| i),
                 self.batch,
                 &self.sink,
                 true,
-                |i, r| {
-                    results[i] = r;
-                    answered[i] = true;
-                },
+                answer_into(&mut self.results, &mut self.answered),
             );
             match queued {
                 Some(n) => {
@@ -517,6 +509,18 @@ impl NodeConn {
         self.queued = 0;
         self.forwarding = 0;
         self.refused.clear();
+    }
+}
+
+/// Answers op `i` with `r` in a batch's `results` (the fields of [`NodeConn::answer`], for where `self` is
+/// borrowed).
+fn answer_into<'a>(
+    results: &'a mut [OpResult],
+    answered: &'a mut [bool],
+) -> impl FnMut(usize, OpResult) + 'a {
+    |i, r| {
+        results[i] = r;
+        answered[i] = true;
     }
 }
 
