@@ -722,6 +722,12 @@ pub fn processor_metrics(s: &ProcessorStats, out: &mut Exposition) {
         &[],
         s.stale_manager_calls,
     );
+    out.gauge(
+        "dinomo_dpm_revocations_kept",
+        "Revoked KV-node incarnations kept in the pool, refused by the memory node after a restart as before it.",
+        &[],
+        s.revocations_kept as f64,
+    );
     out.counter(
         "dinomo_dpm_recovered_entries_total",
         "Entries a crash had left unmerged, merged at start.",

@@ -323,6 +323,9 @@ fn render_data_plane(out: &mut String, c: &PoolCheck) {
             i.bad_slots
         );
     }
+    if c.revoked_clients > 0 {
+        let _ = writeln!(out, "revoked KV-node incarnations: {}", c.revoked_clients);
+    }
     if c.shared_keys > 0 {
         let _ = writeln!(out, "shared keys: {}", c.shared_keys);
     }

@@ -366,7 +366,7 @@ const DOCS: &[(&str, &str)] = &[
     ("dpm.node.max_message_len", "largest payload of one verb or RPC in bytes"),
     ("dpm.node.rpc_threads", "processor threads serving two-sided calls"),
     ("dpm.node.rpc_queue", "two-sided calls queued before callers wait"),
-    ("dpm.node.max_revoked_clients", "revoked KV-node incarnations remembered and refused when they connect again (the oldest is forgotten)"),
+    ("dpm.node.max_revoked_clients", "revoked KV-node incarnations remembered, kept in the pool across restarts, and refused when they connect again (the oldest is forgotten)"),
     ("dpm.meta.max_record_len", "largest cluster record in bytes"),
     ("dpm.meta.max_info_len", "largest member info in bytes"),
     ("dpm.meta.max_name_len", "longest member, election or candidate name in bytes"),

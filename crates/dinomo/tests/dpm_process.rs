@@ -395,3 +395,76 @@ fn a_kv_node_refuses_a_memory_node_restarted_on_another_pool() {
     kn.stop();
     stop_with_sigterm(back);
 }
+
+/// A KV node the cluster took over stays revoked across a SIGKILL and restart of the memory node: behind a
+/// partition or a long pause, it would otherwise reconnect, claim back the logs the take-over sealed and write
+/// into segments given to others since. A new incarnation of the same node is served, with what was written.
+#[test]
+fn a_revoked_kv_node_stays_revoked_after_the_memory_node_restarts() {
+    use dinomo_dpm::proto;
+    use dinomo_fabric::{ClientId, FabricError};
+    let dir = tempfile::tempdir().unwrap();
+    let pool = dir.path().join("kv.pool");
+    let extra = ["--log-segment-size", "1MiB", "--merge-threads", "2"];
+    let mut dpm = start_dpm_with(&pool, &extra).unwrap();
+    let addr = dpm.addr;
+    let zombie = ClientId {
+        node: 1,
+        incarnation: 11,
+    };
+    let kn_config = dinomo_kn::KnConfig {
+        node_id: 1,
+        ..uncached_kn()
+    };
+    let kn =
+        dinomo_kn::KvNode::start(kn_config.clone(), connector(addr).for_client(zombie)).unwrap();
+    let h = kn.handle();
+    h.set(b"k", b"before").unwrap();
+    let taken: proto::NodeTakenOver = connect(addr)
+        .call(
+            proto::TAKE_OVER_NODE,
+            &proto::TakeOverNode {
+                node_id: 1,
+                incarnation: Some(zombie.incarnation),
+                epoch: 1,
+            },
+        )
+        .unwrap();
+    assert!(taken.revoked_connections >= 1, "{taken:?}");
+    dpm.child.kill().unwrap();
+    dpm.child.wait().unwrap();
+
+    let dpm = start_dpm_on(&pool, &addr.to_string(), &extra).unwrap();
+    let refused = connector(addr).for_client(zombie).connect();
+    assert!(
+        matches!(refused, Err(FabricError::Revoked(_))),
+        "the revoked incarnation connected again: {refused:?}"
+    );
+    // The node itself: each write is refused, none acknowledged, whether it meets the dead connection or
+    // reconnects.
+    for _ in 0..3 {
+        let late = h.set(b"k", b"after");
+        assert!(late.is_err(), "a revoked node acknowledged a write");
+    }
+    let late = h.set(b"k", b"after");
+    assert!(
+        matches!(
+            &late,
+            Err(dinomo_kn::KnError::Fabric(FabricError::Revoked(_)))
+        ),
+        "{late:?}"
+    );
+    kn.stop();
+
+    let next = ClientId {
+        node: 1,
+        incarnation: 12,
+    };
+    let kn = dinomo_kn::KvNode::start(kn_config, connector(addr).for_client(next)).unwrap();
+    assert_eq!(
+        kn.handle().get(b"k").unwrap().as_deref(),
+        Some(&b"before"[..])
+    );
+    kn.stop();
+    stop_with_sigterm(dpm);
+}

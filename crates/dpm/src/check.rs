@@ -28,6 +28,7 @@ use crate::cells::{self, CellState, CellTable};
 use crate::directory::{Directory, owner_node};
 use crate::partitions::PartitionTable;
 use crate::processor::{find_older_segment, log_segment_extents};
+use crate::revocations;
 use crate::{CLEANER_THREAD, Partitioning};
 
 /// Settings of a check.
@@ -61,6 +62,8 @@ pub struct PoolCheck {
     pub indexes: Vec<IndexCheck>,
     /// Active shared-key cells checked.
     pub shared_keys: u64,
+    /// Revoked KV-node incarnations the memory node keeps refusing.
+    pub revoked_clients: u64,
     /// Allocated log segments that no log holds (left by a crash, or the delete reserve): freed at start-up.
     pub orphaned_segments: u64,
     /// Bytes of log segments that hold no valid entry where one should be.
@@ -219,6 +222,22 @@ impl Checker {
             None => self.problem("the pool has a log directory but no index".into()),
         }
         self.check_cells();
+        self.check_revocations();
+    }
+
+    fn check_revocations(&mut self) {
+        match revocations::read(&self.pool) {
+            Ok(r) => {
+                self.report.revoked_clients = r.revoked.len() as u64;
+                if r.damaged > 0 {
+                    self.problem(format!(
+                        "revocation table: {} entries fail their checksum (those revocations would be forgotten)",
+                        r.damaged
+                    ));
+                }
+            }
+            Err(e) => self.problem(format!("revocation table: {e}")),
+        }
     }
 
     fn check_logs(&mut self, dir: &Directory) {
@@ -628,25 +647,60 @@ mod tests {
         );
     }
 
-    #[test]
-    fn an_unformatted_pool_has_no_data_plane_and_a_new_one_is_clean() {
-        let pool = Arc::new(Pool::anonymous(16 << 20, 64 << 10).unwrap());
-        let report = check_pool(&pool, &CheckOptions::default());
-        assert_eq!(report.layout, None);
-        assert!(report.is_clean() && report.indexes.is_empty());
-        let processor = Processor::start(
+    /// A processor on `pool`, which formats a data plane in it.
+    fn start(pool: &Arc<Pool>) -> Arc<Processor> {
+        Processor::start(
             pool.clone(),
             &ProcessorConfig {
                 segment_size: 64 << 10,
                 ..ProcessorConfig::default()
             },
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn an_unformatted_pool_has_no_data_plane_and_a_new_one_is_clean() {
+        let pool = Arc::new(Pool::anonymous(16 << 20, 64 << 10).unwrap());
+        let report = check_pool(&pool, &CheckOptions::default());
+        assert_eq!(report.layout, None);
+        assert!(report.is_clean() && report.indexes.is_empty());
+        let processor = start(&pool);
         let report = check_pool(&pool, &CheckOptions::default());
         assert_eq!(report.layout, Some(Partitioning::Shared));
         assert!(report.is_clean(), "{:?}", report.problems);
         assert_eq!(report.indexes.len(), 1);
         assert_eq!((report.indexes[0].keys, report.logs.len()), (0, 0));
+        processor.shutdown();
+    }
+
+    /// Kept revocations are counted, and an entry that fails its checksum is a problem.
+    #[test]
+    fn the_revocation_table_is_counted_and_a_damaged_entry_reported() {
+        let pool = Arc::new(Pool::anonymous(16 << 20, 64 << 10).unwrap());
+        let processor = start(&pool);
+        let mut table = revocations::RevocationTable::open(pool.clone()).unwrap();
+        let ids: Vec<_> = (1..=3)
+            .map(|incarnation| dinomo_fabric::ClientId {
+                node: 2,
+                incarnation,
+            })
+            .collect();
+        table.record(&ids, 16).unwrap();
+        let report = check_pool(&pool, &CheckOptions::default());
+        assert!(report.is_clean(), "{:?}", report.problems);
+        assert_eq!(report.revoked_clients, 3);
+        // The second entry's incarnation (entries are 24 bytes after a 64-byte header).
+        let entry = pool.root(revocations::ROOT).unwrap() + 64 + 24 + 8;
+        pool.write(entry, &[0xee]).unwrap();
+        let report = check_pool(&pool, &CheckOptions::default());
+        assert_eq!(report.revoked_clients, 2);
+        assert_eq!(report.problem_count, 1);
+        assert!(
+            report.problems[0].contains("revocation table"),
+            "{:?}",
+            report.problems
+        );
         processor.shutdown();
     }
 

@@ -12,6 +12,7 @@
 //!   owners CAS, and which merges leave out of the index;
 //! - in the shared-nothing layout ([`Partitioning::PerNode`], DINOMO-N), one index per KV node ([`partitions`]),
 //!   and the rebalance that copies the entries of keys changing owner into their new owner's partition;
+//! - the [`revocations`] of KV-node incarnations the cluster took over, kept so that a restart still refuses them;
 //! - recovery when the pool is reopened: committed-but-unmerged entries are merged, torn ones are rejected by their
 //!   CRC, counters are rebuilt from the index, orphaned segments are freed;
 //! - the [`check`]er, which walks all of it in a pool file and reports damage without changing anything.
@@ -22,6 +23,7 @@ pub mod directory;
 pub mod partitions;
 mod processor;
 pub mod proto;
+pub mod revocations;
 mod table_header;
 
 pub use processor::{

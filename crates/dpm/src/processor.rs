@@ -19,6 +19,7 @@ use tracing::{debug, error, info, warn};
 use crate::cells::{self, CellState, CellTable};
 use crate::directory::{Directory, owner_node, owner_word};
 use crate::proto;
+use crate::revocations::RevocationTable;
 
 /// The thread number of a KV node's migration log: the log into which the memory node copies the entries of keys
 /// that move into the node's partition (shared-nothing layout only). No KV-node thread may claim it.
@@ -333,6 +334,9 @@ pub struct ProcessorStats {
     /// since start.
     #[serde(default)]
     pub stale_manager_calls: u64,
+    /// Revoked KV-node incarnations kept in the pool, refused after a restart as before it.
+    #[serde(default)]
+    pub revocations_kept: u64,
 }
 
 struct SegInfo {
@@ -484,6 +488,9 @@ struct Inner {
     partitions_to_check: AtomicBool,
     freed_partitions: AtomicU64,
     stale_manager_calls: AtomicU64,
+    /// The revoked incarnations kept in the pool; written by take-overs, read into the fabric's clients table by
+    /// [`Processor::rpc_handler`].
+    revocations: Mutex<RevocationTable>,
 }
 
 /// The memory node's processor: owns the index and the logs' bookkeeping, runs the merge threads, answers the
@@ -546,6 +553,7 @@ impl Processor {
             config.shared_key_capacity,
             config.shared_key_max_len,
         )?;
+        let revocations = RevocationTable::open(pool.clone())?;
         let shared_active = AtomicUsize::new(cells.active());
         let manager_epoch = dir.manager_epoch();
         let (tx, rx) = crossbeam_channel::unbounded();
@@ -593,6 +601,7 @@ impl Processor {
             partitions_to_check: AtomicBool::new(false),
             freed_partitions: AtomicU64::new(0),
             stale_manager_calls: AtomicU64::new(0),
+            revocations: Mutex::new(revocations),
         });
         inner.recover()?;
         inner.pool.end_recovery();
@@ -627,8 +636,22 @@ impl Processor {
     }
 
     /// The processor's RPC handler on `node` (whose clients a take-over revokes), for composing with other
-    /// services on one memory node.
+    /// services on one memory node. The incarnations revoked before a restart are revoked on `node` again, so call
+    /// this before `node` serves any connection.
     pub fn rpc_handler(&self, node: &MemoryNode) -> Arc<dyn RpcHandler> {
+        let kept = self
+            .inner
+            .revocations
+            .lock()
+            .expect("revocations lock")
+            .revoked();
+        if !kept.is_empty() {
+            info!(
+                revoked = kept.len(),
+                "KV-node incarnations revoked before the restart are refused"
+            );
+            node.clients().restore(&kept);
+        }
         Arc::new(Handler {
             inner: self.inner.clone(),
             clients: node.clients().clone(),
@@ -1750,6 +1773,21 @@ impl Inner {
         // nothing is written past a seal or into a segment after it is recycled, and no claim of its takes a log
         // back.
         let revocation = clients.revoke_node(req.node_id, req.incarnation);
+        // Kept before anything is sealed, so that a restart still refuses what this revoked. (A crash before this
+        // leaves the take-over unanswered, and the management node asks for it again.) A pool without room for
+        // the table does not hold the take-over up: the node's keys would stay unserved.
+        if let Err(e) = self
+            .revocations
+            .lock()
+            .expect("revocations lock")
+            .record(&revocation.clients, clients.max_revoked())
+        {
+            warn!(
+                node = req.node_id,
+                error = %e,
+                "the revocation is kept in memory only: a restart of the memory node forgets it"
+            );
+        }
         if !revocation.clients.is_empty() {
             info!(
                 node = req.node_id,
@@ -2620,6 +2658,7 @@ impl Inner {
         // Read from the pool, not under the lock a long rebalance holds.
         s.manager_epoch = self.dir.manager_epoch();
         s.stale_manager_calls = self.stale_manager_calls.load(Ordering::Relaxed);
+        s.revocations_kept = self.revocations.lock().expect("revocations lock").len() as u64;
         s
     }
 }

@@ -37,11 +37,26 @@ impl TableKind {
         capacity: u64,
         body: u64,
     ) -> Result<u64, ProcessorError> {
+        self.format_filled(pool, parameter, capacity, body, &[])
+    }
+
+    /// Like [`TableKind::format`], with the body starting with `filled` (at most `body` bytes) before the table is
+    /// published.
+    pub(crate) fn format_filled(
+        &self,
+        pool: &Arc<Pool>,
+        parameter: u32,
+        capacity: u64,
+        body: u64,
+        filled: &[u8],
+    ) -> Result<u64, ProcessorError> {
+        debug_assert!(filled.len() as u64 <= body);
         let bytes = HEADER_LEN + body;
         let ext = pool.alloc_bytes(bytes, self.tag).map_err(|e| {
             ProcessorError::no_room(format!("the {} of {capacity} entries", self.name), bytes, e)
         })?;
         pool.write(ext.offset, &vec![0u8; bytes as usize])?;
+        pool.write(ext.offset + HEADER_LEN, filled)?;
         let mut h = [0u8; HEADER_LEN as usize];
         h[0..8].copy_from_slice(&self.magic);
         h[8..12].copy_from_slice(&self.version.to_le_bytes());

@@ -116,6 +116,20 @@ struct Inner {
     order: VecDeque<ClientId>,
 }
 
+impl Inner {
+    /// Adds `id` to the revoked set, forgetting the oldest beyond `max`.
+    fn remember(&mut self, id: ClientId, max: usize) {
+        if self.revoked.insert(id) {
+            self.order.push_back(id);
+        }
+        while self.order.len() > max {
+            if let Some(old) = self.order.pop_front() {
+                self.revoked.remove(&old);
+            }
+        }
+    }
+}
+
 /// The named clients of a memory node and the ones it revoked.
 #[derive(Debug)]
 pub struct Clients {
@@ -180,17 +194,10 @@ impl Clients {
             };
             let mut gates = Vec::new();
             for id in &clients {
-                if inner.revoked.insert(*id) {
-                    inner.order.push_back(*id);
-                }
+                inner.remember(*id, self.max_revoked);
                 // Off the table: a revoked connection is no longer counted as connected, even while its
                 // endpoint (in process) or its NIC thread (TCP) is still around.
                 gates.extend(inner.live.remove(id).into_iter().flatten());
-            }
-            while inner.order.len() > self.max_revoked {
-                if let Some(old) = inner.order.pop_front() {
-                    inner.revoked.remove(&old);
-                }
             }
             (clients, gates)
         };
@@ -204,6 +211,20 @@ impl Clients {
             clients,
             connections: gates.len(),
         }
+    }
+
+    /// Revokes `ids` (oldest first), none of which may be connected yet: the revocations a memory node restarted on
+    /// its pool still refuses. Beyond the table's limit, the oldest are forgotten.
+    pub fn restore(&self, ids: &[ClientId]) {
+        let mut inner = self.lock();
+        for id in ids {
+            inner.remember(*id, self.max_revoked);
+        }
+    }
+
+    /// The most revoked clients remembered.
+    pub fn max_revoked(&self) -> usize {
+        self.max_revoked
     }
 
     /// Whether `id` was revoked (and is still remembered).

@@ -47,7 +47,8 @@ pub struct NodeConfig {
     /// Bound on queued two-sided calls before callers wait. Default 1024.
     pub rpc_queue: usize,
     /// Revoked clients (KV-node incarnations the cluster took over) remembered and refused when they connect
-    /// again; the oldest is forgotten beyond this. Default 4096.
+    /// again; the oldest is forgotten beyond this. The processor keeps as many in the pool, so that a restart
+    /// refuses them too. Default 4096.
     pub max_revoked_clients: usize,
 }
 
