@@ -1569,13 +1569,22 @@ impl Inner {
             self.clean_for_room();
             granted = self.next_segment_once(req);
         }
-        // An index that cannot grow for want of one contiguous run refuses writes until it grows.
+        // An index that cannot grow for want of one contiguous run refuses writes until it grows. The run an
+        // attempt picks can change under it (a grant takes one of its free segments), so a second one is made
+        // before the write is refused.
         if may_clean
             && out_of_space(&granted)
             && let Ok(log) = self.log(req.log_id, req.session)
-            && self.make_room_for_table(&log.index)
         {
-            granted = self.next_segment_once(req);
+            for _ in 0..2 {
+                if self.make_room_for_table(&log.index, true) {
+                    granted = self.next_segment_once(req);
+                    break;
+                }
+                if log.index.blocked_growth().is_none() {
+                    break;
+                }
+            }
         }
         granted
     }
@@ -1936,7 +1945,7 @@ impl Inner {
                 // grow is then known while it has slots left for what is already logged (see `next_segment`).
                 if let Err(e) = log.index.grow_early() {
                     let out_of_space = matches!(e, IndexError::OutOfSpace { .. });
-                    if !(out_of_space && self.make_room_for_table(&log.index)) {
+                    if !(out_of_space && self.make_room_for_table(&log.index, false)) {
                         debug!(log = log_id, error = %e, "the index cannot grow yet");
                     }
                 }

@@ -165,8 +165,13 @@ impl Inner {
     /// For an index table that could not grow although the pool has room for it in pieces: empties the cheapest
     /// run of segments long enough for the table (free segments, and merged log segments the cleaner can empty,
     /// however live), keeps it out of log segment grants meanwhile, and grows the table into it. Whether the
-    /// table grew. At most once per [`ROOM_RETRY`] for one table.
-    pub(super) fn make_room_for_table(&self, index: &Index) -> bool {
+    /// table grew.
+    ///
+    /// A merge thread growing a table ahead of need tries at most once per [`ROOM_RETRY`] for one table. A writer
+    /// about to be refused (`writer`) first waits for an attempt under way, and tries again itself if that one
+    /// failed: the run an attempt picked can change under it (a grant takes one of its free segments), and a write
+    /// is refused only when the room could not be made, not while it was being made.
+    pub(super) fn make_room_for_table(&self, index: &Index, writer: bool) -> bool {
         if self.clean_max_live_percent == 0 {
             return false;
         }
@@ -179,17 +184,21 @@ impl Inner {
             // Not a matter of pieces: the pool lacks the room.
             return false;
         }
+        let table = index.current().table;
         {
-            let table = index.current().table;
             let mut tried = self.room_tried.lock().expect("room lock");
             tried.retain(|_, at| at.elapsed() < ROOM_RETRY);
-            if tried.contains_key(&table) {
+            if tried.contains_key(&table) && !writer {
                 return false;
             }
             tried.insert(table, Instant::now());
         }
         let _no_rebalance = self.rebalance_lock.lock().expect("rebalance lock");
+        // An attempt under way holds both locks: once they are taken, it has ended.
         let mut state = self.cleaner.lock().expect("cleaner lock");
+        if index.current().table != table {
+            return true;
+        }
         let Some(start) = self.cheapest_run(&state, want) else {
             debug!(
                 segments = want,
