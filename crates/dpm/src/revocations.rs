@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use dinomo_fabric::ClientId;
 use dinomo_pool::Pool;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::ProcessorError;
 use crate::table_header::{HEADER_LEN, TableKind};
@@ -113,9 +113,20 @@ fn read_entries(pool: &Pool) -> Result<EntriesRead, ProcessorError> {
     if capacity == 0 || capacity > MAX_CAPACITY {
         return Err(KIND.corrupt(offset, &format!("absurd capacity {capacity}")));
     }
+    // Checked before the buffer is sized by it: the table is one allocation of the table's tag, long enough.
+    let bytes = HEADER_LEN + capacity * ENTRY_LEN;
+    if !pool
+        .allocated()
+        .iter()
+        .any(|e| e.offset == offset && e.tag == TAG && e.len >= bytes)
+    {
+        return Err(KIND.corrupt(
+            offset,
+            &format!("no allocation of the table's tag holds its {capacity} entries"),
+        ));
+    }
     let mut body = vec![0u8; (capacity * ENTRY_LEN) as usize];
-    pool.read(offset + HEADER_LEN, &mut body)
-        .map_err(|_| KIND.corrupt(offset, "entries run past the pool"))?;
+    pool.read(offset + HEADER_LEN, &mut body)?;
     let mut entries = Vec::new();
     let mut damaged = 0;
     for e in body.chunks_exact(ENTRY_LEN as usize) {
@@ -148,16 +159,31 @@ pub struct RevocationTable {
 
 impl RevocationTable {
     /// Opens the table named by the root slot (none: an empty one, formatted at the first revocation) and frees any
-    /// other revocation table a crash left allocated. Damaged entries are logged and forgotten.
+    /// other revocation table a crash left allocated. Damaged entries are logged and forgotten. A damaged table is
+    /// logged and replaced at the next revocation: the memory node still starts, with what its revocations guard
+    /// against left to the KV nodes' leases, rather than serve nothing for want of this table.
     pub fn open(pool: Arc<Pool>) -> Result<RevocationTable, ProcessorError> {
+        let (read, offset) = match read_entries(&pool) {
+            Ok(read) => (read, pool.root(ROOT)?),
+            Err(ProcessorError::Corrupt(why)) => {
+                error!(
+                    %why,
+                    "the revocation table is damaged: the KV-node incarnations revoked before this start are \
+                     forgotten, and a new table is formatted at the next take-over"
+                );
+                (EntriesRead::default(), 0)
+            }
+            Err(e) => return Err(e),
+        };
         let EntriesRead {
             entries,
             damaged,
             capacity,
-        } = read_entries(&pool)?;
-        let offset = pool.root(ROOT)?;
+        } = read;
+        let root = pool.root(ROOT)?;
         for ext in pool.allocated() {
-            if ext.tag == TAG && ext.offset != offset {
+            // Those of an interrupted replacement, and a damaged one (once a new one is named).
+            if ext.tag == TAG && ext.offset != root {
                 info!(
                     offset = ext.offset,
                     "freeing a revocation table left by an interrupted replacement"
@@ -380,18 +406,44 @@ mod tests {
     }
 
     #[test]
-    fn a_corrupt_header_is_refused_with_a_clear_error() {
+    fn a_root_naming_memory_that_is_not_a_table_is_refused() {
+        let pool = pool();
+        let mut t = RevocationTable::open(pool.clone()).unwrap();
+        t.record(&[id(1, 1)], 4).unwrap();
+        let table = pool.root(ROOT).unwrap();
+        let mut header = [0u8; HEADER_LEN as usize];
+        pool.read(table, &mut header).unwrap();
+        // A valid header copied into an extent of another owner.
+        let other = pool.alloc_bytes(64, 0x77).unwrap();
+        pool.write(other.offset, &header).unwrap();
+        pool.set_root(ROOT, other.offset).unwrap();
+        match read(&pool) {
+            Err(ProcessorError::Corrupt(why)) => assert!(why.contains("allocation"), "{why}"),
+            other => panic!("read a table outside its allocation: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_corrupt_header_is_an_error_to_read_and_the_table_is_replaced() {
         let pool = pool();
         let mut t = RevocationTable::open(pool.clone()).unwrap();
         t.record(&[id(1, 1)], 4).unwrap();
         let offset = pool.root(ROOT).unwrap();
         pool.write(offset + 16, &[9]).unwrap();
-        match RevocationTable::open(pool) {
+        match read(&pool) {
             Err(ProcessorError::Corrupt(why)) => {
                 assert!(why.contains("revocation table"), "{why}")
             }
-            Err(e) => panic!("unexpected error {e}"),
-            Ok(_) => panic!("a corrupt table opened"),
+            other => panic!("read a corrupt table: {other:?}"),
         }
+        // The memory node still starts; the next revocation formats a new table, and the start after frees the
+        // damaged one.
+        let mut t = RevocationTable::open(pool.clone()).unwrap();
+        assert!(t.is_empty());
+        t.record(&[id(1, 2)], 4).unwrap();
+        assert_ne!(pool.root(ROOT).unwrap(), offset);
+        RevocationTable::open(pool.clone()).unwrap();
+        assert!(pool.allocated().iter().all(|e| e.offset != offset));
+        assert_eq!(read(&pool).unwrap().revoked, vec![id(1, 2)]);
     }
 }
