@@ -69,6 +69,9 @@ pub enum ClusterError {
     /// A reconfiguration could not complete.
     #[error("reconfiguration: {0}")]
     Reconfig(String),
+    /// Settings that cannot work.
+    #[error("settings: {0}")]
+    Config(String),
 }
 
 /// The persistent cluster record kept in the metadata store.

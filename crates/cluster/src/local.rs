@@ -159,6 +159,12 @@ impl LocalCluster {
     /// Opens (or creates) the pool, starts the memory node, the M-node, the routing node and `kns` KV nodes, and
     /// waits until all of them serve.
     pub fn start(cfg: LocalClusterConfig) -> Result<LocalCluster, ClusterError> {
+        // Refused before anything starts: with no node to form it, the cluster would only time out.
+        if cfg.kns == 0 {
+            return Err(ClusterError::Config(
+                "a local cluster needs at least one KV node (kns is 0)".into(),
+            ));
+        }
         let pool = match &cfg.pool_path {
             Some(p) => {
                 let opts = PoolOptions {

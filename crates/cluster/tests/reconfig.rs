@@ -269,6 +269,25 @@ fn a_start_the_pool_has_no_room_for_fails_in_its_timeout_naming_the_cause() {
     );
 }
 
+/// A local cluster of no KV node could never form: the start refuses it at once, saying why, instead of waiting
+/// out its timeout.
+#[test]
+fn a_start_without_kv_nodes_is_refused_at_once() {
+    let mut cfg = small_cluster(0);
+    cfg.node_start_timeout = Duration::from_secs(30);
+    let started = std::time::Instant::now();
+    let err = match LocalCluster::start(cfg) {
+        Ok(_) => panic!("a cluster of no KV node started"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("at least one KV node"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "refused only after {:?}",
+        started.elapsed()
+    );
+}
+
 /// An autoscaler adds and removes nodes for ever (and some fail), with ids never reused: every departed node's logs
 /// go back to the memory node's directory, which stays far smaller than the logs all those nodes claimed, and with
 /// DINOMO-N its index partition goes back to the partition table. Keys that departed nodes wrote once and nobody

@@ -736,6 +736,12 @@ impl Config {
             self.processor.index.validate().map_err(|e| e.to_string()),
         );
         check("autoscale", self.autoscale.validate());
+        if self.up.kns == 0 {
+            check(
+                "up.kns",
+                Err("`up` needs at least one KV node to form a cluster".into()),
+            );
+        }
         let positive = |what: &str, d: Duration| {
             if d.is_zero() {
                 Err(format!("{what} must be above zero"))
@@ -1272,7 +1278,7 @@ mod tests {
     fn settings_that_do_not_fit_name_the_key() {
         let c = parse(
             "t",
-            "[kn]\nlease_ttl = \"50ms\"\nheartbeat = \"60ms\"\n[kn.workers]\nthreads = 0\n[autoscale.policy]\nmin_nodes = 0\n",
+            "[kn]\nlease_ttl = \"50ms\"\nheartbeat = \"60ms\"\n[kn.workers]\nthreads = 0\n[autoscale.policy]\nmin_nodes = 0\n[up]\nkns = 0\n",
         )
         .unwrap()
         .config;
@@ -1287,6 +1293,10 @@ mod tests {
         );
         assert!(
             errors.iter().any(|e| e.starts_with("autoscale:")),
+            "{errors:?}"
+        );
+        assert!(
+            errors.iter().any(|e| e.starts_with("up.kns:")),
             "{errors:?}"
         );
     }
