@@ -477,7 +477,7 @@ struct Inner {
     relocated_entries: AtomicU64,
     relocated_bytes: AtomicU64,
     /// Index tables (by offset) a run was last made for, and when.
-    room_tried: Mutex<HashMap<u64, Instant>>,
+    room_tried: Mutex<cleaner::RoomAttempts>,
     table_runs_made: AtomicU64,
     /// Logs whose descriptors were given back, and those emptied by the cleaner for a claim that found the
     /// directory full.
@@ -594,7 +594,7 @@ impl Processor {
             cleaned_segments: AtomicU64::new(0),
             relocated_entries: AtomicU64::new(0),
             relocated_bytes: AtomicU64::new(0),
-            room_tried: Mutex::new(HashMap::new()),
+            room_tried: Mutex::new(cleaner::RoomAttempts::default()),
             table_runs_made: AtomicU64::new(0),
             retired_logs: AtomicU64::new(0),
             emptied_logs: AtomicU64::new(0),

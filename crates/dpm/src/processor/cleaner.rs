@@ -45,8 +45,26 @@ use super::{
 use crate::cells::CellState;
 use crate::directory::owner_node;
 
-/// How soon a run is made again for the same index table after an attempt.
+/// How soon a merge thread makes a run again for the same index table after an attempt.
 const ROOM_RETRY: Duration = Duration::from_secs(1);
+
+/// The attempts to make a run for an index table, by table: what limits the merge threads' attempts ahead of need
+/// to one per [`ROOM_RETRY`] for a table, and never a writer's.
+#[derive(Default)]
+pub(super) struct RoomAttempts(HashMap<u64, Instant>);
+
+impl RoomAttempts {
+    /// Whether an attempt for `table` (a writer's if `writer`) may begin at `now`; if so, it is recorded.
+    fn admit(&mut self, table: u64, writer: bool, now: Instant) -> bool {
+        self.0
+            .retain(|_, at| now.saturating_duration_since(*at) < ROOM_RETRY);
+        if self.0.contains_key(&table) && !writer {
+            return false;
+        }
+        self.0.insert(table, now);
+        true
+    }
+}
 
 /// The cleaner's state between cleanings.
 #[derive(Default)]
@@ -185,13 +203,13 @@ impl Inner {
             return false;
         }
         let table = index.current().table;
+        if !self
+            .room_tried
+            .lock()
+            .expect("room lock")
+            .admit(table, writer, Instant::now())
         {
-            let mut tried = self.room_tried.lock().expect("room lock");
-            tried.retain(|_, at| at.elapsed() < ROOM_RETRY);
-            if tried.contains_key(&table) && !writer {
-                return false;
-            }
-            tried.insert(table, Instant::now());
+            return false;
         }
         let _no_rebalance = self.rebalance_lock.lock().expect("rebalance lock");
         // An attempt under way holds both locks: once they are taken, it has ended.
@@ -549,5 +567,31 @@ impl Inner {
             meta.last_seq = meta.last_seq.max(seq);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_merge_thread_tries_once_a_second_per_table_and_a_writer_whenever_it_needs() {
+        let mut attempts = RoomAttempts::default();
+        let t0 = Instant::now();
+        assert!(attempts.admit(1, false, t0));
+        assert!(
+            !attempts.admit(1, false, t0 + ROOM_RETRY / 2),
+            "a merge thread again"
+        );
+        assert!(
+            attempts.admit(2, false, t0 + ROOM_RETRY / 2),
+            "another table"
+        );
+        // A writer about to be refused tries even right after a failed attempt.
+        assert!(attempts.admit(1, true, t0 + ROOM_RETRY / 2));
+        assert!(attempts.admit(1, true, t0 + ROOM_RETRY / 2));
+        // Its attempt counts for the merge threads' limit.
+        assert!(!attempts.admit(1, false, t0 + ROOM_RETRY));
+        assert!(attempts.admit(1, false, t0 + ROOM_RETRY * 2));
     }
 }
