@@ -1,17 +1,19 @@
-//! `dinomo check`: inspects a pool file offline and reports damage, changing nothing.
+//! `dinomo check`: inspects a pool file offline and reports damage, changing nothing unless asked to repair it.
 //!
 //! The file is mapped copy-on-write ([`Pool::open_snapshot`]): the pool's own checks (superblock, allocation table)
 //! run as a memory node's would, then [`dinomo_dpm::check`] walks the logs and indexes, and finally a trial start
 //! of the data plane runs the memory node's recovery on the private copy, to tell whether `dinomo dpm` would start
 //! on the file and what it would recover. Exit status: 0 when nothing is damaged, 1 when something is, 2 when the
 //! file cannot be checked (missing, not a pool file, in use by a memory node).
+//!
+//! `--repair` then mends what it can in place ([`repair_pool`]) and checks again; the exit status is that check's.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
-use dinomo_dpm::check::{CheckOptions, PoolCheck, check_pool};
+use dinomo_dpm::check::{CheckOptions, PoolCheck, Repair, check_pool, repair_pool};
 use dinomo_dpm::{Partitioning, Processor};
 use dinomo_pool::{OpenReport, Pool, PoolError};
 use serde::Serialize;
@@ -36,6 +38,11 @@ pub struct CheckArgs {
     /// Problems listed in the report; the rest are counted [default 100].
     #[arg(long, default_value_t = CheckOptions::default().max_listed_problems)]
     pub max_problems: usize,
+    /// After a report of damage, repair the file in place: run the memory node's recovery on it, then remove the
+    /// index slots that name damaged entries (their keys then read as absent; before, every read of them was
+    /// refused), and check again. The exit status is then the second check's.
+    #[arg(long)]
+    pub repair: bool,
 }
 
 /// The whole report.
@@ -111,18 +118,105 @@ pub fn run(args: CheckArgs) -> anyhow::Result<()> {
     };
     let pool = Arc::new(pool);
     let report = inspect(&args, &cfg, pool, opened, shown);
+    let layout = report.data_plane.as_ref().and_then(|c| c.layout);
+    let repaired = match layout {
+        Some(layout) if args.repair && !report.clean => {
+            Some(repair(&args, &cfg, &path, layout, !opened.was_clean)?)
+        }
+        _ => None,
+    };
     if args.json {
+        let json = match &repaired {
+            None => serde_json::to_value(&report),
+            Some(r) => serde_json::to_value(serde_json::json!({ "check": &report, "repair": r })),
+        };
         println!(
             "{}",
-            serde_json::to_string_pretty(&report).context("encoding the report")?
+            serde_json::to_string_pretty(&json.context("encoding the report")?)
+                .context("encoding the report")?
         );
     } else {
         print!("{}", render(&report));
+        if let Some(r) = &repaired {
+            print!("{}", render_repair(r));
+        }
     }
-    if !report.clean {
+    let clean = match &repaired {
+        Some(r) => r.after.is_clean(),
+        None => report.clean,
+    };
+    if !clean {
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// Opens the file for writing (as a memory node would: no other process may have it) and repairs it.
+fn repair(
+    args: &CheckArgs,
+    cfg: &Config,
+    path: &std::path::Path,
+    layout: Partitioning,
+    crashed: bool,
+) -> anyhow::Result<Repair> {
+    let (pool, _) = Pool::open(path, dinomo_pool::PersistMode::Durable)
+        .with_context(|| format!("opening {} to repair it", path.display()))?;
+    let pool = Arc::new(pool);
+    let mut processor = cfg.processor.clone();
+    processor.partitioning = layout;
+    let opts = CheckOptions {
+        max_listed_problems: args.max_problems,
+        crashed,
+    };
+    let repaired = repair_pool(&pool, &processor, &opts)
+        .with_context(|| format!("repairing {}", path.display()))?;
+    pool.close()
+        .with_context(|| format!("closing {}", path.display()))?;
+    Ok(repaired)
+}
+
+fn render_repair(r: &Repair) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "repair: the memory node's recovery merged {} entries, stepped over {} damaged log bytes and rebuilt {} \
+         segment header words; {} index slots naming damaged entries were removed (their keys now read as absent); {} \
+         log segments with damaged stretches were emptied and recycled",
+        r.recovered_entries,
+        r.damaged_log_bytes,
+        r.repaired_segment_headers,
+        r.removed_slots.len(),
+        r.emptied_segments
+    );
+    for slot in &r.removed_slots {
+        let _ = writeln!(
+            out,
+            "  removed: {} slot of hash {:#x} naming the entry at {:#x}{}",
+            match slot.node {
+                Some(n) => format!("KV node {n}'s"),
+                None => "the index's".to_string(),
+            },
+            slot.hash,
+            slot.entry,
+            match &slot.key {
+                Some(k) => format!(", key {k}"),
+                None => String::new(),
+            }
+        );
+    }
+    out.push_str("after the repair:\n");
+    render_data_plane(&mut out, &r.after);
+    let _ = writeln!(
+        out,
+        "{}",
+        if r.after.is_clean() {
+            "no damage found"
+        } else {
+            "damage remains that the repair cannot mend (listed above)"
+        }
+    );
+    out
 }
 
 fn inspect(

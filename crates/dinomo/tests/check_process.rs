@@ -1,22 +1,27 @@
 //! `dinomo check` as a process: a clean report and exit 0 on an intact pool file, the damage and exit 1 on a damaged
 //! one, exit 2 on a file it cannot read or one a memory node holds; the file never changes. A write a crash cut
-//! short is counted, not reported.
+//! short is counted, not reported. `--repair` mends a damaged value's pool in place.
 
 use std::path::Path;
 use std::process::{Command, Output};
 
-use dinomo_dpm::ProcessorConfig;
+use dinomo_dpm::{Partitioning, ProcessorConfig};
 use dinomo_kn::{Embedded, EmbeddedConfig, KnConfig};
 
 const KEYS: u32 = 500;
 
 fn config(path: &Path) -> EmbeddedConfig {
+    config_in(path, Partitioning::Shared)
+}
+
+fn config_in(path: &Path, partitioning: Partitioning) -> EmbeddedConfig {
     EmbeddedConfig {
         pool_path: Some(path.to_path_buf()),
         pool_size: 16 << 20,
         pool_segment_size: 64 << 10,
         processor: ProcessorConfig {
             segment_size: 64 << 10,
+            partitioning,
             ..ProcessorConfig::default()
         },
         kn: KnConfig {
@@ -42,21 +47,38 @@ fn check(path: &Path, extra: &[&str]) -> anyhow::Result<(i32, String, String)> {
     ))
 }
 
+fn value(i: u32) -> Vec<u8> {
+    format!("value-{i:05}").into_bytes()
+}
+
+/// A pool file at `path` holding [`KEYS`] keys, closed cleanly; its bytes.
+fn written_pool(path: &Path, partitioning: Partitioning) -> anyhow::Result<Vec<u8>> {
+    {
+        let store = Embedded::open(&config_in(path, partitioning))?;
+        let h = store.handle();
+        for i in 0..KEYS {
+            h.set(format!("key{i}").as_bytes(), &value(i))?;
+        }
+    }
+    Ok(std::fs::read(path)?)
+}
+
+/// `intact` with a byte of key42's value flipped: the index names an entry that fails its checksum.
+fn with_value_42_damaged(intact: &[u8]) -> Vec<u8> {
+    let mut damaged = intact.to_vec();
+    let at = intact
+        .windows(11)
+        .position(|w| w == b"value-00042")
+        .expect("the value is in the file");
+    damaged[at + 10] ^= 1;
+    damaged
+}
+
 #[test]
 fn check_reports_intact_and_damaged_pools_and_changes_nothing() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("pool");
-    {
-        let store = Embedded::open(&config(&path))?;
-        let h = store.handle();
-        for i in 0..KEYS {
-            h.set(
-                format!("key{i}").as_bytes(),
-                format!("value-{i:05}").as_bytes(),
-            )?;
-        }
-    }
-    let intact = std::fs::read(&path)?;
+    let intact = written_pool(&path, Partitioning::Shared)?;
 
     let (code, out, err) = check(&path, &[])?;
     anyhow::ensure!(code == 0, "exit {code}: {out}{err}");
@@ -88,12 +110,7 @@ fn check_reports_intact_and_damaged_pools_and_changes_nothing() -> anyhow::Resul
     let intact = std::fs::read(&path)?;
 
     // A value's byte flipped: the index names an entry that fails its checksum.
-    let mut damaged = intact.clone();
-    let at = intact
-        .windows(11)
-        .position(|w| w == b"value-00042")
-        .expect("the value is in the file");
-    damaged[at + 10] ^= 1;
+    let damaged = with_value_42_damaged(&intact);
     let bad = dir.path().join("damaged");
     std::fs::write(&bad, &damaged)?;
     let (code, out, err) = check(&bad, &[])?;
@@ -160,6 +177,81 @@ fn check_reports_intact_and_damaged_pools_and_changes_nothing() -> anyhow::Resul
         code == 2 && err.contains("cannot check"),
         "exit {code}: {err}"
     );
+    Ok(())
+}
+
+/// `--repair` mends a pool whose stored value was damaged: the index slot naming the damaged entry goes (its key
+/// reads as absent, where every read of it was refused), the segment holding the damage is emptied, and the check
+/// after, and a check run afterwards, find nothing; every other key reads back. On an intact pool it changes
+/// nothing.
+#[test]
+fn repair_removes_what_names_damage_and_keeps_everything_else() -> anyhow::Result<()> {
+    repair_in(Partitioning::Shared)
+}
+
+/// The same with an index partition per KV node (DINOMO-N).
+#[test]
+fn repair_finds_the_partition_that_names_damage() -> anyhow::Result<()> {
+    repair_in(Partitioning::PerNode)
+}
+
+fn repair_in(partitioning: Partitioning) -> anyhow::Result<()> {
+    let config = |path: &Path| config_in(path, partitioning);
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("pool");
+    let intact = written_pool(&path, partitioning)?;
+    let (code, out, err) = check(&path, &["--repair"])?;
+    anyhow::ensure!(
+        code == 0 && out.contains("no damage found") && !out.contains("repair:"),
+        "exit {code}: {out}{err}"
+    );
+    anyhow::ensure!(
+        std::fs::read(&path)? == intact,
+        "a repair of an intact pool changed the file"
+    );
+
+    let damaged = with_value_42_damaged(&intact);
+    std::fs::write(&path, &damaged)?;
+    {
+        let store = Embedded::open(&config(&path))?;
+        anyhow::ensure!(
+            store.handle().get(b"key42").is_err(),
+            "a damaged value was served"
+        );
+    }
+    let (code, out, err) = check(&path, &["--repair"])?;
+    anyhow::ensure!(code == 0, "exit {code}: {out}{err}");
+    anyhow::ensure!(
+        out.contains("the pool is damaged")
+            && out.contains("1 index slots naming damaged entries were removed")
+            && out.contains("1 log segments with damaged stretches were emptied")
+            && out.trim_end().ends_with("no damage found"),
+        "{out}"
+    );
+    let (code, out, err) = check(&path, &[])?;
+    anyhow::ensure!(
+        code == 0 && out.contains("no damage found"),
+        "exit {code}: {out}{err}"
+    );
+    // The same repair, reported as JSON.
+    let copy = dir.path().join("copy");
+    std::fs::write(&copy, &damaged)?;
+    let (code, out, err) = check(&copy, &["--repair", "--json"])?;
+    anyhow::ensure!(code == 0, "exit {code}: {out}{err}");
+    let json: serde_json::Value = serde_json::from_str(&out)?;
+    anyhow::ensure!(json["check"]["clean"] == false, "{json}");
+    anyhow::ensure!(
+        json["repair"]["removed_slots"].as_array().map(Vec::len) == Some(1)
+            && json["repair"]["emptied_segments"] == 1
+            && json["repair"]["after"]["problem_count"] == 0,
+        "{json}"
+    );
+    let store = Embedded::open(&config(&path))?;
+    let h = store.handle();
+    for i in 0..KEYS {
+        let want = (i != 42).then(|| value(i));
+        anyhow::ensure!(h.get(format!("key{i}").as_bytes())? == want, "key{i}");
+    }
     Ok(())
 }
 

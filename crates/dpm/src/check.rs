@@ -146,17 +146,124 @@ struct Span {
 
 /// Checks the data plane of `pool`; reads only (indexes are opened where they are anchored, which frees nothing).
 pub fn check_pool(pool: &Arc<Pool>, opts: &CheckOptions) -> PoolCheck {
-    let mut c = Checker {
-        pool: pool.clone(),
-        limit: opts.max_listed_problems,
-        crashed: opts.crashed,
-        report: PoolCheck::default(),
-        spans: BTreeMap::new(),
-        mode: HashMode::Xxh3,
-        scratch: Vec::new(),
-    };
+    let mut c = Checker::new(pool, opts);
     c.run();
     c.report
+}
+
+/// What [`repair_pool`] did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Repair {
+    /// Entries a crash had left unmerged, merged by the memory node's start.
+    pub recovered_entries: u64,
+    /// Bytes of damaged log entries the start stepped over (their writes are lost).
+    pub damaged_log_bytes: u64,
+    /// Segments whose damaged sealed length the start rebuilt, and those it linked again to their older segment.
+    pub repaired_segment_headers: u64,
+    /// Index slots removed because the entry they named is damaged: their keys now read as absent, where before
+    /// every read of them was refused.
+    pub removed_slots: Vec<RemovedSlot>,
+    /// Sealed log segments with damaged stretches that were emptied (their live entries copied elsewhere) and
+    /// recycled.
+    pub emptied_segments: u64,
+    /// The check after the repair.
+    pub after: PoolCheck,
+}
+
+/// An index slot [`repair_pool`] removed.
+#[derive(Debug, Clone, Serialize)]
+pub struct RemovedSlot {
+    /// The KV node whose partition held it (`None`: the shared index).
+    pub node: Option<u32>,
+    /// Its hash.
+    pub hash: u64,
+    /// Pool offset of the damaged entry it named.
+    pub entry: u64,
+    /// The key, when the damaged entry still shows it (escaped and cut as in the check's problems).
+    pub key: Option<String>,
+}
+
+/// Repairs what can be repaired in `pool`, opened for writing by this process alone:
+/// 1. starts the data plane with `config` and stops it: the memory node's recovery merges unmerged entries, steps
+///    over damaged log stretches, rebuilds damaged segment header words and frees orphans;
+/// 2. removes every index slot that lies in its hash's chain but names a damaged entry;
+/// 3. starts the data plane again to empty the sealed segments with damaged stretches (their live entries are
+///    copied elsewhere and the segments recycled);
+/// 4. checks the pool again.
+///
+/// What it cannot repair (a slot outside its chain, a key in two slots, a damaged shared-key cell, damage in an
+/// open segment, damage the start refuses) stays in the check after.
+pub fn repair_pool(
+    pool: &Arc<Pool>,
+    config: &crate::ProcessorConfig,
+    opts: &CheckOptions,
+) -> Result<Repair, crate::ProcessorError> {
+    let processor = crate::Processor::start(pool.clone(), config)?;
+    let stats = processor.stats();
+    processor.shutdown();
+    drop(processor);
+    let mut c = Checker::new(pool, opts);
+    c.run();
+    let mut indexes: HashMap<Option<u32>, Index> = HashMap::new();
+    let mut removed_slots = Vec::new();
+    for (node, hash, entry) in std::mem::take(&mut c.bad_slots) {
+        let index = match indexes.entry(node) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(index_of(pool, node).map_err(crate::ProcessorError::Corrupt)?)
+            }
+        };
+        if index.remove(hash, |r| r == entry).is_some() {
+            let key = c.readable_key(entry).map(|k| show_key(&k));
+            removed_slots.push(RemovedSlot {
+                node,
+                hash,
+                entry: entry.offset(),
+                key,
+            });
+        }
+    }
+    drop(indexes);
+    let mut damaged = std::mem::take(&mut c.damaged_segments);
+    damaged.sort_unstable();
+    damaged.dedup();
+    let emptied_segments = if damaged.is_empty() {
+        0
+    } else {
+        // Started again: its segment counters are rebuilt from the index, which no longer names the damaged entries.
+        let processor = crate::Processor::start(pool.clone(), config)?;
+        let emptied = processor.clean_segments(&damaged);
+        processor.shutdown();
+        emptied?
+    };
+    Ok(Repair {
+        emptied_segments,
+        recovered_entries: stats.recovered_entries,
+        damaged_log_bytes: stats.damaged_log_bytes,
+        repaired_segment_headers: stats.resealed_segments + stats.relinked_segments,
+        removed_slots,
+        after: check_pool(pool, opts),
+    })
+}
+
+/// The index of KV node `node`'s partition, or the shared index (`None`).
+fn index_of(pool: &Arc<Pool>, node: Option<u32>) -> Result<Index, String> {
+    let anchor = match node {
+        None => Anchor::Root(dinomo_log::roots::INDEX),
+        Some(n) => {
+            let table = PartitionTable::open(pool.clone())
+                .map_err(|e| format!("partition table: {e}"))?
+                .ok_or("the pool has no partition table")?;
+            let slot = table
+                .partitions()
+                .into_iter()
+                .find(|p| p.node == n)
+                .ok_or_else(|| format!("KV node {n} has no partition"))?
+                .slot;
+            Anchor::Word(table.index_anchor(slot))
+        }
+    };
+    Index::open_at(pool.clone(), &IndexConfig::default(), anchor).map_err(|e| e.to_string())
 }
 
 struct Checker {
@@ -169,9 +276,28 @@ struct Checker {
     spans: BTreeMap<u64, Span>,
     mode: HashMode,
     scratch: Vec<u8>,
+    /// The slots in their hash's chain whose entry is not valid: (the index's node, `None` for the shared index;
+    /// the slot's hash; the entry it names). What [`repair_pool`] removes.
+    bad_slots: Vec<(Option<u32>, u64, EntryRef)>,
+    /// Sealed log segments with stretches that hold no valid entry. What [`repair_pool`] empties.
+    damaged_segments: Vec<u64>,
 }
 
 impl Checker {
+    fn new(pool: &Arc<Pool>, opts: &CheckOptions) -> Checker {
+        Checker {
+            pool: pool.clone(),
+            limit: opts.max_listed_problems,
+            crashed: opts.crashed,
+            report: PoolCheck::default(),
+            spans: BTreeMap::new(),
+            mode: HashMode::Xxh3,
+            scratch: Vec::new(),
+            bad_slots: Vec::new(),
+            damaged_segments: Vec::new(),
+        }
+    }
+
     fn problem(&mut self, what: String) {
         self.report.problem(self.limit, what);
     }
@@ -419,6 +545,9 @@ impl Checker {
                 continue;
             }
             log.damaged_bytes += gap.len as u64;
+            if sealed {
+                self.damaged_segments.push(at);
+            }
             self.problem(format!(
                 "log {}: segment at {at:#x}: {} bytes at {:#x} hold no valid entry ({}); the entries written there \
                  are lost",
@@ -430,6 +559,7 @@ impl Checker {
         }
         if sealed && let ScanEnd::Stopped { at: end, reason } = &found.tail {
             log.damaged_bytes += len - *end as u64;
+            self.damaged_segments.push(at);
             self.problem(format!(
                 "log {}: segment at {at:#x} is sealed at {len} bytes of entries, but they end after {end} ({}); the \
                  entries after are lost",
@@ -479,6 +609,9 @@ impl Checker {
                 Ok(_) => good.push((h, r)),
                 Err(why) => {
                     summary.bad_slots += 1;
+                    if home {
+                        self.bad_slots.push((node, h, r));
+                    }
                     self.problem(format!(
                         "{name}: the slot of hash {h:#x} names the entry at {:#x} ({} bytes): {why}",
                         r.offset(),

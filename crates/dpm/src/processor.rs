@@ -658,6 +658,14 @@ impl Processor {
         })
     }
 
+    /// Empties the sealed, merged log segments at `offsets` now, whatever their live share: their live entries are
+    /// copied into a relocation log and the segments recycled. Returns how many were emptied (an open segment, one
+    /// a shared key's entry holds, or one no log holds stays). For a repair: a segment with a damaged stretch keeps
+    /// it for as long as any other entry of the segment is live.
+    pub fn clean_segments(&self, offsets: &[u64]) -> Result<u64, ProcessorError> {
+        self.inner.clean_segments(offsets)
+    }
+
     /// Keys in the index (every partition's, in the shared-nothing layout).
     pub fn indexed_keys(&self) -> u64 {
         self.inner.indexes.all().iter().map(|(_, i)| i.len()).sum()

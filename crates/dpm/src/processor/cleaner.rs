@@ -273,6 +273,20 @@ impl Inner {
         }
     }
 
+    /// Empties the segments at `offsets` now, whatever their live share (see [`crate::Processor::clean_segments`]).
+    pub(super) fn clean_segments(&self, offsets: &[u64]) -> Result<u64, ProcessorError> {
+        let _no_rebalance = self.rebalance_lock.lock().expect("rebalance lock");
+        let mut state = self.cleaner.lock().expect("cleaner lock");
+        let mut freed = 0;
+        for &segment in offsets {
+            match self.clean_segment(&mut state, segment)? {
+                Cleaned::Freed => freed += 1,
+                Cleaned::Kept(why) => debug!(segment, ?why, "a segment asked to be emptied stays"),
+            }
+        }
+        Ok(freed)
+    }
+
     /// The first segment of the run of `want` segments that is cheapest to empty for an index table: every
     /// segment in it free, or one the cleaner may empty ([`Inner::for_each_cleanable`]); the cost is the live
     /// entries to copy, plus one per segment to empty. The highest such run of least cost, away from where log
