@@ -35,12 +35,13 @@ pub struct CheckArgs {
     /// Skip the trial start of the data plane (recovery on a private copy of the file).
     #[arg(long)]
     pub no_recovery: bool,
-    /// Problems listed in the report; the rest are counted [default 100].
+    /// Problems listed in the report; the rest are counted.
     #[arg(long, default_value_t = CheckOptions::default().max_listed_problems)]
     pub max_problems: usize,
-    /// After a report of damage, repair the file in place: run the memory node's recovery on it, then remove the
-    /// index slots that name damaged entries (their keys then read as absent; before, every read of them was
-    /// refused), and check again. The exit status is then the second check's.
+    /// After a report of damage, repair the file in place: run the memory node's recovery on it, remove the index
+    /// slots that name damaged entries (their keys then read as absent; before, every read of them was refused),
+    /// empty and recycle the log segments with damaged stretches, and check again. The exit status is then the
+    /// second check's.
     #[arg(long)]
     pub repair: bool,
 }
