@@ -14,7 +14,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 use dinomo_dpm::check::{CheckOptions, PoolCheck, Repair, check_pool, repair_pool};
-use dinomo_dpm::{Partitioning, Processor};
+use dinomo_dpm::{Partitioning, Processor, ProcessorConfig};
 use dinomo_pool::{OpenReport, Pool, PoolError};
 use serde::Serialize;
 
@@ -44,6 +44,13 @@ pub struct CheckArgs {
     /// second check's.
     #[arg(long)]
     pub repair: bool,
+}
+
+/// The report of a check followed by a repair.
+#[derive(Serialize)]
+struct Repaired<'a> {
+    check: &'a Report,
+    repair: &'a Repair,
 }
 
 /// The whole report.
@@ -128,14 +135,13 @@ pub fn run(args: CheckArgs) -> anyhow::Result<()> {
     };
     if args.json {
         let json = match &repaired {
-            None => serde_json::to_value(&report),
-            Some(r) => serde_json::to_value(serde_json::json!({ "check": &report, "repair": r })),
+            None => serde_json::to_string_pretty(&report),
+            Some(repair) => serde_json::to_string_pretty(&Repaired {
+                check: &report,
+                repair,
+            }),
         };
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&json.context("encoding the report")?)
-                .context("encoding the report")?
-        );
+        println!("{}", json.context("encoding the report")?);
     } else {
         print!("{}", render(&report));
         if let Some(r) = &repaired {
@@ -152,6 +158,14 @@ pub fn run(args: CheckArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The configured processor settings, for the index layout the pool was formatted with.
+fn processor_config(cfg: &Config, layout: Partitioning) -> ProcessorConfig {
+    ProcessorConfig {
+        partitioning: layout,
+        ..cfg.processor.clone()
+    }
+}
+
 /// Opens the file for writing (as a memory node would: no other process may have it) and repairs it.
 fn repair(
     args: &CheckArgs,
@@ -163,13 +177,11 @@ fn repair(
     let (pool, _) = Pool::open(path, dinomo_pool::PersistMode::Durable)
         .with_context(|| format!("opening {} to repair it", path.display()))?;
     let pool = Arc::new(pool);
-    let mut processor = cfg.processor.clone();
-    processor.partitioning = layout;
     let opts = CheckOptions {
         max_listed_problems: args.max_problems,
         crashed,
     };
-    let repaired = repair_pool(&pool, &processor, &opts)
+    let repaired = repair_pool(&pool, &processor_config(cfg, layout), &opts)
         .with_context(|| format!("repairing {}", path.display()))?;
     pool.close()
         .with_context(|| format!("closing {}", path.display()))?;
@@ -266,9 +278,8 @@ fn inspect(
 
 /// Starts the data plane on the private copy, as `dinomo dpm` would, and stops it.
 fn trial(pool: Arc<Pool>, cfg: &Config, layout: Partitioning) -> Trial {
-    let mut processor = cfg.processor.clone();
-    processor.partitioning = layout;
-    let started = Processor::start(pool.clone(), &processor).map_err(|e| e.to_string());
+    let started =
+        Processor::start(pool.clone(), &processor_config(cfg, layout)).map_err(|e| e.to_string());
     let (p, keys) = match started.and_then(|p| {
         dinomo_meta::EmbeddedMeta::open(pool.clone(), cfg.dpm.meta.clone())
             .map_err(|e| format!("cluster record: {e}"))?;

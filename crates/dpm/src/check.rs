@@ -204,26 +204,22 @@ pub fn repair_pool(
     drop(processor);
     let mut c = Checker::new(pool, opts);
     c.run();
-    let mut indexes: HashMap<Option<u32>, Index> = HashMap::new();
     let mut removed_slots = Vec::new();
-    for (node, hash, entry) in std::mem::take(&mut c.bad_slots) {
-        let index = match indexes.entry(node) {
-            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(index_of(pool, node).map_err(crate::ProcessorError::Corrupt)?)
+    let bad_slots = std::mem::take(&mut c.bad_slots);
+    for slots in bad_slots.chunk_by(|a, b| a.index == b.index) {
+        let index = Index::open_at(pool.clone(), &IndexConfig::default(), slots[0].index)
+            .map_err(|e| crate::ProcessorError::Corrupt(e.to_string()))?;
+        for slot in slots {
+            if index.remove(slot.hash, |r| r == slot.entry).is_some() {
+                removed_slots.push(RemovedSlot {
+                    node: slot.node,
+                    hash: slot.hash,
+                    entry: slot.entry.offset(),
+                    key: c.readable_key(slot.entry).map(|k| show_key(&k)),
+                });
             }
-        };
-        if index.remove(hash, |r| r == entry).is_some() {
-            let key = c.readable_key(entry).map(|k| show_key(&k));
-            removed_slots.push(RemovedSlot {
-                node,
-                hash,
-                entry: entry.offset(),
-                key,
-            });
         }
     }
-    drop(indexes);
     let mut damaged = std::mem::take(&mut c.damaged_segments);
     damaged.sort_unstable();
     damaged.dedup();
@@ -246,24 +242,14 @@ pub fn repair_pool(
     })
 }
 
-/// The index of KV node `node`'s partition, or the shared index (`None`).
-fn index_of(pool: &Arc<Pool>, node: Option<u32>) -> Result<Index, String> {
-    let anchor = match node {
-        None => Anchor::Root(dinomo_log::roots::INDEX),
-        Some(n) => {
-            let table = PartitionTable::open(pool.clone())
-                .map_err(|e| format!("partition table: {e}"))?
-                .ok_or("the pool has no partition table")?;
-            let slot = table
-                .partitions()
-                .into_iter()
-                .find(|p| p.node == n)
-                .ok_or_else(|| format!("KV node {n} has no partition"))?
-                .slot;
-            Anchor::Word(table.index_anchor(slot))
-        }
-    };
-    Index::open_at(pool.clone(), &IndexConfig::default(), anchor).map_err(|e| e.to_string())
+/// A slot in its hash's chain whose entry is not valid.
+struct BadSlot {
+    /// Where its index is anchored.
+    index: Anchor,
+    /// The KV node whose partition the index is (`None`: the shared index).
+    node: Option<u32>,
+    hash: u64,
+    entry: EntryRef,
 }
 
 struct Checker {
@@ -276,9 +262,9 @@ struct Checker {
     spans: BTreeMap<u64, Span>,
     mode: HashMode,
     scratch: Vec<u8>,
-    /// The slots in their hash's chain whose entry is not valid: (the index's node, `None` for the shared index;
-    /// the slot's hash; the entry it names). What [`repair_pool`] removes.
-    bad_slots: Vec<(Option<u32>, u64, EntryRef)>,
+    /// The slots in their hash's chain whose entry is not valid, each index's together. What [`repair_pool`]
+    /// removes.
+    bad_slots: Vec<BadSlot>,
     /// Sealed log segments with stretches that hold no valid entry. What [`repair_pool`] empties.
     damaged_segments: Vec<u64>,
 }
@@ -332,19 +318,18 @@ impl Checker {
                 for p in table.partitions() {
                     let anchor = Anchor::Word(table.index_anchor(p.slot));
                     match Index::open_at(self.pool.clone(), &cfg, anchor) {
-                        Ok(index) => self.check_index(&index, Some(p.node), p.departed),
+                        Ok(index) => self.check_index(&index, anchor, Some(p.node), p.departed),
                         Err(e) => self.problem(format!("index of KV node {}: {e}", p.node)),
                     }
                 }
             }
-            None if shared => match Index::open_at(
-                self.pool.clone(),
-                &cfg,
-                Anchor::Root(dinomo_log::roots::INDEX),
-            ) {
-                Ok(index) => self.check_index(&index, None, false),
-                Err(e) => self.problem(format!("index: {e}")),
-            },
+            None if shared => {
+                let anchor = Anchor::Root(dinomo_log::roots::INDEX);
+                match Index::open_at(self.pool.clone(), &cfg, anchor) {
+                    Ok(index) => self.check_index(&index, anchor, None, false),
+                    Err(e) => self.problem(format!("index: {e}")),
+                }
+            }
             None => self.problem("the pool has a log directory but no index".into()),
         }
         self.check_cells();
@@ -577,7 +562,7 @@ impl Checker {
         self.scratch = data;
     }
 
-    fn check_index(&mut self, index: &Index, node: Option<u32>, departed: bool) {
+    fn check_index(&mut self, index: &Index, anchor: Anchor, node: Option<u32>, departed: bool) {
         let stats = index.stats();
         let mut summary = IndexCheck {
             node,
@@ -610,7 +595,12 @@ impl Checker {
                 Err(why) => {
                     summary.bad_slots += 1;
                     if home {
-                        self.bad_slots.push((node, h, r));
+                        self.bad_slots.push(BadSlot {
+                            index: anchor,
+                            node,
+                            hash: h,
+                            entry: r,
+                        });
                     }
                     self.problem(format!(
                         "{name}: the slot of hash {h:#x} names the entry at {:#x} ({} bytes): {why}",

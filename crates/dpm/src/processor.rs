@@ -1584,14 +1584,9 @@ impl Inner {
             && out_of_space(&granted)
             && let Ok(log) = self.log(req.log_id, req.session)
         {
-            for _ in 0..2 {
-                if self.make_room_for_table(&log.index, true) {
-                    granted = self.next_segment_once(req);
-                    break;
-                }
-                if log.index.blocked_growth().is_none() {
-                    break;
-                }
+            // (Once nothing blocks the growth, an attempt returns at once.)
+            if (0..2).any(|_| self.make_room_for_table(&log.index, true)) {
+                granted = self.next_segment_once(req);
             }
         }
         granted

@@ -17,7 +17,7 @@
 //! node asks for it again). A table of another capacity is replaced whole: the new one is filled with the newest
 //! entries before its root slot names it, and the old one freed after (or at the next start, after a crash).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use dinomo_fabric::ClientId;
@@ -154,7 +154,6 @@ pub struct RevocationTable {
     entries: VecDeque<(u64, ClientId)>,
     /// The sequence number of the next entry, written in slot `(next_seq - 1) % capacity`.
     next_seq: u64,
-    held: HashSet<ClientId>,
 }
 
 impl RevocationTable {
@@ -163,8 +162,9 @@ impl RevocationTable {
     /// logged and replaced at the next revocation: the memory node still starts, with what its revocations guard
     /// against left to the KV nodes' leases, rather than serve nothing for want of this table.
     pub fn open(pool: Arc<Pool>) -> Result<RevocationTable, ProcessorError> {
+        let root = pool.root(ROOT)?;
         let (read, offset) = match read_entries(&pool) {
-            Ok(read) => (read, pool.root(ROOT)?),
+            Ok(read) => (read, root),
             Err(ProcessorError::Corrupt(why)) => {
                 error!(
                     %why,
@@ -180,7 +180,6 @@ impl RevocationTable {
             damaged,
             capacity,
         } = read;
-        let root = pool.root(ROOT)?;
         for ext in pool.allocated() {
             // Those of an interrupted replacement, and a damaged one (once a new one is named).
             if ext.tag == TAG && ext.offset != root {
@@ -201,7 +200,6 @@ impl RevocationTable {
             pool,
             offset,
             capacity,
-            held: entries.iter().map(|(_, id)| *id).collect(),
             next_seq: entries.last().map_or(1, |(seq, _)| seq + 1),
             entries: entries.into(),
         })
@@ -229,16 +227,15 @@ impl RevocationTable {
 
     /// Records `ids` as revoked, in a table of `capacity` entries (the memory node's bound on revoked clients): the
     /// oldest are forgotten beyond it. Each is persisted before this returns; ids already held are not written
-    /// again.
+    /// again. (A take-over's few ids against a few thousand held: a scan, as rare as take-overs.)
     pub fn record(&mut self, ids: &[ClientId], capacity: usize) -> Result<(), ProcessorError> {
         let capacity = (capacity.max(1) as u64).min(MAX_CAPACITY);
-        let new: Vec<ClientId> = {
-            let mut seen = HashSet::new();
-            ids.iter()
-                .copied()
-                .filter(|id| !self.held.contains(id) && seen.insert(*id))
-                .collect()
-        };
+        let mut new: Vec<ClientId> = Vec::new();
+        for &id in ids {
+            if !new.contains(&id) && !self.entries.iter().any(|&(_, held)| held == id) {
+                new.push(id);
+            }
+        }
         if new.is_empty() {
             return Ok(());
         }
@@ -260,14 +257,14 @@ impl RevocationTable {
         self.pool.write(at, &encode(seq, id))?;
         self.pool.persist(at, ENTRY_LEN);
         self.next_seq += 1;
-        while let Some(&(old_seq, old)) = self.entries.front()
-            && old_seq + self.capacity <= seq
+        while self
+            .entries
+            .front()
+            .is_some_and(|&(old_seq, _)| old_seq + self.capacity <= seq)
         {
             self.entries.pop_front();
-            self.held.remove(&old);
         }
         self.entries.push_back((seq, id));
-        self.held.insert(id);
         Ok(())
     }
 
@@ -300,7 +297,6 @@ impl RevocationTable {
         }
         self.offset = offset;
         self.capacity = capacity;
-        self.held = entries.iter().copied().collect();
         self.next_seq = entries.len() as u64 + 1;
         self.entries = (1..).zip(entries).collect();
         Ok(())
