@@ -30,6 +30,21 @@ pub trait Scaler: Send + Sync {
     fn set_removing(&self, _node: NodeId, _removing: bool) {}
 }
 
+/// Has `remove` take `node` out of the ring, then `stop` stop it, telling `scaler` meanwhile that the caller drives
+/// the removal (so a scaler that stops removed nodes by itself leaves this one alone). A removal that failed may
+/// still be carried through by the M-node later; the scaler may then stop the node itself.
+pub(crate) fn remove_then_stop(
+    scaler: &dyn Scaler,
+    node: NodeId,
+    remove: impl FnOnce() -> Result<(), ClusterError>,
+    stop: impl FnOnce() -> Result<(), ClusterError>,
+) -> Result<(), ClusterError> {
+    scaler.set_removing(node, true);
+    let removed = remove().and_then(|()| stop());
+    scaler.set_removing(node, false);
+    removed
+}
+
 /// What the autoscaler asks of the M-node.
 pub trait Actuator: Send + Sync {
     /// Whether this M-node leads (only the leader's autoscaler acts).
@@ -351,12 +366,12 @@ fn carry_out(
             Ok(format!("node {id} started"))
         }
         Action::RemoveNode(node) => {
-            scaler.set_removing(*node, true);
-            let removed = actuator
-                .remove_node(*node)
-                .and_then(|()| scaler.stop_node(*node));
-            scaler.set_removing(*node, false);
-            removed?;
+            remove_then_stop(
+                scaler,
+                *node,
+                || actuator.remove_node(*node),
+                || scaler.stop_node(*node),
+            )?;
             Ok(format!("node {node} removed and stopped"))
         }
         Action::SetReplication { key, to, .. } => {

@@ -319,14 +319,16 @@ impl LocalCluster {
     /// Has the M-node remove `node` from the ring, then stops it once it has drained
     /// ([`LocalClusterConfig::retire_quiet`]).
     pub fn remove_node(&mut self, node: NodeId) -> Result<(), ClusterError> {
-        self.scaler.set_removing(node, true);
-        let removed = self.mnode().remove_node(node);
-        if removed.is_ok() {
-            self.scaler.retire(node);
-        }
         // A removal that failed may still be carried through by the M-node: the supervisor then stops the node.
-        self.scaler.set_removing(node, false);
-        removed
+        crate::autoscale::remove_then_stop(
+            &*self.scaler,
+            node,
+            || self.mnode().remove_node(node),
+            || {
+                self.scaler.retire(node);
+                Ok(())
+            },
+        )
     }
 
     /// The ids of the KV nodes restarted because their lease expired while they ran, in restart order (an id

@@ -12,10 +12,9 @@ use dinomo_fabric::{ClientId, Connector};
 use dinomo_kn::{Command, KnConfig, KnError, KvNode, LeaseGate, Ownership, Submitter};
 use dinomo_meta::{LeaseId, MetaError, MetaStore};
 use dinomo_ring::{NodeId, Ring};
-
-use crate::ClusterRecord;
 use tracing::{info, warn};
 
+use crate::ClusterRecord;
 use crate::server::{Server, ServerLimits};
 use crate::stop::StopSignal;
 use crate::wire::Routing;
