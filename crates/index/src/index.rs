@@ -1074,6 +1074,46 @@ impl Index {
         }
     }
 
+    /// Calls `f(hash, ref)` for every live entry whose hash lies in `slice` of a table of `2^bits` buckets: whose
+    /// bucket there would be `slice`. A table of this index with more buckets is walked over each of its buckets
+    /// that split from `slice`; one with fewer, over the one bucket `slice` merges into, keeping its entries of
+    /// `slice` only. Bits of `slice` above `bits` are ignored. As a bucket's hashes are the low bits of the mixed hash, slices are stable under resizing,
+    /// which is what lets a cursor walk an index that grows meanwhile (`SCAN`). The table cannot be replaced
+    /// during the walk; writes to it may or may not be seen. `f` must not write to this index.
+    pub fn for_each_in_slice(&self, slice: u64, bits: u32, mut f: impl FnMut(u64, EntryRef)) {
+        let guard = self.read_table();
+        let t = *guard;
+        let slices = 1u64.checked_shl(bits).unwrap_or(0);
+        // A cursor's bits above the resolution are not part of its slice.
+        let slice = slice & slices.wrapping_sub(1);
+        let in_slice = |h: u64| slices == 0 || bucket_index(h, slices) == slice;
+        let (first, step, count) = if slices != 0 && t.nbuckets >= slices {
+            (slice, slices, t.nbuckets / slices)
+        } else {
+            (slice & (t.nbuckets - 1), 1, 1)
+        };
+        for k in 0..count {
+            let mut bucket = Some(primary_offset(t.offset, first + k * step));
+            while let Some(cur) = bucket {
+                let img = snapshot(&self.pool, cur).expect("index buckets lie inside the pool");
+                for (h, v) in img.slots {
+                    if h != 0
+                        && in_slice(h)
+                        && let Some(r) = EntryRef::from_raw(v)
+                    {
+                        f(h, r);
+                    }
+                }
+                bucket = self.next_bucket(&t, cur);
+            }
+        }
+    }
+
+    /// The number of buckets of the published table, as a power of two.
+    pub fn bucket_bits(&self) -> u32 {
+        self.read_table().nbuckets.trailing_zeros()
+    }
+
     /// Geometry and counters.
     pub fn stats(&self) -> IndexStats {
         if self.freed.load(Ordering::Acquire) {

@@ -68,6 +68,16 @@ pub use dinomo_log::EntryRef;
 pub use index::{Anchor, Index, free_unreferenced};
 pub use remote::{REMOTE_MAX_ATTEMPTS, RemoteIndex};
 
+/// The slice a cursor walking the index visits after `slice`, when slices are read at `bits` bits (see
+/// [`Index::for_each_in_slice`]); 0 once every slice was visited. Slices are taken in the order of their reversed
+/// bits, as Redis's `SCAN` takes buckets: a walk that changes `bits` between steps (because the tables grew or
+/// shrank) still visits every hash it had not visited, some perhaps twice.
+pub fn next_slice(slice: u64, bits: u32) -> u64 {
+    let mask = 1u64.checked_shl(bits).map_or(u64::MAX, |n| n - 1);
+    let v = (slice | !mask).reverse_bits().wrapping_add(1);
+    v.reverse_bits()
+}
+
 /// Settings of an index.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
