@@ -42,6 +42,7 @@ mod cleaner;
 mod indexes;
 mod log_writer;
 mod retire;
+mod scan;
 
 use indexes::Indexes;
 
@@ -688,6 +689,11 @@ impl Processor {
         self.inner.count_keys()
     }
 
+    /// One step of a walk over every key ([`proto::ScanKeys`]).
+    pub fn scan_keys(&self, req: &proto::ScanKeys) -> Result<proto::KeysPage, ProcessorError> {
+        self.inner.scan_keys(req)
+    }
+
     /// Stops the merge threads (also done on drop).
     pub fn shutdown(&self) {
         self.inner.stopping.store(true, Ordering::Release);
@@ -761,6 +767,10 @@ impl RpcHandler for Handler {
                 },
                 response,
             ),
+            proto::SCAN_KEYS => {
+                let req: proto::ScanKeys = dinomo_fabric::decode(request)?;
+                dinomo_fabric::encode(&self.inner.scan_keys(&req).map_err(fail)?, response)
+            }
             proto::TAKE_OVER_NODE => {
                 let req: proto::TakeOverNode = dinomo_fabric::decode(request)?;
                 let taken = self.inner.as_manager("TAKE_OVER_NODE", req.epoch, || {

@@ -36,6 +36,8 @@ pub const LAYOUT: u16 = 13;
 pub const MERGE_SEALED: u16 = 14;
 /// [`Fence`] → [`Fenced`].
 pub const FENCE: u16 = 15;
+/// [`ScanKeys`] → [`KeysPage`].
+pub const SCAN_KEYS: u16 = 16;
 
 /// The management node's calls ([`TAKE_OVER_NODE`], [`RESERVE_CELL`], [`RELEASE_CELL`], [`SYNC_CELLS`],
 /// [`REBALANCE`] and [`FENCE`]) each carry the epoch of the change they belong to: the epoch the M-node reserved in
@@ -266,6 +268,31 @@ pub struct SyncCells {
 pub struct KeyCount {
     /// Keys with a value.
     pub keys: u64,
+}
+
+/// One step of a walk over every key the memory node holds (Redis's `SCAN`). A walk starts at cursor 0 and ends
+/// when a reply's cursor is 0. It first reads the logs' unmerged entries, then the index slice by slice, so that a
+/// key written before the walk started and not deleted before it ended is named by some step: an entry only
+/// moves from a log to the index, which is read after. The keys named are candidates: some may have been deleted
+/// (their delete is not merged yet), and the caller checks them at their owners. A key may be named twice.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ScanKeys {
+    /// The cursor of the previous step's reply, or 0 to start.
+    pub cursor: u64,
+    /// About how many keys to name (a hint: a step reads whole log segments and whole index slices).
+    pub count: u32,
+    /// The most key bytes the reply may carry; it stops before that, after at least one key.
+    pub max_bytes: u32,
+}
+
+/// Reply to [`ScanKeys`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct KeysPage {
+    /// Where the next step starts; 0 when the walk is over.
+    pub cursor: u64,
+    /// Keys the index or a shared key's cell names, and keys whose newest entry among those this step read writes
+    /// a value; none twice within one step.
+    pub keys: Vec<Vec<u8>>,
 }
 
 /// Shared-nothing layout (DINOMO-N): moves every key to the partition of its owner under `ring`. Each partition's

@@ -43,6 +43,27 @@ impl Setup {
     fn shared_at_memory_node(&self) -> u64 {
         self.processor.stats().shared_keys
     }
+
+    /// Every key a whole walk of the memory node names (`SCAN`), sorted.
+    fn walked(&self) -> anyhow::Result<Vec<Vec<u8>>> {
+        let mut named = Vec::new();
+        let mut cursor = 0;
+        loop {
+            let page = self.processor.scan_keys(&dinomo_dpm::proto::ScanKeys {
+                cursor,
+                count: 1,
+                max_bytes: 1 << 20,
+            })?;
+            named.extend(page.keys);
+            cursor = page.cursor;
+            if cursor == 0 {
+                break;
+            }
+        }
+        named.sort();
+        named.dedup();
+        Ok(named)
+    }
 }
 
 /// Not the offset of any cell: the memory node refuses to share a key through it, which fails the install after
@@ -114,6 +135,9 @@ fn a_retried_install_finishes_the_sharing_change() -> anyhow::Result<()> {
     let beta_cell = s.reserve(b"beta")?;
     s.install(3, &[(b"alpha", alpha_cell), (b"beta", beta_cell)])?;
     assert_eq!(s.shared_at_memory_node(), 2);
+    // Their cells are the keys' only references now, and a walk over the keys names them from there.
+    s.kn.handle().merge_all()?;
+    assert_eq!(s.walked()?, vec![b"alpha".to_vec(), b"beta".to_vec()]);
     assert_eq!(kv.get(b"alpha")?, Some(b"a1".to_vec()));
     assert_eq!(kv.get(b"beta")?, Some(b"b1".to_vec()));
     kv.set(b"alpha", b"a3")?;
