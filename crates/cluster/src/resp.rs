@@ -39,6 +39,8 @@ use crate::wire::ResponseBody;
 /// reported as failed: beyond the longest a worker waits for the memory node to merge
 /// (`KnConfig::merge_wait_timeout`, 10 s by default) and the forwarding client's deadline per operation (5 s).
 const WORKER_REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Key bytes one `SCAN` step brings back from the memory node at most (far below the fabric's message limit).
+const SCAN_REPLY_BYTES: u32 = 1 << 20;
 
 /// Starts the RESP server of a node.
 pub(crate) fn start(
@@ -668,6 +670,35 @@ impl BackendConn for NodeConn {
     }
 
     fn dbsize(&mut self) -> Result<u64, BackendError> {
+        let count: dinomo_dpm::proto::KeyCount =
+            self.call_memory_node(dinomo_dpm::proto::COUNT_KEYS, &(), "did not count the keys")?;
+        Ok(count.keys)
+    }
+
+    fn scan(&mut self, cursor: u64, count: u32) -> Result<dinomo_resp::KeysPage, BackendError> {
+        let req = dinomo_dpm::proto::ScanKeys {
+            cursor,
+            count,
+            max_bytes: SCAN_REPLY_BYTES,
+        };
+        let page: dinomo_dpm::proto::KeysPage =
+            self.call_memory_node(dinomo_dpm::proto::SCAN_KEYS, &req, "did not list the keys")?;
+        Ok(dinomo_resp::KeysPage {
+            cursor: page.cursor,
+            keys: page.keys,
+        })
+    }
+}
+
+impl NodeConn {
+    /// A call to the memory node's processor over this node's connection to it, made on first use and again
+    /// after a failure.
+    fn call_memory_node<Req: serde::Serialize, Resp: serde::de::DeserializeOwned>(
+        &mut self,
+        method: u16,
+        req: &Req,
+        failed: &str,
+    ) -> Result<Resp, BackendError> {
         let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
         if memory.is_none() {
             *memory = Some(self.connector.connect().map_err(|e| {
@@ -675,15 +706,10 @@ impl BackendConn for NodeConn {
             })?);
         }
         let ep = memory.as_mut().expect("connected above");
-        match ep.call::<_, dinomo_dpm::proto::KeyCount>(dinomo_dpm::proto::COUNT_KEYS, &()) {
-            Ok(c) => Ok(c.keys),
-            Err(e) => {
-                *memory = None;
-                Err(BackendError::Unavailable(format!(
-                    "the memory node did not count the keys: {e}"
-                )))
-            }
-        }
+        ep.call::<_, Resp>(method, req).map_err(|e| {
+            *memory = None;
+            BackendError::Unavailable(format!("the memory node {failed}: {e}"))
+        })
     }
 }
 

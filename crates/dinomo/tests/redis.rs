@@ -87,7 +87,7 @@ fn redis_cli_talks_to_every_node() -> anyhow::Result<()> {
         cli(b, &["SELECT", "1"])?,
         "ERR DB index is out of range\n\n"
     );
-    assert_eq!(cli(a, &["COMMAND", "COUNT"])?, "26\n");
+    assert_eq!(cli(a, &["COMMAND", "COUNT"])?, "29\n");
     // RESP3 through redis-cli's -3 switch.
     assert_eq!(cli(b, &["-3", "GET", "greeting"])?, "hello world\n");
     Ok(())
@@ -242,6 +242,11 @@ for op in (lambda: a.incr("edge"), lambda: a.incrby("edge", 2), lambda: b.decrby
 assert a.get("edge") == str(2 ** 63 - 1).encode()
 print("ok")
 "#;
+    redis_py(script, &up)
+}
+
+/// Runs the redis-py `script` with the two nodes' ports as its arguments; it must print `ok`.
+fn redis_py(script: &str, up: &Up) -> anyhow::Result<()> {
     let args = vec![
         "-c".to_string(),
         script.to_string(),
@@ -261,6 +266,55 @@ print("ok")
 }
 
 /// A raw connection.
+/// SCAN, KEYS and TYPE through either node: a walk lists the keys of the whole cluster (those merged into the
+/// index and those still in the KV nodes' logs), each deleted key left out.
+#[test]
+fn scan_and_keys_list_the_whole_cluster_through_any_node() -> anyhow::Result<()> {
+    let up = up(&[])?;
+    let script = r#"
+import sys, redis
+a = redis.Redis(host="127.0.0.1", port=int(sys.argv[1]))
+b = redis.Redis(host="127.0.0.1", port=int(sys.argv[2]))
+p = a.pipeline(transaction=False)
+for i in range(3000):
+    p.set("user:%d" % i, "v")
+for i in range(100):
+    p.set(b"bin:\x00\xff" + bytes([i]), "v")
+p.execute()
+p = b.pipeline(transaction=False)
+for i in range(0, 3000, 6):
+    p.delete("user:%d" % i)
+p.execute()
+users = {("user:%d" % i).encode() for i in range(3000) if i % 6}
+bins = {b"bin:\x00\xff" + bytes([i]) for i in range(100)}
+for node in (a, b):
+    assert set(node.scan_iter(count=50)) == users | bins
+    assert set(node.scan_iter(match="user:1*", count=1000)) == {k for k in users if k.startswith(b"user:1")}
+    assert set(node.keys("bin:*")) == bins
+    assert set(node.keys("user:2[0-4]?")) == {k for k in users if len(k) == 8 and k.startswith(b"user:2") and k[6] in b"01234"}
+    assert list(node.scan_iter(_type="hash")) == []
+assert a.type("user:1") == b"string" and b.type("user:0") == b"none"
+cursor, keys = a.scan(0, count=5)
+assert cursor != 0 and len(set(keys)) == len(keys)
+print("ok")
+"#;
+    redis_py(script, &up)?;
+    // redis-cli's own walk.
+    let listed = cli(up.resp[1], &["--scan", "--pattern", "user:29*"])?;
+    let mut listed: Vec<&str> = listed.lines().collect();
+    listed.sort_unstable();
+    listed.dedup();
+    let mut want: Vec<String> = (0..3000)
+        .filter(|i| i % 6 != 0)
+        .map(|i| format!("user:{i}"))
+        .filter(|k| k.starts_with("user:29"))
+        .collect();
+    want.sort_unstable();
+    assert_eq!(listed, want);
+    assert_eq!(cli(up.resp[0], &["KEYS", "nothing*"])?, "\n");
+    Ok(())
+}
+
 fn connect(addr: SocketAddr) -> TcpStream {
     let s = TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();

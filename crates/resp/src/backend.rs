@@ -84,6 +84,15 @@ pub enum BackendError {
     OutOfSpace(String),
 }
 
+/// One step of a walk over the keys ([`BackendConn::scan`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeysPage {
+    /// Where the next step starts; 0 when the walk is over.
+    pub cursor: u64,
+    /// Keys named by this step.
+    pub keys: Vec<Vec<u8>>,
+}
+
 /// A result of an [`Op`].
 pub type OpResult = Result<Output, BackendError>;
 
@@ -142,6 +151,17 @@ pub trait BackendConn: Send + 'static {
 
     /// How many keys the store holds.
     fn dbsize(&mut self) -> Result<u64, BackendError>;
+
+    /// One step of a walk over the store's keys (`SCAN`, `KEYS`), from `cursor` (0 starts a walk; a reply cursor
+    /// of 0 ends it), naming about `count` keys. A whole walk names every key there from its start to its end,
+    /// some perhaps more than once, and may name keys that are no longer there: the caller asks about each. The
+    /// default is a store that cannot list its keys.
+    fn scan(&mut self, cursor: u64, count: u32) -> Result<KeysPage, BackendError> {
+        let _ = (cursor, count);
+        Err(BackendError::Unavailable(
+            "this store cannot list its keys (SCAN, KEYS)".into(),
+        ))
+    }
 
     /// The serving process's fabric counters since it started, when the store reaches memory nodes through a
     /// fabric that counts them; `None` (the default) leaves the `fabric` section out of `INFO`.
@@ -345,6 +365,15 @@ impl BackendConn for MemoryBackend {
 
     fn dbsize(&mut self) -> Result<u64, BackendError> {
         Ok(self.map.lock().unwrap_or_else(|p| p.into_inner()).len() as u64)
+    }
+
+    /// Every key in one step, in no particular order (Redis answers small keyspaces so too).
+    fn scan(&mut self, _cursor: u64, _count: u32) -> Result<KeysPage, BackendError> {
+        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(KeysPage {
+            cursor: 0,
+            keys: map.keys().cloned().collect(),
+        })
     }
 }
 

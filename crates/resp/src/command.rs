@@ -32,6 +32,9 @@ pub enum CommandId {
     Quit,
     Info,
     DbSize,
+    Scan,
+    Keys,
+    Type,
     Client,
     ClientId,
     ClientGetName,
@@ -369,7 +372,7 @@ static CONFIG_SUBCOMMANDS: [CommandSpec; 2] = [
 ];
 
 /// Every top-level command.
-pub static COMMANDS: [CommandSpec; 26] = [
+pub static COMMANDS: [CommandSpec; 29] = [
     cmd(
         C::Get,
         "get",
@@ -652,6 +655,43 @@ pub static COMMANDS: [CommandSpec; 26] = [
         "1.0.0",
         "O(1)",
         "Return the number of keys in the selected database (in the whole cluster)",
+    ),
+    cmd(
+        C::Scan,
+        "scan",
+        -2,
+        &["readonly"],
+        NO_KEYS,
+        &["@keyspace", "@read", "@slow"],
+        "generic",
+        "2.8.0",
+        "O(1) for every call. O(N) for a complete iteration, including enough command calls for the cursor to return \
+         back to 0. N is the number of elements inside the collection.",
+        "Iterate the keys space (of the whole cluster)",
+    ),
+    cmd(
+        C::Keys,
+        "keys",
+        2,
+        &["readonly"],
+        NO_KEYS,
+        &["@keyspace", "@read", "@slow", "@dangerous"],
+        "generic",
+        "1.0.0",
+        "O(N) with N being the number of keys in the database",
+        "Find all keys matching the given pattern (in the whole cluster)",
+    ),
+    cmd(
+        C::Type,
+        "type",
+        2,
+        &["readonly", "fast"],
+        ONE_KEY,
+        &["@keyspace", "@read", "@fast"],
+        "generic",
+        "1.0.0",
+        "O(1)",
+        "Determine the type stored at key",
     ),
     CommandSpec {
         subcommands: &CLIENT_SUBCOMMANDS,

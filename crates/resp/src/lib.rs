@@ -9,11 +9,13 @@
 //!   errors;
 //! - [`backend`]: what commands run on: a [`Backend`] gives each connection a [`BackendConn`] that executes a
 //!   pipeline's key operations together; [`MemoryBackend`] is an in-memory one;
+//! - [`glob`]: Redis's glob-style patterns (`KEYS`, `SCAN ... MATCH`);
 //! - [`server`]: the threaded server, with pipelining, `requirepass`, protected mode, a client limit and an idle
 //!   timeout.
 
 pub mod backend;
 pub mod command;
+pub mod glob;
 pub mod parse;
 pub mod reply;
 pub mod server;
@@ -22,7 +24,7 @@ pub mod value;
 mod wake;
 
 pub use backend::{
-    Backend, BackendConn, BackendError, FabricCounts, MemoryBackend, Op, OpResult, Output,
+    Backend, BackendConn, BackendError, FabricCounts, KeysPage, MemoryBackend, Op, OpResult, Output,
 };
 pub use parse::{ParseLimits, ProtocolError, RequestParser, encode_request};
 pub use reply::{Protocol, ReplyWriter};

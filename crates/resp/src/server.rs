@@ -30,6 +30,8 @@ use dinomo_sync::{Inbox, Mailbox};
 pub const DEFAULT_MAX_CLIENTS: usize = 10_000;
 /// Default of [`ServerConfig::max_pipeline`].
 pub const DEFAULT_MAX_PIPELINE: usize = 1024;
+/// Default of [`ServerConfig::max_keys_reply`].
+pub const DEFAULT_MAX_KEYS_REPLY: usize = 1_000_000;
 /// Default of [`ServerConfig::io_threads`].
 pub const DEFAULT_IO_THREADS: usize = 1;
 /// The most [`ServerConfig::io_threads`] a server starts.
@@ -72,6 +74,9 @@ pub struct ServerConfig {
     /// Event-loop threads serving the connections (each connection stays on one; Redis's `io-threads`, but
     /// each thread also runs the commands). Default [`DEFAULT_IO_THREADS`], at most [`MAX_IO_THREADS`].
     pub io_threads: usize,
+    /// The most keys `KEYS` answers with; a pattern matching more gets an error that points to `SCAN`, so that
+    /// one command cannot hold the whole keyspace in memory. Default [`DEFAULT_MAX_KEYS_REPLY`].
+    pub max_keys_reply: usize,
     /// Prefix of thread names. Default `dinomo-resp`.
     #[serde(skip)]
     pub name: String,
@@ -88,6 +93,7 @@ impl Default for ServerConfig {
             limits: ParseLimits::default(),
             max_pipeline: DEFAULT_MAX_PIPELINE,
             io_threads: DEFAULT_IO_THREADS,
+            max_keys_reply: DEFAULT_MAX_KEYS_REPLY,
             name: "dinomo-resp".into(),
         }
     }

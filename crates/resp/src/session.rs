@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use crate::backend::{BackendConn, BackendError, Op, OpResult, Output};
 use crate::command::{self, CommandId, CommandSpec};
+use crate::glob::Pattern;
 use crate::parse::{ProtocolError, parse_i64};
 use crate::reply::{Protocol, ReplyWriter};
 use crate::server::ServerConfig;
@@ -16,6 +17,10 @@ use crate::server::ServerConfig;
 pub const REDIS_COMPAT_VERSION: &str = "7.0.0";
 /// How often `SET key value NX GET` retries when the key changes between its read and its insert.
 const NX_GET_ATTEMPTS: usize = 64;
+/// Keys a `SCAN` step is asked for without `COUNT` (Redis's default).
+const DEFAULT_SCAN_COUNT: u32 = 10;
+/// Keys each step of a `KEYS` walk is asked for.
+const KEYS_STEP: u32 = 1000;
 
 /// Counters shared by every connection of a server.
 #[derive(Debug, Default)]
@@ -101,6 +106,8 @@ enum Deferred {
     AllOk,
     /// A number (`INCR`, `APPEND`, `STRLEN`).
     Int,
+    /// `+string` if the key has a value, else `+none` (`TYPE`).
+    Type,
 }
 
 enum Pending {
@@ -318,6 +325,12 @@ impl<C: BackendConn> Session<C> {
                     Ok(n) => self.reply(out, |w| w.integer(n as i64)),
                     Err(e) => self.backend_error(out, &e),
                 }
+            }
+            CommandId::Scan => self.scan(&args, out),
+            CommandId::Keys => self.keys(&args[1], out),
+            CommandId::Type => {
+                let key = take(&mut args, 1);
+                self.defer(Deferred::Type, [Op::Exists(key)]);
             }
             CommandId::ClientId => {
                 let id = self.id as i64;
@@ -711,6 +724,128 @@ impl<C: BackendConn> Session<C> {
     /// `CONFIG GET pattern...`: the settings that exist here, plus what redis-benchmark and client libraries
     /// ask about at start (`save`: dinomo takes no snapshots, `appendonly`: it keeps no append-only file; every
     /// write is logged in the memory node's pool instead).
+    /// `SCAN cursor [MATCH pattern] [COUNT count] [TYPE type]`: one step of the store's walk over its keys, less
+    /// the keys that do not match and those no longer there.
+    fn scan(&mut self, args: &[Vec<u8>], out: &mut Vec<u8>) {
+        let Some(cursor) = parse_cursor(&args[1]) else {
+            return self.error(out, "ERR invalid cursor");
+        };
+        let mut pattern = None;
+        let mut count = DEFAULT_SCAN_COUNT;
+        let mut strings = true;
+        for option in args[2..].chunks(2) {
+            let [name, value] = option else {
+                return self.error(out, "ERR syntax error");
+            };
+            if name.eq_ignore_ascii_case(b"match") {
+                pattern = Some(Pattern::new(value));
+            } else if name.eq_ignore_ascii_case(b"count") {
+                match parse_i64(value) {
+                    None => return self.error(out, "ERR value is not an integer or out of range"),
+                    Some(n) if n < 1 => return self.error(out, "ERR syntax error"),
+                    Some(n) => count = u32::try_from(n).unwrap_or(u32::MAX),
+                }
+            } else if name.eq_ignore_ascii_case(b"type") {
+                // Every value here is a string; another type has no keys.
+                let known = ["string", "list", "set", "zset", "hash", "stream"];
+                if !known
+                    .iter()
+                    .any(|t| value.eq_ignore_ascii_case(t.as_bytes()))
+                {
+                    let text =
+                        format!("ERR unknown type name '{}'", String::from_utf8_lossy(value));
+                    return self.error(out, &text);
+                }
+                strings = value.eq_ignore_ascii_case(b"string");
+            } else {
+                return self.error(out, "ERR syntax error");
+            }
+        }
+        self.flush(out);
+        let page = match self.conn.scan(cursor, count) {
+            Ok(page) => page,
+            Err(e) => return self.backend_error(out, &e),
+        };
+        let keys = if strings {
+            self.present(page.keys, pattern.as_ref())
+        } else {
+            Ok(Vec::new())
+        };
+        match keys {
+            Ok(keys) => self.reply(out, |w| {
+                w.array(2);
+                w.bulk(page.cursor.to_string().as_bytes());
+                w.array(keys.len());
+                keys.iter().for_each(|k| w.bulk(k));
+            }),
+            Err(e) => self.backend_error(out, &e),
+        }
+    }
+
+    /// `KEYS pattern`: a whole walk over the keys, at most [`ServerConfig::max_keys_reply`] of them.
+    fn keys(&mut self, pattern: &[u8], out: &mut Vec<u8>) {
+        let pattern = Pattern::new(pattern);
+        let limit = self.shared.config.max_keys_reply;
+        self.flush(out);
+        // A key may be named by two steps of one walk.
+        let mut found: std::collections::HashSet<Vec<u8>> = std::collections::HashSet::new();
+        let mut cursor = 0;
+        loop {
+            let page = match self.conn.scan(cursor, KEYS_STEP) {
+                Ok(page) => page,
+                Err(e) => return self.backend_error(out, &e),
+            };
+            match self.present(page.keys, Some(&pattern)) {
+                Ok(keys) => found.extend(keys),
+                Err(e) => return self.backend_error(out, &e),
+            }
+            if found.len() > limit {
+                let text = format!(
+                    "ERR KEYS matches more than {limit} keys (the server's max_keys_reply); use SCAN"
+                );
+                return self.error(out, &text);
+            }
+            cursor = page.cursor;
+            if cursor == 0 {
+                break;
+            }
+        }
+        self.reply(out, |w| {
+            w.array(found.len());
+            found.iter().for_each(|k| w.bulk(k));
+        });
+    }
+
+    /// The keys of `named` that match `pattern` and have a value now, asked of the store together.
+    fn present(
+        &mut self,
+        named: Vec<Vec<u8>>,
+        pattern: Option<&Pattern>,
+    ) -> Result<Vec<Vec<u8>>, BackendError> {
+        let candidates: Vec<Vec<u8>> = named
+            .into_iter()
+            .filter(|k| pattern.is_none_or(|p| p.matches(k)))
+            .collect();
+        if candidates.is_empty() {
+            return Ok(candidates);
+        }
+        let mut ops: Vec<Op> = candidates.iter().cloned().map(Op::Exists).collect();
+        let mut results = Vec::with_capacity(ops.len());
+        self.conn.execute(&mut ops, &mut results);
+        if results.len() != candidates.len() {
+            return Err(BackendError::Unavailable(
+                "the store returned fewer results than operations".into(),
+            ));
+        }
+        let mut there = Vec::with_capacity(candidates.len());
+        for (key, result) in candidates.into_iter().zip(results) {
+            if result? == Output::Applied(true) {
+                there.push(key);
+            }
+        }
+        Ok(there)
+    }
+
     fn config_get(&mut self, patterns: &[Vec<u8>], out: &mut Vec<u8>) {
         let c = &self.shared.config;
         let params: Vec<(&str, String)> = vec![
@@ -733,6 +868,7 @@ impl<C: BackendConn> Session<C> {
             ("bind", c.listen.ip().to_string()),
         ];
         // A parameter named without wildcards is answered under the name as given, as Redis does.
+        let globs: Vec<Pattern> = patterns.iter().map(|p| Pattern::ignoring_case(p)).collect();
         let mut found: Vec<(&[u8], &str)> = Vec::new();
         for (name, value) in &params {
             let as_named = patterns.iter().find(|p| {
@@ -740,7 +876,7 @@ impl<C: BackendConn> Session<C> {
             });
             if let Some(p) = as_named {
                 found.push((p, value));
-            } else if patterns.iter().any(|p| glob_match(p, name.as_bytes())) {
+            } else if globs.iter().any(|g| g.matches(name.as_bytes())) {
                 found.push((name.as_bytes(), value));
             }
         }
@@ -964,6 +1100,9 @@ impl<C: BackendConn> Session<C> {
             }
             (Deferred::AllOk, _) => w.ok(),
             (Deferred::Int, Some(Output::Int(n))) => w.integer(*n),
+            (Deferred::Type, Some(Output::Applied(there))) => {
+                w.simple(if *there { b"string" } else { b"none" })
+            }
             (_, o) => {
                 counts.errors += 1;
                 w.err(&format!("the store answered with an unexpected {o:?}"));
@@ -1023,6 +1162,14 @@ fn error_text(e: &BackendError) -> String {
 }
 
 /// Moves argument `i` out (arity was checked, so it exists).
+/// A `SCAN` cursor: an unsigned 64-bit decimal, as Redis reads it.
+fn parse_cursor(arg: &[u8]) -> Option<u64> {
+    if arg.is_empty() || !arg.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(arg).ok()?.parse().ok()
+}
+
 fn take(args: &mut [Vec<u8>], i: usize) -> Vec<u8> {
     std::mem::take(&mut args[i])
 }
@@ -1054,103 +1201,6 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         diff |= usize::from(x ^ y);
     }
     diff == 0
-}
-
-/// Redis's glob matching (`stringmatchlen`), without case: `*`, `?`, `[...]` with ranges and `^`, `\` escapes.
-pub(crate) fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
-    let lower = |b: u8| b.to_ascii_lowercase();
-    let (mut p, mut t) = (0, 0);
-    // Where to resume after the last `*`: (pattern position after it, text position it matched up to).
-    let mut star: Option<(usize, usize)> = None;
-    while t < text.len() {
-        let mut advanced = false;
-        if p < pattern.len() {
-            match pattern[p] {
-                b'*' => {
-                    star = Some((p + 1, t));
-                    p += 1;
-                    continue;
-                }
-                b'?' => {
-                    p += 1;
-                    t += 1;
-                    advanced = true;
-                }
-                b'[' => {
-                    if let Some((matched, end)) = class_match(&pattern[p..], lower(text[t])) {
-                        if matched {
-                            p += end;
-                            t += 1;
-                            advanced = true;
-                        }
-                    } else if lower(pattern[p]) == lower(text[t]) {
-                        p += 1;
-                        t += 1;
-                        advanced = true;
-                    }
-                }
-                b'\\' if p + 1 < pattern.len() => {
-                    if lower(pattern[p + 1]) == lower(text[t]) {
-                        p += 2;
-                        t += 1;
-                        advanced = true;
-                    }
-                }
-                c => {
-                    if lower(c) == lower(text[t]) {
-                        p += 1;
-                        t += 1;
-                        advanced = true;
-                    }
-                }
-            }
-        }
-        if !advanced {
-            match star {
-                Some((sp, st)) => {
-                    p = sp;
-                    t = st + 1;
-                    star = Some((sp, st + 1));
-                }
-                None => return false,
-            }
-        }
-    }
-    pattern[p..].iter().all(|&c| c == b'*')
-}
-
-/// Matches `c` against the class at the start of `pattern` (`[...]`); whether it matched and the class's
-/// length, or `None` when the class is not closed.
-fn class_match(pattern: &[u8], c: u8) -> Option<(bool, usize)> {
-    let mut i = 1;
-    let negate = pattern.get(1) == Some(&b'^');
-    if negate {
-        i += 1;
-    }
-    let mut matched = false;
-    while i < pattern.len() && pattern[i] != b']' {
-        if pattern[i] == b'\\' && i + 1 < pattern.len() {
-            matched |= pattern[i + 1].to_ascii_lowercase() == c;
-            i += 2;
-        } else if i + 2 < pattern.len() && pattern[i + 1] == b'-' && pattern[i + 2] != b']' {
-            let (mut lo, mut hi) = (
-                pattern[i].to_ascii_lowercase(),
-                pattern[i + 2].to_ascii_lowercase(),
-            );
-            if lo > hi {
-                std::mem::swap(&mut lo, &mut hi);
-            }
-            matched |= (lo..=hi).contains(&c);
-            i += 3;
-        } else {
-            matched |= pattern[i].to_ascii_lowercase() == c;
-            i += 1;
-        }
-    }
-    if i >= pattern.len() {
-        return None;
-    }
-    Some((matched != negate, i + 1))
 }
 
 #[cfg(test)]
