@@ -428,6 +428,80 @@ impl Client {
         r.addrs.get(&pick).map(|a| (pick, a.clone()))
     }
 
+    /// One step of a walk over every key of the cluster, as Redis's `SCAN`: from `cursor` (0 starts a walk; the
+    /// cursor returned is 0 once the walk is over), about `count` keys. A whole walk returns every key there from
+    /// its start to its end, some perhaps twice, and none deleted before it started and not written again: the
+    /// memory node names the keys, and the client asks each one's owner whether it is there (a request per key).
+    pub fn scan(&mut self, cursor: u64, count: u32) -> Result<(u64, Vec<Vec<u8>>), ClientError> {
+        let (cursor, named) = self.scan_step(cursor, count)?;
+        let mut there = Vec::with_capacity(named.len());
+        for key in named {
+            if self.exists(&key)? {
+                there.push(key);
+            }
+        }
+        Ok((cursor, there))
+    }
+
+    /// Every key of the cluster that matches `pattern` (Redis's glob patterns, as `KEYS`), sorted: a whole walk.
+    pub fn keys(&mut self, pattern: &[u8]) -> Result<Vec<Vec<u8>>, ClientError> {
+        let pattern = dinomo_resp::glob::Pattern::new(pattern);
+        let mut found = std::collections::BTreeSet::new();
+        let mut cursor = 0;
+        loop {
+            let (next, named) = self.scan_step(cursor, KEYS_STEP)?;
+            for key in named {
+                if pattern.matches(&key) && !found.contains(&key) && self.exists(&key)? {
+                    found.insert(key);
+                }
+            }
+            cursor = next;
+            if cursor == 0 {
+                return Ok(found.into_iter().collect());
+            }
+        }
+    }
+
+    /// The keys the memory node names in one step of a walk, asked of any KV node: those of the routing table in
+    /// turn, until one answers or the request deadline passes.
+    fn scan_step(&mut self, cursor: u64, count: u32) -> Result<(u64, Vec<Vec<u8>>), ClientError> {
+        let body = RequestBody::ScanKeys { cursor, count };
+        let deadline = dinomo_kn::deadline_after(self.cfg.op_timeout);
+        let mut pause = Duration::from_micros(200).min(self.cfg.max_retry_pause);
+        let mut last = String::from("no routing table");
+        loop {
+            let nodes: Vec<(NodeId, String)> = self
+                .routing
+                .as_ref()
+                .map(|r| r.addrs.iter().map(|(n, a)| (*n, a.clone())).collect())
+                .unwrap_or_default();
+            for (node, addr) in nodes {
+                match self.attempt(&addr, &body, deadline) {
+                    Attempt::Done(ResponseBody::Keys { cursor, keys }) => {
+                        return Ok((cursor, keys.into_iter().map(|k| k.into_vec()).collect()));
+                    }
+                    Attempt::Done(ResponseBody::Error { kind, message }) => {
+                        match final_error(kind, message, false) {
+                            Ok(e) => return Err(e),
+                            Err(message) => last = format!("node {node}: {message}"),
+                        }
+                    }
+                    Attempt::Done(other) => return Err(unexpected(other)),
+                    Attempt::Refused(why) => return Err(ClientError::Invalid(why)),
+                    Attempt::Retry(why) | Attempt::Lost(why) => {
+                        last = format!("node {node} at {addr} {why}");
+                    }
+                }
+            }
+            self.refresh(0, None);
+            if Instant::now() + pause > deadline {
+                return Err(ClientError::Unavailable(last));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(self.cfg.max_retry_pause);
+        }
+    }
+
     /// The settings.
     pub fn config(&self) -> &ClientConfig {
         &self.cfg
@@ -616,6 +690,9 @@ impl Client {
         self.routing.as_ref()?.ring.primary(key)
     }
 }
+
+/// Keys each step of a [`Client::keys`] walk is asked for.
+const KEYS_STEP: u32 = 1000;
 
 fn unexpected(body: ResponseBody) -> ClientError {
     ClientError::Invalid(format!("unexpected reply {body:?}"))

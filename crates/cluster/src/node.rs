@@ -4,11 +4,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use dinomo_fabric::{ClientId, Connector};
+use dinomo_fabric::{ClientId, Connector, Endpoint};
 use dinomo_kn::{Command, KnConfig, KnError, KvNode, LeaseGate, Ownership, Submitter};
 use dinomo_meta::{LeaseId, MetaError, MetaStore};
 use dinomo_ring::{NodeId, Ring};
@@ -143,6 +143,46 @@ pub struct NodeStats {
     pub threads: Vec<dinomo_kn::WorkerStats>,
 }
 
+/// Key bytes one `SCAN` step brings back from the memory node at most (far below the fabric's message limit).
+const SCAN_REPLY_BYTES: u32 = 1 << 20;
+
+/// A node's administrative calls to its memory node's processor (`DBSIZE`, `SCAN`, the memory node's statistics):
+/// one fabric endpoint shared by whoever asks, connected on first use and again after a failure.
+pub(crate) struct MemoryCalls {
+    connector: Connector,
+    endpoint: Mutex<Option<Endpoint>>,
+}
+
+impl MemoryCalls {
+    fn new(connector: Connector) -> MemoryCalls {
+        MemoryCalls {
+            connector,
+            endpoint: Mutex::new(None),
+        }
+    }
+
+    /// Calls `method` with `req`; why it failed otherwise.
+    pub(crate) fn call<Req: serde::Serialize, Resp: serde::de::DeserializeOwned>(
+        &self,
+        method: u16,
+        req: &Req,
+    ) -> Result<Resp, String> {
+        let mut endpoint = self.endpoint.lock().unwrap_or_else(|p| p.into_inner());
+        let ep = match &mut *endpoint {
+            Some(ep) => ep,
+            None => endpoint.insert(
+                self.connector
+                    .connect()
+                    .map_err(|e| format!("cannot reach the memory node: {e}"))?,
+            ),
+        };
+        ep.call(method, req).map_err(|e| {
+            *endpoint = None;
+            e.to_string()
+        })
+    }
+}
+
 /// What the server threads of a node share.
 pub(crate) struct NodeShared {
     pub id: NodeId,
@@ -157,7 +197,7 @@ pub(crate) struct NodeShared {
     /// Latency reports and tracked keys for the M-node's policy.
     pub(crate) policy_stats: crate::stats::NodePolicyStats,
     /// The memory node, for the administrative requests that ask about it.
-    pub(crate) memory: Connector,
+    pub(crate) memory: MemoryCalls,
     /// Whether other nodes of this process may still queue operations at its workers ([`Peers`]); cleared under
     /// the write side of `queue_order` when the node stops, so that every operation a peer queued is ahead of the
     /// workers' stop and is answered.
@@ -264,11 +304,24 @@ impl NodeShared {
         first_error.map_or(Ok(()), |e| Err(InstallError::Kn(e)))
     }
 
-    /// The memory node's statistics, asked on a connection of their own (an administrative request, rare).
+    /// The memory node's statistics.
     pub(crate) fn memory_stats(&self) -> Result<dinomo_dpm::ProcessorStats, String> {
-        let mut ep = self.memory.connect().map_err(|e| e.to_string())?;
-        ep.call(dinomo_dpm::proto::STATS, &())
-            .map_err(|e| e.to_string())
+        self.memory.call(dinomo_dpm::proto::STATS, &())
+    }
+
+    /// One step of the memory node's walk over every key ([`dinomo_dpm::proto::ScanKeys`]); keys one step brings
+    /// back are bounded by [`SCAN_REPLY_BYTES`].
+    pub(crate) fn scan_keys(
+        &self,
+        cursor: u64,
+        count: u32,
+    ) -> Result<dinomo_dpm::proto::KeysPage, String> {
+        let req = dinomo_dpm::proto::ScanKeys {
+            cursor,
+            count,
+            max_bytes: SCAN_REPLY_BYTES,
+        };
+        self.memory.call(dinomo_dpm::proto::SCAN_KEYS, &req)
     }
 
     /// The node's statistics: its workers' counters, in thread order, and its place in the ring.
@@ -362,7 +415,7 @@ impl ClusterNode {
             install_lock: std::sync::Mutex::new(()),
             queue_order: RwLock::new(()),
             policy_stats: Default::default(),
-            memory: connector.clone(),
+            memory: MemoryCalls::new(connector.clone()),
             open_to_peers: AtomicBool::new(true),
             resp_ops_to_peers: AtomicU64::new(0),
             resp_ops_forwarded: AtomicU64::new(0),

@@ -19,12 +19,12 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, unbounded};
-use dinomo_fabric::{Connector, Endpoint};
+use dinomo_fabric::Connector;
 use dinomo_kn::{Command, DataOp, KnError, Reply, ReplySink};
 use dinomo_resp::{Backend, BackendConn, BackendError, Op, OpResult, Output, Wake};
 use dinomo_ring::NodeId;
@@ -39,8 +39,6 @@ use crate::wire::ResponseBody;
 /// reported as failed: beyond the longest a worker waits for the memory node to merge
 /// (`KnConfig::merge_wait_timeout`, 10 s by default) and the forwarding client's deadline per operation (5 s).
 const WORKER_REPLY_TIMEOUT: Duration = Duration::from_secs(30);
-/// Key bytes one `SCAN` step brings back from the memory node at most (far below the fabric's message limit).
-const SCAN_REPLY_BYTES: u32 = 1 << 20;
 
 /// Starts the RESP server of a node.
 pub(crate) fn start(
@@ -71,8 +69,6 @@ pub(crate) fn start(
             forward,
             &format!("dinomo-kn{}-fwd", config.node_id),
         )?,
-        connector,
-        memory: Arc::new(Mutex::new(None)),
         worker_timeout: WORKER_REPLY_TIMEOUT.max(config.kn.merge_wait_timeout.saturating_mul(2)),
     };
     let server_config = dinomo_resp::ServerConfig {
@@ -88,11 +84,8 @@ struct NodeBackend {
     shared: Arc<NodeShared>,
     /// The other nodes of this process, whose keys' operations are queued at their workers directly.
     peers: Option<Arc<Peers>>,
-    connector: Connector,
     /// The threads that forward the keys other nodes own; stopped with the server (which drops the backend).
     forwarding: Forwarding,
-    /// A fabric endpoint to the memory node for `DBSIZE`, shared by the connections, connected on first use.
-    memory: Arc<Mutex<Option<Endpoint>>>,
     worker_timeout: Duration,
 }
 
@@ -106,12 +99,10 @@ impl Backend for NodeBackend {
             replies: replies_rx,
             shared: self.shared.clone(),
             peers: self.peers.clone(),
-            connector: self.connector.clone(),
             lane: self.forwarding.lane(),
             worker_timeout: self.worker_timeout,
             deadline: Instant::now(),
             batch: 0,
-            memory: self.memory.clone(),
             local: Vec::new(),
             at_peers: Vec::new(),
             remote: Vec::new(),
@@ -169,7 +160,6 @@ impl ReplySink for ConnSink {
 struct NodeConn {
     shared: Arc<NodeShared>,
     peers: Option<Arc<Peers>>,
-    connector: Connector,
     worker_timeout: Duration,
     sink: Arc<ConnSink>,
     replies: Receiver<Delivery>,
@@ -179,7 +169,6 @@ struct NodeConn {
     deadline: Instant,
     /// Numbers batches, so a late answer of an earlier batch that timed out is never taken for a current one.
     batch: u32,
-    memory: Arc<Mutex<Option<Endpoint>>>,
     /// The started batch's ops routed here, to another node of this process (with that node), and away.
     local: Vec<usize>,
     at_peers: Vec<(NodeId, usize)>,
@@ -670,45 +659,23 @@ impl BackendConn for NodeConn {
     }
 
     fn dbsize(&mut self) -> Result<u64, BackendError> {
-        let count: dinomo_dpm::proto::KeyCount =
-            self.call_memory_node(dinomo_dpm::proto::COUNT_KEYS, &(), "did not count the keys")?;
+        let count: dinomo_dpm::proto::KeyCount = self
+            .shared
+            .memory
+            .call(dinomo_dpm::proto::COUNT_KEYS, &())
+            .map_err(|e| {
+                BackendError::Unavailable(format!("the memory node did not count the keys: {e}"))
+            })?;
         Ok(count.keys)
     }
 
     fn scan(&mut self, cursor: u64, count: u32) -> Result<dinomo_resp::KeysPage, BackendError> {
-        let req = dinomo_dpm::proto::ScanKeys {
-            cursor,
-            count,
-            max_bytes: SCAN_REPLY_BYTES,
-        };
-        let page: dinomo_dpm::proto::KeysPage =
-            self.call_memory_node(dinomo_dpm::proto::SCAN_KEYS, &req, "did not list the keys")?;
+        let page = self.shared.scan_keys(cursor, count).map_err(|e| {
+            BackendError::Unavailable(format!("the memory node did not list the keys: {e}"))
+        })?;
         Ok(dinomo_resp::KeysPage {
             cursor: page.cursor,
             keys: page.keys,
-        })
-    }
-}
-
-impl NodeConn {
-    /// A call to the memory node's processor over this node's connection to it, made on first use and again
-    /// after a failure.
-    fn call_memory_node<Req: serde::Serialize, Resp: serde::de::DeserializeOwned>(
-        &mut self,
-        method: u16,
-        req: &Req,
-        failed: &str,
-    ) -> Result<Resp, BackendError> {
-        let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
-        if memory.is_none() {
-            *memory = Some(self.connector.connect().map_err(|e| {
-                BackendError::Unavailable(format!("cannot reach the memory node: {e}"))
-            })?);
-        }
-        let ep = memory.as_mut().expect("connected above");
-        ep.call::<_, Resp>(method, req).map_err(|e| {
-            *memory = None;
-            BackendError::Unavailable(format!("the memory node {failed}: {e}"))
         })
     }
 }

@@ -926,6 +926,20 @@ impl Service for NodeShared {
                 Ok(s) => ResponseBody::EpochStats(Box::new(s)),
                 Err(e) => error_body(e),
             },
+            RequestBody::ScanKeys { cursor, count } => match self.scan_keys(cursor, count) {
+                Ok(page) => ResponseBody::Keys {
+                    cursor: page.cursor,
+                    keys: page
+                        .keys
+                        .into_iter()
+                        .map(serde_bytes::ByteBuf::from)
+                        .collect(),
+                },
+                Err(message) => ResponseBody::Error {
+                    kind: ErrorKind::Unavailable,
+                    message: format!("the memory node did not list the keys: {message}"),
+                },
+            },
             RequestBody::MemoryStats => match self.memory_stats() {
                 Ok(s) => ResponseBody::Stats(serde_json::to_string(&s).unwrap_or_default()),
                 Err(message) => ResponseBody::Error {

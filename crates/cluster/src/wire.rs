@@ -94,6 +94,14 @@ pub enum RequestBody {
     /// The statistics of the KV node's memory node (pool space, merge backlog, index), which the node fetches
     /// with the memory node's `STATS` call; answered with `Stats`, a JSON `ProcessorStats`.
     MemoryStats,
+    /// One step of a walk over every key of the cluster (Redis's `SCAN`), which the node takes from its memory
+    /// node: answered with `Keys`. From `cursor` (0 starts a walk), about `count` keys.
+    ScanKeys {
+        /// The cursor of the previous step's answer, or 0.
+        cursor: u64,
+        /// About how many keys to name.
+        count: u32,
+    },
     /// The handshake, first on every connection: answered with `Welcome`, or refused and the connection closed.
     Hello {
         /// [`PROTOCOL_VERSION`] of the client.
@@ -165,6 +173,14 @@ pub enum ResponseBody {
     },
     /// A node's statistics of one monitoring epoch.
     EpochStats(Box<NodeEpochStats>),
+    /// A step of a walk over the keys (`ScanKeys`). The keys are the memory node's candidates: some may have been
+    /// deleted (their delete not merged yet), and the client asks their owners.
+    Keys {
+        /// Where the next step starts; 0 when the walk is over.
+        cursor: u64,
+        /// The keys named.
+        keys: Vec<serde_bytes::ByteBuf>,
+    },
     /// The handshake was accepted.
     Welcome {
         /// The server's [`PROTOCOL_VERSION`].
@@ -307,6 +323,7 @@ mod tests {
                     buckets: vec![(7, 1)],
                 }),
                 RequestBody::EpochStats,
+                RequestBody::ScanKeys { cursor: id, count: delta as u32 },
                 RequestBody::Hello { version: PROTOCOL_VERSION, token: Secret(String::from_utf8_lossy(&key).into_owned()) },
             ];
             for body in &reqs {
