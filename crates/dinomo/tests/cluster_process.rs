@@ -308,6 +308,10 @@ fn kill_and_join(partitioning: &str) -> anyhow::Result<()> {
     for i in 0..n {
         assert!(client.get(format!("key{i}").as_bytes())?.is_some());
     }
+    // The memory node's walk over the keys (SCAN, KEYS) lists them all, the dead node's logs taken over included.
+    let mut want: Vec<Vec<u8>> = (0..n).map(|i| format!("key{i}").into_bytes()).collect();
+    want.sort();
+    assert_eq!(client.keys(b"key*")?, want);
     Ok(())
 }
 
