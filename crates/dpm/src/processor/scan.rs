@@ -36,8 +36,8 @@ const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
 /// Log ids are directory slots, far below this.
 const MAX_LOG_ID: u32 = (1 << 23) - 1;
 /// Segment bytes one log-phase step reads before it answers (it reads whole segments, so one segment more at
-/// most).
-const LOG_STEP_BYTES: u64 = 16 << 20;
+/// most): a step holds one of the memory node's few RPC threads, which segment grants wait for.
+const LOG_STEP_BYTES: u64 = 4 << 20;
 /// The most a reply carries, whatever the caller asks: well below the fabric's message limit.
 const MAX_REPLY_BYTES: u32 = 4 << 20;
 /// Slices one index-phase step visits per key asked for when they are empty (as Redis's `SCAN` visits at most ten
