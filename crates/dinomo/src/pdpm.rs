@@ -621,6 +621,14 @@ impl BackendConn for PdpmConn {
             .key_count()
             .map_err(|e| store_error(e, false))
     }
+
+    fn scan(&mut self, cursor: u64, count: u32) -> Result<dinomo_resp::KeysPage, BackendError> {
+        let (cursor, keys) = self
+            .client()?
+            .scan_keys(cursor, count)
+            .map_err(|e| store_error(e, false))?;
+        Ok(dinomo_resp::KeysPage { cursor, keys })
+    }
 }
 
 /// A store's error as a Redis error: a request beyond the store's limits is invalid; a write whose fabric failed

@@ -100,6 +100,16 @@ fn every_baseline_serves_redis_commands_and_keeps_its_data_across_a_restart() ->
             "hello world\n42\n\n2\n"
         );
         assert_eq!(cli(r, &["DBSIZE"])?, "3\n");
+        assert_eq!(
+            sorted_lines(&cli(r, &["KEYS", "*"])?),
+            ["b", "greeting", "n"],
+            "{system}"
+        );
+        assert_eq!(
+            cli(r, &["--scan", "--pattern", "g*"])?,
+            "greeting\n",
+            "{system}"
+        );
         assert!(
             cli(r, &["SET", "big", &"v".repeat(257)])?
                 .contains("longer than the limit of 256 bytes")
@@ -127,6 +137,11 @@ fn every_baseline_serves_redis_commands_and_keeps_its_data_across_a_restart() ->
             "{system} after writes that followed the restart"
         );
         assert_eq!(cli(r, &["DBSIZE"])?, "4\n");
+        assert_eq!(
+            sorted_lines(&cli(r, &["KEYS", "*"])?),
+            ["b", "c", "greeting", "n"],
+            "{system} after a restart"
+        );
         drop(b.process);
 
         // The checker knows the pool for a baseline's and checks what it can of it.
@@ -195,4 +210,11 @@ fn redis_benchmark_against(system: &str) -> anyhow::Result<()> {
         "{system}"
     );
     Ok(())
+}
+
+/// redis-cli's lines, sorted (a walk over the keys names them in no particular order).
+fn sorted_lines(out: &str) -> Vec<&str> {
+    let mut lines: Vec<&str> = out.lines().collect();
+    lines.sort_unstable();
+    lines
 }

@@ -82,6 +82,8 @@ pub mod method {
     pub const COUNT: u16 = 0x4307;
     /// A client found a memory node unreachable: grants avoid it for the coordinator's `node_retry`.
     pub const REPORT_DOWN: u16 = 0x4308;
+    /// One step of a walk over the keys with a committed value (`SCAN`).
+    pub const SCAN: u16 = 0x4309;
 }
 
 /// The block area of a memory node, fixed when it is formatted.
@@ -648,6 +650,37 @@ impl Coordinator {
         host.set_rpc_handler(self.clone());
     }
 
+    /// One step of a walk over the keys with a committed value: the keys of index shard `cursor` (0 starts a
+    /// walk), and of the shards after it until about `count` keys are named, with the shard the next step starts
+    /// at (0 once the last was read). A key stays in its shard, so a whole walk names every key there throughout.
+    pub fn scan_keys(&self, cursor: u64, count: u32) -> (u64, Vec<Vec<u8>>) {
+        let mut keys = Vec::new();
+        let mut shard = cursor;
+        while let Some(s) = usize::try_from(shard).ok().and_then(|i| self.shards.get(i)) {
+            let s = s.read().unwrap_or_else(|e| e.into_inner());
+            keys.extend(
+                s.iter()
+                    .filter(|(_, e)| {
+                        e.read()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .committed
+                            .is_some()
+                    })
+                    .map(|(k, _)| k.clone()),
+            );
+            shard += 1;
+            if keys.len() >= count as usize {
+                break;
+            }
+        }
+        let next = if shard >= self.shards.len() as u64 {
+            0
+        } else {
+            shard
+        };
+        (next, keys)
+    }
+
     /// Keys with a committed value.
     pub fn key_count(&self) -> usize {
         self.shards
@@ -910,6 +943,10 @@ impl RpcHandler for Coordinator {
                 encode(&(), response)
             }
             method::COUNT => encode(&(self.key_count() as u64), response),
+            method::SCAN => {
+                let (cursor, count): (u64, u32) = decode(request)?;
+                encode(&self.scan_keys(cursor, count), response)
+            }
             method::REPORT_DOWN => {
                 self.mark_down(reported_down(request, self.nodes)?);
                 encode(&(), response)
@@ -1302,6 +1339,11 @@ impl PdpmStore for CentralClient {
     /// Keys with a committed value, as the coordinator counts them (one RPC).
     fn key_count(&mut self) -> Result<u64, PdpmError> {
         Ok(self.coordinator.call(method::COUNT, &())?)
+    }
+
+    /// The coordinator's walk over its index shards (one RPC per step; [`Coordinator::scan_keys`]).
+    fn scan_keys(&mut self, cursor: u64, count: u32) -> Result<(u64, Vec<Vec<u8>>), PdpmError> {
+        Ok(self.coordinator.call(method::SCAN, &(cursor, count))?)
     }
 
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, PdpmError> {

@@ -1070,6 +1070,11 @@ impl RpcHandler for MetadataServer {
     }
 }
 
+/// Items of `len` bytes one READ takes: half the message limit `max_message`, at least 1, at most `cap`.
+fn per_read(max_message: u32, len: u64, cap: u64) -> u64 {
+    (u64::from(max_message) / 2 / len).clamp(1, cap)
+}
+
 /// `(first, n)` ranges covering `count` records (cells or slots) of `len` bytes, read `cap` records at most per
 /// READ and no more than half of `max_message` bytes (a READ's reply must fit one message).
 fn read_spans(
@@ -1078,7 +1083,7 @@ fn read_spans(
     len: u64,
     cap: u64,
 ) -> impl Iterator<Item = (u64, u64)> {
-    let per_read = (u64::from(max_message) / 2 / len).clamp(1, cap);
+    let per_read = per_read(max_message, len, cap);
     (0..count.div_ceil(per_read)).map(move |i| {
         let first = i * per_read;
         (first, per_read.min(count - first))
@@ -1643,6 +1648,37 @@ impl std::fmt::Debug for CloverClient {
 }
 
 impl CloverClient {
+    /// Visits the cells `first..first + n` of `node` that hold a key whose first version is linked, read in one
+    /// READ: each one's index, key and shortcut.
+    fn read_key_cells(
+        &mut self,
+        node: usize,
+        first: u64,
+        n: u64,
+        buf: &mut Vec<u8>,
+        mut visit: impl FnMut(u64, &[u8], Ptr),
+    ) -> Result<(), PdpmError> {
+        let cl = self.layout.cell_len();
+        buf.resize((n * cl) as usize, 0);
+        self.steps += 1;
+        let r = self.nodes.eps[node].read(
+            cell_addr(&self.nodes.areas[node], &self.layout, first as u32),
+            buf,
+        );
+        self.on(node, r)?;
+        for (i, c) in buf.chunks_exact(cl as usize).enumerate() {
+            // A free cell, or a key created whose first version is not linked yet (checked before the key, as
+            // such a cell is skipped whatever its length word says).
+            if Ptr::from_word(le_u64(c, 0)).is_none() {
+                continue;
+            }
+            if let Some((key, Some(shortcut))) = parse_cell(node, c)? {
+                visit(first + i as u64, key, shortcut);
+            }
+        }
+        Ok(())
+    }
+
     /// Connects to the MS and to its memory nodes (in the MS's order).
     pub fn connect(
         metadata_server: &Connector,
@@ -2774,42 +2810,26 @@ impl PdpmStore for CloverClient {
     /// READs, and each key's chain is walked from its shortcut to the tail. For `DBSIZE`; a count taken while
     /// others write may miss or include keys written meanwhile.
     fn key_count(&mut self) -> Result<u64, PdpmError> {
-        let cl = self.layout.cell_len();
         let mut count = 0u64;
         let mut buf = Vec::new();
         for node in 0..self.nodes.len() {
             let spans = read_spans(
                 self.nodes.eps[node].max_message_len(),
                 self.layout.cells,
-                cl,
+                self.layout.cell_len(),
                 4096,
             );
             for (first, n) in spans {
-                buf.resize((n * cl) as usize, 0);
-                self.steps += 1;
-                let r = self.nodes.eps[node].read(
-                    cell_addr(&self.nodes.areas[node], &self.layout, first as u32),
-                    &mut buf,
-                );
-                self.on(node, r)?;
                 let mut keys = Vec::new();
-                for (i, c) in buf.chunks_exact(cl as usize).enumerate() {
-                    // A free cell, or a key created whose first version is not linked yet (checked before the
-                    // key, as such a cell is skipped whatever its length word says).
-                    if Ptr::from_word(le_u64(c, 0)).is_none() {
-                        continue;
-                    }
-                    let Some((key, Some(shortcut))) = parse_cell(node, c)? else {
-                        continue;
-                    };
-                    let cell = CellRef {
-                        node: node as u16,
-                        cell: (first + i as u64) as u32,
-                    };
+                self.read_key_cells(node, first, n, &mut buf, |cell, key, shortcut| {
                     keys.push((key.to_vec(), cell, shortcut));
-                }
+                })?;
                 for (key, cell, shortcut) in keys {
                     self.valid_ptr(shortcut)?;
+                    let cell = CellRef {
+                        node: node as u16,
+                        cell: cell as u32,
+                    };
                     if self.chase(&key, cell, Some(shortcut))?.value.is_some() {
                         count += 1;
                     }
@@ -2817,6 +2837,34 @@ impl PdpmStore for CloverClient {
             }
         }
         self.after_op(Ok(count))
+    }
+
+    /// Cells in turn, node after node (the cursor is `node × cells + cell`): a claimed cell stays with its key, so
+    /// a walk over them meets every key there throughout. A step reads one run of at most `count` cells (16 at
+    /// least) and names the keys of those whose first version is linked; whether each has a value now (its tail
+    /// may be a tombstone) is the caller's to ask.
+    fn scan_keys(&mut self, cursor: u64, count: u32) -> Result<(u64, Vec<Vec<u8>>), PdpmError> {
+        let cells = self.layout.cells;
+        let total = cells * self.nodes.len() as u64;
+        if cursor >= total {
+            return Ok((0, Vec::new()));
+        }
+        let (node, first) = ((cursor / cells) as usize, cursor % cells);
+        let per_read = per_read(
+            self.nodes.eps[node].max_message_len(),
+            self.layout.cell_len(),
+            4096,
+        );
+        let n = (cells - first).min(per_read).min(u64::from(count).max(16));
+        let mut keys = Vec::new();
+        let r = self.read_key_cells(node, first, n, &mut Vec::new(), |_, key, _| {
+            keys.push(key.to_vec())
+        });
+        if let Err(e) = r {
+            return self.after_op(Err(e));
+        }
+        let next = cursor + n;
+        self.after_op(Ok((if next >= total { 0 } else { next }, keys)))
     }
 
     fn update(

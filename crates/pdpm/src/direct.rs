@@ -899,6 +899,48 @@ impl DirectClient {
         ))
     }
 
+    /// Slots one READ of a scan takes on `node`: half its message limit, at most 256.
+    fn slots_per_read(&self, node: usize) -> u64 {
+        let slot_len = self.nodes.layout.slot_len();
+        (u64::from(self.nodes.eps[node].max_message_len()) / 2 / slot_len).clamp(1, 256)
+    }
+
+    /// Visits the committed copies of slots `first..first + n` of `node`'s primary section, read lock-free in one
+    /// READ; a copy found being rewritten is read again the way a GET reads it.
+    fn read_primary_slots(
+        &mut self,
+        node: usize,
+        first: u64,
+        n: u64,
+        buf: &mut Vec<u8>,
+        mut visit: impl FnMut(Copy),
+    ) -> Result<(), PdpmError> {
+        let slot_len = self.nodes.layout.slot_len();
+        let copy_len = self.copy_len() as usize;
+        buf.resize((n * slot_len) as usize, 0);
+        let addr = self.nodes.areas[node]
+            .data
+            .at(self.slot_offset(node, 0, first));
+        self.steps += 1;
+        {
+            let r = self.nodes.eps[node].read(addr, buf);
+            self.nodes.track(node, r)?
+        };
+        for i in 0..n {
+            let at = (i * slot_len) as usize + 8;
+            let copy = match parse_copy(
+                self.nodes.layout.flavor,
+                &self.nodes.layout,
+                &buf[at..at + copy_len],
+            ) {
+                Copy::Torn => self.read_slot(node, first + i)?,
+                c => c,
+            };
+            visit(copy);
+        }
+        Ok(())
+    }
+
     /// The committed copy of one slot, read the flavor's way.
     fn read_slot(&mut self, node: usize, slot: u64) -> Result<Copy, PdpmError> {
         if self.nodes.layout.flavor == Flavor::Crc {
@@ -932,43 +974,50 @@ impl PdpmStore for DirectClient {
     /// large READs; a copy found being rewritten is read again the way a GET reads it. While writes go on, the
     /// count is of no single instant.
     fn key_count(&mut self) -> Result<u64, PdpmError> {
-        let slot_len = self.nodes.layout.slot_len();
-        let copy_len = self.copy_len() as usize;
         let mut count = 0u64;
+        let mut buf = Vec::new();
         for node in 0..self.nodes.len() {
-            let per_read =
-                (u64::from(self.nodes.eps[node].max_message_len()) / 2 / slot_len).clamp(1, 256);
-            let mut buf = Vec::new();
+            let per_read = self.slots_per_read(node);
             let mut first = 0u64;
             while first < self.nodes.layout.slots {
                 let n = (self.nodes.layout.slots - first).min(per_read);
-                buf.resize((n * slot_len) as usize, 0);
-                let addr = self.nodes.areas[node]
-                    .data
-                    .at(self.slot_offset(node, 0, first));
-                self.steps += 1;
-                {
-                    let r = self.nodes.eps[node].read(addr, &mut buf);
-                    self.nodes.track(node, r)?
-                };
-                for i in 0..n {
-                    let at = (i * slot_len) as usize + 8;
-                    let copy = match parse_copy(
-                        self.nodes.layout.flavor,
-                        &self.nodes.layout,
-                        &buf[at..at + copy_len],
-                    ) {
-                        Copy::Torn => self.read_slot(node, first + i)?,
-                        c => c,
-                    };
+                self.read_primary_slots(node, first, n, &mut buf, |copy| {
                     if matches!(copy, Copy::Whole { value: Some(_), .. }) {
                         count += 1;
                     }
-                }
+                })?;
                 first += n;
             }
         }
         Ok(count)
+    }
+
+    /// Slots in turn, node after node (the cursor is `node × slots + slot`): a slot stays with its key, so a
+    /// walk over them meets every key there throughout. Each step reads one run of at most `count` slots (16 at
+    /// least) the way [`PdpmStore::key_count`] does.
+    fn scan_keys(&mut self, cursor: u64, count: u32) -> Result<(u64, Vec<Vec<u8>>), PdpmError> {
+        let slots = self.nodes.layout.slots;
+        let total = slots * self.nodes.len() as u64;
+        if cursor >= total {
+            return Ok((0, Vec::new()));
+        }
+        let (node, first) = ((cursor / slots) as usize, cursor % slots);
+        let n = (slots - first)
+            .min(self.slots_per_read(node))
+            .min(u64::from(count).max(16));
+        let mut keys = Vec::new();
+        let mut buf = Vec::new();
+        self.read_primary_slots(node, first, n, &mut buf, |copy| {
+            if let Copy::Whole {
+                key,
+                value: Some(_),
+            } = copy
+            {
+                keys.push(key);
+            }
+        })?;
+        let next = cursor + n;
+        Ok((if next >= total { 0 } else { next }, keys))
     }
 
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, PdpmError> {

@@ -163,6 +163,11 @@ pub trait PdpmStore {
     /// How many keys have a value (for `DBSIZE`). Each store says how it counts and whether the count is of one
     /// instant while others write.
     fn key_count(&mut self) -> Result<u64, PdpmError>;
+    /// One step of a walk over the keys (`SCAN`): from `cursor` (0 starts a walk; a returned cursor of 0 ends it),
+    /// about `count` keys (a hint). Each store walks places a key keeps while it exists (slots, cells, index
+    /// shards), so a whole walk names every key there from its start to its end; it may also name keys deleted
+    /// meanwhile or before (the caller asks about each).
+    fn scan_keys(&mut self, cursor: u64, count: u32) -> Result<(u64, Vec<Vec<u8>>), PdpmError>;
     /// Atomic read-modify-write: `f` gets `key`'s committed value (`None` for none) and says what becomes of it;
     /// no other write to `key` lands between the read `f` saw and the change. `f` may run more than once (a store
     /// that validates optimistically runs it again on a conflict), so it must compute its answer from its argument

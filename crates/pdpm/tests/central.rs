@@ -229,6 +229,11 @@ proptest! {
         }
         prop_assert_eq!(s.coordinator.key_count(), model.len());
         prop_assert_eq!(c.key_count().unwrap(), model.len() as u64);
+        // The coordinator's walk names exactly the keys with a committed value.
+        let (named, there) = common::walk(&mut c, 1);
+        let keys: std::collections::BTreeSet<Vec<u8>> = model.keys().cloned().collect();
+        prop_assert_eq!(&named, &keys);
+        prop_assert_eq!(there, keys);
         drop(c);
         // Every block is either a live value's or free again (the dropped client gave its grants back).
         let free: usize = s.coordinator.free_blocks().iter().sum();

@@ -606,6 +606,15 @@ fn a_restarted_metadata_server_rebuilds_its_space_from_the_memory_nodes() -> Res
         assert_eq!(&fresh.get(k)?, v, "{}", String::from_utf8_lossy(k));
     }
     assert_eq!(fresh.key_count()?, 19);
+    // A walk over the cells names all 20 keys (k0's tail is a tombstone); 19 have a value.
+    let (named, there) = common::walk(&mut fresh, 7);
+    assert_eq!(named.len(), 20);
+    let with_value: std::collections::BTreeSet<Vec<u8>> = model
+        .iter()
+        .filter(|(_, v)| v.is_some())
+        .map(|(k, _)| k.clone())
+        .collect();
+    assert_eq!(there, with_value);
     // Many more writes than free slots, on half the keys: they reuse every non-live slot, never a live one, so
     // the other keys' versions survive.
     let deadline = Instant::now() + Duration::from_secs(20);

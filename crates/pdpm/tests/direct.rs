@@ -182,6 +182,10 @@ proptest! {
             prop_assert_eq!(other.get(&key).unwrap(), model.get(&key).cloned());
         }
         prop_assert_eq!(other.key_count().unwrap(), model.len() as u64);
+        // A walk over the slots names every key with a value, and nothing never written.
+        let (named, there) = common::walk(&mut other, 3);
+        prop_assert_eq!(there, model.keys().cloned().collect::<std::collections::BTreeSet<_>>());
+        prop_assert!(named.iter().all(|k| k.starts_with(b"key-")));
     }
 }
 

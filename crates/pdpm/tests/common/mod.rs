@@ -274,3 +274,30 @@ impl Clover {
         .unwrap()
     }
 }
+
+/// A whole walk over `store`'s keys in steps of about `count` (`SCAN`): every key named, and those of them with a
+/// value now.
+pub fn walk(
+    store: &mut impl PdpmStore,
+    count: u32,
+) -> (
+    std::collections::BTreeSet<Vec<u8>>,
+    std::collections::BTreeSet<Vec<u8>>,
+) {
+    let mut named = std::collections::BTreeSet::new();
+    let mut cursor = 0;
+    for _ in 0..1_000_000 {
+        let (next, keys) = store.scan_keys(cursor, count).expect("a walk step");
+        named.extend(keys);
+        cursor = next;
+        if cursor == 0 {
+            let there = named
+                .iter()
+                .filter(|k| store.get(k).expect("a read").is_some())
+                .cloned()
+                .collect();
+            return (named, there);
+        }
+    }
+    panic!("the walk does not end");
+}
