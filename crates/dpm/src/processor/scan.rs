@@ -43,6 +43,8 @@ const MAX_REPLY_BYTES: u32 = 4 << 20;
 /// Slices one index-phase step visits per key asked for when they are empty (as Redis's `SCAN` visits at most ten
 /// empty buckets per key asked for).
 const EMPTY_SLICES_PER_KEY: u64 = 10;
+/// The most slices one index-phase step visits, whatever `count` asks: a step holds the rebalance and cell locks.
+const MAX_SLICES_PER_STEP: u64 = 1 << 16;
 /// Bytes counted per key for its length prefix in the reply.
 const PER_KEY_OVERHEAD: usize = 5;
 
@@ -284,7 +286,10 @@ impl Inner {
             }
             if page.keys.len() as u64 >= count
                 || page.full()
-                || visited >= count.saturating_mul(EMPTY_SLICES_PER_KEY)
+                || visited
+                    >= count
+                        .saturating_mul(EMPTY_SLICES_PER_KEY)
+                        .min(MAX_SLICES_PER_STEP)
             {
                 return Ok(Position::index(slice));
             }
