@@ -6,7 +6,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dinomo_cluster::LocalCluster;
 use dinomo_resp::encode_request;
@@ -739,17 +739,31 @@ fn a_peer_that_crashes_under_a_pipeline_leaves_every_operation_answered() -> any
     for k in &keys {
         conn.send(&[b"GET", k]);
     }
+    let crashed = Instant::now();
     c.crash_node(ids[1])?;
+    // What the cluster did, for a failure's message: the M-node's changes (a failure's take-over says how many
+    // entries it merged) and when the reply came.
+    let context = |c: &LocalCluster| {
+        format!(
+            "{:?} after the crash; the M-node's changes: {:?}",
+            crashed.elapsed(),
+            c.mnode().events()
+        )
+    };
     for k in &keys {
         match conn.read() {
-            Value::Bulk(v) => assert_eq!(&v, k),
+            Value::Bulk(v) => assert_eq!(&v, k, "{}", context(&c)),
             Value::Error(_) => {}
-            other => panic!("{other:?} for {}", String::from_utf8_lossy(k)),
+            other => panic!(
+                "{other:?} for {}, {}",
+                String::from_utf8_lossy(k),
+                context(&c)
+            ),
         }
     }
     c.wait_until_serving(Duration::from_secs(30))?;
     for k in &keys {
-        assert_eq!(conn.call(&[b"GET", k]), bulk(k));
+        assert_eq!(conn.call(&[b"GET", k]), bulk(k), "{}", context(&c));
     }
     c.stop();
     Ok(())
