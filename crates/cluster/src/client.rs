@@ -122,14 +122,47 @@ pub enum SessionError {
     /// The node refused the handshake (a wrong cluster token, another protocol version); retrying cannot help.
     #[error("refused the connection: {0}")]
     Refused(String),
+    /// The address answers for another server than the one meant (another node, or a node of another cluster,
+    /// listens there now: the one meant stopped); the table that named it is stale.
+    #[error("answers for someone else: {0}")]
+    Elsewhere(String),
     /// The node cannot take the connection now (it serves as many as it allows); it may later.
     #[error("turned the connection away: {0}")]
     Busy(String),
 }
 
+/// Who a session is meant to reach; the server's welcome must agree.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Expected {
+    /// The KV node; `None`: any server (a seed, which may be a routing node).
+    pub node: Option<NodeId>,
+    /// The pool of the memory node of the client's cluster, once known.
+    pub pool: Option<u64>,
+}
+
+/// Who answered a handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Welcomed {
+    /// The KV node; `None` for a routing node.
+    pub node: Option<NodeId>,
+    /// Its cluster's pool (0 while the server does not know it).
+    pub pool: u64,
+}
+
 /// Connects to the KV or routing node at `addr` and does the handshake: presents the protocol version and the
 /// cluster `token`, and waits at most `timeout` for the welcome. The stream is then ready for requests.
 pub fn open_session(addr: &str, timeout: Duration, token: &str) -> Result<TcpStream, SessionError> {
+    open_session_expecting(addr, timeout, token, Expected::default()).map(|(stream, _)| stream)
+}
+
+/// Like [`open_session`], and the welcome must come from `expected`: a node that stopped may have left its address
+/// to another server (of this cluster or another one with the same token), which must not answer for it.
+pub fn open_session_expecting(
+    addr: &str,
+    timeout: Duration,
+    token: &str,
+    expected: Expected,
+) -> Result<(TcpStream, Welcomed), SessionError> {
     let stream = open_stream(addr, timeout)?;
     let wait = Some(timeout.max(Duration::from_millis(1)));
     stream.set_read_timeout(wait)?;
@@ -154,8 +187,8 @@ pub fn open_session(addr: &str, timeout: Duration, token: &str) -> Result<TcpStr
             e => SessionError::Refused(format!("unreadable answer to the handshake: {e}")),
         },
     )?;
-    match answer.body {
-        ResponseBody::Welcome { .. } => {}
+    let welcomed = match answer.body {
+        ResponseBody::Welcome { node, pool, .. } => Welcomed { node, pool },
         ResponseBody::Error {
             kind: ErrorKind::Unavailable,
             message,
@@ -166,10 +199,30 @@ pub fn open_session(addr: &str, timeout: Duration, token: &str) -> Result<TcpStr
                 "unexpected answer to the handshake: {other:?}"
             )));
         }
+    };
+    if let Some(node) = expected.node
+        && welcomed.node != Some(node)
+    {
+        return Err(SessionError::Elsewhere(format!(
+            "{addr} is {}, not node {node}",
+            match welcomed.node {
+                Some(n) => format!("node {n}"),
+                None => "a routing node".into(),
+            }
+        )));
+    }
+    if let Some(pool) = expected.pool
+        && welcomed.pool != 0
+        && welcomed.pool != pool
+    {
+        return Err(SessionError::Elsewhere(format!(
+            "{addr} serves the cluster of pool {:#x}, not this one's ({pool:#x})",
+            welcomed.pool
+        )));
     }
     stream.set_read_timeout(None)?;
     stream.set_write_timeout(None)?;
-    Ok(stream)
+    Ok((stream, welcomed))
 }
 
 /// Whether the peer has closed or reset `stream`. A pooled connection found so carries nothing of the next request
@@ -198,8 +251,7 @@ pub(crate) fn peer_closed(stream: &TcpStream) -> bool {
 }
 
 impl Conn {
-    fn open(addr: &str, timeout: Duration, token: &str) -> Result<Conn, SessionError> {
-        let s = open_session(addr, timeout, token)?;
+    fn on(s: TcpStream) -> Result<Conn, SessionError> {
         Ok(Conn {
             reader: BufReader::new(s.try_clone()?),
             writer: BufWriter::new(s),
@@ -246,6 +298,9 @@ pub struct Client {
     /// Latencies of the operations since the last report.
     latency: LatencyHistogram,
     latency_since: Instant,
+    /// The pool of the cluster's memory node, from the first welcome that named it: a server of another cluster
+    /// found at a stale address is not talked to.
+    pool: Option<u64>,
 }
 
 impl Client {
@@ -263,6 +318,7 @@ impl Client {
             buf: Vec::new(),
             latency: LatencyHistogram::new(),
             latency_since: Instant::now(),
+            pool: None,
         };
         let deadline = dinomo_kn::deadline_after(c.cfg.op_timeout);
         loop {
@@ -375,7 +431,7 @@ impl Client {
         let mut last = String::from("no routing table");
         loop {
             if let Some((node, addr)) = self.target(key) {
-                match self.attempt(&addr, &body, deadline) {
+                match self.attempt(&addr, Some(node), &body, deadline) {
                     Attempt::Done(ResponseBody::NotOwner { epoch }) => {
                         last = format!("node {node} refused the key at epoch {epoch}");
                         self.refresh_after_refusal(epoch, &addr);
@@ -476,7 +532,7 @@ impl Client {
                 .map(|r| r.addrs.iter().map(|(n, a)| (*n, a.clone())).collect())
                 .unwrap_or_default();
             for (node, addr) in nodes {
-                match self.attempt(&addr, &body, deadline) {
+                match self.attempt(&addr, Some(node), &body, deadline) {
                     Attempt::Done(ResponseBody::Keys { cursor, keys }) => {
                         return Ok((cursor, keys.into_iter().map(|k| k.into_vec()).collect()));
                     }
@@ -518,7 +574,7 @@ impl Client {
                 ClientError::Invalid(format!("node {node} is not in the routing table"))
             })?;
         let deadline = dinomo_kn::deadline_after(self.cfg.op_timeout);
-        match self.attempt(&addr, &RequestBody::Stats, deadline) {
+        match self.attempt(&addr, Some(node), &RequestBody::Stats, deadline) {
             Attempt::Done(ResponseBody::Stats(s)) => Ok(s),
             Attempt::Done(ResponseBody::Error { message, .. }) => {
                 Err(ClientError::Unavailable(format!("node {node}: {message}")))
@@ -532,7 +588,32 @@ impl Client {
         }
     }
 
-    fn attempt(&mut self, addr: &str, body: &RequestBody, deadline: Instant) -> Attempt {
+    /// Opens a session to `addr`, meant to reach KV node `node` (any server of the cluster when `None`).
+    pub(crate) fn open_to(
+        &mut self,
+        addr: &str,
+        node: Option<NodeId>,
+    ) -> Result<TcpStream, SessionError> {
+        let expected = Expected {
+            node,
+            pool: self.pool,
+        };
+        let (stream, welcomed) =
+            open_session_expecting(addr, self.cfg.connect_timeout, &self.cfg.token.0, expected)?;
+        if self.pool.is_none() && welcomed.pool != 0 {
+            self.pool = Some(welcomed.pool);
+        }
+        Ok(stream)
+    }
+
+    /// Sends `body` to `addr`, meant to be KV node `node` (any server when `None`), and waits for its answer.
+    fn attempt(
+        &mut self,
+        addr: &str,
+        node: Option<NodeId>,
+        body: &RequestBody,
+        deadline: Instant,
+    ) -> Attempt {
         if self
             .conns
             .get(addr)
@@ -541,11 +622,13 @@ impl Client {
             self.conns.remove(addr);
         }
         if !self.conns.contains_key(addr) {
-            match Conn::open(addr, self.cfg.connect_timeout, &self.cfg.token.0) {
+            match self.open_to(addr, node).and_then(Conn::on) {
                 Ok(c) => {
                     self.conns.insert(addr.to_string(), c);
                 }
-                Err(e @ (SessionError::Io(_) | SessionError::Busy(_))) => {
+                Err(
+                    e @ (SessionError::Io(_) | SessionError::Busy(_) | SessionError::Elsewhere(_)),
+                ) => {
                     return Attempt::Retry(e.to_string());
                 }
                 Err(e @ SessionError::Refused(_)) => {
@@ -638,7 +721,7 @@ impl Client {
         sources.extend(self.cfg.seeds.iter().cloned());
         let deadline = dinomo_kn::deadline_after(self.cfg.connect_timeout);
         for addr in sources {
-            let r = match self.attempt(&addr, &RequestBody::Routing, deadline) {
+            let r = match self.attempt(&addr, None, &RequestBody::Routing, deadline) {
                 Attempt::Done(ResponseBody::Routing(r)) => r,
                 Attempt::Refused(why) => {
                     refused = Some(why);
@@ -699,14 +782,17 @@ fn unexpected(body: ResponseBody) -> ClientError {
 }
 
 /// One request to one server on a fresh connection presenting `token`, with a deadline (the M-node's calls to KV
-/// nodes).
+/// nodes); the server must be `expected`.
 pub(crate) fn call_once(
     addr: &str,
+    expected: Expected,
     body: &RequestBody,
     token: &str,
     timeout: Duration,
 ) -> Result<ResponseBody, String> {
-    let mut conn = Conn::open(addr, timeout, token).map_err(|e| format!("{addr}: {e}"))?;
+    let mut conn = open_session_expecting(addr, timeout, token, expected)
+        .and_then(|(s, _)| Conn::on(s))
+        .map_err(|e| format!("{addr}: {e}"))?;
     let mut buf = Vec::new();
     write_frame(&mut conn.writer, &RequestRef { id: 1, body }, &mut buf)
         .and_then(|_| conn.writer.flush())
@@ -717,7 +803,8 @@ pub(crate) fn call_once(
     Ok(r.body)
 }
 
-/// [`call_once`] to every `(node, address)` in parallel; `answer` turns each node's reply into its result.
+/// [`call_once`] to every `(node, address)` in parallel, each of which must be that node; `answer` turns each
+/// node's reply into its result.
 pub(crate) fn call_each<T: Send>(
     targets: &[(NodeId, String)],
     body: &RequestBody,
@@ -732,7 +819,13 @@ pub(crate) fn call_each<T: Send>(
                 let answer = &answer;
                 (
                     *n,
-                    s.spawn(move || answer(*n, addr, call_once(addr, body, token, timeout)?)),
+                    s.spawn(move || {
+                        let expected = Expected {
+                            node: Some(*n),
+                            pool: None,
+                        };
+                        answer(*n, addr, call_once(addr, expected, body, token, timeout)?)
+                    }),
                 )
             })
             .collect();

@@ -34,7 +34,10 @@ use serde::{Deserialize, Serialize};
 pub use autoscale::{
     ActionOutcome, Actuator, AutoscaleConfig, Autoscaler, ManualScaler, PolicyEvent, Scaler, act,
 };
-pub use client::{Client, ClientConfig, ClientError, SessionError, open_session};
+pub use client::{
+    Client, ClientConfig, ClientError, Expected, SessionError, Welcomed, open_session,
+    open_session_expecting,
+};
 pub use local::{LocalCluster, LocalClusterConfig, MemoryNodeRpc, resp_address};
 pub use mnode::{MNode, MNodeConfig, ReconfigEvent, ReconfigKind};
 pub use node::{ClusterNode, NodeConfig, NodeStats};

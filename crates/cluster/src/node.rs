@@ -198,6 +198,8 @@ pub(crate) struct NodeShared {
     pub(crate) policy_stats: crate::stats::NodePolicyStats,
     /// The memory node, for the administrative requests that ask about it.
     pub(crate) memory: MemoryCalls,
+    /// The memory node's pool (0 if unknown), which the native handshake names.
+    pub(crate) pool_id: u64,
     /// Whether other nodes of this process may still queue operations at its workers ([`Peers`]); cleared under
     /// the write side of `queue_order` when the node stops, so that every operation a peer queued is ahead of the
     /// workers' stop and is answered.
@@ -416,6 +418,7 @@ impl ClusterNode {
             queue_order: RwLock::new(()),
             policy_stats: Default::default(),
             memory: MemoryCalls::new(connector.clone()),
+            pool_id: connector.pinned_pool().unwrap_or(0),
             open_to_peers: AtomicBool::new(true),
             resp_ops_to_peers: AtomicU64::new(0),
             resp_ops_forwarded: AtomicU64::new(0),

@@ -14,9 +14,7 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::client::{
-    Client, ClientConfig, ClientError, SessionError, final_error, open_session, peer_closed,
-};
+use crate::client::{Client, ClientConfig, ClientError, SessionError, final_error, peer_closed};
 use crate::wire::{RequestBody, RequestRef, Response, ResponseBody, write_frame};
 
 /// How one request ended.
@@ -245,10 +243,11 @@ impl PipelinedClient {
             self.conns.remove(addr.as_str());
         }
         if !self.conns.contains_key(addr.as_str()) {
-            let cfg = self.client.config();
             // Sends and reads never wait: a flush writes what the socket takes (a node that stops reading must not
             // hold up the caller), and a read follows a poll that found the socket readable.
-            let opened = open_session(&addr, cfg.connect_timeout, &cfg.token.0)
+            let opened = self
+                .client
+                .open_to(&addr, Some(node))
                 .and_then(|s| s.set_nonblocking(true).map(|()| s).map_err(Into::into));
             match opened {
                 Ok(stream) => {

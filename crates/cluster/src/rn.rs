@@ -2,12 +2,14 @@
 //! M-node updates the record; routing nodes catch up asynchronously, step 7 of the reconfiguration protocol).
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use dinomo_kn::{DataOp, ReplySink};
 use dinomo_meta::MetaStore;
+use dinomo_ring::NodeId;
 use tracing::warn;
 
 use crate::server::{Server, ServerLimits, Service};
@@ -17,6 +19,8 @@ use crate::{ClusterError, ClusterRecord};
 
 pub(crate) struct RoutingService {
     routing: RwLock<Option<Routing>>,
+    /// The record's pool (0 until the M-node stored one), for the handshake's welcome.
+    pool_id: std::sync::atomic::AtomicU64,
 }
 
 impl RoutingService {
@@ -52,6 +56,10 @@ impl Service for RoutingService {
         let epoch = self.current().map_or(0, |r| r.epoch());
         Some(ResponseBody::NotOwner { epoch })
     }
+
+    fn identity(&self) -> (Option<NodeId>, u64) {
+        (None, self.pool_id.load(Ordering::Relaxed))
+    }
 }
 
 /// A running routing node.
@@ -72,8 +80,10 @@ impl RoutingNode {
         limits: ServerLimits,
         token: &str,
     ) -> Result<RoutingNode, ClusterError> {
+        let record = ClusterRecord::load(&*meta)?.map(|(r, _)| r);
         let service = Arc::new(RoutingService {
-            routing: RwLock::new(ClusterRecord::load(&*meta)?.map(|(r, _)| r.routing)),
+            pool_id: record.as_ref().map_or(0, |r| r.pool_id).into(),
+            routing: RwLock::new(record.map(|r| r.routing)),
         });
         let server = Server::start(listen, limits, token, service.clone(), "dinomo-rn")
             .map_err(|e| ClusterError::Io(format!("cannot listen on {listen}: {e}")))?;
@@ -88,6 +98,9 @@ impl RoutingNode {
                         match ClusterRecord::load_if_changed(&*meta, known) {
                             Ok(Some((r, version))) => {
                                 known = Some(version);
+                                if r.pool_id != 0 {
+                                    service.pool_id.store(r.pool_id, Ordering::Relaxed);
+                                }
                                 let mut cur = service.routing.write().expect("routing lock");
                                 if cur.as_ref().is_none_or(|c| r.routing.epoch() >= c.epoch()) {
                                     *cur = Some(r.routing);

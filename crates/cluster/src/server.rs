@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
 use dinomo_kn::{Command, DataOp, KnError, Reply, ReplySink};
+use dinomo_ring::NodeId;
 use dinomo_sync::{Inbox, Mailbox};
 use mio::{Events, Interest, Poll, Token};
 use tracing::{debug, warn};
@@ -89,6 +90,9 @@ pub(crate) trait Service: Send + Sync + 'static {
     /// Queues a data operation; its reply goes to `sink` tagged with `id`. Returns the immediate answer when it
     /// cannot be queued. Runs on the event loop: it may wait only for room in a worker's queue.
     fn submit(&self, id: u64, op: DataOp, sink: Arc<dyn ReplySink>) -> Option<ResponseBody>;
+    /// Who answers, for the handshake's welcome: the KV node (`None` for a routing node) and the pool of its
+    /// cluster's memory node (0 while not known).
+    fn identity(&self) -> (Option<NodeId>, u64);
 }
 
 /// Requests every service answers at once, without waiting on anything: the event loop answers them itself.
@@ -699,10 +703,13 @@ impl Context {
                 {
                     (id, "wrong cluster token".to_string())
                 } else {
+                    let (node, pool) = self.service.identity();
                     conn.push(&Response {
                         id,
                         body: ResponseBody::Welcome {
                             version: PROTOCOL_VERSION,
+                            node,
+                            pool,
                         },
                     });
                     return true;
@@ -959,5 +966,9 @@ impl Service for NodeShared {
             Ok(()) => None,
             Err(e) => Some(error_body(e)),
         }
+    }
+
+    fn identity(&self) -> (Option<NodeId>, u64) {
+        (Some(self.id), self.pool_id)
     }
 }

@@ -9,7 +9,7 @@ use dinomo_ring::NodeId;
 use serde::{Deserialize, Serialize};
 
 use crate::ClusterError;
-use crate::client::{call_each, call_once};
+use crate::client::{Expected, call_each, call_once};
 use crate::node::NodeStats;
 use crate::wire::{RequestBody, ResponseBody, Routing};
 
@@ -114,7 +114,13 @@ pub fn collect(
     window: Duration,
     timeout: Duration,
 ) -> Result<ClusterStatus, ClusterError> {
-    let routing: Routing = match call_once(seed, &RequestBody::Routing, token, timeout) {
+    let routing: Routing = match call_once(
+        seed,
+        Expected::default(),
+        &RequestBody::Routing,
+        token,
+        timeout,
+    ) {
         Ok(ResponseBody::Routing(r)) => r,
         Ok(ResponseBody::Error { message, .. }) => {
             return Err(ClusterError::Io(format!("{seed}: {message}")));
@@ -165,7 +171,16 @@ pub fn collect(
         nodes.push(status);
     }
     let memory = nodes.iter().filter(|n| n.alive).find_map(|n| {
-        match call_once(&n.addr, &RequestBody::MemoryStats, token, timeout) {
+        match call_once(
+            &n.addr,
+            Expected {
+                node: Some(n.id),
+                pool: None,
+            },
+            &RequestBody::MemoryStats,
+            token,
+            timeout,
+        ) {
             Ok(ResponseBody::Stats(json)) => serde_json::from_str(&json).ok(),
             _ => None,
         }

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Version of the native protocol, checked in the handshake: both ends must speak the same one.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Default bound on one frame: a value of the largest allowed size plus its key and headers fit comfortably.
 pub const DEFAULT_MAX_FRAME: u32 = 8 << 20;
@@ -185,6 +185,12 @@ pub enum ResponseBody {
     Welcome {
         /// The server's [`PROTOCOL_VERSION`].
         version: u32,
+        /// The KV node answering; `None` from a routing node.
+        node: Option<NodeId>,
+        /// The pool of the memory node the server's cluster runs on (0 while it does not know it). With `node`, it
+        /// tells a client that reached an address another server took since (its node stopped) that it is not
+        /// where it meant to be.
+        pool: u64,
     },
 }
 

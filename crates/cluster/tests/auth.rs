@@ -13,8 +13,8 @@ use dinomo_cluster::wire::{
     read_frame, write_frame,
 };
 use dinomo_cluster::{
-    Client, ClientConfig, ClientError, LocalCluster, PipelinedClient, RoutingNode, ServerLimits,
-    SessionError, open_session,
+    Client, ClientConfig, ClientError, Expected, LocalCluster, PipelinedClient, RoutingNode,
+    ServerLimits, SessionError, Welcomed, open_session, open_session_expecting,
 };
 use dinomo_kn::DataOp;
 use dinomo_ring::Ring;
@@ -144,12 +144,51 @@ fn only_connections_presenting_the_cluster_token_are_served() -> anyhow::Result<
     );
     assert!(closed_by_server(conn));
     let (answer, _) = first_frame(&kn, hello(PROTOCOL_VERSION))?;
-    assert_eq!(
-        answer.body,
+    let node = c.nodes()[0].id();
+    let pool = match answer.body {
         ResponseBody::Welcome {
-            version: PROTOCOL_VERSION
+            version: PROTOCOL_VERSION,
+            node: Some(n),
+            pool,
+        } if n == node && pool != 0 => pool,
+        other => panic!("{other:?}"),
+    };
+    // The welcome says who answers: a session meant for another node, or for another cluster's, is refused as
+    // reaching someone else (an address a stopped node left to another server), and one meant for this node
+    // opens.
+    let expecting = |node, pool| {
+        open_session_expecting(&kn, Duration::from_secs(5), TOKEN, Expected { node, pool })
+    };
+    for (n, p) in [
+        (Some(node + 100), None),
+        (None, Some(pool ^ 1)),
+        (Some(node), Some(pool ^ 1)),
+    ] {
+        match expecting(n, p) {
+            Err(SessionError::Elsewhere(why)) => assert!(why.contains(&kn), "{why}"),
+            other => panic!("{n:?} {p:?}: {other:?}"),
+        }
+    }
+    let (_, welcomed) = expecting(Some(node), Some(pool))?;
+    assert_eq!(
+        welcomed,
+        Welcomed {
+            node: Some(node),
+            pool
         }
     );
+    match open_session_expecting(
+        &rn,
+        Duration::from_secs(5),
+        TOKEN,
+        Expected {
+            node: Some(node),
+            pool: None,
+        },
+    ) {
+        Err(SessionError::Elsewhere(why)) => assert!(why.contains("a routing node"), "{why}"),
+        other => panic!("{other:?}"),
+    }
 
     // A routing node and KV nodes configured with different tokens: a client gets its table from the first, and
     // its requests to the second are refused with the reason, one at a time and pipelined.
