@@ -723,24 +723,13 @@ fn a_local_clusters_front_door_queues_its_peers_keys_at_their_workers() -> anyho
 /// keys' new owner (or fail), never answering "no such key" for a key that has a value.
 #[test]
 fn a_crashed_peers_address_taken_by_another_cluster_answers_nothing_for_it() -> anyhow::Result<()> {
-    let mut cfg = cluster_config(2);
-    cfg.node.lease_ttl = Duration::from_secs(1);
-    let mut c = LocalCluster::start(cfg)?;
-    let ids: Vec<_> = c.nodes().iter().map(|n| n.id()).collect();
-    let here = c.nodes()[0].resp_addr().expect("RESP enabled");
+    let InFlight {
+        mut c,
+        ids,
+        keys,
+        mut conn,
+    } = gets_in_flight_at_a_peer("taken")?;
     let dead: SocketAddr = c.nodes()[1].addr().parse()?;
-    let routing = c.nodes()[0].routing();
-    let keys: Vec<Vec<u8>> = (0..200)
-        .map(|i| format!("taken-{i}").into_bytes())
-        .filter(|k| routing.ring.primary(k) == Some(ids[1]))
-        .collect();
-    let mut conn = Conn::open(here);
-    for k in &keys {
-        assert_eq!(conn.call(&[b"SET", k, k]), ok());
-    }
-    for k in &keys {
-        conn.send(&[b"GET", k]);
-    }
     c.crash_node(ids[1])?;
     let mut other = cluster_config(1);
     other.node.listen = dead;
@@ -762,28 +751,47 @@ fn a_crashed_peers_address_taken_by_another_cluster_answers_nothing_for_it() -> 
     Ok(())
 }
 
-/// A peer that crashes while a connection pipelines operations on its keys: each is answered, with its value or an
-/// error, never with a wrong value, and once the cluster has handed the keys over they are all served again.
-#[test]
-fn a_peer_that_crashes_under_a_pipeline_leaves_every_operation_answered() -> anyhow::Result<()> {
+/// A two-node cluster (leases of 1 s) whose second node owns `keys` (`{prefix}-{i}`), each set through the first
+/// node's front door, and a connection to that front door with a GET of every key pipelined on it.
+struct InFlight {
+    c: LocalCluster,
+    ids: Vec<dinomo_ring::NodeId>,
+    keys: Vec<Vec<u8>>,
+    conn: Conn,
+}
+
+fn gets_in_flight_at_a_peer(prefix: &str) -> anyhow::Result<InFlight> {
     let mut cfg = cluster_config(2);
     cfg.node.lease_ttl = Duration::from_secs(1);
-    let mut c = LocalCluster::start(cfg)?;
+    let c = LocalCluster::start(cfg)?;
     let ids: Vec<_> = c.nodes().iter().map(|n| n.id()).collect();
     let here = c.nodes()[0].resp_addr().expect("RESP enabled");
     let routing = c.nodes()[0].routing();
     let keys: Vec<Vec<u8>> = (0..200)
-        .map(|i| format!("crash-{i}").into_bytes())
+        .map(|i| format!("{prefix}-{i}").into_bytes())
         .filter(|k| routing.ring.primary(k) == Some(ids[1]))
         .collect();
     let mut conn = Conn::open(here);
     for k in &keys {
         assert_eq!(conn.call(&[b"SET", k, k]), ok());
     }
-    // Pipelines of reads in flight while the owner crashes.
     for k in &keys {
         conn.send(&[b"GET", k]);
     }
+    Ok(InFlight { c, ids, keys, conn })
+}
+
+/// A peer that crashes while a connection pipelines operations on its keys: each is answered, with its value or an
+/// error, never with a wrong value, and once the cluster has handed the keys over they are all served again.
+#[test]
+fn a_peer_that_crashes_under_a_pipeline_leaves_every_operation_answered() -> anyhow::Result<()> {
+    // Pipelines of reads in flight while the owner crashes.
+    let InFlight {
+        mut c,
+        ids,
+        keys,
+        mut conn,
+    } = gets_in_flight_at_a_peer("crash")?;
     let crashed = Instant::now();
     c.crash_node(ids[1])?;
     // What the cluster did, for a failure's message: the M-node's changes (a failure's take-over says how many
