@@ -691,6 +691,11 @@ pub enum KvOp {
         #[arg(default_value_t = 1, allow_hyphen_values = true)]
         delta: i64,
     },
+    /// Print the keys that match a Redis glob pattern, one per line (a whole walk, as `KEYS`).
+    Keys {
+        #[arg(default_value = "*")]
+        pattern: String,
+    },
     /// Print the routing table.
     Routing,
 }
@@ -977,6 +982,11 @@ pub fn kv(args: KvArgs) -> anyhow::Result<()> {
         }
         KvOp::Del { key } => println!("{}", u8::from(c.delete(key.as_bytes())?)),
         KvOp::Incr { key, delta } => println!("{}", c.incr(key.as_bytes(), delta)?),
+        KvOp::Keys { pattern } => {
+            for key in c.keys(pattern.as_bytes())? {
+                println!("{}", String::from_utf8_lossy(&key));
+            }
+        }
         KvOp::Routing => {
             let r = c.routing().context("no routing table")?;
             println!("epoch {}", r.epoch());

@@ -426,6 +426,8 @@ fn the_command_line_tools_present_the_token(rn: &str) -> anyhow::Result<()> {
     assert!(set.status.success(), "{set:?}");
     let get = tool(&["kv", "--seed", rn, "get", "cli"], Some(TOKEN))?;
     assert_eq!(String::from_utf8_lossy(&get.stdout).trim(), "yes");
+    let keys = tool(&["kv", "--seed", rn, "keys", "c?i"], Some(TOKEN))?;
+    assert_eq!(String::from_utf8_lossy(&keys.stdout), "cli\n", "{keys:?}");
     let status = tool(
         &["status", "--seed", rn, "--window-ms", "50", "--json"],
         Some(TOKEN),
