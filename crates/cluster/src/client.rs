@@ -803,10 +803,11 @@ pub(crate) fn call_once(
     Ok(r.body)
 }
 
-/// [`call_once`] to every `(node, address)` in parallel, each of which must be that node; `answer` turns each
-/// node's reply into its result.
+/// [`call_once`] to every `(node, address)` in parallel, each of which must be that node (of the cluster of `pool`,
+/// when given); `answer` turns each node's reply into its result.
 pub(crate) fn call_each<T: Send>(
     targets: &[(NodeId, String)],
+    pool: Option<u64>,
     body: &RequestBody,
     token: &str,
     timeout: Duration,
@@ -822,7 +823,7 @@ pub(crate) fn call_each<T: Send>(
                     s.spawn(move || {
                         let expected = Expected {
                             node: Some(*n),
-                            pool: None,
+                            pool,
                         };
                         answer(*n, addr, call_once(addr, expected, body, token, timeout)?)
                     }),

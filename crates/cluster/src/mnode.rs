@@ -972,6 +972,7 @@ impl State {
             let timeout = deadline.saturating_duration_since(Instant::now());
             let results = call_each(
                 &pending,
+                (self.pool != 0).then_some(self.pool),
                 &body,
                 &self.dpm.config.cluster_token,
                 timeout,

@@ -167,6 +167,7 @@ pub(crate) fn collect_epoch(
         .collect();
     call_each(
         &targets,
+        None,
         &RequestBody::EpochStats,
         token,
         timeout,

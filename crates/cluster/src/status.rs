@@ -92,6 +92,7 @@ fn node_stats(
 ) -> Vec<Result<NodeStats, String>> {
     call_each(
         targets,
+        None,
         &RequestBody::Stats,
         token,
         timeout,
