@@ -721,9 +721,6 @@ impl<C: BackendConn> Session<C> {
         });
     }
 
-    /// `CONFIG GET pattern...`: the settings that exist here, plus what redis-benchmark and client libraries
-    /// ask about at start (`save`: dinomo takes no snapshots, `appendonly`: it keeps no append-only file; every
-    /// write is logged in the memory node's pool instead).
     /// `SCAN cursor [MATCH pattern] [COUNT count] [TYPE type]`: one step of the store's walk over its keys, less
     /// the keys that do not match and those no longer there.
     fn scan(&mut self, args: &[Vec<u8>], out: &mut Vec<u8>) {
@@ -846,6 +843,9 @@ impl<C: BackendConn> Session<C> {
         Ok(there)
     }
 
+    /// `CONFIG GET pattern...`: the settings that exist here, plus what redis-benchmark and client libraries
+    /// ask about at start (`save`: dinomo takes no snapshots, `appendonly`: it keeps no append-only file; every
+    /// write is logged in the memory node's pool instead).
     fn config_get(&mut self, patterns: &[Vec<u8>], out: &mut Vec<u8>) {
         let c = &self.shared.config;
         let params: Vec<(&str, String)> = vec![
@@ -1161,7 +1161,6 @@ fn error_text(e: &BackendError) -> String {
     }
 }
 
-/// Moves argument `i` out (arity was checked, so it exists).
 /// A `SCAN` cursor: an unsigned 64-bit decimal, as Redis reads it.
 fn parse_cursor(arg: &[u8]) -> Option<u64> {
     if arg.is_empty() || !arg.iter().all(u8::is_ascii_digit) {
@@ -1170,6 +1169,7 @@ fn parse_cursor(arg: &[u8]) -> Option<u64> {
     std::str::from_utf8(arg).ok()?.parse().ok()
 }
 
+/// Moves argument `i` out (arity was checked, so it exists).
 fn take(args: &mut [Vec<u8>], i: usize) -> Vec<u8> {
     std::mem::take(&mut args[i])
 }
