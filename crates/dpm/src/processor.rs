@@ -394,6 +394,25 @@ struct LogState {
 }
 
 impl LogState {
+    /// The segments not merged yet, oldest first, each as (offset, first sequence number, bytes of entries: the
+    /// sealed length, or the whole entry area of an open segment, whose entries end at the first invalid one), and
+    /// the sequence number merged up to.
+    fn unmerged_segments(&self) -> (Vec<(u64, u64, u64)>, u64) {
+        let meta = self.meta.lock().expect("log lock");
+        let unmerged = meta
+            .segments
+            .iter()
+            .filter(|s| !s.merged)
+            .map(|s| {
+                let len = s
+                    .sealed_len
+                    .unwrap_or(s.capacity - SEGMENT_HEADER_LEN as u64);
+                (s.offset, s.first_seq, len)
+            })
+            .collect();
+        (unmerged, meta.merged_seq)
+    }
+
     /// Log `id` of `owner`, merging into `index`, with `segments` (oldest first) and everything up to `merged_seq`
     /// merged; `writer` when the claim that makes it has one.
     fn new(
@@ -2577,21 +2596,7 @@ impl Inner {
         let mut present_after: HashMap<Vec<u8>, (bool, Arc<Index>)> = HashMap::new();
         let mut data = Vec::new();
         for log in &logs {
-            let (segments, merged_seq) = {
-                let meta = log.meta.lock().expect("log lock");
-                let unmerged: Vec<(u64, u64, u64)> = meta
-                    .segments
-                    .iter()
-                    .filter(|s| !s.merged)
-                    .map(|s| {
-                        let len = s
-                            .sealed_len
-                            .unwrap_or(s.capacity - SEGMENT_HEADER_LEN as u64);
-                        (s.offset, s.first_seq, len)
-                    })
-                    .collect();
-                (unmerged, meta.merged_seq)
-            };
+            let (segments, merged_seq) = log.unmerged_segments();
             for (offset, first_seq, len) in segments {
                 // An open segment is read to its end: the scan ends after the last valid entry, past damage as a
                 // merge goes.

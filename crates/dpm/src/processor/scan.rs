@@ -105,8 +105,7 @@ fn full_seq(low: u64, merged: u64) -> u64 {
 
 /// The keys of one step, each once, within a byte budget.
 struct Page {
-    keys: Vec<Vec<u8>>,
-    named: HashSet<Vec<u8>>,
+    keys: HashSet<Vec<u8>>,
     bytes: usize,
     max_bytes: usize,
 }
@@ -117,10 +116,9 @@ impl Page {
     }
 
     fn push(&mut self, key: &[u8]) {
-        if !self.named.contains(key) {
+        if !self.keys.contains(key) {
             self.bytes += key.len() + PER_KEY_OVERHEAD;
-            self.named.insert(key.to_vec());
-            self.keys.push(key.to_vec());
+            self.keys.insert(key.to_vec());
         }
     }
 }
@@ -132,8 +130,7 @@ impl Inner {
     ) -> Result<proto::KeysPage, ProcessorError> {
         let count = u64::from(req.count.max(1));
         let mut page = Page {
-            keys: Vec::new(),
-            named: HashSet::new(),
+            keys: HashSet::new(),
             bytes: 0,
             max_bytes: req.max_bytes.clamp(1, MAX_REPLY_BYTES) as usize,
         };
@@ -145,7 +142,7 @@ impl Inner {
         };
         Ok(proto::KeysPage {
             cursor,
-            keys: page.keys,
+            keys: page.keys.into_iter().collect(),
         })
     }
 
@@ -167,21 +164,7 @@ impl Inner {
         let mut read = 0u64;
         let mut data = Vec::new();
         for log in &logs {
-            let (segments, merged_seq) = {
-                let meta = log.meta.lock().expect("log lock");
-                let unmerged: Vec<(u64, u64, u64)> = meta
-                    .segments
-                    .iter()
-                    .filter(|s| !s.merged)
-                    .map(|s| {
-                        let len = s
-                            .sealed_len
-                            .unwrap_or(s.capacity - dinomo_log::SEGMENT_HEADER_LEN as u64);
-                        (s.offset, s.first_seq, len)
-                    })
-                    .collect();
-                (unmerged, meta.merged_seq)
-            };
+            let (segments, merged_seq) = log.unmerged_segments();
             let mut next = match seq_low {
                 Some(low) if log.id == log_id => full_seq(low, merged_seq),
                 _ => merged_seq.saturating_add(1),
@@ -201,12 +184,11 @@ impl Inner {
                 self.read_entries(offset, len, &mut data)?;
                 // (sequence number, where the key lies in `data`, its length, whether it writes a value)
                 let mut entries: Vec<(u64, usize, usize, bool)> = Vec::new();
-                let base = data.as_ptr() as usize;
-                segment::scan_through(&data, log.id, first_seq, |_, e| {
+                segment::scan_through(&data, log.id, first_seq, |at, e| {
                     let seq = e.header.seq;
                     if seq >= next && seq > merged_seq {
-                        let at = e.key.as_ptr() as usize - base;
-                        entries.push((seq, at, e.key.len(), e.header.op == Op::Put));
+                        let key_at = at + ENTRY_HEADER_LEN;
+                        entries.push((seq, key_at, e.key.len(), e.header.op == Op::Put));
                     }
                 });
                 let key = |at: usize, len: usize| &data[at..at + len];
