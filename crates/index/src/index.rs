@@ -1059,27 +1059,34 @@ impl Index {
         let guard = self.read_table();
         let t = *guard;
         for b in 0..t.nbuckets {
-            let mut bucket = Some(primary_offset(t.offset, b));
-            while let Some(cur) = bucket {
-                let img = snapshot(&self.pool, cur).expect("index buckets lie inside the pool");
-                for (h, v) in img.slots {
-                    if h != 0
-                        && let Some(r) = EntryRef::from_raw(v)
-                    {
-                        f(h, r, bucket_index(h, t.nbuckets) == b);
-                    }
+            self.for_each_in_chain(&t, b, |h, r| f(h, r, bucket_index(h, t.nbuckets) == b));
+        }
+    }
+
+    /// Calls `f(hash, ref)` for every live slot of the chain of primary bucket `b` of `t` (a table the caller holds
+    /// the resize lock's read side for).
+    fn for_each_in_chain(&self, t: &Table, b: u64, mut f: impl FnMut(u64, EntryRef)) {
+        let mut bucket = Some(primary_offset(t.offset, b));
+        while let Some(cur) = bucket {
+            let img = snapshot(&self.pool, cur).expect("index buckets lie inside the pool");
+            for (h, v) in img.slots {
+                if h != 0
+                    && let Some(r) = EntryRef::from_raw(v)
+                {
+                    f(h, r);
                 }
-                bucket = self.next_bucket(&t, cur);
             }
+            bucket = self.next_bucket(t, cur);
         }
     }
 
     /// Calls `f(hash, ref)` for every live entry whose hash lies in `slice` of a table of `2^bits` buckets: whose
     /// bucket there would be `slice`. A table of this index with more buckets is walked over each of its buckets
     /// that split from `slice`; one with fewer, over the one bucket `slice` merges into, keeping its entries of
-    /// `slice` only. Bits of `slice` above `bits` are ignored. As a bucket's hashes are the low bits of the mixed hash, slices are stable under resizing,
-    /// which is what lets a cursor walk an index that grows meanwhile (`SCAN`). The table cannot be replaced
-    /// during the walk; writes to it may or may not be seen. `f` must not write to this index.
+    /// `slice` only. Bits of `slice` above `bits` are ignored. As a bucket's hashes are the low bits of the mixed
+    /// hash, slices are stable under resizing, which is what lets a cursor walk an index that grows meanwhile
+    /// (`SCAN`). The table cannot be replaced during the walk; writes to it may or may not be seen. `f` must not
+    /// write to this index.
     pub fn for_each_in_slice(&self, slice: u64, bits: u32, mut f: impl FnMut(u64, EntryRef)) {
         let guard = self.read_table();
         let t = *guard;
@@ -1093,19 +1100,11 @@ impl Index {
             (slice & (t.nbuckets - 1), 1, 1)
         };
         for k in 0..count {
-            let mut bucket = Some(primary_offset(t.offset, first + k * step));
-            while let Some(cur) = bucket {
-                let img = snapshot(&self.pool, cur).expect("index buckets lie inside the pool");
-                for (h, v) in img.slots {
-                    if h != 0
-                        && in_slice(h)
-                        && let Some(r) = EntryRef::from_raw(v)
-                    {
-                        f(h, r);
-                    }
+            self.for_each_in_chain(&t, first + k * step, |h, r| {
+                if in_slice(h) {
+                    f(h, r);
                 }
-                bucket = self.next_bucket(&t, cur);
-            }
+            });
         }
     }
 
