@@ -285,20 +285,22 @@ impl RevocationTable {
         for (i, id) in entries.iter().enumerate() {
             body.extend_from_slice(&encode(i as u64 + 1, *id));
         }
-        let old = self.offset;
         let offset = KIND.format_filled(&self.pool, 0, capacity, capacity * ENTRY_LEN, &body)?;
-        if old != 0 {
-            self.pool.free(old)?;
-            info!(
-                from = self.capacity,
-                to = capacity,
-                "the revocation table was resized"
-            );
-        }
+        // The new table is the one named from here on, whether or not the old one can be freed now (the next start
+        // frees it otherwise).
+        let (old, old_capacity) = (self.offset, self.capacity);
         self.offset = offset;
         self.capacity = capacity;
         self.next_seq = entries.len() as u64 + 1;
         self.entries = (1..).zip(entries).collect();
+        if old != 0 {
+            self.pool.free(old)?;
+            info!(
+                from = old_capacity,
+                to = capacity,
+                "the revocation table was resized"
+            );
+        }
         Ok(())
     }
 }

@@ -28,8 +28,8 @@ pub(crate) struct TableKind {
 }
 
 impl TableKind {
-    /// Allocates and zeroes `HEADER_LEN + body` bytes, writes the header and publishes the table in its root slot;
-    /// returns its pool offset.
+    /// Allocates `HEADER_LEN + body` bytes, writes the header and a zeroed body, and publishes the table in its
+    /// root slot; returns its pool offset.
     pub(crate) fn format(
         &self,
         pool: &Arc<Pool>,
@@ -55,16 +55,17 @@ impl TableKind {
         let ext = pool.alloc_bytes(bytes, self.tag).map_err(|e| {
             ProcessorError::no_room(format!("the {} of {capacity} entries", self.name), bytes, e)
         })?;
-        pool.write(ext.offset, &vec![0u8; bytes as usize])?;
-        pool.write(ext.offset + HEADER_LEN, filled)?;
-        let mut h = [0u8; HEADER_LEN as usize];
+        // The whole table in one write: header, the filled start of the body, zeros.
+        let mut image = vec![0u8; bytes as usize];
+        let h = &mut image[..HEADER_LEN as usize];
         h[0..8].copy_from_slice(&self.magic);
         h[8..12].copy_from_slice(&self.version.to_le_bytes());
         h[12..16].copy_from_slice(&parameter.to_le_bytes());
         h[16..24].copy_from_slice(&capacity.to_le_bytes());
         let crc = crc32c::crc32c(&h[..24]);
         h[24..28].copy_from_slice(&crc.to_le_bytes());
-        pool.write(ext.offset, &h)?;
+        image[HEADER_LEN as usize..][..filled.len()].copy_from_slice(filled);
+        pool.write(ext.offset, &image)?;
         pool.persist(ext.offset, bytes);
         pool.set_root(self.root, ext.offset)?;
         Ok(ext.offset)
