@@ -441,7 +441,7 @@ impl ClusterNode {
                 &config,
                 shared.clone(),
                 peers.clone(),
-                connector.clone(),
+                &connector.config.cluster_token,
                 server.local_addr().to_string(),
             )?),
             None => None,

@@ -24,7 +24,6 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, unbounded};
-use dinomo_fabric::Connector;
 use dinomo_kn::{Command, DataOp, KnError, Reply, ReplySink};
 use dinomo_resp::{Backend, BackendConn, BackendError, Op, OpResult, Output, Wake};
 use dinomo_ring::NodeId;
@@ -40,13 +39,13 @@ use crate::wire::ResponseBody;
 /// (`KnConfig::merge_wait_timeout`, 10 s by default) and the forwarding client's deadline per operation (5 s).
 const WORKER_REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Starts the RESP server of a node.
+/// Starts the RESP server of a node; its forwarding clients present the cluster `token`.
 pub(crate) fn start(
     listen: SocketAddr,
     config: &NodeConfig,
     shared: Arc<NodeShared>,
     peers: Option<Arc<Peers>>,
-    connector: Connector,
+    token: &str,
     native_addr: String,
 ) -> Result<dinomo_resp::RespServer, ClusterError> {
     let name = format!("dinomo-kn{}-resp", config.node_id);
@@ -57,7 +56,7 @@ pub(crate) fn start(
     // The node's own native server answers routing requests: the forwarding clients start there.
     let forward = ClientConfig {
         seeds: vec![native_addr],
-        token: connector.config.cluster_token.clone().into(),
+        token: token.into(),
         ..ClientConfig::default()
     };
     let backend = NodeBackend {
