@@ -4,27 +4,11 @@
 use std::collections::BTreeSet;
 
 use dinomo_dpm::{ProcessorConfig, proto};
-use dinomo_kn::{Embedded, EmbeddedConfig, KnConfig};
+use dinomo_kn::{Embedded, EmbeddedConfig};
 use rand::{RngExt, SeedableRng};
 
-fn store() -> anyhow::Result<Embedded> {
-    Ok(Embedded::open(&EmbeddedConfig {
-        pool_size: 64 << 20,
-        pool_segment_size: 16 << 10,
-        processor: ProcessorConfig {
-            // Small segments: a few hundred writes seal several of them, so all three places hold entries.
-            segment_size: 16 << 10,
-            merge_threads: 1,
-            ..ProcessorConfig::default()
-        },
-        kn: KnConfig {
-            threads: 2,
-            max_value_len: 2048,
-            ..KnConfig::default()
-        },
-        ..EmbeddedConfig::default()
-    })?)
-}
+mod common;
+use common::small_segments_store as store;
 
 /// The count over the fabric, as a KV node asks for it.
 fn count_over_rpc(store: &Embedded) -> anyhow::Result<u64> {

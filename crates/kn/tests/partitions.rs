@@ -170,23 +170,13 @@ fn a_rebalance_moves_entries_into_the_new_owners_partition() -> anyhow::Result<(
         // Node 1 leaves: everything moves to node 2, which writes on. The move happens while a walk over the keys
         // (`SCAN`) is halfway through the partitions, and the walk names every key all the same.
         let mut left = None;
-        let mut named = std::collections::BTreeSet::new();
-        let mut cursor = 0;
-        for step in 0.. {
-            let page = processor.scan_keys(&proto::ScanKeys {
-                cursor,
-                count: 3,
-                max_bytes: 1 << 20,
-            })?;
-            named.extend(page.keys);
-            cursor = page.cursor;
-            if cursor == 0 {
-                break;
-            }
+        let named = common::walk(&processor, 3, 1 << 20, |step| {
             if step == 20 {
                 left = Some(rebalance(&connector, &[2])?);
             }
-        }
+            Ok(())
+        })?;
+        let named: std::collections::BTreeSet<_> = named.into_iter().collect();
         assert_eq!(named, (0..KEYS).map(key).collect());
         assert_eq!(left.expect("moved").keys, u64::from(KEYS) - moving);
         let mut two = worker(2, &connector)?;

@@ -4,59 +4,11 @@
 
 use std::collections::{BTreeSet, HashSet};
 
-use dinomo_dpm::{Processor, ProcessorConfig, proto};
-use dinomo_kn::{Embedded, EmbeddedConfig, KnConfig};
+use common::{small_segments_store as store, walk};
+use dinomo_dpm::proto;
 use rand::{RngExt, SeedableRng};
 
-fn store() -> anyhow::Result<Embedded> {
-    Ok(Embedded::open(&EmbeddedConfig {
-        pool_size: 64 << 20,
-        pool_segment_size: 16 << 10,
-        processor: ProcessorConfig {
-            // Small segments: a few hundred writes seal several of them, so all three places hold entries.
-            segment_size: 16 << 10,
-            merge_threads: 1,
-            ..ProcessorConfig::default()
-        },
-        kn: KnConfig {
-            threads: 2,
-            max_value_len: 2048,
-            ..KnConfig::default()
-        },
-        ..EmbeddedConfig::default()
-    })?)
-}
-
-/// Walks every key with steps of `count` keys and replies of at most `max_bytes`, calling `between(step)` between
-/// steps; every key named, with how many times.
-fn walk(
-    processor: &Processor,
-    count: u32,
-    max_bytes: u32,
-    mut between: impl FnMut(usize) -> anyhow::Result<()>,
-) -> anyhow::Result<Vec<Vec<u8>>> {
-    let mut named = Vec::new();
-    let mut cursor = 0;
-    for step in 0.. {
-        anyhow::ensure!(step < 100_000, "the walk does not end");
-        let page = processor.scan_keys(&proto::ScanKeys {
-            cursor,
-            count,
-            max_bytes,
-        })?;
-        anyhow::ensure!(
-            page.keys.iter().collect::<HashSet<_>>().len() == page.keys.len(),
-            "a step names a key twice"
-        );
-        named.extend(page.keys);
-        cursor = page.cursor;
-        if cursor == 0 {
-            break;
-        }
-        between(step)?;
-    }
-    Ok(named)
-}
+mod common;
 
 fn key(i: u32) -> Vec<u8> {
     format!("key-{i}").into_bytes()

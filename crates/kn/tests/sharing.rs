@@ -46,20 +46,7 @@ impl Setup {
 
     /// Every key a whole walk of the memory node names (`SCAN`), sorted.
     fn walked(&self) -> anyhow::Result<Vec<Vec<u8>>> {
-        let mut named = Vec::new();
-        let mut cursor = 0;
-        loop {
-            let page = self.processor.scan_keys(&dinomo_dpm::proto::ScanKeys {
-                cursor,
-                count: 1,
-                max_bytes: 1 << 20,
-            })?;
-            named.extend(page.keys);
-            cursor = page.cursor;
-            if cursor == 0 {
-                break;
-            }
-        }
+        let mut named = common::walk(&self.processor, 1, 1 << 20, |_| Ok(()))?;
         named.sort();
         named.dedup();
         Ok(named)

@@ -252,3 +252,61 @@ pub fn cut_short_and_damaged(report: &dinomo_dpm::check::PoolCheck, log_id: u32)
     let l = log_check(report, log_id);
     (l.cut_short_bytes, l.damaged_bytes)
 }
+
+/// An in-memory embedded store whose 16 KiB log segments a few hundred writes seal several of, so that the open
+/// segment, the merge backlog and the index all hold entries: two workers, one merge thread, values up to 2 KiB.
+#[allow(dead_code)]
+pub fn small_segments_store() -> anyhow::Result<dinomo_kn::Embedded> {
+    Ok(dinomo_kn::Embedded::open(&EmbeddedConfig {
+        pool_size: 64 << 20,
+        pool_segment_size: 16 << 10,
+        processor: ProcessorConfig {
+            segment_size: 16 << 10,
+            merge_threads: 1,
+            ..ProcessorConfig::default()
+        },
+        kn: KnConfig {
+            threads: 2,
+            max_value_len: 2048,
+            ..KnConfig::default()
+        },
+        ..EmbeddedConfig::default()
+    })?)
+}
+
+/// A whole walk over the memory node's keys (`SCAN`) in steps of `count` keys and replies of at most `max_bytes`,
+/// calling `between(step)` between steps; every key named, as often as named. Fails when a step names a key twice
+/// or the walk does not end.
+#[allow(dead_code)]
+pub fn walk(
+    processor: &Processor,
+    count: u32,
+    max_bytes: u32,
+    mut between: impl FnMut(usize) -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<Vec<u8>>> {
+    let mut named = Vec::new();
+    let mut cursor = 0;
+    for step in 0.. {
+        anyhow::ensure!(step < 100_000, "the walk does not end");
+        let page = processor.scan_keys(&dinomo_dpm::proto::ScanKeys {
+            cursor,
+            count,
+            max_bytes,
+        })?;
+        anyhow::ensure!(
+            page.keys
+                .iter()
+                .collect::<std::collections::HashSet<_>>()
+                .len()
+                == page.keys.len(),
+            "a step names a key twice"
+        );
+        named.extend(page.keys);
+        cursor = page.cursor;
+        if cursor == 0 {
+            break;
+        }
+        between(step)?;
+    }
+    Ok(named)
+}
