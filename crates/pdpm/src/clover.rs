@@ -91,8 +91,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::anchor::{self, Anchor, Anchored, HEADER_LEN, Located, le_u32, le_u64};
 use crate::{
-    Change, MemoryNodes, PdpmError, PdpmStore, Tried, check_key, check_value, failed, hash,
-    is_node_failure, not_applied, reported_down, roots, tags, validate,
+    Change, MemoryNodes, PdpmError, PdpmStore, ScanRun, Tried, check_key, check_value, failed,
+    hash, is_node_failure, not_applied, per_read, read_spans, reported_down, roots, tags, validate,
 };
 
 /// Bytes before the key in a cell: pointer word, key length (+1, 0 = free) and padding.
@@ -1068,26 +1068,6 @@ impl RpcHandler for MetadataServer {
             other => Err(RpcError::UnknownMethod(other)),
         }
     }
-}
-
-/// Items of `len` bytes one READ takes: half the message limit `max_message`, at least 1, at most `cap`.
-fn per_read(max_message: u32, len: u64, cap: u64) -> u64 {
-    (u64::from(max_message) / 2 / len).clamp(1, cap)
-}
-
-/// `(first, n)` ranges covering `count` records (cells or slots) of `len` bytes, read `cap` records at most per
-/// READ and no more than half of `max_message` bytes (a READ's reply must fit one message).
-fn read_spans(
-    max_message: u32,
-    count: u64,
-    len: u64,
-    cap: u64,
-) -> impl Iterator<Item = (u64, u64)> {
-    let per_read = per_read(max_message, len, cap);
-    (0..count.div_ceil(per_read)).map(move |i| {
-        let first = i * per_read;
-        (first, per_read.min(count - first))
-    })
 }
 
 /// A cell holding a key: the key and its shortcut.
@@ -2844,27 +2824,21 @@ impl PdpmStore for CloverClient {
     /// least) and names the keys of those whose first version is linked; whether each has a value now (its tail
     /// may be a tombstone) is the caller's to ask.
     fn scan_keys(&mut self, cursor: u64, count: u32) -> Result<(u64, Vec<Vec<u8>>), PdpmError> {
-        let cells = self.layout.cells;
-        let total = cells * self.nodes.len() as u64;
-        if cursor >= total {
+        let (cells, cell_len) = (self.layout.cells, self.layout.cell_len());
+        let eps = &self.nodes.eps;
+        let Some(run) = ScanRun::at(cursor, cells, eps.len(), count, |node| {
+            per_read(eps[node].max_message_len(), cell_len, 4096)
+        }) else {
             return Ok((0, Vec::new()));
-        }
-        let (node, first) = ((cursor / cells) as usize, cursor % cells);
-        let per_read = per_read(
-            self.nodes.eps[node].max_message_len(),
-            self.layout.cell_len(),
-            4096,
-        );
-        let n = (cells - first).min(per_read).min(u64::from(count).max(16));
+        };
         let mut keys = Vec::new();
-        let r = self.read_key_cells(node, first, n, &mut Vec::new(), |_, key, _| {
+        let r = self.read_key_cells(run.node, run.first, run.n, &mut Vec::new(), |_, key, _| {
             keys.push(key.to_vec())
         });
         if let Err(e) = r {
             return self.after_op(Err(e));
         }
-        let next = cursor + n;
-        self.after_op(Ok((if next >= total { 0 } else { next }, keys)))
+        self.after_op(Ok((run.next, keys)))
     }
 
     fn update(

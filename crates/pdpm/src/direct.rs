@@ -41,8 +41,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::anchor::{self, Anchor, Anchored, HEADER_LEN, le_u32, le_u64};
 use crate::{
-    Change, MemoryNodes, PdpmError, PdpmStore, Tried, check_key, check_value, hash,
-    is_node_failure, new_client_id, not_applied, roots, tags, validate, write_validated,
+    Change, MemoryNodes, PdpmError, PdpmStore, ScanRun, Tried, check_key, check_value, hash,
+    is_node_failure, new_client_id, not_applied, per_read, read_spans, roots, tags, validate,
+    write_validated,
 };
 
 const COPY_HEADER: usize = 16;
@@ -901,8 +902,11 @@ impl DirectClient {
 
     /// Slots one READ of a scan takes on `node`: half its message limit, at most 256.
     fn slots_per_read(&self, node: usize) -> u64 {
-        let slot_len = self.nodes.layout.slot_len();
-        (u64::from(self.nodes.eps[node].max_message_len()) / 2 / slot_len).clamp(1, 256)
+        per_read(
+            self.nodes.eps[node].max_message_len(),
+            self.nodes.layout.slot_len(),
+            256,
+        )
     }
 
     /// Visits the committed copies of slots `first..first + n` of `node`'s primary section, read lock-free in one
@@ -977,16 +981,18 @@ impl PdpmStore for DirectClient {
         let mut count = 0u64;
         let mut buf = Vec::new();
         for node in 0..self.nodes.len() {
-            let per_read = self.slots_per_read(node);
-            let mut first = 0u64;
-            while first < self.nodes.layout.slots {
-                let n = (self.nodes.layout.slots - first).min(per_read);
+            let runs = read_spans(
+                self.nodes.eps[node].max_message_len(),
+                self.nodes.layout.slots,
+                self.nodes.layout.slot_len(),
+                256,
+            );
+            for (first, n) in runs {
                 self.read_primary_slots(node, first, n, &mut buf, |copy| {
                     if matches!(copy, Copy::Whole { value: Some(_), .. }) {
                         count += 1;
                     }
                 })?;
-                first += n;
             }
         }
         Ok(count)
@@ -996,18 +1002,17 @@ impl PdpmStore for DirectClient {
     /// walk over them meets every key there throughout. Each step reads one run of at most `count` slots (16 at
     /// least) the way [`PdpmStore::key_count`] does.
     fn scan_keys(&mut self, cursor: u64, count: u32) -> Result<(u64, Vec<Vec<u8>>), PdpmError> {
-        let slots = self.nodes.layout.slots;
-        let total = slots * self.nodes.len() as u64;
-        if cursor >= total {
+        let Some(run) = ScanRun::at(
+            cursor,
+            self.nodes.layout.slots,
+            self.nodes.len(),
+            count,
+            |node| self.slots_per_read(node),
+        ) else {
             return Ok((0, Vec::new()));
-        }
-        let (node, first) = ((cursor / slots) as usize, cursor % slots);
-        let n = (slots - first)
-            .min(self.slots_per_read(node))
-            .min(u64::from(count).max(16));
+        };
         let mut keys = Vec::new();
-        let mut buf = Vec::new();
-        self.read_primary_slots(node, first, n, &mut buf, |copy| {
+        self.read_primary_slots(run.node, run.first, run.n, &mut Vec::new(), |copy| {
             if let Copy::Whole {
                 key,
                 value: Some(_),
@@ -1016,8 +1021,7 @@ impl PdpmStore for DirectClient {
                 keys.push(key);
             }
         })?;
-        let next = cursor + n;
-        Ok((if next >= total { 0 } else { next }, keys))
+        Ok((run.next, keys))
     }
 
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, PdpmError> {

@@ -680,3 +680,65 @@ pub(crate) fn write_validated(
     *batch = round.reuse();
     r
 }
+
+/// Items of `len` bytes one READ takes: half the message limit `max_message`, at least 1, at most `cap`.
+pub(crate) fn per_read(max_message: u32, len: u64, cap: u64) -> u64 {
+    (u64::from(max_message) / 2 / len).clamp(1, cap)
+}
+
+/// `(first, n)` ranges covering `count` records (cells or slots) of `len` bytes, read `cap` records at most per
+/// READ and no more than half of `max_message` bytes (a READ's reply must fit one message).
+pub(crate) fn read_spans(
+    max_message: u32,
+    count: u64,
+    len: u64,
+    cap: u64,
+) -> impl Iterator<Item = (u64, u64)> {
+    let per_read = per_read(max_message, len, cap);
+    (0..count.div_ceil(per_read)).map(move |i| {
+        let first = i * per_read;
+        (first, per_read.min(count - first))
+    })
+}
+
+/// One step of a walk over the keys (`SCAN`) of a store whose keys keep their place (a slot, a cell) while they
+/// exist: `per_node` places on each memory node, taken node after node, the cursor being `node × per_node + place`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ScanRun {
+    /// The memory node read.
+    pub node: usize,
+    /// Its first place read.
+    pub first: u64,
+    /// How many places are read.
+    pub n: u64,
+    /// The cursor after them; 0 after the last place.
+    pub next: u64,
+}
+
+impl ScanRun {
+    /// The run from `cursor`: at most `count` places (16 at least), at most `per_read(node)` (one READ), not past
+    /// the node's last. `None` for a cursor past the last place of the last node.
+    pub(crate) fn at(
+        cursor: u64,
+        per_node: u64,
+        nodes: usize,
+        count: u32,
+        per_read: impl Fn(usize) -> u64,
+    ) -> Option<ScanRun> {
+        let total = per_node * nodes as u64;
+        if cursor >= total {
+            return None;
+        }
+        let (node, first) = ((cursor / per_node) as usize, cursor % per_node);
+        let n = (per_node - first)
+            .min(per_read(node))
+            .min(u64::from(count).max(16));
+        let next = cursor + n;
+        Some(ScanRun {
+            node,
+            first,
+            n,
+            next: if next >= total { 0 } else { next },
+        })
+    }
+}
