@@ -254,7 +254,7 @@ impl MetricsSource for NodeMetrics {
         let mut sum = dinomo_kn::WorkerStats::default();
         let mut ops = dinomo_kn::OpCounts::default();
         for t in &stats.threads {
-            ops = add_ops(&ops, &t.ops);
+            ops = ops.plus(&t.ops);
             sum.not_owner += t.not_owner;
             sum.lookups += t.lookups;
             sum.value_hits += t.value_hits;
@@ -546,21 +546,6 @@ impl MetricsSource for NodeMetrics {
                 s.error_replies,
             );
         }
-    }
-}
-
-fn add_ops(a: &dinomo_kn::OpCounts, b: &dinomo_kn::OpCounts) -> dinomo_kn::OpCounts {
-    dinomo_kn::OpCounts {
-        get: a.get + b.get,
-        set: a.set + b.set,
-        insert: a.insert + b.insert,
-        update: a.update + b.update,
-        getset: a.getset + b.getset,
-        delete: a.delete + b.delete,
-        incr: a.incr + b.incr,
-        append: a.append + b.append,
-        exists: a.exists + b.exists,
-        strlen: a.strlen + b.strlen,
     }
 }
 

@@ -210,6 +210,12 @@ fn take_data_op(op: &mut Op) -> DataOp {
         Op::Delete(k) => DataOp::Delete(take(k)),
         Op::Incr(k, d) => DataOp::Incr(take(k), *d),
         Op::Append(k, v) => DataOp::Append(take(k), take(v)),
+        Op::Take(k) => DataOp::Take(take(k)),
+        Op::GetRange(k, start, end) => DataOp::GetRange(take(k), *start, *end),
+        Op::SetRange(k, offset, v) => DataOp::SetRange(take(k), *offset, take(v)),
+        Op::IncrFloat(k, delta) => DataOp::IncrFloat(take(k), take(delta)),
+        Op::InsertGet(k, v) => DataOp::InsertGet(take(k), take(v)),
+        Op::UpdateGet(k, v) => DataOp::UpdateGet(take(k), take(v)),
     }
 }
 
@@ -226,18 +232,36 @@ fn op_of(op: DataOp) -> Op {
         DataOp::Delete(k) => Op::Delete(k),
         DataOp::Incr(k, d) => Op::Incr(k, d),
         DataOp::Append(k, v) => Op::Append(k, v),
+        DataOp::Take(k) => Op::Take(k),
+        DataOp::GetRange(k, start, end) => Op::GetRange(k, start, end),
+        DataOp::SetRange(k, offset, v) => Op::SetRange(k, offset, v),
+        DataOp::IncrFloat(k, delta) => Op::IncrFloat(k, delta),
+        DataOp::InsertGet(k, v) => Op::InsertGet(k, v),
+        DataOp::UpdateGet(k, v) => Op::UpdateGet(k, v),
     }
 }
 
 /// The result of `op` from the store's answer, which must be of the kind `op` is answered with.
 fn output(op: &Op, answer: Output) -> OpResult {
     match (op, answer) {
-        (Op::Get(_) | Op::GetSet(..), value @ Output::Value(_)) => Ok(value),
+        (
+            Op::Get(_)
+            | Op::GetSet(..)
+            | Op::Take(_)
+            | Op::GetRange(..)
+            | Op::IncrFloat(..)
+            | Op::InsertGet(..)
+            | Op::UpdateGet(..),
+            value @ Output::Value(_),
+        ) => Ok(value),
         (
             Op::Exists(_) | Op::Set(..) | Op::Insert(..) | Op::Update(..) | Op::Delete(_),
             applied @ Output::Applied(_),
         ) => Ok(applied),
-        (Op::Incr(..) | Op::Append(..) | Op::Strlen(_), int @ Output::Int(_)) => Ok(int),
+        (
+            Op::Incr(..) | Op::Append(..) | Op::Strlen(_) | Op::SetRange(..),
+            int @ Output::Int(_),
+        ) => Ok(int),
         _ => Err(wrong_kind()),
     }
 }
@@ -260,9 +284,11 @@ fn from_kn_error(op: &Op, e: KnError) -> BackendError {
     match e {
         KnError::NotAnInteger => BackendError::NotAnInteger,
         KnError::IncrOverflow => BackendError::Overflow,
-        KnError::KeyTooLarge { .. } | KnError::ValueTooLarge { .. } | KnError::Config(_) => {
-            BackendError::Invalid(e.to_string())
-        }
+        KnError::KeyTooLarge { .. }
+        | KnError::ValueTooLarge { .. }
+        | KnError::NotAFloat
+        | KnError::NotFinite
+        | KnError::Config(_) => BackendError::Invalid(e.to_string()),
         KnError::OutOfSpace(_) => BackendError::OutOfSpace(e.to_string()),
         e if e.is_indeterminate() && op.is_write() => BackendError::Indeterminate(e.to_string()),
         e => BackendError::Unavailable(e.to_string()),

@@ -891,6 +891,8 @@ pub(crate) fn error_body(e: KnError) -> ResponseBody {
         | KnError::ValueTooLarge { .. }
         | KnError::NotAnInteger
         | KnError::IncrOverflow
+        | KnError::NotAFloat
+        | KnError::NotFinite
         | KnError::Config(_) => ErrorKind::Invalid,
         // Not applied: the client may try again.
         KnError::Contended { .. } => ErrorKind::Unavailable,

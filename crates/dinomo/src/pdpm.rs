@@ -23,6 +23,7 @@ use dinomo_pdpm::direct::{DirectClient, DirectLayout, DirectSettings, Flavor};
 use dinomo_pdpm::{Change, ClientSettings, FailureKind, Layout, PdpmError, PdpmStore};
 use dinomo_pool::{PersistMode, Pool, PoolOptions};
 use dinomo_resp::{Backend, BackendConn, BackendError, Op, OpResult, Output};
+use dinomo_value::RangeWrite;
 use serde::{Deserialize, Serialize};
 
 /// A pDPM baseline `dinomo up` can run.
@@ -577,8 +578,87 @@ impl PdpmConn {
                 .map_err(failed)?;
                 Ok(Output::Int(len))
             }
+            Op::Take(k) => {
+                let mut had = None;
+                c.update(&k, &mut |old| {
+                    had = old.map(<[u8]>::to_vec);
+                    if had.is_some() {
+                        Change::Delete
+                    } else {
+                        Change::Keep
+                    }
+                })
+                .map_err(failed)?;
+                Ok(Output::Value(had))
+            }
+            Op::GetRange(k, start, end) => c
+                .get(&k)
+                .map(|v| {
+                    let v = v.unwrap_or_default();
+                    Output::Value(Some(dinomo_value::range(&v, start, end).to_vec()))
+                })
+                .map_err(failed),
+            Op::SetRange(k, offset, bytes) => {
+                let max = c.max_value_len();
+                let mut outcome = Err(BackendError::Unavailable("no SETRANGE ran".into()));
+                c.update(&k, &mut |old| match dinomo_value::set_range(
+                    old.map(<[u8]>::to_vec),
+                    offset,
+                    &bytes,
+                    max,
+                ) {
+                    Ok(RangeWrite::Unchanged(len)) => {
+                        outcome = Ok(len as i64);
+                        Change::Keep
+                    }
+                    Ok(RangeWrite::Write(v)) => {
+                        outcome = Ok(v.len() as i64);
+                        Change::Put(v)
+                    }
+                    Err(e) => {
+                        outcome = Err(e.into());
+                        Change::Keep
+                    }
+                })
+                .map_err(failed)?;
+                outcome.map(Output::Int)
+            }
+            Op::IncrFloat(k, delta) => {
+                let mut outcome = Err(BackendError::Unavailable("no increment ran".into()));
+                c.update(&k, &mut |old| {
+                    outcome = dinomo_value::increment_float(old, &delta).map_err(Into::into);
+                    match &outcome {
+                        Ok(n) => Change::Put(n.clone()),
+                        Err(_) => Change::Keep,
+                    }
+                })
+                .map_err(failed)?;
+                outcome.map(|n| Output::Value(Some(n)))
+            }
+            Op::InsertGet(k, v) => put_if_get(c, &k, &v, false).map_err(failed),
+            Op::UpdateGet(k, v) => put_if_get(c, &k, &v, true).map_err(failed),
         }
     }
+}
+
+/// Puts `value` under `key` only if the key has a value (`present`) or has none (`!present`); the value the key
+/// had.
+fn put_if_get(
+    c: &mut (dyn PdpmStore + Send),
+    key: &[u8],
+    value: &[u8],
+    present: bool,
+) -> Result<Output, PdpmError> {
+    let mut had = None;
+    c.update(key, &mut |old| {
+        had = old.map(<[u8]>::to_vec);
+        if had.is_some() == present {
+            Change::Put(value.to_vec())
+        } else {
+            Change::Keep
+        }
+    })?;
+    Ok(Output::Value(had))
 }
 
 /// Puts `value` under `key` only if the key has a value (`present`) or has none (`!present`); whether it did.
@@ -733,6 +813,66 @@ mod tests {
             // Another connection sees the same data.
             let mut other = b.connect(dinomo_resp::Wake::none());
             assert_eq!(other.get(b"new"), Ok(Some(b"-2".to_vec())));
+        }
+    }
+
+    #[test]
+    fn the_string_commands_of_redis_6_and_7_behave_as_redis_does() {
+        for system in Baseline::ALL {
+            let (b, _nodes) = backend(system);
+            let mut c = b.connect(dinomo_resp::Wake::none());
+            let value = |o: OpResult| match o {
+                Ok(Output::Value(v)) => v,
+                other => panic!("{system}: {other:?}"),
+            };
+            c.set(b"s", b"This is a string").unwrap();
+            let range = c.run(Op::GetRange(b"s".to_vec(), -3, -1));
+            assert_eq!(value(range), Some(b"ing".to_vec()), "{system}");
+            let absent = c.run(Op::GetRange(b"none".to_vec(), 0, -1));
+            assert_eq!(value(absent), Some(Vec::new()));
+            assert_eq!(
+                c.run(Op::SetRange(b"s".to_vec(), 10, b"STRING".to_vec())),
+                Ok(Output::Int(16))
+            );
+            assert_eq!(c.get(b"s"), Ok(Some(b"This is a STRING".to_vec())));
+            assert_eq!(
+                c.run(Op::SetRange(b"pad".to_vec(), 2, b"x".to_vec())),
+                Ok(Output::Int(3))
+            );
+            assert_eq!(c.get(b"pad"), Ok(Some(b"\0\0x".to_vec())));
+            // The store's own limit (32 bytes here) is applied before the value is built.
+            assert!(matches!(
+                c.run(Op::SetRange(
+                    b"pad".to_vec(),
+                    u64::from(u32::MAX),
+                    b"x".to_vec()
+                )),
+                Err(BackendError::Invalid(_))
+            ));
+            assert_eq!(
+                value(c.run(Op::Take(b"pad".to_vec()))),
+                Some(b"\0\0x".to_vec())
+            );
+            assert_eq!(value(c.run(Op::Take(b"pad".to_vec()))), None);
+            assert_eq!(c.exists(b"pad"), Ok(false));
+            let sum = c.run(Op::IncrFloat(b"f".to_vec(), b"10.5".to_vec()));
+            assert_eq!(value(sum), Some(b"10.5".to_vec()));
+            let sum = c.run(Op::IncrFloat(b"f".to_vec(), b"0.1".to_vec()));
+            assert_eq!(value(sum), Some(b"10.6".to_vec()));
+            assert!(matches!(
+                c.run(Op::IncrFloat(b"s".to_vec(), b"1".to_vec())),
+                Err(BackendError::Invalid(m)) if m == "value is not a valid float"
+            ));
+            let nx = c.run(Op::InsertGet(b"f".to_vec(), b"x".to_vec()));
+            assert_eq!(value(nx), Some(b"10.6".to_vec()));
+            let nx = c.run(Op::InsertGet(b"g".to_vec(), b"x".to_vec()));
+            assert_eq!(value(nx), None);
+            let xx = c.run(Op::UpdateGet(b"g".to_vec(), b"y".to_vec()));
+            assert_eq!(value(xx), Some(b"x".to_vec()));
+            let xx = c.run(Op::UpdateGet(b"h".to_vec(), b"y".to_vec()));
+            assert_eq!(value(xx), None);
+            assert_eq!(c.get(b"g"), Ok(Some(b"y".to_vec())));
+            assert_eq!(c.exists(b"h"), Ok(false));
         }
     }
 

@@ -76,6 +76,28 @@ pub enum KnError {
     /// An increment whose result does not fit in 64 bits; nothing was written (Redis's text).
     #[error("increment or decrement would overflow")]
     IncrOverflow,
+    /// The stored value or the increment of a float increment is not a number (Redis's text).
+    #[error("value is not a valid float")]
+    NotAFloat,
+    /// A float increment whose result would be infinite; nothing was written (Redis's text).
+    #[error("increment would produce NaN or Infinity")]
+    NotFinite,
+}
+
+impl From<dinomo_value::ValueError> for KnError {
+    fn from(e: dinomo_value::ValueError) -> KnError {
+        use dinomo_value::ValueError;
+        match e {
+            ValueError::NotAnInteger => KnError::NotAnInteger,
+            ValueError::IntegerOverflow => KnError::IncrOverflow,
+            ValueError::NotAFloat => KnError::NotAFloat,
+            ValueError::NotFinite => KnError::NotFinite,
+            ValueError::TooLong { len, max } => KnError::ValueTooLarge {
+                len: usize::try_from(len).unwrap_or(usize::MAX),
+                max,
+            },
+        }
+    }
 }
 
 impl KnError {

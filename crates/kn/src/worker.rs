@@ -15,6 +15,7 @@ use dinomo_fabric::{
 use dinomo_index::RemoteIndex;
 use dinomo_index::layout::{BUCKET_LEN, stored_hash};
 use dinomo_log::{EntryRef, EntryView, HashMode, Op, SEGMENT_HEADER_LEN, encode_entry, entry_len};
+use dinomo_value::RangeWrite;
 use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
@@ -214,6 +215,35 @@ pub enum DataOp {
     Exists(#[serde(with = "serde_bytes")] Vec<u8>),
     /// Replies with the length of the key's value (absent = 0), without the value.
     Strlen(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// Removes the key and replies with the value it had (`GETDEL`).
+    Take(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// Replies with the bytes of the value from the first position to the second, both included, negative
+    /// positions counting from the end (`GETRANGE`; absent = empty).
+    GetRange(#[serde(with = "serde_bytes")] Vec<u8>, i64, i64),
+    /// Writes the bytes at the offset, zero-filling any gap (absent = empty), and replies with the new length
+    /// (`SETRANGE`).
+    SetRange(
+        #[serde(with = "serde_bytes")] Vec<u8>,
+        u64,
+        #[serde(with = "serde_bytes")] Vec<u8>,
+    ),
+    /// Adds the float spelled by the bytes to the number stored at the key (absent = 0) and replies with the
+    /// result as stored (`INCRBYFLOAT`).
+    IncrFloat(
+        #[serde(with = "serde_bytes")] Vec<u8>,
+        #[serde(with = "serde_bytes")] Vec<u8>,
+    ),
+    /// Sets the value only when absent; replies with the current value, none when it was set (`SET NX GET`).
+    InsertGet(
+        #[serde(with = "serde_bytes")] Vec<u8>,
+        #[serde(with = "serde_bytes")] Vec<u8>,
+    ),
+    /// Sets the value only when present; replies with the previous value, none when nothing was set
+    /// (`SET XX GET`).
+    UpdateGet(
+        #[serde(with = "serde_bytes")] Vec<u8>,
+        #[serde(with = "serde_bytes")] Vec<u8>,
+    ),
 }
 
 impl DataOp {
@@ -224,18 +254,27 @@ impl DataOp {
             | DataOp::Exists(k)
             | DataOp::Strlen(k)
             | DataOp::Delete(k)
-            | DataOp::Incr(k, _) => k,
+            | DataOp::Take(k)
+            | DataOp::Incr(k, _)
+            | DataOp::GetRange(k, ..)
+            | DataOp::SetRange(k, ..) => k,
             DataOp::Set(k, _)
             | DataOp::Insert(k, _)
             | DataOp::Update(k, _)
             | DataOp::GetSet(k, _)
-            | DataOp::Append(k, _) => k,
+            | DataOp::Append(k, _)
+            | DataOp::IncrFloat(k, _)
+            | DataOp::InsertGet(k, _)
+            | DataOp::UpdateGet(k, _) => k,
         }
     }
 
     /// Whether the operation may change data.
     pub fn is_write(&self) -> bool {
-        !matches!(self, DataOp::Get(_) | DataOp::Exists(_) | DataOp::Strlen(_))
+        !matches!(
+            self,
+            DataOp::Get(_) | DataOp::Exists(_) | DataOp::Strlen(_) | DataOp::GetRange(..)
+        )
     }
 }
 
@@ -397,11 +436,17 @@ pub struct OpCounts {
     pub exists: u64,
     /// Length probes (STRLEN).
     pub strlen: u64,
+    /// Deletes replying with the value (GETDEL).
+    pub getdel: u64,
+    /// Reads of part of a value (GETRANGE).
+    pub getrange: u64,
+    /// Writes of part of a value (SETRANGE).
+    pub setrange: u64,
 }
 
 impl OpCounts {
     /// Each kind with its count, named as in the metrics.
-    pub fn by_kind(&self) -> [(&'static str, u64); 10] {
+    pub fn by_kind(&self) -> [(&'static str, u64); 13] {
         [
             ("get", self.get),
             ("set", self.set),
@@ -413,7 +458,30 @@ impl OpCounts {
             ("append", self.append),
             ("exists", self.exists),
             ("strlen", self.strlen),
+            ("getdel", self.getdel),
+            ("getrange", self.getrange),
+            ("setrange", self.setrange),
         ]
+    }
+
+    /// The counts of `self` and `other` added kind by kind (saturating: the counts may come from peers' reports).
+    pub fn plus(&self, other: &OpCounts) -> OpCounts {
+        let add = |a: u64, b: u64| a.saturating_add(b);
+        OpCounts {
+            get: add(self.get, other.get),
+            set: add(self.set, other.set),
+            insert: add(self.insert, other.insert),
+            update: add(self.update, other.update),
+            getset: add(self.getset, other.getset),
+            delete: add(self.delete, other.delete),
+            incr: add(self.incr, other.incr),
+            append: add(self.append, other.append),
+            exists: add(self.exists, other.exists),
+            strlen: add(self.strlen, other.strlen),
+            getdel: add(self.getdel, other.getdel),
+            getrange: add(self.getrange, other.getrange),
+            setrange: add(self.setrange, other.setrange),
+        }
     }
 
     /// Operations of every kind.
@@ -428,14 +496,18 @@ impl OpCounts {
         let n = match op {
             DataOp::Get(_) => &mut self.get,
             DataOp::Set(..) => &mut self.set,
-            DataOp::Insert(..) => &mut self.insert,
-            DataOp::Update(..) => &mut self.update,
+            // The conditional writes that answer with the value are inserts and updates all the same.
+            DataOp::Insert(..) | DataOp::InsertGet(..) => &mut self.insert,
+            DataOp::Update(..) | DataOp::UpdateGet(..) => &mut self.update,
             DataOp::GetSet(..) => &mut self.getset,
             DataOp::Delete(_) => &mut self.delete,
-            DataOp::Incr(..) => &mut self.incr,
+            DataOp::Incr(..) | DataOp::IncrFloat(..) => &mut self.incr,
             DataOp::Append(..) => &mut self.append,
             DataOp::Exists(_) => &mut self.exists,
             DataOp::Strlen(_) => &mut self.strlen,
+            DataOp::Take(_) => &mut self.getdel,
+            DataOp::GetRange(..) => &mut self.getrange,
+            DataOp::SetRange(..) => &mut self.setrange,
         };
         *n += 1;
     }
@@ -981,7 +1053,7 @@ impl Worker {
             }
             // Read-modify-writes: the current value decides what is written and answered.
             op => match self.read_for_write(op.key()) {
-                Ok(current) => match outcome(op, current) {
+                Ok(current) => match outcome(op, current, self.cfg.max_value_len) {
                     (key, Outcome::Write(value, ack)) => {
                         return self.write(key, hash, value, reply, ack);
                     }
@@ -1114,7 +1186,7 @@ impl Worker {
                 }
                 Err(e) => return Err(e),
             };
-            let (new_value, reply) = match outcome(op.clone(), current).1 {
+            let (new_value, reply) = match outcome(op.clone(), current, self.cfg.max_value_len).1 {
                 Outcome::Done(r) => return r,
                 Outcome::Write(v, r) => (v, r),
             };
@@ -2171,12 +2243,18 @@ fn needs_value(op: &DataOp) -> bool {
             | DataOp::GetSet(..)
             | DataOp::Incr(..)
             | DataOp::Append(..)
+            | DataOp::Take(_)
+            | DataOp::GetRange(..)
+            | DataOp::SetRange(..)
+            | DataOp::IncrFloat(..)
+            | DataOp::InsertGet(..)
+            | DataOp::UpdateGet(..)
     )
 }
 
 /// What `op` does given its key's current value, with the key: the one decision of the exclusive and the shared
-/// (cell) paths.
-fn outcome(op: DataOp, current: Option<Vec<u8>>) -> (Vec<u8>, Outcome) {
+/// (cell) paths. A value longer than `max_value_len` that `SETRANGE` would make is refused before it is built.
+fn outcome(op: DataOp, current: Option<Vec<u8>>, max_value_len: usize) -> (Vec<u8>, Outcome) {
     let done = |r: Reply| Outcome::Done(Ok(r));
     match op {
         DataOp::Get(k) => (k, done(Reply::Value(current))),
@@ -2196,12 +2274,45 @@ fn outcome(op: DataOp, current: Option<Vec<u8>>) -> (Vec<u8>, Outcome) {
             Some(_) => (k, Outcome::Write(None, Reply::Applied(true))),
             None => (k, done(Reply::Applied(false))),
         },
-        DataOp::Incr(k, delta) => match incremented(current.as_deref(), delta) {
+        DataOp::Incr(k, delta) => match dinomo_value::increment(current.as_deref(), delta) {
             Ok(n) => (
                 k,
                 Outcome::Write(Some(n.to_string().into_bytes()), Reply::Int(n)),
             ),
-            Err(e) => (k, Outcome::Done(Err(e))),
+            Err(e) => (k, Outcome::Done(Err(e.into()))),
+        },
+        DataOp::IncrFloat(k, delta) => {
+            match dinomo_value::increment_float(current.as_deref(), &delta) {
+                Ok(n) => (k, Outcome::Write(Some(n.clone()), Reply::Value(Some(n)))),
+                Err(e) => (k, Outcome::Done(Err(e.into()))),
+            }
+        }
+        DataOp::Take(k) => match current {
+            Some(v) => (k, Outcome::Write(None, Reply::Value(Some(v)))),
+            None => (k, done(Reply::Value(None))),
+        },
+        DataOp::GetRange(k, start, end) => {
+            let part = dinomo_value::range(current.as_deref().unwrap_or_default(), start, end);
+            let part = part.to_vec();
+            (k, done(Reply::Value(Some(part))))
+        }
+        DataOp::SetRange(k, offset, bytes) => {
+            match dinomo_value::set_range(current, offset, &bytes, max_value_len) {
+                Ok(RangeWrite::Unchanged(len)) => (k, done(Reply::Int(len as i64))),
+                Ok(RangeWrite::Write(v)) => {
+                    let len = v.len() as i64;
+                    (k, Outcome::Write(Some(v), Reply::Int(len)))
+                }
+                Err(e) => (k, Outcome::Done(Err(e.into()))),
+            }
+        }
+        DataOp::InsertGet(k, v) => match current {
+            Some(old) => (k, done(Reply::Value(Some(old)))),
+            None => (k, Outcome::Write(Some(v), Reply::Value(None))),
+        },
+        DataOp::UpdateGet(k, v) => match current {
+            Some(old) => (k, Outcome::Write(Some(v), Reply::Value(Some(old)))),
+            None => (k, done(Reply::Value(None))),
         },
         DataOp::Append(k, suffix) => {
             let mut v = current.unwrap_or_default();
@@ -2210,24 +2321,6 @@ fn outcome(op: DataOp, current: Option<Vec<u8>>) -> (Vec<u8>, Outcome) {
             (k, Outcome::Write(Some(v), Reply::Int(len)))
         }
     }
-}
-
-/// `old` (a decimal integer, absent = 0) plus `delta`: [`KnError::NotAnInteger`] when `old` is not a canonical
-/// decimal 64-bit integer, [`KnError::IncrOverflow`] when the sum does not fit.
-fn incremented(old: Option<&[u8]>, delta: i64) -> Result<i64, KnError> {
-    let n = match old {
-        None => 0,
-        Some(b) => {
-            let s = std::str::from_utf8(b).map_err(|_| KnError::NotAnInteger)?;
-            let n: i64 = s.parse().map_err(|_| KnError::NotAnInteger)?;
-            // Only the canonical spelling counts ("+1", "01" and " 1" are not integers here).
-            if n.to_string() != s {
-                return Err(KnError::NotAnInteger);
-            }
-            n
-        }
-    };
-    n.checked_add(delta).ok_or(KnError::IncrOverflow)
 }
 
 /// One worker driven directly by the calling thread, without a queue: for benchmarks that measure the data path

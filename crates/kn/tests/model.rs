@@ -9,9 +9,10 @@ use std::path::Path;
 use dinomo_cache::{CacheConfig, Policy};
 use dinomo_dpm::{Partitioning, ProcessorConfig};
 use dinomo_index::IndexConfig;
-use dinomo_kn::{Embedded, EmbeddedConfig, KnConfig};
+use dinomo_kn::{DataOp, Embedded, EmbeddedConfig, KnConfig, Reply};
 use dinomo_log::HashMode;
 use dinomo_pool::PersistMode;
+use dinomo_value::RangeWrite;
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -68,6 +69,12 @@ enum Op {
     GetSet(u8, usize),
     Incr(u8, i64),
     Append(u8, usize),
+    Take(u8),
+    Range(u8, i64, i64),
+    SetRange(u8, u64, usize),
+    IncrFloat(u8, i8),
+    InsertGet(u8, usize),
+    UpdateGet(u8, usize),
     MergeAll,
     Restart,
 }
@@ -100,6 +107,13 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => (any::<u8>().prop_map(|k| k % 48), 0usize..64).prop_map(|(k, s)| Op::GetSet(k, s)),
         1 => (any::<u8>().prop_map(|k| k % 48), -3i64..4).prop_map(|(k, d)| Op::Incr(k, d)),
         1 => (any::<u8>().prop_map(|k| k % 48), 0usize..64).prop_map(|(k, s)| Op::Append(k, s)),
+        1 => any::<u8>().prop_map(|k| Op::Take(k % 48)),
+        1 => (any::<u8>().prop_map(|k| k % 48), -70i64..70, -70i64..70).prop_map(|(k, a, b)| Op::Range(k, a, b)),
+        1 => (any::<u8>().prop_map(|k| k % 48), 0u64..1600, 0usize..64)
+            .prop_map(|(k, o, s)| Op::SetRange(k, o, s)),
+        1 => (any::<u8>().prop_map(|k| k % 48), any::<i8>()).prop_map(|(k, d)| Op::IncrFloat(k, d)),
+        1 => (any::<u8>().prop_map(|k| k % 48), 0usize..64).prop_map(|(k, s)| Op::InsertGet(k, s)),
+        1 => (any::<u8>().prop_map(|k| k % 48), 0usize..64).prop_map(|(k, s)| Op::UpdateGet(k, s)),
         1 => Just(Op::MergeAll),
         1 => Just(Op::Restart),
     ]
@@ -205,6 +219,72 @@ fn run(
                         ),
                         "append past the value limit at op {i}"
                     );
+                }
+            }
+            Op::Take(k) => {
+                let got = h.data(DataOp::Take(key(k)))?;
+                assert_eq!(got, Reply::Value(model.remove(&key(k))), "getdel at op {i}");
+            }
+            Op::Range(k, start, end) => {
+                let v = model.get(&key(k)).cloned().unwrap_or_default();
+                let want = dinomo_value::range(&v, start, end).to_vec();
+                let got = h.data(DataOp::GetRange(key(k), start, end))?;
+                assert_eq!(got, Reply::Value(Some(want)), "getrange at op {i}");
+            }
+            Op::SetRange(k, offset, len) => {
+                let bytes = value(k, len, v);
+                let old = model.get(&key(k)).cloned();
+                let got = h.data(DataOp::SetRange(key(k), offset, bytes.clone()));
+                match (got, dinomo_value::set_range(old, offset, &bytes, 1500)) {
+                    (Ok(Reply::Int(n)), Ok(RangeWrite::Unchanged(len))) => {
+                        assert_eq!(n, len as i64, "setrange at op {i}")
+                    }
+                    (Ok(Reply::Int(n)), Ok(RangeWrite::Write(new))) => {
+                        assert_eq!(n, new.len() as i64, "setrange at op {i}");
+                        model.insert(key(k), new);
+                    }
+                    (Err(dinomo_kn::KnError::ValueTooLarge { .. }), Err(_)) => {}
+                    (got, want) => panic!("setrange at op {i}: got {got:?}, expected {want:?}"),
+                }
+            }
+            Op::IncrFloat(k, delta) => {
+                // Halves, so that sums are exact and the model's text is the store's.
+                let delta = format!("{}", f64::from(delta) / 2.0);
+                let old = model.get(&key(k)).cloned();
+                let got = h.data(DataOp::IncrFloat(key(k), delta.clone().into_bytes()));
+                match (
+                    got,
+                    dinomo_value::increment_float(old.as_deref(), delta.as_bytes()),
+                ) {
+                    (Ok(Reply::Value(Some(n))), Ok(want)) => {
+                        assert_eq!(n, want, "incrbyfloat at op {i}");
+                        model.insert(key(k), n);
+                    }
+                    (
+                        Err(dinomo_kn::KnError::NotAFloat),
+                        Err(dinomo_value::ValueError::NotAFloat),
+                    ) => {}
+                    (got, want) => {
+                        panic!("incrbyfloat of {old:?} at op {i}: got {got:?}, expected {want:?}")
+                    }
+                }
+            }
+            Op::InsertGet(k, len) => {
+                let val = value(k, len, v);
+                let got = h.data(DataOp::InsertGet(key(k), val.clone()))?;
+                let had = model.get(&key(k)).cloned();
+                assert_eq!(got, Reply::Value(had.clone()), "set nx get at op {i}");
+                if had.is_none() {
+                    model.insert(key(k), val);
+                }
+            }
+            Op::UpdateGet(k, len) => {
+                let val = value(k, len, v);
+                let got = h.data(DataOp::UpdateGet(key(k), val.clone()))?;
+                let had = model.get(&key(k)).cloned();
+                assert_eq!(got, Reply::Value(had.clone()), "set xx get at op {i}");
+                if had.is_some() {
+                    model.insert(key(k), val);
                 }
             }
             Op::Get(k) => {

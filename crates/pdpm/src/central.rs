@@ -1337,6 +1337,10 @@ impl CentralClient {
 }
 
 impl PdpmStore for CentralClient {
+    fn max_value_len(&self) -> usize {
+        self.nodes.layout.max_value as usize
+    }
+
     /// Keys with a committed value, as the coordinator counts them (one RPC).
     fn key_count(&mut self) -> Result<u64, PdpmError> {
         Ok(self.coordinator.call(method::COUNT, &())?)

@@ -2786,6 +2786,10 @@ impl CloverClient {
 }
 
 impl PdpmStore for CloverClient {
+    fn max_value_len(&self) -> usize {
+        self.layout.max_value as usize
+    }
+
     /// Keys whose latest version is a value (not a tombstone): every memory node's cells are read in large
     /// READs, and each key's chain is walked from its shortcut to the tail. For `DBSIZE`; a count taken while
     /// others write may miss or include keys written meanwhile.

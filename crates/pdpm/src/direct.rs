@@ -974,6 +974,10 @@ enum Phase {
 }
 
 impl PdpmStore for DirectClient {
+    fn max_value_len(&self) -> usize {
+        self.nodes.layout.max_value as usize
+    }
+
     /// Keys with a value: a scan of every memory node's primary section, reading the committed copies lock-free in
     /// large READs; a copy found being rewritten is read again the way a GET reads it. While writes go on, the
     /// count is of no single instant.

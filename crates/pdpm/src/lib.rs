@@ -160,6 +160,8 @@ pub trait PdpmStore {
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), PdpmError>;
     /// Removes `key` (a no-op when it has no value).
     fn delete(&mut self, key: &[u8]) -> Result<(), PdpmError>;
+    /// The longest value the store takes, in bytes (its layout's fixed slot size).
+    fn max_value_len(&self) -> usize;
     /// How many keys have a value (for `DBSIZE`). Each store says how it counts and whether the count is of one
     /// instant while others write.
     fn key_count(&mut self) -> Result<u64, PdpmError>;

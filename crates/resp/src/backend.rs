@@ -4,6 +4,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use dinomo_value::RangeWrite;
+
 use crate::wake::Wake;
 
 /// One operation on one key. Commands map onto these (`MGET` is one [`Op::Get`] per key, `SET NX` an
@@ -30,6 +32,19 @@ pub enum Op {
     Append(Vec<u8>, Vec<u8>),
     /// The length of the value (none = 0), without the value.
     Strlen(Vec<u8>),
+    /// Removes a key; the value it had.
+    Take(Vec<u8>),
+    /// The bytes of the value between two positions, both included, negative ones counting from the end
+    /// ([`dinomo_value::range`]; none = empty).
+    GetRange(Vec<u8>, i64, i64),
+    /// Writes bytes at an offset of the value, zero-filling any gap ([`dinomo_value::set_range`]); the new length.
+    SetRange(Vec<u8>, u64, Vec<u8>),
+    /// Adds the float the bytes spell to the stored number (none = 0); the result as stored.
+    IncrFloat(Vec<u8>, Vec<u8>),
+    /// Sets a value only if the key has none; the current value (none when it was set).
+    InsertGet(Vec<u8>, Vec<u8>),
+    /// Sets a value only if the key has one; the previous value (none when nothing was set).
+    UpdateGet(Vec<u8>, Vec<u8>),
 }
 
 impl Op {
@@ -38,24 +53,28 @@ impl Op {
         match self {
             Op::Get(k) | Op::Exists(k) | Op::Strlen(k) | Op::Delete(k) | Op::Incr(k, _) => k,
             Op::Set(k, _) | Op::Insert(k, _) | Op::Update(k, _) | Op::GetSet(k, _) => k,
-            Op::Append(k, _) => k,
+            Op::Append(k, _) | Op::Take(k) | Op::GetRange(k, ..) | Op::SetRange(k, ..) => k,
+            Op::IncrFloat(k, _) | Op::InsertGet(k, _) | Op::UpdateGet(k, _) => k,
         }
     }
 
     /// Whether it may change data.
     pub fn is_write(&self) -> bool {
-        !matches!(self, Op::Get(_) | Op::Exists(_) | Op::Strlen(_))
+        !matches!(
+            self,
+            Op::Get(_) | Op::Exists(_) | Op::Strlen(_) | Op::GetRange(..)
+        )
     }
 }
 
 /// The result of an [`Op`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Output {
-    /// A value or none (`Get`, `GetSet`).
+    /// A value or none (`Get`, `GetSet`, `Take`, `GetRange`, `IncrFloat`, `InsertGet`, `UpdateGet`).
     Value(Option<Vec<u8>>),
     /// Whether it held or applied (`Exists`, `Set`, `Insert`, `Update`, `Delete`).
     Applied(bool),
-    /// A number (`Incr`, `Append`, `Strlen`).
+    /// A number (`Incr`, `Append`, `Strlen`, `SetRange`).
     Int(i64),
 }
 
@@ -82,6 +101,16 @@ pub enum BackendError {
     /// `-OOM` error, which Redis clients tell apart from other errors.
     #[error("{0}")]
     OutOfSpace(String),
+}
+
+impl From<dinomo_value::ValueError> for BackendError {
+    fn from(e: dinomo_value::ValueError) -> BackendError {
+        match e {
+            dinomo_value::ValueError::NotAnInteger => BackendError::NotAnInteger,
+            dinomo_value::ValueError::IntegerOverflow => BackendError::Overflow,
+            e => BackendError::Invalid(e.to_string()),
+        }
+    }
 }
 
 /// One step of a walk over the keys ([`BackendConn::scan`]).
@@ -259,11 +288,7 @@ fn unexpected(o: Output) -> BackendError {
 
 /// Adds `delta` to a stored decimal integer as Redis does (`string2ll`: no spaces, no `+`, no leading zeros).
 pub fn increment(old: Option<&[u8]>, delta: i64) -> Result<i64, BackendError> {
-    let n = match old {
-        None => 0,
-        Some(v) => crate::parse::parse_i64(v).ok_or(BackendError::NotAnInteger)?,
-    };
-    n.checked_add(delta).ok_or(BackendError::Overflow)
+    Ok(dinomo_value::increment(old, delta)?)
 }
 
 /// An in-memory store: a hash map behind a lock. For tests, and for serving RESP without a cluster.
@@ -340,6 +365,44 @@ impl MemoryBackend {
                 let v = map.entry(k).or_default();
                 v.extend_from_slice(&suffix);
                 Output::Int(v.len() as i64)
+            }
+            Op::Take(k) => Output::Value(map.remove(&k)),
+            Op::GetRange(k, start, end) => {
+                let v = map.get(&k).map_or(&[][..], Vec::as_slice);
+                Output::Value(Some(dinomo_value::range(v, start, end).to_vec()))
+            }
+            Op::SetRange(k, offset, bytes) => {
+                let max = self.max_value_len.unwrap_or(usize::MAX);
+                match dinomo_value::set_range(map.get(&k).cloned(), offset, &bytes, max)? {
+                    RangeWrite::Unchanged(len) => Output::Int(len as i64),
+                    RangeWrite::Write(v) => {
+                        let len = v.len() as i64;
+                        map.insert(k, v);
+                        Output::Int(len)
+                    }
+                }
+            }
+            Op::IncrFloat(k, delta) => {
+                let n = dinomo_value::increment_float(map.get(&k).map(Vec::as_slice), &delta)?;
+                map.insert(k, n.clone());
+                Output::Value(Some(n))
+            }
+            Op::InsertGet(k, v) => {
+                self.check(v.len())?;
+                match map.get(&k) {
+                    Some(old) => Output::Value(Some(old.clone())),
+                    None => {
+                        map.insert(k, v);
+                        Output::Value(None)
+                    }
+                }
+            }
+            Op::UpdateGet(k, v) => {
+                self.check(v.len())?;
+                match map.get_mut(&k) {
+                    Some(old) => Output::Value(Some(std::mem::replace(old, v))),
+                    None => Output::Value(None),
+                }
             }
         })
     }

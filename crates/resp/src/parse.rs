@@ -331,31 +331,7 @@ fn find(haystack: &[u8], byte: u8) -> Option<usize> {
 /// Parses a decimal integer exactly as Redis's `string2ll`: an optional `-`, no `+`, no leading zeros, no
 /// spaces, within `i64`.
 pub fn parse_i64(s: &[u8]) -> Option<i64> {
-    if s == b"0" {
-        return Some(0);
-    }
-    let (negative, digits) = match s {
-        [b'-', rest @ ..] => (true, rest),
-        _ => (false, s),
-    };
-    if digits.is_empty() || digits.len() > 19 || !(b'1'..=b'9').contains(&digits[0]) {
-        return None;
-    }
-    let mut v: u64 = 0;
-    for &d in digits {
-        if !d.is_ascii_digit() {
-            return None;
-        }
-        v = v.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
-    }
-    if negative {
-        if v > i64::MAX as u64 + 1 {
-            return None;
-        }
-        Some((v as i64).wrapping_neg())
-    } else {
-        i64::try_from(v).ok()
-    }
+    dinomo_value::parse_integer(s)
 }
 
 /// Splits an inline command into arguments with Redis's rules (`sdssplitargs`): blanks separate arguments;

@@ -15,12 +15,13 @@ use crate::server::ServerConfig;
 /// The Redis version whose protocol and commands the server follows; `HELLO` and `INFO` report it so client
 /// libraries that gate features on the version behave as with that Redis.
 pub const REDIS_COMPAT_VERSION: &str = "7.0.0";
-/// How often `SET key value NX GET` retries when the key changes between its read and its insert.
-const NX_GET_ATTEMPTS: usize = 64;
 /// Keys a `SCAN` step is asked for without `COUNT` (Redis's default).
 const DEFAULT_SCAN_COUNT: u32 = 10;
-/// Keys each step of a `KEYS` walk is asked for.
+/// Keys each step of a `KEYS` walk (and of a `FLUSHDB`) is asked for.
 const KEYS_STEP: u32 = 1000;
+/// The reply to `SET ... EX` and `GETEX ... EX` (and their other expiry options).
+const NO_EXPIRY: &str =
+    "ERR dinomo keeps keys until they are deleted: expiry (EX, PX, EXAT, PXAT) is not supported";
 
 /// Counters shared by every connection of a server.
 #[derive(Debug, Default)]
@@ -108,6 +109,9 @@ enum Deferred {
     Int,
     /// `+string` if the key has a value, else `+none` (`TYPE`).
     Type,
+    /// `:-1` (no expiry) if the key has a value, else `:-2` (`TTL`, `PTTL`, `EXPIRETIME`, `PEXPIRETIME`): no key
+    /// here ever has an expiry.
+    NoExpiry,
 }
 
 enum Pending {
@@ -298,6 +302,51 @@ impl<C: BackendConn> Session<C> {
                 let key = take(&mut args, 1);
                 self.defer(Deferred::Int, [Op::Strlen(key)]);
             }
+            CommandId::GetDel => {
+                let key = take(&mut args, 1);
+                self.defer(Deferred::Value { counts_hits: true }, [Op::Take(key)]);
+            }
+            CommandId::GetRange => match (parse_i64(&args[2]), parse_i64(&args[3])) {
+                (Some(start), Some(end)) => {
+                    let key = take(&mut args, 1);
+                    self.defer(
+                        Deferred::Value { counts_hits: false },
+                        [Op::GetRange(key, start, end)],
+                    );
+                }
+                _ => self.error(out, "ERR value is not an integer or out of range"),
+            },
+            CommandId::SetRange => self.set_range(args, out),
+            CommandId::IncrByFloat => {
+                if dinomo_value::parse_float(&args[2]).is_none() {
+                    self.error(out, "ERR value is not a valid float");
+                } else {
+                    let (key, delta) = (take(&mut args, 1), take(&mut args, 2));
+                    self.defer(
+                        Deferred::Value { counts_hits: false },
+                        [Op::IncrFloat(key, delta)],
+                    );
+                }
+            }
+            CommandId::GetEx => self.get_ex(args, out),
+            CommandId::Ttl => {
+                let key = take(&mut args, 1);
+                self.defer(Deferred::NoExpiry, [Op::Exists(key)]);
+            }
+            // There is no expiry to remove, whether the key exists or not.
+            CommandId::Persist => self.reply(out, |w| w.integer(0)),
+            CommandId::Touch => self.defer(Deferred::Count, args.drain(1..).map(Op::Exists)),
+            CommandId::Time => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
+                self.reply(out, |w| {
+                    w.array(2);
+                    w.bulk(now.as_secs().to_string().as_bytes());
+                    w.bulk(now.subsec_micros().to_string().as_bytes());
+                });
+            }
+            CommandId::FlushDb => self.flush_db(&args, out),
             CommandId::Ping => match args.len() {
                 1 => self.reply(out, |w| w.simple(b"PONG")),
                 2 => self.reply(out, |w| w.bulk(&args[1])),
@@ -484,10 +533,7 @@ impl<C: BackendConn> Session<C> {
             match parse_i64(&args[at]) {
                 None => self.error(out, "ERR value is not an integer or out of range"),
                 Some(n) if n <= 0 => self.error(out, "ERR invalid expire time in 'set' command"),
-                Some(_) => self.error(
-                    out,
-                    "ERR dinomo keeps keys until they are deleted: SET with EX, PX, EXAT or PXAT is not supported",
-                ),
+                Some(_) => self.error(out, NO_EXPIRY),
             }
             return;
         }
@@ -500,34 +546,99 @@ impl<C: BackendConn> Session<C> {
                 Deferred::Value { counts_hits: false },
                 [Op::GetSet(key, value)],
             ),
-            (true, _, true) => self.set_nx_get(&key, &value, out),
-            (_, true, true) => self.error(
-                out,
-                "ERR SET with both XX and GET is not supported by dinomo (it has no atomic conditional exchange)",
+            (true, _, true) => self.defer(
+                Deferred::Value { counts_hits: false },
+                [Op::InsertGet(key, value)],
+            ),
+            (_, true, true) => self.defer(
+                Deferred::Value { counts_hits: false },
+                [Op::UpdateGet(key, value)],
             ),
         }
     }
 
-    /// `SET NX GET`: the old value if the key has one, else sets it and replies null. A read, then an insert
-    /// that applies only if the key is still absent; retried if the key appeared in between. Either step is the
-    /// linearization point of the outcome it reports.
-    fn set_nx_get(&mut self, key: &[u8], value: &[u8], out: &mut Vec<u8>) {
+    /// `SETRANGE key offset value`, its offset and length checked as Redis checks them, against
+    /// `proto-max-bulk-len` (the store then applies its own value limit).
+    fn set_range(&mut self, mut args: Vec<Vec<u8>>, out: &mut Vec<u8>) {
+        let offset = match parse_i64(&args[2]) {
+            None => return self.error(out, "ERR value is not an integer or out of range"),
+            Some(n) if n < 0 => return self.error(out, "ERR offset is out of range"),
+            Some(n) => n as u64,
+        };
+        let len = args[3].len() as u64;
+        if len > 0 && offset.saturating_add(len) > self.shared.config.limits.max_bulk_len as u64 {
+            return self.error(
+                out,
+                "ERR string exceeds maximum allowed size (proto-max-bulk-len)",
+            );
+        }
+        let (key, value) = (take(&mut args, 1), take(&mut args, 3));
+        self.defer(Deferred::Int, [Op::SetRange(key, offset, value)]);
+    }
+
+    /// `GETEX key [EX s|PX ms|EXAT t|PXAT t|PERSIST]`, options parsed as Redis 7.0 does. Without an expiry to
+    /// set it is a `GET` (`PERSIST` has no expiry to remove); setting one is refused as for `SET`.
+    fn get_ex(&mut self, mut args: Vec<Vec<u8>>, out: &mut Vec<u8>) {
+        let mut expiry: Option<usize> = None;
+        let mut persist = false;
+        let mut i = 2;
+        while i < args.len() {
+            let opt = args[i].to_ascii_lowercase();
+            let has_next = i + 1 < args.len();
+            match opt.as_slice() {
+                b"ex" | b"px" | b"exat" | b"pxat" if has_next && expiry.is_none() && !persist => {
+                    expiry = Some(i + 1);
+                    i += 1;
+                }
+                b"persist" if expiry.is_none() && !persist => persist = true,
+                _ => return self.error(out, "ERR syntax error"),
+            }
+            i += 1;
+        }
+        if let Some(at) = expiry {
+            return match parse_i64(&args[at]) {
+                None => self.error(out, "ERR value is not an integer or out of range"),
+                Some(n) if n <= 0 => self.error(out, "ERR invalid expire time in 'getex' command"),
+                Some(_) => self.error(out, NO_EXPIRY),
+            };
+        }
+        let key = take(&mut args, 1);
+        self.defer(Deferred::Value { counts_hits: true }, [Op::Get(key)]);
+    }
+
+    /// `FLUSHDB` and `FLUSHALL` `[ASYNC|SYNC]`: a walk over every key (as `KEYS` makes), each named key deleted
+    /// at its owner. Every key there when it starts and not written while it runs is gone when it replies; a key
+    /// written meanwhile may stay. Both modes run to the end before the reply, as `SYNC` does in Redis.
+    fn flush_db(&mut self, args: &[Vec<u8>], out: &mut Vec<u8>) {
+        match args {
+            [_] => {}
+            [_, mode]
+                if mode.eq_ignore_ascii_case(b"async") || mode.eq_ignore_ascii_case(b"sync") => {}
+            _ => return self.error(out, "ERR syntax error"),
+        }
         self.flush(out);
-        for _ in 0..NX_GET_ATTEMPTS {
-            match self.conn.get(key) {
+        let mut results = Vec::new();
+        let mut cursor = 0;
+        loop {
+            let page = match self.conn.scan(cursor, KEYS_STEP) {
+                Ok(page) => page,
                 Err(e) => return self.backend_error(out, &e),
-                Ok(Some(old)) => return self.reply(out, |w| w.bulk(&old)),
-                Ok(None) => match self.conn.insert(key, value) {
-                    Ok(true) => return self.reply(out, |w| w.null()),
-                    Ok(false) => continue,
-                    Err(e) => return self.backend_error(out, &e),
-                },
+            };
+            let named = page.keys.len();
+            let mut ops: Vec<Op> = page.keys.into_iter().map(Op::Delete).collect();
+            self.conn.execute(&mut ops, &mut results);
+            if results.len() != named {
+                return self.error(out, "ERR the store returned fewer results than operations");
+            }
+            if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
+                return self.backend_error(out, e);
+            }
+            cursor = page.cursor;
+            if cursor == 0 {
+                break;
             }
         }
-        self.error(
-            out,
-            "ERR SET NX GET gave up: the key kept being created and deleted concurrently",
-        );
+        self.reply(out, |w| w.ok());
     }
 
     fn auth(&mut self, args: &[Vec<u8>], out: &mut Vec<u8>) {
@@ -1102,6 +1213,9 @@ impl<C: BackendConn> Session<C> {
             (Deferred::Int, Some(Output::Int(n))) => w.integer(*n),
             (Deferred::Type, Some(Output::Applied(there))) => {
                 w.simple(if *there { b"string" } else { b"none" })
+            }
+            (Deferred::NoExpiry, Some(Output::Applied(there))) => {
+                w.integer(if *there { -1 } else { -2 })
             }
             (_, o) => {
                 counts.errors += 1;

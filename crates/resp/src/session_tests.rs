@@ -117,21 +117,20 @@ fn get_set_and_their_options() {
     // Redis sets a key with an expiry; dinomo has none, so it refuses rather than ignore the option.
     c.check(
         "set a 1 ex 10",
-        b"-ERR dinomo keeps keys until they are deleted: SET with EX, PX, EXAT or PXAT is not supported\r\n",
+        b"-ERR dinomo keeps keys until they are deleted: expiry (EX, PX, EXAT, PXAT) is not supported\r\n",
     );
     c.check(
         "set a 1 PXAT 99999",
-        b"-ERR dinomo keeps keys until they are deleted: SET with EX, PX, EXAT or PXAT is not supported\r\n",
+        b"-ERR dinomo keeps keys until they are deleted: expiry (EX, PX, EXAT, PXAT) is not supported\r\n",
     );
     c.check("get a", b"$1\r\n3\r\n");
     c.check("set a 1 keepttl", b"+OK\r\n");
     c.check("set a 1 get get", b"$1\r\n1\r\n");
     c.check("set a 1 NX nx", b"$-1\r\n");
-    // Redis supports XX with GET; dinomo has no atomic conditional exchange to do it with.
-    c.check(
-        "set a 1 xx get",
-        b"-ERR SET with both XX and GET is not supported by dinomo (it has no atomic conditional exchange)\r\n",
-    );
+    c.check("set a 2 xx get", b"$1\r\n1\r\n");
+    c.check("get a", b"$1\r\n2\r\n");
+    c.check("set nothere 1 xx get", b"$-1\r\n");
+    c.check("exists nothere", b":0\r\n");
     c.check(
         "get",
         b"-ERR wrong number of arguments for 'get' command\r\n",
@@ -526,7 +525,7 @@ fn config_get() {
 #[test]
 fn command_introspection() {
     let mut c = Client::plain();
-    c.check("command count", b":29\r\n");
+    c.check("command count", b":44\r\n");
     c.check(
         "command info get nothere",
         b"*2\r\n*10\r\n$3\r\nget\r\n:2\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*3\r\n+@read\r\n+@string\r\n+@fast\r\n*0\r\n*0\r\n*0\r\n*-1\r\n",
@@ -545,9 +544,9 @@ fn command_introspection() {
         b"-ERR unknown subcommand 'foo'. Try COMMAND HELP.\r\n",
     );
     let all = c.send(b"command\r\n");
-    assert!(all.starts_with(b"*29\r\n*10\r\n$3\r\nget\r\n"));
+    assert!(all.starts_with(b"*44\r\n*10\r\n$3\r\nget\r\n"));
     let list = c.send(b"command list\r\n");
-    assert!(list.starts_with(b"*42\r\n$3\r\nget\r\n$3\r\nset\r\n"));
+    assert!(list.starts_with(b"*57\r\n$3\r\nget\r\n$3\r\nset\r\n"));
     assert!(list.windows(14).any(|w| w == b"client|setname"));
     let docs = c.send(b"command docs client\r\n");
     assert!(
@@ -914,4 +913,84 @@ fn a_store_that_cannot_list_its_keys_says_so() {
         "keys *",
         b"-ERR this store cannot list its keys (SCAN, KEYS)\r\n",
     );
+}
+
+#[test]
+fn getdel_ranges_float_increments_and_expiry_probes() {
+    let mut c = Client::plain();
+    c.check("set k hello", b"+OK\r\n");
+    c.check("getdel k", b"$5\r\nhello\r\n");
+    c.check("getdel k", b"$-1\r\n");
+    c.check("exists k", b":0\r\n");
+    c.check("set s \"This is a string\"", b"+OK\r\n");
+    c.check("getrange s 0 3", b"$4\r\nThis\r\n");
+    c.check("getrange s -3 -1", b"$3\r\ning\r\n");
+    c.check("substr s 10 100", b"$6\r\nstring\r\n");
+    c.check("getrange nothere 0 -1", b"$0\r\n\r\n");
+    c.check(
+        "getrange s a 1",
+        b"-ERR value is not an integer or out of range\r\n",
+    );
+    c.check("set h \"Hello World\"", b"+OK\r\n");
+    c.check("setrange h 6 Redis", b":11\r\n");
+    c.check("get h", b"$11\r\nHello Redis\r\n");
+    c.check("setrange z 3 ab", b":5\r\n");
+    c.check("get z", b"$5\r\n\x00\x00\x00ab\r\n");
+    c.check("setrange empty 5 \"\"", b":0\r\n");
+    c.check("exists empty", b":0\r\n");
+    c.check("setrange h -1 x", b"-ERR offset is out of range\r\n");
+    c.check(
+        "setrange h 536870911 xy",
+        b"-ERR string exceeds maximum allowed size (proto-max-bulk-len)\r\n",
+    );
+    c.check("set f 10.50", b"+OK\r\n");
+    c.check("incrbyfloat f 0.1", b"$4\r\n10.6\r\n");
+    c.check("incrbyfloat f -5", b"$3\r\n5.6\r\n");
+    c.check("incrbyfloat newf 5.0e3", b"$4\r\n5000\r\n");
+    c.check("incrbyfloat f abc", b"-ERR value is not a valid float\r\n");
+    c.check("incrbyfloat h 1", b"-ERR value is not a valid float\r\n");
+    c.check(
+        "incrbyfloat f inf",
+        b"-ERR increment would produce NaN or Infinity\r\n",
+    );
+    c.check("get f", b"$3\r\n5.6\r\n");
+    c.check("ttl f", b":-1\r\n");
+    c.check("pttl nothere", b":-2\r\n");
+    c.check("expiretime f", b":-1\r\n");
+    c.check("persist f", b":0\r\n");
+    c.check("getex f", b"$3\r\n5.6\r\n");
+    c.check("getex f persist", b"$3\r\n5.6\r\n");
+    c.check("getex f persist persist", b"-ERR syntax error\r\n");
+    c.check(
+        "getex f ex 0",
+        b"-ERR invalid expire time in 'getex' command\r\n",
+    );
+    c.check(
+        "getex f px 100",
+        b"-ERR dinomo keeps keys until they are deleted: expiry (EX, PX, EXAT, PXAT) is not supported\r\n",
+    );
+    c.check("touch f nothere f", b":2\r\n");
+    let time = c.send(b"time\r\n");
+    assert!(
+        time.starts_with(b"*2\r\n$10\r\n"),
+        "{}",
+        time.escape_ascii()
+    );
+}
+
+#[test]
+fn flushdb_removes_every_key() {
+    let mut c = Client::plain();
+    for i in 0..2500 {
+        c.send(format!("set key{i} {i}\r\n").as_bytes());
+    }
+    c.check("dbsize", b":2500\r\n");
+    c.check("flushdb", b"+OK\r\n");
+    c.check("dbsize", b":0\r\n");
+    c.check("set a 1", b"+OK\r\n");
+    c.check("flushall async", b"+OK\r\n");
+    c.check("exists a", b":0\r\n");
+    c.check("flushall sync", b"+OK\r\n");
+    c.check("flushdb now", b"-ERR syntax error\r\n");
+    c.check("flushdb async sync", b"-ERR syntax error\r\n");
 }
