@@ -396,6 +396,42 @@ impl Client {
         }
     }
 
+    /// Removes `key`; the value it had (`GETDEL`).
+    pub fn get_del(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
+        self.value(RequestBody::Data(DataOp::Take(key.to_vec())))
+    }
+
+    /// The bytes of the value at `key` from `start` to `end`, both included, negative positions counting from the
+    /// end (`GETRANGE`; empty when absent). Only those bytes cross the network.
+    pub fn get_range(&mut self, key: &[u8], start: i64, end: i64) -> Result<Vec<u8>, ClientError> {
+        let op = DataOp::GetRange(key.to_vec(), start, end);
+        Ok(self.value(RequestBody::Data(op))?.unwrap_or_default())
+    }
+
+    /// Writes `bytes` at `offset` of the value at `key`, zero-filling any gap (`SETRANGE`); the new length.
+    pub fn set_range(&mut self, key: &[u8], offset: u64, bytes: &[u8]) -> Result<u64, ClientError> {
+        let op = DataOp::SetRange(key.to_vec(), offset, bytes.to_vec());
+        match self.request(RequestBody::Data(op))? {
+            ResponseBody::Int(n) => u64::try_from(n).map_err(|_| unexpected(ResponseBody::Int(n))),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Adds `delta` to the number at `key` (absent = 0; `INCRBYFLOAT`); the result as stored.
+    pub fn incr_by_float(&mut self, key: &[u8], delta: f64) -> Result<f64, ClientError> {
+        let op = DataOp::IncrFloat(key.to_vec(), delta.to_string().into_bytes());
+        let stored = self.value(RequestBody::Data(op))?.unwrap_or_default();
+        dinomo_value::parse_float(&stored)
+            .ok_or_else(|| ClientError::Unavailable("the KV node answered with no number".into()))
+    }
+
+    fn value(&mut self, body: RequestBody) -> Result<Option<Vec<u8>>, ClientError> {
+        match self.request(body)? {
+            ResponseBody::Value(v) => Ok(v),
+            other => Err(unexpected(other)),
+        }
+    }
+
     fn applied(&mut self, body: RequestBody) -> Result<bool, ClientError> {
         match self.request(body)? {
             ResponseBody::Applied(a) => Ok(a),

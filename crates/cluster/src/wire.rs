@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Version of the native protocol, checked in the handshake: both ends must speak the same one.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Default bound on one frame: a value of the largest allowed size plus its key and headers fit comfortably.
 pub const DEFAULT_MAX_FRAME: u32 = 8 << 20;
@@ -321,6 +321,12 @@ mod tests {
                 RequestBody::Data(DataOp::Append(key.clone(), value.clone())),
                 RequestBody::Data(DataOp::Exists(key.clone())),
                 RequestBody::Data(DataOp::Strlen(key.clone())),
+                RequestBody::Data(DataOp::Take(key.clone())),
+                RequestBody::Data(DataOp::GetRange(key.clone(), delta, -delta.saturating_abs())),
+                RequestBody::Data(DataOp::SetRange(key.clone(), delta.unsigned_abs(), value.clone())),
+                RequestBody::Data(DataOp::IncrFloat(key.clone(), value.clone())),
+                RequestBody::Data(DataOp::InsertGet(key.clone(), value.clone())),
+                RequestBody::Data(DataOp::UpdateGet(key.clone(), value.clone())),
                 RequestBody::Ping,
                 RequestBody::LatencyReport(LatencySummary {
                     count: 1,

@@ -33,7 +33,10 @@ fn step(cl: &mut Client, rec: &Recorder, client: u32, n: u64, rng: &mut StdRng) 
         0..=3 => Op::Get(plain(rng.random_range(0..PLAIN_KEYS))),
         4..=5 => Op::Set(plain(rng.random_range(0..PLAIN_KEYS)), value),
         6 => Op::Insert(plain(rng.random_range(0..PLAIN_KEYS)), value),
-        7 => Op::Delete(plain(rng.random_range(0..PLAIN_KEYS))),
+        7 => match rng.random_range(0..2u32) {
+            0 => Op::Delete(plain(rng.random_range(0..PLAIN_KEYS))),
+            _ => Op::Take(plain(rng.random_range(0..PLAIN_KEYS))),
+        },
         8 => Op::Get(counter(rng.random_range(0..COUNTERS))),
         _ => Op::Incr(
             counter(rng.random_range(0..COUNTERS)),
@@ -48,6 +51,7 @@ fn step(cl: &mut Client, rec: &Recorder, client: u32, n: u64, rng: &mut StdRng) 
         Op::Update(k, v) => cl.update(&k, &v).map(Outcome::Applied),
         Op::Delete(k) => cl.delete(&k).map(Outcome::Applied),
         Op::Incr(k, d) => cl.incr(&k, d).map(Outcome::Int),
+        Op::Take(k) => cl.get_del(&k).map(Outcome::Value),
     };
     match result {
         Ok(outcome) => rec.complete(ticket, outcome),

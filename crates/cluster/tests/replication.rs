@@ -95,6 +95,14 @@ fn a_shared_key_keeps_its_value_spreads_its_load_and_counts_exactly() -> anyhow:
     assert!(c.update(b"hot", b"after")?);
     assert_eq!(c.get(b"hot")?.as_deref(), Some(&b"after"[..]));
     assert_eq!((c.exists(b"hot")?, c.strlen(b"hot")?), (true, 5));
+    // The string commands' read-modify-writes through the cell.
+    assert_eq!(c.set_range(b"hot", 5, b"!")?, 6);
+    assert_eq!(c.get_range(b"hot", 0, 1)?, b"af");
+    assert_eq!(c.get_range(b"hot", -1, -1)?, b"!");
+    assert_eq!(c.get_del(b"hot")?.as_deref(), Some(&b"after!"[..]));
+    assert_eq!(c.get_del(b"hot")?, None);
+    assert_eq!(c.incr_by_float(b"hot", 2.5)?, 2.5);
+    assert_eq!(c.incr_by_float(b"hot", -0.25)?, 2.25);
     assert!(c.delete(b"hot")?);
     assert_eq!(c.get(b"hot")?, None);
     assert_eq!((c.exists(b"hot")?, c.strlen(b"hot")?), (false, 0));

@@ -426,10 +426,11 @@ fn pipelined_reads_and_writes_over_resp_are_linearizable() -> anyhow::Result<()>
                             let key = format!("lin{}", next(4)).into_bytes();
                             match next(10) {
                                 0..=5 => Op::Get(key),
-                                6..=8 => {
+                                6 | 7 => {
                                     Op::Set(key, format!("c{client}-{round}-{j}").into_bytes())
                                 }
-                                _ => Op::Delete(key),
+                                8 => Op::Delete(key),
+                                _ => Op::Take(key),
                             }
                         })
                         .collect();
@@ -440,14 +441,17 @@ fn pipelined_reads_and_writes_over_resp_are_linearizable() -> anyhow::Result<()>
                             Op::Get(k) => conn.send(&[b"GET", k]),
                             Op::Set(k, v) => conn.send(&[b"SET", k, v]),
                             Op::Delete(k) => conn.send(&[b"DEL", k]),
+                            Op::Take(k) => conn.send(&[b"GETDEL", k]),
                             _ => unreachable!("only these are generated"),
                         }
                     }
                     for (op, ticket) in ops.iter().zip(tickets) {
                         let reply = conn.read();
                         let outcome = match (op, reply) {
-                            (Op::Get(_), Value::Bulk(v)) => Outcome::Value(Some(v)),
-                            (Op::Get(_), Value::NullBulk | Value::Null) => Outcome::Value(None),
+                            (Op::Get(_) | Op::Take(_), Value::Bulk(v)) => Outcome::Value(Some(v)),
+                            (Op::Get(_) | Op::Take(_), Value::NullBulk | Value::Null) => {
+                                Outcome::Value(None)
+                            }
                             (Op::Set(..), Value::Simple(s)) if s == b"OK" => Outcome::Ok,
                             (Op::Delete(_), Value::Integer(d)) => Outcome::Applied(d == 1),
                             // An error reply: not applied or applied unknowably; the checker may place it anywhere.

@@ -34,6 +34,9 @@ pub enum Op {
     /// decimal ASCII; answered by [`Outcome::Int`] (the sum), or [`Outcome::Error`] when the stored value is not a
     /// decimal integer or the sum overflows `i64` (then nothing changes).
     Incr(#[serde(with = "bytes::plain")] Vec<u8>, i64),
+    /// Remove a key and read the value it had (`GETDEL`); answered by [`Outcome::Value`] (`None` when the key was
+    /// absent, and then nothing changes).
+    Take(#[serde(with = "bytes::plain")] Vec<u8>),
 }
 
 impl Op {
@@ -45,6 +48,7 @@ impl Op {
             | Op::Insert(k, _)
             | Op::Update(k, _)
             | Op::Delete(k)
+            | Op::Take(k)
             | Op::Incr(k, _) => k,
         }
     }
@@ -63,6 +67,7 @@ impl Op {
             Op::Update(..) => "update",
             Op::Delete(_) => "delete",
             Op::Incr(..) => "incr",
+            Op::Take(_) => "getdel",
         }
     }
 
@@ -71,7 +76,7 @@ impl Op {
         matches!(
             (self, outcome),
             (_, Outcome::Unknown)
-                | (Op::Get(_), Outcome::Value(_))
+                | (Op::Get(_) | Op::Take(_), Outcome::Value(_))
                 | (Op::Set(..), Outcome::Ok)
                 | (
                     Op::Insert(..) | Op::Update(..) | Op::Delete(_),
@@ -84,7 +89,7 @@ impl Op {
     /// The operation without its key, for reports that already name the key (`set "v"`, `incr -2`).
     pub(crate) fn without_key(&self, max_bytes: usize) -> String {
         match self {
-            Op::Get(_) | Op::Delete(_) => self.name().to_owned(),
+            Op::Get(_) | Op::Delete(_) | Op::Take(_) => self.name().to_owned(),
             Op::Set(_, v) | Op::Insert(_, v) | Op::Update(_, v) => {
                 format!("{} {}", self.name(), Shown(v, max_bytes))
             }
@@ -97,7 +102,9 @@ impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let max = bytes::DISPLAY_MAX;
         match self {
-            Op::Get(k) | Op::Delete(k) => write!(f, "{} {}", self.name(), Shown(k, max)),
+            Op::Get(k) | Op::Delete(k) | Op::Take(k) => {
+                write!(f, "{} {}", self.name(), Shown(k, max))
+            }
             Op::Set(k, v) | Op::Insert(k, v) | Op::Update(k, v) => {
                 write!(f, "{} {} {}", self.name(), Shown(k, max), Shown(v, max))
             }
@@ -109,7 +116,7 @@ impl fmt::Display for Op {
 /// The response an operation got, or [`Outcome::Unknown`] when none came back.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Outcome {
-    /// A [`Op::Get`]'s result: the value, or `None` when the key was absent.
+    /// A [`Op::Get`]'s or [`Op::Take`]'s result: the value, or `None` when the key was absent.
     Value(#[serde(with = "bytes::option")] Option<Vec<u8>>),
     /// A [`Op::Set`] succeeded.
     Ok,
@@ -378,6 +385,7 @@ mod tests {
             Op::Update(k.clone(), v.clone()),
             Op::Delete(k.clone()),
             Op::Incr(k.clone(), 1),
+            Op::Take(k.clone()),
         ];
         let outcomes = [
             Outcome::Value(None),
@@ -390,7 +398,7 @@ mod tests {
         let fits = |op: &Op, o: &Outcome| -> bool {
             match o {
                 Outcome::Unknown => true,
-                Outcome::Value(_) => op.name() == "get",
+                Outcome::Value(_) => ["get", "getdel"].contains(&op.name()),
                 Outcome::Ok => op.name() == "set",
                 Outcome::Applied(_) => ["insert", "update", "delete"].contains(&op.name()),
                 Outcome::Int(_) | Outcome::Error => op.name() == "incr",

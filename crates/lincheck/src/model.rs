@@ -156,6 +156,8 @@ pub(crate) enum Step {
     Update(ValueId, Option<bool>),
     Delete(Option<bool>),
     Incr(i64, IncrResult),
+    /// A `GETDEL` that read this value ([`ABSENT`]: found nothing), `None` when its outcome is unknown.
+    Take(Option<ValueId>),
 }
 
 impl Step {
@@ -175,6 +177,10 @@ impl Step {
             Op::Insert(_, v) => Step::Insert(values.intern(v), applied),
             Op::Update(_, v) => Step::Update(values.intern(v), applied),
             Op::Delete(_) => Step::Delete(applied),
+            Op::Take(_) => Step::Take(match outcome {
+                Outcome::Value(v) => Some(values.intern_opt(v.as_deref())),
+                _ => None,
+            }),
             Op::Incr(_, delta) => Step::Incr(
                 *delta,
                 match outcome {
@@ -189,7 +195,7 @@ impl Step {
     /// Which integer values, as increments write them, the operation's recorded response fits.
     pub(crate) fn integer_fit(&self, values: &Values) -> IntegerFit {
         match *self {
-            Step::Get(v) => match values.int_value(v) {
+            Step::Get(v) | Step::Take(Some(v)) => match values.int_value(v) {
                 Some(n) => IntegerFit::Exactly(n),
                 None => IntegerFit::Never,
             },
@@ -214,6 +220,7 @@ impl Step {
                 | Step::Update(_, Some(false))
                 | Step::Delete(Some(false))
                 | Step::Incr(_, IncrResult::Error)
+                | Step::Take(Some(ABSENT))
         )
     }
 
@@ -236,6 +243,10 @@ impl Step {
                 Some(a) if a != present => None,
                 _ => Some(ABSENT),
             },
+            Step::Take(read) => match read {
+                Some(expect) if expect != state => None,
+                _ => Some(ABSENT),
+            },
             Step::Incr(delta, result) => {
                 let sum = values.int(state).and_then(|n| n.checked_add(delta));
                 match (sum, result) {
@@ -254,7 +265,9 @@ impl Step {
         let shown = |id| ShownValue(values.get(id), max_bytes).to_string();
         let now = shown(state);
         match *self {
-            Step::Get(expect) => format!("it read {} but the value is {now}", shown(expect)),
+            Step::Get(expect) | Step::Take(Some(expect)) => {
+                format!("it read {} but the value is {now}", shown(expect))
+            }
             Step::Insert(_, Some(a)) | Step::Update(_, Some(a)) | Step::Delete(Some(a)) => {
                 format!("it answered {a} but the value is {now}")
             }

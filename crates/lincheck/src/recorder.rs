@@ -242,9 +242,10 @@ mod tests {
                 Outcome::Ok
             }
             Op::Insert(..) | Op::Update(..) => {
-                unreachable!("the clients issue only gets, sets, deletes and increments")
+                unreachable!("the clients issue only gets, sets, deletes, getdels and increments")
             }
             Op::Delete(k) => Outcome::Applied(map.remove(k).is_some()),
+            Op::Take(k) => Outcome::Value(map.remove(k)),
             Op::Incr(k, d) => {
                 // Only decimal values are ever written, so every stored value parses.
                 let n = map.get(k).map_or(0, |v| {
@@ -270,10 +271,11 @@ mod tests {
                             .wrapping_mul(6_364_136_223_846_793_005)
                             .wrapping_add(1_442_695_040_888_963_407);
                         let key = format!("k{}", (x >> 60) % 3).into_bytes();
-                        let op = match (x >> 40) % 4 {
+                        let op = match (x >> 40) % 5 {
                             0 => Op::Get(key),
                             1 => Op::Set(key, ((x >> 20) % 50).to_string().into_bytes()),
                             2 => Op::Delete(key),
+                            3 => Op::Take(key),
                             _ => Op::Incr(key, ((x >> 8) % 5) as i64 - 2),
                         };
                         let t = rec.invoke(client, op.clone());

@@ -46,6 +46,7 @@ enum Kind {
     Update(usize),
     Delete,
     Incr(i64),
+    Take,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,6 +111,7 @@ fn apply(map: &mut HashMap<Vec<u8>, Vec<u8>>, op: &Op) -> Outcome {
             None => false,
         }),
         Op::Delete(k) => Outcome::Applied(map.remove(k).is_some()),
+        Op::Take(k) => Outcome::Value(map.remove(k)),
         Op::Incr(k, d) => {
             let current = match map.get(k) {
                 None => Some(0),
@@ -135,6 +137,7 @@ fn op_of(spec: &Spec) -> Op {
         Kind::Update(v) => Op::Update(k, VALUES[v].to_vec()),
         Kind::Delete => Op::Delete(k),
         Kind::Incr(d) => Op::Incr(k, d),
+        Kind::Take => Op::Take(k),
     }
 }
 
@@ -193,6 +196,7 @@ fn kind() -> impl Strategy<Value = Kind> {
         1 => (0..VALUES.len()).prop_map(Kind::Update),
         1 => Just(Kind::Delete),
         2 => (-3i64..=3).prop_map(Kind::Incr),
+        1 => Just(Kind::Take),
     ]
 }
 
