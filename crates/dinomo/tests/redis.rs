@@ -240,6 +240,27 @@ for op in (lambda: a.incr("edge"), lambda: a.incrby("edge", 2), lambda: b.decrby
     except redis.ResponseError as e:
         assert "increment or decrement would overflow" in str(e), e
 assert a.get("edge") == str(2 ** 63 - 1).encode()
+# The string commands of Redis 6 and 7, as redis-py calls them, on keys of both nodes.
+for i in range(20):
+    k = "str%d" % i
+    assert a.set(k, "Hello World")
+    assert b.setrange(k, 6, "Redis") == 11
+    assert a.getrange(k, 0, 4) == b"Hello"
+    assert b.getdel(k) == b"Hello Redis"
+    assert a.getdel(k) is None
+    assert b.incrbyfloat(k, 10.5) == 10.5
+    assert a.incrbyfloat(k, 0.1) == 10.6
+    assert b.set(k, "x", nx=True, get=True) == b"10.6"
+    assert a.set(k, "y", xx=True, get=True) == b"10.6"
+    assert b.ttl(k) == -1 and a.pttl("nothere") == -2
+    assert a.getex(k, persist=True) == b"y"
+    assert b.touch(k, "nothere") == 1
+secs, micros = a.time()
+assert secs > 1_600_000_000 and 0 <= micros < 1_000_000
+# FLUSHDB empties the whole cluster, whichever node is asked.
+assert a.flushdb()
+assert a.dbsize() == b.dbsize() == 0
+assert b.get(key) is None
 print("ok")
 "#;
     redis_py(script, &up)
