@@ -523,40 +523,36 @@ impl Client {
     /// One step of a walk over every key of the cluster, as Redis's `SCAN`: from `cursor` (0 starts a walk; the
     /// cursor returned is 0 once the walk is over), about `count` keys. A whole walk returns every key there from
     /// its start to its end, some perhaps twice, and none deleted before it started and not written again: the
-    /// memory node names the keys, and the client asks each one's owner whether it is there (a request per key).
+    /// memory node names the keys, and the client asks each one's owner whether it is there, one request after
+    /// another ([`crate::PipelinedClient::scan`] asks about them all at once).
     pub fn scan(&mut self, cursor: u64, count: u32) -> Result<(u64, Vec<Vec<u8>>), ClientError> {
         let (cursor, named) = self.scan_step(cursor, count)?;
+        Ok((cursor, self.present(named)?))
+    }
+
+    /// Every key of the cluster that matches `pattern` (Redis's glob patterns, as `KEYS`), sorted: a whole walk.
+    pub fn keys(&mut self, pattern: &[u8]) -> Result<Vec<Vec<u8>>, ClientError> {
+        walk_keys(self, pattern, Client::scan_step, Client::present)
+    }
+
+    /// The keys of `named` that have a value, asked of their owners one by one.
+    fn present(&mut self, named: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>, ClientError> {
         let mut there = Vec::with_capacity(named.len());
         for key in named {
             if self.exists(&key)? {
                 there.push(key);
             }
         }
-        Ok((cursor, there))
-    }
-
-    /// Every key of the cluster that matches `pattern` (Redis's glob patterns, as `KEYS`), sorted: a whole walk.
-    pub fn keys(&mut self, pattern: &[u8]) -> Result<Vec<Vec<u8>>, ClientError> {
-        let pattern = dinomo_resp::glob::Pattern::new(pattern);
-        let mut found = std::collections::BTreeSet::new();
-        let mut cursor = 0;
-        loop {
-            let (next, named) = self.scan_step(cursor, KEYS_STEP)?;
-            for key in named {
-                if pattern.matches(&key) && !found.contains(&key) && self.exists(&key)? {
-                    found.insert(key);
-                }
-            }
-            cursor = next;
-            if cursor == 0 {
-                return Ok(found.into_iter().collect());
-            }
-        }
+        Ok(there)
     }
 
     /// The keys the memory node names in one step of a walk, asked of any KV node: those of the routing table in
     /// turn, until one answers or the request deadline passes.
-    fn scan_step(&mut self, cursor: u64, count: u32) -> Result<(u64, Vec<Vec<u8>>), ClientError> {
+    pub(crate) fn scan_step(
+        &mut self,
+        cursor: u64,
+        count: u32,
+    ) -> Result<(u64, Vec<Vec<u8>>), ClientError> {
         let body = RequestBody::ScanKeys { cursor, count };
         let deadline = dinomo_kn::deadline_after(self.cfg.op_timeout);
         let mut pause = Duration::from_micros(200).min(self.cfg.max_retry_pause);
@@ -813,7 +809,39 @@ impl Client {
 /// Keys each step of a [`Client::keys`] walk is asked for.
 const KEYS_STEP: u32 = 1000;
 
-fn unexpected(body: ResponseBody) -> ClientError {
+/// Keys, as a walk names them or a check keeps them.
+type Keys = Vec<Vec<u8>>;
+
+/// One step of a walk: where the next starts (0: the walk is over), and the keys it named.
+type Page = (u64, Keys);
+
+/// A whole walk over the keys (`KEYS`) through `client`: `step` names the keys of a walk step from a cursor, and
+/// `present` keeps those that have a value. The keys that match `pattern`, sorted, each once.
+pub(crate) fn walk_keys<C>(
+    client: &mut C,
+    pattern: &[u8],
+    step: fn(&mut C, u64, u32) -> Result<Page, ClientError>,
+    present: fn(&mut C, Keys) -> Result<Keys, ClientError>,
+) -> Result<Keys, ClientError> {
+    let pattern = dinomo_resp::glob::Pattern::new(pattern);
+    let mut found = std::collections::BTreeSet::new();
+    let mut cursor = 0;
+    loop {
+        let (next, named) = step(client, cursor, KEYS_STEP)?;
+        // A key may be named by two steps of one walk: it is asked about once.
+        let candidates = named
+            .into_iter()
+            .filter(|key| pattern.matches(key) && !found.contains(key))
+            .collect();
+        found.extend(present(client, candidates)?);
+        cursor = next;
+        if cursor == 0 {
+            return Ok(found.into_iter().collect());
+        }
+    }
+}
+
+pub(crate) fn unexpected(body: ResponseBody) -> ClientError {
     ClientError::Invalid(format!("unexpected reply {body:?}"))
 }
 

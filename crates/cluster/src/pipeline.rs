@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use crate::client::{Client, ClientConfig, ClientError, SessionError, final_error, peer_closed};
 use crate::wire::{RequestBody, RequestRef, Response, ResponseBody, write_frame};
+use dinomo_kn::DataOp;
 
 /// How one request ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -99,6 +100,58 @@ impl PipelinedClient {
             scratch: Vec::new(),
             chunk: vec![0; READ_CHUNK],
         }
+    }
+
+    /// One step of a walk over every key of the cluster, as [`Client::scan`], with the owners asked about every
+    /// named key at once (pipelined). Needs a client with no request outstanding.
+    pub fn scan(&mut self, cursor: u64, count: u32) -> Result<(u64, Vec<Vec<u8>>), ClientError> {
+        let (cursor, named) = self.client.scan_step(cursor, count)?;
+        Ok((cursor, self.present(named)?))
+    }
+
+    /// Every key that matches `pattern`, sorted, as [`Client::keys`], each step's keys asked about at once.
+    /// Needs a client with no request outstanding.
+    pub fn keys(&mut self, pattern: &[u8]) -> Result<Vec<Vec<u8>>, ClientError> {
+        crate::client::walk_keys(
+            self,
+            pattern,
+            |p, cursor, count| p.client.scan_step(cursor, count),
+            PipelinedClient::present,
+        )
+    }
+
+    /// The keys of `named` that have a value, asked of their owners all at once. Every request is waited for,
+    /// even after one failed, so that none is left outstanding.
+    fn present(&mut self, named: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>, ClientError> {
+        if self.outstanding() > 0 {
+            return Err(ClientError::Invalid(
+                "listing keys needs a pipelined client with no request outstanding".into(),
+            ));
+        }
+        for (i, key) in named.iter().enumerate() {
+            self.submit(i as u64, RequestBody::Data(DataOp::Exists(key.clone())))?;
+        }
+        let mut there = vec![false; named.len()];
+        let mut failure = None;
+        while let Some(c) = self.next_completion() {
+            match c.result {
+                Ok(ResponseBody::Applied(a)) => {
+                    if let Some(slot) = there.get_mut(c.tag as usize) {
+                        *slot = a;
+                    }
+                }
+                Ok(other) => failure = failure.or(Some(crate::client::unexpected(other))),
+                Err(e) => failure = failure.or(Some(e)),
+            }
+        }
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        Ok(named
+            .into_iter()
+            .zip(there)
+            .filter_map(|(key, present)| present.then_some(key))
+            .collect())
     }
 
     /// The one-at-a-time client underneath (routing table, statistics).

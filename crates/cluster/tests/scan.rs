@@ -1,11 +1,12 @@
-//! Listing the keys of a cluster with the native client (`Client::scan`, `Client::keys`): a whole walk returns every
+//! Listing the keys of a cluster with the native clients (`Client::scan`, `Client::keys` and their pipelined
+//! forms on `PipelinedClient`): a whole walk returns every
 //! key there from its start to its end, even while KV nodes join and leave and writes go on between its steps, and
 //! none that was deleted before it started.
 
 use std::collections::BTreeSet;
 
 use common::small_cluster;
-use dinomo_cluster::{Client, LocalCluster};
+use dinomo_cluster::{Client, LocalCluster, PipelinedClient};
 
 mod common;
 
@@ -90,5 +91,22 @@ fn a_walk_lists_every_key_while_nodes_join_and_leave() -> anyhow::Result<()> {
         .collect();
     assert_eq!(cl.keys(b"key-001*")?, want);
     assert!(cl.keys(b"nothing*")?.is_empty());
+
+    // The pipelined client lists the same keys, asking about each step's keys at once.
+    let mut pipelined = PipelinedClient::connect(c.client_config())?;
+    assert_eq!(pipelined.keys(b"key-001*")?, want);
+    let mut walked = BTreeSet::new();
+    let mut cursor = 0;
+    loop {
+        let (next, keys) = pipelined.scan(cursor, 100)?;
+        walked.extend(keys);
+        cursor = next;
+        if cursor == 0 {
+            break;
+        }
+    }
+    let everything: BTreeSet<Vec<u8>> = cl.keys(b"*")?.into_iter().collect();
+    assert_eq!(walked, everything);
+    assert!(everything.len() > 1000, "{} keys", everything.len());
     Ok(())
 }

@@ -983,7 +983,9 @@ pub fn kv(args: KvArgs) -> anyhow::Result<()> {
         KvOp::Del { key } => println!("{}", u8::from(c.delete(key.as_bytes())?)),
         KvOp::Incr { key, delta } => println!("{}", c.incr(key.as_bytes(), delta)?),
         KvOp::Keys { pattern } => {
-            for key in c.keys(pattern.as_bytes())? {
+            // Each walk step's keys are asked about at once.
+            let mut pipelined = dinomo_cluster::PipelinedClient::from_client(c);
+            for key in pipelined.keys(pattern.as_bytes())? {
                 println!("{}", String::from_utf8_lossy(&key));
             }
         }
