@@ -216,6 +216,10 @@ fn take_data_op(op: &mut Op) -> DataOp {
         Op::IncrFloat(k, delta) => DataOp::IncrFloat(take(k), take(delta)),
         Op::InsertGet(k, v) => DataOp::InsertGet(take(k), take(v)),
         Op::UpdateGet(k, v) => DataOp::UpdateGet(take(k), take(v)),
+        Op::SetBit(k, i, bit) => DataOp::SetBit(take(k), *i, *bit),
+        Op::GetBit(k, i) => DataOp::GetBit(take(k), *i),
+        Op::BitCount(k, range) => DataOp::BitCount(take(k), *range),
+        Op::BitPos(k, bit, range) => DataOp::BitPos(take(k), *bit, *range),
     }
 }
 
@@ -238,6 +242,10 @@ fn op_of(op: DataOp) -> Op {
         DataOp::IncrFloat(k, delta) => Op::IncrFloat(k, delta),
         DataOp::InsertGet(k, v) => Op::InsertGet(k, v),
         DataOp::UpdateGet(k, v) => Op::UpdateGet(k, v),
+        DataOp::SetBit(k, i, bit) => Op::SetBit(k, i, bit),
+        DataOp::GetBit(k, i) => Op::GetBit(k, i),
+        DataOp::BitCount(k, range) => Op::BitCount(k, range),
+        DataOp::BitPos(k, bit, range) => Op::BitPos(k, bit, range),
     }
 }
 
@@ -259,7 +267,14 @@ fn output(op: &Op, answer: Output) -> OpResult {
             applied @ Output::Applied(_),
         ) => Ok(applied),
         (
-            Op::Incr(..) | Op::Append(..) | Op::Strlen(_) | Op::SetRange(..),
+            Op::Incr(..)
+            | Op::Append(..)
+            | Op::Strlen(_)
+            | Op::SetRange(..)
+            | Op::SetBit(..)
+            | Op::GetBit(..)
+            | Op::BitCount(..)
+            | Op::BitPos(..),
             int @ Output::Int(_),
         ) => Ok(int),
         _ => Err(wrong_kind()),

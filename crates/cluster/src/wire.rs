@@ -327,6 +327,9 @@ mod tests {
                 RequestBody::Data(DataOp::IncrFloat(key.clone(), value.clone())),
                 RequestBody::Data(DataOp::InsertGet(key.clone(), value.clone())),
                 RequestBody::Data(DataOp::UpdateGet(key.clone(), value.clone())),
+                RequestBody::Data(DataOp::SetBit(key.clone(), delta.unsigned_abs(), delta < 0)),
+                RequestBody::Data(DataOp::BitCount(key.clone(), Some((delta, -delta.saturating_abs(), true)))),
+                RequestBody::Data(DataOp::BitPos(key.clone(), false, Some((delta, None, false)))),
                 RequestBody::Ping,
                 RequestBody::LatencyReport(LatencySummary {
                     count: 1,

@@ -635,6 +635,39 @@ impl PdpmConn {
                 .map_err(failed)?;
                 outcome.map(|n| Output::Value(Some(n)))
             }
+            Op::SetBit(k, i, bit) => {
+                let max = c.max_value_len();
+                let mut outcome = Err(BackendError::Unavailable("no SETBIT ran".into()));
+                c.update(&k, &mut |old| match dinomo_value::set_bit(
+                    old.map(<[u8]>::to_vec),
+                    i,
+                    bit,
+                    max,
+                ) {
+                    Ok(w) => {
+                        outcome = Ok(i64::from(w.previous));
+                        w.value.map_or(Change::Keep, Change::Put)
+                    }
+                    Err(e) => {
+                        outcome = Err(e.into());
+                        Change::Keep
+                    }
+                })
+                .map_err(failed)?;
+                outcome.map(Output::Int)
+            }
+            Op::GetBit(k, i) => c
+                .get(&k)
+                .map(|v| Output::Int(i64::from(dinomo_value::get_bit(&v.unwrap_or_default(), i))))
+                .map_err(failed),
+            Op::BitCount(k, range) => c
+                .get(&k)
+                .map(|v| Output::Int(dinomo_value::bit_count(&v.unwrap_or_default(), range) as i64))
+                .map_err(failed),
+            Op::BitPos(k, bit, range) => c
+                .get(&k)
+                .map(|v| Output::Int(dinomo_value::bit_pos(v.as_deref(), bit, range)))
+                .map_err(failed),
             Op::InsertGet(k, v) => put_if_get(c, &k, &v, false).map_err(failed),
             Op::UpdateGet(k, v) => put_if_get(c, &k, &v, true).map_err(failed),
         }
@@ -873,6 +906,23 @@ mod tests {
             assert_eq!(value(xx), None);
             assert_eq!(c.get(b"g"), Ok(Some(b"y".to_vec())));
             assert_eq!(c.exists(b"h"), Ok(false));
+            assert_eq!(
+                c.run(Op::SetBit(b"b".to_vec(), 9, true)),
+                Ok(Output::Int(0))
+            );
+            assert_eq!(
+                c.run(Op::SetBit(b"b".to_vec(), 9, true)),
+                Ok(Output::Int(1))
+            );
+            assert_eq!(c.get(b"b"), Ok(Some(vec![0, 0x40])));
+            assert_eq!(c.run(Op::GetBit(b"b".to_vec(), 9)), Ok(Output::Int(1)));
+            assert_eq!(c.run(Op::BitCount(b"b".to_vec(), None)), Ok(Output::Int(1)));
+            let pos = c.run(Op::BitPos(b"b".to_vec(), true, Some((1, None, false))));
+            assert_eq!(pos, Ok(Output::Int(9)));
+            assert!(matches!(
+                c.run(Op::SetBit(b"b".to_vec(), 8 * 32, true)),
+                Err(BackendError::Invalid(_))
+            ));
         }
     }
 

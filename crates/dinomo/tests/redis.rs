@@ -87,7 +87,7 @@ fn redis_cli_talks_to_every_node() -> anyhow::Result<()> {
         cli(b, &["SELECT", "1"])?,
         "ERR DB index is out of range\n\n"
     );
-    assert_eq!(cli(a, &["COMMAND", "COUNT"])?, "44\n");
+    assert_eq!(cli(a, &["COMMAND", "COUNT"])?, "48\n");
     // RESP3 through redis-cli's -3 switch.
     assert_eq!(cli(b, &["-3", "GET", "greeting"])?, "hello world\n");
     Ok(())
@@ -525,6 +525,89 @@ fn assert_same_replies(
         assert_eq!(m, t, "{shown:?}: dinomo answered {m:?}, redis-server {t:?}");
     }
     Ok(())
+}
+
+#[test]
+fn bit_commands_match_redis_server_reply_for_reply() -> anyhow::Result<()> {
+    let up = up(&[])?;
+    let redis = RedisServer::start()?;
+    let mut requests: Vec<Vec<&[u8]>> = Vec::new();
+    let keys: Vec<String> = (0..6).map(|i| format!("b{i}")).collect();
+    let positions: Vec<String> = (-20..=20).map(|i: i32| i.to_string()).collect();
+    for k in &keys {
+        let k = k.as_bytes();
+        requests.extend([
+            vec![b"GETBIT".as_slice(), k, b"7"],
+            vec![b"BITCOUNT", k],
+            vec![b"BITCOUNT", k, b"0", b"-1"],
+            vec![b"BITPOS", k, b"0"],
+            vec![b"BITPOS", k, b"1"],
+            vec![b"SETBIT", k, b"7", b"1"],
+            vec![b"SETBIT", k, b"7", b"1"],
+            vec![b"GET", k],
+            vec![b"SETBIT", k, b"100", b"0"],
+            vec![b"STRLEN", k],
+            vec![b"SETBIT", k, b"7", b"0"],
+            vec![b"SETBIT", k, b"-1", b"1"],
+            vec![b"SETBIT", k, b"x", b"1"],
+            vec![b"SETBIT", k, b"4294967296", b"1"],
+            vec![b"SETBIT", k, b"1", b"2"],
+            vec![b"SETBIT", k, b"1", b"y"],
+            vec![b"GETBIT", k, b"-1"],
+            vec![b"GETBIT", k, b"999999"],
+            vec![b"SET", k, b"foobar"],
+            vec![b"BITCOUNT", k],
+            vec![b"BITCOUNT", k, b"1", b"1"],
+            vec![b"BITCOUNT", k, b"5", b"30", b"BIT"],
+            vec![b"BITCOUNT", k, b"5", b"30", b"byte"],
+            vec![b"BITCOUNT", k, b"5", b"30", b"bot"],
+            vec![b"BITCOUNT", k, b"x", b"30"],
+            vec![b"BITCOUNT", k, b"0"],
+            vec![b"BITPOS", k, b"2"],
+            vec![b"BITPOS", k, b"x"],
+            vec![b"BITPOS", k, b"1", b"2", b"-1", b"BIT", b"extra"],
+            vec![b"SET", k, b"\xff\xf0\x00"],
+            vec![b"BITPOS", k, b"0"],
+            vec![b"SET", k, b"\x00\xff\xf0"],
+            vec![b"BITPOS", k, b"1", b"0"],
+            vec![b"BITPOS", k, b"1", b"2"],
+            vec![b"BITPOS", k, b"1", b"2", b"-1", b"BYTE"],
+            vec![b"BITPOS", k, b"1", b"7", b"15", b"BIT"],
+            vec![b"SET", k, b"\xff\xff"],
+            vec![b"BITPOS", k, b"0"],
+            vec![b"BITPOS", k, b"0", b"1"],
+            vec![b"BITPOS", k, b"0", b"0", b"-1"],
+            vec![b"BITPOS", k, b"0", b"3", b"BIT"],
+            vec![b"SET", k, b""],
+            vec![b"BITPOS", k, b"0"],
+            vec![b"BITCOUNT", k, b"0", b"-1"],
+            vec![b"DEL", k],
+        ]);
+    }
+    // Every range over a 3-byte value with bits on both sides, in bytes and in bits.
+    let k = keys[0].as_bytes();
+    requests.push(vec![b"SET", k, b"\x0f\xa5\xf0"]);
+    for start in &positions {
+        for end in &positions {
+            for unit in [b"BYTE".as_slice(), b"BIT"] {
+                requests.push(vec![b"BITCOUNT", k, start.as_bytes(), end.as_bytes(), unit]);
+                for bit in [b"0".as_slice(), b"1"] {
+                    requests.push(vec![
+                        b"BITPOS",
+                        k,
+                        bit,
+                        start.as_bytes(),
+                        end.as_bytes(),
+                        unit,
+                    ]);
+                }
+            }
+        }
+        for bit in [b"0".as_slice(), b"1"] {
+            requests.push(vec![b"BITPOS", k, bit, start.as_bytes()]);
+        }
+    }
+    assert_same_replies(up.resp[0], redis.addr, &requests)
 }
 
 #[test]

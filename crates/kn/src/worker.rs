@@ -244,6 +244,24 @@ pub enum DataOp {
         #[serde(with = "serde_bytes")] Vec<u8>,
         #[serde(with = "serde_bytes")] Vec<u8>,
     ),
+    /// Sets or clears one bit of the value (bit 0: the first byte's most significant), growing it with zero bytes;
+    /// replies with the bit before (`SETBIT`).
+    SetBit(#[serde(with = "serde_bytes")] Vec<u8>, u64, bool),
+    /// Replies with one bit of the value, 0 beyond its end or when absent (`GETBIT`).
+    GetBit(#[serde(with = "serde_bytes")] Vec<u8>, u64),
+    /// Replies with how many bits of the value are set: all, or those from the first position to the second,
+    /// counted in bits when the flag is set, else in bytes (`BITCOUNT`).
+    BitCount(
+        #[serde(with = "serde_bytes")] Vec<u8>,
+        Option<(i64, i64, bool)>,
+    ),
+    /// Replies with the position of the first bit equal to the flag: in all of the value, or from the first
+    /// position to the optional second, counted in bits when the last flag is set, else in bytes (`BITPOS`).
+    BitPos(
+        #[serde(with = "serde_bytes")] Vec<u8>,
+        bool,
+        Option<(i64, Option<i64>, bool)>,
+    ),
 }
 
 impl DataOp {
@@ -257,7 +275,11 @@ impl DataOp {
             | DataOp::Take(k)
             | DataOp::Incr(k, _)
             | DataOp::GetRange(k, ..)
-            | DataOp::SetRange(k, ..) => k,
+            | DataOp::SetRange(k, ..)
+            | DataOp::SetBit(k, ..)
+            | DataOp::GetBit(k, _)
+            | DataOp::BitCount(k, _)
+            | DataOp::BitPos(k, ..) => k,
             DataOp::Set(k, _)
             | DataOp::Insert(k, _)
             | DataOp::Update(k, _)
@@ -273,7 +295,13 @@ impl DataOp {
     pub fn is_write(&self) -> bool {
         !matches!(
             self,
-            DataOp::Get(_) | DataOp::Exists(_) | DataOp::Strlen(_) | DataOp::GetRange(..)
+            DataOp::Get(_)
+                | DataOp::Exists(_)
+                | DataOp::Strlen(_)
+                | DataOp::GetRange(..)
+                | DataOp::GetBit(..)
+                | DataOp::BitCount(..)
+                | DataOp::BitPos(..)
         )
     }
 }
@@ -442,11 +470,15 @@ pub struct OpCounts {
     pub getrange: u64,
     /// Writes of part of a value (SETRANGE).
     pub setrange: u64,
+    /// Writes of one bit (SETBIT).
+    pub setbit: u64,
+    /// Reads of bits (GETBIT, BITCOUNT, BITPOS).
+    pub getbits: u64,
 }
 
 impl OpCounts {
     /// Each kind with its count, named as in the metrics.
-    pub fn by_kind(&self) -> [(&'static str, u64); 13] {
+    pub fn by_kind(&self) -> [(&'static str, u64); 15] {
         [
             ("get", self.get),
             ("set", self.set),
@@ -461,6 +493,8 @@ impl OpCounts {
             ("getdel", self.getdel),
             ("getrange", self.getrange),
             ("setrange", self.setrange),
+            ("setbit", self.setbit),
+            ("getbits", self.getbits),
         ]
     }
 
@@ -481,6 +515,8 @@ impl OpCounts {
             getdel: add(self.getdel, other.getdel),
             getrange: add(self.getrange, other.getrange),
             setrange: add(self.setrange, other.setrange),
+            setbit: add(self.setbit, other.setbit),
+            getbits: add(self.getbits, other.getbits),
         }
     }
 
@@ -508,6 +544,8 @@ impl OpCounts {
             DataOp::Take(_) => &mut self.getdel,
             DataOp::GetRange(..) => &mut self.getrange,
             DataOp::SetRange(..) => &mut self.setrange,
+            DataOp::SetBit(..) => &mut self.setbit,
+            DataOp::GetBit(..) | DataOp::BitCount(..) | DataOp::BitPos(..) => &mut self.getbits,
         };
         *n += 1;
     }
@@ -2249,6 +2287,10 @@ fn needs_value(op: &DataOp) -> bool {
             | DataOp::IncrFloat(..)
             | DataOp::InsertGet(..)
             | DataOp::UpdateGet(..)
+            | DataOp::SetBit(..)
+            | DataOp::GetBit(..)
+            | DataOp::BitCount(..)
+            | DataOp::BitPos(..)
     )
 }
 
@@ -2314,6 +2356,28 @@ fn outcome(op: DataOp, current: Option<Vec<u8>>, max_value_len: usize) -> (Vec<u
             Some(old) => (k, Outcome::Write(Some(v), Reply::Value(Some(old)))),
             None => (k, done(Reply::Value(None))),
         },
+        DataOp::SetBit(k, i, bit) => match dinomo_value::set_bit(current, i, bit, max_value_len) {
+            Ok(w) => {
+                let reply = Reply::Int(i64::from(w.previous));
+                match w.value {
+                    Some(v) => (k, Outcome::Write(Some(v), reply)),
+                    None => (k, done(reply)),
+                }
+            }
+            Err(e) => (k, Outcome::Done(Err(e.into()))),
+        },
+        DataOp::GetBit(k, i) => {
+            let bit = dinomo_value::get_bit(current.as_deref().unwrap_or_default(), i);
+            (k, done(Reply::Int(i64::from(bit))))
+        }
+        DataOp::BitCount(k, range) => {
+            let n = dinomo_value::bit_count(current.as_deref().unwrap_or_default(), range);
+            (k, done(Reply::Int(n as i64)))
+        }
+        DataOp::BitPos(k, bit, range) => {
+            let at = dinomo_value::bit_pos(current.as_deref(), bit, range);
+            (k, done(Reply::Int(at)))
+        }
         DataOp::Append(k, suffix) => {
             let mut v = current.unwrap_or_default();
             v.extend_from_slice(&suffix);

@@ -75,6 +75,8 @@ enum Op {
     IncrFloat(u8, i8),
     InsertGet(u8, usize),
     UpdateGet(u8, usize),
+    SetBit(u8, u64, bool),
+    Bits(u8, u64, i64, i64),
     MergeAll,
     Restart,
 }
@@ -114,6 +116,9 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => (any::<u8>().prop_map(|k| k % 48), any::<i8>()).prop_map(|(k, d)| Op::IncrFloat(k, d)),
         1 => (any::<u8>().prop_map(|k| k % 48), 0usize..64).prop_map(|(k, s)| Op::InsertGet(k, s)),
         1 => (any::<u8>().prop_map(|k| k % 48), 0usize..64).prop_map(|(k, s)| Op::UpdateGet(k, s)),
+        1 => (any::<u8>().prop_map(|k| k % 48), 0u64..13_000, any::<bool>()).prop_map(|(k, i, b)| Op::SetBit(k, i, b)),
+        1 => (any::<u8>().prop_map(|k| k % 48), 0u64..13_000, -40i64..40, -40i64..40)
+            .prop_map(|(k, i, a, b)| Op::Bits(k, i, a, b)),
         1 => Just(Op::MergeAll),
         1 => Just(Op::Restart),
     ]
@@ -286,6 +291,41 @@ fn run(
                 if had.is_some() {
                     model.insert(key(k), val);
                 }
+            }
+            Op::SetBit(k, i, bit) => {
+                let old = model.get(&key(k)).cloned();
+                let got = h.data(DataOp::SetBit(key(k), i, bit));
+                match (got, dinomo_value::set_bit(old, i, bit, 1500)) {
+                    (Ok(Reply::Int(n)), Ok(w)) => {
+                        assert_eq!(n, i64::from(w.previous), "setbit at op {i}");
+                        if let Some(v) = w.value {
+                            model.insert(key(k), v);
+                        }
+                    }
+                    (Err(dinomo_kn::KnError::ValueTooLarge { .. }), Err(_)) => {}
+                    (got, want) => panic!("setbit at op {i}: got {got:?}, expected {want:?}"),
+                }
+            }
+            Op::Bits(k, at, start, end) => {
+                let v = model.get(&key(k)).cloned();
+                let bytes = v.as_deref().unwrap_or_default();
+                let bit = dinomo_value::get_bit(bytes, at);
+                let count = dinomo_value::bit_count(bytes, Some((start, end, true)));
+                let pos = dinomo_value::bit_pos(v.as_deref(), true, Some((start, None, false)));
+                assert_eq!(
+                    (
+                        h.data(DataOp::GetBit(key(k), at))?,
+                        h.data(DataOp::BitCount(key(k), Some((start, end, true))))?,
+                        h.data(DataOp::BitPos(key(k), true, Some((start, None, false))))?,
+                    ),
+                    (
+                        Reply::Int(i64::from(bit)),
+                        Reply::Int(count as i64),
+                        Reply::Int(pos)
+                    ),
+                    "getbit, bitcount and bitpos of {:?} at op {i}",
+                    key(k)
+                );
             }
             Op::Get(k) => {
                 assert_eq!(

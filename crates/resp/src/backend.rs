@@ -45,6 +45,14 @@ pub enum Op {
     InsertGet(Vec<u8>, Vec<u8>),
     /// Sets a value only if the key has one; the previous value (none when nothing was set).
     UpdateGet(Vec<u8>, Vec<u8>),
+    /// Sets or clears one bit ([`dinomo_value::set_bit`]); the bit before.
+    SetBit(Vec<u8>, u64, bool),
+    /// One bit ([`dinomo_value::get_bit`]).
+    GetBit(Vec<u8>, u64),
+    /// The set bits of all or a range of the value ([`dinomo_value::bit_count`]).
+    BitCount(Vec<u8>, Option<(i64, i64, bool)>),
+    /// The first bit equal to the flag in all or a range of the value ([`dinomo_value::bit_pos`]).
+    BitPos(Vec<u8>, bool, Option<(i64, Option<i64>, bool)>),
 }
 
 impl Op {
@@ -55,6 +63,7 @@ impl Op {
             Op::Set(k, _) | Op::Insert(k, _) | Op::Update(k, _) | Op::GetSet(k, _) => k,
             Op::Append(k, _) | Op::Take(k) | Op::GetRange(k, ..) | Op::SetRange(k, ..) => k,
             Op::IncrFloat(k, _) | Op::InsertGet(k, _) | Op::UpdateGet(k, _) => k,
+            Op::SetBit(k, ..) | Op::GetBit(k, _) | Op::BitCount(k, _) | Op::BitPos(k, ..) => k,
         }
     }
 
@@ -62,7 +71,13 @@ impl Op {
     pub fn is_write(&self) -> bool {
         !matches!(
             self,
-            Op::Get(_) | Op::Exists(_) | Op::Strlen(_) | Op::GetRange(..)
+            Op::Get(_)
+                | Op::Exists(_)
+                | Op::Strlen(_)
+                | Op::GetRange(..)
+                | Op::GetBit(..)
+                | Op::BitCount(..)
+                | Op::BitPos(..)
         )
     }
 }
@@ -74,7 +89,7 @@ pub enum Output {
     Value(Option<Vec<u8>>),
     /// Whether it held or applied (`Exists`, `Set`, `Insert`, `Update`, `Delete`).
     Applied(bool),
-    /// A number (`Incr`, `Append`, `Strlen`, `SetRange`).
+    /// A number (`Incr`, `Append`, `Strlen`, `SetRange` and the bit ops).
     Int(i64),
 }
 
@@ -404,6 +419,27 @@ impl MemoryBackend {
                     None => Output::Value(None),
                 }
             }
+            Op::SetBit(k, i, bit) => {
+                let max = self.max_value_len.unwrap_or(usize::MAX);
+                let w = dinomo_value::set_bit(map.get(&k).cloned(), i, bit, max)?;
+                if let Some(v) = w.value {
+                    map.insert(k, v);
+                }
+                Output::Int(i64::from(w.previous))
+            }
+            Op::GetBit(k, i) => {
+                let v = map.get(&k).map_or(&[][..], Vec::as_slice);
+                Output::Int(i64::from(dinomo_value::get_bit(v, i)))
+            }
+            Op::BitCount(k, range) => {
+                let v = map.get(&k).map_or(&[][..], Vec::as_slice);
+                Output::Int(dinomo_value::bit_count(v, range) as i64)
+            }
+            Op::BitPos(k, bit, range) => Output::Int(dinomo_value::bit_pos(
+                map.get(&k).map(Vec::as_slice),
+                bit,
+                range,
+            )),
         })
     }
 }

@@ -20,6 +20,8 @@ const DEFAULT_SCAN_COUNT: u32 = 10;
 /// Keys each step of a `KEYS` walk (and of a `FLUSHDB`) is asked for.
 const KEYS_STEP: u32 = 1000;
 /// The reply to `SET ... EX` and `GETEX ... EX` (and their other expiry options).
+/// The reply to a bit offset that is not an integer, is negative or lies beyond `proto-max-bulk-len` bytes.
+const BAD_BIT_OFFSET: &str = "ERR bit offset is not an integer or out of range";
 const NO_EXPIRY: &str =
     "ERR dinomo keeps keys until they are deleted: expiry (EX, PX, EXAT, PXAT) is not supported";
 
@@ -347,6 +349,42 @@ impl<C: BackendConn> Session<C> {
                 });
             }
             CommandId::FlushDb => self.flush_db(&args, out),
+            CommandId::SetBit => match (self.bit_offset(&args[2]), parse_i64(&args[3])) {
+                (None, _) => self.error(out, BAD_BIT_OFFSET),
+                (Some(i), Some(bit @ (0 | 1))) => {
+                    let key = take(&mut args, 1);
+                    self.defer(Deferred::Int, [Op::SetBit(key, i, bit == 1)]);
+                }
+                (Some(_), _) => self.error(out, "ERR bit is not an integer or out of range"),
+            },
+            CommandId::GetBit => match self.bit_offset(&args[2]) {
+                None => self.error(out, BAD_BIT_OFFSET),
+                Some(i) => {
+                    let key = take(&mut args, 1);
+                    self.defer(Deferred::Int, [Op::GetBit(key, i)]);
+                }
+            },
+            CommandId::BitCount => {
+                let range = match &args[2..] {
+                    [] => Ok(None),
+                    [start, end, unit @ ..] if unit.len() <= 1 => {
+                        match (parse_i64(start), parse_i64(end), bit_unit(unit.first())) {
+                            (Some(s), Some(e), Some(bits)) => Ok(Some((s, e, bits))),
+                            (Some(_), Some(_), None) => Err("ERR syntax error"),
+                            _ => Err("ERR value is not an integer or out of range"),
+                        }
+                    }
+                    _ => Err("ERR syntax error"),
+                };
+                match range {
+                    Ok(range) => {
+                        let key = take(&mut args, 1);
+                        self.defer(Deferred::Int, [Op::BitCount(key, range)]);
+                    }
+                    Err(text) => self.error(out, text),
+                }
+            }
+            CommandId::BitPos => self.bit_pos(args, out),
             CommandId::Ping => match args.len() {
                 1 => self.reply(out, |w| w.simple(b"PONG")),
                 2 => self.reply(out, |w| w.bulk(&args[1])),
@@ -604,6 +642,46 @@ impl<C: BackendConn> Session<C> {
         }
         let key = take(&mut args, 1);
         self.defer(Deferred::Value { counts_hits: true }, [Op::Get(key)]);
+    }
+
+    /// A bit offset as `SETBIT` and `GETBIT` take it: an integer from 0 to 8 × `proto-max-bulk-len` - 1.
+    fn bit_offset(&self, arg: &[u8]) -> Option<u64> {
+        let i = u64::try_from(parse_i64(arg)?).ok()?;
+        ((i >> 3) < self.shared.config.limits.max_bulk_len as u64).then_some(i)
+    }
+
+    /// `BITPOS key bit [start [end [BYTE|BIT]]]`, its arguments checked before the key is looked up (as Redis 7.2
+    /// does; 7.0 answers a key without a value before it reads the range).
+    fn bit_pos(&mut self, mut args: Vec<Vec<u8>>, out: &mut Vec<u8>) {
+        let bit = match parse_i64(&args[2]) {
+            None => return self.error(out, "ERR value is not an integer or out of range"),
+            Some(b @ (0 | 1)) => b == 1,
+            Some(_) => return self.error(out, "ERR The bit argument must be 1 or 0."),
+        };
+        let range = match &args[3..] {
+            [] => None,
+            [start, rest @ ..] if rest.len() <= 2 => {
+                let Some(start) = parse_i64(start) else {
+                    return self.error(out, "ERR value is not an integer or out of range");
+                };
+                let Some(bits) = bit_unit(rest.get(1)) else {
+                    return self.error(out, "ERR syntax error");
+                };
+                let end = match rest.first() {
+                    None => None,
+                    Some(end) => match parse_i64(end) {
+                        Some(end) => Some(end),
+                        None => {
+                            return self.error(out, "ERR value is not an integer or out of range");
+                        }
+                    },
+                };
+                Some((start, end, bits))
+            }
+            _ => return self.error(out, "ERR syntax error"),
+        };
+        let key = take(&mut args, 1);
+        self.defer(Deferred::Int, [Op::BitPos(key, bit, range)]);
     }
 
     /// `FLUSHDB` and `FLUSHALL` `[ASYNC|SYNC]`: a walk over every key (as `KEYS` makes), each named key deleted
@@ -1272,6 +1350,17 @@ fn error_text(e: &BackendError) -> String {
     match e {
         BackendError::OutOfSpace(_) => format!("OOM {e}"),
         _ => format!("ERR {e}"),
+    }
+}
+
+/// The unit of a `BITCOUNT` or `BITPOS` range: `Some(true)` for `BIT`, `Some(false)` for `BYTE` or none given,
+/// `None` for anything else.
+fn bit_unit(arg: Option<&Vec<u8>>) -> Option<bool> {
+    match arg {
+        None => Some(false),
+        Some(a) if a.eq_ignore_ascii_case(b"byte") => Some(false),
+        Some(a) if a.eq_ignore_ascii_case(b"bit") => Some(true),
+        Some(_) => None,
     }
 }
 

@@ -1,4 +1,5 @@
-//! What Redis's string commands do to a stored value: `INCRBY`, `INCRBYFLOAT`, `GETRANGE` and `SETRANGE`.
+//! What Redis's string commands do to a stored value: `INCRBY`, `INCRBYFLOAT`, `GETRANGE`, `SETRANGE` and the
+//! bit commands (`SETBIT`, `GETBIT`, `BITCOUNT`, `BITPOS`).
 //!
 //! Every store computes these where the key is owned (a DINOMO KV node's worker, a pDPM baseline's
 //! read-modify-write, the in-memory test store), so one definition here keeps their answers the same. Numbers are
@@ -180,6 +181,143 @@ pub fn set_range(
     Ok(RangeWrite::Write(value))
 }
 
+/// The bits from `start` to `end` of a value of `len` bytes, both included, counted in bits (`bits`) or in bytes
+/// (`!bits`: whole bytes), negative positions counting from the end, clamped to the value as Redis clamps them:
+/// the first and last bit index, `None` when the range holds no bit.
+fn bit_span(len: usize, start: i64, end: i64, bits: bool) -> Option<(u64, u64)> {
+    let total = if bits { len as i64 * 8 } else { len as i64 };
+    let from_end = |i: i64| if i < 0 { total.saturating_add(i) } else { i };
+    let start = from_end(start).max(0);
+    let end = from_end(end).max(0).min(total - 1);
+    if start > end {
+        return None;
+    }
+    let (start, end) = (start as u64, end as u64);
+    Some(if bits {
+        (start, end)
+    } else {
+        (start * 8, end * 8 + 7)
+    })
+}
+
+/// Bit `i` of `value` (bit 0 is the most significant bit of the first byte); 0 beyond its end.
+pub fn get_bit(value: &[u8], i: u64) -> u8 {
+    let Ok(byte) = usize::try_from(i >> 3) else {
+        return 0;
+    };
+    value.get(byte).map_or(0, |b| (b >> (7 - (i & 7))) & 1)
+}
+
+/// What `SETBIT` does to a value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BitWrite {
+    /// The bit before (the reply).
+    pub previous: u8,
+    /// The new value to store; `None` when the value is there and already had the bit.
+    pub value: Option<Vec<u8>>,
+}
+
+/// `SETBIT`: `old` (none = empty) with bit `i` set to `bit`, grown with zero bytes to hold it; a key that had no
+/// value gets one even when the bit is 0, as in Redis. A value longer than `max_len` is refused before any memory
+/// is taken for it.
+pub fn set_bit(
+    old: Option<Vec<u8>>,
+    i: u64,
+    bit: bool,
+    max_len: usize,
+) -> Result<BitWrite, ValueError> {
+    let need = (i >> 3) + 1;
+    if need > max_len as u64 {
+        return Err(ValueError::TooLong {
+            len: need,
+            max: max_len,
+        });
+    }
+    let existed = old.is_some();
+    let mut value = old.unwrap_or_default();
+    let previous = get_bit(&value, i);
+    if existed && value.len() as u64 >= need && previous == u8::from(bit) {
+        return Ok(BitWrite {
+            previous,
+            value: None,
+        });
+    }
+    // `need` fits in `max_len`, a usize.
+    let byte = (i >> 3) as usize;
+    if value.len() <= byte {
+        value.resize(byte + 1, 0);
+    }
+    let mask = 0x80u8 >> (i & 7);
+    if bit {
+        value[byte] |= mask;
+    } else {
+        value[byte] &= !mask;
+    }
+    Ok(BitWrite {
+        previous,
+        value: Some(value),
+    })
+}
+
+/// `BITCOUNT`: the set bits of `value`, all of them or those of the range (`start`, `end`, counted in bits when
+/// the flag is set, else in bytes; see [`range`] for the positions).
+pub fn bit_count(value: &[u8], range: Option<(i64, i64, bool)>) -> u64 {
+    let (first, last) = match range {
+        None if value.is_empty() => return 0,
+        None => (0, value.len() as u64 * 8 - 1),
+        // Both from the end, and in the wrong order: nothing (Redis answers so before clamping).
+        Some((start, end, _)) if start < 0 && end < 0 && start > end => return 0,
+        Some((start, end, bits)) => match bit_span(value.len(), start, end, bits) {
+            Some(span) => span,
+            None => return 0,
+        },
+    };
+    count_ones(value, first, last)
+}
+
+/// The set bits of `value` from bit `first` to bit `last`, both included (both within the value).
+fn count_ones(value: &[u8], first: u64, last: u64) -> u64 {
+    let (a, b) = ((first >> 3) as usize, (last >> 3) as usize);
+    let whole: u64 = value[a..=b].iter().map(|x| u64::from(x.count_ones())).sum();
+    // Taken back out: the bits of the first byte before `first`, and those of the last byte after `last`.
+    let before = value[a] & !(0xffu8 >> (first & 7));
+    let after = value[b] & (0x7fu8 >> (last & 7));
+    whole - u64::from(before.count_ones()) - u64::from(after.count_ones())
+}
+
+/// `BITPOS`: the position of the first bit equal to `bit` in `value` (none: a key without a value, which reads as
+/// zeros without end), searching all of it or the range (`start`, an optional `end`, counted in bits when the flag
+/// is set, else in bytes). -1 when there is none; a search for a 0 without an `end` that finds only ones answers the
+/// first bit after the value, as Redis does (the value reads as padded with zeros).
+pub fn bit_pos(value: Option<&[u8]>, bit: bool, range: Option<(i64, Option<i64>, bool)>) -> i64 {
+    let Some(value) = value else {
+        return if bit { -1 } else { 0 };
+    };
+    // No range: the whole value, in bytes.
+    let (start, end, bits) = range.unwrap_or_default();
+    let Some((first, last)) = bit_span(value.len(), start, end.unwrap_or(i64::MAX), bits) else {
+        return -1;
+    };
+    let want = u8::from(bit);
+    // Whole bytes without the bit are stepped over at once.
+    let other = if bit { 0x00 } else { 0xff };
+    let mut i = first;
+    while i <= last {
+        if i & 7 == 0 && i + 7 <= last && value[(i >> 3) as usize] == other {
+            i += 8;
+        } else if get_bit(value, i) == want {
+            return i as i64;
+        } else {
+            i += 1;
+        }
+    }
+    if bit || end.is_some() {
+        -1
+    } else {
+        last as i64 + 1
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -307,7 +445,114 @@ mod tests {
         );
     }
 
+    #[test]
+    fn bits_follow_redis_examples() {
+        // SETBIT mykey 7 1 on no key: "\x01", previous 0; then 7 0.
+        let w = set_bit(None, 7, true, 100).unwrap();
+        assert_eq!((w.previous, w.value.as_deref()), (0, Some(&b"\x01"[..])));
+        let w = set_bit(w.value, 7, false, 100).unwrap();
+        assert_eq!((w.previous, w.value.as_deref()), (1, Some(&b"\x00"[..])));
+        // A bit already as asked changes nothing; a 0 on no key still makes one.
+        assert_eq!(set_bit(Some(vec![0]), 3, false, 100).unwrap().value, None);
+        assert_eq!(
+            set_bit(None, 100, false, 100).unwrap().value,
+            Some(vec![0; 13])
+        );
+        assert_eq!(
+            set_bit(None, 800, true, 100),
+            Err(ValueError::TooLong { len: 101, max: 100 })
+        );
+        assert_eq!(get_bit(b"\x01", 7), 1);
+        assert_eq!(get_bit(b"\x01", 0), 0);
+        assert_eq!(get_bit(b"\x01", u64::MAX), 0);
+        // BITCOUNT of "foobar" (Redis's documentation).
+        assert_eq!(bit_count(b"foobar", None), 26);
+        assert_eq!(bit_count(b"foobar", Some((0, 0, false))), 4);
+        assert_eq!(bit_count(b"foobar", Some((1, 1, false))), 6);
+        assert_eq!(bit_count(b"foobar", Some((5, 30, true))), 17);
+        assert_eq!(bit_count(b"foobar", Some((-1, -5, false))), 0);
+        assert_eq!(bit_count(b"", None), 0);
+        // BITPOS of "\xff\xf0\x00" and "\x00\xff\xf0" (Redis's documentation).
+        assert_eq!(bit_pos(Some(b"\xff\xf0\x00"), false, None), 12);
+        assert_eq!(
+            bit_pos(Some(b"\x00\xff\xf0"), true, Some((0, None, false))),
+            8
+        );
+        assert_eq!(
+            bit_pos(Some(b"\x00\xff\xf0"), true, Some((2, None, false))),
+            16
+        );
+        assert_eq!(
+            bit_pos(Some(b"\x00\xff\xf0"), true, Some((2, Some(-1), false))),
+            16
+        );
+        assert_eq!(
+            bit_pos(Some(b"\x00\xff\xf0"), true, Some((7, Some(15), true))),
+            8
+        );
+        assert_eq!(bit_pos(Some(b"\x00\x00\x00"), true, None), -1);
+        assert_eq!(bit_pos(Some(b"\xff\xff"), false, None), 16);
+        assert_eq!(
+            bit_pos(Some(b"\xff\xff"), false, Some((0, Some(-1), false))),
+            -1
+        );
+        assert_eq!(bit_pos(None, false, None), 0);
+        assert_eq!(bit_pos(None, true, None), -1);
+        assert_eq!(bit_pos(Some(b""), false, None), -1);
+    }
+
     proptest! {
+        /// `BITCOUNT` and `BITPOS` agree with a bit-by-bit reading of the range.
+        #[test]
+        fn bit_ranges_agree_with_single_bits(value in proptest::collection::vec(any::<u8>(), 0..12),
+                                            start in -100i64..100, end in -100i64..100, bits in any::<bool>(),
+                                            bit in any::<bool>(), end_given in any::<bool>()) {
+            let total = if bits { value.len() as i64 * 8 } else { value.len() as i64 };
+            let clamp = |i: i64| (if i < 0 { total + i } else { i }).max(0);
+            let (s, e) = (clamp(start), clamp(end).min(total - 1));
+            let in_range = |i: u64| {
+                let unit = if bits { i as i64 } else { (i / 8) as i64 };
+                unit >= s && unit <= e
+            };
+            let all = 0..value.len() as u64 * 8;
+            let ones = all.clone().filter(|&i| in_range(i) && get_bit(&value, i) == 1).count() as u64;
+            let expected = if start < 0 && end < 0 && start > end { 0 } else { ones };
+            prop_assert_eq!(bit_count(&value, Some((start, end, bits))), expected);
+            let end = end_given.then_some(end);
+            let e = end.map_or(total - 1, |end| clamp(end).min(total - 1));
+            let in_range = |i: u64| {
+                let unit = if bits { i as i64 } else { (i / 8) as i64 };
+                unit >= s && unit <= e
+            };
+            let found = all.clone().find(|&i| in_range(i) && get_bit(&value, i) == u8::from(bit));
+            let got = bit_pos(Some(&value), bit, Some((start, end, bits)));
+            match found {
+                Some(i) => prop_assert_eq!(got, i as i64),
+                None if s > e || bit || end.is_some() => prop_assert_eq!(got, -1),
+                None => {
+                    let last = all.clone().rfind(|&i| in_range(i)).unwrap();
+                    prop_assert_eq!(got, last as i64 + 1);
+                }
+            }
+        }
+
+        /// `SETBIT` changes that one bit, and `GETBIT` reads it back.
+        #[test]
+        fn set_bit_changes_one_bit(old in proptest::option::of(proptest::collection::vec(any::<u8>(), 0..8)),
+                                   i in 0u64..100, bit in any::<bool>()) {
+            let before = old.clone().unwrap_or_default();
+            let w = set_bit(old.clone(), i, bit, 64).unwrap();
+            prop_assert_eq!(w.previous, get_bit(&before, i));
+            let after = w.value.clone().unwrap_or_else(|| before.clone());
+            prop_assert_eq!(get_bit(&after, i), u8::from(bit));
+            for j in 0..after.len() as u64 * 8 {
+                if j != i {
+                    prop_assert_eq!(get_bit(&after, j), get_bit(&before, j));
+                }
+            }
+            prop_assert_eq!(w.value.is_none(), old.is_some() && after == before);
+        }
+
         /// `GETRANGE` is the slice of the positions it names, counted as Redis counts them.
         #[test]
         fn range_is_the_named_slice(value in proptest::collection::vec(any::<u8>(), 0..40),
