@@ -802,6 +802,16 @@ mod tests {
             Op::Delete(k()),
             Op::Incr(k(), -3),
             Op::Append(k(), v()),
+            Op::Take(k()),
+            Op::GetRange(k(), -2, 7),
+            Op::SetRange(k(), 3, v()),
+            Op::IncrFloat(k(), b"0.5".to_vec()),
+            Op::InsertGet(k(), v()),
+            Op::UpdateGet(k(), v()),
+            Op::SetBit(k(), 9, true),
+            Op::GetBit(k(), 9),
+            Op::BitCount(k(), Some((0, -1, true))),
+            Op::BitPos(k(), false, Some((1, None, false))),
         ] {
             let mut taken = op.clone();
             let data = take_data_op(&mut taken);
