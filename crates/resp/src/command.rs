@@ -55,6 +55,8 @@ pub enum CommandId {
     ClientSetName,
     ClientSetInfo,
     ClientInfo,
+    ClientList,
+    ClientKill,
     ClientHelp,
     Command,
     CommandCount,
@@ -208,6 +210,8 @@ const CONNECTION: &[&str] = &["@slow", "@connection"];
 const CONNECTION_FAST: &[&str] = &["@fast", "@connection"];
 const CONNECTION_FLAGS: &[&str] = &["noscript", "loading", "stale"];
 const LOADING_STALE: &[&str] = &["loading", "stale"];
+const ADMIN_FLAGS: &[&str] = &["admin", "noscript", "loading", "stale"];
+const ADMIN: &[&str] = &["@admin", "@slow", "@dangerous", "@connection"];
 /// `HELLO` and `AUTH`: they run before authentication.
 const HANDSHAKE_FLAGS: &[&str] = &[
     "noscript",
@@ -220,7 +224,7 @@ const HANDSHAKE_FLAGS: &[&str] = &[
 
 use CommandId as C;
 
-static CLIENT_SUBCOMMANDS: [CommandSpec; 6] = [
+static CLIENT_SUBCOMMANDS: [CommandSpec; 8] = [
     cmd(
         C::ClientId,
         "client|id",
@@ -280,6 +284,30 @@ static CLIENT_SUBCOMMANDS: [CommandSpec; 6] = [
         "6.2.0",
         "O(1)",
         "Returns information about the current client connection.",
+    ),
+    cmd(
+        C::ClientList,
+        "client|list",
+        -2,
+        ADMIN_FLAGS,
+        NO_KEYS,
+        ADMIN,
+        "connection",
+        "2.4.0",
+        "O(N) where N is the number of client connections",
+        "Get the list of client connections",
+    ),
+    cmd(
+        C::ClientKill,
+        "client|kill",
+        -3,
+        ADMIN_FLAGS,
+        NO_KEYS,
+        ADMIN,
+        "connection",
+        "2.4.0",
+        "O(N) where N is the number of client connections",
+        "Kill the connection of a client",
     ),
     cmd(
         C::ClientHelp,

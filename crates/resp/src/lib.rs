@@ -14,6 +14,7 @@
 //!   timeout.
 
 pub mod backend;
+mod clients;
 pub mod command;
 pub mod glob;
 pub mod parse;

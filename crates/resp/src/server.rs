@@ -6,12 +6,11 @@
 //! system call (pipelining). A connection has one batch of operations running at a time, so its replies keep the
 //! order of its requests; what it sends meanwhile is read once the batch is answered.
 
-use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
-use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -158,7 +157,6 @@ pub struct RespServer {
     addr: SocketAddr,
     shared: Arc<Shared>,
     stop: Arc<AtomicBool>,
-    conns: Arc<Mutex<HashMap<u64, TcpStream>>>,
     accept: Option<JoinHandle<()>>,
     loops: Arc<Vec<LoopHandle>>,
 }
@@ -200,7 +198,6 @@ impl RespServer {
         let addr = listener.local_addr().map_err(io)?;
         let shared = Arc::new(Shared::new(config.clone(), addr.port()));
         let stop = Arc::new(AtomicBool::new(false));
-        let conns: Arc<Mutex<HashMap<u64, TcpStream>>> = Arc::default();
         let backend = Arc::new(backend);
         let mut loops = Vec::with_capacity(config.io_threads);
         for n in 0..config.io_threads {
@@ -215,7 +212,6 @@ impl RespServer {
                 backend: backend.clone(),
                 shared: shared.clone(),
                 stop: stop.clone(),
-                conns: conns.clone(),
                 slots: Vec::new(),
                 free: Vec::new(),
                 running: 0,
@@ -244,7 +240,6 @@ impl RespServer {
             addr,
             shared,
             stop,
-            conns,
             accept: Some(accept),
             loops,
         })
@@ -267,14 +262,7 @@ impl RespServer {
 
     /// Closes every open connection (the listener keeps accepting).
     pub fn cut_all_connections(&self) {
-        for c in self
-            .conns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-        {
-            let _ = c.shutdown(Shutdown::Both);
-        }
+        self.shared.clients.cut_all();
     }
 }
 
@@ -337,8 +325,6 @@ fn accept_loop(
         k.connected_clients.fetch_add(1, Ordering::AcqRel);
         let guard = Connected {
             shared: shared.clone(),
-            conns: None,
-            key: None,
         };
         // Round robin: every loop gets its share of the connections.
         let l = &loops[next % loops.len()];
@@ -349,18 +335,13 @@ fn accept_loop(
     }
 }
 
-/// Undoes a connection's registration however it ends.
+/// Counts a connection out however it ends (its session takes itself off the client list).
 struct Connected {
     shared: Arc<Shared>,
-    conns: Option<Arc<Mutex<HashMap<u64, TcpStream>>>>,
-    key: Option<u64>,
 }
 
 impl Drop for Connected {
     fn drop(&mut self) {
-        if let (Some(conns), Some(k)) = (&self.conns, self.key) {
-            conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
-        }
         self.shared
             .counters
             .connected_clients
@@ -378,7 +359,6 @@ struct EventLoop<B: Backend> {
     backend: Arc<B>,
     shared: Arc<Shared>,
     stop: Arc<AtomicBool>,
-    conns: Arc<Mutex<HashMap<u64, TcpStream>>>,
     slots: Vec<Option<Conn<B::Conn>>>,
     free: Vec<usize>,
     /// Connections whose started operations have not completed.
@@ -558,7 +538,7 @@ impl<B: Backend> EventLoop<B> {
 
     /// Takes the connections the accept thread handed over.
     fn adopt(&mut self) {
-        while let Ok((stream, mut guard)) = self.incoming.try_recv() {
+        while let Ok((stream, guard)) = self.incoming.try_recv() {
             let peer = stream
                 .peer_addr()
                 .map(|a| a.to_string())
@@ -574,14 +554,9 @@ impl<B: Backend> EventLoop<B> {
             let wake = Wake::new(self.mailbox.clone(), slot);
             let session =
                 Session::new(self.backend.connect(wake), self.shared.clone(), peer, local);
+            // A handle on the socket, which `CLIENT KILL` and `cut_all_connections` shut down.
             if let Ok(c) = stream.try_clone() {
-                let key = session.id();
-                self.conns
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(key, c);
-                guard.conns = Some(self.conns.clone());
-                guard.key = Some(key);
+                self.shared.clients.attach(session.id(), c);
             }
             let mut stream = mio::net::TcpStream::from_std(stream);
             if let Err(e) =

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use crate::backend::{BackendConn, BackendError, Op, OpResult, Output};
+use crate::clients::{ClientCard, Clients, KillFilter};
 use crate::command::{self, CommandId, CommandSpec};
 use crate::glob::Pattern;
 use crate::parse::{ProtocolError, parse_i64};
@@ -49,6 +50,8 @@ pub(crate) struct Shared {
     pub run_id: String,
     pub next_client_id: AtomicU64,
     pub counters: Counters,
+    /// The connected clients (`CLIENT LIST`, `CLIENT KILL`).
+    pub clients: Clients,
 }
 
 impl Shared {
@@ -60,6 +63,7 @@ impl Shared {
             run_id: run_id(),
             next_client_id: AtomicU64::new(1),
             counters: Counters::default(),
+            clients: Clients::default(),
         }
     }
 }
@@ -147,9 +151,8 @@ pub(crate) struct Session<C: BackendConn> {
     name: Option<Vec<u8>>,
     lib_name: Option<Vec<u8>>,
     lib_ver: Option<Vec<u8>>,
-    peer: String,
-    local: String,
-    created: Instant,
+    /// What `CLIENT LIST` shows of this connection, registered with the server's clients while it lives.
+    card: Arc<ClientCard>,
     last_command: &'static str,
     ops: Vec<Op>,
     /// `ops` were started at the backend ([`Session::start_ops`]) and await their completion.
@@ -160,9 +163,17 @@ pub(crate) struct Session<C: BackendConn> {
     counts: LocalCounts,
 }
 
+impl<C: BackendConn> Drop for Session<C> {
+    fn drop(&mut self) {
+        self.shared.clients.unregister(self.id);
+    }
+}
+
 impl<C: BackendConn> Session<C> {
     pub(crate) fn new(conn: C, shared: Arc<Shared>, peer: String, local: String) -> Session<C> {
         let id = shared.next_client_id.fetch_add(1, Ordering::Relaxed);
+        let card = Arc::new(ClientCard::new(id, peer, local));
+        shared.clients.register(card.clone());
         Session {
             conn,
             authenticated: shared.config.requirepass.is_none(),
@@ -172,9 +183,7 @@ impl<C: BackendConn> Session<C> {
             name: None,
             lib_name: None,
             lib_ver: None,
-            peer,
-            local,
-            created: Instant::now(),
+            card,
             last_command: "NULL",
             ops: Vec::new(),
             started: false,
@@ -440,6 +449,8 @@ impl<C: BackendConn> Session<C> {
                 let line = self.client_info();
                 self.reply(out, |w| w.verbatim(b"txt", line.as_bytes()));
             }
+            CommandId::ClientList => self.client_list(&args, out),
+            CommandId::ClientKill => return self.client_kill(&args, out),
             CommandId::ClientHelp => self.help(
                 out,
                 "CLIENT",
@@ -450,6 +461,13 @@ impl<C: BackendConn> Session<C> {
                     "    Return the ID of the current connection.",
                     "INFO",
                     "    Return information about the current client connection.",
+                    "KILL <ip:port>",
+                    "    Kill connection made from <ip:port>.",
+                    "KILL <option> <value> [<option> <value> [...]]",
+                    "    Kill connections. Options are: ID <client-id>, ADDR <ip:port>, LADDR <ip:port>,",
+                    "    TYPE normal|master|replica|pubsub, USER <username>, SKIPME yes|no, MAXAGE <seconds>.",
+                    "LIST [TYPE normal|master|replica|pubsub] [ID <client-id> [<client-id> ...]]",
+                    "    Return information about client connections.",
                     "SETINFO <option> <value>",
                     "    Set client meta attr. Options are: LIB-NAME, LIB-VER.",
                     "SETNAME <name>",
@@ -847,6 +865,8 @@ impl<C: BackendConn> Session<C> {
             return false;
         }
         self.name = (!name.is_empty()).then(|| name.to_vec());
+        self.card
+            .set_names(&self.name, &self.lib_name, &self.lib_ver);
         true
     }
 
@@ -874,27 +894,148 @@ impl<C: BackendConn> Session<C> {
         } else {
             self.lib_ver = v;
         }
+        self.card
+            .set_names(&self.name, &self.lib_name, &self.lib_ver);
         self.reply(out, |w| w.ok());
     }
 
+    /// Brings this connection's card up to date (the command now running, the protocol) and returns its
+    /// `CLIENT INFO` line.
     fn client_info(&self) -> String {
-        let show = |v: &Option<Vec<u8>>| {
-            v.as_deref()
-                .map(|b| String::from_utf8_lossy(b).into_owned())
-                .unwrap_or_default()
+        self.card.ran(self.last_command, self.proto.version());
+        self.card.line()
+    }
+
+    /// `CLIENT LIST [TYPE normal|master|replica|pubsub] [ID id ...]`: every client here is a normal one.
+    fn client_list(&mut self, args: &[Vec<u8>], out: &mut Vec<u8>) {
+        let mut ids: Option<Vec<u64>> = None;
+        let mut normal = true;
+        let mut rest = &args[2..];
+        while let [option, tail @ ..] = rest {
+            if option.eq_ignore_ascii_case(b"type") && !tail.is_empty() {
+                let kind = tail[0].to_ascii_lowercase();
+                match kind.as_slice() {
+                    b"normal" => {}
+                    b"master" | b"replica" | b"slave" | b"pubsub" => normal = false,
+                    _ => {
+                        let text = format!(
+                            "ERR Unknown client type '{}'",
+                            String::from_utf8_lossy(&tail[0])
+                        );
+                        return self.error(out, &text);
+                    }
+                }
+                rest = &tail[1..];
+            } else if option.eq_ignore_ascii_case(b"id") && !tail.is_empty() {
+                let mut listed = Vec::new();
+                for id in tail {
+                    match parse_i64(id) {
+                        Some(n) if n > 0 => listed.push(n as u64),
+                        _ => return self.error(out, "ERR Invalid client ID"),
+                    }
+                }
+                ids = Some(listed);
+                rest = &[];
+            } else {
+                return self.error(out, "ERR syntax error");
+            }
+        }
+        self.card.ran(self.last_command, self.proto.version());
+        let text = if normal {
+            self.shared
+                .clients
+                .list(|id| ids.as_ref().is_none_or(|ids| ids.contains(&id)))
+        } else {
+            String::new()
         };
-        format!(
-            "id={} addr={} laddr={} name={} age={} idle=0 flags=N db=0 sub=0 psub=0 multi=-1 cmd={} user=default resp={} lib-name={} lib-ver={}\n",
-            self.id,
-            self.peer,
-            self.local,
-            show(&self.name),
-            self.created.elapsed().as_secs(),
-            self.last_command,
-            self.proto.version(),
-            show(&self.lib_name),
-            show(&self.lib_ver),
-        )
+        self.reply(out, |w| w.verbatim(b"txt", text.as_bytes()));
+    }
+
+    /// `CLIENT KILL ip:port` (the old form: `+OK`, or an error when no client has that address) and `CLIENT KILL
+    /// <filter> <value> ...` (`ID`, `ADDR`, `LADDR`, `TYPE`, `USER`, `SKIPME`, `MAXAGE`: the number of clients
+    /// closed). A killed connection's socket is shut down, and its own event loop drops it; this connection, if
+    /// named, closes after its reply.
+    fn client_kill(&mut self, args: &[Vec<u8>], out: &mut Vec<u8>) -> Flow {
+        if args.len() == 3 {
+            let filter = KillFilter {
+                addr: Some(args[2].clone()),
+                ..KillFilter::default()
+            };
+            let killed = self.shared.clients.kill(&filter);
+            if killed.is_empty() {
+                self.error(out, "ERR No such client");
+                return Flow::Continue;
+            }
+            self.reply(out, |w| w.ok());
+            return self.closes_if_named(&killed);
+        }
+        let mut filter = KillFilter {
+            skip: Some(self.id),
+            ..KillFilter::default()
+        };
+        for pair in args[2..].chunks(2) {
+            let [name, value] = pair else {
+                self.error(out, "ERR syntax error");
+                return Flow::Continue;
+            };
+            let name = name.to_ascii_lowercase();
+            match name.as_slice() {
+                b"id" => match parse_i64(value) {
+                    Some(n) if n > 0 => filter.id = Some(n as u64),
+                    _ => {
+                        self.error(out, "ERR client-id should be greater than 0");
+                        return Flow::Continue;
+                    }
+                },
+                b"addr" => filter.addr = Some(value.clone()),
+                b"laddr" => filter.laddr = Some(value.clone()),
+                b"maxage" => match parse_i64(value) {
+                    Some(n) if n >= 0 => filter.max_age = Some(n as u64),
+                    _ => {
+                        self.error(out, "ERR value is not an integer or out of range");
+                        return Flow::Continue;
+                    }
+                },
+                b"type" => match value.to_ascii_lowercase().as_slice() {
+                    b"normal" => {}
+                    b"master" | b"replica" | b"slave" | b"pubsub" => filter.none = true,
+                    _ => {
+                        let text = format!(
+                            "ERR Unknown client type '{}'",
+                            String::from_utf8_lossy(value)
+                        );
+                        self.error(out, &text);
+                        return Flow::Continue;
+                    }
+                },
+                b"user" => filter.none |= value.as_slice() != b"default",
+                b"skipme" => match value.to_ascii_lowercase().as_slice() {
+                    b"yes" => filter.skip = Some(self.id),
+                    b"no" => filter.skip = None,
+                    _ => {
+                        self.error(out, "ERR syntax error");
+                        return Flow::Continue;
+                    }
+                },
+                _ => {
+                    self.error(out, "ERR syntax error");
+                    return Flow::Continue;
+                }
+            }
+        }
+        let killed = self.shared.clients.kill(&filter);
+        let n = killed.len() as i64;
+        self.reply(out, |w| w.integer(n));
+        self.closes_if_named(&killed)
+    }
+
+    /// Closes this connection after its replies when a `CLIENT KILL` named it.
+    fn closes_if_named(&mut self, killed: &[u64]) -> Flow {
+        if killed.contains(&self.id) {
+            Flow::Close
+        } else {
+            Flow::Continue
+        }
     }
 
     fn help(&mut self, out: &mut Vec<u8>, container: &str, lines: &[&str]) {
@@ -1213,6 +1354,9 @@ impl<C: BackendConn> Session<C> {
 
     fn publish_counts(&mut self) {
         let c = std::mem::take(&mut self.counts);
+        if c.commands > 0 {
+            self.card.ran(self.last_command, self.proto.version());
+        }
         let k = &self.shared.counters;
         if c.commands > 0 {
             k.commands_processed

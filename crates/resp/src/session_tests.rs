@@ -24,6 +24,22 @@ impl Client {
     }
 }
 
+impl Client {
+    /// Another connection to the same server (the same clients, counters and settings) and store.
+    fn beside(&self, store: &MemoryBackend) -> Client {
+        Client {
+            session: Session::new(
+                store.clone(),
+                self.session.shared.clone(),
+                "127.0.0.1:50001".into(),
+                "127.0.0.1:6379".into(),
+            ),
+            parser: RequestParser::new(ParseLimits::default()),
+            closed: false,
+        }
+    }
+}
+
 impl<C: BackendConn> Client<C> {
     /// A connection whose commands run on `conn`.
     fn on(config: ServerConfig, conn: C) -> Client<C> {
@@ -333,7 +349,7 @@ fn client_commands() {
         "{text}"
     );
     let help = c.send(b"client help\r\n");
-    assert!(help.starts_with(b"*13\r\n+CLIENT <subcommand>"), "{help:?}");
+    assert!(help.starts_with(b"*20\r\n+CLIENT <subcommand>"), "{help:?}");
 }
 
 #[test]
@@ -546,7 +562,7 @@ fn command_introspection() {
     let all = c.send(b"command\r\n");
     assert!(all.starts_with(b"*48\r\n*10\r\n$3\r\nget\r\n"));
     let list = c.send(b"command list\r\n");
-    assert!(list.starts_with(b"*61\r\n$3\r\nget\r\n$3\r\nset\r\n"));
+    assert!(list.starts_with(b"*63\r\n$3\r\nget\r\n$3\r\nset\r\n"));
     assert!(list.windows(14).any(|w| w == b"client|setname"));
     let docs = c.send(b"command docs client\r\n");
     assert!(
@@ -1107,4 +1123,65 @@ proptest::proptest! {
         }
         proptest::prop_assert_eq!(replies, expected, "{}", out.escape_ascii());
     }
+}
+
+#[test]
+fn client_list_shows_every_connection_and_client_kill_names_them() {
+    let store = MemoryBackend::new();
+    let mut a = Client::new(ServerConfig::default(), &store);
+    let mut b = a.beside(&store);
+    b.check("client setname bee", b"+OK\r\n");
+    b.check("get k", b"$-1\r\n");
+    let text = |reply: Vec<u8>| String::from_utf8(reply).unwrap();
+    let list = text(a.send(b"client list\r\n"));
+    assert!(
+        list.contains("id=1 addr=127.0.0.1:50000 laddr=127.0.0.1:6379 name= ")
+            && list.contains(" cmd=client|list "),
+        "{list}"
+    );
+    assert!(
+        list.contains("id=2 addr=127.0.0.1:50001 laddr=127.0.0.1:6379 name=bee ")
+            && list.contains(" cmd=get "),
+        "{list}"
+    );
+    assert!(
+        list.find("id=1 ") < list.find("id=2 "),
+        "in id order: {list}"
+    );
+    let only = text(a.send(b"client list id 2\r\n"));
+    assert!(only.contains("id=2 ") && !only.contains("id=1 "), "{only}");
+    a.check("client list type pubsub", b"$0\r\n\r\n");
+    a.check("client list id 0", b"-ERR Invalid client ID\r\n");
+    a.check(
+        "client list type nobody",
+        b"-ERR Unknown client type 'nobody'\r\n",
+    );
+    a.check("client list foo", b"-ERR syntax error\r\n");
+    // The old form answers +OK or an error; the new one counts the clients it names (the asker is skipped unless
+    // SKIPME no).
+    a.check("client kill 10.0.0.1:1", b"-ERR No such client\r\n");
+    a.check(
+        "client kill id 0",
+        b"-ERR client-id should be greater than 0\r\n",
+    );
+    a.check("client kill id 2 maxage", b"-ERR syntax error\r\n");
+    a.check("client kill foo bar", b"-ERR syntax error\r\n");
+    a.check("client kill type pubsub", b":0\r\n");
+    a.check("client kill user nobody", b":0\r\n");
+    a.check("client kill laddr 127.0.0.1:6379", b":1\r\n");
+    a.check("client kill id 2 maxage 100", b":0\r\n");
+    a.check("client kill addr 127.0.0.1:50001", b":1\r\n");
+    assert!(!a.closed);
+    a.check("client kill id 1 skipme no", b":1\r\n");
+    assert!(
+        a.closed,
+        "a client that kills itself is closed after the reply"
+    );
+    drop(b);
+    let mut c = a.beside(&store);
+    let list = text(c.send(b"client list\r\n"));
+    assert!(
+        list.contains("id=1 ") && !list.contains("id=2 ") && list.contains("id=3 "),
+        "a closed connection leaves the list: {list}"
+    );
 }

@@ -207,3 +207,38 @@ fn abusive_clients_do_not_disturb_others() {
     assert_eq!(good.call(&[b"GET", b"k"]), bulk(b"v"));
     wait_for_connected_clients(&s, 1, "connections of vanished clients stay open");
 }
+
+#[test]
+fn client_kill_closes_another_connection_and_client_list_forgets_it() {
+    let s = server(ServerConfig {
+        io_threads: 2,
+        ..ServerConfig::default()
+    });
+    let mut admin = Conn::open(s.local_addr());
+    let mut victim = Conn::open(s.local_addr());
+    assert_eq!(victim.call(&[b"CLIENT", b"SETNAME", b"victim"]), ok());
+    let Value::Integer(id) = victim.call(&[b"CLIENT", b"ID"]) else {
+        panic!("CLIENT ID answers an integer");
+    };
+    let list = |c: &mut Conn| match c.call(&[b"CLIENT", b"LIST"]) {
+        Value::Bulk(b) => String::from_utf8(b).unwrap(),
+        other => panic!("CLIENT LIST answered {other:?}"),
+    };
+    let before = list(&mut admin);
+    assert_eq!(before.lines().count(), 2, "{before}");
+    assert!(
+        before.contains(&format!("id={id} ")) && before.contains("name=victim"),
+        "{before}"
+    );
+    let id = id.to_string();
+    assert_eq!(
+        admin.call(&[b"CLIENT", b"KILL", b"ID", id.as_bytes()]),
+        Value::Integer(1)
+    );
+    // The victim's own event loop sees its socket shut down and drops it.
+    assert!(victim.closed());
+    wait_for_connected_clients(&s, 1, "the killed connection was never dropped");
+    let after = list(&mut admin);
+    assert_eq!(after.lines().count(), 1, "{after}");
+    assert_eq!(admin.call(&[b"PING"]), Value::Simple(b"PONG".to_vec()));
+}
