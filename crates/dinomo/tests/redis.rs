@@ -87,7 +87,7 @@ fn redis_cli_talks_to_every_node() -> anyhow::Result<()> {
         cli(b, &["SELECT", "1"])?,
         "ERR DB index is out of range\n\n"
     );
-    assert_eq!(cli(a, &["COMMAND", "COUNT"])?, "48\n");
+    assert_eq!(cli(a, &["COMMAND", "COUNT"])?, "49\n");
     // RESP3 through redis-cli's -3 switch.
     assert_eq!(cli(b, &["-3", "GET", "greeting"])?, "hello world\n");
     Ok(())
@@ -680,7 +680,11 @@ fn string_commands_of_redis_6_and_7_match_redis_server_reply_for_reply() -> anyh
         ]);
     }
     requests.extend([
-        vec![b"SET".as_slice(), b"left", b"1"],
+        vec![b"CLIENT".as_slice(), b"SETNAME", b"named"],
+        vec![b"RESET"],
+        vec![b"CLIENT", b"GETNAME"],
+        vec![b"RESET", b"now"],
+        vec![b"SET", b"left", b"1"],
         vec![b"FLUSHALL", b"NOW"],
         vec![b"FLUSHDB", b"ASYNC"],
         vec![b"DBSIZE"],

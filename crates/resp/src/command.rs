@@ -38,6 +38,7 @@ pub enum CommandId {
     GetBit,
     BitCount,
     BitPos,
+    Reset,
     Ping,
     Echo,
     Select,
@@ -414,7 +415,7 @@ static CONFIG_SUBCOMMANDS: [CommandSpec; 2] = [
 ];
 
 /// Every top-level command.
-pub static COMMANDS: [CommandSpec; 48] = [
+pub static COMMANDS: [CommandSpec; 49] = [
     cmd(
         C::Get,
         "get",
@@ -962,6 +963,18 @@ pub static COMMANDS: [CommandSpec; 48] = [
         "2.8.7",
         "O(N)",
         "Finds the first set (1) or clear (0) bit in a string",
+    ),
+    cmd(
+        C::Reset,
+        "reset",
+        1,
+        HANDSHAKE_FLAGS,
+        NO_KEYS,
+        CONNECTION_FAST,
+        "connection",
+        "6.2.0",
+        "O(1)",
+        "Reset the connection: no name, RESP2, and unauthenticated when a password is set",
     ),
     CommandSpec {
         subcommands: &CLIENT_SUBCOMMANDS,

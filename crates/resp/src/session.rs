@@ -394,6 +394,13 @@ impl<C: BackendConn> Session<C> {
                 }
             }
             CommandId::BitPos => self.bit_pos(args, out),
+            CommandId::Reset => {
+                self.name = None;
+                self.card.set_names(&self.name, &self.lib_name, &self.lib_ver);
+                self.proto = Protocol::Resp2;
+                self.authenticated = self.shared.config.requirepass.is_none();
+                self.reply(out, |w| w.simple(b"RESET"));
+            }
             CommandId::Ping => match args.len() {
                 1 => self.reply(out, |w| w.simple(b"PONG")),
                 2 => self.reply(out, |w| w.bulk(&args[1])),

@@ -541,7 +541,7 @@ fn config_get() {
 #[test]
 fn command_introspection() {
     let mut c = Client::plain();
-    c.check("command count", b":48\r\n");
+    c.check("command count", b":49\r\n");
     c.check(
         "command info get nothere",
         b"*2\r\n*10\r\n$3\r\nget\r\n:2\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*3\r\n+@read\r\n+@string\r\n+@fast\r\n*0\r\n*0\r\n*0\r\n*-1\r\n",
@@ -560,9 +560,9 @@ fn command_introspection() {
         b"-ERR unknown subcommand 'foo'. Try COMMAND HELP.\r\n",
     );
     let all = c.send(b"command\r\n");
-    assert!(all.starts_with(b"*48\r\n*10\r\n$3\r\nget\r\n"));
+    assert!(all.starts_with(b"*49\r\n*10\r\n$3\r\nget\r\n"));
     let list = c.send(b"command list\r\n");
-    assert!(list.starts_with(b"*63\r\n$3\r\nget\r\n$3\r\nset\r\n"));
+    assert!(list.starts_with(b"*64\r\n$3\r\nget\r\n$3\r\nset\r\n"));
     assert!(list.windows(14).any(|w| w == b"client|setname"));
     let docs = c.send(b"command docs client\r\n");
     assert!(
@@ -1184,4 +1184,34 @@ fn client_list_shows_every_connection_and_client_kill_names_them() {
         list.contains("id=1 ") && !list.contains("id=2 ") && list.contains("id=3 "),
         "a closed connection leaves the list: {list}"
     );
+}
+
+#[test]
+fn reset_forgets_the_name_the_protocol_and_the_authentication() {
+    let mut c = Client::plain();
+    c.check("client setname abc", b"+OK\r\n");
+    let hello = c.send(b"hello 3\r\n");
+    assert!(hello.starts_with(b"%7\r\n"), "{}", hello.escape_ascii());
+    c.check("reset", b"+RESET\r\n");
+    c.check("client getname", b"$-1\r\n");
+    c.check(
+        "reset x",
+        b"-ERR wrong number of arguments for 'reset' command\r\n",
+    );
+    // A RESP2 reply again: a map would be %.
+    let hello = c.send(b"hello\r\n");
+    assert!(hello.starts_with(b"*14\r\n"), "{}", hello.escape_ascii());
+
+    let store = MemoryBackend::new();
+    let mut locked = Client::new(
+        ServerConfig {
+            requirepass: Some("secret".into()),
+            ..ServerConfig::default()
+        },
+        &store,
+    );
+    locked.check("auth secret", b"+OK\r\n");
+    locked.check("get k", b"$-1\r\n");
+    locked.check("reset", b"+RESET\r\n");
+    locked.check("get k", b"-NOAUTH Authentication required.\r\n");
 }
