@@ -390,10 +390,7 @@ impl Client {
 
     /// Adds `delta` to the integer at `key`; the result.
     pub fn incr(&mut self, key: &[u8], delta: i64) -> Result<i64, ClientError> {
-        match self.request(RequestBody::Data(DataOp::Incr(key.to_vec(), delta)))? {
-            ResponseBody::Int(n) => Ok(n),
-            other => Err(unexpected(other)),
-        }
+        self.int(RequestBody::Data(DataOp::Incr(key.to_vec(), delta)))
     }
 
     /// Removes `key`; the value it had (`GETDEL`).
@@ -423,6 +420,38 @@ impl Client {
         let stored = self.value(RequestBody::Data(op))?.unwrap_or_default();
         dinomo_value::parse_float(&stored)
             .ok_or_else(|| ClientError::Unavailable("the KV node answered with no number".into()))
+    }
+
+    /// Sets (`bit`) or clears bit `i` of the value at `key` (bit 0: the first byte's most significant), growing it
+    /// with zero bytes (`SETBIT`); the bit before.
+    pub fn set_bit(&mut self, key: &[u8], i: u64, bit: bool) -> Result<bool, ClientError> {
+        self.int(RequestBody::Data(DataOp::SetBit(key.to_vec(), i, bit)))
+            .map(|b| b == 1)
+    }
+
+    /// Bit `i` of the value at `key`, false beyond its end or when absent (`GETBIT`).
+    pub fn get_bit(&mut self, key: &[u8], i: u64) -> Result<bool, ClientError> {
+        self.int(RequestBody::Data(DataOp::GetBit(key.to_vec(), i)))
+            .map(|b| b == 1)
+    }
+
+    /// The set bits of the value at `key` (`BITCOUNT`), all of them or those of `range` (start and end positions,
+    /// negative ones counting from the end, in bits when the flag is set, else in bytes). Only the count crosses
+    /// the network.
+    pub fn bit_count(
+        &mut self,
+        key: &[u8],
+        range: Option<(i64, i64, bool)>,
+    ) -> Result<u64, ClientError> {
+        let n = self.int(RequestBody::Data(DataOp::BitCount(key.to_vec(), range)))?;
+        u64::try_from(n).map_err(|_| unexpected(ResponseBody::Int(n)))
+    }
+
+    fn int(&mut self, body: RequestBody) -> Result<i64, ClientError> {
+        match self.request(body)? {
+            ResponseBody::Int(n) => Ok(n),
+            other => Err(unexpected(other)),
+        }
     }
 
     fn value(&mut self, body: RequestBody) -> Result<Option<Vec<u8>>, ClientError> {

@@ -103,6 +103,13 @@ fn a_shared_key_keeps_its_value_spreads_its_load_and_counts_exactly() -> anyhow:
     assert_eq!(c.get_del(b"hot")?, None);
     assert_eq!(c.incr_by_float(b"hot", 2.5)?, 2.5);
     assert_eq!(c.incr_by_float(b"hot", -0.25)?, 2.25);
+    // "2.25": 0x32 0x2e 0x32 0x35; bit 2 of '2' (0b0011_0010) is set, bit 0 is not.
+    assert!(!c.set_bit(b"hot", 0, true)?);
+    assert!(c.get_bit(b"hot", 0)?);
+    assert!(c.get_bit(b"hot", 2)?);
+    assert!(!c.get_bit(b"hot", 1_000)?);
+    assert_eq!(c.bit_count(b"hot", Some((0, 7, true)))?, 4);
+    assert_eq!(c.bit_count(b"hot", None)?, 4 + 4 + 3 + 4);
     assert!(c.delete(b"hot")?);
     assert_eq!(c.get(b"hot")?, None);
     assert_eq!((c.exists(b"hot")?, c.strlen(b"hot")?), (false, 0));
