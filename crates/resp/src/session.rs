@@ -20,9 +20,9 @@ pub const REDIS_COMPAT_VERSION: &str = "7.0.0";
 const DEFAULT_SCAN_COUNT: u32 = 10;
 /// Keys each step of a `KEYS` walk (and of a `FLUSHDB`) is asked for.
 const KEYS_STEP: u32 = 1000;
-/// The reply to `SET ... EX` and `GETEX ... EX` (and their other expiry options).
 /// The reply to a bit offset that is not an integer, is negative or lies beyond `proto-max-bulk-len` bytes.
 const BAD_BIT_OFFSET: &str = "ERR bit offset is not an integer or out of range";
+/// The reply to `SET ... EX` and `GETEX ... EX` (and their other expiry options).
 const NO_EXPIRY: &str =
     "ERR dinomo keeps keys until they are deleted: expiry (EX, PX, EXAT, PXAT) is not supported";
 
@@ -373,26 +373,7 @@ impl<C: BackendConn> Session<C> {
                     self.defer(Deferred::Int, [Op::GetBit(key, i)]);
                 }
             },
-            CommandId::BitCount => {
-                let range = match &args[2..] {
-                    [] => Ok(None),
-                    [start, end, unit @ ..] if unit.len() <= 1 => {
-                        match (parse_i64(start), parse_i64(end), bit_unit(unit.first())) {
-                            (Some(s), Some(e), Some(bits)) => Ok(Some((s, e, bits))),
-                            (Some(_), Some(_), None) => Err("ERR syntax error"),
-                            _ => Err("ERR value is not an integer or out of range"),
-                        }
-                    }
-                    _ => Err("ERR syntax error"),
-                };
-                match range {
-                    Ok(range) => {
-                        let key = take(&mut args, 1);
-                        self.defer(Deferred::Int, [Op::BitCount(key, range)]);
-                    }
-                    Err(text) => self.error(out, text),
-                }
-            }
+            CommandId::BitCount => self.bit_count(args, out),
             CommandId::BitPos => self.bit_pos(args, out),
             CommandId::Reset => {
                 self.name = None;
@@ -673,6 +654,24 @@ impl<C: BackendConn> Session<C> {
     fn bit_offset(&self, arg: &[u8]) -> Option<u64> {
         let i = u64::try_from(parse_i64(arg)?).ok()?;
         ((i >> 3) < self.shared.config.limits.max_bulk_len as u64).then_some(i)
+    }
+
+    /// `BITCOUNT key [start end [BYTE|BIT]]`, its arguments checked before the key is looked up (as Redis 7.2 does;
+    /// 7.0 answers 0 for a key without a value before it reads the range).
+    fn bit_count(&mut self, mut args: Vec<Vec<u8>>, out: &mut Vec<u8>) {
+        let range = match &args[2..] {
+            [] => None,
+            [start, end, unit @ ..] if unit.len() <= 1 => {
+                match (parse_i64(start), parse_i64(end), bit_unit(unit.first())) {
+                    (Some(s), Some(e), Some(bits)) => Some((s, e, bits)),
+                    (Some(_), Some(_), None) => return self.error(out, "ERR syntax error"),
+                    _ => return self.error(out, "ERR value is not an integer or out of range"),
+                }
+            }
+            _ => return self.error(out, "ERR syntax error"),
+        };
+        let key = take(&mut args, 1);
+        self.defer(Deferred::Int, [Op::BitCount(key, range)]);
     }
 
     /// `BITPOS key bit [start [end [BYTE|BIT]]]`, its arguments checked before the key is looked up (as Redis 7.2
