@@ -773,9 +773,20 @@ pub fn create_parent_dir(path: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What a Redis client's `SHUTDOWN` does to a `dinomo up` or `dinomo kn` process: what SIGTERM does (a clean
+/// stop).
+fn stop_like_sigterm() -> dinomo_resp::ShutdownHook {
+    dinomo_resp::ShutdownHook::new(|| {
+        if let Err(e) = signal_hook::low_level::raise(signal_hook::consts::SIGTERM) {
+            tracing::error!(error = %e, "SHUTDOWN could not raise SIGTERM");
+        }
+    })
+}
+
 pub fn up(args: UpArgs) -> anyhow::Result<()> {
     let signals = signals()?;
-    let cfg = args.settings()?;
+    let mut cfg = args.settings()?;
+    cfg.kn.resp.shutdown = Some(stop_like_sigterm());
     if let UpSystem::Pdpm(baseline) = cfg.up.system {
         return up_pdpm(&cfg, baseline, signals);
     }
@@ -869,7 +880,8 @@ fn up_pdpm(
 
 pub fn kn(args: KnCmdArgs) -> anyhow::Result<()> {
     let mut signals = signals()?;
-    let cfg = args.settings()?;
+    let mut cfg = args.settings()?;
+    cfg.kn.resp.shutdown = Some(stop_like_sigterm());
     let meta = store(&cfg)?;
     let mut node_cfg = cfg.kn.clone();
     let mut starting = "starting the KV node";

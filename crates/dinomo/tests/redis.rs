@@ -87,7 +87,7 @@ fn redis_cli_talks_to_every_node() -> anyhow::Result<()> {
         cli(b, &["SELECT", "1"])?,
         "ERR DB index is out of range\n\n"
     );
-    assert_eq!(cli(a, &["COMMAND", "COUNT"])?, "49\n");
+    assert_eq!(cli(a, &["COMMAND", "COUNT"])?, "50\n");
     // RESP3 through redis-cli's -3 switch.
     assert_eq!(cli(b, &["-3", "GET", "greeting"])?, "hello world\n");
     Ok(())
@@ -135,6 +135,58 @@ fn passwords_and_protected_mode() -> anyhow::Result<()> {
     assert!(!refused.status.success());
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(err.contains("protected mode"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn redis_cli_shutdown_stops_dinomo_up_cleanly_and_a_restart_serves_the_data() -> anyhow::Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let start = || -> anyhow::Result<(std::process::Child, SocketAddr)> {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_dinomo"))
+            .args(["up", "--kns", "1", "--data-dir"])
+            .arg(dir.path())
+            .args(["--pool-size", "256MiB", "--rn-listen", "127.0.0.1:0"])
+            .args(["--resp-listen", "127.0.0.1:0"])
+            .env("DINOMO_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
+        let mut line = String::new();
+        loop {
+            line.clear();
+            anyhow::ensure!(
+                std::io::BufRead::read_line(&mut stdout, &mut line)? > 0,
+                "dinomo up exited before it served"
+            );
+            if let Some((_, addr)) = line.split_once("Redis protocol on ") {
+                let addr = addr.trim().parse()?;
+                // Keep draining stdout so that the child never blocks on a full pipe.
+                std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+                return Ok((child, addr));
+            }
+        }
+    };
+    let (mut child, addr) = start()?;
+    assert_eq!(cli(addr, &["SET", "kept", "across"])?, "OK\n");
+    // The connection closes without a reply; the process then stops as it does on SIGTERM.
+    let _ = cli(addr, &["SHUTDOWN", "NOSAVE"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            anyhow::bail!("dinomo up did not stop after SHUTDOWN");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "dinomo up exited with {status}");
+    let (child, addr) = start()?;
+    let _running = common::Interrupted::from(child);
+    assert_eq!(cli(addr, &["GET", "kept"])?, "across\n");
     Ok(())
 }
 

@@ -39,6 +39,7 @@ pub enum CommandId {
     BitCount,
     BitPos,
     Reset,
+    Shutdown,
     Ping,
     Echo,
     Select,
@@ -415,7 +416,7 @@ static CONFIG_SUBCOMMANDS: [CommandSpec; 2] = [
 ];
 
 /// Every top-level command.
-pub static COMMANDS: [CommandSpec; 49] = [
+pub static COMMANDS: [CommandSpec; 50] = [
     cmd(
         C::Get,
         "get",
@@ -975,6 +976,25 @@ pub static COMMANDS: [CommandSpec; 49] = [
         "6.2.0",
         "O(1)",
         "Reset the connection: no name, RESP2, and unauthenticated when a password is set",
+    ),
+    cmd(
+        C::Shutdown,
+        "shutdown",
+        -1,
+        &[
+            "admin",
+            "noscript",
+            "loading",
+            "stale",
+            "no_multi",
+            "allow_busy",
+        ],
+        NO_KEYS,
+        &["@admin", "@slow", "@dangerous"],
+        "server",
+        "1.0.0",
+        "O(N) when saving, where N is the total number of keys in all databases when saving data, otherwise O(1)",
+        "Stops the serving process cleanly (every write is already in the memory node's pool: nothing to save)",
     ),
     CommandSpec {
         subcommands: &CLIENT_SUBCOMMANDS,

@@ -29,7 +29,7 @@ pub use backend::{
 };
 pub use parse::{ParseLimits, ProtocolError, RequestParser, encode_request};
 pub use reply::{Protocol, ReplyWriter};
-pub use server::{RespServer, ServerConfig, ServerError, ServerStats, StatsHandle};
+pub use server::{RespServer, ServerConfig, ServerError, ServerStats, ShutdownHook, StatsHandle};
 pub use session::REDIS_COMPAT_VERSION;
 pub use value::{Value, ValueError, ValueLimits};
 pub use wake::Wake;

@@ -79,6 +79,38 @@ pub struct ServerConfig {
     /// Prefix of thread names. Default `dinomo-resp`.
     #[serde(skip)]
     pub name: String,
+    /// What `SHUTDOWN` calls to stop the serving process cleanly (the `dinomo` commands raise SIGTERM, as a
+    /// supervisor would); `None` (the default, as for a server embedded in another program) refuses `SHUTDOWN`.
+    #[serde(skip)]
+    pub shutdown: Option<ShutdownHook>,
+}
+
+/// How `SHUTDOWN` stops the process that serves ([`ServerConfig::shutdown`]).
+#[derive(Clone)]
+pub struct ShutdownHook(Arc<dyn Fn() + Send + Sync>);
+
+impl ShutdownHook {
+    /// A hook that runs `stop`.
+    pub fn new(stop: impl Fn() + Send + Sync + 'static) -> ShutdownHook {
+        ShutdownHook(Arc::new(stop))
+    }
+
+    /// Starts the shutdown.
+    pub fn run(&self) {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for ShutdownHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ShutdownHook")
+    }
+}
+
+impl PartialEq for ShutdownHook {
+    fn eq(&self, other: &ShutdownHook) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 impl Default for ServerConfig {
@@ -94,6 +126,7 @@ impl Default for ServerConfig {
             io_threads: DEFAULT_IO_THREADS,
             max_keys_reply: DEFAULT_MAX_KEYS_REPLY,
             name: "dinomo-resp".into(),
+            shutdown: None,
         }
     }
 }

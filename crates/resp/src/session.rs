@@ -437,6 +437,7 @@ impl<C: BackendConn> Session<C> {
                 let line = self.client_info();
                 self.reply(out, |w| w.verbatim(b"txt", line.as_bytes()));
             }
+            CommandId::Shutdown => return self.shutdown(&args, out),
             CommandId::ClientList => self.client_list(&args, out),
             CommandId::ClientKill => return self.client_kill(&args, out),
             CommandId::ClientHelp => self.help(
@@ -1033,6 +1034,45 @@ impl<C: BackendConn> Session<C> {
         let n = killed.len() as i64;
         self.reply(out, |w| w.integer(n));
         self.closes_if_named(&killed)
+    }
+
+    /// `SHUTDOWN [NOSAVE|SAVE] [NOW] [FORCE] [ABORT]`: stops the serving process through its hook, and closes this
+    /// connection without a reply, as Redis does. Every acknowledged write is already in the memory node's pool,
+    /// so `SAVE` and `NOSAVE` change nothing, and no shutdown waits to be aborted.
+    fn shutdown(&mut self, args: &[Vec<u8>], out: &mut Vec<u8>) -> Flow {
+        let (mut save, mut nosave, mut abort) = (false, false, false);
+        for option in &args[1..] {
+            match option.to_ascii_lowercase().as_slice() {
+                b"save" => save = true,
+                b"nosave" => nosave = true,
+                b"now" | b"force" => {}
+                b"abort" => abort = true,
+                _ => {
+                    self.error(out, "ERR syntax error");
+                    return Flow::Continue;
+                }
+            }
+        }
+        if (save && nosave) || (abort && args.len() > 2) {
+            self.error(out, "ERR syntax error");
+            return Flow::Continue;
+        }
+        if abort {
+            self.error(out, "ERR No shutdown in progress.");
+            return Flow::Continue;
+        }
+        let Some(hook) = self.shared.config.shutdown.clone() else {
+            self.error(
+                out,
+                "ERR SHUTDOWN is not enabled in this server (stop the process that serves it)",
+            );
+            return Flow::Continue;
+        };
+        // What was asked before goes out first; then the connection closes without a reply of its own.
+        self.flush(out);
+        tracing::warn!(client = self.id, "SHUTDOWN asked by a client; stopping");
+        hook.run();
+        Flow::Close
     }
 
     /// Closes this connection after its replies when a `CLIENT KILL` named it.

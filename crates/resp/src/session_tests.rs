@@ -541,7 +541,7 @@ fn config_get() {
 #[test]
 fn command_introspection() {
     let mut c = Client::plain();
-    c.check("command count", b":49\r\n");
+    c.check("command count", b":50\r\n");
     c.check(
         "command info get nothere",
         b"*2\r\n*10\r\n$3\r\nget\r\n:2\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*3\r\n+@read\r\n+@string\r\n+@fast\r\n*0\r\n*0\r\n*0\r\n*-1\r\n",
@@ -560,9 +560,9 @@ fn command_introspection() {
         b"-ERR unknown subcommand 'foo'. Try COMMAND HELP.\r\n",
     );
     let all = c.send(b"command\r\n");
-    assert!(all.starts_with(b"*49\r\n*10\r\n$3\r\nget\r\n"));
+    assert!(all.starts_with(b"*50\r\n*10\r\n$3\r\nget\r\n"));
     let list = c.send(b"command list\r\n");
-    assert!(list.starts_with(b"*64\r\n$3\r\nget\r\n$3\r\nset\r\n"));
+    assert!(list.starts_with(b"*65\r\n$3\r\nget\r\n$3\r\nset\r\n"));
     assert!(list.windows(14).any(|w| w == b"client|setname"));
     let docs = c.send(b"command docs client\r\n");
     assert!(
@@ -1214,4 +1214,32 @@ fn reset_forgets_the_name_the_protocol_and_the_authentication() {
     locked.check("get k", b"$-1\r\n");
     locked.check("reset", b"+RESET\r\n");
     locked.check("get k", b"-NOAUTH Authentication required.\r\n");
+}
+
+#[test]
+fn shutdown_runs_the_hook_and_closes_without_a_reply_or_is_refused() {
+    let mut refused = Client::plain();
+    refused.check(
+        "shutdown",
+        b"-ERR SHUTDOWN is not enabled in this server (stop the process that serves it)\r\n",
+    );
+    refused.check("shutdown abort", b"-ERR No shutdown in progress.\r\n");
+    refused.check("shutdown save nosave", b"-ERR syntax error\r\n");
+    refused.check("shutdown now abort", b"-ERR syntax error\r\n");
+    refused.check("shutdown later", b"-ERR syntax error\r\n");
+
+    let stops = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = stops.clone();
+    let config = ServerConfig {
+        shutdown: Some(crate::ShutdownHook::new(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+        })),
+        ..ServerConfig::default()
+    };
+    let mut c = Client::new(config, &MemoryBackend::new());
+    // The replies asked before go out; SHUTDOWN itself has none.
+    let out = c.send(b"set k v\r\nshutdown nosave now\r\n");
+    assert_eq!(out, b"+OK\r\n");
+    assert!(c.closed);
+    assert_eq!(stops.load(Ordering::SeqCst), 1);
 }

@@ -10,6 +10,12 @@ use std::time::{Duration, Instant};
 #[allow(dead_code)]
 pub struct Interrupted(Child);
 
+impl From<Child> for Interrupted {
+    fn from(child: Child) -> Interrupted {
+        Interrupted(child)
+    }
+}
+
 impl Drop for Interrupted {
     fn drop(&mut self) {
         // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
