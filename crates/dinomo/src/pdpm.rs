@@ -555,19 +555,10 @@ impl PdpmConn {
                 .map_err(failed)?;
                 Ok(Output::Applied(had))
             }
-            Op::Incr(k, delta) => {
-                // The outcome of the last run of the closure is the one applied.
-                let mut outcome = Err(BackendError::Unavailable("no increment ran".into()));
-                c.update(&k, &mut |old| {
-                    outcome = dinomo_resp::backend::increment(old, delta);
-                    match &outcome {
-                        Ok(n) => Change::Put(n.to_string().into_bytes()),
-                        Err(_) => Change::Keep,
-                    }
-                })
-                .map_err(failed)?;
-                outcome.map(Output::Int)
-            }
+            Op::Incr(k, delta) => update_with(c, &k, write, |old| {
+                let n = dinomo_value::increment(old, delta)?;
+                Ok((Output::Int(n), Change::Put(n.to_string().into_bytes())))
+            }),
             Op::Append(k, suffix) => {
                 let mut len = 0;
                 c.update(&k, &mut |old| {
@@ -600,61 +591,25 @@ impl PdpmConn {
                 .map_err(failed),
             Op::SetRange(k, offset, bytes) => {
                 let max = c.max_value_len();
-                let mut outcome = Err(BackendError::Unavailable("no SETRANGE ran".into()));
-                c.update(&k, &mut |old| match dinomo_value::set_range(
-                    old.map(<[u8]>::to_vec),
-                    offset,
-                    &bytes,
-                    max,
-                ) {
-                    Ok(RangeWrite::Unchanged(len)) => {
-                        outcome = Ok(len as i64);
-                        Change::Keep
-                    }
-                    Ok(RangeWrite::Write(v)) => {
-                        outcome = Ok(v.len() as i64);
-                        Change::Put(v)
-                    }
-                    Err(e) => {
-                        outcome = Err(e.into());
-                        Change::Keep
-                    }
+                update_with(c, &k, write, |old| {
+                    let old = old.map(<[u8]>::to_vec);
+                    Ok(match dinomo_value::set_range(old, offset, &bytes, max)? {
+                        RangeWrite::Unchanged(len) => (Output::Int(len as i64), Change::Keep),
+                        RangeWrite::Write(v) => (Output::Int(v.len() as i64), Change::Put(v)),
+                    })
                 })
-                .map_err(failed)?;
-                outcome.map(Output::Int)
             }
-            Op::IncrFloat(k, delta) => {
-                let mut outcome = Err(BackendError::Unavailable("no increment ran".into()));
-                c.update(&k, &mut |old| {
-                    outcome = dinomo_value::increment_float(old, &delta).map_err(Into::into);
-                    match &outcome {
-                        Ok(n) => Change::Put(n.clone()),
-                        Err(_) => Change::Keep,
-                    }
-                })
-                .map_err(failed)?;
-                outcome.map(|n| Output::Value(Some(n)))
-            }
+            Op::IncrFloat(k, delta) => update_with(c, &k, write, |old| {
+                let n = dinomo_value::increment_float(old, &delta)?;
+                Ok((Output::Value(Some(n.clone())), Change::Put(n)))
+            }),
             Op::SetBit(k, i, bit) => {
                 let max = c.max_value_len();
-                let mut outcome = Err(BackendError::Unavailable("no SETBIT ran".into()));
-                c.update(&k, &mut |old| match dinomo_value::set_bit(
-                    old.map(<[u8]>::to_vec),
-                    i,
-                    bit,
-                    max,
-                ) {
-                    Ok(w) => {
-                        outcome = Ok(i64::from(w.previous));
-                        w.value.map_or(Change::Keep, Change::Put)
-                    }
-                    Err(e) => {
-                        outcome = Err(e.into());
-                        Change::Keep
-                    }
+                update_with(c, &k, write, |old| {
+                    let w = dinomo_value::set_bit(old.map(<[u8]>::to_vec), i, bit, max)?;
+                    let change = w.value.map_or(Change::Keep, Change::Put);
+                    Ok((Output::Int(i64::from(w.previous)), change))
                 })
-                .map_err(failed)?;
-                outcome.map(Output::Int)
             }
             Op::GetBit(k, i) => c
                 .get(&k)
@@ -692,6 +647,30 @@ fn put_if_get(
         }
     })?;
     Ok(Output::Value(had))
+}
+
+/// A read-modify-write whose decision can fail: `decide` gets the key's committed value and answers with the
+/// result and the change, or an error (nothing changes then). The store may run `decide` more than once (see
+/// [`PdpmStore::update`]); the answer of its last run is the one returned.
+fn update_with(
+    c: &mut (dyn PdpmStore + Send),
+    key: &[u8],
+    write: bool,
+    mut decide: impl FnMut(Option<&[u8]>) -> Result<(Output, Change), BackendError>,
+) -> OpResult {
+    let mut answer = Err(BackendError::Unavailable("the store ran no update".into()));
+    c.update(key, &mut |old| match decide(old) {
+        Ok((output, change)) => {
+            answer = Ok(output);
+            change
+        }
+        Err(e) => {
+            answer = Err(e);
+            Change::Keep
+        }
+    })
+    .map_err(|e| store_error(e, write))?;
+    answer
 }
 
 /// Puts `value` under `key` only if the key has a value (`present`) or has none (`!present`); whether it did.
