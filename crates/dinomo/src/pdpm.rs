@@ -22,8 +22,7 @@ use dinomo_pdpm::clover::{CloverLayout, CloverSettings, MetadataConfig, Metadata
 use dinomo_pdpm::direct::{DirectClient, DirectLayout, DirectSettings, Flavor};
 use dinomo_pdpm::{Change, ClientSettings, FailureKind, Layout, PdpmError, PdpmStore};
 use dinomo_pool::{PersistMode, Pool, PoolOptions};
-use dinomo_resp::{Backend, BackendConn, BackendError, Op, OpResult, Output};
-use dinomo_value::RangeWrite;
+use dinomo_resp::{Backend, BackendConn, BackendError, Effect, Op, OpResult, Output, outcome};
 use serde::{Deserialize, Serialize};
 
 /// A pDPM baseline `dinomo up` can run.
@@ -521,175 +520,38 @@ impl PdpmConn {
         let write = op.is_write();
         let c = self.client()?;
         let failed = |e: PdpmError| store_error(e, write);
-        match op {
-            Op::Get(k) => c.get(&k).map(Output::Value).map_err(failed),
-            Op::Exists(k) => c
-                .get(&k)
-                .map(|v| Output::Applied(v.is_some()))
-                .map_err(failed),
-            Op::Strlen(k) => c
-                .get(&k)
-                .map(|v| Output::Int(v.map_or(0, |v| v.len() as i64)))
-                .map_err(failed),
-            Op::Set(k, v) => c
-                .put(&k, &v)
-                .map(|()| Output::Applied(true))
-                .map_err(failed),
-            Op::Insert(k, v) => put_if(c, &k, &v, false).map_err(failed),
-            Op::Update(k, v) => put_if(c, &k, &v, true).map_err(failed),
-            Op::GetSet(k, v) => {
-                let mut previous = None;
-                c.update(&k, &mut |old| {
-                    previous = old.map(<[u8]>::to_vec);
-                    Change::Put(v.clone())
-                })
-                .map_err(failed)?;
-                Ok(Output::Value(previous))
+        let max = c.max_value_len();
+        match &op {
+            // A blind write: the store's put, without reading the value first.
+            Op::Set(k, v) => c.put(k, v).map(|()| Output::Applied(true)).map_err(failed),
+            // A read: the committed value, as a GET reads it.
+            _ if !write => {
+                let current = c.get(op.key()).map_err(failed)?;
+                Ok(outcome(&op, current.as_deref(), max)?.0)
             }
-            Op::Delete(k) => {
-                let mut had = false;
-                c.update(&k, &mut |old| {
-                    had = old.is_some();
-                    if had { Change::Delete } else { Change::Keep }
-                })
-                .map_err(failed)?;
-                Ok(Output::Applied(had))
-            }
-            Op::Incr(k, delta) => update_with(c, &k, write, |old| {
-                let n = dinomo_value::increment(old, delta)?;
-                Ok((Output::Int(n), Change::Put(n.to_string().into_bytes())))
-            }),
-            Op::Append(k, suffix) => {
-                let mut len = 0;
-                c.update(&k, &mut |old| {
-                    let v = [old.unwrap_or_default(), &suffix].concat();
-                    len = v.len() as i64;
-                    Change::Put(v)
-                })
-                .map_err(failed)?;
-                Ok(Output::Int(len))
-            }
-            Op::Take(k) => {
-                let mut had = None;
-                c.update(&k, &mut |old| {
-                    had = old.map(<[u8]>::to_vec);
-                    if had.is_some() {
-                        Change::Delete
-                    } else {
+            // Every other write is the store's atomic read-modify-write. The store may run the closure more than
+            // once (see `PdpmStore::update`): the answer of its last run is the one applied.
+            _ => {
+                let mut answer = Err(BackendError::Unavailable("the store ran no update".into()));
+                c.update(op.key(), &mut |old| match outcome(&op, old, max) {
+                    Ok((output, effect)) => {
+                        answer = Ok(output);
+                        match effect {
+                            Effect::Keep => Change::Keep,
+                            Effect::Put(v) => Change::Put(v),
+                            Effect::Delete => Change::Delete,
+                        }
+                    }
+                    Err(e) => {
+                        answer = Err(e);
                         Change::Keep
                     }
                 })
                 .map_err(failed)?;
-                Ok(Output::Value(had))
+                answer
             }
-            Op::GetRange(k, start, end) => c
-                .get(&k)
-                .map(|v| {
-                    let v = v.unwrap_or_default();
-                    Output::Value(Some(dinomo_value::range(&v, start, end).to_vec()))
-                })
-                .map_err(failed),
-            Op::SetRange(k, offset, bytes) => {
-                let max = c.max_value_len();
-                update_with(c, &k, write, |old| {
-                    let old = old.map(<[u8]>::to_vec);
-                    Ok(match dinomo_value::set_range(old, offset, &bytes, max)? {
-                        RangeWrite::Unchanged(len) => (Output::Int(len as i64), Change::Keep),
-                        RangeWrite::Write(v) => (Output::Int(v.len() as i64), Change::Put(v)),
-                    })
-                })
-            }
-            Op::IncrFloat(k, delta) => update_with(c, &k, write, |old| {
-                let n = dinomo_value::increment_float(old, &delta)?;
-                Ok((Output::Value(Some(n.clone())), Change::Put(n)))
-            }),
-            Op::SetBit(k, i, bit) => {
-                let max = c.max_value_len();
-                update_with(c, &k, write, |old| {
-                    let w = dinomo_value::set_bit(old.map(<[u8]>::to_vec), i, bit, max)?;
-                    let change = w.value.map_or(Change::Keep, Change::Put);
-                    Ok((Output::Int(i64::from(w.previous)), change))
-                })
-            }
-            Op::GetBit(k, i) => c
-                .get(&k)
-                .map(|v| Output::Int(i64::from(dinomo_value::get_bit(&v.unwrap_or_default(), i))))
-                .map_err(failed),
-            Op::BitCount(k, range) => c
-                .get(&k)
-                .map(|v| Output::Int(dinomo_value::bit_count(&v.unwrap_or_default(), range) as i64))
-                .map_err(failed),
-            Op::BitPos(k, bit, range) => c
-                .get(&k)
-                .map(|v| Output::Int(dinomo_value::bit_pos(v.as_deref(), bit, range)))
-                .map_err(failed),
-            Op::InsertGet(k, v) => put_if_get(c, &k, &v, false).map_err(failed),
-            Op::UpdateGet(k, v) => put_if_get(c, &k, &v, true).map_err(failed),
         }
     }
-}
-
-/// Puts `value` under `key` only if the key has a value (`present`) or has none (`!present`); the value the key
-/// had.
-fn put_if_get(
-    c: &mut (dyn PdpmStore + Send),
-    key: &[u8],
-    value: &[u8],
-    present: bool,
-) -> Result<Output, PdpmError> {
-    let mut had = None;
-    c.update(key, &mut |old| {
-        had = old.map(<[u8]>::to_vec);
-        if had.is_some() == present {
-            Change::Put(value.to_vec())
-        } else {
-            Change::Keep
-        }
-    })?;
-    Ok(Output::Value(had))
-}
-
-/// A read-modify-write whose decision can fail: `decide` gets the key's committed value and answers with the
-/// result and the change, or an error (nothing changes then). The store may run `decide` more than once (see
-/// [`PdpmStore::update`]); the answer of its last run is the one returned.
-fn update_with(
-    c: &mut (dyn PdpmStore + Send),
-    key: &[u8],
-    write: bool,
-    mut decide: impl FnMut(Option<&[u8]>) -> Result<(Output, Change), BackendError>,
-) -> OpResult {
-    let mut answer = Err(BackendError::Unavailable("the store ran no update".into()));
-    c.update(key, &mut |old| match decide(old) {
-        Ok((output, change)) => {
-            answer = Ok(output);
-            change
-        }
-        Err(e) => {
-            answer = Err(e);
-            Change::Keep
-        }
-    })
-    .map_err(|e| store_error(e, write))?;
-    answer
-}
-
-/// Puts `value` under `key` only if the key has a value (`present`) or has none (`!present`); whether it did.
-fn put_if(
-    c: &mut (dyn PdpmStore + Send),
-    key: &[u8],
-    value: &[u8],
-    present: bool,
-) -> Result<Output, PdpmError> {
-    let mut applied = false;
-    c.update(key, &mut |old| {
-        applied = old.is_some() == present;
-        if applied {
-            Change::Put(value.to_vec())
-        } else {
-            Change::Keep
-        }
-    })?;
-    Ok(Output::Applied(applied))
 }
 
 impl BackendConn for PdpmConn {

@@ -67,6 +67,19 @@ impl Op {
         }
     }
 
+    /// The value the op brings to store whole (`SET` and its conditional forms), if it brings one.
+    pub fn value(&self) -> Option<&[u8]> {
+        match self {
+            Op::Set(_, v)
+            | Op::Insert(_, v)
+            | Op::Update(_, v)
+            | Op::GetSet(_, v)
+            | Op::InsertGet(_, v)
+            | Op::UpdateGet(_, v) => Some(v),
+            _ => None,
+        }
+    }
+
     /// Whether it may change data.
     pub fn is_write(&self) -> bool {
         !matches!(
@@ -306,6 +319,90 @@ pub fn increment(old: Option<&[u8]>, delta: i64) -> Result<i64, BackendError> {
     Ok(dinomo_value::increment(old, delta)?)
 }
 
+/// What an op does to its key's value ([`outcome`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Nothing.
+    Keep,
+    /// Stores this value (creating the key).
+    Put(Vec<u8>),
+    /// Removes the key.
+    Delete,
+}
+
+/// What `op` answers, and does to its key's value, given the value it has now (`None`: none): the one decision of
+/// the stores that run every op as a read-modify-write of one value (the in-memory store, the pDPM baselines).
+/// Values `SETRANGE` and `SETBIT` would build past `max_value_len` are refused before they are built.
+pub fn outcome(
+    op: &Op,
+    current: Option<&[u8]>,
+    max_value_len: usize,
+) -> Result<(Output, Effect), BackendError> {
+    let owned = || current.map(<[u8]>::to_vec);
+    let bytes = current.unwrap_or_default();
+    let present = current.is_some();
+    let put_if = |yes: bool, v: &[u8]| {
+        if yes {
+            Effect::Put(v.to_vec())
+        } else {
+            Effect::Keep
+        }
+    };
+    let delete_if = |yes: bool| if yes { Effect::Delete } else { Effect::Keep };
+    Ok(match op {
+        Op::Get(_) => (Output::Value(owned()), Effect::Keep),
+        Op::Exists(_) => (Output::Applied(present), Effect::Keep),
+        Op::Strlen(_) => (Output::Int(bytes.len() as i64), Effect::Keep),
+        Op::Set(_, v) => (Output::Applied(true), Effect::Put(v.clone())),
+        Op::Insert(_, v) => (Output::Applied(!present), put_if(!present, v)),
+        Op::Update(_, v) => (Output::Applied(present), put_if(present, v)),
+        Op::GetSet(_, v) => (Output::Value(owned()), Effect::Put(v.clone())),
+        Op::InsertGet(_, v) => (Output::Value(owned()), put_if(!present, v)),
+        Op::UpdateGet(_, v) => (Output::Value(owned()), put_if(present, v)),
+        Op::Delete(_) => (Output::Applied(present), delete_if(present)),
+        Op::Take(_) => (Output::Value(owned()), delete_if(present)),
+        Op::Incr(_, delta) => {
+            let n = increment(current, *delta)?;
+            (Output::Int(n), Effect::Put(n.to_string().into_bytes()))
+        }
+        Op::IncrFloat(_, delta) => {
+            let n = dinomo_value::increment_float(current, delta)?;
+            (Output::Value(Some(n.clone())), Effect::Put(n))
+        }
+        Op::Append(_, suffix) => {
+            let v = [bytes, suffix].concat();
+            (Output::Int(v.len() as i64), Effect::Put(v))
+        }
+        Op::GetRange(_, start, end) => {
+            let part = dinomo_value::range(bytes, *start, *end).to_vec();
+            (Output::Value(Some(part)), Effect::Keep)
+        }
+        Op::SetRange(_, offset, b) => {
+            match dinomo_value::set_range(owned(), *offset, b, max_value_len)? {
+                RangeWrite::Unchanged(len) => (Output::Int(len as i64), Effect::Keep),
+                RangeWrite::Write(v) => (Output::Int(v.len() as i64), Effect::Put(v)),
+            }
+        }
+        Op::SetBit(_, i, bit) => {
+            let w = dinomo_value::set_bit(owned(), *i, *bit, max_value_len)?;
+            let effect = w.value.map_or(Effect::Keep, Effect::Put);
+            (Output::Int(i64::from(w.previous)), effect)
+        }
+        Op::GetBit(_, i) => (
+            Output::Int(i64::from(dinomo_value::get_bit(bytes, *i))),
+            Effect::Keep,
+        ),
+        Op::BitCount(_, range) => (
+            Output::Int(dinomo_value::bit_count(bytes, *range) as i64),
+            Effect::Keep,
+        ),
+        Op::BitPos(_, bit, range) => (
+            Output::Int(dinomo_value::bit_pos(current, *bit, *range)),
+            Effect::Keep,
+        ),
+    })
+}
+
 /// An in-memory store: a hash map behind a lock. For tests, and for serving RESP without a cluster.
 #[derive(Debug, Clone, Default)]
 pub struct MemoryBackend {
@@ -338,109 +435,24 @@ impl MemoryBackend {
     }
 
     fn apply(&self, map: &mut HashMap<Vec<u8>, Vec<u8>>, op: Op) -> OpResult {
-        Ok(match op {
-            Op::Get(k) => Output::Value(map.get(&k).cloned()),
-            Op::Exists(k) => Output::Applied(map.contains_key(&k)),
-            Op::Strlen(k) => Output::Int(map.get(&k).map_or(0, Vec::len) as i64),
-            Op::Set(k, v) => {
+        // A value the op brings is refused as it comes (even where it would not be stored), one it builds before it
+        // is stored.
+        if let Some(v) = op.value() {
+            self.check(v.len())?;
+        }
+        let max = self.max_value_len.unwrap_or(usize::MAX);
+        let (output, effect) = outcome(&op, map.get(op.key()).map(Vec::as_slice), max)?;
+        match effect {
+            Effect::Keep => {}
+            Effect::Put(v) => {
                 self.check(v.len())?;
-                map.insert(k, v);
-                Output::Applied(true)
+                map.insert(op.key().to_vec(), v);
             }
-            Op::Insert(k, v) => {
-                self.check(v.len())?;
-                let absent = !map.contains_key(&k);
-                if absent {
-                    map.insert(k, v);
-                }
-                Output::Applied(absent)
+            Effect::Delete => {
+                map.remove(op.key());
             }
-            Op::Update(k, v) => {
-                self.check(v.len())?;
-                match map.get_mut(&k) {
-                    Some(old) => {
-                        *old = v;
-                        Output::Applied(true)
-                    }
-                    None => Output::Applied(false),
-                }
-            }
-            Op::GetSet(k, v) => {
-                self.check(v.len())?;
-                Output::Value(map.insert(k, v))
-            }
-            Op::Delete(k) => Output::Applied(map.remove(&k).is_some()),
-            Op::Incr(k, delta) => {
-                let n = increment(map.get(&k).map(Vec::as_slice), delta)?;
-                map.insert(k, n.to_string().into_bytes());
-                Output::Int(n)
-            }
-            Op::Append(k, suffix) => {
-                self.check(map.get(&k).map_or(0, Vec::len) + suffix.len())?;
-                let v = map.entry(k).or_default();
-                v.extend_from_slice(&suffix);
-                Output::Int(v.len() as i64)
-            }
-            Op::Take(k) => Output::Value(map.remove(&k)),
-            Op::GetRange(k, start, end) => {
-                let v = map.get(&k).map_or(&[][..], Vec::as_slice);
-                Output::Value(Some(dinomo_value::range(v, start, end).to_vec()))
-            }
-            Op::SetRange(k, offset, bytes) => {
-                let max = self.max_value_len.unwrap_or(usize::MAX);
-                match dinomo_value::set_range(map.get(&k).cloned(), offset, &bytes, max)? {
-                    RangeWrite::Unchanged(len) => Output::Int(len as i64),
-                    RangeWrite::Write(v) => {
-                        let len = v.len() as i64;
-                        map.insert(k, v);
-                        Output::Int(len)
-                    }
-                }
-            }
-            Op::IncrFloat(k, delta) => {
-                let n = dinomo_value::increment_float(map.get(&k).map(Vec::as_slice), &delta)?;
-                map.insert(k, n.clone());
-                Output::Value(Some(n))
-            }
-            Op::InsertGet(k, v) => {
-                self.check(v.len())?;
-                match map.get(&k) {
-                    Some(old) => Output::Value(Some(old.clone())),
-                    None => {
-                        map.insert(k, v);
-                        Output::Value(None)
-                    }
-                }
-            }
-            Op::UpdateGet(k, v) => {
-                self.check(v.len())?;
-                match map.get_mut(&k) {
-                    Some(old) => Output::Value(Some(std::mem::replace(old, v))),
-                    None => Output::Value(None),
-                }
-            }
-            Op::SetBit(k, i, bit) => {
-                let max = self.max_value_len.unwrap_or(usize::MAX);
-                let w = dinomo_value::set_bit(map.get(&k).cloned(), i, bit, max)?;
-                if let Some(v) = w.value {
-                    map.insert(k, v);
-                }
-                Output::Int(i64::from(w.previous))
-            }
-            Op::GetBit(k, i) => {
-                let v = map.get(&k).map_or(&[][..], Vec::as_slice);
-                Output::Int(i64::from(dinomo_value::get_bit(v, i)))
-            }
-            Op::BitCount(k, range) => {
-                let v = map.get(&k).map_or(&[][..], Vec::as_slice);
-                Output::Int(dinomo_value::bit_count(v, range) as i64)
-            }
-            Op::BitPos(k, bit, range) => Output::Int(dinomo_value::bit_pos(
-                map.get(&k).map(Vec::as_slice),
-                bit,
-                range,
-            )),
-        })
+        }
+        Ok(output)
     }
 }
 

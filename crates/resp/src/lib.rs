@@ -25,7 +25,8 @@ pub mod value;
 mod wake;
 
 pub use backend::{
-    Backend, BackendConn, BackendError, FabricCounts, KeysPage, MemoryBackend, Op, OpResult, Output,
+    Backend, BackendConn, BackendError, Effect, FabricCounts, KeysPage, MemoryBackend, Op,
+    OpResult, Output, outcome,
 };
 pub use parse::{ParseLimits, ProtocolError, RequestParser, encode_request};
 pub use reply::{Protocol, ReplyWriter};
