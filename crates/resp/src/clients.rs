@@ -4,8 +4,9 @@
 
 use std::collections::BTreeMap;
 use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What `CLIENT LIST` shows of one connection.
 #[derive(Debug)]
@@ -14,6 +15,9 @@ pub(crate) struct ClientCard {
     pub peer: String,
     pub local: String,
     pub created: Instant,
+    /// When the connection last had input, in milliseconds after `created` (its event loop's clock reading, which
+    /// the idle timeout goes by too).
+    last_active_ms: AtomicU64,
     state: Mutex<CardState>,
 }
 
@@ -24,24 +28,22 @@ struct CardState {
     lib_name: Option<Vec<u8>>,
     lib_ver: Option<Vec<u8>>,
     last_command: &'static str,
-    last_active: Instant,
     resp: i64,
 }
 
 impl ClientCard {
     pub(crate) fn new(id: u64, peer: String, local: String) -> ClientCard {
-        let now = Instant::now();
         ClientCard {
             id,
             peer,
             local,
-            created: now,
+            created: Instant::now(),
+            last_active_ms: AtomicU64::new(0),
             state: Mutex::new(CardState {
                 name: None,
                 lib_name: None,
                 lib_ver: None,
                 last_command: "NULL",
-                last_active: now,
                 resp: 2,
             }),
         }
@@ -64,12 +66,25 @@ impl ClientCard {
         s.lib_ver.clone_from(lib_ver);
     }
 
-    /// The command the client ran last, its protocol version, and that it was active now.
+    /// The command the client ran last and its protocol version.
     pub(crate) fn ran(&self, command: &'static str, resp: i64) {
         let mut s = self.state();
         s.last_command = command;
         s.resp = resp;
-        s.last_active = Instant::now();
+    }
+
+    /// The connection had input at `now`.
+    pub(crate) fn touch(&self, now: Instant) {
+        let ms = now.saturating_duration_since(self.created).as_millis();
+        self.last_active_ms
+            .store(u64::try_from(ms).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// How long the connection has had no input, at `now`.
+    pub(crate) fn idle(&self, now: Instant) -> Duration {
+        let active = Duration::from_millis(self.last_active_ms.load(Ordering::Relaxed));
+        now.saturating_duration_since(self.created)
+            .saturating_sub(active)
     }
 
     /// Its `CLIENT LIST` / `CLIENT INFO` line, with the fields Redis 7.0 shows that apply here.
@@ -88,7 +103,7 @@ impl ClientCard {
             self.local,
             show(&s.name),
             self.created.elapsed().as_secs(),
-            s.last_active.elapsed().as_secs(),
+            self.idle(Instant::now()).as_secs(),
             s.last_command,
             s.resp,
             show(&s.lib_name),

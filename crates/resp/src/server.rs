@@ -464,7 +464,7 @@ impl<B: Backend> EventLoop<B> {
                 let Some(Some(conn)) = self.slots.get_mut(slot) else {
                     continue;
                 };
-                conn.last_active = now;
+                conn.session.card().touch(now);
                 // The peer hung up: read to the end, never trusting a short read to have emptied the socket.
                 conn.hup |= event.is_read_closed() || event.is_error();
                 if conn.running {
@@ -512,7 +512,7 @@ impl<B: Backend> EventLoop<B> {
                     // A connection waiting for its operations is not idle.
                     if let Some(conn) = &self.slots[slot]
                         && !conn.running
-                        && now.duration_since(conn.last_active) >= idle
+                        && conn.session.card().idle(now) >= idle
                     {
                         debug!("closing an idle RESP connection");
                         self.close(slot);
@@ -612,7 +612,6 @@ impl<B: Backend> EventLoop<B> {
                 hup: false,
                 running: false,
                 unread: false,
-                last_active: Instant::now(),
                 _guard: guard,
             });
         }
@@ -648,7 +647,6 @@ struct Conn<C: BackendConn> {
     running: bool,
     /// Input arrived while operations ran; it is read once they are answered.
     unread: bool,
-    last_active: Instant,
     _guard: Connected,
 }
 

@@ -153,6 +153,8 @@ pub(crate) struct Session<C: BackendConn> {
     lib_ver: Option<Vec<u8>>,
     /// What `CLIENT LIST` shows of this connection, registered with the server's clients while it lives.
     card: Arc<ClientCard>,
+    /// The command and protocol version last written to the card: it is written again only when they change.
+    on_card: (&'static str, i64),
     last_command: &'static str,
     ops: Vec<Op>,
     /// `ops` were started at the backend ([`Session::start_ops`]) and await their completion.
@@ -184,6 +186,7 @@ impl<C: BackendConn> Session<C> {
             lib_name: None,
             lib_ver: None,
             card,
+            on_card: ("NULL", 2),
             last_command: "NULL",
             ops: Vec::new(),
             started: false,
@@ -192,6 +195,11 @@ impl<C: BackendConn> Session<C> {
             results: Vec::new(),
             counts: LocalCounts::default(),
         }
+    }
+
+    /// What `CLIENT LIST` shows of this connection.
+    pub(crate) fn card(&self) -> &ClientCard {
+        &self.card
     }
 
     /// The client id (`CLIENT ID`), unique in the server.
@@ -908,8 +916,8 @@ impl<C: BackendConn> Session<C> {
 
     /// Brings this connection's card up to date (the command now running, the protocol) and returns its
     /// `CLIENT INFO` line.
-    fn client_info(&self) -> String {
-        self.card.ran(self.last_command, self.proto.version());
+    fn client_info(&mut self) -> String {
+        self.publish_card();
         self.card.line()
     }
 
@@ -947,7 +955,7 @@ impl<C: BackendConn> Session<C> {
                 return self.error(out, "ERR syntax error");
             }
         }
-        self.card.ran(self.last_command, self.proto.version());
+        self.publish_card();
         let text = if normal {
             self.shared
                 .clients
@@ -1398,10 +1406,20 @@ impl<C: BackendConn> Session<C> {
         self.publish_counts();
     }
 
+    /// Writes the last command and the protocol version to the card, when they changed since last written (a lock
+    /// taken only then, not on every flush).
+    fn publish_card(&mut self) {
+        let now = (self.last_command, self.proto.version());
+        if now != self.on_card {
+            self.card.ran(now.0, now.1);
+            self.on_card = now;
+        }
+    }
+
     fn publish_counts(&mut self) {
         let c = std::mem::take(&mut self.counts);
         if c.commands > 0 {
-            self.card.ran(self.last_command, self.proto.version());
+            self.publish_card();
         }
         let k = &self.shared.counters;
         if c.commands > 0 {
