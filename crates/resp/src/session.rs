@@ -728,28 +728,48 @@ impl<C: BackendConn> Session<C> {
             _ => return self.error(out, "ERR syntax error"),
         }
         self.flush(out);
-        let mut results = Vec::new();
+        let walked = self.walk_keys(|s, named| {
+            s.run_ops(named.into_iter().map(Op::Delete).collect())
+                .map(drop)
+                .map_err(|e| error_text(&e))
+        });
+        match walked {
+            Ok(()) => self.reply(out, |w| w.ok()),
+            Err(text) => self.error(out, &text),
+        }
+    }
+
+    /// A whole walk over the store's keys, `KEYS_STEP` at a time, handing each step's keys to `step`; the error
+    /// reply that ended it, if one did.
+    fn walk_keys(
+        &mut self,
+        mut step: impl FnMut(&mut Self, Vec<Vec<u8>>) -> Result<(), String>,
+    ) -> Result<(), String> {
         let mut cursor = 0;
         loop {
-            let page = match self.conn.scan(cursor, KEYS_STEP) {
-                Ok(page) => page,
-                Err(e) => return self.backend_error(out, &e),
-            };
-            let named = page.keys.len();
-            let mut ops: Vec<Op> = page.keys.into_iter().map(Op::Delete).collect();
-            self.conn.execute(&mut ops, &mut results);
-            if results.len() != named {
-                return self.error(out, "ERR the store returned fewer results than operations");
-            }
-            if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
-                return self.backend_error(out, e);
-            }
+            let page = self
+                .conn
+                .scan(cursor, KEYS_STEP)
+                .map_err(|e| error_text(&e))?;
+            step(self, page.keys)?;
             cursor = page.cursor;
             if cursor == 0 {
-                break;
+                return Ok(());
             }
         }
-        self.reply(out, |w| w.ok());
+    }
+
+    /// Runs `ops` on the store together; their outputs in order, or the first error.
+    fn run_ops(&mut self, mut ops: Vec<Op>) -> Result<Vec<Output>, BackendError> {
+        let asked = ops.len();
+        let mut results = Vec::with_capacity(asked);
+        self.conn.execute(&mut ops, &mut results);
+        if results.len() != asked {
+            return Err(BackendError::Unavailable(
+                "the store returned fewer results than operations".into(),
+            ));
+        }
+        results.into_iter().collect()
     }
 
     fn auth(&mut self, args: &[Vec<u8>], out: &mut Vec<u8>) {
@@ -1168,33 +1188,25 @@ impl<C: BackendConn> Session<C> {
         let pattern = Pattern::new(pattern);
         let limit = self.shared.config.max_keys_reply;
         self.flush(out);
-        // A key may be named by two steps of one walk.
         let mut found: std::collections::HashSet<Vec<u8>> = std::collections::HashSet::new();
-        let mut cursor = 0;
-        loop {
-            let page = match self.conn.scan(cursor, KEYS_STEP) {
-                Ok(page) => page,
-                Err(e) => return self.backend_error(out, &e),
-            };
-            match self.present(page.keys, Some(&pattern)) {
-                Ok(keys) => found.extend(keys),
-                Err(e) => return self.backend_error(out, &e),
-            }
+        let walked = self.walk_keys(|s, mut named| {
+            // A key may be named by two steps of one walk: it is asked about once.
+            named.retain(|k| !found.contains(k));
+            found.extend(s.present(named, Some(&pattern)).map_err(|e| error_text(&e))?);
             if found.len() > limit {
-                let text = format!(
+                return Err(format!(
                     "ERR KEYS matches more than {limit} keys (the server's max_keys_reply); use SCAN"
-                );
-                return self.error(out, &text);
+                ));
             }
-            cursor = page.cursor;
-            if cursor == 0 {
-                break;
-            }
-        }
-        self.reply(out, |w| {
-            w.array(found.len());
-            found.iter().for_each(|k| w.bulk(k));
+            Ok(())
         });
+        match walked {
+            Ok(()) => self.reply(out, |w| {
+                w.array(found.len());
+                found.iter().for_each(|k| w.bulk(k));
+            }),
+            Err(text) => self.error(out, &text),
+        }
     }
 
     /// The keys of `named` that match `pattern` and have a value now, asked of the store together.
@@ -1210,21 +1222,12 @@ impl<C: BackendConn> Session<C> {
         if candidates.is_empty() {
             return Ok(candidates);
         }
-        let mut ops: Vec<Op> = candidates.iter().cloned().map(Op::Exists).collect();
-        let mut results = Vec::with_capacity(ops.len());
-        self.conn.execute(&mut ops, &mut results);
-        if results.len() != candidates.len() {
-            return Err(BackendError::Unavailable(
-                "the store returned fewer results than operations".into(),
-            ));
-        }
-        let mut there = Vec::with_capacity(candidates.len());
-        for (key, result) in candidates.into_iter().zip(results) {
-            if result? == Output::Applied(true) {
-                there.push(key);
-            }
-        }
-        Ok(there)
+        let outputs = self.run_ops(candidates.iter().cloned().map(Op::Exists).collect())?;
+        Ok(candidates
+            .into_iter()
+            .zip(outputs)
+            .filter_map(|(key, there)| (there == Output::Applied(true)).then_some(key))
+            .collect())
     }
 
     /// `CONFIG GET pattern...`: the settings that exist here, plus what redis-benchmark and client libraries
