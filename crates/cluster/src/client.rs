@@ -355,10 +355,7 @@ impl Client {
 
     /// The length of the value at `key`, 0 when absent (the value does not cross the network).
     pub fn strlen(&mut self, key: &[u8]) -> Result<u64, ClientError> {
-        match self.request(RequestBody::Data(DataOp::Strlen(key.to_vec())))? {
-            ResponseBody::Int(n) => u64::try_from(n).map_err(|_| unexpected(ResponseBody::Int(n))),
-            other => Err(unexpected(other)),
-        }
+        self.count(RequestBody::Data(DataOp::Strlen(key.to_vec())))
     }
 
     /// Upsert.
@@ -407,11 +404,11 @@ impl Client {
 
     /// Writes `bytes` at `offset` of the value at `key`, zero-filling any gap (`SETRANGE`); the new length.
     pub fn set_range(&mut self, key: &[u8], offset: u64, bytes: &[u8]) -> Result<u64, ClientError> {
-        let op = DataOp::SetRange(key.to_vec(), offset, bytes.to_vec());
-        match self.request(RequestBody::Data(op))? {
-            ResponseBody::Int(n) => u64::try_from(n).map_err(|_| unexpected(ResponseBody::Int(n))),
-            other => Err(unexpected(other)),
-        }
+        self.count(RequestBody::Data(DataOp::SetRange(
+            key.to_vec(),
+            offset,
+            bytes.to_vec(),
+        )))
     }
 
     /// Adds `delta` to the number at `key` (absent = 0; `INCRBYFLOAT`); the result as stored.
@@ -443,8 +440,7 @@ impl Client {
         key: &[u8],
         range: Option<(i64, i64, bool)>,
     ) -> Result<u64, ClientError> {
-        let n = self.int(RequestBody::Data(DataOp::BitCount(key.to_vec(), range)))?;
-        u64::try_from(n).map_err(|_| unexpected(ResponseBody::Int(n)))
+        self.count(RequestBody::Data(DataOp::BitCount(key.to_vec(), range)))
     }
 
     fn int(&mut self, body: RequestBody) -> Result<i64, ClientError> {
@@ -452,6 +448,12 @@ impl Client {
             ResponseBody::Int(n) => Ok(n),
             other => Err(unexpected(other)),
         }
+    }
+
+    /// An answer that is a length or a count: never negative.
+    fn count(&mut self, body: RequestBody) -> Result<u64, ClientError> {
+        let n = self.int(body)?;
+        u64::try_from(n).map_err(|_| unexpected(ResponseBody::Int(n)))
     }
 
     fn value(&mut self, body: RequestBody) -> Result<Option<Vec<u8>>, ClientError> {

@@ -2335,8 +2335,7 @@ fn outcome(op: DataOp, current: Option<Vec<u8>>, max_value_len: usize) -> (Vec<u
         },
         DataOp::GetRange(k, start, end) => {
             let part = dinomo_value::range(current.as_deref().unwrap_or_default(), start, end);
-            let part = part.to_vec();
-            (k, done(Reply::Value(Some(part))))
+            (k, done(Reply::Value(Some(part.to_vec()))))
         }
         DataOp::SetRange(k, offset, bytes) => {
             match dinomo_value::set_range(current, offset, &bytes, max_value_len) {
