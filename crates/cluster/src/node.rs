@@ -55,7 +55,7 @@ pub struct NodeConfig {
     pub resp: dinomo_resp::ServerConfig,
     /// Threads that forward the RESP connections' commands on keys other nodes own, each with one pipelined native
     /// client (which keeps a connection to every owner it reached, so this also bounds the connections a node
-    /// opens to each other node). 0 (the default): one per RESP event-loop thread (`resp.io_threads`). At most 64.
+    /// opens to each other node). 0 (the default): one per RESP event loop (`resp.event_loops()`). At most 64.
     pub resp_forward_threads: usize,
 }
 

@@ -50,7 +50,7 @@ pub(crate) fn start(
 ) -> Result<dinomo_resp::RespServer, ClusterError> {
     let name = format!("dinomo-kn{}-resp", config.node_id);
     let threads = match config.resp_forward_threads {
-        0 => config.resp.io_threads,
+        0 => config.resp.event_loops(),
         n => n,
     };
     // The node's own native server answers routing requests: the forwarding clients start there.

@@ -23,6 +23,14 @@ fn cluster(kns: usize) -> anyhow::Result<LocalCluster> {
     Ok(LocalCluster::start(cluster_config(kns))?)
 }
 
+/// A cluster whose nodes each run `loops` RESP event loops: a node's connections are dealt round robin to its
+/// loops, so clients of one node run on different loops.
+fn cluster_with_loops(kns: usize, loops: usize) -> anyhow::Result<LocalCluster> {
+    let mut cfg = cluster_config(kns);
+    cfg.node.resp.io_threads = loops;
+    Ok(LocalCluster::start(cfg)?)
+}
+
 fn cluster_config(kns: usize) -> dinomo_cluster::LocalClusterConfig {
     let mut cfg = common::small_cluster(kns);
     cfg.memory_node.cluster_token = "resp-test-token".into();
@@ -162,7 +170,7 @@ fn any_node_serves_any_key() -> anyhow::Result<()> {
 
 #[test]
 fn increments_from_every_node_are_atomic() -> anyhow::Result<()> {
-    let c = cluster(3)?;
+    let c = cluster_with_loops(3, 2)?;
     let addrs = resp_addrs(&c);
     const PER_CLIENT: i64 = 300;
     let threads: Vec<_> = (0..6)
@@ -399,7 +407,7 @@ fn pipelined_reads_and_writes_over_resp_are_linearizable() -> anyhow::Result<()>
     use std::sync::Arc;
     use std::time::Instant;
 
-    let c = cluster(2)?;
+    let c = cluster_with_loops(2, 2)?;
     let addrs = resp_addrs(&c);
     let rec = Arc::new(Recorder::new());
     let clients: Vec<_> = (0..4u32)

@@ -419,7 +419,7 @@ const DOCS: &[(&str, &str)] = &[
     ("kn.resp.max_clients", "Redis clients served at once per KV node"),
     ("kn.resp.idle_timeout", "close a Redis client idle this long (0s: never)"),
     ("kn.resp.max_pipeline", "pipelined Redis requests run together before their replies are written"),
-    ("kn.resp.io_threads", "event-loop threads serving the Redis clients of a KV node"),
+    ("kn.resp.io_threads", "event-loop threads serving the Redis clients of a KV node (0: one per 4 available cores, 1..=8)"),
     ("kn.resp.max_keys_reply", "most keys KEYS answers with; a pattern matching more gets an error that points to SCAN"),
     ("kn.resp.limits.max_bulk_len", "longest Redis argument in bytes (proto-max-bulk-len)"),
     ("kn.resp.limits.max_multibulk_len", "most arguments in one Redis request"),

@@ -31,8 +31,13 @@ pub const DEFAULT_MAX_CLIENTS: usize = 10_000;
 pub const DEFAULT_MAX_PIPELINE: usize = 1024;
 /// Default of [`ServerConfig::max_keys_reply`].
 pub const DEFAULT_MAX_KEYS_REPLY: usize = 1_000_000;
-/// Default of [`ServerConfig::io_threads`].
-pub const DEFAULT_IO_THREADS: usize = 1;
+/// Default of [`ServerConfig::io_threads`]: 0, sized to the machine ([`ServerConfig::event_loops`]).
+pub const DEFAULT_IO_THREADS: usize = 0;
+/// With `io_threads` 0, one event loop per this many cores the process may run on: the loops read, parse and
+/// write for the workers, and the rest of the cores are left to the workers, the merge threads and the clients.
+pub const CORES_PER_EVENT_LOOP: usize = 4;
+/// With `io_threads` 0, at most this many event loops.
+pub const MAX_AUTO_EVENT_LOOPS: usize = 8;
 /// The most [`ServerConfig::io_threads`] a server starts.
 pub const MAX_IO_THREADS: usize = 1024;
 /// Readiness events taken from the kernel per wait.
@@ -71,7 +76,8 @@ pub struct ServerConfig {
     /// Default [`DEFAULT_MAX_PIPELINE`].
     pub max_pipeline: usize,
     /// Event-loop threads serving the connections (each connection stays on one; Redis's `io-threads`, but
-    /// each thread also runs the commands). Default [`DEFAULT_IO_THREADS`], at most [`MAX_IO_THREADS`].
+    /// each thread also runs the commands). 0: one per [`CORES_PER_EVENT_LOOP`] available cores, at least 1 and
+    /// at most [`MAX_AUTO_EVENT_LOOPS`]. Default [`DEFAULT_IO_THREADS`], at most [`MAX_IO_THREADS`].
     pub io_threads: usize,
     /// The most keys `KEYS` answers with; a pattern matching more gets an error that points to `SCAN`, so that
     /// one command cannot hold the whole keyspace in memory. Default [`DEFAULT_MAX_KEYS_REPLY`].
@@ -129,6 +135,25 @@ impl Default for ServerConfig {
             shutdown: None,
         }
     }
+}
+
+impl ServerConfig {
+    /// The event loops the server starts: `io_threads`, or for 0 as many as the cores this process may run on
+    /// call for ([`auto_event_loops`]).
+    pub fn event_loops(&self) -> usize {
+        match self.io_threads {
+            0 => auto_event_loops(
+                std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+            ),
+            n => n,
+        }
+    }
+}
+
+/// The event loops `io_threads = 0` starts on a machine of `cores`: one per [`CORES_PER_EVENT_LOOP`], at least 1
+/// and at most [`MAX_AUTO_EVENT_LOOPS`].
+pub fn auto_event_loops(cores: usize) -> usize {
+    (cores / CORES_PER_EVENT_LOOP).clamp(1, MAX_AUTO_EVENT_LOOPS)
 }
 
 /// Why a server could not start.
@@ -212,9 +237,9 @@ impl RespServer {
         {
             return Err(ServerError::ProtectedMode(config.listen));
         }
-        if config.max_clients == 0 || config.max_pipeline == 0 || config.io_threads == 0 {
+        if config.max_clients == 0 || config.max_pipeline == 0 {
             return Err(ServerError::Config(
-                "max_clients, max_pipeline and io_threads must be at least 1".into(),
+                "max_clients and max_pipeline must be at least 1".into(),
             ));
         }
         if config.io_threads > MAX_IO_THREADS {
@@ -232,8 +257,9 @@ impl RespServer {
         let shared = Arc::new(Shared::new(config.clone(), addr.port()));
         let stop = Arc::new(AtomicBool::new(false));
         let backend = Arc::new(backend);
-        let mut loops = Vec::with_capacity(config.io_threads);
-        for n in 0..config.io_threads {
+        let event_loops = config.event_loops();
+        let mut loops = Vec::with_capacity(event_loops);
+        for n in 0..event_loops {
             let poll = Poll::new().map_err(io)?;
             let (mailbox, rung) = Mailbox::new(&poll, WAKER).map_err(io)?;
             let (tx, rx) = channel();
@@ -835,5 +861,28 @@ impl Input {
         if self.start == self.end && self.data.len() > KEEP_BUFFER {
             *self = Input::new();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn automatic_event_loops_follow_the_cores() {
+        assert_eq!(auto_event_loops(1), 1);
+        assert_eq!(auto_event_loops(2), 1);
+        assert_eq!(auto_event_loops(7), 1);
+        assert_eq!(auto_event_loops(8), 2);
+        assert_eq!(auto_event_loops(16), 4);
+        assert_eq!(auto_event_loops(1024), MAX_AUTO_EVENT_LOOPS);
+        let explicit = ServerConfig {
+            io_threads: 3,
+            ..ServerConfig::default()
+        };
+        assert_eq!(explicit.event_loops(), 3);
+        let automatic = ServerConfig::default();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(automatic.event_loops(), auto_event_loops(cores));
     }
 }
