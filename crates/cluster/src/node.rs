@@ -57,6 +57,11 @@ pub struct NodeConfig {
     /// client (which keeps a connection to every owner it reached, so this also bounds the connections a node
     /// opens to each other node). 0 (the default): one per RESP event loop (`resp.event_loops()`). At most 64.
     pub resp_forward_threads: usize,
+    /// How long each worker serving part of a Redis transaction (`MULTI` ... `EXEC`) waits there for the
+    /// transaction's other workers to reach it; past this the transaction is abandoned, nothing of it applied.
+    /// Default 1 s.
+    #[serde(with = "humantime_serde")]
+    pub txn_wait: Duration,
 }
 
 impl Default for NodeConfig {
@@ -73,6 +78,7 @@ impl Default for NodeConfig {
             resp_listen: None,
             resp: dinomo_resp::ServerConfig::default(),
             resp_forward_threads: 0,
+            txn_wait: Duration::from_secs(1),
         }
     }
 }

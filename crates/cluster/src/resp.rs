@@ -69,6 +69,7 @@ pub(crate) fn start(
             &format!("dinomo-kn{}-fwd", config.node_id),
         )?,
         worker_timeout: WORKER_REPLY_TIMEOUT.max(config.kn.merge_wait_timeout.saturating_mul(2)),
+        txn_wait: config.txn_wait,
     };
     let server_config = dinomo_resp::ServerConfig {
         listen,
@@ -86,6 +87,7 @@ struct NodeBackend {
     /// The threads that forward the keys other nodes own; stopped with the server (which drops the backend).
     forwarding: Forwarding,
     worker_timeout: Duration,
+    txn_wait: Duration,
 }
 
 impl Backend for NodeBackend {
@@ -100,6 +102,8 @@ impl Backend for NodeBackend {
             peers: self.peers.clone(),
             lane: self.forwarding.lane(),
             worker_timeout: self.worker_timeout,
+            txn_wait: self.txn_wait,
+            txn_aborted: None,
             deadline: Instant::now(),
             batch: 0,
             local: Vec::new(),
@@ -160,6 +164,10 @@ struct NodeConn {
     shared: Arc<NodeShared>,
     peers: Option<Arc<Peers>>,
     worker_timeout: Duration,
+    /// How long a transaction's workers wait for each other (`NodeConfig::txn_wait`).
+    txn_wait: Duration,
+    /// Why the transaction running did not run, as its workers reported.
+    txn_aborted: Option<String>,
     sink: Arc<ConnSink>,
     replies: Receiver<Delivery>,
     /// The forwarding thread this connection's forwarded ops go through.
@@ -324,6 +332,22 @@ fn from_client_error(e: ClientError) -> BackendError {
 }
 
 impl NodeConn {
+    /// Makes ready for a new batch of `ops` operations: a new batch number and deadline, nothing answered yet.
+    fn begin_batch(&mut self, ops: usize) {
+        self.batch = self.batch.wrapping_add(1);
+        self.deadline = Instant::now() + self.worker_timeout;
+        self.queued = 0;
+        self.forwarding = 0;
+        self.refused.clear();
+        // Every op is answered by one path or another before the batch completes, or failed by `give_up`: the
+        // placeholder is always overwritten, so it carries no message (an empty `String` allocates nothing).
+        self.results.clear();
+        self.results
+            .resize_with(ops, || Err(BackendError::Unavailable(String::new())));
+        self.answered.clear();
+        self.answered.resize(ops, false);
+    }
+
     /// Splits `ops` by owner into `self.local`, `self.at_peers` and `self.remote`.
     fn route(&mut self, ops: &[Op]) {
         self.local.clear();
@@ -474,6 +498,10 @@ impl NodeConn {
                         self.refused.push(i);
                         return;
                     }
+                    Err(KnError::TxnAborted(why)) => {
+                        self.txn_aborted.get_or_insert_with(|| why.clone());
+                        Err(from_kn_error(&ops[i], KnError::TxnAborted(why)))
+                    }
                     Err(e) => Err(from_kn_error(&ops[i], e)),
                 };
                 self.answer(i, r);
@@ -605,6 +633,50 @@ impl NodeShared {
     }
 }
 
+/// Queues the ops at each node's indexes in `nodes` as one transaction at those nodes' workers, under the read side
+/// of each node's `queue_order` (taken in node order), as `NodeShared::queue_ops` queues ops; each reply comes
+/// through `sink`, tagged with `batch` and the op's index, and an op that could not be queued is answered through
+/// `failed`. Returns how many replies will come through `sink`, or why nothing was queued (a peer is stopping).
+fn queue_txn(
+    nodes: &mut [(Arc<NodeShared>, Vec<usize>)],
+    this: NodeId,
+    ops: &mut [Op],
+    batch: u32,
+    sink: &Arc<ConnSink>,
+    wait: Duration,
+    mut failed: impl FnMut(usize, OpResult),
+) -> Result<usize, String> {
+    nodes.sort_unstable_by_key(|(n, _)| n.id);
+    let _same_ownership: Vec<_> = nodes
+        .iter()
+        .map(|(n, _)| n.queue_order.read().expect("queue order lock"))
+        .collect();
+    if let Some((n, _)) = nodes
+        .iter()
+        .find(|(n, _)| n.id != this && !n.open_to_peers.load(Ordering::Acquire))
+    {
+        return Err(format!("KV node {} is stopping; retry", n.id));
+    }
+    let tag = |i: usize| (u64::from(batch) << 32) | i as u64;
+    let mut groups = Vec::with_capacity(nodes.len());
+    let mut total = 0;
+    for (n, at) in nodes.iter() {
+        let txn: dinomo_kn::TxnOps = at
+            .iter()
+            .map(|&i| (tag(i), take_data_op(&mut ops[i])))
+            .collect();
+        total += txn.len();
+        groups.push((&n.submitter, txn));
+    }
+    let mut unqueued = 0;
+    dinomo_kn::submit_txn(groups, wait, sink.clone(), |tag, e| {
+        let i = (tag & u64::from(u32::MAX)) as usize;
+        unqueued += 1;
+        failed(i, Err(from_kn_error(&ops[i], e)));
+    });
+    Ok(total - unqueued)
+}
+
 /// The result of `op` from its owner's answer.
 fn forwarded(op: &Op, answer: Result<ResponseBody, ClientError>) -> OpResult {
     match answer {
@@ -646,18 +718,7 @@ impl BackendConn for NodeConn {
     }
 
     fn start(&mut self, ops: &mut Vec<Op>) {
-        self.batch = self.batch.wrapping_add(1);
-        self.deadline = Instant::now() + self.worker_timeout;
-        self.queued = 0;
-        self.forwarding = 0;
-        self.refused.clear();
-        // Every op is answered by one path or another before the batch completes, or failed by `give_up`: the
-        // placeholder is always overwritten, so it carries no message (an empty `String` allocates nothing).
-        self.results.clear();
-        self.results
-            .resize_with(ops.len(), || Err(BackendError::Unavailable(String::new())));
-        self.answered.clear();
-        self.answered.resize(ops.len(), false);
+        self.begin_batch(ops.len());
         self.route(ops);
         if !self.local.is_empty() {
             self.submit_local(ops);
@@ -671,6 +732,73 @@ impl BackendConn for NodeConn {
             self.remote = remote;
         }
         self.started = true;
+    }
+
+    /// The transaction's keys must all be owned by nodes of this process (this one or its peers): their workers
+    /// run it (`dinomo_kn::submit_txn`). Keys of nodes in other processes are refused, nothing applied.
+    fn execute_atomic(
+        &mut self,
+        ops: &mut Vec<Op>,
+        results: &mut Vec<OpResult>,
+    ) -> Result<(), BackendError> {
+        self.begin_batch(ops.len());
+        self.route(ops);
+        let mut nodes: Vec<(Arc<NodeShared>, Vec<usize>)> = Vec::new();
+        if !self.local.is_empty() {
+            nodes.push((self.shared.clone(), std::mem::take(&mut self.local)));
+        }
+        for &(owner, i) in &self.at_peers {
+            match nodes.iter_mut().find(|(n, _)| n.id == owner) {
+                Some((_, at)) => at.push(i),
+                None => {
+                    let peer = self
+                        .peer_of
+                        .iter()
+                        .find_map(|(id, p)| (*id == owner).then(|| p.clone()).flatten())
+                        .expect("route looked every owner in at_peers up");
+                    nodes.push((peer, vec![i]));
+                }
+            }
+        }
+        let elsewhere = self.remote.len();
+        self.at_peers.clear();
+        self.remote.clear();
+        self.peer_of.clear();
+        if elsewhere > 0 {
+            let total = ops.len();
+            ops.clear();
+            return Err(BackendError::Unavailable(format!(
+                "{elsewhere} of its {total} operations are on keys of KV nodes in other processes; a transaction \
+                 runs on the nodes of the process serving the connection"
+            )));
+        }
+        self.txn_aborted = None;
+        let queued = queue_txn(
+            &mut nodes,
+            self.shared.id,
+            ops,
+            self.batch,
+            &self.sink,
+            self.txn_wait,
+            answer_into(&mut self.results, &mut self.answered),
+        );
+        let queued = match queued {
+            Ok(n) => n,
+            Err(why) => {
+                ops.clear();
+                return Err(BackendError::Unavailable(why));
+            }
+        };
+        self.queued += queued;
+        self.started = true;
+        self.finish(ops, results);
+        match self.txn_aborted.take() {
+            Some(why) => {
+                results.clear();
+                Err(BackendError::Unavailable(why))
+            }
+            None => Ok(()),
+        }
     }
 
     fn finish(&mut self, ops: &mut Vec<Op>, results: &mut Vec<OpResult>) {

@@ -833,3 +833,205 @@ fn a_peer_that_crashes_under_a_pipeline_leaves_every_operation_answered() -> any
     c.stop();
     Ok(())
 }
+
+/// Sends `commands` between MULTI and EXEC in one pipeline; EXEC's reply.
+fn transaction(conn: &mut Conn, commands: &[Vec<&[u8]>]) -> Value {
+    let mut wire = Vec::new();
+    encode_request(&[b"MULTI".as_slice()], &mut wire);
+    for c in commands {
+        encode_request(c, &mut wire);
+    }
+    encode_request(&[b"EXEC".as_slice()], &mut wire);
+    conn.stream.write_all(&wire).unwrap();
+    assert_eq!(conn.read(), ok());
+    for _ in commands {
+        assert_eq!(conn.read(), Value::Simple(b"QUEUED".to_vec()));
+    }
+    conn.read()
+}
+
+fn number(v: &Value) -> i64 {
+    match v {
+        Value::Bulk(b) => std::str::from_utf8(b).unwrap().parse().unwrap(),
+        Value::Integer(n) => *n,
+        other => panic!("expected a number, got {other:?}"),
+    }
+}
+
+/// The first key named `prefix-N` owned by `node`'s worker `worker` (of `threads`).
+fn key_at(
+    c: &LocalCluster,
+    node: dinomo_ring::NodeId,
+    worker: usize,
+    threads: usize,
+    prefix: &str,
+) -> Vec<u8> {
+    let routing = c.nodes()[0].routing();
+    (0..100_000)
+        .map(|i| format!("{prefix}-{i}").into_bytes())
+        .find(|k| {
+            routing.ring.primary(k) == Some(node) && dinomo_kn::thread_for_key(k, threads) == worker
+        })
+        .expect("some key of every worker")
+}
+
+/// Where [`transfers_stay_whole`] runs: the nodes' RESP addresses, three accounts (two on different workers of the
+/// first node, one on the second node) and a pair of counters (one on each node).
+struct Transfers {
+    addrs: Vec<SocketAddr>,
+    accounts: Vec<Vec<u8>>,
+    pair: Vec<Vec<u8>>,
+}
+
+impl Transfers {
+    fn on(c: &LocalCluster) -> Transfers {
+        let (a, b) = {
+            let nodes = c.nodes();
+            (nodes[0].id(), nodes[1].id())
+        };
+        Transfers {
+            addrs: resp_addrs(c),
+            accounts: vec![
+                key_at(c, a, 0, 2, "acct"),
+                key_at(c, a, 1, 2, "acct"),
+                key_at(c, b, 0, 2, "acct"),
+            ],
+            pair: vec![key_at(c, a, 1, 2, "pair"), key_at(c, b, 1, 2, "pair")],
+        }
+    }
+}
+
+/// Whether `reply` is EXEC's refusal of a whole transaction (nothing of it applied).
+fn not_run(reply: &Value) -> bool {
+    matches!(reply, Value::Error(e) if e.starts_with(b"ERR the transaction did not run, nothing was applied"))
+}
+
+/// Transfers between accounts on different workers of one node and on another node, in transactions from several
+/// connections to both nodes, while other connections read every account in transactions (the total never
+/// changes) and read a pair of counters on two nodes, increased together in transactions, one after the other
+/// outside any (the second, read later, is never behind). Aborted transactions (`allow_aborts`, while ownership
+/// moves) are retried; a transaction that ran ran whole.
+fn transfers_stay_whole(
+    Transfers {
+        addrs,
+        accounts,
+        pair,
+    }: Transfers,
+    allow_aborts: bool,
+    stop: &std::sync::atomic::AtomicBool,
+) -> usize {
+    use std::sync::atomic::Ordering;
+    let mut setup = Conn::open(addrs[0]);
+    for k in accounts.iter().chain(&pair) {
+        assert_eq!(setup.call(&[b"SET", k, b"500"]), ok());
+    }
+    let total = 500 * accounts.len() as i64;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let ran = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for t in 0..3usize {
+            let (accounts, pair, ran) = (&accounts, &pair, &ran);
+            let addr = addrs[t % addrs.len()];
+            scope.spawn(move || {
+                let mut conn = Conn::open(addr);
+                for i in 0..300usize {
+                    if Instant::now() > deadline || (i >= 50 && stop.load(Ordering::Acquire)) {
+                        break;
+                    }
+                    let (from, to) = (&accounts[(t + i) % 3], &accounts[(t + i + 1) % 3]);
+                    let amount = (1 + i % 9).to_string();
+                    let r = transaction(
+                        &mut conn,
+                        &[
+                            vec![b"DECRBY".as_slice(), from, amount.as_bytes()],
+                            vec![b"INCRBY".as_slice(), to, amount.as_bytes()],
+                            vec![b"INCR".as_slice(), &pair[0]],
+                            vec![b"INCR".as_slice(), &pair[1]],
+                        ],
+                    );
+                    if allow_aborts && not_run(&r) {
+                        continue;
+                    }
+                    assert!(
+                        matches!(&r, Value::Array(a) if a.len() == 4 && a.iter().all(|v| matches!(v, Value::Integer(_)))),
+                        "{r:?}"
+                    );
+                    ran.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        for t in 0..2usize {
+            let (accounts, pair) = (&accounts, &pair);
+            let addr = addrs[t % addrs.len()];
+            scope.spawn(move || {
+                let mut conn = Conn::open(addr);
+                for i in 0..300usize {
+                    if Instant::now() > deadline || (i >= 50 && stop.load(Ordering::Acquire)) {
+                        break;
+                    }
+                    let gets: Vec<Vec<&[u8]>> = accounts
+                        .iter()
+                        .map(|k| vec![b"GET".as_slice(), k])
+                        .collect();
+                    let r = transaction(&mut conn, &gets);
+                    if allow_aborts && not_run(&r) {
+                        continue;
+                    }
+                    let Value::Array(values) = r else {
+                        panic!("EXEC answers an array: {r:?}")
+                    };
+                    assert_eq!(
+                        values.iter().map(number).sum::<i64>(),
+                        total,
+                        "a transfer seen half done"
+                    );
+                    let first = number(&conn.call(&[b"GET", &pair[0]]));
+                    let second = number(&conn.call(&[b"GET", &pair[1]]));
+                    assert!(second >= first, "{second} read after {first}");
+                }
+            });
+        }
+    });
+    let gets: Vec<Vec<&[u8]>> = accounts
+        .iter()
+        .chain(&pair)
+        .map(|k| vec![b"GET".as_slice(), k])
+        .collect();
+    let r = transaction(&mut setup, &gets);
+    let Value::Array(values) = r else {
+        panic!("EXEC answers an array: {r:?}")
+    };
+    assert_eq!(values[..3].iter().map(number).sum::<i64>(), total);
+    assert_eq!(
+        number(&values[3]),
+        number(&values[4]),
+        "both counters of every transaction that ran"
+    );
+    ran.into_inner()
+}
+
+#[test]
+fn transactions_are_isolated_across_workers_and_nodes() -> anyhow::Result<()> {
+    let c = cluster_with_loops(2, 2)?;
+    let stop = std::sync::atomic::AtomicBool::new(true);
+    assert!(transfers_stay_whole(Transfers::on(&c), false, &stop) > 0);
+    Ok(())
+}
+
+#[test]
+fn transactions_run_whole_or_not_at_all_while_nodes_join_and_leave() -> anyhow::Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let mut c = cluster(2)?;
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let clients = {
+        let (transfers, stop) = (Transfers::on(&c), stop.clone());
+        std::thread::spawn(move || transfers_stay_whole(transfers, true, &stop))
+    };
+    let added = c.add_node()?;
+    c.remove_node(added)?;
+    c.add_node()?;
+    stop.store(true, Ordering::Release);
+    let ran = clients.join().expect("clients");
+    assert!(ran > 0, "no transaction ran");
+    Ok(())
+}

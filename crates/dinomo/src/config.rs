@@ -389,6 +389,7 @@ const DOCS: &[(&str, &str)] = &[
     ("kn.lease_wait", "how long a request that finds the lease lapsed (a late renewal) waits for a renewal before it is refused (0: refused at once; an expired lease never serves)"),
     ("kn.resp_listen", "Redis-protocol address of the KV node (kn; unset: no RESP; `up` uses up.resp_listen) (example)"),
     ("kn.resp_forward_threads", "threads that forward the Redis connections' commands on keys of other nodes (0: one per RESP event-loop thread)"),
+    ("kn.txn_wait", "how long each worker of a Redis transaction (MULTI/EXEC) waits for its other workers before the transaction is abandoned, nothing applied"),
     ("kn.workers.threads", "worker threads, each owning a share of the node's keys"),
     ("kn.workers.max_key_len", "largest key in bytes (at most 65535)"),
     ("kn.workers.max_value_len", "largest value in bytes (a largest key and value must fit in one log segment)"),

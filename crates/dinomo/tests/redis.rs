@@ -87,7 +87,7 @@ fn redis_cli_talks_to_every_node() -> anyhow::Result<()> {
         cli(b, &["SELECT", "1"])?,
         "ERR DB index is out of range\n\n"
     );
-    assert_eq!(cli(a, &["COMMAND", "COUNT"])?, "50\n");
+    assert_eq!(cli(a, &["COMMAND", "COUNT"])?, "53\n");
     // RESP3 through redis-cli's -3 switch.
     assert_eq!(cli(b, &["-3", "GET", "greeting"])?, "hello world\n");
     Ok(())

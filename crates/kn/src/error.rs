@@ -63,6 +63,10 @@ pub enum KnError {
         "this KV node's lease lapsed, so it did not serve the request (nothing was applied); retry: the key may have a new owner"
     )]
     LeaseLapsed,
+    /// A transaction did not run: one of its parts may not run here, or not every part reached its worker in
+    /// time. Nothing of it was applied.
+    #[error("the transaction did not run, nothing was applied: {0}")]
+    TxnAborted(String),
     /// The key kept changing under the request: other owners of a shared key won every attempt's CAS, or the
     /// index slots of a key's hash changed on every walk of a read. Nothing was applied.
     #[error("the key changed under {attempts} attempts in a row; nothing was applied")]

@@ -15,6 +15,7 @@ mod hotkeys;
 mod node;
 mod occupancy;
 mod segment_keys;
+mod txn;
 mod worker;
 
 pub use config::KnConfig;
@@ -24,7 +25,8 @@ pub use hotkeys::{
     KeyCount, KeyFrequency, KeySketch, KeyStats, KeyStatsConfig, KeyStatsError, sketch_hash,
     sketch_hash_of,
 };
-pub use node::{KvHandle, KvNode, Submitter, thread_for_key};
+pub use node::{KvHandle, KvNode, Submitter, submit_txn, thread_for_key};
+pub use txn::{TxnAbort, TxnBarrier, TxnOps, TxnPart};
 pub use worker::{
     Command, DataOp, DirectWorker, EpochStats, LeaseGate, OpCounts, Ownership, Reply, ReplySink,
     Tagged, WorkerStats,

@@ -1,10 +1,12 @@
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, bounded};
 use dinomo_fabric::Connector;
 use dinomo_log::key_hash;
 
+use crate::txn::TxnOps;
 use crate::worker::{
     Command, DataOp, EpochStats, LeaseGate, Ownership, Reply, ReplySink, Request, Responder,
     Tagged, Worker, WorkerStats,
@@ -130,6 +132,52 @@ pub struct Submitter {
     senders: Vec<Sender<Request>>,
 }
 
+/// Held while a transaction's parts are queued, so that any two transactions of this process meet their workers,
+/// whichever nodes they belong to, in the same order (else each could hold one worker at its barrier waiting for
+/// the other).
+static TXN_ORDER: LazyLock<Mutex<()>> = LazyLock::new(|| Mutex::new(()));
+
+/// Queues a transaction (`crate::txn`) over the workers of one or more nodes of this process: `nodes` gives each
+/// node's submitter with its operations, each with the tag its reply carries, in transaction order. One part goes
+/// to each worker owning some of the keys, the parts waiting up to `wait` for each other. Each op's reply goes to
+/// `sink`. An op whose part could not be queued (its worker stopped) is answered through `failed` instead, and the
+/// parts queued abort. Blocks while a worker's queue is full.
+pub fn submit_txn(
+    nodes: Vec<(&Submitter, TxnOps)>,
+    wait: Duration,
+    sink: Arc<dyn ReplySink>,
+    mut failed: impl FnMut(u64, KnError),
+) {
+    let mut parts: Vec<(&Submitter, usize, TxnOps)> = Vec::new();
+    for (submitter, ops) in nodes {
+        for (tag, op) in ops {
+            let thread = thread_for_key(op.key(), submitter.senders.len());
+            // One part per worker, whatever handle on its node names it: two parts at one worker would wait at
+            // the barrier for each other.
+            match parts.iter_mut().find(|(s, t, _)| {
+                *t == thread && s.senders[thread].same_channel(&submitter.senders[thread])
+            }) {
+                Some((_, _, part)) => part.push((tag, op)),
+                None => parts.push((submitter, thread, vec![(tag, op)])),
+            }
+        }
+    }
+    let barrier = crate::txn::TxnBarrier::new(parts.len(), wait);
+    let _in_order = TXN_ORDER.lock().unwrap_or_else(|p| p.into_inner());
+    for (submitter, thread, ops) in parts {
+        let part = crate::txn::TxnPart {
+            barrier: barrier.clone(),
+            ops,
+        };
+        if let Err(part) = submitter.queue_part(thread, part, &sink) {
+            barrier.refuse(KnError::Stopped.to_string());
+            for (tag, _) in part.ops {
+                failed(tag, KnError::Stopped);
+            }
+        }
+    }
+}
+
 impl Submitter {
     /// Queues `cmd` at the worker that owns its key (worker 0 for commands without a key); its reply arrives on
     /// `replies` tagged with `tag`. Blocks while that worker's queue is full (backpressure).
@@ -169,6 +217,39 @@ impl Submitter {
         self.senders[thread]
             .send(Request { cmd, reply })
             .map_err(|_| KnError::Stopped)
+    }
+
+    /// Queues a transaction (`crate::txn`) of this node's keys: `ops`, each with the tag its reply carries, in
+    /// transaction order; see [`submit_txn`].
+    pub fn submit_txn(
+        &self,
+        ops: TxnOps,
+        wait: Duration,
+        sink: Arc<dyn ReplySink>,
+        failed: impl FnMut(u64, KnError),
+    ) {
+        submit_txn(vec![(self, ops)], wait, sink, failed)
+    }
+
+    /// Queues `part` at worker `thread`; the part back if the worker stopped.
+    fn queue_part(
+        &self,
+        thread: usize,
+        part: crate::txn::TxnPart,
+        sink: &Arc<dyn ReplySink>,
+    ) -> Result<(), crate::txn::TxnPart> {
+        let request = Request {
+            cmd: Command::Txn(part),
+            reply: Responder::sink(0, sink.clone()),
+        };
+        match self.senders[thread].send(request) {
+            Ok(()) => Ok(()),
+            Err(crossbeam_channel::SendError(Request {
+                cmd: Command::Txn(part),
+                ..
+            })) => Err(part),
+            Err(_) => unreachable!("a transaction's part comes back as it was sent"),
+        }
     }
 
     /// Queues `make()` at every worker; the replies arrive tagged with `tag`, one per worker.

@@ -325,6 +325,9 @@ pub enum Command {
     TrackKeys(Arc<[Vec<u8>]>),
     /// Finish what is queued before it, then stop.
     Shutdown,
+    /// This worker's share of a transaction (`crate::txn`): run once every worker of it reached its share. Its
+    /// operations are answered one by one, each with its own tag, to the request's reply destination.
+    Txn(crate::txn::TxnPart),
 }
 
 impl Command {
@@ -346,7 +349,8 @@ impl Command {
             | Command::Stats
             | Command::EpochStats
             | Command::TrackKeys(_)
-            | Command::Shutdown => None,
+            | Command::Shutdown
+            | Command::Txn(_) => None,
         }
     }
 
@@ -968,6 +972,11 @@ impl Worker {
 
     fn serve(&mut self, req: Request) {
         let Request { cmd, reply } = req;
+        // A transaction's part makes its own checks: it must reach its barrier whatever they find.
+        let cmd = match cmd {
+            Command::Txn(part) => return self.serve_txn(part, &reply),
+            cmd => cmd,
+        };
         // Counters and key tracking touch no data: they are answered whatever the lease says.
         let bookkeeping = matches!(
             cmd,
@@ -1031,8 +1040,76 @@ impl Worker {
                 Ok(Reply::Applied(true))
             }
             Command::Shutdown => Ok(Reply::Applied(true)),
+            Command::Txn(_) => unreachable!("served above"),
         };
         let _ = reply.send(result);
+    }
+
+    /// Serves this worker's part of a transaction: says at the barrier whether it may run, and runs it only if
+    /// every part may. Each operation is answered to `reply`'s destination with its own tag.
+    fn serve_txn(&mut self, part: crate::txn::TxnPart, reply: &Responder) {
+        let crate::txn::TxnPart { barrier, ops } = part;
+        let verdict = self.txn_verdict(&ops);
+        let answer = |tag: u64| Responder {
+            tag,
+            to: reply.to.clone(),
+        };
+        if let Err(abort) = barrier.arrive(verdict) {
+            for (tag, _) in ops {
+                let _ = answer(tag).send(Err(KnError::TxnAborted(abort.to_string())));
+            }
+            return;
+        }
+        for (tag, op) in ops {
+            let hash = dinomo_log::key_hash(op.key());
+            // As for a request of its own: an operation on a key with a write in flight waits for its commit.
+            if !self.pending_keys.is_empty() && self.pending_keys.contains(&hash) {
+                self.flush();
+                if self.broken
+                    && let Err(e) = self.reclaim()
+                {
+                    let _ = answer(tag).send(Err(e));
+                    continue;
+                }
+            }
+            self.data(op, hash, answer(tag));
+        }
+    }
+
+    /// Whether this worker may run its part of a transaction: it serves now and owns every key of the part alone
+    /// (a shared key's writes are seen by the other owners at once, outside the transaction).
+    fn txn_verdict(&mut self, ops: &[(u64, DataOp)]) -> Result<(), String> {
+        if !self.lease_open() {
+            return Err(KnError::LeaseLapsed.to_string());
+        }
+        if self.broken
+            && let Err(e) = self.reclaim()
+        {
+            return Err(e.to_string());
+        }
+        for (_, op) in ops {
+            let key = op.key();
+            if let Some(own) = &self.ownership {
+                if !own.owns(key) {
+                    self.stats.not_owner += 1;
+                    return Err(format!(
+                        "a key of the transaction is not this node's (ownership epoch {}); retry",
+                        own.epoch()
+                    ));
+                }
+                if own.cell(key).is_some() {
+                    return Err(
+                        "a key of the transaction is shared by several KV nodes (replicated for load)".into(),
+                    );
+                }
+            }
+            if self.unsettled_sharing.iter().any(|(k, _)| k == key) {
+                return Err(
+                    "a key of the transaction is being shared by several KV nodes; retry".into(),
+                );
+            }
+        }
+        Ok(())
     }
 
     /// The refusal of an operation on a key this node does not own (now): the data operation, if there is one to

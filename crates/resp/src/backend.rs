@@ -206,6 +206,21 @@ pub trait BackendConn: Send + 'static {
         self.execute(ops, results);
     }
 
+    /// Executes `ops` as one transaction (`MULTI` ... `EXEC`): in order, with no other client's operation on their
+    /// keys between them, replacing `results` with one result per op as [`BackendConn::execute`] does (an op's own
+    /// failure fails it alone). `Err` when the transaction did not run at all, nothing of it applied. The default
+    /// is a store that cannot run transactions.
+    fn execute_atomic(
+        &mut self,
+        ops: &mut Vec<Op>,
+        results: &mut Vec<OpResult>,
+    ) -> Result<(), BackendError> {
+        let _ = (ops, results);
+        Err(BackendError::Unavailable(
+            "this store cannot run transactions (MULTI/EXEC)".into(),
+        ))
+    }
+
     /// How many keys the store holds.
     fn dbsize(&mut self) -> Result<u64, BackendError>;
 
@@ -472,6 +487,16 @@ impl BackendConn for MemoryBackend {
             let r = self.apply(&mut map, op);
             results.push(r);
         }
+    }
+
+    /// One lock over the whole map for the whole batch already keeps other clients out.
+    fn execute_atomic(
+        &mut self,
+        ops: &mut Vec<Op>,
+        results: &mut Vec<OpResult>,
+    ) -> Result<(), BackendError> {
+        self.execute(ops, results);
+        Ok(())
     }
 
     fn dbsize(&mut self) -> Result<u64, BackendError> {

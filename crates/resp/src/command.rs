@@ -42,6 +42,9 @@ pub enum CommandId {
     Shutdown,
     Ping,
     Echo,
+    Multi,
+    Exec,
+    Discard,
     Select,
     Hello,
     Auth,
@@ -214,6 +217,8 @@ const CONNECTION_FLAGS: &[&str] = &["noscript", "loading", "stale"];
 const LOADING_STALE: &[&str] = &["loading", "stale"];
 const ADMIN_FLAGS: &[&str] = &["admin", "noscript", "loading", "stale"];
 const ADMIN: &[&str] = &["@admin", "@slow", "@dangerous", "@connection"];
+const TRANSACTION_FLAGS: &[&str] = &["noscript", "loading", "stale", "fast", "allow_busy"];
+const TRANSACTION_FAST: &[&str] = &["@fast", "@transaction"];
 /// `HELLO` and `AUTH`: they run before authentication.
 const HANDSHAKE_FLAGS: &[&str] = &[
     "noscript",
@@ -416,7 +421,7 @@ static CONFIG_SUBCOMMANDS: [CommandSpec; 2] = [
 ];
 
 /// Every top-level command.
-pub static COMMANDS: [CommandSpec; 50] = [
+pub static COMMANDS: [CommandSpec; 53] = [
     cmd(
         C::Get,
         "get",
@@ -620,6 +625,42 @@ pub static COMMANDS: [CommandSpec; 50] = [
         "1.0.0",
         "O(1)",
         "Echo the given string",
+    ),
+    cmd(
+        C::Multi,
+        "multi",
+        1,
+        TRANSACTION_FLAGS,
+        NO_KEYS,
+        TRANSACTION_FAST,
+        "transactions",
+        "1.2.0",
+        "O(1)",
+        "Start a transaction block",
+    ),
+    cmd(
+        C::Exec,
+        "exec",
+        1,
+        &["noscript", "loading", "stale", "skip_slowlog"],
+        NO_KEYS,
+        &["@slow", "@transaction"],
+        "transactions",
+        "1.2.0",
+        "Depends on commands in the transaction",
+        "Execute all commands issued after MULTI, with no other client's command on their keys in between",
+    ),
+    cmd(
+        C::Discard,
+        "discard",
+        1,
+        TRANSACTION_FLAGS,
+        NO_KEYS,
+        TRANSACTION_FAST,
+        "transactions",
+        "2.0.0",
+        "O(N), when N is the number of queued commands",
+        "Discard all commands issued after MULTI",
     ),
     cmd(
         C::Select,

@@ -163,6 +163,22 @@ pub(crate) struct Session<C: BackendConn> {
     stash: Vec<u8>,
     results: Vec<OpResult>,
     counts: LocalCounts,
+    /// The transaction opened by `MULTI`, until `EXEC`, `DISCARD` or `RESET`.
+    multi: Option<Transaction>,
+    /// A queued command is being turned into operations and replies: every reply it makes is stashed (it belongs
+    /// to `EXEC`'s array), even with nothing pending.
+    queuing: bool,
+}
+
+/// The commands queued since `MULTI`: their operations and their replies (made as a pipeline's are, from the
+/// operations' results), run by `EXEC`.
+#[derive(Default)]
+struct Transaction {
+    ops: Vec<Op>,
+    pending: Vec<Pending>,
+    stash: Vec<u8>,
+    /// A command was refused while queuing (unknown, wrong arity, not allowed here): `EXEC` runs nothing.
+    refused: bool,
 }
 
 impl<C: BackendConn> Drop for Session<C> {
@@ -194,6 +210,8 @@ impl<C: BackendConn> Session<C> {
             stash: Vec::new(),
             results: Vec::new(),
             counts: LocalCounts::default(),
+            multi: None,
+            queuing: false,
         }
     }
 
@@ -225,10 +243,27 @@ impl<C: BackendConn> Session<C> {
     /// [`Session::flush`].
     pub(crate) fn handle(&mut self, args: Vec<Vec<u8>>, out: &mut Vec<u8>) -> Flow {
         self.counts.commands += 1;
-        let Some(mut spec) = command::lookup(&args[0]) else {
-            let text = unknown_command(&args);
-            self.error_bytes(out, &text);
+        let Some(spec) = self.checked(&args, out) else {
+            // As in Redis, a command refused while a transaction is open makes its EXEC run nothing.
+            if let Some(t) = &mut self.multi {
+                t.refused = true;
+            }
             return Flow::Continue;
+        };
+        self.last_command = spec.name;
+        if self.multi.is_some() {
+            return self.queue(spec, args, out);
+        }
+        self.run(spec, args, out)
+    }
+
+    /// The command `args` names, once it passed the checks every command meets (known, arity, authentication);
+    /// `None` with the error replied.
+    fn checked(&mut self, args: &[Vec<u8>], out: &mut Vec<u8>) -> Option<&'static CommandSpec> {
+        let Some(mut spec) = command::lookup(&args[0]) else {
+            let text = unknown_command(args);
+            self.error_bytes(out, &text);
+            return None;
         };
         if spec.is_container() && args.len() >= 2 {
             match command::lookup_subcommand(spec, &args[1]) {
@@ -240,20 +275,119 @@ impl<C: BackendConn> Session<C> {
                         spec.name.to_ascii_uppercase()
                     );
                     self.error(out, &text);
-                    return Flow::Continue;
+                    return None;
                 }
             }
         }
         if !spec.arity_ok(args.len()) {
             self.arity_error(out, spec);
-            return Flow::Continue;
+            return None;
         }
         if !self.authenticated && !spec.has_flag("no_auth") {
             self.error(out, "NOAUTH Authentication required.");
+            return None;
+        }
+        Some(spec)
+    }
+
+    /// A command while a transaction is open: `EXEC`, `DISCARD` and the connection's own commands run now; a
+    /// command on keys (or `PING`, `ECHO`, `TIME`) is queued, answered `+QUEUED`, its operations and reply kept for
+    /// `EXEC`; any other is refused, and `EXEC` will run nothing.
+    fn queue(&mut self, spec: &'static CommandSpec, args: Vec<Vec<u8>>, out: &mut Vec<u8>) -> Flow {
+        match spec.id {
+            CommandId::Exec => {
+                self.exec(out);
+                return Flow::Continue;
+            }
+            CommandId::Discard => {
+                self.multi = None;
+                self.reply(out, |w| w.ok());
+                return Flow::Continue;
+            }
+            CommandId::Multi => {
+                self.error(out, "ERR MULTI calls can not be nested");
+                return Flow::Continue;
+            }
+            CommandId::Quit | CommandId::Reset => return self.run(spec, args, out),
+            _ => {}
+        }
+        let queueable = spec.first_key > 0
+            || matches!(spec.id, CommandId::Ping | CommandId::Echo | CommandId::Time);
+        // The walks over every key (KEYS, SCAN, FLUSHDB, DBSIZE) and the connection's and server's commands run
+        // outside transactions here.
+        if !queueable {
+            if let Some(t) = &mut self.multi {
+                t.refused = true;
+            }
+            let text = format!(
+                "ERR Command not allowed inside a transaction here: '{}'",
+                spec.name
+            );
+            self.error(out, &text);
             return Flow::Continue;
         }
-        self.last_command = spec.name;
-        self.run(spec, args, out)
+        let mut t = self.multi.take().unwrap_or_default();
+        self.swap_transaction(&mut t);
+        self.queuing = true;
+        let flow = self.run(spec, args, out);
+        self.queuing = false;
+        self.swap_transaction(&mut t);
+        self.multi = Some(t);
+        self.reply(out, |w| w.simple(b"QUEUED"));
+        flow
+    }
+
+    /// Swaps the connection's pipeline (operations, replies to make, stashed replies) with `t`'s.
+    fn swap_transaction(&mut self, t: &mut Transaction) {
+        std::mem::swap(&mut self.ops, &mut t.ops);
+        std::mem::swap(&mut self.pending, &mut t.pending);
+        std::mem::swap(&mut self.stash, &mut t.stash);
+    }
+
+    /// `EXEC`: runs the queued commands' operations as one transaction, after everything the connection sent
+    /// before it, and answers with the array of their replies.
+    fn exec(&mut self, out: &mut Vec<u8>) {
+        let Some(mut t) = self.multi.take() else {
+            self.error(out, "ERR EXEC without MULTI");
+            return;
+        };
+        if t.refused {
+            self.error(
+                out,
+                "EXECABORT Transaction discarded because of previous errors.",
+            );
+            return;
+        }
+        // The commands before EXEC run first (a key's operations apply in order), and their replies go out first.
+        self.flush(out);
+        let mut results = Vec::with_capacity(t.ops.len());
+        if !t.ops.is_empty()
+            && let Err(e) = self.conn.execute_atomic(&mut t.ops, &mut results)
+        {
+            let text = format!(
+                "ERR the transaction did not run, nothing was applied: {}",
+                error_text(&e).trim_start_matches("ERR ")
+            );
+            self.error(out, &text);
+            return;
+        }
+        ReplyWriter::new(out, self.proto).array(t.pending.len());
+        std::mem::swap(&mut self.results, &mut results);
+        std::mem::swap(&mut self.stash, &mut t.stash);
+        for p in &t.pending {
+            match *p {
+                Pending::Ready(start, end) => out.extend_from_slice(&self.stash[start..end]),
+                Pending::Ops {
+                    reply,
+                    first,
+                    count,
+                    proto,
+                } => self.compose(reply, first, count, proto, out),
+            }
+        }
+        std::mem::swap(&mut self.stash, &mut t.stash);
+        self.results.clear();
+        self.stash.clear();
     }
 
     fn run(
@@ -383,7 +517,14 @@ impl<C: BackendConn> Session<C> {
             },
             CommandId::BitCount => self.bit_count(args, out),
             CommandId::BitPos => self.bit_pos(args, out),
+            CommandId::Multi => {
+                self.multi = Some(Transaction::default());
+                self.reply(out, |w| w.ok());
+            }
+            CommandId::Exec => self.error(out, "ERR EXEC without MULTI"),
+            CommandId::Discard => self.error(out, "ERR DISCARD without MULTI"),
             CommandId::Reset => {
+                self.multi = None;
                 self.name = None;
                 self.card.set_names(&self.name, &self.lib_name, &self.lib_ver);
                 self.proto = Protocol::Resp2;
@@ -1527,7 +1668,7 @@ impl<C: BackendConn> Session<C> {
 
     /// Writes a reply that needs no key operation: straight to `out`, or behind the pending ones.
     fn reply(&mut self, out: &mut Vec<u8>, f: impl FnOnce(&mut ReplyWriter<'_>)) {
-        if self.pending.is_empty() {
+        if self.pending.is_empty() && !self.queuing {
             f(&mut ReplyWriter::new(out, self.proto));
         } else {
             let start = self.stash.len();

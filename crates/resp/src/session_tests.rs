@@ -541,7 +541,7 @@ fn config_get() {
 #[test]
 fn command_introspection() {
     let mut c = Client::plain();
-    c.check("command count", b":50\r\n");
+    c.check("command count", b":53\r\n");
     c.check(
         "command info get nothere",
         b"*2\r\n*10\r\n$3\r\nget\r\n:2\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*3\r\n+@read\r\n+@string\r\n+@fast\r\n*0\r\n*0\r\n*0\r\n*-1\r\n",
@@ -560,9 +560,9 @@ fn command_introspection() {
         b"-ERR unknown subcommand 'foo'. Try COMMAND HELP.\r\n",
     );
     let all = c.send(b"command\r\n");
-    assert!(all.starts_with(b"*50\r\n*10\r\n$3\r\nget\r\n"));
+    assert!(all.starts_with(b"*53\r\n*10\r\n$3\r\nget\r\n"));
     let list = c.send(b"command list\r\n");
-    assert!(list.starts_with(b"*65\r\n$3\r\nget\r\n$3\r\nset\r\n"));
+    assert!(list.starts_with(b"*68\r\n$3\r\nget\r\n$3\r\nset\r\n"));
     assert!(list.windows(14).any(|w| w == b"client|setname"));
     let docs = c.send(b"command docs client\r\n");
     assert!(
@@ -1242,4 +1242,110 @@ fn shutdown_runs_the_hook_and_closes_without_a_reply_or_is_refused() {
     assert_eq!(out, b"+OK\r\n");
     assert!(c.closed);
     assert_eq!(stops.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn multi_queues_commands_and_exec_answers_them_in_one_array() {
+    let mut c = Client::plain();
+    c.check("exec", b"-ERR EXEC without MULTI\r\n");
+    c.check("discard", b"-ERR DISCARD without MULTI\r\n");
+    c.check("multi", b"+OK\r\n");
+    c.check("multi", b"-ERR MULTI calls can not be nested\r\n");
+    c.check("set a 1", b"+QUEUED\r\n");
+    c.check("incr a", b"+QUEUED\r\n");
+    c.check("incrby a x", b"+QUEUED\r\n");
+    c.check("mget a b", b"+QUEUED\r\n");
+    c.check("ping", b"+QUEUED\r\n");
+    c.check(
+        "exec",
+        b"*5\r\n+OK\r\n:2\r\n-ERR value is not an integer or out of range\r\n*2\r\n$1\r\n2\r\n$-1\r\n+PONG\r\n",
+    );
+    c.check("get a", b"$1\r\n2\r\n");
+    // An empty transaction.
+    c.check("multi", b"+OK\r\n");
+    c.check("exec", b"*0\r\n");
+    // DISCARD drops what was queued.
+    c.check("multi", b"+OK\r\n");
+    c.check("set a 9", b"+QUEUED\r\n");
+    c.check("discard", b"+OK\r\n");
+    c.check("get a", b"$1\r\n2\r\n");
+    // RESET ends the transaction too.
+    c.check("multi", b"+OK\r\n");
+    c.check("set a 9", b"+QUEUED\r\n");
+    c.check("reset", b"+RESET\r\n");
+    c.check("exec", b"-ERR EXEC without MULTI\r\n");
+    c.check("get a", b"$1\r\n2\r\n");
+}
+
+#[test]
+fn a_command_refused_while_queuing_discards_the_transaction() {
+    let mut c = Client::plain();
+    c.check("multi", b"+OK\r\n");
+    c.check("set a 1", b"+QUEUED\r\n");
+    c.check(
+        "nosuchcommand",
+        b"-ERR unknown command 'nosuchcommand', with args beginning with: \r\n",
+    );
+    c.check(
+        "get",
+        b"-ERR wrong number of arguments for 'get' command\r\n",
+    );
+    c.check(
+        "exec",
+        b"-EXECABORT Transaction discarded because of previous errors.\r\n",
+    );
+    c.check("get a", b"$-1\r\n");
+    // Here, not in Redis: the walks over every key and the connection's commands are refused in a transaction.
+    c.check("multi", b"+OK\r\n");
+    c.check(
+        "keys *",
+        b"-ERR Command not allowed inside a transaction here: 'keys'\r\n",
+    );
+    c.check("set a 1", b"+QUEUED\r\n");
+    c.check(
+        "exec",
+        b"-EXECABORT Transaction discarded because of previous errors.\r\n",
+    );
+    c.check("get a", b"$-1\r\n");
+}
+
+#[test]
+fn a_pipeline_around_a_transaction_keeps_its_order() {
+    let mut c = Client::plain();
+    let got = c.send(
+        b"SET k before\r\nMULTI\r\nGET k\r\nSET k inside\r\nEXEC\r\nGET k\r\nMULTI\r\nAPPEND k !\r\nEXEC\r\n",
+    );
+    assert_eq!(
+        got.escape_ascii().to_string(),
+        b"+OK\r\n+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n$6\r\nbefore\r\n+OK\r\n$6\r\ninside\r\n+OK\r\n+QUEUED\r\n*1\r\n:7\r\n"
+            .escape_ascii()
+            .to_string()
+    );
+    // A transaction left open at the end of a pipeline stays open.
+    let got = c.send(b"MULTI\r\nGET k\r\n");
+    assert_eq!(got, b"+OK\r\n+QUEUED\r\n");
+    c.check("exec", b"*1\r\n$7\r\ninside!\r\n");
+}
+
+#[test]
+fn a_store_without_transactions_refuses_exec_and_applies_nothing() {
+    /// A store that runs pipelines but not transactions.
+    struct NoTransactions(MemoryBackend);
+    impl BackendConn for NoTransactions {
+        fn execute(&mut self, ops: &mut Vec<Op>, results: &mut Vec<OpResult>) {
+            self.0.execute(ops, results)
+        }
+        fn dbsize(&mut self) -> Result<u64, BackendError> {
+            self.0.dbsize()
+        }
+    }
+    let store = MemoryBackend::new();
+    let mut c = Client::on(ServerConfig::default(), NoTransactions(store.clone()));
+    c.check("multi", b"+OK\r\n");
+    c.check("set a 1", b"+QUEUED\r\n");
+    c.check(
+        "exec",
+        b"-ERR the transaction did not run, nothing was applied: this store cannot run transactions (MULTI/EXEC)\r\n",
+    );
+    c.check("get a", b"$-1\r\n");
 }

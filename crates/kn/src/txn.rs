@@ -1,0 +1,181 @@
+//! Transactions over a node's workers (Redis's `MULTI`/`EXEC`).
+//!
+//! A transaction's operations are queued at every worker that owns one of its keys, each worker's share as one
+//! request (a [`TxnPart`]), and the parts of any two transactions are queued in the same order at every worker
+//! ([`crate::Submitter::submit_txn`] queues them under one lock). A worker that reaches its part checks that it may
+//! serve every key of it, then waits at the transaction's [`TxnBarrier`] until every part has arrived; only then
+//! does each part run, on its own worker. A worker serves its keys one request at a time, so once every worker has
+//! reached its part no other request on the transaction's keys comes between its operations: the transaction takes
+//! effect when the last part arrives. If a part may not run (a key moved to another node, the lease lapsed, a key
+//! is shared with other nodes) or not every part arrives within the wait, no part runs.
+//!
+//! Each part's writes are committed with its worker's group commit, so a transaction is isolated but not atomic
+//! under a crash: after one, some of its writes may be there and others not.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::DataOp;
+
+/// Operations of a transaction, in transaction order, each with the tag its reply carries.
+pub type TxnOps = Vec<(u64, DataOp)>;
+
+/// One worker's share of a transaction: its operations in transaction order, each with the tag its reply carries.
+pub struct TxnPart {
+    /// Where the transaction's parts meet before any of them runs.
+    pub barrier: Arc<TxnBarrier>,
+    /// The operations, each with its reply's tag.
+    pub ops: TxnOps,
+}
+
+/// Why a transaction did not run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TxnAbort {
+    /// A part may not run here; the reason is the first part's that said so.
+    #[error("{0}")]
+    Refused(String),
+    /// Not every part reached its worker within the wait.
+    #[error("not every worker of the transaction reached it within {0:?}")]
+    TimedOut(Duration),
+}
+
+/// The meeting point of a transaction's parts: each worker arrives with whether its part may run, and every part
+/// runs only when all arrived and all may.
+pub struct TxnBarrier {
+    parts: usize,
+    wait: Duration,
+    state: Mutex<BarrierState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct BarrierState {
+    arrived: usize,
+    refused: Option<String>,
+    timed_out: bool,
+}
+
+impl TxnBarrier {
+    /// A barrier for `parts` parts, each waiting at most `wait` for the others.
+    pub fn new(parts: usize, wait: Duration) -> Arc<TxnBarrier> {
+        Arc::new(TxnBarrier {
+            parts,
+            wait,
+            state: Mutex::new(BarrierState::default()),
+            changed: Condvar::new(),
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, BarrierState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Refuses the transaction without a part arriving (a part could not be queued): the parts that arrive, or
+    /// are waiting, abort.
+    pub fn refuse(&self, reason: String) {
+        let mut s = self.state();
+        s.refused.get_or_insert(reason);
+        self.changed.notify_all();
+    }
+
+    /// Arrives with this part's `verdict` and waits for the others. `Ok` when every part arrived and every part
+    /// may run: then this part runs. Every part of a transaction gets the same answer.
+    pub fn arrive(&self, verdict: Result<(), String>) -> Result<(), TxnAbort> {
+        let mut s = self.state();
+        if let Err(reason) = verdict {
+            s.refused.get_or_insert(reason);
+        }
+        s.arrived += 1;
+        if s.arrived == self.parts || s.refused.is_some() {
+            self.changed.notify_all();
+        }
+        let deadline = Instant::now() + self.wait;
+        loop {
+            // A refusal or a time-out is only ever recorded while some part has not arrived, so once every part
+            // has arrived without either, every part sees the same `Ok`.
+            if let Some(reason) = &s.refused {
+                return Err(TxnAbort::Refused(reason.clone()));
+            }
+            if s.timed_out {
+                return Err(TxnAbort::TimedOut(self.wait));
+            }
+            if s.arrived == self.parts {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                s.timed_out = true;
+                self.changed.notify_all();
+                return Err(TxnAbort::TimedOut(self.wait));
+            }
+            s = self
+                .changed
+                .wait_timeout(s, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_parts(
+        barrier: &Arc<TxnBarrier>,
+        verdicts: Vec<Result<(), String>>,
+    ) -> Vec<Result<(), TxnAbort>> {
+        let threads: Vec<_> = verdicts
+            .into_iter()
+            .map(|v| {
+                let b = barrier.clone();
+                std::thread::spawn(move || b.arrive(v))
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    }
+
+    #[test]
+    fn every_part_runs_once_all_arrived() {
+        let b = TxnBarrier::new(3, Duration::from_secs(10));
+        assert_eq!(run_parts(&b, vec![Ok(()), Ok(()), Ok(())]), vec![Ok(()); 3]);
+    }
+
+    #[test]
+    fn one_refusing_part_aborts_every_part() {
+        let b = TxnBarrier::new(3, Duration::from_secs(10));
+        let refused = Err(TxnAbort::Refused("moved".into()));
+        assert_eq!(
+            run_parts(&b, vec![Ok(()), Err("moved".into()), Ok(())]),
+            vec![refused.clone(), refused.clone(), refused]
+        );
+    }
+
+    #[test]
+    fn a_part_that_never_comes_aborts_the_others_after_the_wait_and_a_late_one_too() {
+        let wait = Duration::from_millis(50);
+        let b = TxnBarrier::new(3, wait);
+        let started = Instant::now();
+        assert_eq!(
+            run_parts(&b, vec![Ok(()), Ok(())]),
+            vec![Err(TxnAbort::TimedOut(wait)); 2]
+        );
+        assert!(started.elapsed() >= wait);
+        // The third part arrives after the others gave up: it must not run alone.
+        assert_eq!(b.arrive(Ok(())), Err(TxnAbort::TimedOut(wait)));
+    }
+
+    #[test]
+    fn a_part_refused_before_queuing_aborts_the_parts_already_waiting() {
+        let b = TxnBarrier::new(2, Duration::from_secs(10));
+        let waiting = {
+            let b = b.clone();
+            std::thread::spawn(move || b.arrive(Ok(())))
+        };
+        b.refuse("the worker stopped".into());
+        assert_eq!(
+            waiting.join().unwrap(),
+            Err(TxnAbort::Refused("the worker stopped".into()))
+        );
+    }
+}
