@@ -548,6 +548,7 @@ fn a_frozen_owner_holds_up_only_the_commands_forwarded_to_it() -> anyhow::Result
     };
     let (live, own) = (owned_by(2), owned_by(3));
     anyhow::ensure!(live.len() == 25 && own.len() == 25, "too few keys per node");
+    let mine = own[0].as_bytes().to_vec();
     let near: Vec<&String> = live
         .into_iter()
         .zip(own)
@@ -600,6 +601,41 @@ fn a_frozen_owner_holds_up_only_the_commands_forwarded_to_it() -> anyhow::Result
     );
     waiting.send(&[b"PING"])?;
     assert_eq!(waiting.read()?, Value::Simple(b"PONG".to_vec()));
+
+    // A transaction runs on the workers of the serving process: one with a key of another process is refused,
+    // nothing of it applied; one on the front door's own keys runs.
+    let queued = Value::Simple(b"QUEUED".to_vec());
+    let ok = Value::Simple(b"OK".to_vec());
+    for (args, reply) in [
+        (vec![b"MULTI".as_slice()], ok.clone()),
+        (vec![b"SET", &mine, b"in a transaction"], queued.clone()),
+        (vec![b"SET", far.as_bytes(), b"in a transaction"], queued.clone()),
+    ] {
+        other.send(&args)?;
+        assert_eq!(other.read()?, reply);
+    }
+    other.send(&[b"EXEC"])?;
+    let refused = other.read()?;
+    assert!(
+        matches!(&refused, Value::Error(e) if e.starts_with(b"ERR the transaction did not run, nothing was applied: 1 of its 2 operations are on keys of KV nodes in other processes")),
+        "{refused:?}"
+    );
+    other.send(&[b"GET", &mine])?;
+    assert_eq!(other.read()?, bulk(mine.as_slice()));
+    other.send(&[b"GET", far.as_bytes()])?;
+    assert_eq!(other.read()?, bulk(b"far"));
+    for (args, reply) in [
+        (vec![b"MULTI".as_slice()], ok.clone()),
+        (vec![b"APPEND", &mine, b"!"], queued.clone()),
+    ] {
+        other.send(&args)?;
+        assert_eq!(other.read()?, reply);
+    }
+    other.send(&[b"EXEC"])?;
+    assert_eq!(
+        other.read()?,
+        Value::Array(vec![Value::Integer(mine.len() as i64 + 1)])
+    );
     eprintln!(
         "{} commands answered in {served_in:?} while the owner was frozen; the forwarded GET got {answer:?} after {:?}",
         near.len(),

@@ -231,7 +231,7 @@ big = os.urandom(1 << 20)
 assert b.set("big", big)
 assert a.get("big") == big
 assert a.strlen("big") == 1 << 20
-# Pipelines (without MULTI: transactions are not supported).
+# Pipelines without MULTI, then as transactions (redis-py's default).
 p = a.pipeline(transaction=False)
 for i in range(1000):
     p.set("p%d" % i, i)
@@ -243,6 +243,17 @@ p = b.pipeline(transaction=False)
 for i in range(1000):
     p.get("p%d" % i)
 assert p.execute() == [str(i).encode() for i in range(1000)]
+with b.pipeline() as p:
+    for i in range(100):
+        p.incr("tx-a").decr("tx-b")
+    p.get("tx-a").get("tx-b")
+    r = p.execute()
+assert r[-2:] == [b"100", b"-100"], r[-2:]
+with a.pipeline() as p:
+    p.set("tx-c", "x").incr("tx-c").get("tx-c")
+    r = p.execute(raise_on_error=False)
+assert r[0] is True and isinstance(r[1], redis.ResponseError) and r[2] == b"x", r
+a.delete("tx-a", "tx-b", "tx-c")
 # Increments.
 assert a.incr("n") == 1
 assert b.incrby("n", 41) == 42
@@ -560,6 +571,63 @@ fn probes_and_increment_errors_match_redis_server_reply_for_reply() -> anyhow::R
             vec![b"GET", k],
         ]);
     }
+    assert_same_replies(up.resp[0], redis.addr, &requests)
+}
+
+#[test]
+fn transactions_match_redis_server_reply_for_reply() -> anyhow::Result<()> {
+    let up = up(&[])?;
+    let redis = RedisServer::start()?;
+    let mut requests: Vec<Vec<&[u8]>> = Vec::new();
+    // Keys of both KV nodes, in one transaction: they run on the workers of both nodes of the process.
+    let keys: Vec<String> = (0..6).map(|i| format!("t{i}")).collect();
+    let k: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    requests.extend([
+        vec![b"EXEC".as_slice()],
+        vec![b"DISCARD"],
+        vec![b"MULTI"],
+        vec![b"SET", k[0], b"1"],
+        vec![b"INCR", k[0]],
+        vec![b"INCRBY", k[0], b"x"],
+        vec![b"APPEND", k[1], b"abc"],
+        vec![b"MSET", k[2], b"a", k[3], b"b", k[4], b"c"],
+        vec![b"MGET", k[0], k[1], k[2], k[3], k[4], k[5]],
+        vec![b"GETDEL", k[4]],
+        vec![b"DEL", k[3], k[5]],
+        vec![b"EXISTS", k[0], k[1], k[2], k[3], k[4], k[5]],
+        vec![b"SET", k[5], b"v", b"NX", b"GET"],
+        vec![b"SETRANGE", k[1], b"1", b"ZZ"],
+        vec![b"PING"],
+        vec![b"ECHO", b"hi"],
+        vec![b"EXEC"],
+        vec![b"MGET", k[0], k[1], k[2], k[3], k[4], k[5]],
+        // DISCARD, then nothing open.
+        vec![b"MULTI"],
+        vec![b"SET", k[0], b"discarded"],
+        vec![b"DISCARD"],
+        vec![b"EXEC"],
+        vec![b"GET", k[0]],
+        // A nested MULTI is refused and changes nothing; an empty transaction answers an empty array.
+        vec![b"MULTI"],
+        vec![b"MULTI"],
+        vec![b"EXEC"],
+        // A command refused while queuing discards the transaction.
+        vec![b"MULTI"],
+        vec![b"SET", k[0], b"never"],
+        vec![b"NOSUCHCOMMAND", b"x"],
+        vec![b"EXEC"],
+        vec![b"MULTI"],
+        vec![b"SET", k[0], b"never"],
+        vec![b"GET"],
+        vec![b"EXEC"],
+        vec![b"GET", k[0]],
+        // RESET closes an open transaction.
+        vec![b"MULTI"],
+        vec![b"SET", k[0], b"never"],
+        vec![b"RESET"],
+        vec![b"EXEC"],
+        vec![b"GET", k[0]],
+    ]);
     assert_same_replies(up.resp[0], redis.addr, &requests)
 }
 
