@@ -609,7 +609,10 @@ fn a_frozen_owner_holds_up_only_the_commands_forwarded_to_it() -> anyhow::Result
     for (args, reply) in [
         (vec![b"MULTI".as_slice()], ok.clone()),
         (vec![b"SET", &mine, b"in a transaction"], queued.clone()),
-        (vec![b"SET", far.as_bytes(), b"in a transaction"], queued.clone()),
+        (
+            vec![b"SET", far.as_bytes(), b"in a transaction"],
+            queued.clone(),
+        ),
     ] {
         other.send(&args)?;
         assert_eq!(other.read()?, reply);

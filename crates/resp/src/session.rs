@@ -374,17 +374,7 @@ impl<C: BackendConn> Session<C> {
         ReplyWriter::new(out, self.proto).array(t.pending.len());
         std::mem::swap(&mut self.results, &mut results);
         std::mem::swap(&mut self.stash, &mut t.stash);
-        for p in &t.pending {
-            match *p {
-                Pending::Ready(start, end) => out.extend_from_slice(&self.stash[start..end]),
-                Pending::Ops {
-                    reply,
-                    first,
-                    count,
-                    proto,
-                } => self.compose(reply, first, count, proto, out),
-            }
-        }
+        self.write_replies(&t.pending, out);
         std::mem::swap(&mut self.stash, &mut t.stash);
         self.results.clear();
         self.stash.clear();
@@ -1531,23 +1521,28 @@ impl<C: BackendConn> Session<C> {
                 self.ops.clear();
             }
             let pending = std::mem::take(&mut self.pending);
-            for p in &pending {
-                match *p {
-                    Pending::Ready(start, end) => out.extend_from_slice(&self.stash[start..end]),
-                    Pending::Ops {
-                        reply,
-                        first,
-                        count,
-                        proto,
-                    } => self.compose(reply, first, count, proto, out),
-                }
-            }
+            self.write_replies(&pending, out);
             self.pending = pending;
             self.pending.clear();
             self.stash.clear();
             self.results.clear();
         }
         self.publish_counts();
+    }
+
+    /// Writes the replies of `pending`, in order: the stashed ones as they are, the others made from `self.results`.
+    fn write_replies(&mut self, pending: &[Pending], out: &mut Vec<u8>) {
+        for p in pending {
+            match *p {
+                Pending::Ready(start, end) => out.extend_from_slice(&self.stash[start..end]),
+                Pending::Ops {
+                    reply,
+                    first,
+                    count,
+                    proto,
+                } => self.compose(reply, first, count, proto, out),
+            }
+        }
     }
 
     /// Writes the last command and the protocol version to the card, when they changed since last written (a lock
