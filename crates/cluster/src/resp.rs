@@ -104,6 +104,7 @@ impl Backend for NodeBackend {
             worker_timeout: self.worker_timeout,
             txn_wait: self.txn_wait,
             txn_aborted: None,
+            txn_changed: false,
             deadline: Instant::now(),
             batch: 0,
             local: Vec::new(),
@@ -168,6 +169,8 @@ struct NodeConn {
     txn_wait: Duration,
     /// Why the transaction running did not run, as its workers reported.
     txn_aborted: Option<String>,
+    /// The transaction running did not run because a key it watched changed.
+    txn_changed: bool,
     sink: Arc<ConnSink>,
     replies: Receiver<Delivery>,
     /// The forwarding thread this connection's forwarded ops go through.
@@ -228,6 +231,7 @@ fn take_data_op(op: &mut Op) -> DataOp {
         Op::GetBit(k, i) => DataOp::GetBit(take(k), *i),
         Op::BitCount(k, range) => DataOp::BitCount(take(k), *range),
         Op::BitPos(k, bit, range) => DataOp::BitPos(take(k), *bit, *range),
+        Op::Unchanged(k, digest) => DataOp::Unchanged(take(k), *digest),
     }
 }
 
@@ -254,6 +258,7 @@ fn op_of(op: DataOp) -> Op {
         DataOp::GetBit(k, i) => Op::GetBit(k, i),
         DataOp::BitCount(k, range) => Op::BitCount(k, range),
         DataOp::BitPos(k, bit, range) => Op::BitPos(k, bit, range),
+        DataOp::Unchanged(k, digest) => Op::Unchanged(k, digest),
     }
 }
 
@@ -271,7 +276,12 @@ fn output(op: &Op, answer: Output) -> OpResult {
             value @ Output::Value(_),
         ) => Ok(value),
         (
-            Op::Exists(_) | Op::Set(..) | Op::Insert(..) | Op::Update(..) | Op::Delete(_),
+            Op::Exists(_)
+            | Op::Set(..)
+            | Op::Insert(..)
+            | Op::Update(..)
+            | Op::Delete(_)
+            | Op::Unchanged(..),
             applied @ Output::Applied(_),
         ) => Ok(applied),
         (
@@ -501,6 +511,10 @@ impl NodeConn {
                     Err(KnError::TxnAborted(why)) => {
                         self.txn_aborted.get_or_insert_with(|| why.clone());
                         Err(from_kn_error(&ops[i], KnError::TxnAborted(why)))
+                    }
+                    Err(KnError::TxnChanged) => {
+                        self.txn_changed = true;
+                        Err(from_kn_error(&ops[i], KnError::TxnChanged))
                     }
                     Err(e) => Err(from_kn_error(&ops[i], e)),
                 };
@@ -740,7 +754,7 @@ impl BackendConn for NodeConn {
         &mut self,
         ops: &mut Vec<Op>,
         results: &mut Vec<OpResult>,
-    ) -> Result<(), BackendError> {
+    ) -> Result<bool, BackendError> {
         self.begin_batch(ops.len());
         self.route(ops);
         let mut nodes: Vec<(Arc<NodeShared>, Vec<usize>)> = Vec::new();
@@ -773,6 +787,7 @@ impl BackendConn for NodeConn {
             )));
         }
         self.txn_aborted = None;
+        self.txn_changed = false;
         let queued = queue_txn(
             &mut nodes,
             self.shared.id,
@@ -792,12 +807,16 @@ impl BackendConn for NodeConn {
         self.queued += queued;
         self.started = true;
         self.finish(ops, results);
+        if std::mem::take(&mut self.txn_changed) {
+            results.clear();
+            return Ok(false);
+        }
         match self.txn_aborted.take() {
             Some(why) => {
                 results.clear();
                 Err(BackendError::Unavailable(why))
             }
-            None => Ok(()),
+            None => Ok(true),
         }
     }
 

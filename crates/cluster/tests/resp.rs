@@ -1035,3 +1035,58 @@ fn transactions_run_whole_or_not_at_all_while_nodes_join_and_leave() -> anyhow::
     assert!(ran > 0, "no transaction ran");
     Ok(())
 }
+
+/// Optimistic increments (`WATCH`, `GET`, `MULTI`, `SET` of the value read plus one, `EXEC`, again when `EXEC`
+/// answers null) from connections to both nodes of counters on both: no increment is lost, and every one that
+/// ran is counted once.
+#[test]
+fn watched_check_and_set_loses_no_increment() -> anyhow::Result<()> {
+    let c = cluster_with_loops(2, 2)?;
+    let addrs = resp_addrs(&c);
+    let (a, b) = {
+        let nodes = c.nodes();
+        (nodes[0].id(), nodes[1].id())
+    };
+    let counters = vec![key_owned_by(&c, a, "cas"), key_owned_by(&c, b, "cas")];
+    const PER_CLIENT: i64 = 60;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let retries: Vec<_> = (0..4usize)
+        .map(|t| {
+            let (addr, counters) = (addrs[t % 2], counters.clone());
+            std::thread::spawn(move || {
+                let mut conn = Conn::open(addr);
+                let mut retries = 0;
+                for i in 0..PER_CLIENT {
+                    let key = &counters[(t + i as usize) % 2];
+                    loop {
+                        assert!(Instant::now() < deadline, "increments starved");
+                        assert_eq!(conn.call(&[b"WATCH", key]), ok());
+                        let now = match conn.call(&[b"GET", key]) {
+                            Value::NullBulk => 0,
+                            v => number(&v),
+                        };
+                        let next = (now + 1).to_string();
+                        let r = transaction(
+                            &mut conn,
+                            &[vec![b"SET".as_slice(), key, next.as_bytes()]],
+                        );
+                        match r {
+                            Value::Array(a) if a == vec![ok()] => break,
+                            Value::NullArray => retries += 1,
+                            other => panic!("EXEC answered {other:?}"),
+                        }
+                    }
+                }
+                retries
+            })
+        })
+        .collect();
+    let retried: i64 = retries.into_iter().map(|t| t.join().expect("client")).sum();
+    let mut conn = Conn::open(addrs[0]);
+    let total: i64 = counters
+        .iter()
+        .map(|k| number(&conn.call(&[b"GET", k])))
+        .sum();
+    assert_eq!(total, 4 * PER_CLIENT, "{retried} retries");
+    Ok(())
+}

@@ -87,7 +87,7 @@ fn redis_cli_talks_to_every_node() -> anyhow::Result<()> {
         cli(b, &["SELECT", "1"])?,
         "ERR DB index is out of range\n\n"
     );
-    assert_eq!(cli(a, &["COMMAND", "COUNT"])?, "53\n");
+    assert_eq!(cli(a, &["COMMAND", "COUNT"])?, "55\n");
     // RESP3 through redis-cli's -3 switch.
     assert_eq!(cli(b, &["-3", "GET", "greeting"])?, "hello world\n");
     Ok(())
@@ -254,6 +254,28 @@ with a.pipeline() as p:
     r = p.execute(raise_on_error=False)
 assert r[0] is True and isinstance(r[1], redis.ResponseError) and r[2] == b"x", r
 a.delete("tx-a", "tx-b", "tx-c")
+# Optimistic updates with WATCH, as redis-py's transaction() helper makes them, on keys of both nodes.
+def double(pipe):
+    n = int(pipe.get("tx-n") or 1)
+    m = int(pipe.get("tx-m") or 1)
+    pipe.multi()
+    pipe.set("tx-n", n * 2)
+    pipe.set("tx-m", m * 3)
+for _ in range(5):
+    a.transaction(double, "tx-n", "tx-m")
+assert a.mget("tx-n", "tx-m") == [b"32", b"243"]
+with b.pipeline() as p:
+    p.watch("tx-n")
+    a.set("tx-n", "changed")
+    p.multi()
+    p.set("tx-n", "lost")
+    try:
+        p.execute()
+        raise SystemExit("EXEC ran although a watched key changed")
+    except redis.WatchError:
+        pass
+assert b.get("tx-n") == b"changed"
+a.delete("tx-n", "tx-m")
 # Increments.
 assert a.incr("n") == 1
 assert b.incrby("n", 41) == 42
@@ -627,6 +649,37 @@ fn transactions_match_redis_server_reply_for_reply() -> anyhow::Result<()> {
         vec![b"RESET"],
         vec![b"EXEC"],
         vec![b"GET", k[0]],
+        // WATCH: a watched key the connection itself changes (to another value) stops the next EXEC; EXEC, UNWATCH
+        // and DISCARD forget the watched keys; WATCH is refused inside MULTI, where UNWATCH is queued.
+        vec![b"WATCH", k[0], k[1], k[5]],
+        vec![b"MULTI"],
+        vec![b"GET", k[0]],
+        vec![b"EXEC"],
+        vec![b"WATCH", k[0], k[2]],
+        vec![b"APPEND", k[2], b"!"],
+        vec![b"MULTI"],
+        vec![b"SET", k[0], b"not run"],
+        vec![b"EXEC"],
+        vec![b"GET", k[0]],
+        vec![b"MULTI"],
+        vec![b"SET", k[0], b"run"],
+        vec![b"EXEC"],
+        vec![b"WATCH", k[3]],
+        vec![b"SET", k[3], b"created"],
+        vec![b"UNWATCH"],
+        vec![b"MULTI"],
+        vec![b"WATCH", k[0]],
+        vec![b"UNWATCH"],
+        vec![b"GET", k[3]],
+        vec![b"EXEC"],
+        vec![b"WATCH", k[3]],
+        vec![b"MULTI"],
+        vec![b"DISCARD"],
+        vec![b"DEL", k[3]],
+        vec![b"MULTI"],
+        vec![b"EXISTS", k[3]],
+        vec![b"EXEC"],
+        vec![b"WATCH"],
     ]);
     assert_same_replies(up.resp[0], redis.addr, &requests)
 }

@@ -67,6 +67,10 @@ pub enum KnError {
     /// time. Nothing of it was applied.
     #[error("the transaction did not run, nothing was applied: {0}")]
     TxnAborted(String),
+    /// A transaction did not run because a key it watched (`WATCH`) no longer had the value it had. Nothing of it
+    /// was applied.
+    #[error("a watched key changed, so the transaction did not run (nothing was applied)")]
+    TxnChanged,
     /// The key kept changing under the request: other owners of a shared key won every attempt's CAS, or the
     /// index slots of a key's hash changed on every walk of a read. Nothing was applied.
     #[error("the key changed under {attempts} attempts in a row; nothing was applied")]

@@ -34,6 +34,9 @@ pub enum TxnAbort {
     /// A part may not run here; the reason is the first part's that said so.
     #[error("{0}")]
     Refused(String),
+    /// A key the transaction watched no longer has the value it had.
+    #[error("a watched key changed")]
+    Changed,
     /// Not every part reached its worker within the wait.
     #[error("not every worker of the transaction reached it within {0:?}")]
     TimedOut(Duration),
@@ -51,7 +54,7 @@ pub struct TxnBarrier {
 #[derive(Default)]
 struct BarrierState {
     arrived: usize,
-    refused: Option<String>,
+    refused: Option<TxnAbort>,
     timed_out: bool,
 }
 
@@ -74,16 +77,16 @@ impl TxnBarrier {
     /// are waiting, abort.
     pub fn refuse(&self, reason: String) {
         let mut s = self.state();
-        s.refused.get_or_insert(reason);
+        s.refused.get_or_insert(TxnAbort::Refused(reason));
         self.changed.notify_all();
     }
 
     /// Arrives with this part's `verdict` and waits for the others. `Ok` when every part arrived and every part
     /// may run: then this part runs. Every part of a transaction gets the same answer.
-    pub fn arrive(&self, verdict: Result<(), String>) -> Result<(), TxnAbort> {
+    pub fn arrive(&self, verdict: Result<(), TxnAbort>) -> Result<(), TxnAbort> {
         let mut s = self.state();
-        if let Err(reason) = verdict {
-            s.refused.get_or_insert(reason);
+        if let Err(why) = verdict {
+            s.refused.get_or_insert(why);
         }
         s.arrived += 1;
         if s.arrived == self.parts || s.refused.is_some() {
@@ -93,8 +96,8 @@ impl TxnBarrier {
         loop {
             // A refusal or a time-out is only ever recorded while some part has not arrived, so once every part
             // has arrived without either, every part sees the same `Ok`.
-            if let Some(reason) = &s.refused {
-                return Err(TxnAbort::Refused(reason.clone()));
+            if let Some(why) = &s.refused {
+                return Err(why.clone());
             }
             if s.timed_out {
                 return Err(TxnAbort::TimedOut(self.wait));
@@ -123,7 +126,7 @@ mod tests {
 
     fn run_parts(
         barrier: &Arc<TxnBarrier>,
-        verdicts: Vec<Result<(), String>>,
+        verdicts: Vec<Result<(), TxnAbort>>,
     ) -> Vec<Result<(), TxnAbort>> {
         let threads: Vec<_> = verdicts
             .into_iter()
@@ -146,7 +149,10 @@ mod tests {
         let b = TxnBarrier::new(3, Duration::from_secs(10));
         let refused = Err(TxnAbort::Refused("moved".into()));
         assert_eq!(
-            run_parts(&b, vec![Ok(()), Err("moved".into()), Ok(())]),
+            run_parts(
+                &b,
+                vec![Ok(()), Err(TxnAbort::Refused("moved".into())), Ok(())]
+            ),
             vec![refused.clone(), refused.clone(), refused]
         );
     }

@@ -262,6 +262,10 @@ pub enum DataOp {
         bool,
         Option<(i64, Option<i64>, bool)>,
     ),
+    /// Replies whether the value still has this digest (`dinomo_value::digest`; none: no value): a key a Redis
+    /// transaction watches (`WATCH`). In a transaction it is checked before any part runs, and the transaction
+    /// runs only if it holds.
+    Unchanged(#[serde(with = "serde_bytes")] Vec<u8>, Option<u128>),
 }
 
 impl DataOp {
@@ -279,7 +283,8 @@ impl DataOp {
             | DataOp::SetBit(k, ..)
             | DataOp::GetBit(k, _)
             | DataOp::BitCount(k, _)
-            | DataOp::BitPos(k, ..) => k,
+            | DataOp::BitPos(k, ..)
+            | DataOp::Unchanged(k, _) => k,
             DataOp::Set(k, _)
             | DataOp::Insert(k, _)
             | DataOp::Update(k, _)
@@ -302,6 +307,7 @@ impl DataOp {
                 | DataOp::GetBit(..)
                 | DataOp::BitCount(..)
                 | DataOp::BitPos(..)
+                | DataOp::Unchanged(..)
         )
     }
 }
@@ -478,11 +484,13 @@ pub struct OpCounts {
     pub setbit: u64,
     /// Reads of bits (GETBIT, BITCOUNT, BITPOS).
     pub getbits: u64,
+    /// Checks of keys a transaction watched (WATCH).
+    pub watch: u64,
 }
 
 impl OpCounts {
     /// Each kind with its count, named as in the metrics.
-    pub fn by_kind(&self) -> [(&'static str, u64); 15] {
+    pub fn by_kind(&self) -> [(&'static str, u64); 16] {
         [
             ("get", self.get),
             ("set", self.set),
@@ -499,6 +507,7 @@ impl OpCounts {
             ("setrange", self.setrange),
             ("setbit", self.setbit),
             ("getbits", self.getbits),
+            ("watch", self.watch),
         ]
     }
 
@@ -521,6 +530,7 @@ impl OpCounts {
             setrange: add(self.setrange, other.setrange),
             setbit: add(self.setbit, other.setbit),
             getbits: add(self.getbits, other.getbits),
+            watch: add(self.watch, other.watch),
         }
     }
 
@@ -550,6 +560,7 @@ impl OpCounts {
             DataOp::SetRange(..) => &mut self.setrange,
             DataOp::SetBit(..) => &mut self.setbit,
             DataOp::GetBit(..) | DataOp::BitCount(..) | DataOp::BitPos(..) => &mut self.getbits,
+            DataOp::Unchanged(..) => &mut self.watch,
         };
         *n += 1;
     }
@@ -1056,7 +1067,11 @@ impl Worker {
         };
         if let Err(abort) = barrier.arrive(verdict) {
             for (tag, _) in ops {
-                let _ = answer(tag).send(Err(KnError::TxnAborted(abort.to_string())));
+                let error = match &abort {
+                    crate::txn::TxnAbort::Changed => KnError::TxnChanged,
+                    abort => KnError::TxnAborted(abort.to_string()),
+                };
+                let _ = answer(tag).send(Err(error));
             }
             return;
         }
@@ -1076,9 +1091,27 @@ impl Worker {
         }
     }
 
-    /// Whether this worker may run its part of a transaction: it serves now and owns every key of the part alone
-    /// (a shared key's writes are seen by the other owners at once, outside the transaction).
-    fn txn_verdict(&mut self, ops: &[(u64, DataOp)]) -> Result<(), String> {
+    /// Whether this worker may run its part of a transaction: it serves now, owns every key of the part alone (a
+    /// shared key's writes are seen by the other owners at once, outside the transaction), and every watched key
+    /// of the part still has the value it had ([`DataOp::Unchanged`]).
+    fn txn_verdict(&mut self, ops: &[(u64, DataOp)]) -> Result<(), crate::txn::TxnAbort> {
+        use crate::txn::TxnAbort::{Changed, Refused};
+        self.txn_may_run(ops).map_err(Refused)?;
+        for (_, op) in ops {
+            if let DataOp::Unchanged(key, digest) = op {
+                let current = self
+                    .read_for_write(key)
+                    .map_err(|e| Refused(e.to_string()))?;
+                if dinomo_value::digest(current.as_deref()) != *digest {
+                    return Err(Changed);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this worker serves now and owns every key of `ops` alone; why not.
+    fn txn_may_run(&mut self, ops: &[(u64, DataOp)]) -> Result<(), String> {
         if !self.lease_open() {
             return Err(KnError::LeaseLapsed.to_string());
         }
@@ -2453,6 +2486,10 @@ fn outcome(op: DataOp, current: Option<Vec<u8>>, max_value_len: usize) -> (Vec<u
         DataOp::BitPos(k, bit, range) => {
             let at = dinomo_value::bit_pos(current.as_deref(), bit, range);
             (k, done(Reply::Int(at)))
+        }
+        DataOp::Unchanged(k, digest) => {
+            let holds = dinomo_value::digest(current.as_deref()) == digest;
+            (k, done(Reply::Applied(holds)))
         }
         DataOp::Append(k, suffix) => {
             let mut v = current.unwrap_or_default();

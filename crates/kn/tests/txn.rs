@@ -316,3 +316,47 @@ fn two_handles_on_one_node_make_one_part_per_worker() -> anyhow::Result<()> {
     assert!(started.elapsed() < WAIT, "the parts waited for each other");
     Ok(())
 }
+
+#[test]
+fn a_transaction_whose_watched_key_changed_applies_nothing() -> anyhow::Result<()> {
+    let kv = store(2)?;
+    let submitter = kv.submitter();
+    let keys = keys_on_different_workers("watched-", 2, 2);
+    let digest = |v: &[u8]| dinomo_value::digest(Some(v));
+    transaction(
+        &submitter,
+        vec![DataOp::Set(keys[0].clone(), b"old".to_vec())],
+    );
+    // The watched key is on the other worker from the write: its part says no, so neither part runs.
+    let r = transaction(
+        &submitter,
+        vec![
+            DataOp::Set(keys[1].clone(), b"written".to_vec()),
+            DataOp::Unchanged(keys[0].clone(), digest(b"older")),
+        ],
+    );
+    assert!(
+        r.iter().all(|r| matches!(r, Err(KnError::TxnChanged))),
+        "{r:?}"
+    );
+    let r = transaction(&submitter, vec![DataOp::Get(keys[1].clone())]);
+    assert_eq!(replies(r), vec![Reply::Value(None)]);
+    // Still as watched: it runs, and the check answers that it held.
+    let r = transaction(
+        &submitter,
+        vec![
+            DataOp::Set(keys[1].clone(), b"written".to_vec()),
+            DataOp::Unchanged(keys[0].clone(), digest(b"old")),
+            DataOp::Unchanged(b"never-written".to_vec(), None),
+        ],
+    );
+    assert_eq!(
+        replies(r),
+        vec![
+            Reply::Applied(true),
+            Reply::Applied(true),
+            Reply::Applied(true)
+        ]
+    );
+    Ok(())
+}

@@ -53,6 +53,9 @@ pub enum Op {
     BitCount(Vec<u8>, Option<(i64, i64, bool)>),
     /// The first bit equal to the flag in all or a range of the value ([`dinomo_value::bit_pos`]).
     BitPos(Vec<u8>, bool, Option<(i64, Option<i64>, bool)>),
+    /// Whether the value still has this digest ([`dinomo_value::digest`]; `None`: no value): a key `WATCH`ed by a
+    /// transaction, which runs only if every one of them holds ([`BackendConn::execute_atomic`]).
+    Unchanged(Vec<u8>, Option<u128>),
 }
 
 impl Op {
@@ -64,6 +67,7 @@ impl Op {
             Op::Append(k, _) | Op::Take(k) | Op::GetRange(k, ..) | Op::SetRange(k, ..) => k,
             Op::IncrFloat(k, _) | Op::InsertGet(k, _) | Op::UpdateGet(k, _) => k,
             Op::SetBit(k, ..) | Op::GetBit(k, _) | Op::BitCount(k, _) | Op::BitPos(k, ..) => k,
+            Op::Unchanged(k, _) => k,
         }
     }
 
@@ -91,6 +95,7 @@ impl Op {
                 | Op::GetBit(..)
                 | Op::BitCount(..)
                 | Op::BitPos(..)
+                | Op::Unchanged(..)
         )
     }
 }
@@ -208,13 +213,14 @@ pub trait BackendConn: Send + 'static {
 
     /// Executes `ops` as one transaction (`MULTI` ... `EXEC`): in order, with no other client's operation on their
     /// keys between them, replacing `results` with one result per op as [`BackendConn::execute`] does (an op's own
-    /// failure fails it alone). `Err` when the transaction did not run at all, nothing of it applied. The default
-    /// is a store that cannot run transactions.
+    /// failure fails it alone). Its [`Op::Unchanged`] ops are the transaction's condition, checked before anything
+    /// runs: `Ok(false)`, nothing applied and `results` empty, when one does not hold. `Err` when the transaction
+    /// did not run for another reason, nothing of it applied. The default is a store that cannot run transactions.
     fn execute_atomic(
         &mut self,
         ops: &mut Vec<Op>,
         results: &mut Vec<OpResult>,
-    ) -> Result<(), BackendError> {
+    ) -> Result<bool, BackendError> {
         let _ = (ops, results);
         Err(BackendError::Unavailable(
             "this store cannot run transactions (MULTI/EXEC)".into(),
@@ -415,6 +421,10 @@ pub fn outcome(
             Output::Int(dinomo_value::bit_pos(current, *bit, *range)),
             Effect::Keep,
         ),
+        Op::Unchanged(_, digest) => (
+            Output::Applied(dinomo_value::digest(current) == *digest),
+            Effect::Keep,
+        ),
     })
 }
 
@@ -489,14 +499,27 @@ impl BackendConn for MemoryBackend {
         }
     }
 
-    /// One lock over the whole map for the whole batch already keeps other clients out.
+    /// One lock over the whole map for the whole transaction keeps other clients out.
     fn execute_atomic(
         &mut self,
         ops: &mut Vec<Op>,
         results: &mut Vec<OpResult>,
-    ) -> Result<(), BackendError> {
-        self.execute(ops, results);
-        Ok(())
+    ) -> Result<bool, BackendError> {
+        results.clear();
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let holds = ops.iter().all(|op| match op {
+            Op::Unchanged(k, d) => dinomo_value::digest(map.get(k).map(Vec::as_slice)) == *d,
+            _ => true,
+        });
+        if !holds {
+            ops.clear();
+            return Ok(false);
+        }
+        for op in ops.drain(..) {
+            let r = self.apply(&mut map, op);
+            results.push(r);
+        }
+        Ok(true)
     }
 
     fn dbsize(&mut self) -> Result<u64, BackendError> {

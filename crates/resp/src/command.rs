@@ -45,6 +45,8 @@ pub enum CommandId {
     Multi,
     Exec,
     Discard,
+    Watch,
+    Unwatch,
     Select,
     Hello,
     Auth,
@@ -421,7 +423,7 @@ static CONFIG_SUBCOMMANDS: [CommandSpec; 2] = [
 ];
 
 /// Every top-level command.
-pub static COMMANDS: [CommandSpec; 53] = [
+pub static COMMANDS: [CommandSpec; 55] = [
     cmd(
         C::Get,
         "get",
@@ -661,6 +663,30 @@ pub static COMMANDS: [CommandSpec; 53] = [
         "2.0.0",
         "O(N), when N is the number of queued commands",
         "Discard all commands issued after MULTI",
+    ),
+    cmd(
+        C::Watch,
+        "watch",
+        -2,
+        TRANSACTION_FLAGS,
+        ALL_KEYS,
+        TRANSACTION_FAST,
+        "transactions",
+        "2.2.0",
+        "O(1) for every key.",
+        "Monitor changes to keys to determine execution of a MULTI/EXEC block (here: their values)",
+    ),
+    cmd(
+        C::Unwatch,
+        "unwatch",
+        1,
+        TRANSACTION_FLAGS,
+        NO_KEYS,
+        TRANSACTION_FAST,
+        "transactions",
+        "2.2.0",
+        "O(1)",
+        "Forget about all watched keys",
     ),
     cmd(
         C::Select,

@@ -168,6 +168,9 @@ pub(crate) struct Session<C: BackendConn> {
     /// A queued command is being turned into operations and replies: every reply it makes is stashed (it belongs
     /// to `EXEC`'s array), even with nothing pending.
     queuing: bool,
+    /// The keys `WATCH`ed since the last `EXEC`, `DISCARD`, `UNWATCH` or `RESET`, each with the digest of the value
+    /// it had then ([`dinomo_value::digest`]): the next `EXEC` runs only if every one still has it.
+    watched: Vec<(Vec<u8>, Option<u128>)>,
 }
 
 /// The commands queued since `MULTI`: their operations and their replies (made as a pipeline's are, from the
@@ -212,6 +215,7 @@ impl<C: BackendConn> Session<C> {
             counts: LocalCounts::default(),
             multi: None,
             queuing: false,
+            watched: Vec::new(),
         }
     }
 
@@ -301,6 +305,7 @@ impl<C: BackendConn> Session<C> {
             }
             CommandId::Discard => {
                 self.multi = None;
+                self.watched.clear();
                 self.reply(out, |w| w.ok());
                 return Flow::Continue;
             }
@@ -308,11 +313,21 @@ impl<C: BackendConn> Session<C> {
                 self.error(out, "ERR MULTI calls can not be nested");
                 return Flow::Continue;
             }
+            CommandId::Watch => {
+                self.error(out, "ERR WATCH inside MULTI is not allowed");
+                return Flow::Continue;
+            }
             CommandId::Quit | CommandId::Reset => return self.run(spec, args, out),
             _ => {}
         }
         let queueable = spec.first_key > 0
-            || matches!(spec.id, CommandId::Ping | CommandId::Echo | CommandId::Time);
+            || matches!(
+                spec.id,
+                CommandId::Ping | CommandId::Echo | CommandId::Time | CommandId::Unwatch
+            );
+        // As in Redis, an UNWATCH inside the transaction runs at EXEC, after the watched keys were checked: it
+        // changes nothing but its `+OK` in the array.
+        let unwatch = spec.id == CommandId::Unwatch;
         // The walks over every key (KEYS, SCAN, FLUSHDB, DBSIZE) and the connection's and server's commands run
         // outside transactions here.
         if !queueable {
@@ -329,12 +344,42 @@ impl<C: BackendConn> Session<C> {
         let mut t = self.multi.take().unwrap_or_default();
         self.swap_transaction(&mut t);
         self.queuing = true;
-        let flow = self.run(spec, args, out);
+        let flow = if unwatch {
+            self.reply(out, |w| w.ok());
+            Flow::Continue
+        } else {
+            self.run(spec, args, out)
+        };
         self.queuing = false;
         self.swap_transaction(&mut t);
         self.multi = Some(t);
         self.reply(out, |w| w.simple(b"QUEUED"));
         flow
+    }
+
+    /// `WATCH`: reads the keys' values after everything sent before it, and keeps their digests for the next
+    /// `EXEC`. A key watched twice keeps the digest of its first `WATCH`.
+    fn watch(&mut self, mut args: Vec<Vec<u8>>, out: &mut Vec<u8>) {
+        self.flush(out);
+        let keys: Vec<Vec<u8>> = args
+            .drain(1..)
+            .filter(|k| !self.watched.iter().any(|(w, _)| w == k))
+            .collect();
+        let read = self.run_ops(keys.iter().cloned().map(Op::Get).collect());
+        match read {
+            Ok(values) => {
+                for (k, v) in keys.into_iter().zip(values) {
+                    let Output::Value(v) = v else {
+                        return self.error(out, "ERR the store answered GET without a value");
+                    };
+                    if !self.watched.iter().any(|(w, _)| *w == k) {
+                        self.watched.push((k, dinomo_value::digest(v.as_deref())));
+                    }
+                }
+                self.reply(out, |w| w.ok());
+            }
+            Err(e) => self.backend_error(out, &e),
+        }
     }
 
     /// Swaps the connection's pipeline (operations, replies to make, stashed replies) with `t`'s.
@@ -351,6 +396,7 @@ impl<C: BackendConn> Session<C> {
             self.error(out, "ERR EXEC without MULTI");
             return;
         };
+        let watched = std::mem::take(&mut self.watched);
         if t.refused {
             self.error(
                 out,
@@ -360,16 +406,27 @@ impl<C: BackendConn> Session<C> {
         }
         // The commands before EXEC run first (a key's operations apply in order), and their replies go out first.
         self.flush(out);
+        // The watched keys' checks go after the commands' operations, whose results the replies index.
+        t.ops
+            .extend(watched.into_iter().map(|(k, d)| Op::Unchanged(k, d)));
         let mut results = Vec::with_capacity(t.ops.len());
-        if !t.ops.is_empty()
-            && let Err(e) = self.conn.execute_atomic(&mut t.ops, &mut results)
-        {
-            let text = format!(
-                "ERR the transaction did not run, nothing was applied: {}",
-                error_text(&e).trim_start_matches("ERR ")
-            );
-            self.error(out, &text);
-            return;
+        if !t.ops.is_empty() {
+            match self.conn.execute_atomic(&mut t.ops, &mut results) {
+                Ok(true) => {}
+                Ok(false) => {
+                    // A watched key changed: nothing ran, as in Redis.
+                    self.reply(out, |w| w.null_array());
+                    return;
+                }
+                Err(e) => {
+                    let text = format!(
+                        "ERR the transaction did not run, nothing was applied: {}",
+                        error_text(&e).trim_start_matches("ERR ")
+                    );
+                    self.error(out, &text);
+                    return;
+                }
+            }
         }
         ReplyWriter::new(out, self.proto).array(t.pending.len());
         std::mem::swap(&mut self.results, &mut results);
@@ -513,8 +570,14 @@ impl<C: BackendConn> Session<C> {
             }
             CommandId::Exec => self.error(out, "ERR EXEC without MULTI"),
             CommandId::Discard => self.error(out, "ERR DISCARD without MULTI"),
+            CommandId::Watch => self.watch(args, out),
+            CommandId::Unwatch => {
+                self.watched.clear();
+                self.reply(out, |w| w.ok());
+            }
             CommandId::Reset => {
                 self.multi = None;
+                self.watched.clear();
                 self.name = None;
                 self.card.set_names(&self.name, &self.lib_name, &self.lib_ver);
                 self.proto = Protocol::Resp2;

@@ -541,7 +541,7 @@ fn config_get() {
 #[test]
 fn command_introspection() {
     let mut c = Client::plain();
-    c.check("command count", b":53\r\n");
+    c.check("command count", b":55\r\n");
     c.check(
         "command info get nothere",
         b"*2\r\n*10\r\n$3\r\nget\r\n:2\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*3\r\n+@read\r\n+@string\r\n+@fast\r\n*0\r\n*0\r\n*0\r\n*-1\r\n",
@@ -560,9 +560,9 @@ fn command_introspection() {
         b"-ERR unknown subcommand 'foo'. Try COMMAND HELP.\r\n",
     );
     let all = c.send(b"command\r\n");
-    assert!(all.starts_with(b"*53\r\n*10\r\n$3\r\nget\r\n"));
+    assert!(all.starts_with(b"*55\r\n*10\r\n$3\r\nget\r\n"));
     let list = c.send(b"command list\r\n");
-    assert!(list.starts_with(b"*68\r\n$3\r\nget\r\n$3\r\nset\r\n"));
+    assert!(list.starts_with(b"*70\r\n$3\r\nget\r\n$3\r\nset\r\n"));
     assert!(list.windows(14).any(|w| w == b"client|setname"));
     let docs = c.send(b"command docs client\r\n");
     assert!(
@@ -1348,4 +1348,78 @@ fn a_store_without_transactions_refuses_exec_and_applies_nothing() {
         b"-ERR the transaction did not run, nothing was applied: this store cannot run transactions (MULTI/EXEC)\r\n",
     );
     c.check("get a", b"$-1\r\n");
+}
+
+#[test]
+fn watch_runs_exec_only_while_the_watched_values_stay_as_they_were() {
+    let store = MemoryBackend::new();
+    let mut a = Client::new(ServerConfig::default(), &store);
+    let mut b = a.beside(&store);
+    a.check("set k 1", b"+OK\r\n");
+    // Another client changes a watched key: EXEC runs nothing and answers a null array.
+    a.check("watch k nothere", b"+OK\r\n");
+    b.check("set k 2", b"+OK\r\n");
+    a.check("multi", b"+OK\r\n");
+    a.check("set k 3", b"+QUEUED\r\n");
+    a.check("exec", b"*-1\r\n");
+    a.check("get k", b"$1\r\n2\r\n");
+    // EXEC forgot the watched keys: the next transaction runs.
+    b.check("set k 4", b"+OK\r\n");
+    a.check("multi", b"+OK\r\n");
+    a.check("incr k", b"+QUEUED\r\n");
+    a.check("exec", b"*1\r\n:5\r\n");
+    // Unchanged watched keys (one created meanwhile counts as a change): the transaction runs.
+    a.check("watch k", b"+OK\r\n");
+    a.check("multi", b"+OK\r\n");
+    a.check("incr k", b"+QUEUED\r\n");
+    a.check("exec", b"*1\r\n:6\r\n");
+    a.check("watch nothere", b"+OK\r\n");
+    b.check("set nothere x", b"+OK\r\n");
+    a.check("multi", b"+OK\r\n");
+    a.check("exec", b"*-1\r\n");
+    // The client's own change of a watched key counts too.
+    a.check("watch k", b"+OK\r\n");
+    a.check("incr k", b":7\r\n");
+    a.check("multi", b"+OK\r\n");
+    a.check("exec", b"*-1\r\n");
+    // UNWATCH, DISCARD and RESET forget them; inside MULTI, WATCH is refused and UNWATCH waits for EXEC.
+    a.check("watch k", b"+OK\r\n");
+    b.check("set k 0", b"+OK\r\n");
+    a.check("unwatch", b"+OK\r\n");
+    a.check("multi", b"+OK\r\n");
+    a.check("exec", b"*0\r\n");
+    a.check("watch k", b"+OK\r\n");
+    a.check("multi", b"+OK\r\n");
+    a.check("discard", b"+OK\r\n");
+    b.check("set k 1", b"+OK\r\n");
+    a.check("multi", b"+OK\r\n");
+    a.check("watch k", b"-ERR WATCH inside MULTI is not allowed\r\n");
+    a.check("unwatch", b"+QUEUED\r\n");
+    a.check("get k", b"+QUEUED\r\n");
+    a.check("exec", b"*2\r\n+OK\r\n$1\r\n1\r\n");
+    a.check("watch k", b"+OK\r\n");
+    b.check("set k 2", b"+OK\r\n");
+    a.check("reset", b"+RESET\r\n");
+    a.check("multi", b"+OK\r\n");
+    a.check("exec", b"*0\r\n");
+    // RESP3's null.
+    assert!(a.send(b"hello 3\r\n").starts_with(b"%"));
+    a.check("watch k", b"+OK\r\n");
+    b.check("set k 3", b"+OK\r\n");
+    a.check("multi", b"+OK\r\n");
+    a.check("exec", b"_\r\n");
+}
+
+#[test]
+fn watch_compares_values_so_a_write_of_the_same_bytes_is_no_change() {
+    // Here, not in Redis (which aborts on any write of a watched key): the watched value is what is compared.
+    let store = MemoryBackend::new();
+    let mut a = Client::new(ServerConfig::default(), &store);
+    let mut b = a.beside(&store);
+    a.check("set k same", b"+OK\r\n");
+    a.check("watch k", b"+OK\r\n");
+    b.check("set k same", b"+OK\r\n");
+    a.check("multi", b"+OK\r\n");
+    a.check("get k", b"+QUEUED\r\n");
+    a.check("exec", b"*1\r\n$4\r\nsame\r\n");
 }

@@ -35,6 +35,12 @@ pub enum ValueError {
 /// The longest text taken as a float (Redis's `MAX_LONG_DOUBLE_CHARS`).
 pub const MAX_FLOAT_CHARS: usize = 5 * 1024;
 
+/// What a watched key (`WATCH`) is compared by: a 128-bit hash of its value, `None` for no value. A transaction
+/// whose watched key's digest changed does not run; a write of the same bytes leaves the digest as it was.
+pub fn digest(value: Option<&[u8]>) -> Option<u128> {
+    value.map(xxhash_rust::xxh3::xxh3_128)
+}
+
 /// `s` as a decimal 64-bit integer in its one canonical spelling, as Redis's `string2ll` reads it: an optional
 /// `-`, no leading zeros, no `+`, no blanks.
 pub fn parse_integer(s: &[u8]) -> Option<i64> {
