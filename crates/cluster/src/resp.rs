@@ -105,6 +105,7 @@ impl Backend for NodeBackend {
             txn_wait: self.txn_wait,
             txn_aborted: None,
             txn_changed: false,
+            txn_refused: None,
             deadline: Instant::now(),
             batch: 0,
             local: Vec::new(),
@@ -171,6 +172,8 @@ struct NodeConn {
     txn_aborted: Option<String>,
     /// The transaction running did not run because a key it watched changed.
     txn_changed: bool,
+    /// The transaction started was refused before anything of it was queued: why.
+    txn_refused: Option<String>,
     sink: Arc<ConnSink>,
     replies: Receiver<Delivery>,
     /// The forwarding thread this connection's forwarded ops go through.
@@ -748,14 +751,22 @@ impl BackendConn for NodeConn {
         self.started = true;
     }
 
-    /// The transaction's keys must all be owned by nodes of this process (this one or its peers): their workers
-    /// run it (`dinomo_kn::submit_txn`). Keys of nodes in other processes are refused, nothing applied.
     fn execute_atomic(
         &mut self,
         ops: &mut Vec<Op>,
         results: &mut Vec<OpResult>,
     ) -> Result<bool, BackendError> {
+        self.start_atomic(ops);
+        self.finish_atomic(ops, results)
+    }
+
+    /// The transaction's keys must all be owned by nodes of this process (this one or its peers): their workers
+    /// run it (`dinomo_kn::submit_txn`). Keys of nodes in other processes are refused, nothing applied.
+    fn start_atomic(&mut self, ops: &mut Vec<Op>) {
         self.begin_batch(ops.len());
+        self.txn_aborted = None;
+        self.txn_changed = false;
+        self.txn_refused = None;
         self.route(ops);
         let mut nodes: Vec<(Arc<NodeShared>, Vec<usize>)> = Vec::new();
         if !self.local.is_empty() {
@@ -779,15 +790,13 @@ impl BackendConn for NodeConn {
         self.remote.clear();
         self.peer_of.clear();
         if elsewhere > 0 {
-            let total = ops.len();
-            ops.clear();
-            return Err(BackendError::Unavailable(format!(
-                "{elsewhere} of its {total} operations are on keys of KV nodes in other processes; a transaction \
-                 runs on the nodes of the process serving the connection"
-            )));
+            self.txn_refused = Some(format!(
+                "{elsewhere} of its {} operations are on keys of KV nodes in other processes; a transaction runs \
+                 on the nodes of the process serving the connection",
+                ops.len()
+            ));
+            return;
         }
-        self.txn_aborted = None;
-        self.txn_changed = false;
         let queued = queue_txn(
             &mut nodes,
             self.shared.id,
@@ -797,15 +806,25 @@ impl BackendConn for NodeConn {
             self.txn_wait,
             answer_into(&mut self.results, &mut self.answered),
         );
-        let queued = match queued {
-            Ok(n) => n,
-            Err(why) => {
-                ops.clear();
-                return Err(BackendError::Unavailable(why));
+        match queued {
+            Ok(n) => {
+                self.queued += n;
+                self.started = true;
             }
-        };
-        self.queued += queued;
-        self.started = true;
+            Err(why) => self.txn_refused = Some(why),
+        }
+    }
+
+    fn finish_atomic(
+        &mut self,
+        ops: &mut Vec<Op>,
+        results: &mut Vec<OpResult>,
+    ) -> Result<bool, BackendError> {
+        if let Some(why) = self.txn_refused.take() {
+            ops.clear();
+            results.clear();
+            return Err(BackendError::Unavailable(why));
+        }
         self.finish(ops, results);
         if std::mem::take(&mut self.txn_changed) {
             results.clear();

@@ -227,6 +227,23 @@ pub trait BackendConn: Send + 'static {
         ))
     }
 
+    /// Starts `ops` as one transaction without waiting for it, as [`BackendConn::start`] starts a pipeline;
+    /// [`BackendConn::finish_atomic`] with the same `ops` must follow before any other call but
+    /// [`BackendConn::is_complete`]. The default starts nothing: `finish_atomic` runs the transaction.
+    fn start_atomic(&mut self, ops: &mut Vec<Op>) {
+        let _ = ops;
+    }
+
+    /// Completes the transaction [`BackendConn::start_atomic`] began, as [`BackendConn::execute_atomic`] would
+    /// have run it.
+    fn finish_atomic(
+        &mut self,
+        ops: &mut Vec<Op>,
+        results: &mut Vec<OpResult>,
+    ) -> Result<bool, BackendError> {
+        self.execute_atomic(ops, results)
+    }
+
     /// How many keys the store holds.
     fn dbsize(&mut self) -> Result<u64, BackendError>;
 

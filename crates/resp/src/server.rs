@@ -694,9 +694,17 @@ impl<C: BackendConn> Conn<C> {
                 self.input.consume(used);
                 match parsed {
                     Ok(Some(args)) => {
-                        if self.session.handle(args, &mut self.out) == Flow::Close {
-                            self.closing = true;
-                            return self.started();
+                        match self.session.handle(args, &mut self.out) {
+                            Flow::Close => {
+                                self.closing = true;
+                                return self.started();
+                            }
+                            // What is buffered is handled once the batch so far completed.
+                            Flow::Pause => {
+                                self.unread = true;
+                                return self.started();
+                            }
+                            Flow::Continue => {}
                         }
                         batch += 1;
                         if batch >= max_pipeline {

@@ -94,6 +94,9 @@ pub(crate) enum Flow {
     Continue,
     /// Close once the replies so far are written (`QUIT`, a protocol error).
     Close,
+    /// Handle nothing more until the operations handled so far are started and have completed (`EXEC`: its
+    /// transaction runs as a batch of its own).
+    Pause,
 }
 
 /// How a command's reply is made from its ops' results.
@@ -130,6 +133,8 @@ enum Pending {
         count: usize,
         proto: Protocol,
     },
+    /// `EXEC`'s reply, made from the transaction in `Session::running_txn` and the outcome of its batch.
+    Exec(Protocol),
 }
 
 /// Per-connection counts, added to the shared counters once per flush.
@@ -168,6 +173,10 @@ pub(crate) struct Session<C: BackendConn> {
     /// A queued command is being turned into operations and replies: every reply it makes is stashed (it belongs
     /// to `EXEC`'s array), even with nothing pending.
     queuing: bool,
+    /// The transaction `EXEC` made the pending batch of (`ops` are its operations), and how that batch ended once
+    /// it ran.
+    running_txn: Option<Box<Transaction>>,
+    txn_outcome: Option<Result<bool, BackendError>>,
     /// The keys `WATCH`ed since the last `EXEC`, `DISCARD`, `UNWATCH` or `RESET`, each with the digest of the value
     /// it had then ([`dinomo_value::digest`]): the next `EXEC` runs only if every one still has it.
     watched: Vec<(Vec<u8>, Option<u128>)>,
@@ -215,6 +224,8 @@ impl<C: BackendConn> Session<C> {
             counts: LocalCounts::default(),
             multi: None,
             queuing: false,
+            running_txn: None,
+            txn_outcome: None,
             watched: Vec::new(),
         }
     }
@@ -299,10 +310,7 @@ impl<C: BackendConn> Session<C> {
     /// `EXEC`; any other is refused, and `EXEC` will run nothing.
     fn queue(&mut self, spec: &'static CommandSpec, args: Vec<Vec<u8>>, out: &mut Vec<u8>) -> Flow {
         match spec.id {
-            CommandId::Exec => {
-                self.exec(out);
-                return Flow::Continue;
-            }
+            CommandId::Exec => return self.exec(out),
             CommandId::Discard => {
                 self.multi = None;
                 self.watched.clear();
@@ -389,12 +397,13 @@ impl<C: BackendConn> Session<C> {
         std::mem::swap(&mut self.stash, &mut t.stash);
     }
 
-    /// `EXEC`: runs the queued commands' operations as one transaction, after everything the connection sent
-    /// before it, and answers with the array of their replies.
-    fn exec(&mut self, out: &mut Vec<u8>) {
+    /// `EXEC`: makes the queued commands' operations, and the watched keys' checks, the connection's next batch,
+    /// run as one transaction after everything the connection sent before it (a key's operations apply in order);
+    /// its reply is the array of the commands' replies. Nothing more is handled until it completed.
+    fn exec(&mut self, out: &mut Vec<u8>) -> Flow {
         let Some(mut t) = self.multi.take() else {
             self.error(out, "ERR EXEC without MULTI");
-            return;
+            return Flow::Continue;
         };
         let watched = std::mem::take(&mut self.watched);
         if t.refused {
@@ -402,39 +411,50 @@ impl<C: BackendConn> Session<C> {
                 out,
                 "EXECABORT Transaction discarded because of previous errors.",
             );
-            return;
+            return Flow::Continue;
         }
-        // The commands before EXEC run first (a key's operations apply in order), and their replies go out first.
-        self.flush(out);
         // The watched keys' checks go after the commands' operations, whose results the replies index.
         t.ops
             .extend(watched.into_iter().map(|(k, d)| Op::Unchanged(k, d)));
-        let mut results = Vec::with_capacity(t.ops.len());
-        if !t.ops.is_empty() {
-            match self.conn.execute_atomic(&mut t.ops, &mut results) {
-                Ok(true) => {}
-                Ok(false) => {
-                    // A watched key changed: nothing ran, as in Redis.
-                    self.reply(out, |w| w.null_array());
-                    return;
-                }
-                Err(e) => {
-                    let text = format!(
-                        "ERR the transaction did not run, nothing was applied: {}",
-                        error_text(&e).trim_start_matches("ERR ")
-                    );
-                    self.error(out, &text);
-                    return;
-                }
+        if self.started || !self.ops.is_empty() {
+            // The commands before EXEC run first, in a batch of their own, and their replies go out first.
+            self.flush(out);
+        }
+        self.ops = std::mem::take(&mut t.ops);
+        self.pending.push(Pending::Exec(self.proto));
+        self.running_txn = Some(Box::new(t));
+        if self.ops.is_empty() {
+            // Nothing to run: the replies are all made already.
+            self.flush(out);
+            return Flow::Continue;
+        }
+        Flow::Pause
+    }
+
+    /// `EXEC`'s reply from its transaction and the outcome of its batch.
+    fn compose_exec(&mut self, proto: Protocol, out: &mut Vec<u8>) {
+        let (Some(mut t), outcome) = (self.running_txn.take(), self.txn_outcome.take()) else {
+            self.counts.errors += 1;
+            return ReplyWriter::new(out, proto).err("EXEC's transaction went missing");
+        };
+        match outcome.unwrap_or(Ok(true)) {
+            Ok(true) => {
+                ReplyWriter::new(out, proto).array(t.pending.len());
+                std::mem::swap(&mut self.stash, &mut t.stash);
+                self.write_replies(&t.pending, out);
+                std::mem::swap(&mut self.stash, &mut t.stash);
+            }
+            // A watched key changed: nothing ran, as in Redis.
+            Ok(false) => ReplyWriter::new(out, proto).null_array(),
+            Err(e) => {
+                self.counts.errors += 1;
+                let text = format!(
+                    "ERR the transaction did not run, nothing was applied: {}",
+                    error_text(&e).trim_start_matches("ERR ")
+                );
+                ReplyWriter::new(out, proto).error(text.as_bytes());
             }
         }
-        ReplyWriter::new(out, self.proto).array(t.pending.len());
-        std::mem::swap(&mut self.results, &mut results);
-        std::mem::swap(&mut self.stash, &mut t.stash);
-        self.write_replies(&t.pending, out);
-        std::mem::swap(&mut self.stash, &mut t.stash);
-        self.results.clear();
-        self.stash.clear();
     }
 
     fn run(
@@ -1562,7 +1582,11 @@ impl<C: BackendConn> Session<C> {
     /// Starts the pending key operations without waiting for them; the next [`Session::flush`] completes them.
     pub(crate) fn start_ops(&mut self) {
         if !self.started && !self.ops.is_empty() {
-            self.conn.start(&mut self.ops);
+            if self.running_txn.is_some() {
+                self.conn.start_atomic(&mut self.ops);
+            } else {
+                self.conn.start(&mut self.ops);
+            }
             self.started = true;
         }
     }
@@ -1576,7 +1600,18 @@ impl<C: BackendConn> Session<C> {
     /// in request order.
     pub(crate) fn flush(&mut self, out: &mut Vec<u8>) {
         if !self.pending.is_empty() {
-            if std::mem::take(&mut self.started) {
+            let started = std::mem::take(&mut self.started);
+            if self.running_txn.is_some() {
+                // EXEC's batch: the transaction's operations alone.
+                if started {
+                    let outcome = self.conn.finish_atomic(&mut self.ops, &mut self.results);
+                    self.txn_outcome = Some(outcome);
+                } else if !self.ops.is_empty() {
+                    let outcome = self.conn.execute_atomic(&mut self.ops, &mut self.results);
+                    self.txn_outcome = Some(outcome);
+                }
+                self.ops.clear();
+            } else if started {
                 self.conn.finish(&mut self.ops, &mut self.results);
                 self.ops.clear();
             } else if !self.ops.is_empty() {
@@ -1604,6 +1639,7 @@ impl<C: BackendConn> Session<C> {
                     count,
                     proto,
                 } => self.compose(reply, first, count, proto, out),
+                Pending::Exec(proto) => self.compose_exec(proto, out),
             }
         }
     }

@@ -67,12 +67,18 @@ impl<C: BackendConn> Client<C> {
                 .parse(&input[pos..], self.session.authenticated());
             pos += used;
             match r {
-                Ok(Some(args)) => {
-                    if self.session.handle(args, &mut out) == Flow::Close {
+                Ok(Some(args)) => match self.session.handle(args, &mut out) {
+                    Flow::Close => {
                         self.closed = true;
                         break;
                     }
-                }
+                    // As the server does: the batch so far runs, then the rest is handled.
+                    Flow::Pause => {
+                        self.session.start_ops();
+                        self.session.flush(&mut out);
+                    }
+                    Flow::Continue => {}
+                },
                 Ok(None) => break,
                 Err(e) => {
                     self.session.protocol_error(&e, &mut out);
