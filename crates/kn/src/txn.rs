@@ -12,8 +12,10 @@
 //! Each part's writes are committed with its worker's group commit, so a transaction is isolated but not atomic
 //! under a crash: after one, some of its writes may be there and others not.
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dinomo_sync::{Parted, Rendezvous};
 
 use crate::DataOp;
 
@@ -43,86 +45,35 @@ pub enum TxnAbort {
 }
 
 /// The meeting point of a transaction's parts: each worker arrives with whether its part may run, and every part
-/// runs only when all arrived and all may.
-pub struct TxnBarrier {
-    parts: usize,
-    wait: Duration,
-    state: Mutex<BarrierState>,
-    changed: Condvar,
-}
-
-#[derive(Default)]
-struct BarrierState {
-    arrived: usize,
-    refused: Option<TxnAbort>,
-    timed_out: bool,
-}
+/// runs only when all arrived and all may (a [`dinomo_sync::Rendezvous`], model-checked there).
+pub struct TxnBarrier(Rendezvous<TxnAbort>);
 
 impl TxnBarrier {
     /// A barrier for `parts` parts, each waiting at most `wait` for the others.
     pub fn new(parts: usize, wait: Duration) -> Arc<TxnBarrier> {
-        Arc::new(TxnBarrier {
-            parts,
-            wait,
-            state: Mutex::new(BarrierState::default()),
-            changed: Condvar::new(),
-        })
-    }
-
-    fn state(&self) -> MutexGuard<'_, BarrierState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        Arc::new(TxnBarrier(Rendezvous::new(parts, wait)))
     }
 
     /// Refuses the transaction without a part arriving (a part could not be queued): the parts that arrive, or
     /// are waiting, abort.
     pub fn refuse(&self, reason: String) {
-        let mut s = self.state();
-        s.refused.get_or_insert(TxnAbort::Refused(reason));
-        self.changed.notify_all();
+        self.0.refuse(TxnAbort::Refused(reason));
     }
 
     /// Arrives with this part's `verdict` and waits for the others. `Ok` when every part arrived and every part
     /// may run: then this part runs. Every part of a transaction gets the same answer.
     pub fn arrive(&self, verdict: Result<(), TxnAbort>) -> Result<(), TxnAbort> {
-        let mut s = self.state();
-        if let Err(why) = verdict {
-            s.refused.get_or_insert(why);
-        }
-        s.arrived += 1;
-        if s.arrived == self.parts || s.refused.is_some() {
-            self.changed.notify_all();
-        }
-        let deadline = Instant::now() + self.wait;
-        loop {
-            // A refusal or a time-out is only ever recorded while some part has not arrived, so once every part
-            // has arrived without either, every part sees the same `Ok`.
-            if let Some(why) = &s.refused {
-                return Err(why.clone());
-            }
-            if s.timed_out {
-                return Err(TxnAbort::TimedOut(self.wait));
-            }
-            if s.arrived == self.parts {
-                return Ok(());
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                s.timed_out = true;
-                self.changed.notify_all();
-                return Err(TxnAbort::TimedOut(self.wait));
-            }
-            s = self
-                .changed
-                .wait_timeout(s, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+        self.0.arrive(verdict).map_err(|parted| match parted {
+            Parted::Refused(why) => why,
+            Parted::TimedOut(wait) => TxnAbort::TimedOut(wait),
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     fn run_parts(
         barrier: &Arc<TxnBarrier>,
