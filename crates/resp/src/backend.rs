@@ -476,6 +476,17 @@ impl MemoryBackend {
         }
     }
 
+    /// Applies `ops` in order to `map` (locked by the caller), leaving `ops` empty; `results` holds their results.
+    fn apply_all(
+        &self,
+        map: &mut HashMap<Vec<u8>, Vec<u8>>,
+        ops: &mut Vec<Op>,
+        results: &mut Vec<OpResult>,
+    ) {
+        results.clear();
+        results.extend(ops.drain(..).map(|op| self.apply(map, op)));
+    }
+
     fn apply(&self, map: &mut HashMap<Vec<u8>, Vec<u8>>, op: Op) -> OpResult {
         // A value the op brings is refused as it comes (even where it would not be stored), one it builds before it
         // is stored.
@@ -508,12 +519,8 @@ impl Backend for MemoryBackend {
 
 impl BackendConn for MemoryBackend {
     fn execute(&mut self, ops: &mut Vec<Op>, results: &mut Vec<OpResult>) {
-        results.clear();
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        for op in ops.drain(..) {
-            let r = self.apply(&mut map, op);
-            results.push(r);
-        }
+        self.apply_all(&mut map, ops, results);
     }
 
     /// One lock over the whole map for the whole transaction keeps other clients out.
@@ -522,7 +529,6 @@ impl BackendConn for MemoryBackend {
         ops: &mut Vec<Op>,
         results: &mut Vec<OpResult>,
     ) -> Result<bool, BackendError> {
-        results.clear();
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         let holds = ops.iter().all(|op| match op {
             Op::Unchanged(k, d) => dinomo_value::digest(map.get(k).map(Vec::as_slice)) == *d,
@@ -530,12 +536,10 @@ impl BackendConn for MemoryBackend {
         });
         if !holds {
             ops.clear();
+            results.clear();
             return Ok(false);
         }
-        for op in ops.drain(..) {
-            let r = self.apply(&mut map, op);
-            results.push(r);
-        }
+        self.apply_all(&mut map, ops, results);
         Ok(true)
     }
 

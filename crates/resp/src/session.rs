@@ -369,10 +369,12 @@ impl<C: BackendConn> Session<C> {
     /// `EXEC`. A key watched twice keeps the digest of its first `WATCH`.
     fn watch(&mut self, mut args: Vec<Vec<u8>>, out: &mut Vec<u8>) {
         self.flush(out);
-        let keys: Vec<Vec<u8>> = args
-            .drain(1..)
-            .filter(|k| !self.watched.iter().any(|(w, _)| w == k))
-            .collect();
+        let mut keys: Vec<Vec<u8>> = Vec::new();
+        for k in args.drain(1..) {
+            if !keys.contains(&k) && !self.watched.iter().any(|(w, _)| *w == k) {
+                keys.push(k);
+            }
+        }
         let read = self.run_ops(keys.iter().cloned().map(Op::Get).collect());
         match read {
             Ok(values) => {
@@ -380,9 +382,7 @@ impl<C: BackendConn> Session<C> {
                     let Output::Value(v) = v else {
                         return self.error(out, "ERR the store answered GET without a value");
                     };
-                    if !self.watched.iter().any(|(w, _)| *w == k) {
-                        self.watched.push((k, dinomo_value::digest(v.as_deref())));
-                    }
+                    self.watched.push((k, dinomo_value::digest(v.as_deref())));
                 }
                 self.reply(out, |w| w.ok());
             }
@@ -416,10 +416,8 @@ impl<C: BackendConn> Session<C> {
         // The watched keys' checks go after the commands' operations, whose results the replies index.
         t.ops
             .extend(watched.into_iter().map(|(k, d)| Op::Unchanged(k, d)));
-        if self.started || !self.ops.is_empty() {
-            // The commands before EXEC run first, in a batch of their own, and their replies go out first.
-            self.flush(out);
-        }
+        // The commands before EXEC run first, in a batch of their own, and their replies go out first.
+        self.flush(out);
         self.ops = std::mem::take(&mut t.ops);
         self.pending.push(Pending::Exec(self.proto));
         self.running_txn = Some(Box::new(t));
@@ -1162,17 +1160,9 @@ impl<C: BackendConn> Session<C> {
         let mut rest = &args[2..];
         while let [option, tail @ ..] = rest {
             if option.eq_ignore_ascii_case(b"type") && !tail.is_empty() {
-                let kind = tail[0].to_ascii_lowercase();
-                match kind.as_slice() {
-                    b"normal" => {}
-                    b"master" | b"replica" | b"slave" | b"pubsub" => normal = false,
-                    _ => {
-                        let text = format!(
-                            "ERR Unknown client type '{}'",
-                            String::from_utf8_lossy(&tail[0])
-                        );
-                        return self.error(out, &text);
-                    }
+                match is_normal_client_type(&tail[0]) {
+                    Ok(is_normal) => normal &= is_normal,
+                    Err(text) => return self.error(out, &text),
                 }
                 rest = &tail[1..];
             } else if option.eq_ignore_ascii_case(b"id") && !tail.is_empty() {
@@ -1245,14 +1235,9 @@ impl<C: BackendConn> Session<C> {
                         return Flow::Continue;
                     }
                 },
-                b"type" => match value.to_ascii_lowercase().as_slice() {
-                    b"normal" => {}
-                    b"master" | b"replica" | b"slave" | b"pubsub" => filter.none = true,
-                    _ => {
-                        let text = format!(
-                            "ERR Unknown client type '{}'",
-                            String::from_utf8_lossy(value)
-                        );
+                b"type" => match is_normal_client_type(value) {
+                    Ok(is_normal) => filter.none |= !is_normal,
+                    Err(text) => {
                         self.error(out, &text);
                         return Flow::Continue;
                     }
@@ -1600,22 +1585,16 @@ impl<C: BackendConn> Session<C> {
     /// in request order.
     pub(crate) fn flush(&mut self, out: &mut Vec<u8>) {
         if !self.pending.is_empty() {
-            let started = std::mem::take(&mut self.started);
-            if self.running_txn.is_some() {
-                // EXEC's batch: the transaction's operations alone.
-                if started {
+            // Ops not started yet start here: a backend's start and finish run them as its execute would.
+            self.start_ops();
+            if std::mem::take(&mut self.started) {
+                if self.running_txn.is_some() {
+                    // EXEC's batch: the transaction's operations alone.
                     let outcome = self.conn.finish_atomic(&mut self.ops, &mut self.results);
                     self.txn_outcome = Some(outcome);
-                } else if !self.ops.is_empty() {
-                    let outcome = self.conn.execute_atomic(&mut self.ops, &mut self.results);
-                    self.txn_outcome = Some(outcome);
+                } else {
+                    self.conn.finish(&mut self.ops, &mut self.results);
                 }
-                self.ops.clear();
-            } else if started {
-                self.conn.finish(&mut self.ops, &mut self.results);
-                self.ops.clear();
-            } else if !self.ops.is_empty() {
-                self.conn.execute(&mut self.ops, &mut self.results);
                 self.ops.clear();
             }
             let pending = std::mem::take(&mut self.pending);
@@ -1658,12 +1637,12 @@ impl<C: BackendConn> Session<C> {
         let c = std::mem::take(&mut self.counts);
         if c.commands > 0 {
             self.publish_card();
-        }
-        let k = &self.shared.counters;
-        if c.commands > 0 {
-            k.commands_processed
+            self.shared
+                .counters
+                .commands_processed
                 .fetch_add(c.commands, Ordering::Relaxed);
         }
+        let k = &self.shared.counters;
         if c.hits > 0 {
             k.keyspace_hits.fetch_add(c.hits, Ordering::Relaxed);
         }
@@ -1796,6 +1775,19 @@ fn error_text(e: &BackendError) -> String {
     match e {
         BackendError::OutOfSpace(_) => format!("OOM {e}"),
         _ => format!("ERR {e}"),
+    }
+}
+
+/// Whether a `CLIENT LIST`/`CLIENT KILL` `TYPE` names the kind of every client here (`normal`), or another kind
+/// Redis has (`master`, `replica`, `slave`, `pubsub`); the error reply for any other.
+fn is_normal_client_type(kind: &[u8]) -> Result<bool, String> {
+    match kind.to_ascii_lowercase().as_slice() {
+        b"normal" => Ok(true),
+        b"master" | b"replica" | b"slave" | b"pubsub" => Ok(false),
+        _ => Err(format!(
+            "ERR Unknown client type '{}'",
+            String::from_utf8_lossy(kind)
+        )),
     }
 }
 
