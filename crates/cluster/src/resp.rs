@@ -103,9 +103,7 @@ impl Backend for NodeBackend {
             lane: self.forwarding.lane(),
             worker_timeout: self.worker_timeout,
             txn_wait: self.txn_wait,
-            txn_aborted: None,
-            txn_changed: false,
-            txn_refused: None,
+            txn_end: None,
             deadline: Instant::now(),
             batch: 0,
             local: Vec::new(),
@@ -120,6 +118,14 @@ impl Backend for NodeBackend {
             started: false,
         }
     }
+}
+
+/// Why a transaction did not run.
+enum TxnEnd {
+    /// A key it watched changed: `EXEC` answers null.
+    Changed,
+    /// It may not run, for this reason.
+    NotRun(String),
 }
 
 /// What reaches a RESP connection from elsewhere: a worker's reply to one op, or the answers of a forwarded job.
@@ -168,12 +174,9 @@ struct NodeConn {
     worker_timeout: Duration,
     /// How long a transaction's workers wait for each other (`NodeConfig::txn_wait`).
     txn_wait: Duration,
-    /// Why the transaction running did not run, as its workers reported.
-    txn_aborted: Option<String>,
-    /// The transaction running did not run because a key it watched changed.
-    txn_changed: bool,
-    /// The transaction started was refused before anything of it was queued: why.
-    txn_refused: Option<String>,
+    /// Why the transaction running did not run, once known: refused before anything of it was queued, or as its
+    /// workers reported.
+    txn_end: Option<TxnEnd>,
     sink: Arc<ConnSink>,
     replies: Receiver<Delivery>,
     /// The forwarding thread this connection's forwarded ops go through.
@@ -423,12 +426,7 @@ impl NodeConn {
         at_peers.sort_unstable();
         for group in at_peers.chunk_by(|a, b| a.0 == b.0) {
             let owner = group[0].0;
-            let peer = self
-                .peer_of
-                .iter()
-                .find_map(|(id, p)| (*id == owner).then_some(p.as_ref()).flatten())
-                .expect("route looked every owner in at_peers up");
-            let queued = peer.queue_ops(
+            let queued = peer_in(&self.peer_of, owner).queue_ops(
                 ops,
                 group.iter().map(|&(_, i)| i),
                 self.batch,
@@ -512,11 +510,12 @@ impl NodeConn {
                         return;
                     }
                     Err(KnError::TxnAborted(why)) => {
-                        self.txn_aborted.get_or_insert_with(|| why.clone());
+                        self.txn_end
+                            .get_or_insert_with(|| TxnEnd::NotRun(why.clone()));
                         Err(from_kn_error(&ops[i], KnError::TxnAborted(why)))
                     }
                     Err(KnError::TxnChanged) => {
-                        self.txn_changed = true;
+                        self.txn_end = Some(TxnEnd::Changed);
                         Err(from_kn_error(&ops[i], KnError::TxnChanged))
                     }
                     Err(e) => Err(from_kn_error(&ops[i], e)),
@@ -598,6 +597,13 @@ fn answer_into<'a>(
         results[i] = r;
         answered[i] = true;
     }
+}
+
+/// The node `owner` of this process, as [`NodeConn::route`] looked it up for the batch (`runs_here`).
+fn peer_in(seen: &[(NodeId, Option<Arc<NodeShared>>)], owner: NodeId) -> &Arc<NodeShared> {
+    seen.iter()
+        .find_map(|(id, p)| (*id == owner).then_some(p.as_ref()).flatten())
+        .expect("route looked every owner in at_peers up")
 }
 
 /// Whether `owner` runs in this process, looked up in `peers` once per batch (`seen` keeps the answers).
@@ -764,37 +770,28 @@ impl BackendConn for NodeConn {
     /// run it (`dinomo_kn::submit_txn`). Keys of nodes in other processes are refused, nothing applied.
     fn start_atomic(&mut self, ops: &mut Vec<Op>) {
         self.begin_batch(ops.len());
-        self.txn_aborted = None;
-        self.txn_changed = false;
-        self.txn_refused = None;
+        self.txn_end = None;
         self.route(ops);
         let mut nodes: Vec<(Arc<NodeShared>, Vec<usize>)> = Vec::new();
         if !self.local.is_empty() {
             nodes.push((self.shared.clone(), std::mem::take(&mut self.local)));
         }
-        for &(owner, i) in &self.at_peers {
-            match nodes.iter_mut().find(|(n, _)| n.id == owner) {
-                Some((_, at)) => at.push(i),
-                None => {
-                    let peer = self
-                        .peer_of
-                        .iter()
-                        .find_map(|(id, p)| (*id == owner).then(|| p.clone()).flatten())
-                        .expect("route looked every owner in at_peers up");
-                    nodes.push((peer, vec![i]));
-                }
-            }
+        // Each owner's ops together, in batch order.
+        self.at_peers.sort_unstable();
+        for group in self.at_peers.chunk_by(|a, b| a.0 == b.0) {
+            let peer = peer_in(&self.peer_of, group[0].0).clone();
+            nodes.push((peer, group.iter().map(|&(_, i)| i).collect()));
         }
         let elsewhere = self.remote.len();
         self.at_peers.clear();
         self.remote.clear();
         self.peer_of.clear();
         if elsewhere > 0 {
-            self.txn_refused = Some(format!(
+            self.txn_end = Some(TxnEnd::NotRun(format!(
                 "{elsewhere} of its {} operations are on keys of KV nodes in other processes; a transaction runs \
                  on the nodes of the process serving the connection",
                 ops.len()
-            ));
+            )));
             return;
         }
         let queued = queue_txn(
@@ -811,7 +808,7 @@ impl BackendConn for NodeConn {
                 self.queued += n;
                 self.started = true;
             }
-            Err(why) => self.txn_refused = Some(why),
+            Err(why) => self.txn_end = Some(TxnEnd::NotRun(why)),
         }
     }
 
@@ -820,23 +817,19 @@ impl BackendConn for NodeConn {
         ops: &mut Vec<Op>,
         results: &mut Vec<OpResult>,
     ) -> Result<bool, BackendError> {
-        if let Some(why) = self.txn_refused.take() {
-            ops.clear();
-            results.clear();
-            return Err(BackendError::Unavailable(why));
+        // A transaction refused before anything was queued was never started: `finish` would start it as a
+        // pipeline.
+        if self.started {
+            self.finish(ops, results);
         }
-        self.finish(ops, results);
-        if std::mem::take(&mut self.txn_changed) {
-            results.clear();
-            return Ok(false);
-        }
-        match self.txn_aborted.take() {
-            Some(why) => {
-                results.clear();
-                Err(BackendError::Unavailable(why))
-            }
-            None => Ok(true),
-        }
+        let outcome = match self.txn_end.take() {
+            None => return Ok(true),
+            Some(TxnEnd::Changed) => Ok(false),
+            Some(TxnEnd::NotRun(why)) => Err(BackendError::Unavailable(why)),
+        };
+        ops.clear();
+        results.clear();
+        outcome
     }
 
     fn finish(&mut self, ops: &mut Vec<Op>, results: &mut Vec<OpResult>) {

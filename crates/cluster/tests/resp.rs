@@ -927,6 +927,12 @@ fn transfers_stay_whole(
     }
     let total = 500 * accounts.len() as i64;
     let deadline = Instant::now() + Duration::from_secs(30);
+    // Each client makes at least 50 rounds, at most 300, and stops after 50 once `stop` is set, or at the deadline.
+    let rounds = move || {
+        (0..300usize).take_while(move |&i| {
+            Instant::now() <= deadline && (i < 50 || !stop.load(Ordering::Acquire))
+        })
+    };
     let ran = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|scope| {
         for t in 0..3usize {
@@ -934,10 +940,7 @@ fn transfers_stay_whole(
             let addr = addrs[t % addrs.len()];
             scope.spawn(move || {
                 let mut conn = Conn::open(addr);
-                for i in 0..300usize {
-                    if Instant::now() > deadline || (i >= 50 && stop.load(Ordering::Acquire)) {
-                        break;
-                    }
+                for i in rounds() {
                     let (from, to) = (&accounts[(t + i) % 3], &accounts[(t + i + 1) % 3]);
                     let amount = (1 + i % 9).to_string();
                     let r = transaction(
@@ -965,10 +968,7 @@ fn transfers_stay_whole(
             let addr = addrs[t % addrs.len()];
             scope.spawn(move || {
                 let mut conn = Conn::open(addr);
-                for i in 0..300usize {
-                    if Instant::now() > deadline || (i >= 50 && stop.load(Ordering::Acquire)) {
-                        break;
-                    }
+                for _ in rounds() {
                     let gets: Vec<Vec<&[u8]>> = accounts
                         .iter()
                         .map(|k| vec![b"GET".as_slice(), k])
