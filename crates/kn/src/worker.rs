@@ -1027,16 +1027,12 @@ impl Worker {
         }
         // A request on a key with a write in flight waits for that write's commit, so it sees (and orders after)
         // an acknowledged value only.
-        let conflicts =
-            !self.pending_keys.is_empty() && hash.is_some_and(|h| self.pending_keys.contains(&h));
-        if conflicts || matches!(cmd, Command::MergeAll | Command::Own(_)) {
-            self.flush();
-            if self.broken
-                && let Err(e) = self.reclaim()
-            {
-                let _ = reply.send(Err(e));
-                return;
-            }
+        let conflicts = hash.is_some_and(|h| self.has_pending_write(h));
+        if (conflicts || matches!(cmd, Command::MergeAll | Command::Own(_)))
+            && let Err(e) = self.commit_pending()
+        {
+            let _ = reply.send(Err(e));
+            return;
         }
         let result = match cmd {
             Command::Data(op) => return self.data(op, hash.unwrap_or_default(), reply),
@@ -1066,26 +1062,23 @@ impl Worker {
             to: reply.to.clone(),
         };
         if let Err(abort) = barrier.arrive(verdict) {
+            let error = || match &abort {
+                crate::txn::TxnAbort::Changed => KnError::TxnChanged,
+                abort => KnError::TxnAborted(abort.to_string()),
+            };
             for (tag, _) in ops {
-                let error = match &abort {
-                    crate::txn::TxnAbort::Changed => KnError::TxnChanged,
-                    abort => KnError::TxnAborted(abort.to_string()),
-                };
-                let _ = answer(tag).send(Err(error));
+                let _ = answer(tag).send(Err(error()));
             }
             return;
         }
         for (tag, op) in ops {
             let hash = dinomo_log::key_hash(op.key());
             // As for a request of its own: an operation on a key with a write in flight waits for its commit.
-            if !self.pending_keys.is_empty() && self.pending_keys.contains(&hash) {
-                self.flush();
-                if self.broken
-                    && let Err(e) = self.reclaim()
-                {
-                    let _ = answer(tag).send(Err(e));
-                    continue;
-                }
+            if self.has_pending_write(hash)
+                && let Err(e) = self.commit_pending()
+            {
+                let _ = answer(tag).send(Err(e));
+                continue;
             }
             self.data(op, hash, answer(tag));
         }
@@ -1221,6 +1214,20 @@ impl Worker {
         let _ = reply.send(result);
     }
 
+    /// Whether a write of the key hashed `hash` waits for its group commit.
+    fn has_pending_write(&self, hash: u64) -> bool {
+        !self.pending_keys.is_empty() && self.pending_keys.contains(&hash)
+    }
+
+    /// Commits the writes waiting for their group commit, and claims the log again if a commit failed.
+    fn commit_pending(&mut self) -> Result<(), KnError> {
+        self.flush();
+        if self.broken {
+            self.reclaim()?;
+        }
+        Ok(())
+    }
+
     /// The current value of `key` for a read-modify-write.
     fn read_for_write(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, KnError> {
         self.check_key(key)?;
@@ -1230,10 +1237,7 @@ impl Worker {
     /// Serves under `own` from now on. Keys this node no longer owns leave its cache, and when its unmerged log
     /// holds writes of such keys the memory node merges the log first, so their new owner finds them in the index.
     fn install_ownership(&mut self, own: Arc<dyn Ownership>) -> Result<(), KnError> {
-        self.flush();
-        if self.broken {
-            self.reclaim()?;
-        }
+        self.commit_pending()?;
         self.change_sharing(&*own)?;
         self.forget_read_ahead();
         // Shared keys are never cached: their cell is read on every access.
@@ -1320,10 +1324,7 @@ impl Worker {
         self.stats.shared_ops += 1;
         self.check_key(op.key())?;
         // Pending writes of other keys are committed first, so this thread's log stays in order.
-        self.flush();
-        if self.broken {
-            self.reclaim()?;
-        }
+        self.commit_pending()?;
         let attempts = self.cfg.shared_cas_attempts.max(1);
         for _ in 0..attempts {
             let (seen, current) = match self.read_cell(op.key(), cell, needs_value(&op)) {

@@ -9,14 +9,20 @@
 //! a sleep costs each side a system call and a reschedule.
 
 #[cfg(dinomo_loom)]
-use loom::sync::atomic::{AtomicU8, Ordering};
-#[cfg(dinomo_loom)]
-use loom::sync::{Condvar, Mutex, MutexGuard};
-#[cfg(not(dinomo_loom))]
-use std::sync::atomic::{AtomicU8, Ordering};
-#[cfg(not(dinomo_loom))]
-use std::sync::{Condvar, Mutex, MutexGuard};
+use loom::{
+    hint::spin_loop,
+    sync::atomic::{AtomicU8, Ordering},
+    sync::{Condvar, Mutex, MutexGuard},
+    thread::yield_now,
+};
 use std::time::{Duration, Instant};
+#[cfg(not(dinomo_loom))]
+use std::{
+    hint::spin_loop,
+    sync::atomic::{AtomicU8, Ordering},
+    sync::{Condvar, Mutex, MutexGuard},
+    thread::yield_now,
+};
 
 /// How a rendezvous ended for a party that did not go on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,7 +117,7 @@ impl<R: Clone> Rendezvous<R> {
                 match self.decided.load(Ordering::Acquire) {
                     // Decided under the lock, and nothing changes a decision: every party gets the same.
                     GO => return Ok(()),
-                    UNDECIDED if look < LOOKS / 2 => spin(),
+                    UNDECIDED if look < LOOKS / 2 => spin_loop(),
                     UNDECIDED => yield_now(),
                     _ => break,
                 }
@@ -144,26 +150,6 @@ impl<R: Clone> Rendezvous<R> {
                 .0;
         }
     }
-}
-
-#[cfg(not(dinomo_loom))]
-fn spin() {
-    std::hint::spin_loop();
-}
-
-#[cfg(dinomo_loom)]
-fn spin() {
-    loom::hint::spin_loop();
-}
-
-#[cfg(not(dinomo_loom))]
-fn yield_now() {
-    std::thread::yield_now();
-}
-
-#[cfg(dinomo_loom)]
-fn yield_now() {
-    loom::thread::yield_now();
 }
 
 #[cfg(all(test, not(dinomo_loom)))]
