@@ -119,7 +119,7 @@ impl Inner {
     pub(super) fn cleaner_loop(&self) {
         const IDLE: Duration = Duration::from_millis(50);
         while !self.stopping.load(Ordering::Acquire) {
-            if !self.space_low() || !self.clean_some(false, 8) {
+            if !self.space_low() || !self.clean_some(|_| !self.space_low(), 8) {
                 std::thread::sleep(IDLE);
             }
             // Cleaning may have retired the last logs of a departed node.
@@ -141,24 +141,19 @@ impl Inner {
     /// (which may have freed one itself).
     pub(super) fn clean_for_room(&self) {
         if self.clean_max_live_percent > 0 {
-            self.clean_some(true, 64);
+            let segment_free = || self.pool.space().free_bytes() >= self.dir.segment_size();
+            self.clean_some(|freed_any| freed_any && segment_free(), 64);
         }
     }
 
-    /// Cleans up to `most` segments, stopping as soon as a segment is free when `one` (a grant waits); whether any
-    /// was freed.
-    fn clean_some(&self, one: bool, most: usize) -> bool {
-        let segment_free = || self.pool.space().free_bytes() >= self.dir.segment_size();
+    /// Cleans up to `most` segments, until `enough` (told whether this call freed any) says so; whether any was
+    /// freed.
+    fn clean_some(&self, enough: impl Fn(bool) -> bool, most: usize) -> bool {
         let _no_rebalance = self.rebalance_lock.lock().expect("rebalance lock");
         let mut state = self.cleaner.lock().expect("cleaner lock");
         let mut freed_any = false;
         for _ in 0..most {
-            let enough = if one {
-                freed_any && segment_free()
-            } else {
-                !self.space_low()
-            };
-            if enough || self.stopping.load(Ordering::Acquire) {
+            if enough(freed_any) || self.stopping.load(Ordering::Acquire) {
                 break;
             }
             let Some(victim) = self.pick_victim(&mut state) else {
@@ -198,8 +193,11 @@ impl Inner {
         };
         let space = self.pool.space();
         let want = bytes.div_ceil(space.segment_size);
-        if space.free_segments < want {
-            // Not a matter of pieces: the pool lacks the room.
+        let room = || self.pool.space().free_segments >= want;
+        // The pool lacks the room, not only in one piece: cleaning may make it (the cleaner thread falls behind
+        // the writers when it is starved of CPU, and a grant that found the pool full cleans only until one
+        // segment is free).
+        if space.free_segments < want && !(self.clean_some(|_| room(), 64) && room()) {
             return false;
         }
         let table = index.current().table;
