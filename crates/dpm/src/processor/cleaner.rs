@@ -25,9 +25,9 @@
 //!   a rebalance never sees a key in the middle of a move.
 //!
 //! The same moves make room for an index table: a table doubles into one contiguous run, and once log segments
-//! have been recycled for a while the pool's free space lies in pieces between them. When a table cannot grow
-//! although enough segments are free, [`Inner::make_room_for_table`] empties the run cheapest to free, whatever
-//! the live share of its segments, and the table grows into it.
+//! have been recycled for a while the pool's free space lies in pieces between them. When a table cannot grow,
+//! [`Inner::make_room_for_table`] cleans until enough segments are free (when the cleaner thread fell behind),
+//! then empties the run cheapest to free, whatever the live share of its segments, and the table grows into it.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -175,8 +175,8 @@ impl Inner {
         freed_any
     }
 
-    /// For an index table that could not grow although the pool has room for it in pieces: empties the cheapest
-    /// run of segments long enough for the table (free segments, and merged log segments the cleaner can empty,
+    /// For an index table that could not grow: cleans until the pool has as many free segments as the table needs
+    /// (when it has fewer), then empties the cheapest run of segments long enough for the table (free segments, and merged log segments the cleaner can empty,
     /// however live), keeps it out of log segment grants meanwhile, and grows the table into it. Whether the
     /// table grew.
     ///
